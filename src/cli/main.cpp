@@ -1,0 +1,21 @@
+// crescent: one executable, one file per subcommand (see docs/architecture.md).
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"crescent: KV-cache-centric LLM serving (Mooncake) — trace analysis and cluster simulation"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "crescent 0.1.0");
+  int exit_code = 0;
+  crescent::cli::register_analyze(app, exit_code);
+  crescent::cli::register_simulate(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints usage errors itself; map them to the project's bad-input exit code (2).
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  return exit_code;
+}

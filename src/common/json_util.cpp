@@ -1,0 +1,79 @@
+#include "common/json_util.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+namespace crescent {
+
+Result<nlohmann::json> read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::not_found(fmt::format("{}: cannot open file", path));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    return Status::invalid_argument(fmt::format("{}: not valid JSON (byte {}): {}", path, e.byte, e.what()));
+  }
+}
+
+Status JsonFields::positive_number(std::string_view key, double& out, bool required, bool allow_zero) const {
+  auto it = object_.find(key);
+  if (it == object_.end()) {
+    return required ? Status::invalid_argument(fmt::format("{}: missing field '{}'", where_, key)) : Status();
+  }
+  if (!it->is_number()) {
+    return Status::invalid_argument(fmt::format("{}: field '{}' must be a number, got {}", where_, key, it->dump()));
+  }
+  double v = it->get<double>();
+  if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0)) {
+    return Status::invalid_argument(fmt::format("{}: field '{}' must be {}, got {}", where_, key,
+                                                allow_zero ? ">= 0" : "> 0", it->dump()));
+  }
+  out = v;
+  return Status();
+}
+
+Status JsonFields::integer(std::string_view key, int64_t& out, int64_t min_value, bool required) const {
+  auto it = object_.find(key);
+  if (it == object_.end()) {
+    return required ? Status::invalid_argument(fmt::format("{}: missing field '{}'", where_, key)) : Status();
+  }
+  if (!it->is_number_integer() || (it->is_number_unsigned() && it->get<uint64_t>() > INT64_MAX)) {
+    return Status::invalid_argument(
+        fmt::format("{}: field '{}' must be an integer, got {}", where_, key, it->dump()));
+  }
+  int64_t v = it->get<int64_t>();
+  if (v < min_value) {
+    return Status::invalid_argument(fmt::format("{}: field '{}' must be >= {}, got {}", where_, key, min_value, v));
+  }
+  out = v;
+  return Status();
+}
+
+Status JsonFields::string(std::string_view key, std::string& out, bool required) const {
+  auto it = object_.find(key);
+  if (it == object_.end()) {
+    return required ? Status::invalid_argument(fmt::format("{}: missing field '{}'", where_, key)) : Status();
+  }
+  if (!it->is_string()) {
+    return Status::invalid_argument(fmt::format("{}: field '{}' must be a string, got {}", where_, key, it->dump()));
+  }
+  out = it->get<std::string>();
+  return Status();
+}
+
+Status JsonFields::no_unknown_keys(std::initializer_list<std::string_view> known) const {
+  if (!object_.is_object()) return Status::invalid_argument(fmt::format("{}: must be a JSON object", where_));
+  for (const auto& [key, value] : object_.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string names;
+      for (auto k : known) names += fmt::format("{}{}", names.empty() ? "" : ", ", k);
+      return Status::invalid_argument(fmt::format("{}: unknown field '{}' (known: {})", where_, key, names));
+    }
+  }
+  return Status();
+}
+
+}  // namespace crescent

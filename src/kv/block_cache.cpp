@@ -1,0 +1,93 @@
+#include "kv/block_cache.h"
+
+#include <cassert>
+
+namespace crescent::kv {
+
+BlockCache::BlockCache(int64_t capacity_blocks) : capacity_blocks_(capacity_blocks) { assert(capacity_blocks >= 1); }
+
+int64_t BlockCache::prefix_match_blocks(std::span<const BlockKey> keys) const {
+  int64_t run = 0;
+  for (BlockKey key : keys) {
+    if (!entries_.count(key)) break;
+    ++run;
+  }
+  return run;
+}
+
+void BlockCache::list_remove(uint32_t slot) {
+  Slot& s = slots_[slot];
+  (s.prev == kNil ? lru_head_ : slots_[s.prev].next) = s.next;
+  (s.next == kNil ? lru_tail_ : slots_[s.next].prev) = s.prev;
+  s.prev = s.next = kNil;
+}
+
+void BlockCache::list_push_back(uint32_t slot) {
+  Slot& s = slots_[slot];
+  s.prev = lru_tail_;
+  s.next = kNil;
+  (lru_tail_ == kNil ? lru_head_ : slots_[lru_tail_].next) = slot;
+  lru_tail_ = slot;
+}
+
+uint32_t BlockCache::allocate_slot(BlockKey key) {
+  uint32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    slots_[slot] = Slot{key};
+  } else {
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.push_back(Slot{key});
+  }
+  return slot;
+}
+
+void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events) {
+  for (BlockKey key : keys) {
+    auto it = entries_.find(key);
+    if (it != entries_.end()) {
+      Entry& e = it->second;
+      if (e.ref_count == 0) list_remove(e.slot);
+      if (pin) {
+        if (e.ref_count++ == 0) ++pinned_blocks_;
+        if (events) events->pinned.push_back(key);
+      } else if (e.ref_count == 0) {
+        list_push_back(e.slot);
+      }
+      continue;
+    }
+    if (size_blocks() >= capacity_blocks_) {
+      if (lru_head_ == kNil) continue;  // every cached block is in use: this one is not cached
+      uint32_t victim = lru_head_;
+      BlockKey victim_key = slots_[victim].key;
+      list_remove(victim);
+      free_slots_.push_back(victim);
+      entries_.erase(victim_key);
+      if (events) events->evicted.push_back(victim_key);
+    }
+    uint32_t slot = allocate_slot(key);
+    entries_.emplace(key, Entry{slot, pin ? 1u : 0u});
+    if (pin) {
+      ++pinned_blocks_;
+      if (events) events->pinned.push_back(key);
+    } else {
+      list_push_back(slot);
+    }
+    if (events) events->stored.push_back(key);
+  }
+}
+
+void BlockCache::unpin(std::span<const BlockKey> keys) {
+  for (BlockKey key : keys) {
+    auto it = entries_.find(key);
+    assert(it != entries_.end() && it->second.ref_count > 0);
+    if (it == entries_.end() || it->second.ref_count == 0) continue;
+    if (--it->second.ref_count == 0) {
+      --pinned_blocks_;
+      list_push_back(it->second.slot);
+    }
+  }
+}
+
+}  // namespace crescent::kv
