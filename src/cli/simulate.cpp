@@ -1,4 +1,126 @@
+// `crescent simulate TRACE`: replays a trace through a simulated disaggregated cluster placed by the Conductor,
+// one run per prefill policy on the same input, and prints one comparison table (or JSON).
+#include <fmt/format.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "conductor/conductor.h"
+#include "sim/cluster_config.h"
+#include "sim/report.h"
+#include "sim/simulator.h"
+#include "trace/reader.h"
+
 namespace crescent::cli {
-void register_simulate(CLI::App& app, int& exit_code) { (void)app; (void)exit_code; }
+namespace {
+
+struct SimulateArgs {
+  std::string trace_path;
+  std::string config_path = "configs/paper-fig5.json";
+  std::string policy = "global-cache-aware";
+  std::string compare;
+  std::string admission = "none";
+  double time_scale = 1.0;
+  int64_t block_size_tokens = 512;
+  int64_t limit = 0;
+  bool skip_invalid = false;
+  bool json = false;
+};
+
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int fail(const Status& status) {
+  std::cerr << "error: " << status.to_string() << "\n";
+  return kExitBadInput;
+}
+
+int run_simulate(const SimulateArgs& args) {
+  if (args.block_size_tokens < 1) return fail(Status::invalid_argument("--block-size must be >= 1"));
+  if (args.limit < 0) return fail(Status::invalid_argument("--limit must be >= 0"));
+  // Validate every name before spending time on the trace.
+  std::vector<std::string> names = args.compare.empty() ? std::vector<std::string>{args.policy} : split_list(args.compare);
+  if (names.empty()) return fail(Status::invalid_argument("--compare needs at least one policy name"));
+  std::vector<conductor::PrefillPolicy> policies;
+  for (const auto& n : names) {
+    auto p = conductor::parse_prefill_policy(n);
+    if (!p.ok()) return fail(p.status());
+    policies.push_back(*p);
+  }
+  auto admission = conductor::parse_admission(args.admission);
+  if (!admission.ok()) return fail(admission.status());
+  auto config = sim::load_cluster_config(args.config_path, args.block_size_tokens);
+  if (!config.ok()) return fail(config.status());
+
+  trace::SkipReport skipped;
+  auto requests = trace::read_trace(args.trace_path, {args.block_size_tokens, args.skip_invalid}, &skipped);
+  if (!requests.ok()) return fail(requests.status());
+  if (skipped.total_lines > 0) std::cerr << skipped.summary() << "\n";
+  if (args.limit > 0 && static_cast<int64_t>(requests->size()) > args.limit) requests->resize(args.limit);
+
+  sim::SimOptions options{.policy = policies.front(),
+                          .admission = *admission,
+                          .block_size_tokens = args.block_size_tokens,
+                          .time_scale = args.time_scale};
+  std::vector<sim::PolicyReport> reports;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    options.policy = policies[i];
+    auto result = sim::simulate(*config, *requests, options);
+    if (!result.ok()) return fail(result.status());
+    reports.push_back(sim::summarize(names[i], *result, config->slo));
+  }
+
+  if (args.json) {
+    nlohmann::json out;
+    out["trace"] = args.trace_path;
+    out["requests"] = requests->size();
+    out["time_scale"] = args.time_scale;
+    out["admission"] = args.admission;
+    out["config"] = sim::to_json(*config);
+    out["policies"] = nlohmann::json::array();
+    for (const auto& r : reports) out["policies"].push_back(sim::to_json(r));
+    std::cout << out.dump(2) << "\n";
+  } else {
+    const auto& c = *config;
+    std::cout << fmt::format(
+        "trace {}: {} requests, time scale {:g}\n"
+        "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {:.1f}M tokens each, "
+        "admission {}\n\n",
+        args.trace_path, requests->size(), args.time_scale, c.name, c.prefill_instances, c.decode_instances,
+        c.hardware.name, c.model.name, static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6, args.admission);
+    std::cout << sim::format_table(reports, c.slo);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_simulate(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<SimulateArgs>();
+  CLI::App* cmd = app.add_subcommand("simulate", "Replay a trace through a simulated prefill/decode cluster");
+  cmd->add_option("trace", args->trace_path, "Mooncake JSONL trace (.jsonl or .jsonl.gz)")->required();
+  cmd->add_option("--config", args->config_path, "Cluster config JSON")->capture_default_str();
+  cmd->add_option("--policy", args->policy,
+                  "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
+      ->capture_default_str();
+  cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
+  cmd->add_option("--admission", args->admission, "Admission: none, slo")->capture_default_str();
+  cmd->add_option("--time-scale", args->time_scale, "Replay arrivals this many times faster")->capture_default_str();
+  cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")->capture_default_str();
+  cmd->add_option("--limit", args->limit, "Simulate only the first N requests (0 = all)");
+  cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
+  cmd->add_flag("--json", args->json, "Print JSON instead of a table");
+  cmd->callback([args, &exit_code] { exit_code = run_simulate(*args); });
+}
+
 }  // namespace crescent::cli

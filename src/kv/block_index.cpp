@@ -1,1 +1,68 @@
-// placeholder
+#include "kv/block_index.h"
+
+#include <algorithm>
+
+namespace crescent::kv {
+
+void BlockIndex::add(BlockKey key, InstanceId holder) {
+  auto& list = holders_[key];
+  if (std::find(list.begin(), list.end(), holder) != list.end()) return;
+  list.push_back(holder);
+  ++replicas_;
+}
+
+void BlockIndex::remove(BlockKey key, InstanceId holder) {
+  auto it = holders_.find(key);
+  if (it == holders_.end()) return;
+  auto& list = it->second;
+  auto pos = std::find(list.begin(), list.end(), holder);
+  if (pos == list.end()) return;
+  *pos = list.back();
+  list.pop_back();
+  --replicas_;
+  if (list.empty()) holders_.erase(it);
+}
+
+void BlockIndex::apply(InstanceId holder, const TouchEvents& events) {
+  for (BlockKey key : events.evicted) remove(key, holder);
+  for (BlockKey key : events.stored) add(key, holder);
+}
+
+std::span<const InstanceId> BlockIndex::holders(BlockKey key) const {
+  auto it = holders_.find(key);
+  if (it == holders_.end()) return {};
+  return it->second;
+}
+
+void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const {
+  out.matches.clear();
+  out.best_blocks = 0;
+  out.best_instance = 0;
+  if (keys.empty()) return;
+  // `alive_` holds the instances whose run is unbroken so far; an instance leaving it at block i matched i blocks.
+  auto first = holders(keys[0]);
+  alive_.assign(first.begin(), first.end());
+  int64_t i = 1;
+  for (; i < static_cast<int64_t>(keys.size()) && !alive_.empty(); ++i) {
+    auto here = holders(keys[i]);
+    next_alive_.clear();
+    for (InstanceId inst : alive_) {
+      if (std::find(here.begin(), here.end(), inst) != here.end()) {
+        next_alive_.push_back(inst);
+      } else {
+        out.matches.emplace_back(inst, i);
+      }
+    }
+    alive_.swap(next_alive_);
+  }
+  for (InstanceId inst : alive_) out.matches.emplace_back(inst, i);
+  std::sort(out.matches.begin(), out.matches.end());
+  for (const auto& [inst, run] : out.matches) {
+    if (run > out.best_blocks) {
+      out.best_blocks = run;
+      out.best_instance = inst;
+    }
+  }
+}
+
+}  // namespace crescent::kv

@@ -1,1 +1,120 @@
-// placeholder
+#include "sim/cluster_config.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "common/json_util.h"
+
+namespace crescent::sim {
+namespace {
+
+nlohmann::json model_json(const perf::ModelSpec& m) {
+  return {{"name", m.name},         {"layers", m.layers},
+          {"hidden_size", m.hidden_size}, {"attention_heads", m.attention_heads},
+          {"kv_heads", m.kv_heads}, {"ffn_size", m.ffn_size},
+          {"bytes_per_element", m.bytes_per_element}, {"parameters", m.parameters}};
+}
+
+nlohmann::json hardware_json(const perf::HardwareSpec& h) {
+  return {{"name", h.name},
+          {"gpus", h.gpus},
+          {"peak_flops_per_gpu", h.peak_flops_per_gpu},
+          {"hbm_bytes_per_gpu", h.hbm_bytes_per_gpu},
+          {"hbm_bytes_per_s_per_gpu", h.hbm_bytes_per_s_per_gpu},
+          {"mfu", h.mfu},
+          {"memory_bandwidth_utilization", h.memory_bandwidth_utilization},
+          {"host_device_bytes_per_s", h.host_device_bytes_per_s},
+          {"network_bytes_per_s", h.network_bytes_per_s}};
+}
+
+}  // namespace
+
+Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const std::string& where,
+                                               int64_t block_size_tokens) {
+  ClusterConfig c;
+  JsonFields f(j, where);
+  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys({"name", "description", "model", "hardware", "prefill_instances",
+                                              "decode_instances", "prefill_cache_capacity_tokens",
+                                              "decode_hbm_reserved_share", "prefill_chunk_tokens",
+                                              "kvcache_balancing_threshold", "slo", "seed"}));
+  CRESCENT_RETURN_IF_ERROR(f.string("name", c.name, /*required=*/false));
+  if (!j.contains("model")) return Status::invalid_argument(fmt::format("{}: missing field 'model'", where));
+  if (!j.contains("hardware")) return Status::invalid_argument(fmt::format("{}: missing field 'hardware'", where));
+  auto model = perf::model_from_json(j["model"], where + ": model");
+  if (!model.ok()) return model.status();
+  c.model = *model;
+  auto hardware = perf::hardware_from_json(j["hardware"], where + ": hardware");
+  if (!hardware.ok()) return hardware.status();
+  c.hardware = *hardware;
+
+  int64_t prefill = c.prefill_instances, decode = c.decode_instances, seed = 1;
+  CRESCENT_RETURN_IF_ERROR(f.integer("prefill_instances", prefill, 1));
+  CRESCENT_RETURN_IF_ERROR(f.integer("decode_instances", decode, 1));
+  if (prefill > 65536 || decode > 65536) {
+    return Status::invalid_argument(fmt::format("{}: at most 65536 instances per pool", where));
+  }
+  c.prefill_instances = static_cast<uint32_t>(prefill);
+  c.decode_instances = static_cast<uint32_t>(decode);
+  CRESCENT_RETURN_IF_ERROR(f.integer("prefill_cache_capacity_tokens", c.prefill_cache_capacity_tokens,
+                                     block_size_tokens, /*required=*/false));
+  CRESCENT_RETURN_IF_ERROR(f.integer("prefill_chunk_tokens", c.prefill_chunk_tokens, 1, /*required=*/false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("decode_hbm_reserved_share", c.decode_hbm_reserved_share,
+                                             /*required=*/false, /*allow_zero=*/true));
+  if (c.decode_hbm_reserved_share >= 1) {
+    return Status::invalid_argument(fmt::format("{}: field 'decode_hbm_reserved_share' must be < 1, got {}", where,
+                                                c.decode_hbm_reserved_share));
+  }
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("kvcache_balancing_threshold", c.kvcache_balancing_threshold,
+                                             /*required=*/false));
+  CRESCENT_RETURN_IF_ERROR(f.integer("seed", seed, 0, /*required=*/false));
+  c.seed = static_cast<uint64_t>(seed);
+
+  if (auto it = j.find("slo"); it != j.end()) {
+    JsonFields s(*it, where + ": slo");
+    CRESCENT_RETURN_IF_ERROR(s.no_unknown_keys({"ttft_s", "tbt_s"}));
+    CRESCENT_RETURN_IF_ERROR(s.positive_number("ttft_s", c.slo.ttft_s, /*required=*/false));
+    if (auto tbt = it->find("tbt_s"); tbt != it->end()) {
+      if (!tbt->is_array() || tbt->empty()) {
+        return Status::invalid_argument(
+            fmt::format("{}: slo: field 'tbt_s' must be a non-empty list of seconds, got {}", where, tbt->dump()));
+      }
+      c.slo.tbt_s.clear();
+      for (const auto& v : *tbt) {
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0) {
+          return Status::invalid_argument(
+              fmt::format("{}: slo: field 'tbt_s' entries must be numbers > 0, got {}", where, v.dump()));
+        }
+        c.slo.tbt_s.push_back(v.get<double>());
+      }
+    }
+  }
+  return c;
+}
+
+Result<ClusterConfig> load_cluster_config(const std::string& path, int64_t block_size_tokens) {
+  auto j = read_json_file(path);
+  if (!j.ok()) return j.status();
+  auto config = cluster_config_from_json(*j, path, block_size_tokens);
+  if (config.ok() && config->name.empty()) config->name = std::filesystem::path(path).stem().string();
+  return config;
+}
+
+nlohmann::json to_json(const ClusterConfig& c) {
+  return {
+      {"name", c.name},
+      {"model", model_json(c.model)},
+      {"hardware", hardware_json(c.hardware)},
+      {"prefill_instances", c.prefill_instances},
+      {"decode_instances", c.decode_instances},
+      {"prefill_cache_capacity_tokens", c.prefill_cache_capacity_tokens},
+      {"decode_hbm_reserved_share", c.decode_hbm_reserved_share},
+      {"prefill_chunk_tokens", c.prefill_chunk_tokens},
+      {"kvcache_balancing_threshold", c.kvcache_balancing_threshold},
+      {"slo", {{"ttft_s", c.slo.ttft_s}, {"tbt_s", c.slo.tbt_s}}},
+      {"seed", c.seed},
+  };
+}
+
+}  // namespace crescent::sim

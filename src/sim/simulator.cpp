@@ -1,1 +1,355 @@
-// placeholder
+#include "sim/simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+
+#include "kv/block_cache.h"
+#include "kv/block_index.h"
+#include "perf/cost_model.h"
+
+namespace crescent::sim {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Per-request state while it is in flight.
+struct InFlight {
+  std::vector<BlockKey> pinned_at_prefill;  // blocks pinned in the chosen prefill instance's cache
+  std::vector<BlockKey> pinned_at_source;   // blocks pinned in the fetch source's cache
+  InstanceId fetch_source = 0;
+  double compute_start_s = 0;  // after any remote fetch
+  int64_t prefill_tokens = 0;
+  int64_t decode_steps = 0;  // output tokens after the first (which prefill produces)
+  int64_t join_step = 0;     // index of its first decode step
+};
+
+// One decode instance: continuous batching. Between external events it advances step by step on its own;
+// every request in the batch gains one token per step, and a step takes CostModel::decode_step_time_s of the
+// batch. Requests join and leave at step boundaries. Steps' end times are logged so a leaving request's token
+// gaps (and so its TBT) can be read off without touching every request at every step.
+class DecodeInstance {
+ public:
+  DecodeInstance(const perf::CostModel& cost, int64_t kv_capacity_tokens)
+      : cost_(&cost), kv_capacity_tokens_(kv_capacity_tokens) {}
+
+  conductor::DecodeLoad load() const {
+    return {batch_size_, context_tokens_,   static_cast<int64_t>(waiting_.size()), incoming_requests_,
+            incoming_tokens_, kv_reserved_tokens_, kv_capacity_tokens_};
+  }
+
+  void expect(int64_t input_tokens) {
+    ++incoming_requests_;
+    incoming_tokens_ += input_tokens;
+  }
+
+  // The request's KV has arrived at `now_s`; it joins at the next step boundary (now, if idle).
+  template <typename OnFinish>
+  void arrive(uint32_t req, double now_s, std::vector<RequestOutcome>& out, std::vector<InFlight>& inflight,
+              SimCounters& counters, OnFinish&& on_finish) {
+    advance_until(now_s, out, inflight, counters, on_finish);
+    --incoming_requests_;
+    incoming_tokens_ -= out[req].input_tokens;
+    waiting_.push_back(req);
+    if (!stepping_) {
+      admit_waiting(out, inflight);
+      start_step(now_s);
+    }
+  }
+
+  // Runs every step that ends at or before `t_s`.
+  template <typename OnFinish>
+  void advance_until(double t_s, std::vector<RequestOutcome>& out, std::vector<InFlight>& inflight,
+                     SimCounters& counters, OnFinish&& on_finish) {
+    while (stepping_ && step_end_s_ <= t_s) {
+      ++counters.decode_steps;
+      ++counters.events;
+      const int64_t step = static_cast<int64_t>(step_end_times_s_.size());
+      step_end_times_s_.push_back(step_end_s_);
+      context_tokens_ += batch_size_;
+      while (!leaving_.empty() && leaving_.top().first == step) {
+        uint32_t req = leaving_.top().second;
+        leaving_.pop();
+        RequestOutcome& o = out[req];
+        const InFlight& f = inflight[req];
+        --batch_size_;
+        context_tokens_ -= o.input_tokens + f.decode_steps;
+        kv_reserved_tokens_ -= o.input_tokens + o.output_tokens;
+        o.finish_s = step_end_s_;
+        o.tbt_s = tbt_of(o.arrival_s + o.ttft_s, f.join_step, step);
+        on_finish(req);
+      }
+      admit_waiting(out, inflight);
+      start_step(step_end_s_);
+    }
+  }
+
+ private:
+  // Moves waiting requests into the batch while their KV (prompt + full output, so no request is ever
+  // preempted) fits in HBM. An empty instance always takes one, so an oversized request cannot block forever.
+  void admit_waiting(std::vector<RequestOutcome>& out, std::vector<InFlight>& inflight) {
+    const auto step = static_cast<int64_t>(step_end_times_s_.size());
+    while (!waiting_.empty()) {
+      uint32_t req = waiting_.front();
+      const int64_t need = out[req].input_tokens + out[req].output_tokens;
+      if (batch_size_ > 0 && kv_reserved_tokens_ + need > kv_capacity_tokens_) break;
+      waiting_.pop_front();
+      ++batch_size_;
+      context_tokens_ += out[req].input_tokens;
+      kv_reserved_tokens_ += need;
+      inflight[req].join_step = step;
+      leaving_.emplace(step + inflight[req].decode_steps - 1, req);
+    }
+  }
+
+  void start_step(double start_s) {
+    stepping_ = batch_size_ > 0;
+    if (stepping_) step_end_s_ = start_s + cost_->decode_step_time_s(batch_size_, context_tokens_);
+  }
+
+  // TBT of a request whose first token came at `first_token_s` and whose decode steps were
+  // [join_step, last_step]: the mean of its longest 10% token gaps (at least one gap).
+  double tbt_of(double first_token_s, int64_t join_step, int64_t last_step) {
+    gaps_.clear();
+    gaps_.push_back(step_end_times_s_[join_step] - first_token_s);
+    for (int64_t s = join_step + 1; s <= last_step; ++s) {
+      gaps_.push_back(step_end_times_s_[s] - step_end_times_s_[s - 1]);
+    }
+    const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, (gaps_.size() + 9) / 10));
+    std::nth_element(gaps_.begin(), gaps_.begin() + (k - 1), gaps_.end(), std::greater<>());
+    double sum = 0;
+    for (std::ptrdiff_t i = 0; i < k; ++i) sum += gaps_[i];
+    return sum / static_cast<double>(k);
+  }
+
+  const perf::CostModel* cost_;
+  int64_t kv_capacity_tokens_;
+  int64_t kv_reserved_tokens_ = 0;
+  int64_t batch_size_ = 0;
+  int64_t context_tokens_ = 0;
+  int64_t incoming_requests_ = 0;
+  int64_t incoming_tokens_ = 0;
+  bool stepping_ = false;
+  double step_end_s_ = 0;
+  std::vector<double> step_end_times_s_;
+  std::deque<uint32_t> waiting_;
+  // (last step, request): who leaves after which step.
+  std::priority_queue<std::pair<int64_t, uint32_t>, std::vector<std::pair<int64_t, uint32_t>>, std::greater<>>
+      leaving_;
+  std::vector<double> gaps_;  // scratch for tbt_of
+};
+
+struct PrefillInstance {
+  explicit PrefillInstance(int64_t capacity_blocks) : cache(capacity_blocks) {}
+  kv::BlockCache cache;
+  // When each cached block's KV is (or will be) computed: blocks are indexed when their request is scheduled,
+  // so a remote fetch must wait until the holder has actually produced them.
+  std::unordered_map<BlockKey, double> ready_s;
+};
+
+enum class EventKind : uint8_t { kPrefillDone, kDecodeArrive };
+
+struct Event {
+  double time_s;
+  uint64_t seq;  // insertion order: ties resolve deterministically
+  EventKind kind;
+  uint32_t req;
+  bool operator>(const Event& o) const { return time_s != o.time_s ? time_s > o.time_s : seq > o.seq; }
+};
+
+class Simulation final : public conductor::ClusterView {
+ public:
+  Simulation(const ClusterConfig& config, std::span<const trace::Request> trace, const SimOptions& options)
+      : config_(config),
+        trace_(trace),
+        options_(options),
+        cost_(config.model, config.hardware),
+        conductor_(cost_, conductor::ConductorOptions{
+                              .policy = options.policy,
+                              .admission = options.admission,
+                              .block_size_tokens = options.block_size_tokens,
+                              .kvcache_balancing_threshold = config.kvcache_balancing_threshold,
+                              .ttft_slo_s = config.slo.ttft_s,
+                              .tbt_slo_s = config.slo.tbt_s.front(),
+                              .seed = config.seed,
+                          }),
+        busy_until_s_(config.prefill_instances, 0.0) {
+    const int64_t capacity_blocks = std::max<int64_t>(1, config.prefill_cache_capacity_tokens / options.block_size_tokens);
+    prefill_.reserve(config.prefill_instances);
+    for (uint32_t i = 0; i < config.prefill_instances; ++i) prefill_.emplace_back(capacity_blocks);
+    const int64_t kv_capacity = cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
+    for (uint32_t d = 0; d < config.decode_instances; ++d) decode_.emplace_back(cost_, kv_capacity);
+    result_.requests.resize(trace.size());
+    inflight_.resize(trace.size());
+  }
+
+  // ClusterView
+  uint32_t prefill_instance_count() const override { return config_.prefill_instances; }
+  uint32_t decode_instance_count() const override { return config_.decode_instances; }
+  std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
+  conductor::DecodeLoad decode_load(InstanceId d) const override { return decode_[d].load(); }
+  const kv::BlockIndex& block_index() const override { return index_; }
+
+  SimResult run() {
+    for (uint32_t req = 0; req < trace_.size(); ++req) {
+      const double arrival_s = static_cast<double>(trace_[req].timestamp_ms) / 1000.0 / options_.time_scale;
+      drain_events_until(arrival_s);
+      on_arrival(req, arrival_s);
+    }
+    drain_events_until(kInf);
+    for (auto& d : decode_) advance_decode(d, kInf);
+    for (const auto& o : result_.requests) result_.makespan_s = std::max(result_.makespan_s, o.finish_s);
+    return std::move(result_);
+  }
+
+ private:
+  void push(double time_s, EventKind kind, uint32_t req) { events_.push(Event{time_s, next_seq_++, kind, req}); }
+
+  void drain_events_until(double t_s) {
+    while (!events_.empty() && events_.top().time_s <= t_s) {
+      Event e = events_.top();
+      events_.pop();
+      ++result_.counters.events;
+      if (e.kind == EventKind::kPrefillDone) {
+        on_prefill_done(e.req, e.time_s);
+      } else {
+        DecodeInstance& d = decode_[result_.requests[e.req].decode_instance];
+        d.arrive(e.req, e.time_s, result_.requests, inflight_, result_.counters, [this](uint32_t r) { finish(r); });
+      }
+    }
+  }
+
+  void advance_decode(DecodeInstance& d, double t_s) {
+    d.advance_until(t_s, result_.requests, inflight_, result_.counters, [this](uint32_t r) { finish(r); });
+  }
+
+  void finish(uint32_t req) { std::vector<BlockKey>().swap(inflight_[req].pinned_at_prefill); }
+
+  void on_arrival(uint32_t req, double now_s) {
+    const trace::Request& r = trace_[req];
+    RequestOutcome& o = result_.requests[req];
+    o.arrival_s = now_s;
+    o.input_tokens = r.input_tokens;
+    o.output_tokens = r.output_tokens;
+    ++result_.counters.events;
+    ++result_.counters.decisions;
+    for (auto& d : decode_) advance_decode(d, now_s);  // the Conductor sees current decode loads
+
+    conductor::Decision dec = conductor_.schedule(*this, {r.input_tokens, r.block_keys}, now_s);
+    o.prefill_instance = dec.prefill_instance;
+    o.decode_instance = dec.decode_instance;
+    if (dec.rejected != conductor::RejectReason::kNone) {
+      o.rejected = dec.rejected;
+      o.finish_s = now_s;
+      return;
+    }
+    InFlight& f = inflight_[req];
+    PrefillInstance& p = prefill_[dec.prefill_instance];
+    const int64_t block = options_.block_size_tokens;
+
+    // A remote prefix is read from its holder once the holder has computed it; pin it there meanwhile.
+    double fetch_ready_s = 0;
+    if (dec.fetched_prefix_tokens > 0) {
+      const auto first = static_cast<size_t>(dec.local_prefix_tokens / block);
+      const auto count = static_cast<size_t>((dec.prefix_tokens() + block - 1) / block) - first;
+      PrefillInstance& src = prefill_[dec.fetch_from];
+      auto fetched = std::span<const BlockKey>(r.block_keys).subspan(first, count);
+      events_scratch_.clear();
+      src.cache.touch(fetched, /*pin=*/true, &events_scratch_);
+      f.pinned_at_source = events_scratch_.pinned;
+      f.fetch_source = dec.fetch_from;
+      for (BlockKey k : fetched) {
+        if (auto it = src.ready_s.find(k); it != src.ready_s.end()) fetch_ready_s = std::max(fetch_ready_s, it->second);
+      }
+    }
+
+    // FIFO with predicted service times: the start and end of this prefill are known now.
+    const double start_s = std::max({now_s, busy_until_s_[dec.prefill_instance], fetch_ready_s});
+    f.compute_start_s = start_s + dec.transfer_s;
+    const double done_s = f.compute_start_s + dec.prefill_s;
+    busy_until_s_[dec.prefill_instance] = done_s;
+    f.prefill_tokens = dec.prefill_tokens;
+    f.decode_steps = std::max<int64_t>(0, r.output_tokens - 1);
+
+    // Algorithm 1's "update the cache": the prompt's blocks (fetched and new) are cached and pinned on p.
+    events_scratch_.clear();
+    p.cache.touch(r.block_keys, /*pin=*/true, &events_scratch_);
+    index_.apply(dec.prefill_instance, events_scratch_);
+    for (BlockKey k : events_scratch_.evicted) p.ready_s.erase(k);
+    for (BlockKey k : events_scratch_.stored) p.ready_s[k] = done_s;
+    f.pinned_at_prefill = events_scratch_.pinned;
+
+    o.prefix_hit_tokens = dec.prefix_tokens();
+    o.fetched_tokens = dec.fetched_prefix_tokens;
+    o.prefill_compute_s = dec.prefill_s;
+    if (f.decode_steps > 0) decode_[dec.decode_instance].expect(r.input_tokens);
+    push(done_s, EventKind::kPrefillDone, req);
+  }
+
+  void on_prefill_done(uint32_t req, double now_s) {
+    RequestOutcome& o = result_.requests[req];
+    InFlight& f = inflight_[req];
+    o.ttft_s = now_s - o.arrival_s;
+    prefill_[o.prefill_instance].cache.unpin(f.pinned_at_prefill);
+    if (!f.pinned_at_source.empty()) {
+      prefill_[f.fetch_source].cache.unpin(f.pinned_at_source);
+      std::vector<BlockKey>().swap(f.pinned_at_source);
+    }
+    f.pinned_at_prefill.clear();
+    if (f.decode_steps == 0) {
+      o.finish_s = now_s;
+      return;
+    }
+    // KV streams to decode chunk by chunk while prefill runs (§3.1 step 3): after the last chunk only its own
+    // KV is left to send, but the whole prompt's KV can never arrive faster than the link allows.
+    const int64_t chunk = config_.prefill_chunk_tokens;
+    const int64_t last_chunk_tokens = f.prefill_tokens % chunk == 0 ? chunk : f.prefill_tokens % chunk;
+    const double arrive_s = std::max(now_s + cost_.kv_transfer_time_s(std::min(last_chunk_tokens, f.prefill_tokens)),
+                                     f.compute_start_s + cost_.kv_transfer_time_s(o.input_tokens));
+    push(arrive_s, EventKind::kDecodeArrive, req);
+  }
+
+  const ClusterConfig& config_;
+  std::span<const trace::Request> trace_;
+  SimOptions options_;
+  perf::CostModel cost_;
+  conductor::Conductor conductor_;
+  std::vector<double> busy_until_s_;
+  std::vector<PrefillInstance> prefill_;
+  std::vector<DecodeInstance> decode_;
+  kv::BlockIndex index_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  uint64_t next_seq_ = 0;
+  std::vector<InFlight> inflight_;
+  SimResult result_;
+  kv::TouchEvents events_scratch_;
+};
+
+}  // namespace
+
+Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::Request> trace,
+                           const SimOptions& options) {
+  if (!(options.time_scale > 0) || !std::isfinite(options.time_scale)) {
+    return Status::invalid_argument(fmt::format("--time-scale must be > 0, got {}", options.time_scale));
+  }
+  if (options.block_size_tokens < 1) {
+    return Status::invalid_argument(fmt::format("--block-size must be >= 1, got {}", options.block_size_tokens));
+  }
+  if (config.prefill_cache_capacity_tokens < options.block_size_tokens) {
+    return Status::invalid_argument(fmt::format(
+        "prefill_cache_capacity_tokens ({}) is below one block ({} tokens)", config.prefill_cache_capacity_tokens,
+        options.block_size_tokens));
+  }
+  if (trace.size() > std::numeric_limits<uint32_t>::max()) {
+    return Status::invalid_argument("trace has more than 2^32 requests");
+  }
+  Simulation sim(config, trace, options);
+  return sim.run();
+}
+
+}  // namespace crescent::sim

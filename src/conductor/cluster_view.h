@@ -1,0 +1,46 @@
+// What the Conductor may know about the cluster when it places a request. The simulator implements this over its
+// simulated instances (sim/simulator.cpp); the live server will implement it over instance reports and KV events.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "common/block_key.h"
+#include "kv/block_index.h"
+
+namespace crescent::conductor {
+
+/// Load of one decode instance as the Conductor sees it.
+struct DecodeLoad {
+  int64_t running_requests = 0;    // requests in the continuous batch
+  int64_t context_tokens = 0;      // KV tokens those requests currently hold (prompt + generated so far)
+  int64_t waiting_requests = 0;    // KV arrived, waiting for HBM room to join the batch
+  int64_t incoming_requests = 0;   // assigned by the Conductor, still in prefill or KV transfer
+  int64_t incoming_tokens = 0;     // their prompt tokens
+  int64_t kv_reserved_tokens = 0;  // HBM KV tokens reserved by running requests (prompt + full output each)
+  int64_t kv_capacity_tokens = 0;  // HBM KV tokens the instance can hold
+};
+
+/// Read-only view of the prefill and decode pools.
+class ClusterView {
+ public:
+  virtual ~ClusterView() = default;
+
+  /// Number of prefill instances (>= 1); instance ids are 0..count-1.
+  virtual uint32_t prefill_instance_count() const = 0;
+  /// Number of decode instances (>= 1).
+  virtual uint32_t decode_instance_count() const = 0;
+
+  /// Per prefill instance: the time (seconds, the Conductor's clock) when it will have finished every request
+  /// already assigned to it, from the predicted prefill times of its queue. A value <= now means idle.
+  /// Size = prefill_instance_count().
+  virtual std::span<const double> prefill_busy_until_s() const = 0;
+
+  /// Current load of decode instance `d`. REQUIRES: d < decode_instance_count().
+  virtual DecodeLoad decode_load(InstanceId d) const = 0;
+
+  /// Which prefill instance caches which block (DRAM prefix caches).
+  virtual const kv::BlockIndex& block_index() const = 0;
+};
+
+}  // namespace crescent::conductor

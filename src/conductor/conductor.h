@@ -1,0 +1,115 @@
+// The Conductor: places each request on a prefill and a decode instance (paper §4, Algorithm 1).
+// A pure decision over a ClusterView; the caller (simulator or live server) carries it out: enqueues the request,
+// pins its blocks in the chosen instance's cache, copies fetched blocks (which is how hot blocks gain replicas).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "conductor/cluster_view.h"
+#include "kv/block_index.h"
+#include "perf/cost_model.h"
+
+namespace crescent::conductor {
+
+/// How the prefill instance is chosen.
+enum class PrefillPolicy {
+  kRandom,            // uniformly at random (seeded)
+  kLeastLoaded,       // smallest estimated queue time
+  kCacheAware,        // Algorithm 1 with local prefixes only: min(queue + prefill(n, local prefix))
+  kGlobalCacheAware,  // Algorithm 1 with remote-prefix fetch and kvcache_balancing_threshold (§4.2)
+};
+
+/// Parses "random", "least-loaded", "cache-aware", "global-cache-aware". Error (kNotFound) lists the valid names.
+Result<PrefillPolicy> parse_prefill_policy(std::string_view name);
+std::string_view to_string(PrefillPolicy policy);
+/// All policy names, in the order above.
+std::vector<std::string> prefill_policy_names();
+
+/// When to refuse a request at arrival.
+enum class Admission {
+  kNone,  // accept everything (requests may miss their SLOs)
+  kSlo,   // Algorithm 1 lines 18-19: reject when the best TTFT exceeds the TTFT SLO or the TBT SLO is predicted missed
+};
+
+/// Parses "none", "slo". Error (kNotFound) lists the valid names.
+Result<Admission> parse_admission(std::string_view name);
+std::string_view to_string(Admission admission);
+
+struct ConductorOptions {
+  PrefillPolicy policy = PrefillPolicy::kGlobalCacheAware;
+  Admission admission = Admission::kNone;
+  int64_t block_size_tokens = 512;
+  /// Fetch a remote prefix when best_len / local_len exceeds this (Algorithm 1 line 5; the paper tunes it by
+  /// hand). 1.0 fetches whenever a longer prefix exists elsewhere.
+  double kvcache_balancing_threshold = 1.0;
+  double ttft_slo_s = 30.0;  // for Admission::kSlo
+  double tbt_slo_s = 0.1;    // for Admission::kSlo
+  uint64_t seed = 1;         // for PrefillPolicy::kRandom
+};
+
+/// The request facts the Conductor uses.
+struct RequestInfo {
+  int64_t input_tokens = 0;
+  std::span<const BlockKey> block_keys;  // one per block of the prompt, chained prefix hashes
+};
+
+/// Why a request was refused.
+enum class RejectReason { kNone, kTtft, kTbt };
+std::string_view to_string(RejectReason reason);
+
+/// A placement: where the request runs and what the Conductor predicted for it.
+struct Decision {
+  RejectReason rejected = RejectReason::kNone;
+  InstanceId prefill_instance = 0;
+  InstanceId decode_instance = 0;
+  int64_t local_prefix_tokens = 0;    // prompt tokens already cached on the chosen prefill instance
+  int64_t fetched_prefix_tokens = 0;  // further prompt tokens fetched from `fetch_from` before prefill
+  InstanceId fetch_from = 0;          // meaningful when fetched_prefix_tokens > 0
+  int64_t prefill_tokens = 0;         // tokens to compute (>= 1: the last token is always recomputed)
+  double transfer_s = 0;              // predicted remote-prefix fetch time
+  double queue_s = 0;                 // predicted wait for the instance's queue
+  double prefill_s = 0;               // predicted prefill compute time
+  double ttft_s = 0;                  // transfer_s + queue_s + prefill_s
+  double predicted_tbt_s = 0;         // decode step time predicted on the chosen decode instance
+
+  int64_t prefix_tokens() const { return local_prefix_tokens + fetched_prefix_tokens; }
+};
+
+/// Places requests. Holds only options, the cost model and scratch space: every fact about the cluster comes
+/// from the ClusterView passed to schedule(). Not thread-safe (scratch, RNG).
+class Conductor {
+ public:
+  /// `cost_model` must outlive the Conductor.
+  Conductor(const perf::CostModel& cost_model, ConductorOptions options);
+
+  /// Chooses prefill and decode instances for `request` arriving at `now_s`. Never fails; a refusal is reported
+  /// in Decision::rejected (the live server answers it with HTTP 429).
+  Decision schedule(const ClusterView& cluster, const RequestInfo& request, double now_s);
+
+  const ConductorOptions& options() const { return options_; }
+
+ private:
+  struct PrefillChoice {
+    InstanceId instance = 0;
+    int64_t local_blocks = 0;
+    int64_t fetched_blocks = 0;
+    double transfer_s = 0, queue_s = 0, prefill_s = 0;
+  };
+  PrefillChoice choose_prefill(const ClusterView& cluster, const RequestInfo& request, double now_s);
+  PrefillChoice evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
+                         const RequestInfo& request, double queue_s) const;
+  InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s) const;
+  uint64_t next_random();
+
+  const perf::CostModel& cost_;
+  ConductorOptions options_;
+  uint64_t rng_state_;
+  kv::PrefixMatch match_;  // scratch
+};
+
+}  // namespace crescent::conductor

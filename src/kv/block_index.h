@@ -1,0 +1,54 @@
+// Which instance holds which cached block: key → holders, the Conductor's view of the prefix caches (paper §4.1).
+// Kept current from cache events (stored / evicted); prefix matching costs time proportional to the request's
+// blocks (times the replicas of each), never instances × cached blocks.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/block_key.h"
+#include "kv/block_cache.h"
+
+namespace crescent::kv {
+
+/// Result of BlockIndex::match_prefix for one request.
+struct PrefixMatch {
+  /// Instances whose cache holds a non-empty leading run of the request's keys: (instance, run length in blocks),
+  /// sorted by instance. Instances not listed match 0 blocks.
+  std::vector<std::pair<InstanceId, int64_t>> matches;
+  int64_t best_blocks = 0;      // longest run over all instances (0 when no instance matches)
+  InstanceId best_instance = 0;  // lowest-numbered instance with best_blocks (meaningful when best_blocks > 0)
+};
+
+/// Map from block key to the instances holding a replica. Not thread-safe.
+class BlockIndex {
+ public:
+  /// Records that `holder` caches `key`. Idempotent.
+  void add(BlockKey key, InstanceId holder);
+  /// Records that `holder` no longer caches `key`. No-op if it did not.
+  void remove(BlockKey key, InstanceId holder);
+  /// Applies one cache's events: stored keys are added for `holder`, evicted keys removed.
+  void apply(InstanceId holder, const TouchEvents& events);
+
+  /// Instances holding `key` (empty if none), in insertion order.
+  std::span<const InstanceId> holders(BlockKey key) const;
+
+  /// Per-instance leading-run match of `keys`. Cost O(len(keys) × replicas per key). Overwrites `out`.
+  void match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const;
+
+  /// Distinct keys held by at least one instance.
+  int64_t blocks() const { return static_cast<int64_t>(holders_.size()); }
+  /// Sum over keys of their holder counts.
+  int64_t replicas() const { return replicas_; }
+
+ private:
+  std::unordered_map<BlockKey, std::vector<InstanceId>> holders_;
+  int64_t replicas_ = 0;
+  // Scratch for match_prefix; mutable so matching stays const for callers.
+  mutable std::vector<InstanceId> alive_, next_alive_;
+};
+
+}  // namespace crescent::kv

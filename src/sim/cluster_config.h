@@ -1,0 +1,47 @@
+// A simulated cluster: model, hardware, pool sizes, cache capacities, scheduler knobs and SLOs, loaded from a
+// configs/*.json file (see configs/paper-fig5.json and the README for what each field means).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "perf/hardware_spec.h"
+#include "perf/model_spec.h"
+
+namespace crescent::sim {
+
+/// Service-level objectives a request is judged against (paper §5.1).
+struct SloConfig {
+  double ttft_s = 30.0;                   // time to first token
+  std::vector<double> tbt_s{0.1, 0.2, 0.3};  // TBT thresholds; the first is the primary one
+};
+
+/// Everything the simulator needs to know about the cluster.
+struct ClusterConfig {
+  std::string name;                    // for reports (the file's stem when loaded from a file)
+  perf::ModelSpec model;
+  perf::HardwareSpec hardware;         // one instance (node); its network_bytes_per_s times KV transfers
+  uint32_t prefill_instances = 8;
+  uint32_t decode_instances = 8;
+  int64_t prefill_cache_capacity_tokens = 3'000'000;  // DRAM prefix cache of each prefill instance
+  double decode_hbm_reserved_share = 0.1;  // HBM kept free of weights and KV (activations, fragmentation)
+  int64_t prefill_chunk_tokens = 8192;     // prefill chunk: KV streams to decode chunk by chunk (§3.1 step 3)
+  double kvcache_balancing_threshold = 1.0;  // Algorithm 1 line 5
+  SloConfig slo;
+  uint64_t seed = 1;
+};
+
+/// Parses a cluster config object; `where` (usually the path) prefixes error messages. Errors name the field:
+/// zero instances, negative or zero bandwidths, capacities below one block of `block_size_tokens`, unknown
+/// fields, unknown presets (listing the valid names).
+Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const std::string& where,
+                                               int64_t block_size_tokens);
+/// Reads and parses a config file.
+Result<ClusterConfig> load_cluster_config(const std::string& path, int64_t block_size_tokens);
+/// The config as JSON (presets expanded), for reports.
+nlohmann::json to_json(const ClusterConfig& config);
+
+}  // namespace crescent::sim

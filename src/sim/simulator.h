@@ -1,0 +1,62 @@
+// Trace-driven discrete-event simulation of a disaggregated (prefill/decode) cluster on a virtual clock, placed
+// by the real Conductor (conductor/conductor.h). Prefill instances: FIFO queue, chunked prefill with KV streamed
+// to decode chunk by chunk, DRAM prefix cache with LRU that never evicts blocks in use. Decode instances:
+// continuous batching, admission bounded by HBM KV capacity. KV transfers and remote prefix fetches take
+// bytes / network bandwidth. All times come from perf::CostModel.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "conductor/conductor.h"
+#include "sim/cluster_config.h"
+#include "trace/request.h"
+
+namespace crescent::sim {
+
+struct SimOptions {
+  conductor::PrefillPolicy policy = conductor::PrefillPolicy::kGlobalCacheAware;
+  conductor::Admission admission = conductor::Admission::kNone;
+  int64_t block_size_tokens = 512;  // tokens per trace block (hash_id)
+  /// Arrivals happen at timestamp / time_scale: 2 replays the trace twice as fast (load sweeps). > 0.
+  double time_scale = 1.0;
+};
+
+/// What happened to one request. Times in seconds of virtual time since the trace start.
+struct RequestOutcome {
+  double arrival_s = 0;
+  double ttft_s = 0;        // arrival → first token (end of prefill); 0 when rejected
+  double tbt_s = 0;         // mean of the longest 10% of its token gaps (paper §5.1); 0 with < 2 tokens
+  double finish_s = 0;      // last token
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+  int64_t prefix_hit_tokens = 0;  // prompt tokens reused: local cache + fetched
+  int64_t fetched_tokens = 0;     // of which fetched from another prefill instance
+  double prefill_compute_s = 0;   // GPU time of its prefill (what reuse saves)
+  InstanceId prefill_instance = 0;
+  InstanceId decode_instance = 0;
+  conductor::RejectReason rejected = conductor::RejectReason::kNone;
+};
+
+/// Work done by a run, for speed reports.
+struct SimCounters {
+  int64_t events = 0;        // arrivals + prefill completions + decode arrivals + decode steps
+  int64_t decode_steps = 0;  // continuous-batching iterations over all decode instances
+  int64_t decisions = 0;     // Conductor::schedule calls
+};
+
+struct SimResult {
+  std::vector<RequestOutcome> requests;  // in trace order
+  SimCounters counters;
+  double makespan_s = 0;  // virtual time when the last request finished
+};
+
+/// Replays `trace` (sorted by timestamp, as the reader guarantees) through `config`. Deterministic: the same
+/// inputs give the same result. Errors (kInvalidArgument) for options the config cannot run: time_scale <= 0,
+/// block size < 1.
+Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::Request> trace,
+                           const SimOptions& options);
+
+}  // namespace crescent::sim

@@ -1,0 +1,177 @@
+#include "conductor/conductor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "perf/cost_model.h"
+
+namespace crescent::conductor {
+namespace {
+
+// A hand-set cluster: queues, decode loads and cached blocks are whatever the test says.
+class FakeCluster : public ClusterView {
+ public:
+  FakeCluster(uint32_t prefill, uint32_t decode) : busy_until_s(prefill, 0.0), decode(decode) {
+    for (auto& d : this->decode) d.kv_capacity_tokens = 1'000'000;
+  }
+  uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s.size()); }
+  uint32_t decode_instance_count() const override { return static_cast<uint32_t>(decode.size()); }
+  std::span<const double> prefill_busy_until_s() const override { return busy_until_s; }
+  DecodeLoad decode_load(InstanceId d) const override { return decode[d]; }
+  const kv::BlockIndex& block_index() const override { return index; }
+
+  void cache(InstanceId instance, const std::vector<BlockKey>& keys) {
+    for (BlockKey k : keys) index.add(k, instance);
+  }
+
+  std::vector<double> busy_until_s;
+  std::vector<DecodeLoad> decode;
+  kv::BlockIndex index;
+};
+
+class ConductorTest : public ::testing::Test {
+ protected:
+  ConductorTest()
+      : cost_(*perf::model_preset("llama3-70b"), *perf::hardware_preset("8xA800")) {}
+
+  Decision place(PrefillPolicy policy, const FakeCluster& cluster, int64_t input_tokens,
+                 const std::vector<BlockKey>& keys, double threshold = 1.0, double now_s = 0) {
+    Conductor conductor(cost_, {.policy = policy, .kvcache_balancing_threshold = threshold});
+    return conductor.schedule(cluster, {input_tokens, keys}, now_s);
+  }
+
+  perf::CostModel cost_;
+  // An 8-block (4096-token) prompt.
+  std::vector<BlockKey> keys_{1, 2, 3, 4, 5, 6, 7, 8};
+};
+
+TEST_F(ConductorTest, ParsesPolicyNamesAndListsValidOnes) {
+  for (const auto& name : prefill_policy_names()) {
+    auto p = parse_prefill_policy(name);
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_EQ(to_string(*p), name);
+  }
+  auto bad = parse_prefill_policy("fastest");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("'fastest'"));
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("random, least-loaded, cache-aware, global-cache-aware"));
+  EXPECT_FALSE(parse_admission("maybe").ok());
+}
+
+TEST_F(ConductorTest, RandomIsSeededAndCoversAllInstances) {
+  FakeCluster cluster(4, 1);
+  Conductor a(cost_, {.policy = PrefillPolicy::kRandom, .seed = 7});
+  Conductor b(cost_, {.policy = PrefillPolicy::kRandom, .seed = 7});
+  std::set<InstanceId> seen;
+  for (int i = 0; i < 200; ++i) {
+    auto da = a.schedule(cluster, {4096, keys_}, 0);
+    auto db = b.schedule(cluster, {4096, keys_}, 0);
+    EXPECT_EQ(da.prefill_instance, db.prefill_instance);
+    seen.insert(da.prefill_instance);
+  }
+  EXPECT_EQ(seen.size(), 4u);
+}
+
+TEST_F(ConductorTest, LeastLoadedPicksShortestQueueAndIgnoresCache) {
+  FakeCluster cluster(3, 1);
+  cluster.busy_until_s = {5.0, 2.0, 9.0};
+  cluster.cache(0, keys_);  // the whole prompt is cached on the busiest-but-one instance
+  auto d = place(PrefillPolicy::kLeastLoaded, cluster, 4096, keys_, 1.0, /*now_s=*/1.0);
+  EXPECT_EQ(d.prefill_instance, 1u);
+  EXPECT_DOUBLE_EQ(d.queue_s, 1.0);
+  EXPECT_EQ(d.prefix_tokens(), 0);
+  EXPECT_DOUBLE_EQ(d.prefill_s, cost_.prefill_time_s(4096, 0));
+}
+
+TEST_F(ConductorTest, CacheAwarePrefersLocalPrefixWhenQueuesAreEqual) {
+  FakeCluster cluster(3, 1);
+  cluster.cache(2, {1, 2, 3, 4, 5, 6});  // 6 of 8 blocks on instance 2
+  auto d = place(PrefillPolicy::kCacheAware, cluster, 4096, keys_);
+  EXPECT_EQ(d.prefill_instance, 2u);
+  EXPECT_EQ(d.local_prefix_tokens, 6 * 512);
+  EXPECT_EQ(d.fetched_prefix_tokens, 0);
+  EXPECT_EQ(d.prefill_tokens, 2 * 512);
+  EXPECT_DOUBLE_EQ(d.prefill_s, cost_.prefill_time_s(1024, 3072));
+  EXPECT_DOUBLE_EQ(d.ttft_s, d.prefill_s);
+}
+
+TEST_F(ConductorTest, CacheAwareTradesPrefixForQueue) {
+  FakeCluster cluster(2, 1);
+  cluster.cache(1, keys_);
+  const double saving_s = cost_.prefill_time_s(4096, 0) - cost_.prefill_time_s(1, 4095);
+  cluster.busy_until_s = {0.0, saving_s * 1.5};  // waiting for the cache costs more than recomputing
+  EXPECT_EQ(place(PrefillPolicy::kCacheAware, cluster, 4096, keys_).prefill_instance, 0u);
+  cluster.busy_until_s = {0.0, saving_s * 0.5};
+  auto d = place(PrefillPolicy::kCacheAware, cluster, 4096, keys_);
+  EXPECT_EQ(d.prefill_instance, 1u);
+  EXPECT_EQ(d.prefill_tokens, 1);  // fully cached: only the last token is recomputed
+}
+
+TEST_F(ConductorTest, GlobalFetchesRemotePrefixToIdleInstance) {
+  FakeCluster cluster(2, 1);
+  cluster.cache(1, keys_);
+  cluster.busy_until_s = {0.0, 100.0};  // the holder is busy
+  auto d = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_);
+  EXPECT_EQ(d.prefill_instance, 0u);
+  EXPECT_EQ(d.local_prefix_tokens, 0);
+  EXPECT_EQ(d.fetched_prefix_tokens, 4096);
+  EXPECT_EQ(d.fetch_from, 1u);
+  EXPECT_DOUBLE_EQ(d.transfer_s, cost_.kv_transfer_time_s(4096));
+  EXPECT_DOUBLE_EQ(d.ttft_s, d.transfer_s + d.prefill_s);
+  // Local cache-aware cannot fetch: it recomputes everything on the idle instance.
+  auto local = place(PrefillPolicy::kCacheAware, cluster, 4096, keys_);
+  EXPECT_EQ(local.prefill_instance, 0u);
+  EXPECT_EQ(local.prefix_tokens(), 0);
+}
+
+TEST_F(ConductorTest, BalancingThresholdKeepsShortLocalPrefix) {
+  FakeCluster cluster(2, 1);
+  cluster.cache(1, keys_);               // 8 blocks on 1 (busy)
+  cluster.cache(0, {1, 2, 3, 4, 5});     // 5 blocks on 0
+  cluster.busy_until_s = {0.0, 100.0};
+  // best/local = 8/5 = 1.6: fetch above a 1.5 threshold, recompute below a 2.0 one.
+  auto fetch = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_, 1.5);
+  EXPECT_EQ(fetch.local_prefix_tokens, 5 * 512);
+  EXPECT_EQ(fetch.fetched_prefix_tokens, 3 * 512);
+  EXPECT_DOUBLE_EQ(fetch.transfer_s, cost_.kv_transfer_time_s(3 * 512));
+  auto keep = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_, 2.0);
+  EXPECT_EQ(keep.local_prefix_tokens, 5 * 512);
+  EXPECT_EQ(keep.fetched_prefix_tokens, 0);
+  EXPECT_DOUBLE_EQ(keep.transfer_s, 0.0);
+}
+
+TEST_F(ConductorTest, DecodePicksLowestPredictedTbtThatFits) {
+  FakeCluster cluster(1, 3);
+  cluster.decode[0] = {.running_requests = 40, .context_tokens = 400'000, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[1] = {.running_requests = 2, .context_tokens = 20'000, .kv_reserved_tokens = 999'000,
+                       .kv_capacity_tokens = 1'000'000};  // lightest, but no room
+  cluster.decode[2] = {.running_requests = 10, .context_tokens = 100'000, .kv_capacity_tokens = 1'000'000};
+  auto d = place(PrefillPolicy::kLeastLoaded, cluster, 4096, keys_);
+  EXPECT_EQ(d.decode_instance, 2u);
+  EXPECT_DOUBLE_EQ(d.predicted_tbt_s, cost_.decode_step_time_s(11, 104'096));
+}
+
+TEST_F(ConductorTest, SloAdmissionRejectsWhenTtftCannotBeMet) {
+  FakeCluster cluster(2, 1);
+  cluster.busy_until_s = {50.0, 60.0};
+  Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware, .admission = Admission::kSlo,
+                              .ttft_slo_s = 30.0});
+  EXPECT_EQ(conductor.schedule(cluster, {4096, keys_}, 0).rejected, RejectReason::kTtft);
+  EXPECT_EQ(conductor.schedule(cluster, {4096, keys_}, 45.0).rejected, RejectReason::kNone);
+}
+
+TEST_F(ConductorTest, ScalesToManyInstancesWithSparseMatches) {
+  FakeCluster cluster(1024, 1);
+  for (InstanceId i = 0; i < 1024; ++i) cluster.busy_until_s[i] = 1.0 + i;
+  cluster.busy_until_s[700] = 0.0;  // the only idle instance holds nothing
+  cluster.cache(3, keys_);          // the holder has a 4 s queue
+  auto d = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_);
+  EXPECT_EQ(d.prefill_instance, 700u);
+  EXPECT_EQ(d.fetched_prefix_tokens, 4096);
+}
+
+}  // namespace
+}  // namespace crescent::conductor

@@ -1,0 +1,97 @@
+#include "kv/block_cache.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace crescent::kv {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+TEST(BlockCache, PrefixMatchCountsLeadingRunOnly) {
+  BlockCache cache(10);
+  std::vector<BlockKey> keys{1, 2, 3};
+  cache.touch(keys, false);
+  std::vector<BlockKey> probe{1, 2, 9, 3};
+  EXPECT_EQ(cache.prefix_match_blocks(probe), 2);
+  std::vector<BlockKey> miss{9, 1};
+  EXPECT_EQ(cache.prefix_match_blocks(miss), 0);
+}
+
+TEST(BlockCache, EvictsLeastRecentlyUsed) {
+  BlockCache cache(2);
+  TouchEvents ev;
+  cache.touch(std::vector<BlockKey>{1, 2}, false, &ev);
+  EXPECT_THAT(ev.stored, ElementsAre(1, 2));
+  ev.clear();
+  cache.touch(std::vector<BlockKey>{1}, false, &ev);  // 1 becomes most recent; 2 is now the LRU
+  EXPECT_THAT(ev.stored, IsEmpty());
+  cache.touch(std::vector<BlockKey>{3}, false, &ev);
+  EXPECT_THAT(ev.evicted, ElementsAre(2));
+  EXPECT_TRUE(cache.contains(1));
+  EXPECT_TRUE(cache.contains(3));
+  EXPECT_FALSE(cache.contains(2));
+  EXPECT_EQ(cache.size_blocks(), 2);
+}
+
+TEST(BlockCache, NeverEvictsPinnedBlocks) {
+  BlockCache cache(2);
+  TouchEvents ev;
+  cache.touch(std::vector<BlockKey>{1, 2}, /*pin=*/true, &ev);
+  EXPECT_THAT(ev.pinned, ElementsAre(1, 2));
+  EXPECT_EQ(cache.pinned_blocks(), 2);
+  ev.clear();
+  cache.touch(std::vector<BlockKey>{3}, false, &ev);  // no room: every block is in use
+  EXPECT_FALSE(cache.contains(3));
+  EXPECT_THAT(ev.evicted, IsEmpty());
+  EXPECT_THAT(ev.stored, IsEmpty());
+
+  cache.unpin(std::vector<BlockKey>{2});  // 2 becomes evictable
+  ev.clear();
+  cache.touch(std::vector<BlockKey>{3}, false, &ev);
+  EXPECT_THAT(ev.evicted, ElementsAre(2));
+  EXPECT_TRUE(cache.contains(1));
+}
+
+TEST(BlockCache, PinsAreCounted) {
+  BlockCache cache(1);
+  cache.touch(std::vector<BlockKey>{7}, true);
+  cache.touch(std::vector<BlockKey>{7}, true);
+  cache.unpin(std::vector<BlockKey>{7});
+  EXPECT_EQ(cache.pinned_blocks(), 1);
+  cache.touch(std::vector<BlockKey>{8}, false);  // 7 still pinned once
+  EXPECT_TRUE(cache.contains(7));
+  EXPECT_FALSE(cache.contains(8));
+  cache.unpin(std::vector<BlockKey>{7});
+  EXPECT_EQ(cache.pinned_blocks(), 0);
+  cache.touch(std::vector<BlockKey>{8}, false);
+  EXPECT_FALSE(cache.contains(7));
+  EXPECT_TRUE(cache.contains(8));
+}
+
+TEST(BlockCache, UnpinnedBlockBecomesMostRecent) {
+  BlockCache cache(3);
+  cache.touch(std::vector<BlockKey>{1}, true);
+  cache.touch(std::vector<BlockKey>{2, 3}, false);
+  cache.unpin(std::vector<BlockKey>{1});  // order now 2, 3, 1
+  TouchEvents ev;
+  cache.touch(std::vector<BlockKey>{4, 5}, false, &ev);
+  EXPECT_THAT(ev.evicted, ElementsAre(2, 3));
+  EXPECT_TRUE(cache.contains(1));
+}
+
+TEST(BlockCache, UnboundedNeverEvicts) {
+  BlockCache cache;
+  std::vector<BlockKey> keys;
+  for (BlockKey k = 0; k < 10000; ++k) keys.push_back(k);
+  TouchEvents ev;
+  cache.touch(keys, false, &ev);
+  EXPECT_THAT(ev.evicted, IsEmpty());
+  EXPECT_EQ(cache.size_blocks(), 10000);
+}
+
+}  // namespace
+}  // namespace crescent::kv
