@@ -1,0 +1,70 @@
+#include "sim/cluster_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace crescent::sim {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+json valid() {
+  return json::parse(R"({"model": "llama3-70b", "hardware": "8xA800", "prefill_instances": 4,
+                         "decode_instances": 2, "prefill_cache_capacity_tokens": 1000000,
+                         "slo": {"ttft_s": 10, "tbt_s": [0.05, 0.1]}})");
+}
+
+std::string error_of(const json& j) {
+  auto r = cluster_config_from_json(j, "c.json", 512);
+  return r.ok() ? "" : r.status().message();
+}
+
+TEST(ClusterConfig, ParsesFieldsAndPresets) {
+  auto r = cluster_config_from_json(valid(), "c.json", 512);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->prefill_instances, 4u);
+  EXPECT_EQ(r->decode_instances, 2u);
+  EXPECT_EQ(r->model.layers, 80);
+  EXPECT_EQ(r->hardware.gpus, 8);
+  EXPECT_DOUBLE_EQ(r->slo.ttft_s, 10);
+  EXPECT_THAT(r->slo.tbt_s, ::testing::ElementsAre(0.05, 0.1));
+}
+
+TEST(ClusterConfig, ShippedConfigLoads) {
+  auto r = load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->name, "paper-fig5");
+  EXPECT_EQ(r->prefill_instances + r->decode_instances, 16u);
+}
+
+TEST(ClusterConfig, ImpossibleValuesAreNamed) {
+  json j = valid();
+  j["prefill_instances"] = 0;
+  EXPECT_THAT(error_of(j), HasSubstr("'prefill_instances' must be >= 1"));
+  j = valid();
+  j["prefill_cache_capacity_tokens"] = 100;
+  EXPECT_THAT(error_of(j), HasSubstr("'prefill_cache_capacity_tokens' must be >= 512"));
+  j = valid();
+  j["hardware"] = {{"preset", "8xA800"}, {"network_bytes_per_s", -5}};
+  EXPECT_THAT(error_of(j), HasSubstr("network_bytes_per_s"));
+  j = valid();
+  j["model"] = "gpt-9";
+  EXPECT_THAT(error_of(j), HasSubstr("llama3-70b"));  // lists the valid names
+  j = valid();
+  j["decode_instnaces"] = 3;
+  EXPECT_THAT(error_of(j), HasSubstr("unknown field 'decode_instnaces'"));
+  j = valid();
+  j["slo"]["tbt_s"] = json::array();
+  EXPECT_THAT(error_of(j), HasSubstr("tbt_s"));
+  j = valid();
+  j.erase("model");
+  EXPECT_THAT(error_of(j), HasSubstr("missing field 'model'"));
+}
+
+TEST(ClusterConfig, MissingOrBrokenFileIsAnError) {
+  EXPECT_FALSE(load_cluster_config("/nonexistent/x.json", 512).ok());
+}
+
+}  // namespace
+}  // namespace crescent::sim

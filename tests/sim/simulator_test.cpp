@@ -1,0 +1,210 @@
+#include "sim/simulator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "perf/cost_model.h"
+#include "sim/report.h"
+#include "trace/reader.h"
+
+namespace crescent::sim {
+namespace {
+
+using conductor::PrefillPolicy;
+
+ClusterConfig small_cluster(uint32_t prefill, uint32_t decode) {
+  ClusterConfig c;
+  c.name = "test";
+  c.model = *perf::model_preset("llama3-70b");
+  c.hardware = *perf::hardware_preset("8xA800");
+  c.prefill_instances = prefill;
+  c.decode_instances = decode;
+  return c;
+}
+
+trace::Request request(int64_t timestamp_ms, int64_t input_tokens, int64_t output_tokens,
+                       std::vector<BlockKey> keys) {
+  return {timestamp_ms, input_tokens, output_tokens, std::move(keys)};
+}
+
+SimResult run(const ClusterConfig& c, const std::vector<trace::Request>& t,
+              PrefillPolicy policy = PrefillPolicy::kGlobalCacheAware, double time_scale = 1.0) {
+  auto r = simulate(c, t, {.policy = policy, .time_scale = time_scale});
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+TEST(Simulator, SingleRequestTimeline) {
+  const ClusterConfig c = small_cluster(1, 1);
+  const perf::CostModel cost(c.model, c.hardware);
+  // 1024-token prompt, 3 output tokens: prefill makes the first, two decode steps make the rest.
+  auto result = run(c, {request(1000, 1024, 3, {1, 2})});
+  const RequestOutcome& o = result.requests[0];
+  EXPECT_DOUBLE_EQ(o.arrival_s, 1.0);
+  EXPECT_DOUBLE_EQ(o.ttft_s, cost.prefill_time_s(1024, 0));
+  EXPECT_EQ(o.prefix_hit_tokens, 0);
+  // KV streams during prefill (one chunk here), so it arrives one chunk's transfer after prefill ends; then two
+  // steps: batch 1 at context 1024, then 1025.
+  const double first_token_s = 1.0 + o.ttft_s;
+  const double kv_arrives_s = first_token_s + cost.kv_transfer_time_s(1024);
+  const double step1_s = cost.decode_step_time_s(1, 1024);
+  const double step2_s = cost.decode_step_time_s(1, 1025);
+  EXPECT_NEAR(o.finish_s, kv_arrives_s + step1_s + step2_s, 1e-12);
+  // Two gaps; TBT is the mean of the longest ceil(10%) = 1: the first (transfer + first step).
+  EXPECT_NEAR(o.tbt_s, kv_arrives_s + step1_s - first_token_s, 1e-12);
+  EXPECT_EQ(result.counters.decode_steps, 2);
+}
+
+TEST(Simulator, FifoQueueOnOnePrefillInstance) {
+  const ClusterConfig c = small_cluster(1, 1);
+  const perf::CostModel cost(c.model, c.hardware);
+  auto result = run(c, {request(0, 4096, 1, {1, 2, 3, 4, 5, 6, 7, 8}), request(0, 2048, 1, {9, 10, 11, 12})});
+  EXPECT_DOUBLE_EQ(result.requests[0].ttft_s, cost.prefill_time_s(4096, 0));
+  EXPECT_DOUBLE_EQ(result.requests[1].ttft_s, cost.prefill_time_s(4096, 0) + cost.prefill_time_s(2048, 0));
+}
+
+TEST(Simulator, LaterRequestReusesCachedPrefix) {
+  const ClusterConfig c = small_cluster(1, 1);
+  const perf::CostModel cost(c.model, c.hardware);
+  // The second request shares the first 3 blocks (1536 tokens) and arrives after the first is done.
+  auto result = run(c, {request(0, 2048, 1, {1, 2, 3, 4}), request(60'000, 2000, 1, {1, 2, 3, 9})});
+  EXPECT_EQ(result.requests[1].prefix_hit_tokens, 1536);
+  EXPECT_DOUBLE_EQ(result.requests[1].prefill_compute_s, cost.prefill_time_s(2000 - 1536, 1536));
+  EXPECT_NEAR(result.requests[1].ttft_s, result.requests[1].prefill_compute_s, 1e-9);
+}
+
+TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
+  const ClusterConfig c = small_cluster(2, 1);
+  const perf::CostModel cost(c.model, c.hardware);
+  std::vector<BlockKey> doc;
+  for (BlockKey k = 0; k < 64; ++k) doc.push_back(k);  // a 32k-token document
+  std::vector<BlockKey> doc_and_question = doc;
+  doc_and_question.push_back(1000);
+  // r0 computes the document on instance 0. r1 (another long prompt) then occupies instance 0's queue... the
+  // Conductor sends r1 to the idle instance 1, so r2 (document + question) finds the holder idle again. To force a
+  // fetch, r1 must keep instance 0 busy: it reuses r0's prefix so cache-aware scheduling puts it there.
+  std::vector<BlockKey> doc_long = doc;
+  for (BlockKey k = 2000; k < 2064; ++k) doc_long.push_back(k);
+  auto result = run(c, {request(0, 32768, 1, doc), request(60'000, 65536, 1, doc_long),
+                        request(60'001, 33000, 1, doc_and_question)});
+  EXPECT_EQ(result.requests[1].prefill_instance, result.requests[0].prefill_instance);
+  const RequestOutcome& r2 = result.requests[2];
+  EXPECT_NE(r2.prefill_instance, result.requests[0].prefill_instance);
+  EXPECT_EQ(r2.fetched_tokens, 32768);
+  EXPECT_EQ(r2.prefix_hit_tokens, 32768);
+  EXPECT_NEAR(r2.ttft_s, cost.kv_transfer_time_s(32768) + cost.prefill_time_s(33000 - 32768, 32768), 0.002);
+
+  // Local cache-aware instead waits for the holder or recomputes: never fetches.
+  auto local = run(c, {request(0, 32768, 1, doc), request(60'000, 65536, 1, doc_long),
+                       request(60'001, 33000, 1, doc_and_question)},
+                   PrefillPolicy::kCacheAware);
+  EXPECT_EQ(local.requests[2].fetched_tokens, 0);
+  EXPECT_GT(local.requests[2].ttft_s, r2.ttft_s);
+}
+
+TEST(Simulator, DecodeHbmBoundsTheBatch) {
+  ClusterConfig c = small_cluster(2, 1);
+  const perf::CostModel cost(c.model, c.hardware);
+  const int64_t capacity = cost.decode_kv_capacity_tokens(c.decode_hbm_reserved_share);
+  // Two requests whose KV (prompt + output) each takes over half of the decode instance's HBM.
+  const int64_t input = capacity / 2 + 512;
+  std::vector<BlockKey> a, b;
+  for (int64_t i = 0; i < (input + 511) / 512; ++i) {
+    a.push_back(static_cast<BlockKey>(i));
+    b.push_back(static_cast<BlockKey>(1'000'000 + i));
+  }
+  auto result = run(c, {request(0, input, 10, a), request(0, input, 10, b)});
+  const auto& r0 = result.requests[0];
+  const auto& r1 = result.requests[1];
+  // Both prefill in parallel on the two prefill instances and finish together, but the second cannot join the
+  // batch until the first has left: its decode starts at or after the first one's finish.
+  EXPECT_DOUBLE_EQ(r0.ttft_s, r1.ttft_s);
+  const auto& later = r0.finish_s < r1.finish_s ? r1 : r0;
+  const auto& earlier = r0.finish_s < r1.finish_s ? r0 : r1;
+  EXPECT_GE(later.finish_s - (later.output_tokens - 1) * cost.decode_step_time_s(1, input), earlier.finish_s - 1e-9);
+  EXPECT_GT(later.tbt_s, earlier.finish_s - earlier.arrival_s - earlier.ttft_s);
+}
+
+TEST(Simulator, TimeScaleCompressesArrivals) {
+  const ClusterConfig c = small_cluster(1, 1);
+  auto result = run(c, {request(0, 512, 1, {1}), request(10'000, 512, 1, {2})}, PrefillPolicy::kRandom, 4.0);
+  EXPECT_DOUBLE_EQ(result.requests[1].arrival_s, 2.5);
+}
+
+TEST(Simulator, SameInputsSameResult) {
+  const ClusterConfig c = small_cluster(4, 2);
+  auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/synthetic_trace.jsonl.gz", {});
+  ASSERT_TRUE(t.ok());
+  t->resize(800);
+  for (auto policy : {PrefillPolicy::kRandom, PrefillPolicy::kGlobalCacheAware}) {
+    auto a = run(c, *t, policy);
+    auto b = run(c, *t, policy);
+    ASSERT_EQ(a.requests.size(), b.requests.size());
+    for (size_t i = 0; i < a.requests.size(); ++i) {
+      EXPECT_EQ(a.requests[i].ttft_s, b.requests[i].ttft_s);
+      EXPECT_EQ(a.requests[i].tbt_s, b.requests[i].tbt_s);
+      EXPECT_EQ(a.requests[i].prefill_instance, b.requests[i].prefill_instance);
+    }
+    EXPECT_EQ(a.counters.events, b.counters.events);
+  }
+}
+
+TEST(Simulator, EveryRequestCompletesWithConsistentTimes) {
+  const ClusterConfig c = small_cluster(3, 2);
+  auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz", {});
+  ASSERT_TRUE(t.ok());
+  t->resize(1500);
+  auto result = run(c, *t);
+  for (size_t i = 0; i < result.requests.size(); ++i) {
+    const auto& o = result.requests[i];
+    ASSERT_EQ(o.rejected, conductor::RejectReason::kNone);
+    EXPECT_GT(o.ttft_s, 0) << i;
+    EXPECT_GE(o.finish_s, o.arrival_s + o.ttft_s) << i;
+    EXPECT_LE(o.prefix_hit_tokens, o.input_tokens) << i;
+    if (o.output_tokens > 1) {
+      EXPECT_GT(o.tbt_s, 0) << i;
+    }
+  }
+}
+
+TEST(Simulator, RejectsImpossibleOptions) {
+  const ClusterConfig c = small_cluster(1, 1);
+  std::vector<trace::Request> t{request(0, 512, 1, {1})};
+  EXPECT_FALSE(simulate(c, t, {.time_scale = 0}).ok());
+  EXPECT_FALSE(simulate(c, t, {.time_scale = -1}).ok());
+  ClusterConfig tiny = c;
+  tiny.prefill_cache_capacity_tokens = 100;
+  auto r = simulate(tiny, t, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("below one block"));
+}
+
+TEST(Report, PercentilesAndAttainment) {
+  SimResult result;
+  for (int i = 1; i <= 10; ++i) {
+    RequestOutcome o;
+    o.ttft_s = i;                 // 1..10 s
+    o.tbt_s = i <= 5 ? 0.05 : 0.15;
+    o.input_tokens = 100;
+    o.prefix_hit_tokens = 25;
+    result.requests.push_back(o);
+  }
+  result.requests[9].rejected = conductor::RejectReason::kTtft;  // the 10 s one
+  SloConfig slo{.ttft_s = 8, .tbt_s = {0.1, 0.2}};
+  PolicyReport r = summarize("x", result, slo);
+  EXPECT_EQ(r.completed, 9);
+  EXPECT_EQ(r.rejected, 1);
+  EXPECT_DOUBLE_EQ(r.ttft_mean_s, 5.0);  // mean of 1..9
+  EXPECT_DOUBLE_EQ(r.ttft_p50_s, 5.0);   // nearest rank ceil(4.5) = 5th
+  EXPECT_DOUBLE_EQ(r.ttft_p90_s, 9.0);
+  EXPECT_DOUBLE_EQ(r.hit_ratio, 0.25);
+  // TBT <= 100 ms and TTFT <= 8 s: requests 1..5 → 5/10. TBT <= 200 ms: 1..8 → 8/10.
+  EXPECT_DOUBLE_EQ(r.slo_attainment_by_tbt[0].attainment, 0.5);
+  EXPECT_DOUBLE_EQ(r.slo_attainment_by_tbt[1].attainment, 0.8);
+  EXPECT_DOUBLE_EQ(r.slo_attainment, 0.5);
+}
+
+}  // namespace
+}  // namespace crescent::sim
