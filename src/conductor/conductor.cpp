@@ -111,35 +111,35 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   const auto busy_until = cluster.prefill_busy_until_s();
   const auto instances = static_cast<uint32_t>(busy_until.size());
   auto queue_s = [&](InstanceId i) { return std::max(0.0, busy_until[i] - now_s); };
+
+  // Each instance's local prefix (Algorithm 1's instance.prefix_len), dense for the loop below.
   cluster.block_index().match_prefix(request.block_keys, match_);
-  auto local_blocks_of = [&](InstanceId i) -> int64_t {
-    auto it = std::lower_bound(match_.matches.begin(), match_.matches.end(), std::pair<InstanceId, int64_t>{i, 0});
-    return it != match_.matches.end() && it->first == i ? it->second : 0;
-  };
+  local_blocks_.assign(instances, 0);
+  for (const auto& [inst, run] : match_.matches) {
+    if (inst < instances) local_blocks_[inst] = run;
+  }
 
   switch (options_.policy) {
     case PrefillPolicy::kRandom: {
       auto i = static_cast<InstanceId>(next_random() % instances);
-      int64_t local = local_blocks_of(i);
-      return evaluate(i, local, local, request, queue_s(i));
+      return evaluate(i, local_blocks_[i], local_blocks_[i], request, queue_s(i));
     }
     case PrefillPolicy::kLeastLoaded: {
       InstanceId best = 0;
       for (InstanceId i = 1; i < instances; ++i) {
         if (busy_until[i] < busy_until[best]) best = i;
       }
-      int64_t local = local_blocks_of(best);
-      return evaluate(best, local, local, request, queue_s(best));
+      return evaluate(best, local_blocks_[best], local_blocks_[best], request, queue_s(best));
     }
     case PrefillPolicy::kCacheAware:
     case PrefillPolicy::kGlobalCacheAware:
       break;
   }
 
-  // Algorithm 1. For each instance: reuse its local prefix, or (global policy) fetch the best prefix when
-  // best_len / local_len > kvcache_balancing_threshold; TTFT = transfer + queue + prefill; keep the smallest.
-  // Instances with no local match all share one transfer+prefill cost (fetch best, or compute everything), so
-  // that cost is computed once and only their queues differ; matched instances are evaluated one by one.
+  // Algorithm 1: for each instance, reuse its local prefix or (global policy) fetch the best prefix when
+  // best_len / local_len > kvcache_balancing_threshold; TTFT = T_transfer + T_queue + T_prefill; keep the
+  // smallest. T_transfer + T_prefill depends on the instance only through its local prefix length, and a request
+  // sees few distinct lengths, so it is computed once per length (memo) and the loop is one add per instance.
   const bool global = options_.policy == PrefillPolicy::kGlobalCacheAware;
   const int64_t best_blocks = match_.best_blocks;
   auto prefix_for = [&](int64_t local) {
@@ -148,32 +148,26 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
                                     options_.kvcache_balancing_threshold);
     return fetch ? best_blocks : local;
   };
-  const PrefillChoice unmatched = evaluate(0, 0, prefix_for(0), request, 0.0);
-  const double unmatched_cost_s = unmatched.transfer_s + unmatched.prefill_s;
+  cost_by_local_.assign(static_cast<size_t>(best_blocks) + 1, -1.0);
+  auto cost_s = [&](int64_t local) {
+    double& c = cost_by_local_[static_cast<size_t>(local)];
+    if (c < 0) {
+      PrefillChoice e = evaluate(0, local, prefix_for(local), request, 0.0);
+      c = e.transfer_s + e.prefill_s;
+    }
+    return c;
+  };
 
-  PrefillChoice best;
+  InstanceId best = 0;
   double best_ttft_s = std::numeric_limits<double>::infinity();
-  size_t m = 0;
   for (InstanceId i = 0; i < instances; ++i) {
-    if (m < match_.matches.size() && match_.matches[m].first == i) {
-      int64_t local = match_.matches[m++].second;
-      PrefillChoice c = evaluate(i, local, prefix_for(local), request, queue_s(i));
-      double ttft_s = c.transfer_s + c.queue_s + c.prefill_s;
-      if (ttft_s < best_ttft_s) {
-        best_ttft_s = ttft_s;
-        best = c;
-      }
-    } else {
-      double q = queue_s(i);
-      if (q + unmatched_cost_s < best_ttft_s) {
-        best_ttft_s = q + unmatched_cost_s;
-        best = unmatched;
-        best.instance = i;
-        best.queue_s = q;
-      }
+    double ttft_s = queue_s(i) + cost_s(local_blocks_[i]);
+    if (ttft_s < best_ttft_s) {
+      best_ttft_s = ttft_s;
+      best = i;
     }
   }
-  return best;
+  return evaluate(best, local_blocks_[best], prefix_for(local_blocks_[best]), request, queue_s(best));
 }
 
 // Decode instance with the smallest predicted TBT once this request joins (Algorithm 1 line 17), preferring

@@ -109,7 +109,10 @@ class Conductor {
   const perf::CostModel& cost_;
   ConductorOptions options_;
   uint64_t rng_state_;
-  kv::PrefixMatch match_;  // scratch
+  // Scratch reused across decisions (no allocation per decision once warm).
+  kv::PrefixMatch match_;
+  std::vector<int64_t> local_blocks_;   // per prefill instance: its local prefix match, in blocks
+  std::vector<double> cost_by_local_;  // T_transfer + T_prefill by local prefix length (-1: not computed yet)
 };
 
 }  // namespace crescent::conductor

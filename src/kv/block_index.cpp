@@ -40,14 +40,19 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
   out.best_instance = 0;
   if (keys.empty()) return;
   // `alive_` holds the instances whose run is unbroken so far; an instance leaving it at block i matched i blocks.
+  // Each step stamps the block's holders, then filters `alive_` by stamp: O(alive + holders) per block.
   auto first = holders(keys[0]);
   alive_.assign(first.begin(), first.end());
   int64_t i = 1;
   for (; i < static_cast<int64_t>(keys.size()) && !alive_.empty(); ++i) {
-    auto here = holders(keys[i]);
+    ++stamp_now_;
+    for (InstanceId inst : holders(keys[i])) {
+      if (inst >= stamp_.size()) stamp_.resize(inst + 1, 0);
+      stamp_[inst] = stamp_now_;
+    }
     next_alive_.clear();
     for (InstanceId inst : alive_) {
-      if (std::find(here.begin(), here.end(), inst) != here.end()) {
+      if (inst < stamp_.size() && stamp_[inst] == stamp_now_) {
         next_alive_.push_back(inst);
       } else {
         out.matches.emplace_back(inst, i);
@@ -56,9 +61,8 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
     alive_.swap(next_alive_);
   }
   for (InstanceId inst : alive_) out.matches.emplace_back(inst, i);
-  std::sort(out.matches.begin(), out.matches.end());
   for (const auto& [inst, run] : out.matches) {
-    if (run > out.best_blocks) {
+    if (run > out.best_blocks || (run == out.best_blocks && inst < out.best_instance)) {
       out.best_blocks = run;
       out.best_instance = inst;
     }

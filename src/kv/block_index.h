@@ -17,7 +17,7 @@ namespace crescent::kv {
 /// Result of BlockIndex::match_prefix for one request.
 struct PrefixMatch {
   /// Instances whose cache holds a non-empty leading run of the request's keys: (instance, run length in blocks),
-  /// sorted by instance. Instances not listed match 0 blocks.
+  /// in no particular order. Instances not listed match 0 blocks.
   std::vector<std::pair<InstanceId, int64_t>> matches;
   int64_t best_blocks = 0;      // longest run over all instances (0 when no instance matches)
   InstanceId best_instance = 0;  // lowest-numbered instance with best_blocks (meaningful when best_blocks > 0)
@@ -47,8 +47,11 @@ class BlockIndex {
  private:
   std::unordered_map<BlockKey, std::vector<InstanceId>> holders_;
   int64_t replicas_ = 0;
-  // Scratch for match_prefix; mutable so matching stays const for callers.
+  // Scratch for match_prefix, mutable so matching stays const for callers: the instances whose run is unbroken,
+  // and a per-instance stamp marking the holders of the block being examined.
   mutable std::vector<InstanceId> alive_, next_alive_;
+  mutable std::vector<uint64_t> stamp_;
+  mutable uint64_t stamp_now_ = 0;
 };
 
 }  // namespace crescent::kv

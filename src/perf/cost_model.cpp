@@ -1,1 +1,41 @@
-// placeholder
+#include "perf/cost_model.h"
+
+#include <cmath>
+#include <utility>
+
+namespace crescent::perf {
+
+CostModel::CostModel(ModelSpec model, HardwareSpec hardware)
+    : model_(std::move(model)), hardware_(std::move(hardware)) {
+  assert(validate_model_spec(model_, "CostModel model").ok());
+  assert(validate_hardware_spec(hardware_, "CostModel hardware").ok());
+  const auto& m = model_;
+  const auto& h = hardware_;
+  // hidden_size / gqa = kv_heads * head_dim, exact in integers since attention_heads divides hidden_size.
+  const int64_t kv_width = m.kv_heads * (m.hidden_size / m.attention_heads);
+  kv_bytes_per_token_ = static_cast<double>(m.layers * 2 * kv_width * m.bytes_per_element);
+  weight_bytes_ = m.parameters * static_cast<double>(m.bytes_per_element);
+  linear_flops_per_token_ = 2 * m.parameters;
+  attention_flops_per_token_context_ = 4.0 * static_cast<double>(m.layers * m.hidden_size);
+
+  const double gpus = static_cast<double>(h.gpus);
+  const double flops_per_s = gpus * h.peak_flops_per_gpu * h.mfu;
+  linear_s_per_token_ = linear_flops_per_token_ / flops_per_s;
+  attention_s_per_token_context_ = attention_flops_per_token_context_ / flops_per_s;
+  const double decode_bytes_per_s = gpus * h.hbm_bytes_per_s_per_gpu * h.memory_bandwidth_utilization;
+  decode_weight_read_s_ = weight_bytes_ / decode_bytes_per_s;
+  decode_kv_read_s_per_token_ = kv_bytes_per_token_ / decode_bytes_per_s;
+  kv_transfer_s_per_token_ = kv_bytes_per_token_ / h.network_bytes_per_s;
+  kv_load_s_per_token_ = kv_bytes_per_token_ / h.host_device_bytes_per_s;
+}
+
+int64_t CostModel::decode_kv_capacity_tokens(double reserved_share) const {
+  assert(reserved_share >= 0 && reserved_share < 1);
+  const double usable_bytes =
+      static_cast<double>(hardware_.gpus) * hardware_.hbm_bytes_per_gpu * (1 - reserved_share) -
+      weight_bytes_;
+  if (usable_bytes <= 0) return 0;
+  return static_cast<int64_t>(std::floor(usable_bytes / kv_bytes_per_token_));
+}
+
+}  // namespace crescent::perf

@@ -1,0 +1,103 @@
+// Conductor decision throughput: Conductor::schedule for the conversation trace's requests against 16, 128 and
+// 1,024 prefill instances (and 16 decode instances) whose prefix caches index 1M distinct blocks.
+// Goal (issue 2): >= 100,000 decisions/s at 1,024 instances. Baseline in the same process: the prefix match
+// alone (BlockIndex::match_prefix), the part that must not grow with instances × cached blocks.
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "conductor/conductor.h"
+#include "perf/cost_model.h"
+#include "trace/reader.h"
+
+namespace {
+
+using namespace crescent;
+
+constexpr int64_t kIndexedBlocks = 1'000'000;
+
+const std::vector<trace::Request>& conversation() {
+  static const auto trace = [] {
+    auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz", {});
+    if (!t.ok()) {
+      std::cerr << t.status().to_string() << "\n";
+      std::exit(1);
+    }
+    return std::move(t).value();
+  }();
+  return trace;
+}
+
+class BenchCluster : public conductor::ClusterView {
+ public:
+  explicit BenchCluster(uint32_t prefill) : busy_until_s_(prefill), decode_(16) {
+    // Every request's blocks cached on one pseudo-randomly chosen instance: shared prefixes (system prompts)
+    // end up replicated on many instances, as under a cache-aware scheduler. Then filler blocks up to 1M keys.
+    const auto& trace = conversation();
+    for (size_t r = 0; r < trace.size(); ++r) {
+      auto holder = static_cast<InstanceId>((r * 2654435761u) % prefill);
+      for (BlockKey k : trace[r].block_keys) index_.add(k, holder);
+    }
+    for (BlockKey k = 1ull << 40; index_.blocks() < kIndexedBlocks; ++k) {
+      index_.add(k, static_cast<InstanceId>(k % prefill));
+    }
+    for (uint32_t i = 0; i < prefill; ++i) busy_until_s_[i] = static_cast<double>((i * 7919u) % 1000) / 100.0;
+    for (uint32_t d = 0; d < decode_.size(); ++d) {
+      decode_[d] = {.running_requests = 20 + d, .context_tokens = 200'000 + 1000 * d, .kv_capacity_tokens = 1'300'000};
+    }
+  }
+  uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s_.size()); }
+  uint32_t decode_instance_count() const override { return static_cast<uint32_t>(decode_.size()); }
+  std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
+  conductor::DecodeLoad decode_load(InstanceId d) const override { return decode_[d]; }
+  const kv::BlockIndex& block_index() const override { return index_; }
+
+ private:
+  std::vector<double> busy_until_s_;
+  std::vector<conductor::DecodeLoad> decode_;
+  kv::BlockIndex index_;
+};
+
+const perf::CostModel& cost_model() {
+  static const perf::CostModel cost(*perf::model_preset("llama3-70b"), *perf::hardware_preset("8xA800"));
+  return cost;
+}
+
+void BM_ConductorDecision(benchmark::State& state) {
+  const auto policy = static_cast<conductor::PrefillPolicy>(state.range(1));
+  BenchCluster cluster(static_cast<uint32_t>(state.range(0)));
+  conductor::Conductor conductor(cost_model(), {.policy = policy});
+  const auto& trace = conversation();
+  size_t r = 0;
+  for (auto _ : state) {
+    const auto& req = trace[r];
+    r = r + 1 == trace.size() ? 0 : r + 1;
+    benchmark::DoNotOptimize(conductor.schedule(cluster, {req.input_tokens, req.block_keys}, 5.0));
+  }
+  state.SetLabel(std::string(conductor::to_string(policy)));
+  state.counters["decisions/s"] = benchmark::Counter(static_cast<double>(state.iterations()),
+                                                     benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ConductorDecision)
+    ->ArgsProduct({{16, 128, 1024}, {1, 3}})  // least-loaded, global-cache-aware
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_PrefixMatchOnly(benchmark::State& state) {
+  BenchCluster cluster(static_cast<uint32_t>(state.range(0)));
+  kv::PrefixMatch match;
+  const auto& trace = conversation();
+  size_t r = 0;
+  for (auto _ : state) {
+    cluster.block_index().match_prefix(trace[r].block_keys, match);
+    benchmark::DoNotOptimize(match);
+    r = r + 1 == trace.size() ? 0 : r + 1;
+  }
+  state.counters["matches/s"] = benchmark::Counter(static_cast<double>(state.iterations()),
+                                                   benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PrefixMatchOnly)->Arg(16)->Arg(1024)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,113 @@
+// Analytic prefill, decode, transfer and capacity model of one instance serving one model (paper §2.2).
+#pragma once
+
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+
+#include "perf/hardware_spec.h"
+#include "perf/model_spec.h"
+
+namespace crescent::perf {
+
+/// Times and sizes for one model on one instance. Every query is pure and allocation-free, a few multiplies
+/// on constants precomputed by the constructor (the scheduler calls them in its inner loop); hot ones are
+/// inline. Immutable after construction, so safe to share between threads.
+class CostModel {
+ public:
+  /// REQUIRES: validate_model_spec(model) and validate_hardware_spec(hardware) are ok (asserted in debug).
+  CostModel(ModelSpec model, HardwareSpec hardware);
+
+  const ModelSpec& model() const { return model_; }
+  const HardwareSpec& hardware() const { return hardware_; }
+
+  /// KV cache bytes of one token, all layers (paper §2.2):
+  ///   layers * 2 (K and V) * hidden_size / gqa * bytes_per_element,  gqa = attention_heads / kv_heads.
+  /// llama3-70b in bf16: 327,680 B.
+  double kv_bytes_per_token() const { return kv_bytes_per_token_; }
+
+  /// Bytes of the weights: parameters * bytes_per_element.
+  double weight_bytes() const { return weight_bytes_; }
+
+  /// FLOPs to prefill `new_tokens` (n) tokens after a reused prefix of `prefix_tokens` (p) tokens:
+  ///   2 * parameters * n  +  4 * layers * hidden_size * n * (p + (n + 1) / 2).
+  /// First term: the linear layers, the standard 2 FLOPs (multiply, add) per weight per token, counting every
+  /// weight. Second: causal attention, QK^T and AV each 2 * ctx * hidden_size FLOPs per layer for a token
+  /// attending to ctx tokens; the new tokens attend to p + (n + 1) / 2 tokens on average.
+  /// Paper Eq. 1, flops(n) = l * (a*n^2*d + b*n*d^2), is the p = 0 case plus a 2*l*d*n diagonal term, with
+  ///   a = 2 (causal; Table 1's a = 4 counts the full n x n score matrix),
+  ///   b = 2 * parameters / (l * d^2) (26.3 for llama3-70b; Table 1: 22).
+  /// A reused prefix saves exactly Eq. 1's l*(a*p^2*d + b*p*d^2) + 2*l*d*p, for any n >= p:
+  ///   prefill_flops(n, 0) - prefill_flops(n - p, p) == prefill_flops(p, 0).
+  /// REQUIRES: new_tokens >= 0, prefix_tokens >= 0.
+  double prefill_flops(int64_t new_tokens, int64_t prefix_tokens) const {
+    assert(new_tokens >= 0 && prefix_tokens >= 0);
+    const double n = static_cast<double>(new_tokens);
+    const double attended = attended_tokens(n, prefix_tokens);
+    return n * (linear_flops_per_token_ + attention_flops_per_token_context_ * attended);
+  }
+
+  /// Seconds to prefill: prefill_flops / (gpus * peak_flops_per_gpu * mfu); 0 when new_tokens == 0.
+  /// REQUIRES: new_tokens >= 0, prefix_tokens >= 0.
+  double prefill_time_s(int64_t new_tokens, int64_t prefix_tokens) const {
+    assert(new_tokens >= 0 && prefix_tokens >= 0);
+    const double n = static_cast<double>(new_tokens);
+    return n * (linear_s_per_token_ + attention_s_per_token_context_ * attended_tokens(n, prefix_tokens));
+  }
+
+  /// Seconds of one continuous-batching decode iteration (paper §2.1) producing one token for each of
+  /// `batch_requests` requests whose KV caches hold `context_tokens` tokens in total. Roofline: the larger of
+  ///   memory:  (weight_bytes + context_tokens * kv_bytes_per_token)
+  ///            / (gpus * hbm_bytes_per_s_per_gpu * memory_bandwidth_utilization)   (weights read once)
+  ///   compute: (2 * parameters * batch_requests + 4 * layers * hidden_size * context_tokens)
+  ///            / (gpus * peak_flops_per_gpu * mfu).
+  /// 0 when batch_requests == 0. REQUIRES: batch_requests >= 0, context_tokens >= 0.
+  double decode_step_time_s(int64_t batch_requests, int64_t context_tokens) const {
+    assert(batch_requests >= 0 && context_tokens >= 0);
+    if (batch_requests == 0) return 0;
+    const double ctx = static_cast<double>(context_tokens);
+    const double memory_s = decode_weight_read_s_ + ctx * decode_kv_read_s_per_token_;
+    const double compute_s =
+        static_cast<double>(batch_requests) * linear_s_per_token_ + ctx * attention_s_per_token_context_;
+    return std::max(memory_s, compute_s);
+  }
+
+  /// Seconds to move `bytes` at `bytes_per_s`: bytes / bytes_per_s. REQUIRES: bytes_per_s > 0.
+  static double transfer_time_s(double bytes, double bytes_per_s) { return bytes / bytes_per_s; }
+
+  /// Seconds to move the KV cache of `tokens` tokens between instances over network_bytes_per_s (paper §3.2).
+  double kv_transfer_time_s(int64_t tokens) const {
+    return static_cast<double>(tokens) * kv_transfer_s_per_token_;
+  }
+
+  /// Seconds to load the KV cache of `tokens` tokens from host DRAM into HBM over host_device_bytes_per_s.
+  double kv_load_time_s(int64_t tokens) const { return static_cast<double>(tokens) * kv_load_s_per_token_; }
+
+  /// KV tokens that fit in the instance's HBM besides the weights, keeping `reserved_share` of HBM for
+  /// activations and fragmentation: floor((gpus * hbm_bytes_per_gpu * (1 - reserved_share) - weight_bytes)
+  /// / kv_bytes_per_token), 0 when the weights do not fit. REQUIRES: 0 <= reserved_share < 1.
+  int64_t decode_kv_capacity_tokens(double reserved_share = 0.1) const;
+
+ private:
+  // Average number of tokens a new token attends to under causal masking: p + (n + 1) / 2.
+  static double attended_tokens(double n, int64_t prefix_tokens) {
+    return static_cast<double>(prefix_tokens) + (n + 1) * 0.5;
+  }
+
+  ModelSpec model_;
+  HardwareSpec hardware_;
+  double kv_bytes_per_token_;
+  double weight_bytes_;
+  double linear_flops_per_token_;             // 2 * parameters
+  double attention_flops_per_token_context_;  // 4 * layers * hidden_size
+  // Divisions done once: the two above over gpus * peak_flops_per_gpu * mfu; weight and KV bytes over
+  // gpus * hbm_bytes_per_s_per_gpu * memory_bandwidth_utilization; KV bytes over the two links.
+  double linear_s_per_token_;
+  double attention_s_per_token_context_;
+  double decode_weight_read_s_;
+  double decode_kv_read_s_per_token_;
+  double kv_transfer_s_per_token_;
+  double kv_load_s_per_token_;
+};
+
+}  // namespace crescent::perf
