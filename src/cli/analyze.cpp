@@ -1,4 +1,207 @@
+// `crescent analyze TRACE...`: request statistics and prefix-reuse potential of Mooncake traces.
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "cli/commands.h"
+#include "common/status.h"
+#include "trace/reader.h"
+#include "trace/stats.h"
+
 namespace crescent::cli {
-void register_analyze(CLI::App& app, int& exit_code) { (void)app; (void)exit_code; }
+namespace {
+
+struct AnalyzeArgs {
+  std::vector<std::string> traces;
+  int64_t block_size_tokens = 512;
+  std::string capacities = "1M,3M,10M,50M,inf";
+  bool skip_invalid = false;
+  bool json = false;
+};
+
+std::string_view trim(std::string_view text) {
+  const size_t begin = text.find_first_not_of(' ');
+  if (begin == std::string_view::npos) return {};
+  return text.substr(begin, text.find_last_not_of(' ') - begin + 1);
+}
+
+// One capacity: a token count >= 1 with an optional k/M/G suffix (x 10^3, 10^6, 10^9), or inf/unbounded.
+Result<std::optional<int64_t>> parse_capacity(std::string_view text) {
+  if (text == "inf" || text == "unbounded") return std::optional<int64_t>();
+  auto bad = [&] {
+    return Status::invalid_argument(fmt::format(
+        "--capacities: bad value '{}': expected a token count >= 1 like 500000, 3M or inf", text));
+  };
+  int64_t value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end == text.data()) return bad();
+  const std::string_view suffix(end, static_cast<size_t>(text.data() + text.size() - end));
+  int64_t multiplier = 1;
+  if (suffix == "k" || suffix == "K") {
+    multiplier = 1'000;
+  } else if (suffix == "M") {
+    multiplier = 1'000'000;
+  } else if (suffix == "G") {
+    multiplier = 1'000'000'000;
+  } else if (!suffix.empty()) {
+    return bad();
+  }
+  if (value < 1 || value > std::numeric_limits<int64_t>::max() / multiplier) return bad();
+  return std::optional<int64_t>(value * multiplier);
+}
+
+// A comma-separated list of parse_capacity() values.
+Result<std::vector<std::optional<int64_t>>> parse_capacities(std::string_view list) {
+  std::vector<std::optional<int64_t>> capacities;
+  for (;;) {
+    const size_t comma = list.find(',');
+    Result<std::optional<int64_t>> capacity = parse_capacity(trim(list.substr(0, comma)));
+    if (!capacity.ok()) return capacity.status();
+    capacities.push_back(*capacity);
+    if (comma == std::string_view::npos) return capacities;
+    list.remove_prefix(comma + 1);
+  }
+}
+
+std::string percent(double ratio) {
+  return fmt::format("{:.2f}%", 100 * ratio);
+}
+
+void print_text(const std::string& path, const trace::TraceStats& stats, int64_t block_size_tokens) {
+  fmt::print("{}\n", path);
+  fmt::print("  requests        {}\n", stats.requests);
+  fmt::print("  span            {:.3f} s\n", stats.span_s);
+  fmt::print("  arrival rate    {:.3f} req/s\n", stats.arrival_rate_per_s);
+  auto print_length = [](std::string_view name, const trace::LengthStats& length) {
+    fmt::print("  {:<14}  mean {:.1f}, p50 {}, p99 {}\n", name, length.mean, length.p50, length.p99);
+  };
+  print_length("input tokens", stats.input_tokens);
+  print_length("output tokens", stats.output_tokens);
+  fmt::print("  reuse ceiling   {} of input tokens (unbounded cache, {}-token blocks)\n",
+             percent(stats.reuse_ceiling), block_size_tokens);
+  fmt::print("\n  {:>21}  {:>9}  {:>16}\n", "LRU capacity (tokens)", "hit ratio", "share of ceiling");
+  for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
+    const std::string capacity = point.capacity_tokens ? std::to_string(*point.capacity_tokens) : "unbounded";
+    const double share = stats.reuse_ceiling > 0 ? point.hit_ratio / stats.reuse_ceiling : 0;
+    fmt::print("  {:>21}  {:>9}  {:>16}\n", capacity, percent(point.hit_ratio), percent(share));
+  }
+  fmt::print("\n  {:>21}  {:>10}  {:>17}\n", "hottest block key", "references", "share of requests");
+  for (const trace::HotBlock& block : stats.hottest_blocks) {
+    fmt::print("  {:>21}  {:>10}  {:>17}\n", block.key, block.references, percent(block.request_share));
+  }
+}
+
+nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats& stats,
+                               int64_t skipped_lines) {
+  nlohmann::ordered_json hit_ratios = nlohmann::ordered_json::array();
+  for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
+    hit_ratios.push_back(
+        {{"capacity_tokens", point.capacity_tokens ? nlohmann::ordered_json(*point.capacity_tokens)
+                                                   : nlohmann::ordered_json(nullptr)},
+         {"hit_ratio", point.hit_ratio}});
+  }
+  nlohmann::ordered_json hottest = nlohmann::ordered_json::array();
+  for (const trace::HotBlock& block : stats.hottest_blocks) {
+    hottest.push_back(
+        {{"block_key", block.key}, {"references", block.references}, {"request_share", block.request_share}});
+  }
+  return {{"trace", path},
+          {"requests", stats.requests},
+          {"span_s", stats.span_s},
+          {"arrival_rate_per_s", stats.arrival_rate_per_s},
+          {"input_tokens_mean", stats.input_tokens.mean},
+          {"input_tokens_p50", stats.input_tokens.p50},
+          {"input_tokens_p99", stats.input_tokens.p99},
+          {"output_tokens_mean", stats.output_tokens.mean},
+          {"output_tokens_p50", stats.output_tokens.p50},
+          {"output_tokens_p99", stats.output_tokens.p99},
+          {"reuse_ceiling", stats.reuse_ceiling},
+          {"hit_ratio_by_capacity", std::move(hit_ratios)},
+          {"hottest_blocks", std::move(hottest)},
+          {"skipped_lines", skipped_lines}};
+}
+
+// Analyzes one trace and prints its report.
+Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::AnalyzerOptions& options) {
+  Result<std::unique_ptr<trace::TraceReader>> reader = trace::TraceReader::open(
+      path, {.block_size_tokens = args.block_size_tokens, .skip_invalid = args.skip_invalid});
+  if (!reader.ok()) return reader.status();
+  trace::TraceAnalyzer analyzer(options);
+  trace::Request request;
+  for (;;) {
+    Result<bool> read = (*reader)->next(request);
+    if (!read.ok()) return read.status();
+    if (!*read) break;
+    analyzer.add(request);
+  }
+  const trace::SkipReport& skipped = (*reader)->skipped();
+  if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
+  const trace::TraceStats stats = analyzer.finish();
+  if (args.json) {
+    fmt::print("{}\n", to_json(path, stats, skipped.total_lines)
+                           .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else {
+    print_text(path, stats, args.block_size_tokens);
+  }
+  return Status::ok_status();
+}
+
+// Runs the command; returns the exit code. Every error here comes from the input (flags or trace files).
+int run(const AnalyzeArgs& args) {
+  auto fail = [](const Status& status) {
+    fmt::print(stderr, "error: {}\n", status.message());
+    return kExitBadInput;
+  };
+  if (args.block_size_tokens < 1) {
+    return fail(
+        Status::invalid_argument(fmt::format("--block-size must be >= 1, got {}", args.block_size_tokens)));
+  }
+  Result<std::vector<std::optional<int64_t>>> capacities = parse_capacities(args.capacities);
+  if (!capacities.ok()) return fail(capacities.status());
+  const trace::AnalyzerOptions options{.block_size_tokens = args.block_size_tokens,
+                                       .capacities_tokens = std::move(*capacities)};
+  for (size_t i = 0; i < args.traces.size(); ++i) {
+    if (i > 0 && !args.json) fmt::print("\n");
+    if (Status status = analyze(args.traces[i], args, options); !status.ok()) return fail(status);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_analyze(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<AnalyzeArgs>();
+  CLI::App* command = app.add_subcommand(
+      "analyze",
+      "Statistics and prefix-cache reuse potential (hit ratio vs LRU capacity) of Mooncake traces");
+  command->add_option("traces", args->traces, "Mooncake JSONL traces (.jsonl or .jsonl.gz)")->required();
+  command->add_option("--block-size", args->block_size_tokens, "Tokens per hash_ids block (>= 1)")
+      ->capture_default_str();
+  command
+      ->add_option("--capacities", args->capacities,
+                   "Comma-separated LRU cache capacities in tokens; suffixes k/M/G, 'inf' or 'unbounded'")
+      ->capture_default_str();
+  command->add_flag("--skip-invalid", args->skip_invalid,
+                    "Skip invalid lines (summary on stderr) instead of failing");
+  command->add_flag("--json", args->json, "One JSON object per trace per line");
+  command->callback([args, &exit_code] {
+    try {
+      exit_code = run(*args);
+    } catch (const std::exception& e) {  // e.g. stdout closed, out of memory: never let it escape into CLI11
+      std::fprintf(stderr, "error: %s\n", e.what());
+      exit_code = 1;
+    }
+  });
+}
+
 }  // namespace crescent::cli

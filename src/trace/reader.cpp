@@ -1,1 +1,281 @@
-// placeholder
+#include "trace/reader.h"
+
+#include <fmt/format.h>
+#include <simdjson.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+namespace crescent::trace {
+namespace {
+
+constexpr unsigned kChunkBytes = 1u << 16;
+// Far above any real request (a 10M-token prompt has ~20k hash_ids, ~150 KB); bounds memory on garbage input.
+constexpr size_t kMaxLineBytes = size_t{16} << 20;
+
+// Why a line is invalid: a short reason (the SkipReport key) and the full message.
+struct LineError {
+  std::string_view reason;
+  std::string message;
+};
+
+struct GzClose {
+  void operator()(gzFile file) const { gzclose(file); }
+};
+
+bool is_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+// A JSON value as it appears in the line, cut short for messages.
+std::string excerpt(simdjson::dom::element value) {
+  std::string text = simdjson::minify(value);
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return text;
+}
+
+// Why a JSON value is not an integer in [0, 2^63).
+struct CountProblem {
+  std::string_view reason;    // SkipReport reason
+  std::string_view expected;  // completes "must be ..."
+};
+
+// The problem with `value`, or none, in which case the integer is stored in `out`.
+std::optional<CountProblem> count_problem(simdjson::dom::element value, int64_t& out) {
+  switch (value.type()) {
+    case simdjson::dom::element_type::INT64:
+      out = value.get_int64().value_unsafe();
+      if (out >= 0) return std::nullopt;
+      return CountProblem{"negative value", "a non-negative integer"};
+    case simdjson::dom::element_type::UINT64:
+      return CountProblem{"out of range", "a non-negative integer below 2^63"};
+    default:
+      return CountProblem{"not an integer", "a non-negative integer"};
+  }
+}
+
+}  // namespace
+
+struct TraceReader::Impl {
+  std::string path;
+  ReadOptions options;
+  std::unique_ptr<gzFile_s, GzClose> file;
+  std::vector<char> chunk = std::vector<char>(kChunkBytes);
+  size_t chunk_pos = 0;
+  size_t chunk_end = 0;
+  std::string line;  // the current line without its '\n' (plus simdjson padding while parsing)
+  bool line_too_long = false;
+  int64_t line_number = 0;
+  int64_t previous_timestamp_ms = 0;  // of the last valid line; timestamps are >= 0
+  simdjson::dom::parser parser;
+  SkipReport skipped;
+  Status failed;  // sticky: the error every later next() returns
+
+  // Reads the next line into `line`: true when there is one, false at the end of the input.
+  Result<bool> read_line() {
+    line.clear();
+    line_too_long = false;
+    bool started = false;
+    for (;;) {
+      if (chunk_pos == chunk_end) {
+        int n = gzread(file.get(), chunk.data(), kChunkBytes);
+        if (n <= 0) {
+          int code = Z_OK;
+          std::string message = gzerror(file.get(), &code);
+          if (n < 0 || code != Z_OK) {
+            if (code == Z_ERRNO) return Status::io_error(message);
+            return Status::io_error(
+                fmt::format("{} (corrupt or truncated gzip stream, after line {})", message, line_number));
+          }
+          if (!started) return false;
+          break;  // last line without a final '\n'
+        }
+        chunk_pos = 0;
+        chunk_end = static_cast<size_t>(n);
+      }
+      started = true;
+      const char* begin = chunk.data() + chunk_pos;
+      const char* newline = static_cast<const char*>(std::memchr(begin, '\n', chunk_end - chunk_pos));
+      size_t length = newline ? static_cast<size_t>(newline - begin) : chunk_end - chunk_pos;
+      if (line.size() + length > kMaxLineBytes) {
+        line_too_long = true;
+      } else {
+        line.append(begin, length);
+      }
+      chunk_pos += length + (newline ? 1 : 0);
+      if (newline) break;
+    }
+    ++line_number;
+    return true;
+  }
+
+  LineError field_error(std::string_view reason, std::string_view field, std::string_view problem) const {
+    return {reason, fmt::format("{}:{}: field '{}': {}", path, line_number, field, problem)};
+  }
+
+  LineError count_error(const CountProblem& problem, std::string_view field,
+                        simdjson::dom::element value) const {
+    return field_error(problem.reason, field,
+                       fmt::format("must be {}, got {}", problem.expected, excerpt(value)));
+  }
+
+  // Reads the field `name` of `object` as an integer in [0, 2^63) into `out`.
+  std::optional<LineError> read_count_field(simdjson::dom::object object, const char* name,
+                                            int64_t& out) const {
+    simdjson::dom::element value;
+    if (object.at_key(name).get(value)) {
+      return LineError{"missing field", fmt::format("{}:{}: missing field '{}'", path, line_number, name)};
+    }
+    if (auto problem = count_problem(value, out)) return count_error(*problem, name, value);
+    return std::nullopt;
+  }
+
+  // Parses and validates `line` into `out`.
+  std::optional<LineError> parse_line(Request& out) {
+    if (line_too_long) {
+      return LineError{"line too long",
+                       fmt::format("{}:{}: line longer than {} bytes", path, line_number, kMaxLineBytes)};
+    }
+    const size_t length = line.size();
+    line.append(simdjson::SIMDJSON_PADDING, ' ');
+    simdjson::dom::element document;
+    if (simdjson::error_code error = parser.parse(line.data(), length, false).get(document)) {
+      return LineError{"not JSON",
+                       fmt::format("{}:{}: not JSON: {}", path, line_number, simdjson::error_message(error))};
+    }
+    simdjson::dom::object object;
+    if (document.get(object)) {
+      return LineError{"not an object",
+                       fmt::format("{}:{}: not a JSON object, got {}", path, line_number, excerpt(document))};
+    }
+    if (auto error = read_count_field(object, "timestamp", out.timestamp_ms)) return error;
+    if (auto error = read_count_field(object, "input_length", out.input_tokens)) return error;
+    if (auto error = read_count_field(object, "output_length", out.output_tokens)) return error;
+    simdjson::dom::element hash_ids;
+    if (object.at_key("hash_ids").get(hash_ids)) {
+      return LineError{"missing field", fmt::format("{}:{}: missing field 'hash_ids'", path, line_number)};
+    }
+    simdjson::dom::array keys;
+    if (hash_ids.get(keys)) {
+      return field_error("not an array", "hash_ids",
+                         "must be an array of non-negative integers, got " + excerpt(hash_ids));
+    }
+    out.block_keys.clear();
+    out.block_keys.reserve(keys.size());
+    for (simdjson::dom::element key : keys) {
+      int64_t value = 0;
+      if (auto problem = count_problem(key, value)) {
+        return count_error(*problem, fmt::format("hash_ids[{}]", out.block_keys.size()), key);
+      }
+      out.block_keys.push_back(static_cast<BlockKey>(value));
+    }
+    const int64_t block_size = options.block_size_tokens;
+    const int64_t expected_blocks = out.input_tokens / block_size + (out.input_tokens % block_size != 0);
+    if (static_cast<int64_t>(out.block_keys.size()) != expected_blocks) {
+      return field_error("block count mismatch", "hash_ids",
+                         fmt::format("has {} entries, expected ceil(input_length {} / block size {}) = {}",
+                                     out.block_keys.size(), out.input_tokens, block_size, expected_blocks));
+    }
+    if (out.timestamp_ms < previous_timestamp_ms) {
+      return field_error("timestamp went backwards", "timestamp",
+                         fmt::format("{} is smaller than the previous request's {}", out.timestamp_ms,
+                                     previous_timestamp_ms));
+    }
+    previous_timestamp_ms = out.timestamp_ms;
+    return std::nullopt;
+  }
+};
+
+void SkipReport::add(std::string_view reason, std::string message) {
+  ++total_lines;
+  for (Reason& r : reasons) {
+    if (r.reason == reason) {
+      ++r.lines;
+      return;
+    }
+  }
+  reasons.push_back(Reason{std::string(reason), 1, std::move(message)});
+}
+
+std::string SkipReport::summary() const {
+  if (total_lines == 0) return "";
+  std::string text = fmt::format("skipped {} invalid line{}:", total_lines, total_lines == 1 ? "" : "s");
+  for (size_t i = 0; i < reasons.size(); ++i) {
+    text += fmt::format("{} {} {} (first: {})", i == 0 ? "" : ",", reasons[i].lines, reasons[i].reason,
+                        reasons[i].first_message);
+  }
+  return text;
+}
+
+TraceReader::TraceReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TraceReader::~TraceReader() = default;
+
+Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path, ReadOptions options) {
+  if (options.block_size_tokens < 1) {
+    return Status::invalid_argument(
+        fmt::format("block size must be >= 1 token, got {}", options.block_size_tokens));
+  }
+  errno = 0;
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    int error = errno;
+    std::string message =
+        fmt::format("cannot open '{}': {}", path, error ? std::strerror(error) : "out of memory");
+    return error == ENOENT ? Status::not_found(message) : Status::io_error(message);
+  }
+  gzbuffer(file, kChunkBytes);
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->options = options;
+  impl->file.reset(file);
+  return std::unique_ptr<TraceReader>(new TraceReader(std::move(impl)));
+}
+
+Result<bool> TraceReader::next(Request& out) {
+  Impl& s = *impl_;
+  if (!s.failed.ok()) return s.failed;
+  for (;;) {
+    Result<bool> read = s.read_line();
+    if (!read.ok()) {
+      s.failed = read.status();
+      return s.failed;
+    }
+    if (!*read) return false;
+    if (!s.line_too_long && is_blank(s.line)) continue;
+    std::optional<LineError> error = s.parse_line(out);
+    if (!error) return true;
+    if (!s.options.skip_invalid) {
+      s.failed = Status::invalid_argument(std::move(error->message));
+      return s.failed;
+    }
+    s.skipped.add(error->reason, std::move(error->message));
+  }
+}
+
+const SkipReport& TraceReader::skipped() const {
+  return impl_->skipped;
+}
+
+int64_t TraceReader::line_number() const {
+  return impl_->line_number;
+}
+
+Result<std::vector<Request>> read_trace(const std::string& path, const ReadOptions& options,
+                                        SkipReport* skipped) {
+  Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, options);
+  if (!reader.ok()) return reader.status();
+  std::vector<Request> requests;
+  for (;;) {
+    Request request;
+    Result<bool> read = (*reader)->next(request);
+    if (!read.ok()) return read.status();
+    if (!*read) break;
+    requests.push_back(std::move(request));
+  }
+  if (skipped != nullptr) *skipped = (*reader)->skipped();
+  return requests;
+}
+
+}  // namespace crescent::trace

@@ -1,0 +1,80 @@
+// Streaming reader of Mooncake JSONL traces, plain or gzip-compressed.
+//
+// Each non-blank line is one request: {"timestamp": ms, "input_length": tokens, "output_length": tokens,
+// "hash_ids": [one non-negative integer per block of block_size tokens]}. Extra fields are ignored.
+// A line is invalid when it is not a JSON object; lacks one of those fields; has a field that is not an
+// integer in [0, 2^63) (floats such as 3.5 or 1e3, booleans, strings, out-of-range numbers) or hash_ids that
+// are not an array of such integers; has len(hash_ids) != ceil(input_length / block_size); has a timestamp
+// smaller than the previous valid line's; or is longer than 16 MiB. Messages name the file, the line and the
+// field, e.g. "conv.jsonl:17: field 'input_length': must be a non-negative integer, got -5".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "trace/request.h"
+
+namespace crescent::trace {
+
+/// How to read a trace.
+struct ReadOptions {
+  int64_t block_size_tokens = 512;  // tokens per hash_ids entry; must be >= 1
+  bool skip_invalid = false;        // skip invalid lines (counted in a SkipReport) instead of failing
+};
+
+/// The invalid lines skipped under ReadOptions::skip_invalid, grouped by reason.
+struct SkipReport {
+  /// One reason, e.g. "not JSON", "missing field", "block count mismatch".
+  struct Reason {
+    std::string reason;
+    int64_t lines = 0;
+    std::string first_message;  // full error message of the first line skipped for this reason
+  };
+
+  int64_t total_lines = 0;
+  std::vector<Reason> reasons;  // in order of first occurrence
+
+  /// Records one skipped line.
+  void add(std::string_view reason, std::string message);
+  /// "skipped 3 invalid lines: 2 not JSON (first: f:4: ...), 1 block count mismatch (first: ...)"; empty when
+  /// nothing was skipped.
+  std::string summary() const;
+};
+
+/// Reads a trace file one line at a time; memory is proportional to the longest line, not the file.
+/// gzip input is detected by its magic bytes, not by the file name.
+class TraceReader {
+ public:
+  /// Opens `path`. Errors: kNotFound if it does not exist, kIoError if it cannot be opened,
+  /// kInvalidArgument if options.block_size_tokens < 1.
+  static Result<std::unique_ptr<TraceReader>> open(const std::string& path, ReadOptions options);
+  ~TraceReader();
+  TraceReader(const TraceReader&) = delete;
+  TraceReader& operator=(const TraceReader&) = delete;
+
+  /// Reads the next valid request into `out`: true when one was read, false at the end of the input.
+  /// Errors: kInvalidArgument for an invalid line (unless skip_invalid), kIoError for a read error or a
+  /// corrupt or truncated gzip stream. After an error every later call returns the same error.
+  Result<bool> next(Request& out);
+
+  /// Lines skipped so far (always empty without skip_invalid).
+  const SkipReport& skipped() const;
+  /// 1-based number of the last line read (0 before the first).
+  int64_t line_number() const;
+
+ private:
+  struct Impl;
+  explicit TraceReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Reads the whole trace at `path` into memory; errors as TraceReader::open and TraceReader::next.
+/// `skipped` (optional) receives the lines skipped under skip_invalid.
+Result<std::vector<Request>> read_trace(const std::string& path, const ReadOptions& options,
+                                        SkipReport* skipped = nullptr);
+
+}  // namespace crescent::trace

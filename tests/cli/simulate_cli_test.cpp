@@ -1,0 +1,108 @@
+// End-to-end tests of `crescent simulate`: output shape, determinism, and bad input (exit code 2, one error line).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "run_crescent.h"
+
+namespace crescent::cli_test {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+const std::string kTrace = quote(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz");
+const std::string kConfig = "--config " + quote(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json");
+
+// Exactly one line on stderr, starting with "error: ".
+void expect_one_error_line(const CliRun& run, const std::string& needle) {
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_THAT(run.err, StartsWith("error: "));
+  EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  EXPECT_THAT(run.err, HasSubstr(needle));
+}
+
+std::string write_config(const std::string& body) {
+  auto path = temp_path("crescent_cli_config.json");
+  std::ofstream(path) << body;
+  return path.string();
+}
+
+TEST(SimulateCli, JsonHasEveryPolicyWithTheDocumentedFields) {
+  CliRun run = run_crescent("simulate " + kTrace + " " + kConfig +
+                         " --limit 2000 --compare random,least-loaded,cache-aware,global-cache-aware --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  auto j = nlohmann::json::parse(run.out);
+  ASSERT_EQ(j["policies"].size(), 4u);
+  EXPECT_EQ(j["policies"][0]["name"], "random");
+  EXPECT_EQ(j["policies"][3]["name"], "global-cache-aware");
+  for (const auto& p : j["policies"]) {
+    for (const char* key : {"name", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tbt_mean_s",
+                            "tbt_p99_s", "hit_ratio", "slo_attainment", "completed", "rejected"}) {
+      EXPECT_TRUE(p.contains(key)) << key;
+    }
+    EXPECT_EQ(p["completed"].get<int>() + p["rejected"].get<int>(), 2000);
+    EXPECT_LE(p["ttft_p50_s"].get<double>(), p["ttft_p99_s"].get<double>());
+  }
+}
+
+TEST(SimulateCli, SameInputsGiveByteIdenticalOutput) {
+  const std::string args = "simulate " + kTrace + " " + kConfig + " --limit 3000 --compare random,global-cache-aware";
+  CliRun a = run_crescent(args);
+  CliRun b = run_crescent(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_THAT(a.out, HasSubstr("global-cache-aware"));
+  CliRun ja = run_crescent(args + " --json");
+  CliRun jb = run_crescent(args + " --json");
+  EXPECT_EQ(ja.out, jb.out);
+}
+
+TEST(SimulateCli, UnknownPolicyListsValidNames) {
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --compare random,fastest"),
+                        "unknown prefill policy 'fastest' (valid: random, least-loaded, cache-aware, "
+                        "global-cache-aware)");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --admission maybe"),
+                        "valid: none, slo");
+}
+
+TEST(SimulateCli, ImpossibleConfigsAreRefused) {
+  auto zero = write_config(R"({"model": "llama3-70b", "hardware": "8xA800", "prefill_instances": 0,
+                               "decode_instances": 8})");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(zero)), "prefill_instances");
+  auto bandwidth = write_config(R"({"model": "llama3-70b", "prefill_instances": 1, "decode_instances": 1,
+                                    "hardware": {"preset": "8xA800", "network_bytes_per_s": -1}})");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(bandwidth)), "network_bytes_per_s");
+  auto small_cache = write_config(R"({"model": "llama3-70b", "hardware": "8xA800", "prefill_instances": 1,
+                                      "decode_instances": 1, "prefill_cache_capacity_tokens": 10})");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(small_cache)),
+                        "prefill_cache_capacity_tokens");
+  auto preset = write_config(R"({"model": "llama9", "hardware": "8xA800", "prefill_instances": 1,
+                                 "decode_instances": 1})");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(preset)), "llama3-70b");
+  auto not_json = write_config("{ nope");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(not_json)), "not valid JSON");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config /nonexistent.json"), "/nonexistent.json");
+  std::filesystem::remove(zero);
+}
+
+TEST(SimulateCli, BadTraceAndOptionsAreRefused) {
+  auto path = temp_path("crescent_cli_trace.jsonl");
+  std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})"
+                         "\n{\"timestamp\": 1, \"input_length\": 600}\n";
+  expect_one_error_line(run_crescent("simulate " + quote(path.string()) + " " + kConfig), ":2:");
+  CliRun skipped = run_crescent("simulate " + quote(path.string()) + " " + kConfig + " --skip-invalid --json");
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.err;
+  EXPECT_THAT(skipped.err, HasSubstr("skipped 1"));
+  EXPECT_EQ(nlohmann::json::parse(skipped.out)["requests"], 1);
+  std::filesystem::remove(path);
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale 0"), "--time-scale");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale -2"), "--time-scale");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --block-size 0"), "--block-size");
+}
+
+}  // namespace
+}  // namespace crescent::cli_test
