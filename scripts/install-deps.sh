@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev libxxhash-dev zlib1g-dev
+  nlohmann-json3-dev libsimdjson-dev libcli11-dev libfmt-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
