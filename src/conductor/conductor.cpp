@@ -102,7 +102,7 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   c.fetched_blocks = prefix_blocks - local_blocks;
   c.transfer_s = prefix_tokens > local_tokens ? cost_.kv_transfer_time_s(prefix_tokens - local_tokens) : 0.0;
   c.queue_s = queue_s;
-  c.prefill_s = cost_.prefill_time_s(new_tokens, n - new_tokens);
+  c.prefill_s = cost_.prefill_time_s(new_tokens, std::max<int64_t>(0, n - new_tokens));
   return c;
 }
 

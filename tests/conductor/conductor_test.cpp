@@ -175,3 +175,19 @@ TEST_F(ConductorTest, ScalesToManyInstancesWithSparseMatches) {
 
 }  // namespace
 }  // namespace crescent::conductor
+
+namespace crescent::conductor {
+namespace {
+
+TEST_F(ConductorTest, EmptyPromptStillComputesOneToken) {
+  FakeCluster cluster(2, 1);
+  for (auto policy : {PrefillPolicy::kRandom, PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
+    auto d = place(policy, cluster, 0, {});
+    EXPECT_EQ(d.prefill_tokens, 1);
+    EXPECT_EQ(d.prefix_tokens(), 0);
+    EXPECT_DOUBLE_EQ(d.prefill_s, cost_.prefill_time_s(1, 0));
+  }
+}
+
+}  // namespace
+}  // namespace crescent::conductor
