@@ -44,7 +44,9 @@ class BenchCluster : public conductor::ClusterView {
     }
     for (uint32_t i = 0; i < prefill; ++i) busy_until_s_[i] = static_cast<double>((i * 7919u) % 1000) / 100.0;
     for (uint32_t d = 0; d < decode_.size(); ++d) {
-      decode_[d] = {.running_requests = 20 + d, .context_tokens = 200'000 + 1000 * d, .kv_capacity_tokens = 1'300'000};
+      const int64_t running = 20 + d;
+      decode_[d].running = {running, running * 10'000, running * 11'000};
+      decode_[d].kv_capacity_tokens = 1'300'000;
     }
   }
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s_.size()); }
@@ -52,6 +54,7 @@ class BenchCluster : public conductor::ClusterView {
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
   conductor::DecodeLoad decode_load(InstanceId d) const override { return decode_[d]; }
   const kv::BlockIndex& block_index() const override { return index_; }
+  double prefix_ready_s(InstanceId, std::span<const BlockKey>) const override { return 0; }
 
  private:
   std::vector<double> busy_until_s_;
@@ -73,7 +76,7 @@ void BM_ConductorDecision(benchmark::State& state) {
   for (auto _ : state) {
     const auto& req = trace[r];
     r = r + 1 == trace.size() ? 0 : r + 1;
-    benchmark::DoNotOptimize(conductor.schedule(cluster, {req.input_tokens, req.block_keys}, 5.0));
+    benchmark::DoNotOptimize(conductor.schedule(cluster, {req.input_tokens, req.block_keys, req.output_tokens}, 5.0));
   }
   state.SetLabel(std::string(conductor::to_string(policy)));
   state.counters["decisions/s"] = benchmark::Counter(static_cast<double>(state.iterations()),

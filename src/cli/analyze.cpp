@@ -148,8 +148,7 @@ Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::An
   if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
   const trace::TraceStats stats = analyzer.finish();
   if (args.json) {
-    fmt::print("{}\n", to_json(path, stats, skipped.total_lines)
-                           .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    fmt::print("{}\n", dump_json(to_json(path, stats, skipped.total_lines)));
   } else {
     print_text(path, stats, args.block_size_tokens);
   }
@@ -158,10 +157,6 @@ Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::An
 
 // Runs the command; returns the exit code. Every error here comes from the input (flags or trace files).
 int run(const AnalyzeArgs& args) {
-  auto fail = [](const Status& status) {
-    fmt::print(stderr, "error: {}\n", status.message());
-    return kExitBadInput;
-  };
   if (args.block_size_tokens < 1) {
     return fail(
         Status::invalid_argument(fmt::format("--block-size must be >= 1, got {}", args.block_size_tokens)));
@@ -194,14 +189,7 @@ void register_analyze(CLI::App& app, int& exit_code) {
   command->add_flag("--skip-invalid", args->skip_invalid,
                     "Skip invalid lines (summary on stderr) instead of failing");
   command->add_flag("--json", args->json, "One JSON object per trace per line");
-  command->callback([args, &exit_code] {
-    try {
-      exit_code = run(*args);
-    } catch (const std::exception& e) {  // e.g. stdout closed, out of memory: never let it escape into CLI11
-      std::fprintf(stderr, "error: %s\n", e.what());
-      exit_code = 1;
-    }
-  });
+  command->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run(*args); }); });
 }
 
 }  // namespace crescent::cli

@@ -3,11 +3,30 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/status.h"
 
 namespace crescent::cli {
 
 /// Exit code for bad input (malformed trace, unknown name, impossible config).
 inline constexpr int kExitBadInput = 2;
+
+/// Prints "error: <message>" (one line) on stderr and returns kExitBadInput.
+int fail(const Status& status);
+
+/// Runs a subcommand's body and stores its exit code; an exception escaping it (stdout closed, out of memory)
+/// becomes one "error: ..." line and exit code 1 instead of a crash.
+void run_guarded(int& exit_code, const std::function<int()>& body);
+
+/// `j` (nlohmann::json or ordered_json) as text (`indent` < 0: one line). Invalid UTF-8 in strings, e.g. a
+/// path, is replaced instead of thrown.
+template <typename Json>
+std::string dump_json(const Json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 /// `crescent analyze TRACE...` (cli/analyze.cpp).
 void register_analyze(CLI::App& app, int& exit_code);

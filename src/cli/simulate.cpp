@@ -2,7 +2,6 @@
 // one run per prefill policy on the same input, and prints one comparison table (or JSON).
 #include <fmt/format.h>
 
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -40,13 +39,7 @@ std::vector<std::string> split_list(const std::string& list) {
   return out;
 }
 
-int fail(const Status& status) {
-  std::cerr << "error: " << status.to_string() << "\n";
-  return kExitBadInput;
-}
-
 int run_simulate(const SimulateArgs& args) {
-  if (args.block_size_tokens < 1) return fail(Status::invalid_argument("--block-size must be >= 1"));
   if (args.limit < 0) return fail(Status::invalid_argument("--limit must be >= 0"));
   // Validate every name before spending time on the trace.
   std::vector<std::string> names = args.compare.empty() ? std::vector<std::string>{args.policy} : split_list(args.compare);
@@ -63,10 +56,13 @@ int run_simulate(const SimulateArgs& args) {
   if (!config.ok()) return fail(config.status());
 
   trace::SkipReport skipped;
-  auto requests = trace::read_trace(args.trace_path, {args.block_size_tokens, args.skip_invalid}, &skipped);
+  auto requests = trace::read_trace(args.trace_path,
+                                    {.block_size_tokens = args.block_size_tokens,
+                                     .skip_invalid = args.skip_invalid,
+                                     .max_requests = args.limit},
+                                    &skipped);
   if (!requests.ok()) return fail(requests.status());
-  if (skipped.total_lines > 0) std::cerr << skipped.summary() << "\n";
-  if (args.limit > 0 && static_cast<int64_t>(requests->size()) > args.limit) requests->resize(args.limit);
+  if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
 
   sim::SimOptions options{.policy = policies.front(),
                           .admission = *admission,
@@ -89,16 +85,16 @@ int run_simulate(const SimulateArgs& args) {
     out["config"] = sim::to_json(*config);
     out["policies"] = nlohmann::json::array();
     for (const auto& r : reports) out["policies"].push_back(sim::to_json(r));
-    std::cout << out.dump(2) << "\n";
+    fmt::print("{}\n", dump_json(out, 2));
   } else {
     const auto& c = *config;
-    std::cout << fmt::format(
+    fmt::print(
         "trace {}: {} requests, time scale {:g}\n"
         "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {:.1f}M tokens each, "
         "admission {}\n\n",
         args.trace_path, requests->size(), args.time_scale, c.name, c.prefill_instances, c.decode_instances,
         c.hardware.name, c.model.name, static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6, args.admission);
-    std::cout << sim::format_table(reports, c.slo);
+    fmt::print("{}", sim::format_table(reports, c.slo));
   }
   return 0;
 }
@@ -117,10 +113,10 @@ void register_simulate(CLI::App& app, int& exit_code) {
   cmd->add_option("--admission", args->admission, "Admission: none, slo")->capture_default_str();
   cmd->add_option("--time-scale", args->time_scale, "Replay arrivals this many times faster")->capture_default_str();
   cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")->capture_default_str();
-  cmd->add_option("--limit", args->limit, "Simulate only the first N requests (0 = all)");
+  cmd->add_option("--limit", args->limit, "Read and simulate only the first N valid requests (0 = all)");
   cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
-  cmd->callback([args, &exit_code] { exit_code = run_simulate(*args); });
+  cmd->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_simulate(*args); }); });
 }
 
 }  // namespace crescent::cli

@@ -70,6 +70,7 @@ std::string_view to_string(RejectReason reason) {
     case RejectReason::kNone: return "none";
     case RejectReason::kTtft: return "ttft";
     case RejectReason::kTbt: return "tbt";
+    case RejectReason::kDecodeCapacity: return "decode-capacity";
   }
   return "?";
 }
@@ -86,8 +87,8 @@ uint64_t Conductor::next_random() {
   return z ^ (z >> 31);
 }
 
-// TTFT of running `request` on `instance` with `prefix_blocks` of its prompt reused, `local_blocks` of them
-// already there: T_transfer + T_queue + T_prefill (Algorithm 1 lines 6-13).
+// Transfer and prefill times of running `request` with `prefix_blocks` of its prompt reused, `local_blocks` of
+// them already on `instance` (Algorithm 1 lines 6-13; the queue is the caller's).
 Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                                              const RequestInfo& request, double queue_s) const {
   const int64_t n = request.input_tokens;
@@ -100,10 +101,28 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   c.instance = instance;
   c.local_blocks = local_blocks;
   c.fetched_blocks = prefix_blocks - local_blocks;
-  c.transfer_s = prefix_tokens > local_tokens ? cost_.kv_transfer_time_s(prefix_tokens - local_tokens) : 0.0;
+  c.transfer_s = cost_.kv_transfer_time_s(prefix_tokens - local_tokens) + cost_.kv_load_time_s(prefix_tokens);
   c.queue_s = queue_s;
   c.prefill_s = cost_.prefill_time_s(new_tokens, std::max<int64_t>(0, n - new_tokens));
   return c;
+}
+
+// Among the instances holding the best prefix, the one that will have computed it soonest (lowest id on ties).
+void Conductor::choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s) {
+  fetch_source_ = match_.best_instance;
+  fetch_wait_s_ = 0;
+  if (match_.best_blocks == 0) return;
+  const auto best_prefix = request.block_keys.first(static_cast<size_t>(match_.best_blocks));
+  double best_ready_s = std::numeric_limits<double>::infinity();
+  for (const auto& [inst, run] : match_.matches) {
+    if (run != match_.best_blocks) continue;
+    double ready_s = cluster.prefix_ready_s(inst, best_prefix);
+    if (ready_s < best_ready_s || (ready_s == best_ready_s && inst < fetch_source_)) {
+      best_ready_s = ready_s;
+      fetch_source_ = inst;
+    }
+  }
+  fetch_wait_s_ = std::max(0.0, best_ready_s - now_s);
 }
 
 Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, const RequestInfo& request,
@@ -137,75 +156,99 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   }
 
   // Algorithm 1: for each instance, reuse its local prefix or (global policy) fetch the best prefix when
-  // best_len / local_len > kvcache_balancing_threshold; TTFT = T_transfer + T_queue + T_prefill; keep the
-  // smallest. T_transfer + T_prefill depends on the instance only through its local prefix length, and a request
-  // sees few distinct lengths, so it is computed once per length (memo) and the loop is one add per instance.
+  // best_len / local_len > kvcache_balancing_threshold; TTFT = T_queue + T_transfer + T_prefill; keep the
+  // smallest. A fetch cannot start before its source has computed the prefix, so its wait overlaps the queue.
+  // T_transfer + T_prefill depends on the instance only through its local prefix length, and a request sees few
+  // distinct lengths, so it is computed once per length (memo) and the loop costs one add per instance.
   const bool global = options_.policy == PrefillPolicy::kGlobalCacheAware;
   const int64_t best_blocks = match_.best_blocks;
-  auto prefix_for = [&](int64_t local) {
-    bool fetch = global && best_blocks > local &&
-                 (local == 0 || static_cast<double>(best_blocks) / static_cast<double>(local) >
-                                    options_.kvcache_balancing_threshold);
-    return fetch ? best_blocks : local;
+  if (global) choose_fetch_source(cluster, request, now_s);
+  auto fetches = [&](int64_t local) {
+    return global && best_blocks > local &&
+           (local == 0 || static_cast<double>(best_blocks) / static_cast<double>(local) >
+                              options_.kvcache_balancing_threshold);
   };
   cost_by_local_.assign(static_cast<size_t>(best_blocks) + 1, -1.0);
   auto cost_s = [&](int64_t local) {
     double& c = cost_by_local_[static_cast<size_t>(local)];
     if (c < 0) {
-      PrefillChoice e = evaluate(0, local, prefix_for(local), request, 0.0);
+      PrefillChoice e = evaluate(0, local, fetches(local) ? best_blocks : local, request, 0.0);
       c = e.transfer_s + e.prefill_s;
     }
     return c;
+  };
+  auto wait_s = [&](InstanceId i) {
+    return fetches(local_blocks_[i]) ? std::max(queue_s(i), fetch_wait_s_) : queue_s(i);
   };
 
   InstanceId best = 0;
   double best_ttft_s = std::numeric_limits<double>::infinity();
   for (InstanceId i = 0; i < instances; ++i) {
-    double ttft_s = queue_s(i) + cost_s(local_blocks_[i]);
+    double ttft_s = wait_s(i) + cost_s(local_blocks_[i]);
     if (ttft_s < best_ttft_s) {
       best_ttft_s = ttft_s;
       best = i;
     }
   }
-  return evaluate(best, local_blocks_[best], prefix_for(local_blocks_[best]), request, queue_s(best));
+  const int64_t local = local_blocks_[best];
+  return evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
 }
 
 // Decode instance with the smallest predicted TBT once this request joins (Algorithm 1 line 17), preferring
-// instances whose HBM can take the prompt's KV now. Incoming requests (still in prefill) count as joined.
-InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request,
-                                    double& predicted_tbt_s) const {
+// instances whose HBM can hold its KV (prompt + max output) on top of everything already reserved, waiting or
+// incoming. Waiting and incoming requests count as joined. `fits` is false when no instance has room now.
+InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
+                                    bool& fits) const {
   InstanceId best = 0;
-  bool best_fits = false;
+  fits = false;
   predicted_tbt_s = std::numeric_limits<double>::infinity();
+  const int64_t need = request.input_tokens + request.max_output_tokens;
   for (InstanceId d = 0; d < cluster.decode_instance_count(); ++d) {
-    DecodeLoad load = cluster.decode_load(d);
-    bool fits = load.kv_reserved_tokens + load.incoming_tokens + request.input_tokens <= load.kv_capacity_tokens;
-    double tbt_s = cost_.decode_step_time_s(load.running_requests + load.waiting_requests + load.incoming_requests + 1,
-                                            load.context_tokens + load.incoming_tokens + request.input_tokens);
-    if ((fits && !best_fits) || (fits == best_fits && tbt_s < predicted_tbt_s)) {
+    const DecodeLoad load = cluster.decode_load(d);
+    const int64_t kv = load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens;
+    const bool room = need <= load.kv_capacity_tokens - kv;
+    const double tbt_s = cost_.decode_step_time_s(
+        load.running.requests + load.waiting.requests + load.incoming.requests + 1,
+        load.running.context_tokens + load.waiting.context_tokens + load.incoming.context_tokens +
+            request.input_tokens);
+    if ((room && !fits) || (room == fits && tbt_s < predicted_tbt_s)) {
       best = d;
-      best_fits = fits;
+      fits = room;
       predicted_tbt_s = tbt_s;
     }
   }
   return best;
 }
 
+// Largest HBM KV capacity of any decode instance: a request needing more can never run.
+static int64_t max_decode_capacity_tokens(const ClusterView& cluster) {
+  int64_t capacity = 0;
+  for (InstanceId d = 0; d < cluster.decode_instance_count(); ++d) {
+    capacity = std::max(capacity, cluster.decode_load(d).kv_capacity_tokens);
+  }
+  return capacity;
+}
+
 Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& request, double now_s) {
-  PrefillChoice p = choose_prefill(cluster, request, now_s);
   Decision d;
+  const int64_t capacity = max_decode_capacity_tokens(cluster);
+  if (request.input_tokens > capacity || request.max_output_tokens > capacity - request.input_tokens) {
+    d.rejected = RejectReason::kDecodeCapacity;
+    return d;
+  }
+  PrefillChoice p = choose_prefill(cluster, request, now_s);
   const int64_t n = request.input_tokens;
   const int64_t block = options_.block_size_tokens;
   d.prefill_instance = p.instance;
   d.local_prefix_tokens = std::min(p.local_blocks * block, n);
   d.fetched_prefix_tokens = std::min((p.local_blocks + p.fetched_blocks) * block, n) - d.local_prefix_tokens;
-  d.fetch_from = match_.best_instance;
+  d.fetch_from = fetch_source_;
   d.prefill_tokens = std::max<int64_t>(1, n - d.prefix_tokens());
   d.transfer_s = p.transfer_s;
   d.queue_s = p.queue_s;
   d.prefill_s = p.prefill_s;
-  d.ttft_s = p.transfer_s + p.queue_s + p.prefill_s;
-  d.decode_instance = choose_decode(cluster, request, d.predicted_tbt_s);
+  d.ttft_s = p.queue_s + p.transfer_s + p.prefill_s;
+  d.decode_instance = choose_decode(cluster, request, d.predicted_tbt_s, d.decode_has_room);
   if (options_.admission == Admission::kSlo) {
     if (d.ttft_s > options_.ttft_slo_s) {
       d.rejected = RejectReason::kTtft;

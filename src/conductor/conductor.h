@@ -56,10 +56,17 @@ struct ConductorOptions {
 struct RequestInfo {
   int64_t input_tokens = 0;
   std::span<const BlockKey> block_keys;  // one per block of the prompt, chained prefix hashes
+  /// Most tokens it may generate (the API's max_tokens); decode reserves HBM KV for prompt + this.
+  int64_t max_output_tokens = 0;
 };
 
 /// Why a request was refused.
-enum class RejectReason { kNone, kTtft, kTbt };
+enum class RejectReason {
+  kNone,
+  kTtft,            // predicted TTFT above the TTFT SLO
+  kTbt,             // predicted TBT above the TBT SLO
+  kDecodeCapacity,  // prompt + max output exceed every decode instance's HBM KV capacity: can never run
+};
 std::string_view to_string(RejectReason reason);
 
 /// A placement: where the request runs and what the Conductor predicted for it.
@@ -71,11 +78,14 @@ struct Decision {
   int64_t fetched_prefix_tokens = 0;  // further prompt tokens fetched from `fetch_from` before prefill
   InstanceId fetch_from = 0;          // meaningful when fetched_prefix_tokens > 0
   int64_t prefill_tokens = 0;         // tokens to compute (>= 1: the last token is always recomputed)
-  double transfer_s = 0;              // predicted remote-prefix fetch time
-  double queue_s = 0;                 // predicted wait for the instance's queue
+  /// Predicted time to bring the reused prefix into HBM: network fetch of the remote part plus host → device
+  /// load of the whole prefix (paper §3.1 step 1).
+  double transfer_s = 0;
+  double queue_s = 0;                 // predicted wait before it can start: the queue, or the fetch source
   double prefill_s = 0;               // predicted prefill compute time
-  double ttft_s = 0;                  // transfer_s + queue_s + prefill_s
+  double ttft_s = 0;                  // queue_s + transfer_s + prefill_s
   double predicted_tbt_s = 0;         // decode step time predicted on the chosen decode instance
+  bool decode_has_room = false;       // its HBM can take the request's KV now (else it waits to join the batch)
 
   int64_t prefix_tokens() const { return local_prefix_tokens + fetched_prefix_tokens; }
 };
@@ -103,7 +113,9 @@ class Conductor {
   PrefillChoice choose_prefill(const ClusterView& cluster, const RequestInfo& request, double now_s);
   PrefillChoice evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                          const RequestInfo& request, double queue_s) const;
-  InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s) const;
+  void choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s);
+  InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
+                           bool& fits) const;
   uint64_t next_random();
 
   const perf::CostModel& cost_;
@@ -111,8 +123,10 @@ class Conductor {
   uint64_t rng_state_;
   // Scratch reused across decisions (no allocation per decision once warm).
   kv::PrefixMatch match_;
-  std::vector<int64_t> local_blocks_;   // per prefill instance: its local prefix match, in blocks
+  std::vector<int64_t> local_blocks_;  // per prefill instance: its local prefix match, in blocks
   std::vector<double> cost_by_local_;  // T_transfer + T_prefill by local prefix length (-1: not computed yet)
+  InstanceId fetch_source_ = 0;        // holder of the best prefix that can serve it soonest
+  double fetch_wait_s_ = 0;            // until that holder has computed it (0 when ready)
 };
 
 }  // namespace crescent::conductor

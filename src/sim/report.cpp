@@ -1,5 +1,7 @@
 #include "sim/report.h"
 
+#include "common/percentile.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,13 +9,6 @@
 
 namespace crescent::sim {
 namespace {
-
-// Nearest-rank percentile of sorted values (q in [0, 1]).
-double percentile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size())));
-  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
-}
 
 double mean(const std::vector<double>& v) {
   double sum = 0;
@@ -37,7 +32,7 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
     }
     ++r.completed;
     ttft.push_back(o.ttft_s);
-    tbt.push_back(o.tbt_s);
+    if (o.output_tokens > 1) tbt.push_back(o.tbt_s);  // one token has no gaps: no TBT
     input_tokens += static_cast<double>(o.input_tokens);
     hit_tokens += static_cast<double>(o.prefix_hit_tokens);
     fetched_tokens += static_cast<double>(o.fetched_tokens);
@@ -56,10 +51,10 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
   r.tbt_mean_s = mean(tbt);
   std::sort(ttft.begin(), ttft.end());
   std::sort(tbt.begin(), tbt.end());
-  r.ttft_p50_s = percentile(ttft, 0.50);
-  r.ttft_p90_s = percentile(ttft, 0.90);
-  r.ttft_p99_s = percentile(ttft, 0.99);
-  r.tbt_p99_s = percentile(tbt, 0.99);
+  r.ttft_p50_s = nearest_rank(ttft, 50);
+  r.ttft_p90_s = nearest_rank(ttft, 90);
+  r.ttft_p99_s = nearest_rank(ttft, 99);
+  r.tbt_p99_s = nearest_rank(tbt, 99);
   r.hit_ratio = input_tokens > 0 ? hit_tokens / input_tokens : 0;
   r.fetched_ratio = input_tokens > 0 ? fetched_tokens / input_tokens : 0;
   r.prefill_compute_s_per_request = r.completed > 0 ? prefill_s / static_cast<double>(r.completed) : 0;

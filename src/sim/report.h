@@ -18,7 +18,8 @@ struct SloAttainment {
   double attainment = 0;
 };
 
-/// One run, summarised. Latency statistics are over completed (not rejected) requests.
+/// One run, summarised. Latency statistics are over completed (not rejected) requests; TBT statistics over
+/// those with at least two output tokens.
 struct PolicyReport {
   std::string name;
   int64_t completed = 0;

@@ -17,109 +17,134 @@ namespace crescent::sim {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Virtual time beyond which doubles lose sub-millisecond precision; arrivals later than this are refused.
+constexpr double kMaxArrivalS = 1e9;
 
 // Per-request state while it is in flight.
 struct InFlight {
   std::vector<BlockKey> pinned_at_prefill;  // blocks pinned in the chosen prefill instance's cache
   std::vector<BlockKey> pinned_at_source;   // blocks pinned in the fetch source's cache
   InstanceId fetch_source = 0;
-  double compute_start_s = 0;  // after any remote fetch
+  double compute_start_s = 0;  // after fetching and loading the prefix
   int64_t prefill_tokens = 0;
   int64_t decode_steps = 0;  // output tokens after the first (which prefill produces)
   int64_t join_step = 0;     // index of its first decode step
+  bool left_decode = false;
+};
+
+// What decode instances update when requests join, leave and finish.
+struct RunState {
+  std::vector<RequestOutcome>& outcomes;
+  std::vector<InFlight>& inflight;
+  SimCounters& counters;
 };
 
 // One decode instance: continuous batching. Between external events it advances step by step on its own;
 // every request in the batch gains one token per step, and a step takes CostModel::decode_step_time_s of the
-// batch. Requests join and leave at step boundaries. Steps' end times are logged so a leaving request's token
-// gaps (and so its TBT) can be read off without touching every request at every step.
+// batch. Requests join and leave at step boundaries. Step end times are logged (trimmed below the oldest request
+// still in the batch) so a leaving request's token gaps, and so its TBT, are read off without touching every
+// request at every step.
 class DecodeInstance {
  public:
-  DecodeInstance(const perf::CostModel& cost, int64_t kv_capacity_tokens)
-      : cost_(&cost), kv_capacity_tokens_(kv_capacity_tokens) {}
+  DecodeInstance(const perf::CostModel& cost, int64_t kv_capacity_tokens, RunState state)
+      : cost_(&cost), kv_capacity_tokens_(kv_capacity_tokens), state_(state) {}
 
-  conductor::DecodeLoad load() const {
-    return {batch_size_, context_tokens_,   static_cast<int64_t>(waiting_.size()), incoming_requests_,
-            incoming_tokens_, kv_reserved_tokens_, kv_capacity_tokens_};
-  }
+  conductor::DecodeLoad load() const { return {running_, waiting_load_, incoming_, kv_capacity_tokens_}; }
 
-  void expect(int64_t input_tokens) {
-    ++incoming_requests_;
-    incoming_tokens_ += input_tokens;
-  }
+  // The Conductor placed request `req` here; its KV will arrive after prefill.
+  void expect(uint32_t req) { add(incoming_, req, +1); }
 
   // The request's KV has arrived at `now_s`; it joins at the next step boundary (now, if idle).
-  template <typename OnFinish>
-  void arrive(uint32_t req, double now_s, std::vector<RequestOutcome>& out, std::vector<InFlight>& inflight,
-              SimCounters& counters, OnFinish&& on_finish) {
-    advance_until(now_s, out, inflight, counters, on_finish);
-    --incoming_requests_;
-    incoming_tokens_ -= out[req].input_tokens;
+  void arrive(uint32_t req, double now_s) {
+    advance_until(now_s);
+    add(incoming_, req, -1);
+    add(waiting_load_, req, +1);
     waiting_.push_back(req);
     if (!stepping_) {
-      admit_waiting(out, inflight);
+      admit_waiting();
       start_step(now_s);
     }
   }
 
   // Runs every step that ends at or before `t_s`.
-  template <typename OnFinish>
-  void advance_until(double t_s, std::vector<RequestOutcome>& out, std::vector<InFlight>& inflight,
-                     SimCounters& counters, OnFinish&& on_finish) {
+  void advance_until(double t_s) {
     while (stepping_ && step_end_s_ <= t_s) {
-      ++counters.decode_steps;
-      ++counters.events;
-      const int64_t step = static_cast<int64_t>(step_end_times_s_.size());
+      ++state_.counters.decode_steps;
+      ++state_.counters.events;
+      const int64_t step = step_base_ + static_cast<int64_t>(step_end_times_s_.size());
       step_end_times_s_.push_back(step_end_s_);
-      context_tokens_ += batch_size_;
+      running_.context_tokens += running_.requests;
       while (!leaving_.empty() && leaving_.top().first == step) {
-        uint32_t req = leaving_.top().second;
+        const uint32_t req = leaving_.top().second;
         leaving_.pop();
-        RequestOutcome& o = out[req];
-        const InFlight& f = inflight[req];
-        --batch_size_;
-        context_tokens_ -= o.input_tokens + f.decode_steps;
-        kv_reserved_tokens_ -= o.input_tokens + o.output_tokens;
+        RequestOutcome& o = state_.outcomes[req];
+        InFlight& f = state_.inflight[req];
+        running_.requests -= 1;
+        running_.context_tokens -= o.input_tokens + f.decode_steps;
+        running_.kv_tokens -= o.input_tokens + o.output_tokens;
         o.finish_s = step_end_s_;
         o.tbt_s = tbt_of(o.arrival_s + o.ttft_s, f.join_step, step);
-        on_finish(req);
+        f.left_decode = true;
       }
-      admit_waiting(out, inflight);
+      trim_step_log();
+      admit_waiting();
       start_step(step_end_s_);
     }
   }
 
  private:
+  void add(conductor::DecodeGroup& group, uint32_t req, int sign) {
+    const RequestOutcome& o = state_.outcomes[req];
+    group.requests += sign;
+    group.context_tokens += sign * o.input_tokens;
+    group.kv_tokens += sign * (o.input_tokens + o.output_tokens);
+  }
+
   // Moves waiting requests into the batch while their KV (prompt + full output, so no request is ever
-  // preempted) fits in HBM. An empty instance always takes one, so an oversized request cannot block forever.
-  void admit_waiting(std::vector<RequestOutcome>& out, std::vector<InFlight>& inflight) {
-    const auto step = static_cast<int64_t>(step_end_times_s_.size());
+  // preempted) fits in HBM. The Conductor refuses requests larger than the whole HBM, so one always fits alone.
+  void admit_waiting() {
+    const int64_t step = step_base_ + static_cast<int64_t>(step_end_times_s_.size());
     while (!waiting_.empty()) {
-      uint32_t req = waiting_.front();
-      const int64_t need = out[req].input_tokens + out[req].output_tokens;
-      if (batch_size_ > 0 && kv_reserved_tokens_ + need > kv_capacity_tokens_) break;
+      const uint32_t req = waiting_.front();
+      const RequestOutcome& o = state_.outcomes[req];
+      const int64_t need = o.input_tokens + o.output_tokens;
+      if (running_.requests > 0 && running_.kv_tokens + need > kv_capacity_tokens_) break;
       waiting_.pop_front();
-      ++batch_size_;
-      context_tokens_ += out[req].input_tokens;
-      kv_reserved_tokens_ += need;
-      inflight[req].join_step = step;
-      leaving_.emplace(step + inflight[req].decode_steps - 1, req);
+      add(waiting_load_, req, -1);
+      add(running_, req, +1);
+      InFlight& f = state_.inflight[req];
+      f.join_step = step;
+      leaving_.emplace(step + f.decode_steps - 1, req);
+      admitted_.push_back(req);
     }
   }
 
   void start_step(double start_s) {
-    stepping_ = batch_size_ > 0;
-    if (stepping_) step_end_s_ = start_s + cost_->decode_step_time_s(batch_size_, context_tokens_);
+    stepping_ = running_.requests > 0;
+    if (stepping_) step_end_s_ = start_s + cost_->decode_step_time_s(running_.requests, running_.context_tokens);
   }
+
+  // Drops logged steps that no request in the batch can still need (memory stays proportional to the longest
+  // request, not to the run).
+  void trim_step_log() {
+    while (!admitted_.empty() && state_.inflight[admitted_.front()].left_decode) admitted_.pop_front();
+    const int64_t keep_from = admitted_.empty() ? step_base_ + static_cast<int64_t>(step_end_times_s_.size())
+                                                : state_.inflight[admitted_.front()].join_step;
+    const auto drop = static_cast<size_t>(keep_from - step_base_);
+    if (drop > 4096 && drop * 2 > step_end_times_s_.size()) {
+      step_end_times_s_.erase(step_end_times_s_.begin(), step_end_times_s_.begin() + static_cast<ptrdiff_t>(drop));
+      step_base_ = keep_from;
+    }
+  }
+
+  double step_end_time_s(int64_t step) const { return step_end_times_s_[static_cast<size_t>(step - step_base_)]; }
 
   // TBT of a request whose first token came at `first_token_s` and whose decode steps were
   // [join_step, last_step]: the mean of its longest 10% token gaps (at least one gap).
   double tbt_of(double first_token_s, int64_t join_step, int64_t last_step) {
     gaps_.clear();
-    gaps_.push_back(step_end_times_s_[join_step] - first_token_s);
-    for (int64_t s = join_step + 1; s <= last_step; ++s) {
-      gaps_.push_back(step_end_times_s_[s] - step_end_times_s_[s - 1]);
-    }
+    gaps_.push_back(step_end_time_s(join_step) - first_token_s);
+    for (int64_t s = join_step + 1; s <= last_step; ++s) gaps_.push_back(step_end_time_s(s) - step_end_time_s(s - 1));
     const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, (gaps_.size() + 9) / 10));
     std::nth_element(gaps_.begin(), gaps_.begin() + (k - 1), gaps_.end(), std::greater<>());
     double sum = 0;
@@ -129,15 +154,14 @@ class DecodeInstance {
 
   const perf::CostModel* cost_;
   int64_t kv_capacity_tokens_;
-  int64_t kv_reserved_tokens_ = 0;
-  int64_t batch_size_ = 0;
-  int64_t context_tokens_ = 0;
-  int64_t incoming_requests_ = 0;
-  int64_t incoming_tokens_ = 0;
+  RunState state_;
+  conductor::DecodeGroup running_, waiting_load_, incoming_;
   bool stepping_ = false;
   double step_end_s_ = 0;
-  std::vector<double> step_end_times_s_;
+  std::vector<double> step_end_times_s_;  // end of step step_base_ + i
+  int64_t step_base_ = 0;
   std::deque<uint32_t> waiting_;
+  std::deque<uint32_t> admitted_;  // in admission order, to find the oldest request still in the batch
   // (last step, request): who leaves after which step.
   std::priority_queue<std::pair<int64_t, uint32_t>, std::vector<std::pair<int64_t, uint32_t>>, std::greater<>>
       leaving_;
@@ -179,13 +203,14 @@ class Simulation final : public conductor::ClusterView {
                               .seed = config.seed,
                           }),
         busy_until_s_(config.prefill_instances, 0.0) {
-    const int64_t capacity_blocks = std::max<int64_t>(1, config.prefill_cache_capacity_tokens / options.block_size_tokens);
+    result_.requests.resize(trace.size());
+    inflight_.resize(trace.size());
+    const int64_t capacity_blocks = config.prefill_cache_capacity_tokens / options.block_size_tokens;
     prefill_.reserve(config.prefill_instances);
     for (uint32_t i = 0; i < config.prefill_instances; ++i) prefill_.emplace_back(capacity_blocks);
     const int64_t kv_capacity = cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
-    for (uint32_t d = 0; d < config.decode_instances; ++d) decode_.emplace_back(cost_, kv_capacity);
-    result_.requests.resize(trace.size());
-    inflight_.resize(trace.size());
+    const RunState state{result_.requests, inflight_, result_.counters};
+    for (uint32_t d = 0; d < config.decode_instances; ++d) decode_.emplace_back(cost_, kv_capacity, state);
   }
 
   // ClusterView
@@ -194,6 +219,14 @@ class Simulation final : public conductor::ClusterView {
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
   conductor::DecodeLoad decode_load(InstanceId d) const override { return decode_[d].load(); }
   const kv::BlockIndex& block_index() const override { return index_; }
+  double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const override {
+    double ready_s = 0;
+    const auto& ready = prefill_[holder].ready_s;
+    for (BlockKey k : keys) {
+      if (auto it = ready.find(k); it != ready.end()) ready_s = std::max(ready_s, it->second);
+    }
+    return ready_s;
+  }
 
   SimResult run() {
     for (uint32_t req = 0; req < trace_.size(); ++req) {
@@ -202,7 +235,7 @@ class Simulation final : public conductor::ClusterView {
       on_arrival(req, arrival_s);
     }
     drain_events_until(kInf);
-    for (auto& d : decode_) advance_decode(d, kInf);
+    for (auto& d : decode_) d.advance_until(kInf);
     for (const auto& o : result_.requests) result_.makespan_s = std::max(result_.makespan_s, o.finish_s);
     return std::move(result_);
   }
@@ -218,17 +251,21 @@ class Simulation final : public conductor::ClusterView {
       if (e.kind == EventKind::kPrefillDone) {
         on_prefill_done(e.req, e.time_s);
       } else {
-        DecodeInstance& d = decode_[result_.requests[e.req].decode_instance];
-        d.arrive(e.req, e.time_s, result_.requests, inflight_, result_.counters, [this](uint32_t r) { finish(r); });
+        decode_[result_.requests[e.req].decode_instance].arrive(e.req, e.time_s);
       }
     }
   }
 
-  void advance_decode(DecodeInstance& d, double t_s) {
-    d.advance_until(t_s, result_.requests, inflight_, result_.counters, [this](uint32_t r) { finish(r); });
+  // Touches `keys` in prefill instance `i`'s cache (pinned) and keeps the index and ready times in step.
+  std::vector<BlockKey> touch_and_pin(InstanceId i, std::span<const BlockKey> keys, double ready_s) {
+    PrefillInstance& p = prefill_[i];
+    events_scratch_.clear();
+    p.cache.touch(keys, /*pin=*/true, &events_scratch_);
+    index_.apply(i, events_scratch_);
+    for (BlockKey k : events_scratch_.evicted) p.ready_s.erase(k);
+    for (BlockKey k : events_scratch_.stored) p.ready_s[k] = ready_s;
+    return events_scratch_.pinned;
   }
-
-  void finish(uint32_t req) { std::vector<BlockKey>().swap(inflight_[req].pinned_at_prefill); }
 
   void on_arrival(uint32_t req, double now_s) {
     const trace::Request& r = trace_[req];
@@ -238,9 +275,9 @@ class Simulation final : public conductor::ClusterView {
     o.output_tokens = r.output_tokens;
     ++result_.counters.events;
     ++result_.counters.decisions;
-    for (auto& d : decode_) advance_decode(d, now_s);  // the Conductor sees current decode loads
+    for (auto& d : decode_) d.advance_until(now_s);  // the Conductor sees current decode loads
 
-    conductor::Decision dec = conductor_.schedule(*this, {r.input_tokens, r.block_keys}, now_s);
+    const conductor::Decision dec = conductor_.schedule(*this, {r.input_tokens, r.block_keys, r.output_tokens}, now_s);
     o.prefill_instance = dec.prefill_instance;
     o.decode_instance = dec.decode_instance;
     if (dec.rejected != conductor::RejectReason::kNone) {
@@ -249,23 +286,17 @@ class Simulation final : public conductor::ClusterView {
       return;
     }
     InFlight& f = inflight_[req];
-    PrefillInstance& p = prefill_[dec.prefill_instance];
     const int64_t block = options_.block_size_tokens;
 
-    // A remote prefix is read from its holder once the holder has computed it; pin it there meanwhile.
+    // A remote prefix is read from its holder once the holder has computed it; it stays pinned there meanwhile.
     double fetch_ready_s = 0;
     if (dec.fetched_prefix_tokens > 0) {
       const auto first = static_cast<size_t>(dec.local_prefix_tokens / block);
       const auto count = static_cast<size_t>((dec.prefix_tokens() + block - 1) / block) - first;
-      PrefillInstance& src = prefill_[dec.fetch_from];
-      auto fetched = std::span<const BlockKey>(r.block_keys).subspan(first, count);
-      events_scratch_.clear();
-      src.cache.touch(fetched, /*pin=*/true, &events_scratch_);
-      f.pinned_at_source = events_scratch_.pinned;
+      const auto fetched = std::span<const BlockKey>(r.block_keys).subspan(first, count);
+      fetch_ready_s = prefix_ready_s(dec.fetch_from, fetched);
       f.fetch_source = dec.fetch_from;
-      for (BlockKey k : fetched) {
-        if (auto it = src.ready_s.find(k); it != src.ready_s.end()) fetch_ready_s = std::max(fetch_ready_s, it->second);
-      }
+      f.pinned_at_source = touch_and_pin(dec.fetch_from, fetched, now_s);
     }
 
     // FIFO with predicted service times: the start and end of this prefill are known now.
@@ -276,18 +307,14 @@ class Simulation final : public conductor::ClusterView {
     f.prefill_tokens = dec.prefill_tokens;
     f.decode_steps = std::max<int64_t>(0, r.output_tokens - 1);
 
-    // Algorithm 1's "update the cache": the prompt's blocks (fetched and new) are cached and pinned on p.
-    events_scratch_.clear();
-    p.cache.touch(r.block_keys, /*pin=*/true, &events_scratch_);
-    index_.apply(dec.prefill_instance, events_scratch_);
-    for (BlockKey k : events_scratch_.evicted) p.ready_s.erase(k);
-    for (BlockKey k : events_scratch_.stored) p.ready_s[k] = done_s;
-    f.pinned_at_prefill = events_scratch_.pinned;
+    // Algorithm 1's "update the cache": the prompt's blocks (fetched and new) are cached and pinned on the chosen
+    // instance, computed (ready) when its prefill ends.
+    f.pinned_at_prefill = touch_and_pin(dec.prefill_instance, r.block_keys, done_s);
 
     o.prefix_hit_tokens = dec.prefix_tokens();
     o.fetched_tokens = dec.fetched_prefix_tokens;
     o.prefill_compute_s = dec.prefill_s;
-    if (f.decode_steps > 0) decode_[dec.decode_instance].expect(r.input_tokens);
+    if (f.decode_steps > 0) decode_[dec.decode_instance].expect(req);
     push(done_s, EventKind::kPrefillDone, req);
   }
 
@@ -296,11 +323,9 @@ class Simulation final : public conductor::ClusterView {
     InFlight& f = inflight_[req];
     o.ttft_s = now_s - o.arrival_s;
     prefill_[o.prefill_instance].cache.unpin(f.pinned_at_prefill);
-    if (!f.pinned_at_source.empty()) {
-      prefill_[f.fetch_source].cache.unpin(f.pinned_at_source);
-      std::vector<BlockKey>().swap(f.pinned_at_source);
-    }
-    f.pinned_at_prefill.clear();
+    prefill_[f.fetch_source].cache.unpin(f.pinned_at_source);
+    std::vector<BlockKey>().swap(f.pinned_at_prefill);
+    std::vector<BlockKey>().swap(f.pinned_at_source);
     if (f.decode_steps == 0) {
       o.finish_s = now_s;
       return;
@@ -332,21 +357,48 @@ class Simulation final : public conductor::ClusterView {
 
 }  // namespace
 
-Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::Request> trace,
-                           const SimOptions& options) {
+Status validate(const ClusterConfig& config, const SimOptions& options) {
   if (!(options.time_scale > 0) || !std::isfinite(options.time_scale)) {
     return Status::invalid_argument(fmt::format("--time-scale must be > 0, got {}", options.time_scale));
   }
   if (options.block_size_tokens < 1) {
     return Status::invalid_argument(fmt::format("--block-size must be >= 1, got {}", options.block_size_tokens));
   }
+  if (config.prefill_instances < 1 || config.decode_instances < 1) {
+    return Status::invalid_argument("a cluster needs at least one prefill and one decode instance");
+  }
   if (config.prefill_cache_capacity_tokens < options.block_size_tokens) {
     return Status::invalid_argument(fmt::format(
         "prefill_cache_capacity_tokens ({}) is below one block ({} tokens)", config.prefill_cache_capacity_tokens,
         options.block_size_tokens));
   }
+  CRESCENT_RETURN_IF_ERROR(perf::validate_model_spec(config.model, "model"));
+  CRESCENT_RETURN_IF_ERROR(perf::validate_hardware_spec(config.hardware, "hardware"));
+  const perf::CostModel cost(config.model, config.hardware);
+  if (cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share) < options.block_size_tokens) {
+    return Status::invalid_argument(fmt::format(
+        "{} weights ({:.1f} GB) leave no room for KV cache in a decode instance's HBM ({} x {:.1f} GB, {:.0f}% "
+        "reserved)",
+        config.model.name, cost.weight_bytes() / 1e9, config.hardware.gpus, config.hardware.hbm_bytes_per_gpu / 1e9,
+        config.decode_hbm_reserved_share * 100));
+  }
+  return Status();
+}
+
+Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::Request> trace,
+                           const SimOptions& options) {
+  CRESCENT_RETURN_IF_ERROR(validate(config, options));
   if (trace.size() > std::numeric_limits<uint32_t>::max()) {
     return Status::invalid_argument("trace has more than 2^32 requests");
+  }
+  if (!trace.empty()) {
+    const double last_arrival_s = static_cast<double>(trace.back().timestamp_ms) / 1000.0 / options.time_scale;
+    if (!(last_arrival_s <= kMaxArrivalS)) {
+      return Status::invalid_argument(fmt::format(
+          "the last arrival would be at {:g} s of virtual time (timestamp {} ms, time scale {:g}); at most {:g} s "
+          "is supported",
+          last_arrival_s, trace.back().timestamp_ms, options.time_scale, kMaxArrivalS));
+    }
   }
   Simulation sim(config, trace, options);
   return sim.run();

@@ -28,7 +28,7 @@ struct SimOptions {
 struct RequestOutcome {
   double arrival_s = 0;
   double ttft_s = 0;        // arrival → first token (end of prefill); 0 when rejected
-  double tbt_s = 0;         // mean of the longest 10% of its token gaps (paper §5.1); 0 with < 2 tokens
+  double tbt_s = 0;         // mean of the longest 10% of its token gaps (paper §5.1); 0 with < 2 output tokens
   double finish_s = 0;      // last token
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
@@ -53,9 +53,14 @@ struct SimResult {
   double makespan_s = 0;  // virtual time when the last request finished
 };
 
+/// Checks that `config` can run with `options`: time scale > 0, block size >= 1, at least one instance per pool,
+/// a prefill cache of at least one block, model weights that leave HBM room for KV in a decode instance.
+/// Errors (kInvalidArgument) say which.
+Status validate(const ClusterConfig& config, const SimOptions& options);
+
 /// Replays `trace` (sorted by timestamp, as the reader guarantees) through `config`. Deterministic: the same
-/// inputs give the same result. Errors (kInvalidArgument) for options the config cannot run: time_scale <= 0,
-/// block size < 1.
+/// inputs give the same result. Errors: those of validate(), and arrivals later than 1e9 s of virtual time
+/// (a huge timestamp or a tiny time scale).
 Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::Request> trace,
                            const SimOptions& options);
 

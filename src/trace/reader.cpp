@@ -267,7 +267,7 @@ Result<std::vector<Request>> read_trace(const std::string& path, const ReadOptio
   Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, options);
   if (!reader.ok()) return reader.status();
   std::vector<Request> requests;
-  for (;;) {
+  while (options.max_requests <= 0 || static_cast<int64_t>(requests.size()) < options.max_requests) {
     Request request;
     Result<bool> read = (*reader)->next(request);
     if (!read.ok()) return read.status();

@@ -1,5 +1,7 @@
 #include "trace/stats.h"
 
+#include "common/percentile.h"
+
 #include <algorithm>
 #include <cassert>
 #include <utility>
@@ -7,22 +9,14 @@
 namespace crescent::trace {
 namespace {
 
-// Nearest-rank percentile `percent` of `sorted` (ascending); 0 when empty.
-int64_t percentile(const std::vector<int64_t>& sorted, int64_t percent) {
-  if (sorted.empty()) return 0;
-  const auto n = static_cast<int64_t>(sorted.size());
-  const int64_t rank = std::max<int64_t>(1, (percent * n + 99) / 100);  // ceil(percent / 100 * n)
-  return sorted[static_cast<size_t>(rank - 1)];
-}
-
 LengthStats length_stats(std::vector<int64_t>& values) {
   std::sort(values.begin(), values.end());
   LengthStats stats;
   double total = 0;
   for (int64_t v : values) total += static_cast<double>(v);
   stats.mean = values.empty() ? 0 : total / static_cast<double>(values.size());
-  stats.p50 = percentile(values, 50);
-  stats.p99 = percentile(values, 99);
+  stats.p50 = nearest_rank(values, 50);
+  stats.p99 = nearest_rank(values, 99);
   return stats;
 }
 

@@ -101,7 +101,43 @@ TEST(SimulateCli, BadTraceAndOptionsAreRefused) {
   std::filesystem::remove(path);
   expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale 0"), "--time-scale");
   expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale -2"), "--time-scale");
-  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --block-size 0"), "--block-size");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --block-size 0"), "block size");
+  // Arrivals pushed past what doubles time precisely.
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale 1e-310"),
+                        "last arrival");
+}
+
+TEST(SimulateCli, ExtremeRequestsAreRefusedNotSimulatedForever) {
+  // An output longer than a decode instance's whole HBM can never run: counted as rejected, quickly.
+  auto path = temp_path("crescent_cli_huge.jsonl");
+  std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 9223372036854775807, "hash_ids": [1, 2]})"
+                         "\n"
+                      << R"({"timestamp": 5, "input_length": 0, "output_length": 0, "hash_ids": []})"
+                         "\n";
+  CliRun run = run_crescent("simulate " + quote(path.string()) + " " + kConfig + " --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  auto p = nlohmann::json::parse(run.out)["policies"][0];
+  EXPECT_EQ(p["rejected"], 1);
+  EXPECT_EQ(p["completed"], 1);
+  std::filesystem::remove(path);
+}
+
+TEST(SimulateCli, WeightsThatDoNotFitDecodeHbmAreAConfigError) {
+  auto config = write_config(R"({"model": "llama3-70b", "prefill_instances": 1, "decode_instances": 1,
+                                 "hardware": {"preset": "8xA800", "gpus": 1}})");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(config)), "no room for KV");
+}
+
+TEST(SimulateCli, NonUtf8PathInJsonDoesNotCrash) {
+  auto dir = temp_path("crescent_cli_\xff");
+  std::filesystem::create_directories(dir);
+  auto path = dir / "t.jsonl";
+  std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})" "\n";
+  CliRun run = run_crescent("simulate " + quote(path.string()) + " " + kConfig + " --json");
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  auto j = nlohmann::json::parse(run.out);  // valid JSON: the bad byte was replaced
+  EXPECT_EQ(j["requests"], 1);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

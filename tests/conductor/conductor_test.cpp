@@ -14,7 +14,7 @@ namespace {
 // A hand-set cluster: queues, decode loads and cached blocks are whatever the test says.
 class FakeCluster : public ClusterView {
  public:
-  FakeCluster(uint32_t prefill, uint32_t decode) : busy_until_s(prefill, 0.0), decode(decode) {
+  FakeCluster(uint32_t prefill, uint32_t decode) : busy_until_s(prefill, 0.0), ready_s(prefill, 0.0), decode(decode) {
     for (auto& d : this->decode) d.kv_capacity_tokens = 1'000'000;
   }
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s.size()); }
@@ -22,12 +22,14 @@ class FakeCluster : public ClusterView {
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s; }
   DecodeLoad decode_load(InstanceId d) const override { return decode[d]; }
   const kv::BlockIndex& block_index() const override { return index; }
+  double prefix_ready_s(InstanceId holder, std::span<const BlockKey>) const override { return ready_s[holder]; }
 
   void cache(InstanceId instance, const std::vector<BlockKey>& keys) {
     for (BlockKey k : keys) index.add(k, instance);
   }
 
   std::vector<double> busy_until_s;
+  std::vector<double> ready_s;  // per instance: when its cached blocks are computed
   std::vector<DecodeLoad> decode;
   kv::BlockIndex index;
 };
@@ -40,7 +42,7 @@ class ConductorTest : public ::testing::Test {
   Decision place(PrefillPolicy policy, const FakeCluster& cluster, int64_t input_tokens,
                  const std::vector<BlockKey>& keys, double threshold = 1.0, double now_s = 0) {
     Conductor conductor(cost_, {.policy = policy, .kvcache_balancing_threshold = threshold});
-    return conductor.schedule(cluster, {input_tokens, keys}, now_s);
+    return conductor.schedule(cluster, {input_tokens, keys, /*max_output_tokens=*/100}, now_s);
   }
 
   perf::CostModel cost_;
@@ -95,13 +97,15 @@ TEST_F(ConductorTest, CacheAwarePrefersLocalPrefixWhenQueuesAreEqual) {
   EXPECT_EQ(d.fetched_prefix_tokens, 0);
   EXPECT_EQ(d.prefill_tokens, 2 * 512);
   EXPECT_DOUBLE_EQ(d.prefill_s, cost_.prefill_time_s(1024, 3072));
-  EXPECT_DOUBLE_EQ(d.ttft_s, d.prefill_s);
+  EXPECT_DOUBLE_EQ(d.transfer_s, cost_.kv_load_time_s(3072));  // DRAM -> HBM
+  EXPECT_DOUBLE_EQ(d.ttft_s, d.transfer_s + d.prefill_s);
 }
 
 TEST_F(ConductorTest, CacheAwareTradesPrefixForQueue) {
   FakeCluster cluster(2, 1);
   cluster.cache(1, keys_);
-  const double saving_s = cost_.prefill_time_s(4096, 0) - cost_.prefill_time_s(1, 4095);
+  const double saving_s =
+      cost_.prefill_time_s(4096, 0) - cost_.prefill_time_s(1, 4095) - cost_.kv_load_time_s(4096);
   cluster.busy_until_s = {0.0, saving_s * 1.5};  // waiting for the cache costs more than recomputing
   EXPECT_EQ(place(PrefillPolicy::kCacheAware, cluster, 4096, keys_).prefill_instance, 0u);
   cluster.busy_until_s = {0.0, saving_s * 0.5};
@@ -119,7 +123,7 @@ TEST_F(ConductorTest, GlobalFetchesRemotePrefixToIdleInstance) {
   EXPECT_EQ(d.local_prefix_tokens, 0);
   EXPECT_EQ(d.fetched_prefix_tokens, 4096);
   EXPECT_EQ(d.fetch_from, 1u);
-  EXPECT_DOUBLE_EQ(d.transfer_s, cost_.kv_transfer_time_s(4096));
+  EXPECT_DOUBLE_EQ(d.transfer_s, cost_.kv_transfer_time_s(4096) + cost_.kv_load_time_s(4096));
   EXPECT_DOUBLE_EQ(d.ttft_s, d.transfer_s + d.prefill_s);
   // Local cache-aware cannot fetch: it recomputes everything on the idle instance.
   auto local = place(PrefillPolicy::kCacheAware, cluster, 4096, keys_);
@@ -136,22 +140,67 @@ TEST_F(ConductorTest, BalancingThresholdKeepsShortLocalPrefix) {
   auto fetch = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_, 1.5);
   EXPECT_EQ(fetch.local_prefix_tokens, 5 * 512);
   EXPECT_EQ(fetch.fetched_prefix_tokens, 3 * 512);
-  EXPECT_DOUBLE_EQ(fetch.transfer_s, cost_.kv_transfer_time_s(3 * 512));
+  EXPECT_DOUBLE_EQ(fetch.transfer_s, cost_.kv_transfer_time_s(3 * 512) + cost_.kv_load_time_s(8 * 512));
   auto keep = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_, 2.0);
   EXPECT_EQ(keep.local_prefix_tokens, 5 * 512);
   EXPECT_EQ(keep.fetched_prefix_tokens, 0);
-  EXPECT_DOUBLE_EQ(keep.transfer_s, 0.0);
+  EXPECT_DOUBLE_EQ(keep.transfer_s, cost_.kv_load_time_s(5 * 512));
 }
 
 TEST_F(ConductorTest, DecodePicksLowestPredictedTbtThatFits) {
   FakeCluster cluster(1, 3);
-  cluster.decode[0] = {.running_requests = 40, .context_tokens = 400'000, .kv_capacity_tokens = 1'000'000};
-  cluster.decode[1] = {.running_requests = 2, .context_tokens = 20'000, .kv_reserved_tokens = 999'000,
-                       .kv_capacity_tokens = 1'000'000};  // lightest, but no room
-  cluster.decode[2] = {.running_requests = 10, .context_tokens = 100'000, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[0] = {.running = {40, 400'000, 420'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  // Lightest batch, but the requests waiting and incoming already claim its HBM.
+  cluster.decode[1] = {.running = {2, 20'000, 22'000},
+                       .waiting = {10, 500'000, 520'000},
+                       .incoming = {5, 450'000, 455'000},
+                       .kv_capacity_tokens = 1'000'000};
+  cluster.decode[2] = {.running = {10, 100'000, 110'000}, .waiting = {}, .incoming = {1, 5'000, 6'000},
+                       .kv_capacity_tokens = 1'000'000};
   auto d = place(PrefillPolicy::kLeastLoaded, cluster, 4096, keys_);
   EXPECT_EQ(d.decode_instance, 2u);
-  EXPECT_DOUBLE_EQ(d.predicted_tbt_s, cost_.decode_step_time_s(11, 104'096));
+  EXPECT_TRUE(d.decode_has_room);
+  // Incoming and waiting requests count as joined: 10 + 1 + this one, with their contexts.
+  EXPECT_DOUBLE_EQ(d.predicted_tbt_s, cost_.decode_step_time_s(12, 100'000 + 5'000 + 4096));
+}
+
+TEST_F(ConductorTest, DecodeWithoutRoomAnywhereStillPicksLightest) {
+  FakeCluster cluster(1, 2);
+  cluster.decode[0] = {.running = {50, 990'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[1] = {.running = {5, 900'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  auto d = place(PrefillPolicy::kLeastLoaded, cluster, 4096, keys_);
+  EXPECT_EQ(d.decode_instance, 1u);
+  EXPECT_FALSE(d.decode_has_room);
+}
+
+TEST_F(ConductorTest, RefusesRequestsLargerThanAnyDecodeHbm) {
+  FakeCluster cluster(1, 2);
+  cluster.decode[1].kv_capacity_tokens = 2'000'000;
+  Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware});
+  EXPECT_EQ(conductor.schedule(cluster, {1'999'000, {}, 1'000}, 0).rejected, RejectReason::kNone);
+  EXPECT_EQ(conductor.schedule(cluster, {1'999'000, {}, 1'001}, 0).rejected, RejectReason::kDecodeCapacity);
+  EXPECT_EQ(conductor.schedule(cluster, {2'000'001, {}, 0}, 0).rejected, RejectReason::kDecodeCapacity);
+  // No overflow on absurd lengths.
+  EXPECT_EQ(conductor.schedule(cluster, {10, {}, INT64_MAX}, 0).rejected, RejectReason::kDecodeCapacity);
+}
+
+TEST_F(ConductorTest, FetchWaitsForTheSourceToComputeThePrefix) {
+  FakeCluster cluster(3, 1);
+  cluster.cache(0, keys_);
+  cluster.cache(1, keys_);
+  cluster.busy_until_s = {50.0, 50.0, 0.0};  // both holders busy; instance 2 idle
+  cluster.ready_s = {30.0, 20.0, 0.0};       // holder 1 computes the prefix first
+  auto d = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_);
+  EXPECT_EQ(d.prefill_instance, 2u);
+  EXPECT_EQ(d.fetch_from, 1u);
+  EXPECT_DOUBLE_EQ(d.queue_s, 20.0);  // waits for the source, not for its own (empty) queue
+  EXPECT_DOUBLE_EQ(d.ttft_s, 20.0 + d.transfer_s + d.prefill_s);
+  // When the wait is longer than recomputing, an idle instance recomputes instead... which only an instance
+  // without the fetch can do: with every holder busy, local cache-aware recomputes on instance 2.
+  cluster.ready_s = {1000.0, 1000.0, 0.0};
+  auto late = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_);
+  EXPECT_EQ(late.prefill_instance, 0u);  // its own queue (50 s) beats waiting 1000 s for a fetch
+  EXPECT_EQ(late.fetched_prefix_tokens, 0);
 }
 
 TEST_F(ConductorTest, SloAdmissionRejectsWhenTtftCannotBeMet) {

@@ -72,7 +72,7 @@ TEST(Simulator, LaterRequestReusesCachedPrefix) {
   auto result = run(c, {request(0, 2048, 1, {1, 2, 3, 4}), request(60'000, 2000, 1, {1, 2, 3, 9})});
   EXPECT_EQ(result.requests[1].prefix_hit_tokens, 1536);
   EXPECT_DOUBLE_EQ(result.requests[1].prefill_compute_s, cost.prefill_time_s(2000 - 1536, 1536));
-  EXPECT_NEAR(result.requests[1].ttft_s, result.requests[1].prefill_compute_s, 1e-9);
+  EXPECT_NEAR(result.requests[1].ttft_s, cost.kv_load_time_s(1536) + result.requests[1].prefill_compute_s, 1e-9);
 }
 
 TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
@@ -94,7 +94,9 @@ TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
   EXPECT_NE(r2.prefill_instance, result.requests[0].prefill_instance);
   EXPECT_EQ(r2.fetched_tokens, 32768);
   EXPECT_EQ(r2.prefix_hit_tokens, 32768);
-  EXPECT_NEAR(r2.ttft_s, cost.kv_transfer_time_s(32768) + cost.prefill_time_s(33000 - 32768, 32768), 0.002);
+  EXPECT_NEAR(r2.ttft_s,
+              cost.kv_transfer_time_s(32768) + cost.kv_load_time_s(32768) + cost.prefill_time_s(33000 - 32768, 32768),
+              1e-6);
 
   // Local cache-aware instead waits for the holder or recomputes: never fetches.
   auto local = run(c, {request(0, 32768, 1, doc), request(60'000, 65536, 1, doc_long),

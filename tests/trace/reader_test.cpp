@@ -232,6 +232,17 @@ TEST_F(ReaderTest, SkipInvalidCountsLinesPerReason) {
   EXPECT_THAT(summary, HasSubstr(", 1 block count mismatch (first: " + path + ":4: "));
 }
 
+TEST_F(ReaderTest, MaxRequestsStopsBeforeLaterLines) {
+  // Line 3 is invalid, but reading stops after two valid requests, before it.
+  const std::string path = write("limit.jsonl", line(0, 1, 1, "1") + "\n" + line(5, 1, 1, "2") + "not json\n");
+  Result<std::vector<Request>> two = read_trace(path, {.max_requests = 2});
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  ASSERT_EQ(two->size(), 2u);
+  EXPECT_EQ((*two)[1].timestamp_ms, 5);
+  EXPECT_FALSE(read_trace(path, {.max_requests = 3}).ok());
+  EXPECT_FALSE(read_trace(path, {}).ok());
+}
+
 TEST_F(ReaderTest, TruncatedGzipIsAnError) {
   std::string content;
   for (int i = 0; i < 2000; ++i)
