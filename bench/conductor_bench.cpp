@@ -1,7 +1,7 @@
-// Conductor decision throughput: Conductor::schedule for the conversation trace's requests against 16, 128 and
-// 1,024 prefill instances (and 16 decode instances) whose prefix caches index 1M distinct blocks.
-// Goal (issue 2): >= 100,000 decisions/s at 1,024 instances. Baseline in the same process: the prefix match
-// alone (BlockIndex::match_prefix), the part that must not grow with instances × cached blocks.
+// Conductor decision throughput: Conductor::schedule for the conversation trace's requests against 16, 128
+// and 1,024 prefill instances (and 16 decode instances) whose prefix caches index 1M distinct blocks. Goal
+// (issue 2): >= 100,000 decisions/s at 1,024 instances. Baseline in the same process: the prefix match alone
+// (BlockIndex::match_prefix), the part that must not grow with instances × cached blocks.
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -33,7 +33,8 @@ class BenchCluster : public conductor::ClusterView {
  public:
   explicit BenchCluster(uint32_t prefill) : busy_until_s_(prefill), decode_(16) {
     // Every request's blocks cached on one pseudo-randomly chosen instance: shared prefixes (system prompts)
-    // end up replicated on many instances, as under a cache-aware scheduler. Then filler blocks up to 1M keys.
+    // end up replicated on many instances, as under a cache-aware scheduler. Then filler blocks up to 1M
+    // keys.
     const auto& trace = conversation();
     for (size_t r = 0; r < trace.size(); ++r) {
       auto holder = static_cast<InstanceId>((r * 2654435761u) % prefill);
@@ -76,11 +77,12 @@ void BM_ConductorDecision(benchmark::State& state) {
   for (auto _ : state) {
     const auto& req = trace[r];
     r = r + 1 == trace.size() ? 0 : r + 1;
-    benchmark::DoNotOptimize(conductor.schedule(cluster, {req.input_tokens, req.block_keys, req.output_tokens}, 5.0));
+    benchmark::DoNotOptimize(
+        conductor.schedule(cluster, {req.input_tokens, req.block_keys, req.output_tokens}, 5.0));
   }
   state.SetLabel(std::string(conductor::to_string(policy)));
-  state.counters["decisions/s"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                     benchmark::Counter::kIsRate);
+  state.counters["decisions/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_ConductorDecision)
     ->ArgsProduct({{16, 128, 1024}, {1, 3}})  // least-loaded, global-cache-aware
@@ -96,8 +98,8 @@ void BM_PrefixMatchOnly(benchmark::State& state) {
     benchmark::DoNotOptimize(match);
     r = r + 1 == trace.size() ? 0 : r + 1;
   }
-  state.counters["matches/s"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                   benchmark::Counter::kIsRate);
+  state.counters["matches/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_PrefixMatchOnly)->Arg(16)->Arg(1024)->Unit(benchmark::kMicrosecond);
 

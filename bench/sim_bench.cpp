@@ -47,14 +47,11 @@ void BM_SimulateConversation(benchmark::State& state) {
     events += result->counters.events;
   }
   state.SetLabel(std::string(crescent::conductor::to_string(policy)));
-  state.counters["requests/s"] = benchmark::Counter(static_cast<double>(trace.size() * state.iterations()),
-                                                    benchmark::Counter::kIsRate);
+  state.counters["requests/s"] =
+      benchmark::Counter(static_cast<double>(trace.size() * state.iterations()), benchmark::Counter::kIsRate);
   state.counters["events/s"] = benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_SimulateConversation)
-    ->DenseRange(0, 3)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+BENCHMARK(BM_SimulateConversation)->DenseRange(0, 3)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Baseline in the same process: reading and validating the gzip trace (what every simulate run also pays).
 void BM_ReadConversationTrace(benchmark::State& state) {

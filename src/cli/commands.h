@@ -1,5 +1,5 @@
-// Registration of crescent's subcommands. Each lives in its own file; its callback stores the process exit code
-// in `exit_code` (0 ok, 2 bad input, 1 other failure).
+// Registration of crescent's subcommands. Each lives in its own file; its callback stores the process exit
+// code in `exit_code` (0 ok, 2 bad input, 1 other failure).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,5 +1,5 @@
-// `crescent simulate TRACE`: replays a trace through a simulated disaggregated cluster placed by the Conductor,
-// one run per prefill policy on the same input, and prints one comparison table (or JSON).
+// `crescent simulate TRACE`: replays a trace through a simulated disaggregated cluster placed by the
+// Conductor, one run per prefill policy on the same input, and prints one comparison table (or JSON).
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -42,7 +42,8 @@ std::vector<std::string> split_list(const std::string& list) {
 int run_simulate(const SimulateArgs& args) {
   if (args.limit < 0) return fail(Status::invalid_argument("--limit must be >= 0"));
   // Validate every name before spending time on the trace.
-  std::vector<std::string> names = args.compare.empty() ? std::vector<std::string>{args.policy} : split_list(args.compare);
+  std::vector<std::string> names =
+      args.compare.empty() ? std::vector<std::string>{args.policy} : split_list(args.compare);
   if (names.empty()) return fail(Status::invalid_argument("--compare needs at least one policy name"));
   std::vector<conductor::PrefillPolicy> policies;
   for (const auto& n : names) {
@@ -93,7 +94,8 @@ int run_simulate(const SimulateArgs& args) {
         "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {:.1f}M tokens each, "
         "admission {}\n\n",
         args.trace_path, requests->size(), args.time_scale, c.name, c.prefill_instances, c.decode_instances,
-        c.hardware.name, c.model.name, static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6, args.admission);
+        c.hardware.name, c.model.name, static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6,
+        args.admission);
     fmt::print("{}", sim::format_table(reports, c.slo));
   }
   return 0;
@@ -111,8 +113,10 @@ void register_simulate(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
   cmd->add_option("--admission", args->admission, "Admission: none, slo")->capture_default_str();
-  cmd->add_option("--time-scale", args->time_scale, "Replay arrivals this many times faster")->capture_default_str();
-  cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")->capture_default_str();
+  cmd->add_option("--time-scale", args->time_scale, "Replay arrivals this many times faster")
+      ->capture_default_str();
+  cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")
+      ->capture_default_str();
   cmd->add_option("--limit", args->limit, "Read and simulate only the first N valid requests (0 = all)");
   cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");

@@ -5,7 +5,8 @@
 
 namespace crescent {
 
-/// A block's key. In Mooncake traces this is the `hash_ids` entry; live, a chained hash of the block's token ids.
+/// A block's key. In Mooncake traces this is the `hash_ids` entry; live, a chained hash of the block's token
+/// ids.
 using BlockKey = std::uint64_t;
 
 /// Index of a prefill or decode instance within its pool (0-based).

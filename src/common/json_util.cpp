@@ -24,7 +24,8 @@ Status JsonFields::positive_number(std::string_view key, double& out, bool requi
     return required ? Status::invalid_argument(fmt::format("{}: missing field '{}'", where_, key)) : Status();
   }
   if (!it->is_number()) {
-    return Status::invalid_argument(fmt::format("{}: field '{}' must be a number, got {}", where_, key, it->dump()));
+    return Status::invalid_argument(
+        fmt::format("{}: field '{}' must be a number, got {}", where_, key, it->dump()));
   }
   double v = it->get<double>();
   if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0)) {
@@ -46,7 +47,8 @@ Status JsonFields::integer(std::string_view key, int64_t& out, int64_t min_value
   }
   int64_t v = it->get<int64_t>();
   if (v < min_value) {
-    return Status::invalid_argument(fmt::format("{}: field '{}' must be >= {}, got {}", where_, key, min_value, v));
+    return Status::invalid_argument(
+        fmt::format("{}: field '{}' must be >= {}, got {}", where_, key, min_value, v));
   }
   out = v;
   return Status();
@@ -58,7 +60,8 @@ Status JsonFields::string(std::string_view key, std::string& out, bool required)
     return required ? Status::invalid_argument(fmt::format("{}: missing field '{}'", where_, key)) : Status();
   }
   if (!it->is_string()) {
-    return Status::invalid_argument(fmt::format("{}: field '{}' must be a string, got {}", where_, key, it->dump()));
+    return Status::invalid_argument(
+        fmt::format("{}: field '{}' must be a string, got {}", where_, key, it->dump()));
   }
   out = it->get<std::string>();
   return Status();

@@ -10,18 +10,20 @@
 
 namespace crescent {
 
-/// Parses the JSON file at `path`. Errors: kNotFound if it cannot be opened, kInvalidArgument with the parser's
-/// byte offset if it is not JSON.
+/// Parses the JSON file at `path`. Errors: kNotFound if it cannot be opened, kInvalidArgument with the
+/// parser's byte offset if it is not JSON.
 Result<nlohmann::json> read_json_file(const std::string& path);
 
-/// Reads JSON objects' fields with checks. `where` names the object for messages, e.g. "configs/x.json: model".
-/// Each getter leaves `out` unchanged and returns ok when the field is absent and `required` is false.
+/// Reads JSON objects' fields with checks. `where` names the object for messages, e.g. "configs/x.json:
+/// model". Each getter leaves `out` unchanged and returns ok when the field is absent and `required` is
+/// false.
 class JsonFields {
  public:
   JsonFields(const nlohmann::json& object, std::string where) : object_(object), where_(std::move(where)) {}
 
   /// A finite number > 0 (or >= 0 when `allow_zero`).
-  Status positive_number(std::string_view key, double& out, bool required = true, bool allow_zero = false) const;
+  Status positive_number(std::string_view key, double& out, bool required = true,
+                         bool allow_zero = false) const;
   /// An integer >= `min_value`.
   Status integer(std::string_view key, int64_t& out, int64_t min_value, bool required = true) const;
   Status string(std::string_view key, std::string& out, bool required = true) const;

@@ -1,5 +1,6 @@
 // Errors as values: Status for operations that return nothing, Result<T> for those that return a T.
-// No exceptions cross a component's public API; a Status's message names what is wrong (file:line, field, value).
+// No exceptions cross a component's public API; a Status's message names what is wrong (file:line, field,
+// value).
 #pragma once
 
 #include <cassert>
@@ -45,11 +46,13 @@ class Status {
   std::string message_;
 };
 
-/// A T or the Status saying why there is none. REQUIRES: a Result built from a Status is built from a non-ok one.
+/// A T or the Status saying why there is none. REQUIRES: a Result built from a Status is built from a non-ok
+/// one.
 template <typename T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor): returning a T reads naturally
+  Result(T value)
+      : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor): returning a T reads naturally
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(v_).ok());
   }
@@ -74,8 +77,8 @@ class Result {
 }  // namespace crescent
 
 /// Returns the Status of `expr` from the enclosing function when it is not ok.
-#define CRESCENT_RETURN_IF_ERROR(expr)          \
-  do {                                          \
-    ::crescent::Status _st = (expr);            \
-    if (!_st.ok()) return _st;                  \
+#define CRESCENT_RETURN_IF_ERROR(expr) \
+  do {                                 \
+    ::crescent::Status _st = (expr);   \
+    if (!_st.ok()) return _st;         \
   } while (0)

@@ -1,5 +1,6 @@
-// What the Conductor may know about the cluster when it places a request. The simulator implements this over its
-// simulated instances (sim/simulator.cpp); the live server will implement it over instance reports and KV events.
+// What the Conductor may know about the cluster when it places a request. The simulator implements this over
+// its simulated instances (sim/simulator.cpp); the live server will implement it over instance reports and KV
+// events.
 #pragma once
 
 #include <cstdint>
@@ -13,15 +14,16 @@ namespace crescent::conductor {
 /// Requests in one state on a decode instance, and what they hold.
 struct DecodeGroup {
   int64_t requests = 0;
-  int64_t context_tokens = 0;  // KV tokens they hold (or will hold on joining): prompt + tokens generated so far
-  int64_t kv_tokens = 0;       // HBM KV tokens reserved for them: prompt + max output each (no preemption)
+  int64_t context_tokens =
+      0;                  // KV tokens they hold (or will hold on joining): prompt + tokens generated so far
+  int64_t kv_tokens = 0;  // HBM KV tokens reserved for them: prompt + max output each (no preemption)
 };
 
 /// Load of one decode instance as the Conductor sees it.
 struct DecodeLoad {
-  DecodeGroup running;   // in the continuous batch
-  DecodeGroup waiting;   // KV arrived, waiting for HBM room to join the batch
-  DecodeGroup incoming;  // assigned by the Conductor, still in prefill or KV transfer
+  DecodeGroup running;             // in the continuous batch
+  DecodeGroup waiting;             // KV arrived, waiting for HBM room to join the batch
+  DecodeGroup incoming;            // assigned by the Conductor, still in prefill or KV transfer
   int64_t kv_capacity_tokens = 0;  // HBM KV tokens the instance can hold
 };
 
@@ -46,9 +48,10 @@ class ClusterView {
   /// Which prefill instance caches which block (DRAM prefix caches).
   virtual const kv::BlockIndex& block_index() const = 0;
 
-  /// When prefill instance `holder` will have computed all of `keys` (seconds, the Conductor's clock); a value
-  /// <= now means ready. Blocks enter the index when their request is placed, before its prefill has run, so a
-  /// remote fetch may have to wait for them. REQUIRES: `holder` holds every key.
+  /// When prefill instance `holder` will have computed all of `keys` (seconds, the Conductor's clock); a
+  /// value
+  /// <= now means ready. Blocks enter the index when their request is placed, before its prefill has run, so
+  /// a remote fetch may have to wait for them. REQUIRES: `holder` holds every key.
   virtual double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const = 0;
 };
 

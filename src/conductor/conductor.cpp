@@ -55,7 +55,8 @@ Result<Admission> parse_admission(std::string_view name) {
   for (const auto& [n, a] : kAdmissions) {
     if (n == name) return a;
   }
-  return Status::not_found(fmt::format("unknown admission policy '{}' (valid: {})", name, joined_names(kAdmissions)));
+  return Status::not_found(
+      fmt::format("unknown admission policy '{}' (valid: {})", name, joined_names(kAdmissions)));
 }
 
 std::string_view to_string(Admission admission) {
@@ -67,10 +68,14 @@ std::string_view to_string(Admission admission) {
 
 std::string_view to_string(RejectReason reason) {
   switch (reason) {
-    case RejectReason::kNone: return "none";
-    case RejectReason::kTtft: return "ttft";
-    case RejectReason::kTbt: return "tbt";
-    case RejectReason::kDecodeCapacity: return "decode-capacity";
+    case RejectReason::kNone:
+      return "none";
+    case RejectReason::kTtft:
+      return "ttft";
+    case RejectReason::kTbt:
+      return "tbt";
+    case RejectReason::kDecodeCapacity:
+      return "decode-capacity";
   }
   return "?";
 }
@@ -87,8 +92,8 @@ uint64_t Conductor::next_random() {
   return z ^ (z >> 31);
 }
 
-// Transfer and prefill times of running `request` with `prefix_blocks` of its prompt reused, `local_blocks` of
-// them already on `instance` (Algorithm 1 lines 6-13; the queue is the caller's).
+// Transfer and prefill times of running `request` with `prefix_blocks` of its prompt reused, `local_blocks`
+// of them already on `instance` (Algorithm 1 lines 6-13; the queue is the caller's).
 Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                                              const RequestInfo& request, double queue_s) const {
   const int64_t n = request.input_tokens;
@@ -107,7 +112,8 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   return c;
 }
 
-// Among the instances holding the best prefix, the one that will have computed it soonest (lowest id on ties).
+// Among the instances holding the best prefix, the one that will have computed it soonest (lowest id on
+// ties).
 void Conductor::choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s) {
   fetch_source_ = match_.best_instance;
   fetch_wait_s_ = 0;
@@ -158,8 +164,8 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   // Algorithm 1: for each instance, reuse its local prefix or (global policy) fetch the best prefix when
   // best_len / local_len > kvcache_balancing_threshold; TTFT = T_queue + T_transfer + T_prefill; keep the
   // smallest. A fetch cannot start before its source has computed the prefix, so its wait overlaps the queue.
-  // T_transfer + T_prefill depends on the instance only through its local prefix length, and a request sees few
-  // distinct lengths, so it is computed once per length (memo) and the loop costs one add per instance.
+  // T_transfer + T_prefill depends on the instance only through its local prefix length, and a request sees
+  // few distinct lengths, so it is computed once per length (memo) and the loop costs one add per instance.
   const bool global = options_.policy == PrefillPolicy::kGlobalCacheAware;
   const int64_t best_blocks = match_.best_blocks;
   if (global) choose_fetch_source(cluster, request, now_s);
@@ -197,8 +203,8 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
 // Decode instance with the smallest predicted TBT once this request joins (Algorithm 1 line 17), preferring
 // instances whose HBM can hold its KV (prompt + max output) on top of everything already reserved, waiting or
 // incoming. Waiting and incoming requests count as joined. `fits` is false when no instance has room now.
-InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
-                                    bool& fits) const {
+InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request,
+                                    double& predicted_tbt_s, bool& fits) const {
   InstanceId best = 0;
   fits = false;
   predicted_tbt_s = std::numeric_limits<double>::infinity();
@@ -207,10 +213,10 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
     const DecodeLoad load = cluster.decode_load(d);
     const int64_t kv = load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens;
     const bool room = need <= load.kv_capacity_tokens - kv;
-    const double tbt_s = cost_.decode_step_time_s(
-        load.running.requests + load.waiting.requests + load.incoming.requests + 1,
-        load.running.context_tokens + load.waiting.context_tokens + load.incoming.context_tokens +
-            request.input_tokens);
+    const double tbt_s =
+        cost_.decode_step_time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,
+                                 load.running.context_tokens + load.waiting.context_tokens +
+                                     load.incoming.context_tokens + request.input_tokens);
     if ((room && !fits) || (room == fits && tbt_s < predicted_tbt_s)) {
       best = d;
       fits = room;

@@ -1,6 +1,7 @@
 // The Conductor: places each request on a prefill and a decode instance (paper §4, Algorithm 1).
-// A pure decision over a ClusterView; the caller (simulator or live server) carries it out: enqueues the request,
-// pins its blocks in the chosen instance's cache, copies fetched blocks (which is how hot blocks gain replicas).
+// A pure decision over a ClusterView; the caller (simulator or live server) carries it out: enqueues the
+// request, pins its blocks in the chosen instance's cache, copies fetched blocks (which is how hot blocks
+// gain replicas).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,8 @@ enum class PrefillPolicy {
   kGlobalCacheAware,  // Algorithm 1 with remote-prefix fetch and kvcache_balancing_threshold (§4.2)
 };
 
-/// Parses "random", "least-loaded", "cache-aware", "global-cache-aware". Error (kNotFound) lists the valid names.
+/// Parses "random", "least-loaded", "cache-aware", "global-cache-aware". Error (kNotFound) lists the valid
+/// names.
 Result<PrefillPolicy> parse_prefill_policy(std::string_view name);
 std::string_view to_string(PrefillPolicy policy);
 /// All policy names, in the order above.
@@ -33,7 +35,8 @@ std::vector<std::string> prefill_policy_names();
 /// When to refuse a request at arrival.
 enum class Admission {
   kNone,  // accept everything (requests may miss their SLOs)
-  kSlo,   // Algorithm 1 lines 18-19: reject when the best TTFT exceeds the TTFT SLO or the TBT SLO is predicted missed
+  kSlo,   // Algorithm 1 lines 18-19: reject when the best TTFT exceeds the TTFT SLO or the TBT SLO is
+          // predicted missed
 };
 
 /// Parses "none", "slo". Error (kNotFound) lists the valid names.
@@ -81,11 +84,11 @@ struct Decision {
   /// Predicted time to bring the reused prefix into HBM: network fetch of the remote part plus host → device
   /// load of the whole prefix (paper §3.1 step 1).
   double transfer_s = 0;
-  double queue_s = 0;                 // predicted wait before it can start: the queue, or the fetch source
-  double prefill_s = 0;               // predicted prefill compute time
-  double ttft_s = 0;                  // queue_s + transfer_s + prefill_s
-  double predicted_tbt_s = 0;         // decode step time predicted on the chosen decode instance
-  bool decode_has_room = false;       // its HBM can take the request's KV now (else it waits to join the batch)
+  double queue_s = 0;            // predicted wait before it can start: the queue, or the fetch source
+  double prefill_s = 0;          // predicted prefill compute time
+  double ttft_s = 0;             // queue_s + transfer_s + prefill_s
+  double predicted_tbt_s = 0;    // decode step time predicted on the chosen decode instance
+  bool decode_has_room = false;  // its HBM can take the request's KV now (else it waits to join the batch)
 
   int64_t prefix_tokens() const { return local_prefix_tokens + fetched_prefix_tokens; }
 };
@@ -97,8 +100,8 @@ class Conductor {
   /// `cost_model` must outlive the Conductor.
   Conductor(const perf::CostModel& cost_model, ConductorOptions options);
 
-  /// Chooses prefill and decode instances for `request` arriving at `now_s`. Never fails; a refusal is reported
-  /// in Decision::rejected (the live server answers it with HTTP 429).
+  /// Chooses prefill and decode instances for `request` arriving at `now_s`. Never fails; a refusal is
+  /// reported in Decision::rejected (the live server answers it with HTTP 429).
   Decision schedule(const ClusterView& cluster, const RequestInfo& request, double now_s);
 
   const ConductorOptions& options() const { return options_; }

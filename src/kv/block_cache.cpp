@@ -4,7 +4,9 @@
 
 namespace crescent::kv {
 
-BlockCache::BlockCache(int64_t capacity_blocks) : capacity_blocks_(capacity_blocks) { assert(capacity_blocks >= 1); }
+BlockCache::BlockCache(int64_t capacity_blocks) : capacity_blocks_(capacity_blocks) {
+  assert(capacity_blocks >= 1);
+}
 
 int64_t BlockCache::prefix_match_blocks(std::span<const BlockKey> keys) const {
   int64_t run = 0;

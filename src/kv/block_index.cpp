@@ -39,8 +39,9 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
   out.best_blocks = 0;
   out.best_instance = 0;
   if (keys.empty()) return;
-  // `alive_` holds the instances whose run is unbroken so far; an instance leaving it at block i matched i blocks.
-  // Each step stamps the block's holders, then filters `alive_` by stamp: O(alive + holders) per block.
+  // `alive_` holds the instances whose run is unbroken so far; an instance leaving it at block i matched i
+  // blocks. Each step stamps the block's holders, then filters `alive_` by stamp: O(alive + holders) per
+  // block.
   auto first = holders(keys[0]);
   alive_.assign(first.begin(), first.end());
   int64_t i = 1;

@@ -1,6 +1,6 @@
-// Which instance holds which cached block: key → holders, the Conductor's view of the prefix caches (paper §4.1).
-// Kept current from cache events (stored / evicted); prefix matching costs time proportional to the request's
-// blocks (times the replicas of each), never instances × cached blocks.
+// Which instance holds which cached block: key → holders, the Conductor's view of the prefix caches (paper
+// §4.1). Kept current from cache events (stored / evicted); prefix matching costs time proportional to the
+// request's blocks (times the replicas of each), never instances × cached blocks.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +16,12 @@ namespace crescent::kv {
 
 /// Result of BlockIndex::match_prefix for one request.
 struct PrefixMatch {
-  /// Instances whose cache holds a non-empty leading run of the request's keys: (instance, run length in blocks),
-  /// in no particular order. Instances not listed match 0 blocks.
+  /// Instances whose cache holds a non-empty leading run of the request's keys: (instance, run length in
+  /// blocks), in no particular order. Instances not listed match 0 blocks.
   std::vector<std::pair<InstanceId, int64_t>> matches;
-  int64_t best_blocks = 0;      // longest run over all instances (0 when no instance matches)
-  InstanceId best_instance = 0;  // lowest-numbered instance with best_blocks (meaningful when best_blocks > 0)
+  int64_t best_blocks = 0;  // longest run over all instances (0 when no instance matches)
+  InstanceId best_instance =
+      0;  // lowest-numbered instance with best_blocks (meaningful when best_blocks > 0)
 };
 
 /// Map from block key to the instances holding a replica. Not thread-safe.
@@ -47,8 +48,8 @@ class BlockIndex {
  private:
   std::unordered_map<BlockKey, std::vector<InstanceId>> holders_;
   int64_t replicas_ = 0;
-  // Scratch for match_prefix, mutable so matching stays const for callers: the instances whose run is unbroken,
-  // and a per-instance stamp marking the holders of the block being examined.
+  // Scratch for match_prefix, mutable so matching stays const for callers: the instances whose run is
+  // unbroken, and a per-instance stamp marking the holders of the block being examined.
   mutable std::vector<InstanceId> alive_, next_alive_;
   mutable std::vector<uint64_t> stamp_;
   mutable uint64_t stamp_now_ = 0;

@@ -11,10 +11,14 @@ namespace crescent::sim {
 namespace {
 
 nlohmann::json model_json(const perf::ModelSpec& m) {
-  return {{"name", m.name},         {"layers", m.layers},
-          {"hidden_size", m.hidden_size}, {"attention_heads", m.attention_heads},
-          {"kv_heads", m.kv_heads}, {"ffn_size", m.ffn_size},
-          {"bytes_per_element", m.bytes_per_element}, {"parameters", m.parameters}};
+  return {{"name", m.name},
+          {"layers", m.layers},
+          {"hidden_size", m.hidden_size},
+          {"attention_heads", m.attention_heads},
+          {"kv_heads", m.kv_heads},
+          {"ffn_size", m.ffn_size},
+          {"bytes_per_element", m.bytes_per_element},
+          {"parameters", m.parameters}};
 }
 
 nlohmann::json hardware_json(const perf::HardwareSpec& h) {
@@ -35,13 +39,14 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
                                                int64_t block_size_tokens) {
   ClusterConfig c;
   JsonFields f(j, where);
-  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys({"name", "description", "model", "hardware", "prefill_instances",
-                                              "decode_instances", "prefill_cache_capacity_tokens",
-                                              "decode_hbm_reserved_share", "prefill_chunk_tokens",
-                                              "kvcache_balancing_threshold", "slo", "seed"}));
+  CRESCENT_RETURN_IF_ERROR(
+      f.no_unknown_keys({"name", "description", "model", "hardware", "prefill_instances", "decode_instances",
+                         "prefill_cache_capacity_tokens", "decode_hbm_reserved_share", "prefill_chunk_tokens",
+                         "kvcache_balancing_threshold", "slo", "seed"}));
   CRESCENT_RETURN_IF_ERROR(f.string("name", c.name, /*required=*/false));
   if (!j.contains("model")) return Status::invalid_argument(fmt::format("{}: missing field 'model'", where));
-  if (!j.contains("hardware")) return Status::invalid_argument(fmt::format("{}: missing field 'hardware'", where));
+  if (!j.contains("hardware"))
+    return Status::invalid_argument(fmt::format("{}: missing field 'hardware'", where));
   auto model = perf::model_from_json(j["model"], where + ": model");
   if (!model.ok()) return model.status();
   c.model = *model;
@@ -63,8 +68,8 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
   CRESCENT_RETURN_IF_ERROR(f.positive_number("decode_hbm_reserved_share", c.decode_hbm_reserved_share,
                                              /*required=*/false, /*allow_zero=*/true));
   if (c.decode_hbm_reserved_share >= 1) {
-    return Status::invalid_argument(fmt::format("{}: field 'decode_hbm_reserved_share' must be < 1, got {}", where,
-                                                c.decode_hbm_reserved_share));
+    return Status::invalid_argument(fmt::format("{}: field 'decode_hbm_reserved_share' must be < 1, got {}",
+                                                where, c.decode_hbm_reserved_share));
   }
   CRESCENT_RETURN_IF_ERROR(f.positive_number("kvcache_balancing_threshold", c.kvcache_balancing_threshold,
                                              /*required=*/false));
@@ -77,8 +82,8 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
     CRESCENT_RETURN_IF_ERROR(s.positive_number("ttft_s", c.slo.ttft_s, /*required=*/false));
     if (auto tbt = it->find("tbt_s"); tbt != it->end()) {
       if (!tbt->is_array() || tbt->empty()) {
-        return Status::invalid_argument(
-            fmt::format("{}: slo: field 'tbt_s' must be a non-empty list of seconds, got {}", where, tbt->dump()));
+        return Status::invalid_argument(fmt::format(
+            "{}: slo: field 'tbt_s' must be a non-empty list of seconds, got {}", where, tbt->dump()));
       }
       c.slo.tbt_s.clear();
       for (const auto& v : *tbt) {

@@ -15,20 +15,20 @@ namespace crescent::sim {
 
 /// Service-level objectives a request is judged against (paper §5.1).
 struct SloConfig {
-  double ttft_s = 30.0;                   // time to first token
+  double ttft_s = 30.0;                      // time to first token
   std::vector<double> tbt_s{0.1, 0.2, 0.3};  // TBT thresholds; the first is the primary one
 };
 
 /// Everything the simulator needs to know about the cluster.
 struct ClusterConfig {
-  std::string name;                    // for reports (the file's stem when loaded from a file)
+  std::string name;  // for reports (the file's stem when loaded from a file)
   perf::ModelSpec model;
-  perf::HardwareSpec hardware;         // one instance (node); its network_bytes_per_s times KV transfers
+  perf::HardwareSpec hardware;  // one instance (node); its network_bytes_per_s times KV transfers
   uint32_t prefill_instances = 8;
   uint32_t decode_instances = 8;
   int64_t prefill_cache_capacity_tokens = 3'000'000;  // DRAM prefix cache of each prefill instance
   double decode_hbm_reserved_share = 0.1;  // HBM kept free of weights and KV (activations, fragmentation)
-  int64_t prefill_chunk_tokens = 8192;     // prefill chunk: KV streams to decode chunk by chunk (§3.1 step 3)
+  int64_t prefill_chunk_tokens = 8192;  // prefill chunk: KV streams to decode chunk by chunk (§3.1 step 3)
   double kvcache_balancing_threshold = 1.0;  // Algorithm 1 line 5
   SloConfig slo;
   uint64_t seed = 1;

@@ -1,11 +1,11 @@
 #include "sim/report.h"
 
-#include "common/percentile.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+
+#include "common/percentile.h"
 
 namespace crescent::sim {
 namespace {
@@ -62,20 +62,22 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
 }
 
 std::string format_table(const std::vector<PolicyReport>& reports, const SloConfig& slo) {
-  std::string out = fmt::format("{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}", "policy", "TTFT mean",
-                                "p50", "p90", "p99", "TBT mean", "TBT p99", "hit", "prefill");
+  std::string out = fmt::format("{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}", "policy",
+                                "TTFT mean", "p50", "p90", "p99", "TBT mean", "TBT p99", "hit", "prefill");
   for (double t : slo.tbt_s) out += fmt::format(" {:>10}", fmt::format("SLO@{:g}ms", t * 1000));
   out += fmt::format(" {:>9} {:>8}\n", "completed", "rejected");
   for (const auto& r : reports) {
-    out += fmt::format("{:<20} {:>8.2f}s {:>8.2f}s {:>8.2f}s {:>8.2f}s {:>7.1f}ms {:>7.1f}ms {:>5.1f}% {:>8.3f}s",
-                       r.name, r.ttft_mean_s, r.ttft_p50_s, r.ttft_p90_s, r.ttft_p99_s, r.tbt_mean_s * 1000,
-                       r.tbt_p99_s * 1000, r.hit_ratio * 100, r.prefill_compute_s_per_request);
+    out += fmt::format(
+        "{:<20} {:>8.2f}s {:>8.2f}s {:>8.2f}s {:>8.2f}s {:>7.1f}ms {:>7.1f}ms {:>5.1f}% {:>8.3f}s", r.name,
+        r.ttft_mean_s, r.ttft_p50_s, r.ttft_p90_s, r.ttft_p99_s, r.tbt_mean_s * 1000, r.tbt_p99_s * 1000,
+        r.hit_ratio * 100, r.prefill_compute_s_per_request);
     for (const auto& a : r.slo_attainment_by_tbt) out += fmt::format(" {:>9.1f}%", a.attainment * 100);
     out += fmt::format(" {:>9} {:>8}\n", r.completed, r.rejected);
   }
-  out += fmt::format("(TTFT over completed requests; SLO = share of all requests with TTFT <= {:g} s and TBT <= the "
-                     "threshold; prefill = mean prefill GPU time per request)\n",
-                     slo.ttft_s);
+  out += fmt::format(
+      "(TTFT over completed requests; SLO = share of all requests with TTFT <= {:g} s and TBT <= the "
+      "threshold; prefill = mean prefill GPU time per request)\n",
+      slo.ttft_s);
   return out;
 }
 

@@ -1,5 +1,5 @@
-// Summaries of simulation runs: per-policy latency percentiles, prefix hits, SLO attainment; as a text table or
-// JSON (the shapes documented in the README).
+// Summaries of simulation runs: per-policy latency percentiles, prefix hits, SLO attainment; as a text table
+// or JSON (the shapes documented in the README).
 #pragma once
 
 #include <cstdint>
@@ -26,8 +26,8 @@ struct PolicyReport {
   int64_t rejected = 0;
   double ttft_mean_s = 0, ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0;
   double tbt_mean_s = 0, tbt_p99_s = 0;
-  double hit_ratio = 0;                     // prefix hit tokens / input tokens, over completed requests
-  double fetched_ratio = 0;                 // tokens fetched from another instance / input tokens
+  double hit_ratio = 0;                      // prefix hit tokens / input tokens, over completed requests
+  double fetched_ratio = 0;                  // tokens fetched from another instance / input tokens
   double prefill_compute_s_per_request = 0;  // mean GPU time of prefill
   double slo_attainment = 0;                 // at the primary (first) TBT SLO
   std::vector<SloAttainment> slo_attainment_by_tbt;

@@ -41,9 +41,9 @@ struct RunState {
 
 // One decode instance: continuous batching. Between external events it advances step by step on its own;
 // every request in the batch gains one token per step, and a step takes CostModel::decode_step_time_s of the
-// batch. Requests join and leave at step boundaries. Step end times are logged (trimmed below the oldest request
-// still in the batch) so a leaving request's token gaps, and so its TBT, are read off without touching every
-// request at every step.
+// batch. Requests join and leave at step boundaries. Step end times are logged (trimmed below the oldest
+// request still in the batch) so a leaving request's token gaps, and so its TBT, are read off without
+// touching every request at every step.
 class DecodeInstance {
  public:
   DecodeInstance(const perf::CostModel& cost, int64_t kv_capacity_tokens, RunState state)
@@ -101,7 +101,8 @@ class DecodeInstance {
   }
 
   // Moves waiting requests into the batch while their KV (prompt + full output, so no request is ever
-  // preempted) fits in HBM. The Conductor refuses requests larger than the whole HBM, so one always fits alone.
+  // preempted) fits in HBM. The Conductor refuses requests larger than the whole HBM, so one always fits
+  // alone.
   void admit_waiting() {
     const int64_t step = step_base_ + static_cast<int64_t>(step_end_times_s_.size());
     while (!waiting_.empty()) {
@@ -121,7 +122,8 @@ class DecodeInstance {
 
   void start_step(double start_s) {
     stepping_ = running_.requests > 0;
-    if (stepping_) step_end_s_ = start_s + cost_->decode_step_time_s(running_.requests, running_.context_tokens);
+    if (stepping_)
+      step_end_s_ = start_s + cost_->decode_step_time_s(running_.requests, running_.context_tokens);
   }
 
   // Drops logged steps that no request in the batch can still need (memory stays proportional to the longest
@@ -132,19 +134,23 @@ class DecodeInstance {
                                                 : state_.inflight[admitted_.front()].join_step;
     const auto drop = static_cast<size_t>(keep_from - step_base_);
     if (drop > 4096 && drop * 2 > step_end_times_s_.size()) {
-      step_end_times_s_.erase(step_end_times_s_.begin(), step_end_times_s_.begin() + static_cast<ptrdiff_t>(drop));
+      step_end_times_s_.erase(step_end_times_s_.begin(),
+                              step_end_times_s_.begin() + static_cast<ptrdiff_t>(drop));
       step_base_ = keep_from;
     }
   }
 
-  double step_end_time_s(int64_t step) const { return step_end_times_s_[static_cast<size_t>(step - step_base_)]; }
+  double step_end_time_s(int64_t step) const {
+    return step_end_times_s_[static_cast<size_t>(step - step_base_)];
+  }
 
   // TBT of a request whose first token came at `first_token_s` and whose decode steps were
   // [join_step, last_step]: the mean of its longest 10% token gaps (at least one gap).
   double tbt_of(double first_token_s, int64_t join_step, int64_t last_step) {
     gaps_.clear();
     gaps_.push_back(step_end_time_s(join_step) - first_token_s);
-    for (int64_t s = join_step + 1; s <= last_step; ++s) gaps_.push_back(step_end_time_s(s) - step_end_time_s(s - 1));
+    for (int64_t s = join_step + 1; s <= last_step; ++s)
+      gaps_.push_back(step_end_time_s(s) - step_end_time_s(s - 1));
     const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, (gaps_.size() + 9) / 10));
     std::nth_element(gaps_.begin(), gaps_.begin() + (k - 1), gaps_.end(), std::greater<>());
     double sum = 0;
@@ -193,15 +199,16 @@ class Simulation final : public conductor::ClusterView {
         trace_(trace),
         options_(options),
         cost_(config.model, config.hardware),
-        conductor_(cost_, conductor::ConductorOptions{
-                              .policy = options.policy,
-                              .admission = options.admission,
-                              .block_size_tokens = options.block_size_tokens,
-                              .kvcache_balancing_threshold = config.kvcache_balancing_threshold,
-                              .ttft_slo_s = config.slo.ttft_s,
-                              .tbt_slo_s = config.slo.tbt_s.front(),
-                              .seed = config.seed,
-                          }),
+        conductor_(cost_,
+                   conductor::ConductorOptions{
+                       .policy = options.policy,
+                       .admission = options.admission,
+                       .block_size_tokens = options.block_size_tokens,
+                       .kvcache_balancing_threshold = config.kvcache_balancing_threshold,
+                       .ttft_slo_s = config.slo.ttft_s,
+                       .tbt_slo_s = config.slo.tbt_s.front(),
+                       .seed = config.seed,
+                   }),
         busy_until_s_(config.prefill_instances, 0.0) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());
@@ -241,7 +248,9 @@ class Simulation final : public conductor::ClusterView {
   }
 
  private:
-  void push(double time_s, EventKind kind, uint32_t req) { events_.push(Event{time_s, next_seq_++, kind, req}); }
+  void push(double time_s, EventKind kind, uint32_t req) {
+    events_.push(Event{time_s, next_seq_++, kind, req});
+  }
 
   void drain_events_until(double t_s) {
     while (!events_.empty() && events_.top().time_s <= t_s) {
@@ -277,7 +286,8 @@ class Simulation final : public conductor::ClusterView {
     ++result_.counters.decisions;
     for (auto& d : decode_) d.advance_until(now_s);  // the Conductor sees current decode loads
 
-    const conductor::Decision dec = conductor_.schedule(*this, {r.input_tokens, r.block_keys, r.output_tokens}, now_s);
+    const conductor::Decision dec =
+        conductor_.schedule(*this, {r.input_tokens, r.block_keys, r.output_tokens}, now_s);
     o.prefill_instance = dec.prefill_instance;
     o.decode_instance = dec.decode_instance;
     if (dec.rejected != conductor::RejectReason::kNone) {
@@ -288,7 +298,8 @@ class Simulation final : public conductor::ClusterView {
     InFlight& f = inflight_[req];
     const int64_t block = options_.block_size_tokens;
 
-    // A remote prefix is read from its holder once the holder has computed it; it stays pinned there meanwhile.
+    // A remote prefix is read from its holder once the holder has computed it; it stays pinned there
+    // meanwhile.
     double fetch_ready_s = 0;
     if (dec.fetched_prefix_tokens > 0) {
       const auto first = static_cast<size_t>(dec.local_prefix_tokens / block);
@@ -307,8 +318,8 @@ class Simulation final : public conductor::ClusterView {
     f.prefill_tokens = dec.prefill_tokens;
     f.decode_steps = std::max<int64_t>(0, r.output_tokens - 1);
 
-    // Algorithm 1's "update the cache": the prompt's blocks (fetched and new) are cached and pinned on the chosen
-    // instance, computed (ready) when its prefill ends.
+    // Algorithm 1's "update the cache": the prompt's blocks (fetched and new) are cached and pinned on the
+    // chosen instance, computed (ready) when its prefill ends.
     f.pinned_at_prefill = touch_and_pin(dec.prefill_instance, r.block_keys, done_s);
 
     o.prefix_hit_tokens = dec.prefix_tokens();
@@ -334,8 +345,9 @@ class Simulation final : public conductor::ClusterView {
     // KV is left to send, but the whole prompt's KV can never arrive faster than the link allows.
     const int64_t chunk = config_.prefill_chunk_tokens;
     const int64_t last_chunk_tokens = f.prefill_tokens % chunk == 0 ? chunk : f.prefill_tokens % chunk;
-    const double arrive_s = std::max(now_s + cost_.kv_transfer_time_s(std::min(last_chunk_tokens, f.prefill_tokens)),
-                                     f.compute_start_s + cost_.kv_transfer_time_s(o.input_tokens));
+    const double arrive_s =
+        std::max(now_s + cost_.kv_transfer_time_s(std::min(last_chunk_tokens, f.prefill_tokens)),
+                 f.compute_start_s + cost_.kv_transfer_time_s(o.input_tokens));
     push(arrive_s, EventKind::kDecodeArrive, req);
   }
 
@@ -362,25 +374,27 @@ Status validate(const ClusterConfig& config, const SimOptions& options) {
     return Status::invalid_argument(fmt::format("--time-scale must be > 0, got {}", options.time_scale));
   }
   if (options.block_size_tokens < 1) {
-    return Status::invalid_argument(fmt::format("--block-size must be >= 1, got {}", options.block_size_tokens));
+    return Status::invalid_argument(
+        fmt::format("--block-size must be >= 1, got {}", options.block_size_tokens));
   }
   if (config.prefill_instances < 1 || config.decode_instances < 1) {
     return Status::invalid_argument("a cluster needs at least one prefill and one decode instance");
   }
   if (config.prefill_cache_capacity_tokens < options.block_size_tokens) {
-    return Status::invalid_argument(fmt::format(
-        "prefill_cache_capacity_tokens ({}) is below one block ({} tokens)", config.prefill_cache_capacity_tokens,
-        options.block_size_tokens));
+    return Status::invalid_argument(
+        fmt::format("prefill_cache_capacity_tokens ({}) is below one block ({} tokens)",
+                    config.prefill_cache_capacity_tokens, options.block_size_tokens));
   }
   CRESCENT_RETURN_IF_ERROR(perf::validate_model_spec(config.model, "model"));
   CRESCENT_RETURN_IF_ERROR(perf::validate_hardware_spec(config.hardware, "hardware"));
   const perf::CostModel cost(config.model, config.hardware);
   if (cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share) < options.block_size_tokens) {
-    return Status::invalid_argument(fmt::format(
-        "{} weights ({:.1f} GB) leave no room for KV cache in a decode instance's HBM ({} x {:.1f} GB, {:.0f}% "
-        "reserved)",
-        config.model.name, cost.weight_bytes() / 1e9, config.hardware.gpus, config.hardware.hbm_bytes_per_gpu / 1e9,
-        config.decode_hbm_reserved_share * 100));
+    return Status::invalid_argument(
+        fmt::format("{} weights ({:.1f} GB) leave no room for KV cache in a decode instance's HBM ({} x "
+                    "{:.1f} GB, {:.0f}% "
+                    "reserved)",
+                    config.model.name, cost.weight_bytes() / 1e9, config.hardware.gpus,
+                    config.hardware.hbm_bytes_per_gpu / 1e9, config.decode_hbm_reserved_share * 100));
   }
   return Status();
 }
@@ -392,12 +406,14 @@ Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::R
     return Status::invalid_argument("trace has more than 2^32 requests");
   }
   if (!trace.empty()) {
-    const double last_arrival_s = static_cast<double>(trace.back().timestamp_ms) / 1000.0 / options.time_scale;
+    const double last_arrival_s =
+        static_cast<double>(trace.back().timestamp_ms) / 1000.0 / options.time_scale;
     if (!(last_arrival_s <= kMaxArrivalS)) {
-      return Status::invalid_argument(fmt::format(
-          "the last arrival would be at {:g} s of virtual time (timestamp {} ms, time scale {:g}); at most {:g} s "
-          "is supported",
-          last_arrival_s, trace.back().timestamp_ms, options.time_scale, kMaxArrivalS));
+      return Status::invalid_argument(
+          fmt::format("the last arrival would be at {:g} s of virtual time (timestamp {} ms, time scale "
+                      "{:g}); at most {:g} s "
+                      "is supported",
+                      last_arrival_s, trace.back().timestamp_ms, options.time_scale, kMaxArrivalS));
     }
   }
   Simulation sim(config, trace, options);

@@ -1,8 +1,8 @@
-// Trace-driven discrete-event simulation of a disaggregated (prefill/decode) cluster on a virtual clock, placed
-// by the real Conductor (conductor/conductor.h). Prefill instances: FIFO queue, chunked prefill with KV streamed
-// to decode chunk by chunk, DRAM prefix cache with LRU that never evicts blocks in use. Decode instances:
-// continuous batching, admission bounded by HBM KV capacity. KV transfers and remote prefix fetches take
-// bytes / network bandwidth. All times come from perf::CostModel.
+// Trace-driven discrete-event simulation of a disaggregated (prefill/decode) cluster on a virtual clock,
+// placed by the real Conductor (conductor/conductor.h). Prefill instances: FIFO queue, chunked prefill with
+// KV streamed to decode chunk by chunk, DRAM prefix cache with LRU that never evicts blocks in use. Decode
+// instances: continuous batching, admission bounded by HBM KV capacity. KV transfers and remote prefix
+// fetches take bytes / network bandwidth. All times come from perf::CostModel.
 #pragma once
 
 #include <cstdint>
@@ -27,9 +27,9 @@ struct SimOptions {
 /// What happened to one request. Times in seconds of virtual time since the trace start.
 struct RequestOutcome {
   double arrival_s = 0;
-  double ttft_s = 0;        // arrival → first token (end of prefill); 0 when rejected
-  double tbt_s = 0;         // mean of the longest 10% of its token gaps (paper §5.1); 0 with < 2 output tokens
-  double finish_s = 0;      // last token
+  double ttft_s = 0;    // arrival → first token (end of prefill); 0 when rejected
+  double tbt_s = 0;     // mean of the longest 10% of its token gaps (paper §5.1); 0 with < 2 output tokens
+  double finish_s = 0;  // last token
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
   int64_t prefix_hit_tokens = 0;  // prompt tokens reused: local cache + fetched
@@ -53,9 +53,9 @@ struct SimResult {
   double makespan_s = 0;  // virtual time when the last request finished
 };
 
-/// Checks that `config` can run with `options`: time scale > 0, block size >= 1, at least one instance per pool,
-/// a prefill cache of at least one block, model weights that leave HBM room for KV in a decode instance.
-/// Errors (kInvalidArgument) say which.
+/// Checks that `config` can run with `options`: time scale > 0, block size >= 1, at least one instance per
+/// pool, a prefill cache of at least one block, model weights that leave HBM room for KV in a decode
+/// instance. Errors (kInvalidArgument) say which.
 Status validate(const ClusterConfig& config, const SimOptions& options);
 
 /// Replays `trace` (sorted by timestamp, as the reader guarantees) through `config`. Deterministic: the same

@@ -24,8 +24,8 @@ namespace crescent::trace {
 struct ReadOptions {
   int64_t block_size_tokens = 512;  // tokens per hash_ids entry; must be >= 1
   bool skip_invalid = false;        // skip invalid lines (counted in a SkipReport) instead of failing
-  int64_t max_requests = 0;         // read_trace(): stop after this many valid requests (0 = all); later lines
-                                    // are neither read nor validated
+  int64_t max_requests = 0;  // read_trace(): stop after this many valid requests (0 = all); later lines
+                             // are neither read nor validated
 };
 
 /// The invalid lines skipped under ReadOptions::skip_invalid, grouped by reason.

@@ -1,10 +1,10 @@
 #include "trace/stats.h"
 
-#include "common/percentile.h"
-
 #include <algorithm>
 #include <cassert>
 #include <utility>
+
+#include "common/percentile.h"
 
 namespace crescent::trace {
 namespace {

@@ -19,7 +19,9 @@ struct CliRun {
 };
 
 /// Single-quotes one shell word.
-inline std::string quote(const std::string& arg) { return "'" + arg + "'"; }
+inline std::string quote(const std::string& arg) {
+  return "'" + arg + "'";
+}
 
 /// A path for a temporary file of this test process, named `stem` + pid.
 inline std::filesystem::path temp_path(const std::string& stem) {

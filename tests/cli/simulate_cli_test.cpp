@@ -1,4 +1,5 @@
-// End-to-end tests of `crescent simulate`: output shape, determinism, and bad input (exit code 2, one error line).
+// End-to-end tests of `crescent simulate`: output shape, determinism, and bad input (exit code 2, one error
+// line).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -32,8 +33,9 @@ std::string write_config(const std::string& body) {
 }
 
 TEST(SimulateCli, JsonHasEveryPolicyWithTheDocumentedFields) {
-  CliRun run = run_crescent("simulate " + kTrace + " " + kConfig +
-                         " --limit 2000 --compare random,least-loaded,cache-aware,global-cache-aware --json");
+  CliRun run =
+      run_crescent("simulate " + kTrace + " " + kConfig +
+                   " --limit 2000 --compare random,least-loaded,cache-aware,global-cache-aware --json");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   auto j = nlohmann::json::parse(run.out);
   ASSERT_EQ(j["policies"].size(), 4u);
@@ -50,7 +52,8 @@ TEST(SimulateCli, JsonHasEveryPolicyWithTheDocumentedFields) {
 }
 
 TEST(SimulateCli, SameInputsGiveByteIdenticalOutput) {
-  const std::string args = "simulate " + kTrace + " " + kConfig + " --limit 3000 --compare random,global-cache-aware";
+  const std::string args =
+      "simulate " + kTrace + " " + kConfig + " --limit 3000 --compare random,global-cache-aware";
   CliRun a = run_crescent(args);
   CliRun b = run_crescent(args);
   ASSERT_EQ(a.exit_code, 0) << a.err;
@@ -75,7 +78,8 @@ TEST(SimulateCli, ImpossibleConfigsAreRefused) {
   expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(zero)), "prefill_instances");
   auto bandwidth = write_config(R"({"model": "llama3-70b", "prefill_instances": 1, "decode_instances": 1,
                                     "hardware": {"preset": "8xA800", "network_bytes_per_s": -1}})");
-  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(bandwidth)), "network_bytes_per_s");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(bandwidth)),
+                        "network_bytes_per_s");
   auto small_cache = write_config(R"({"model": "llama3-70b", "hardware": "8xA800", "prefill_instances": 1,
                                       "decode_instances": 1, "prefill_cache_capacity_tokens": 10})");
   expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(small_cache)),
@@ -84,8 +88,10 @@ TEST(SimulateCli, ImpossibleConfigsAreRefused) {
                                  "decode_instances": 1})");
   expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(preset)), "llama3-70b");
   auto not_json = write_config("{ nope");
-  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(not_json)), "not valid JSON");
-  expect_one_error_line(run_crescent("simulate " + kTrace + " --config /nonexistent.json"), "/nonexistent.json");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config " + quote(not_json)),
+                        "not valid JSON");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " --config /nonexistent.json"),
+                        "/nonexistent.json");
   std::filesystem::remove(zero);
 }
 
@@ -94,13 +100,16 @@ TEST(SimulateCli, BadTraceAndOptionsAreRefused) {
   std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})"
                          "\n{\"timestamp\": 1, \"input_length\": 600}\n";
   expect_one_error_line(run_crescent("simulate " + quote(path.string()) + " " + kConfig), ":2:");
-  CliRun skipped = run_crescent("simulate " + quote(path.string()) + " " + kConfig + " --skip-invalid --json");
+  CliRun skipped =
+      run_crescent("simulate " + quote(path.string()) + " " + kConfig + " --skip-invalid --json");
   EXPECT_EQ(skipped.exit_code, 0) << skipped.err;
   EXPECT_THAT(skipped.err, HasSubstr("skipped 1"));
   EXPECT_EQ(nlohmann::json::parse(skipped.out)["requests"], 1);
   std::filesystem::remove(path);
-  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale 0"), "--time-scale");
-  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale -2"), "--time-scale");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale 0"),
+                        "--time-scale");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale -2"),
+                        "--time-scale");
   expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --block-size 0"), "block size");
   // Arrivals pushed past what doubles time precisely.
   expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --time-scale 1e-310"),
@@ -110,10 +119,11 @@ TEST(SimulateCli, BadTraceAndOptionsAreRefused) {
 TEST(SimulateCli, ExtremeRequestsAreRefusedNotSimulatedForever) {
   // An output longer than a decode instance's whole HBM can never run: counted as rejected, quickly.
   auto path = temp_path("crescent_cli_huge.jsonl");
-  std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 9223372036854775807, "hash_ids": [1, 2]})"
-                         "\n"
-                      << R"({"timestamp": 5, "input_length": 0, "output_length": 0, "hash_ids": []})"
-                         "\n";
+  std::ofstream(path)
+      << R"({"timestamp": 0, "input_length": 600, "output_length": 9223372036854775807, "hash_ids": [1, 2]})"
+         "\n"
+      << R"({"timestamp": 5, "input_length": 0, "output_length": 0, "hash_ids": []})"
+         "\n";
   CliRun run = run_crescent("simulate " + quote(path.string()) + " " + kConfig + " --json");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   auto p = nlohmann::json::parse(run.out)["policies"][0];
@@ -132,7 +142,8 @@ TEST(SimulateCli, NonUtf8PathInJsonDoesNotCrash) {
   auto dir = temp_path("crescent_cli_\xff");
   std::filesystem::create_directories(dir);
   auto path = dir / "t.jsonl";
-  std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})" "\n";
+  std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})"
+                         "\n";
   CliRun run = run_crescent("simulate " + quote(path.string()) + " " + kConfig + " --json");
   EXPECT_EQ(run.exit_code, 0) << run.err;
   auto j = nlohmann::json::parse(run.out);  // valid JSON: the bad byte was replaced

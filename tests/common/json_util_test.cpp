@@ -9,8 +9,8 @@
 namespace crescent {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 TEST(JsonFields, ReadsTypedFieldsAndNamesBadOnes) {
   json j = {{"n", 4}, {"x", 2.5}, {"s", "hi"}, {"neg", -1}, {"str", "7"}};

@@ -14,7 +14,8 @@ namespace {
 // A hand-set cluster: queues, decode loads and cached blocks are whatever the test says.
 class FakeCluster : public ClusterView {
  public:
-  FakeCluster(uint32_t prefill, uint32_t decode) : busy_until_s(prefill, 0.0), ready_s(prefill, 0.0), decode(decode) {
+  FakeCluster(uint32_t prefill, uint32_t decode)
+      : busy_until_s(prefill, 0.0), ready_s(prefill, 0.0), decode(decode) {
     for (auto& d : this->decode) d.kv_capacity_tokens = 1'000'000;
   }
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s.size()); }
@@ -22,7 +23,9 @@ class FakeCluster : public ClusterView {
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s; }
   DecodeLoad decode_load(InstanceId d) const override { return decode[d]; }
   const kv::BlockIndex& block_index() const override { return index; }
-  double prefix_ready_s(InstanceId holder, std::span<const BlockKey>) const override { return ready_s[holder]; }
+  double prefix_ready_s(InstanceId holder, std::span<const BlockKey>) const override {
+    return ready_s[holder];
+  }
 
   void cache(InstanceId instance, const std::vector<BlockKey>& keys) {
     for (BlockKey k : keys) index.add(k, instance);
@@ -36,8 +39,7 @@ class FakeCluster : public ClusterView {
 
 class ConductorTest : public ::testing::Test {
  protected:
-  ConductorTest()
-      : cost_(*perf::model_preset("llama3-70b"), *perf::hardware_preset("8xA800")) {}
+  ConductorTest() : cost_(*perf::model_preset("llama3-70b"), *perf::hardware_preset("8xA800")) {}
 
   Decision place(PrefillPolicy policy, const FakeCluster& cluster, int64_t input_tokens,
                  const std::vector<BlockKey>& keys, double threshold = 1.0, double now_s = 0) {
@@ -59,7 +61,8 @@ TEST_F(ConductorTest, ParsesPolicyNamesAndListsValidOnes) {
   auto bad = parse_prefill_policy("fastest");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("'fastest'"));
-  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("random, least-loaded, cache-aware, global-cache-aware"));
+  EXPECT_THAT(bad.status().message(),
+              ::testing::HasSubstr("random, least-loaded, cache-aware, global-cache-aware"));
   EXPECT_FALSE(parse_admission("maybe").ok());
 }
 
@@ -133,8 +136,8 @@ TEST_F(ConductorTest, GlobalFetchesRemotePrefixToIdleInstance) {
 
 TEST_F(ConductorTest, BalancingThresholdKeepsShortLocalPrefix) {
   FakeCluster cluster(2, 1);
-  cluster.cache(1, keys_);               // 8 blocks on 1 (busy)
-  cluster.cache(0, {1, 2, 3, 4, 5});     // 5 blocks on 0
+  cluster.cache(1, keys_);            // 8 blocks on 1 (busy)
+  cluster.cache(0, {1, 2, 3, 4, 5});  // 5 blocks on 0
   cluster.busy_until_s = {0.0, 100.0};
   // best/local = 8/5 = 1.6: fetch above a 1.5 threshold, recompute below a 2.0 one.
   auto fetch = place(PrefillPolicy::kGlobalCacheAware, cluster, 4096, keys_, 1.5);
@@ -149,13 +152,16 @@ TEST_F(ConductorTest, BalancingThresholdKeepsShortLocalPrefix) {
 
 TEST_F(ConductorTest, DecodePicksLowestPredictedTbtThatFits) {
   FakeCluster cluster(1, 3);
-  cluster.decode[0] = {.running = {40, 400'000, 420'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[0] = {
+      .running = {40, 400'000, 420'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
   // Lightest batch, but the requests waiting and incoming already claim its HBM.
   cluster.decode[1] = {.running = {2, 20'000, 22'000},
                        .waiting = {10, 500'000, 520'000},
                        .incoming = {5, 450'000, 455'000},
                        .kv_capacity_tokens = 1'000'000};
-  cluster.decode[2] = {.running = {10, 100'000, 110'000}, .waiting = {}, .incoming = {1, 5'000, 6'000},
+  cluster.decode[2] = {.running = {10, 100'000, 110'000},
+                       .waiting = {},
+                       .incoming = {1, 5'000, 6'000},
                        .kv_capacity_tokens = 1'000'000};
   auto d = place(PrefillPolicy::kLeastLoaded, cluster, 4096, keys_);
   EXPECT_EQ(d.decode_instance, 2u);
@@ -166,8 +172,10 @@ TEST_F(ConductorTest, DecodePicksLowestPredictedTbtThatFits) {
 
 TEST_F(ConductorTest, DecodeWithoutRoomAnywhereStillPicksLightest) {
   FakeCluster cluster(1, 2);
-  cluster.decode[0] = {.running = {50, 990'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
-  cluster.decode[1] = {.running = {5, 900'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[0] = {
+      .running = {50, 990'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[1] = {
+      .running = {5, 900'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
   auto d = place(PrefillPolicy::kLeastLoaded, cluster, 4096, keys_);
   EXPECT_EQ(d.decode_instance, 1u);
   EXPECT_FALSE(d.decode_has_room);
@@ -206,8 +214,8 @@ TEST_F(ConductorTest, FetchWaitsForTheSourceToComputeThePrefix) {
 TEST_F(ConductorTest, SloAdmissionRejectsWhenTtftCannotBeMet) {
   FakeCluster cluster(2, 1);
   cluster.busy_until_s = {50.0, 60.0};
-  Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware, .admission = Admission::kSlo,
-                              .ttft_slo_s = 30.0});
+  Conductor conductor(
+      cost_, {.policy = PrefillPolicy::kCacheAware, .admission = Admission::kSlo, .ttft_slo_s = 30.0});
   EXPECT_EQ(conductor.schedule(cluster, {4096, keys_}, 0).rejected, RejectReason::kTtft);
   EXPECT_EQ(conductor.schedule(cluster, {4096, keys_}, 45.0).rejected, RejectReason::kNone);
 }

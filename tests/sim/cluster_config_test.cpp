@@ -6,8 +6,8 @@
 namespace crescent::sim {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 json valid() {
   return json::parse(R"({"model": "llama3-70b", "hardware": "8xA800", "prefill_instances": 4,

@@ -1,7 +1,7 @@
-// Issue 2's "what must hold": the prefill-scheduling comparison of the paper's Figure 5 on the shipped traces and
-// configs/paper-fig5.json. Mean TTFT ordered random > least-loaded > cache-aware >= global-cache-aware (global not
-// worse than cache-aware by more than 5%); on the conversation trace random >= 3x and least-loaded >= 1.3x global.
-// The same config must keep the ordering on the synthetic trace.
+// Issue 2's "what must hold": the prefill-scheduling comparison of the paper's Figure 5 on the shipped traces
+// and configs/paper-fig5.json. Mean TTFT ordered random > least-loaded > cache-aware >= global-cache-aware
+// (global not worse than cache-aware by more than 5%); on the conversation trace random >= 3x and
+// least-loaded >= 1.3x global. The same config must keep the ordering on the synthetic trace.
 #include <gtest/gtest.h>
 
 #include <map>

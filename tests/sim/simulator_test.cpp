@@ -45,8 +45,8 @@ TEST(Simulator, SingleRequestTimeline) {
   EXPECT_DOUBLE_EQ(o.arrival_s, 1.0);
   EXPECT_DOUBLE_EQ(o.ttft_s, cost.prefill_time_s(1024, 0));
   EXPECT_EQ(o.prefix_hit_tokens, 0);
-  // KV streams during prefill (one chunk here), so it arrives one chunk's transfer after prefill ends; then two
-  // steps: batch 1 at context 1024, then 1025.
+  // KV streams during prefill (one chunk here), so it arrives one chunk's transfer after prefill ends; then
+  // two steps: batch 1 at context 1024, then 1025.
   const double first_token_s = 1.0 + o.ttft_s;
   const double kv_arrives_s = first_token_s + cost.kv_transfer_time_s(1024);
   const double step1_s = cost.decode_step_time_s(1, 1024);
@@ -72,7 +72,8 @@ TEST(Simulator, LaterRequestReusesCachedPrefix) {
   auto result = run(c, {request(0, 2048, 1, {1, 2, 3, 4}), request(60'000, 2000, 1, {1, 2, 3, 9})});
   EXPECT_EQ(result.requests[1].prefix_hit_tokens, 1536);
   EXPECT_DOUBLE_EQ(result.requests[1].prefill_compute_s, cost.prefill_time_s(2000 - 1536, 1536));
-  EXPECT_NEAR(result.requests[1].ttft_s, cost.kv_load_time_s(1536) + result.requests[1].prefill_compute_s, 1e-9);
+  EXPECT_NEAR(result.requests[1].ttft_s, cost.kv_load_time_s(1536) + result.requests[1].prefill_compute_s,
+              1e-9);
 }
 
 TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
@@ -83,8 +84,9 @@ TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
   std::vector<BlockKey> doc_and_question = doc;
   doc_and_question.push_back(1000);
   // r0 computes the document on instance 0. r1 (another long prompt) then occupies instance 0's queue... the
-  // Conductor sends r1 to the idle instance 1, so r2 (document + question) finds the holder idle again. To force a
-  // fetch, r1 must keep instance 0 busy: it reuses r0's prefix so cache-aware scheduling puts it there.
+  // Conductor sends r1 to the idle instance 1, so r2 (document + question) finds the holder idle again. To
+  // force a fetch, r1 must keep instance 0 busy: it reuses r0's prefix so cache-aware scheduling puts it
+  // there.
   std::vector<BlockKey> doc_long = doc;
   for (BlockKey k = 2000; k < 2064; ++k) doc_long.push_back(k);
   auto result = run(c, {request(0, 32768, 1, doc), request(60'000, 65536, 1, doc_long),
@@ -94,13 +96,15 @@ TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
   EXPECT_NE(r2.prefill_instance, result.requests[0].prefill_instance);
   EXPECT_EQ(r2.fetched_tokens, 32768);
   EXPECT_EQ(r2.prefix_hit_tokens, 32768);
-  EXPECT_NEAR(r2.ttft_s,
-              cost.kv_transfer_time_s(32768) + cost.kv_load_time_s(32768) + cost.prefill_time_s(33000 - 32768, 32768),
-              1e-6);
+  EXPECT_NEAR(
+      r2.ttft_s,
+      cost.kv_transfer_time_s(32768) + cost.kv_load_time_s(32768) + cost.prefill_time_s(33000 - 32768, 32768),
+      1e-6);
 
   // Local cache-aware instead waits for the holder or recomputes: never fetches.
-  auto local = run(c, {request(0, 32768, 1, doc), request(60'000, 65536, 1, doc_long),
-                       request(60'001, 33000, 1, doc_and_question)},
+  auto local = run(c,
+                   {request(0, 32768, 1, doc), request(60'000, 65536, 1, doc_long),
+                    request(60'001, 33000, 1, doc_and_question)},
                    PrefillPolicy::kCacheAware);
   EXPECT_EQ(local.requests[2].fetched_tokens, 0);
   EXPECT_GT(local.requests[2].ttft_s, r2.ttft_s);
@@ -125,7 +129,8 @@ TEST(Simulator, DecodeHbmBoundsTheBatch) {
   EXPECT_DOUBLE_EQ(r0.ttft_s, r1.ttft_s);
   const auto& later = r0.finish_s < r1.finish_s ? r1 : r0;
   const auto& earlier = r0.finish_s < r1.finish_s ? r0 : r1;
-  EXPECT_GE(later.finish_s - (later.output_tokens - 1) * cost.decode_step_time_s(1, input), earlier.finish_s - 1e-9);
+  EXPECT_GE(later.finish_s - (later.output_tokens - 1) * cost.decode_step_time_s(1, input),
+            earlier.finish_s - 1e-9);
   EXPECT_GT(later.tbt_s, earlier.finish_s - earlier.arrival_s - earlier.ttft_s);
 }
 
@@ -187,7 +192,7 @@ TEST(Report, PercentilesAndAttainment) {
   SimResult result;
   for (int i = 1; i <= 10; ++i) {
     RequestOutcome o;
-    o.ttft_s = i;                 // 1..10 s
+    o.ttft_s = i;  // 1..10 s
     o.tbt_s = i <= 5 ? 0.05 : 0.15;
     o.input_tokens = 100;
     o.prefix_hit_tokens = 25;

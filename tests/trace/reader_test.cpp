@@ -234,7 +234,8 @@ TEST_F(ReaderTest, SkipInvalidCountsLinesPerReason) {
 
 TEST_F(ReaderTest, MaxRequestsStopsBeforeLaterLines) {
   // Line 3 is invalid, but reading stops after two valid requests, before it.
-  const std::string path = write("limit.jsonl", line(0, 1, 1, "1") + "\n" + line(5, 1, 1, "2") + "not json\n");
+  const std::string path =
+      write("limit.jsonl", line(0, 1, 1, "1") + "\n" + line(5, 1, 1, "2") + "not json\n");
   Result<std::vector<Request>> two = read_trace(path, {.max_requests = 2});
   ASSERT_TRUE(two.ok()) << two.status().to_string();
   ASSERT_EQ(two->size(), 2u);
