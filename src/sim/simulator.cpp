@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -12,9 +13,20 @@
 #include "kv/block_cache.h"
 #include "kv/block_index.h"
 #include "perf/cost_model.h"
+#include "sim/colocated.h"
 
 namespace crescent::sim {
 namespace {
+
+constexpr std::array<std::pair<std::string_view, System>, 4> kSystems{{
+    {"disaggregated", System::kDisaggregated},
+    {"colocated", System::kColocated},
+    {"colocated-prefix-cache", System::kColocatedPrefixCache},
+    {"colocated-chunked-prefill", System::kColocatedChunkedPrefill},
+}};
+
+// How often (in arrivals) SimOptions::progress is called.
+constexpr uint32_t kProgressEveryRequests = 256;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // Virtual time beyond which doubles lose sub-millisecond precision; arrivals later than this are refused.
@@ -236,10 +248,19 @@ class Simulation final : public conductor::ClusterView {
   }
 
   SimResult run() {
+    double next_sample_s = 0;
     for (uint32_t req = 0; req < trace_.size(); ++req) {
       const double arrival_s = static_cast<double>(trace_[req].timestamp_ms) / 1000.0 / options_.time_scale;
+      while (options_.load_sample_interval_s > 0 && next_sample_s <= arrival_s) {
+        drain_events_until(next_sample_s);
+        sample_load(next_sample_s);
+        next_sample_s += options_.load_sample_interval_s;
+      }
       drain_events_until(arrival_s);
       on_arrival(req, arrival_s);
+      if (options_.progress && (req + 1) % kProgressEveryRequests == 0) {
+        options_.progress({req + 1, static_cast<int64_t>(trace_.size()), arrival_s});
+      }
     }
     drain_events_until(kInf);
     for (auto& d : decode_) d.advance_until(kInf);
@@ -248,6 +269,23 @@ class Simulation final : public conductor::ClusterView {
   }
 
  private:
+  void sample_load(double now_s) {
+    LoadSample sample{.time_s = now_s};
+    for (double busy_until_s : busy_until_s_) sample.prefill_queue_s += std::max(0.0, busy_until_s - now_s);
+    sample.prefill_queue_s /= static_cast<double>(busy_until_s_.size());
+    int64_t reserved = 0, capacity = 0;
+    for (auto& d : decode_) {
+      d.advance_until(now_s);
+      const conductor::DecodeLoad load = d.load();
+      reserved += load.running.kv_tokens;
+      capacity += load.kv_capacity_tokens;
+      sample.decode_running += load.running.requests;
+      sample.decode_waiting += load.waiting.requests;
+    }
+    sample.decode_kv_share = static_cast<double>(reserved) / static_cast<double>(capacity);
+    result_.load_series.push_back(sample);
+  }
+
   void push(double time_s, EventKind kind, uint32_t req) {
     events_.push(Event{time_s, next_seq_++, kind, req});
   }
@@ -369,6 +407,28 @@ class Simulation final : public conductor::ClusterView {
 
 }  // namespace
 
+Result<System> parse_system(std::string_view name) {
+  for (const auto& [n, s] : kSystems) {
+    if (n == name) return s;
+  }
+  std::string valid;
+  for (const auto& [n, s] : kSystems) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", n);
+  return Status::not_found(fmt::format("unknown system '{}' (valid: {})", name, valid));
+}
+
+std::string_view to_string(System system) {
+  for (const auto& [n, s] : kSystems) {
+    if (s == system) return n;
+  }
+  return "?";
+}
+
+std::vector<std::string> system_names() {
+  std::vector<std::string> names;
+  for (const auto& [n, s] : kSystems) names.emplace_back(n);
+  return names;
+}
+
 Status validate(const ClusterConfig& config, const SimOptions& options) {
   if (!(options.time_scale > 0) || !std::isfinite(options.time_scale)) {
     return Status::invalid_argument(fmt::format("--time-scale must be > 0, got {}", options.time_scale));
@@ -416,6 +476,7 @@ Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::R
                       last_arrival_s, trace.back().timestamp_ms, options.time_scale, kMaxArrivalS));
     }
   }
+  if (options.system != System::kDisaggregated) return simulate_colocated(config, trace, options);
   Simulation sim(config, trace, options);
   return sim.run();
 }

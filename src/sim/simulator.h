@@ -6,7 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -16,12 +19,41 @@
 
 namespace crescent::sim {
 
+/// The serving architecture being simulated, on the same nodes (prefill_instances + decode_instances of the
+/// config).
+enum class System {
+  kDisaggregated,            // Mooncake: separate prefill and decode instances, placed by the Conductor
+  kColocated,                // vLLM-style: every node prefills and decodes; a prefill iteration stalls the batch
+  kColocatedPrefixCache,     // colocated, plus a prefix cache in each node's own HBM
+  kColocatedChunkedPrefill,  // colocated, prefill split into chunks that share iterations with decode
+};
+
+/// Parses "disaggregated", "colocated", "colocated-prefix-cache", "colocated-chunked-prefill"; the error
+/// (kNotFound) lists the valid names.
+Result<System> parse_system(std::string_view name);
+std::string_view to_string(System system);
+std::vector<std::string> system_names();
+
+/// Where a run is, for progress displays.
+struct SimProgress {
+  int64_t requests_arrived = 0;  // arrivals processed so far
+  int64_t requests_total = 0;
+  double simulated_s = 0;  // virtual clock
+};
+
 struct SimOptions {
-  conductor::PrefillPolicy policy = conductor::PrefillPolicy::kGlobalCacheAware;
+  System system = System::kDisaggregated;
+  conductor::PrefillPolicy policy = conductor::PrefillPolicy::kGlobalCacheAware;  // disaggregated only
   conductor::Admission admission = conductor::Admission::kNone;
   int64_t block_size_tokens = 512;  // tokens per trace block (hash_id)
   /// Arrivals happen at timestamp / time_scale: 2 replays the trace twice as fast (load sweeps). > 0.
   double time_scale = 1.0;
+  /// Tokens of prefill per iteration for System::kColocatedChunkedPrefill (vLLM's max_num_batched_tokens).
+  int64_t chunked_prefill_tokens = 512;
+  /// Virtual seconds between load samples in SimResult::load_series (0: none).
+  double load_sample_interval_s = 0;
+  /// Called every few hundred arrivals (may be empty).
+  std::function<void(const SimProgress&)> progress = nullptr;
 };
 
 /// What happened to one request. Times in seconds of virtual time since the trace start.
@@ -47,10 +79,20 @@ struct SimCounters {
   int64_t decisions = 0;     // Conductor::schedule calls
 };
 
+/// Load of the two pools at one moment (disaggregated runs).
+struct LoadSample {
+  double time_s = 0;
+  double prefill_queue_s = 0;     // mean over prefill instances of the queued work, seconds
+  double decode_kv_share = 0;     // HBM KV reserved by running requests / capacity, over the decode pool
+  int64_t decode_running = 0;     // requests in decode batches
+  int64_t decode_waiting = 0;     // requests whose KV arrived, waiting for HBM room
+};
+
 struct SimResult {
   std::vector<RequestOutcome> requests;  // in trace order
   SimCounters counters;
   double makespan_s = 0;  // virtual time when the last request finished
+  std::vector<LoadSample> load_series;  // every SimOptions::load_sample_interval_s, while requests arrive
 };
 
 /// Checks that `config` can run with `options`: time scale > 0, block size >= 1, at least one instance per
