@@ -112,7 +112,7 @@ void register_simulate(CLI::App& app, int& exit_code) {
                   "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
       ->capture_default_str();
   cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
-  cmd->add_option("--admission", args->admission, "Admission: none, slo")->capture_default_str();
+  cmd->add_option("--admission", args->admission, "Admission: none, slo, early, predictive")->capture_default_str();
   cmd->add_option("--time-scale", args->time_scale, "Replay arrivals this many times faster")
       ->capture_default_str();
   cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")

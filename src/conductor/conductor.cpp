@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <limits>
 
 namespace crescent::conductor {
@@ -16,9 +17,11 @@ constexpr std::array<std::pair<std::string_view, PrefillPolicy>, 4> kPolicies{{
     {"global-cache-aware", PrefillPolicy::kGlobalCacheAware},
 }};
 
-constexpr std::array<std::pair<std::string_view, Admission>, 2> kAdmissions{{
+constexpr std::array<std::pair<std::string_view, Admission>, 4> kAdmissions{{
     {"none", Admission::kNone},
     {"slo", Admission::kSlo},
+    {"early", Admission::kEarly},
+    {"predictive", Admission::kPredictive},
 }};
 
 template <typename Table>
@@ -81,7 +84,10 @@ std::string_view to_string(RejectReason reason) {
 }
 
 Conductor::Conductor(const perf::CostModel& cost_model, ConductorOptions options)
-    : cost_(cost_model), options_(options), rng_state_(options.seed) {}
+    : cost_(cost_model),
+      options_(options),
+      rng_state_(options.seed),
+      output_estimator_(options.expected_output_prior_tokens) {}
 
 // splitmix64: a tiny, well-distributed generator whose output is the same on every platform (unlike
 // std::uniform_int_distribution), which keeps simulations byte-identical for a seed.
@@ -235,6 +241,39 @@ static int64_t max_decode_capacity_tokens(const ClusterView& cluster) {
   return capacity;
 }
 
+// Early rejection's judgement of the decode pool (arXiv §7.2, §7.4): can some decode instance hold this request's
+// KV (prompt + expected output) and still step within the TBT SLO? kEarly judges the load there now (running and
+// waiting requests). kPredictive judges the load when this request's KV arrives, `until_kv_arrives_s` from now:
+// requests already placed there (incoming) will have joined, and running requests expected to finish by then
+// will have left. Running requests are taken as uniformly spread over a decode lifetime of expected-output steps,
+// so a share min(1, until / lifetime) of them leaves.
+bool Conductor::decode_pool_can_take(const ClusterView& cluster, const RequestInfo& request,
+                                     double until_kv_arrives_s) const {
+  const double expected_output = output_estimator_.expected_tokens();
+  const double need = static_cast<double>(request.input_tokens) + expected_output;
+  const bool predictive = options_.admission == Admission::kPredictive;
+  for (InstanceId i = 0; i < cluster.decode_instance_count(); ++i) {
+    const DecodeLoad load = cluster.decode_load(i);
+    double stay = 1.0;  // share of the running requests still there when the KV arrives
+    if (predictive && load.running.requests > 0) {
+      const double step_s = cost_.decode_step_time_s(load.running.requests, load.running.context_tokens);
+      stay = 1.0 - std::min(1.0, until_kv_arrives_s / (expected_output * step_s));
+    }
+    const DecodeGroup joined = predictive ? load.incoming : DecodeGroup{};
+    const double kv = stay * static_cast<double>(load.running.kv_tokens) +
+                      static_cast<double>(load.waiting.kv_tokens + joined.kv_tokens);
+    const double requests = stay * static_cast<double>(load.running.requests) +
+                            static_cast<double>(load.waiting.requests + joined.requests) + 1;
+    const double context = stay * static_cast<double>(load.running.context_tokens) +
+                           static_cast<double>(load.waiting.context_tokens + joined.context_tokens + request.input_tokens);
+    if (kv + need > static_cast<double>(load.kv_capacity_tokens)) continue;
+    const double tbt_s = cost_.decode_step_time_s(static_cast<int64_t>(std::ceil(requests)),
+                                                  static_cast<int64_t>(std::ceil(context)));
+    if (tbt_s <= options_.tbt_slo_s) return true;
+  }
+  return false;
+}
+
 Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& request, double now_s) {
   Decision d;
   const int64_t capacity = max_decode_capacity_tokens(cluster);
@@ -255,12 +294,24 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
   d.prefill_s = p.prefill_s;
   d.ttft_s = p.queue_s + p.transfer_s + p.prefill_s;
   d.decode_instance = choose_decode(cluster, request, d.predicted_tbt_s, d.decode_has_room);
-  if (options_.admission == Admission::kSlo) {
-    if (d.ttft_s > options_.ttft_slo_s) {
-      d.rejected = RejectReason::kTtft;
-    } else if (d.predicted_tbt_s > options_.tbt_slo_s) {
-      d.rejected = RejectReason::kTbt;
-    }
+  switch (options_.admission) {
+    case Admission::kNone:
+      break;
+    case Admission::kSlo:
+      if (d.ttft_s > options_.ttft_slo_s) {
+        d.rejected = RejectReason::kTtft;
+      } else if (!d.decode_has_room || d.predicted_tbt_s > options_.tbt_slo_s) {
+        d.rejected = RejectReason::kTbt;
+      }
+      break;
+    case Admission::kEarly:
+    case Admission::kPredictive:
+      if (d.ttft_s > options_.ttft_slo_s) {
+        d.rejected = RejectReason::kTtft;
+      } else if (!decode_pool_can_take(cluster, request, d.ttft_s)) {
+        d.rejected = RejectReason::kDecodeCapacity;
+      }
+      break;
   }
   return d;
 }

@@ -32,14 +32,39 @@ std::string_view to_string(PrefillPolicy policy);
 /// All policy names, in the order above.
 std::vector<std::string> prefill_policy_names();
 
-/// When to refuse a request at arrival.
+/// When to refuse a request at arrival, before any prefill is spent on it (arXiv report §7). Every policy but
+/// kNone rejects when the best predicted TTFT exceeds the TTFT SLO; they differ in how they judge the decode pool.
 enum class Admission {
   kNone,  // accept everything (requests may miss their SLOs)
-  kSlo,   // Algorithm 1 lines 18-19: reject when the best TTFT exceeds the TTFT SLO or the TBT SLO is
-          // predicted missed
+  /// Algorithm 1 lines 18-19: the chosen decode instance's predicted TBT must meet the TBT SLO; a request that
+  /// will not find HBM room there (counting running, waiting and incoming requests) has unbounded TBT.
+  kSlo,
+  /// Early rejection (§7.2): some decode instance must be able to take it judged on its current load: the
+  /// requests running or waiting there now.
+  kEarly,
+  /// Predictive early rejection (§7.4): the same judgement on the load predicted for when this request's KV
+  /// arrives (after its predicted TTFT): running requests expected to finish by then leave, incoming ones join.
+  kPredictive,
 };
 
-/// Parses "none", "slo". Error (kNotFound) lists the valid names.
+/// Running mean of the output lengths of finished requests: the expected output of a request whose length is
+/// not known yet, starting from a prior worth `prior_weight` observations.
+class OutputLengthEstimator {
+ public:
+  explicit OutputLengthEstimator(double prior_tokens = 256, double prior_weight = 8)
+      : sum_tokens_(prior_tokens * prior_weight), count_(prior_weight) {}
+  void observe(int64_t output_tokens) {
+    sum_tokens_ += static_cast<double>(output_tokens);
+    count_ += 1;
+  }
+  double expected_tokens() const { return sum_tokens_ / count_; }
+
+ private:
+  double sum_tokens_;
+  double count_;
+};
+
+/// Parses "none", "slo", "early", "predictive". Error (kNotFound) lists the valid names.
 Result<Admission> parse_admission(std::string_view name);
 std::string_view to_string(Admission admission);
 
@@ -50,9 +75,11 @@ struct ConductorOptions {
   /// Fetch a remote prefix when best_len / local_len exceeds this (Algorithm 1 line 5; the paper tunes it by
   /// hand). 1.0 fetches whenever a longer prefix exists elsewhere.
   double kvcache_balancing_threshold = 1.0;
-  double ttft_slo_s = 30.0;  // for Admission::kSlo
-  double tbt_slo_s = 0.1;    // for Admission::kSlo
+  double ttft_slo_s = 30.0;  // for admission policies
+  double tbt_slo_s = 0.1;    // for admission policies
   uint64_t seed = 1;         // for PrefillPolicy::kRandom
+  /// Prior of the output-length estimator (tokens) used to judge decode load before outputs are observed.
+  double expected_output_prior_tokens = 256;
 };
 
 /// The request facts the Conductor uses.
@@ -68,7 +95,8 @@ enum class RejectReason {
   kNone,
   kTtft,            // predicted TTFT above the TTFT SLO
   kTbt,             // predicted TBT above the TBT SLO
-  kDecodeCapacity,  // prompt + max output exceed every decode instance's HBM KV capacity: can never run
+  kDecodeCapacity,  // the decode pool cannot take it: judged full by admission, or prompt + max output exceed
+                    // every decode instance's HBM KV capacity (it can never run)
 };
 std::string_view to_string(RejectReason reason);
 
@@ -106,6 +134,10 @@ class Conductor {
 
   const ConductorOptions& options() const { return options_; }
 
+  /// Records a finished request's output length (feeds the output-length estimator used by admission).
+  void observe_output(int64_t output_tokens) { output_estimator_.observe(output_tokens); }
+  double expected_output_tokens() const { return output_estimator_.expected_tokens(); }
+
  private:
   struct PrefillChoice {
     InstanceId instance = 0;
@@ -117,6 +149,7 @@ class Conductor {
   PrefillChoice evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                          const RequestInfo& request, double queue_s) const;
   void choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s);
+  bool decode_pool_can_take(const ClusterView& cluster, const RequestInfo& request, double until_kv_arrives_s) const;
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
                            bool& fits) const;
   uint64_t next_random();
@@ -124,6 +157,7 @@ class Conductor {
   const perf::CostModel& cost_;
   ConductorOptions options_;
   uint64_t rng_state_;
+  OutputLengthEstimator output_estimator_;
   // Scratch reused across decisions (no allocation per decision once warm).
   kv::PrefixMatch match_;
   std::vector<int64_t> local_blocks_;  // per prefill instance: its local prefix match, in blocks

@@ -28,6 +28,12 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
   for (const auto& o : result.requests) {
     if (o.rejected != conductor::RejectReason::kNone) {
       ++r.rejected;
+      switch (o.rejected) {
+        case conductor::RejectReason::kTtft: ++r.rejected_ttft; break;
+        case conductor::RejectReason::kTbt: ++r.rejected_tbt; break;
+        case conductor::RejectReason::kDecodeCapacity: ++r.rejected_decode_capacity; break;
+        case conductor::RejectReason::kNone: break;
+      }
       continue;
     }
     ++r.completed;
@@ -47,6 +53,14 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
     r.slo_attainment_by_tbt[i].attainment = total > 0 ? r.slo_attainment_by_tbt[i].attainment / total : 0;
   }
   r.slo_attainment = r.slo_attainment_by_tbt.empty() ? 0 : r.slo_attainment_by_tbt.front().attainment;
+  r.slo_attainment_accepted = r.completed > 0 ? r.slo_attainment * total / static_cast<double>(r.completed) : 0;
+  // Goodput over the arrival span (first to last arrival); a single-instant trace counts as one second.
+  double first_s = 0, last_s = 0;
+  if (!result.requests.empty()) {
+    first_s = result.requests.front().arrival_s;
+    last_s = result.requests.back().arrival_s;
+  }
+  r.goodput_rps = r.slo_attainment * total / std::max(1.0, last_s - first_s);
   r.ttft_mean_s = mean(ttft);
   r.tbt_mean_s = mean(tbt);
   std::sort(ttft.begin(), ttft.end());
@@ -99,8 +113,12 @@ nlohmann::json to_json(const PolicyReport& r) {
       {"prefill_compute_s_per_request", r.prefill_compute_s_per_request},
       {"slo_attainment", r.slo_attainment},
       {"slo_attainment_by_tbt", by_tbt},
+      {"slo_attainment_accepted", r.slo_attainment_accepted},
+      {"goodput_rps", r.goodput_rps},
       {"completed", r.completed},
       {"rejected", r.rejected},
+      {"rejected_by_reason",
+       {{"ttft", r.rejected_ttft}, {"tbt", r.rejected_tbt}, {"decode-capacity", r.rejected_decode_capacity}}},
       {"makespan_s", r.makespan_s},
   };
 }

@@ -49,6 +49,7 @@ struct RunState {
   std::vector<RequestOutcome>& outcomes;
   std::vector<InFlight>& inflight;
   SimCounters& counters;
+  conductor::Conductor& conductor;  // learns finished requests' output lengths
 };
 
 // One decode instance: continuous batching. Between external events it advances step by step on its own;
@@ -97,6 +98,7 @@ class DecodeInstance {
         o.finish_s = step_end_s_;
         o.tbt_s = tbt_of(o.arrival_s + o.ttft_s, f.join_step, step);
         f.left_decode = true;
+        state_.conductor.observe_output(o.output_tokens);
       }
       trim_step_log();
       admit_waiting();
@@ -228,7 +230,7 @@ class Simulation final : public conductor::ClusterView {
     prefill_.reserve(config.prefill_instances);
     for (uint32_t i = 0; i < config.prefill_instances; ++i) prefill_.emplace_back(capacity_blocks);
     const int64_t kv_capacity = cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
-    const RunState state{result_.requests, inflight_, result_.counters};
+    const RunState state{result_.requests, inflight_, result_.counters, conductor_};
     for (uint32_t d = 0; d < config.decode_instances; ++d) decode_.emplace_back(cost_, kv_capacity, state);
   }
 
@@ -377,6 +379,7 @@ class Simulation final : public conductor::ClusterView {
     std::vector<BlockKey>().swap(f.pinned_at_source);
     if (f.decode_steps == 0) {
       o.finish_s = now_s;
+      conductor_.observe_output(o.output_tokens);
       return;
     }
     // KV streams to decode chunk by chunk while prefill runs (§3.1 step 3): after the last chunk only its own

@@ -248,3 +248,68 @@ TEST_F(ConductorTest, EmptyPromptStillComputesOneToken) {
 
 }  // namespace
 }  // namespace crescent::conductor
+
+namespace crescent::conductor {
+namespace {
+
+TEST(OutputLengthEstimator, RunningMeanFromPrior) {
+  OutputLengthEstimator e(/*prior_tokens=*/100, /*prior_weight=*/2);
+  EXPECT_DOUBLE_EQ(e.expected_tokens(), 100);
+  e.observe(400);  // (100 * 2 + 400) / 3
+  EXPECT_DOUBLE_EQ(e.expected_tokens(), 200);
+}
+
+class AdmissionTest : public ConductorTest {
+ protected:
+  // One decode instance with 1M tokens of HBM; `running`, `incoming` as given; prefill idle.
+  Decision admit(Admission admission, DecodeGroup running, DecodeGroup incoming, int64_t input_tokens,
+                 double prefill_busy_until_s = 0) {
+    FakeCluster cluster(1, 1);
+    cluster.busy_until_s = {prefill_busy_until_s};
+    cluster.decode[0] = {.running = running, .waiting = {}, .incoming = incoming, .kv_capacity_tokens = 1'000'000};
+    Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware,
+                                .admission = admission,
+                                .ttft_slo_s = 30,
+                                .tbt_slo_s = 0.1,
+                                .expected_output_prior_tokens = 100});
+    return conductor.schedule(cluster, {input_tokens, keys_, /*max_output_tokens=*/100}, 0);
+  }
+};
+
+TEST_F(AdmissionTest, EveryPolicyButNoneRejectsWhenTtftSloCannotBeMet) {
+  for (auto a : {Admission::kSlo, Admission::kEarly, Admission::kPredictive}) {
+    EXPECT_EQ(admit(a, {}, {}, 4096, /*prefill_busy_until_s=*/40).rejected, RejectReason::kTtft);
+  }
+  EXPECT_EQ(admit(Admission::kNone, {}, {}, 4096, 40).rejected, RejectReason::kNone);
+}
+
+TEST_F(AdmissionTest, EarlyJudgesCurrentLoadOnly) {
+  // 997k tokens running: no room now for 4096 + 100. Incoming requests are not part of the current load.
+  EXPECT_EQ(admit(Admission::kEarly, {50, 990'000, 997'000}, {}, 4096).rejected, RejectReason::kDecodeCapacity);
+  EXPECT_EQ(admit(Admission::kEarly, {50, 490'000, 500'000}, {20, 490'000, 495'000}, 4096).rejected,
+            RejectReason::kNone);
+}
+
+TEST_F(AdmissionTest, PredictiveCountsIncomingAndDepartures) {
+  // Incoming requests will have joined by the time this request's KV arrives: no room (early, judging the
+  // current load only, admits it).
+  EXPECT_EQ(admit(Admission::kPredictive, {1, 2'000, 3'000}, {20, 980'000, 997'000}, 4096).rejected,
+            RejectReason::kDecodeCapacity);
+  EXPECT_EQ(admit(Admission::kEarly, {1, 2'000, 3'000}, {20, 980'000, 997'000}, 4096).rejected,
+            RejectReason::kNone);
+  // Full now, but a long prefill ahead (20 s queue) outlasts the running requests' expected decode lifetime
+  // (100 expected output tokens x one step): they will have left, so it is admitted; early rejects it.
+  EXPECT_EQ(admit(Admission::kPredictive, {50, 990'000, 997'000}, {}, 4096, 20).rejected, RejectReason::kNone);
+  EXPECT_EQ(admit(Admission::kEarly, {50, 990'000, 997'000}, {}, 4096, 20).rejected,
+            RejectReason::kDecodeCapacity);
+}
+
+TEST_F(AdmissionTest, SloRejectsWhenTheChosenDecodeInstanceHasNoRoom) {
+  // Running + incoming + this request's prompt and max output exceed HBM: it would wait, TBT unbounded.
+  EXPECT_EQ(admit(Admission::kSlo, {50, 490'000, 500'000}, {20, 490'000, 497'000}, 4096).rejected,
+            RejectReason::kTbt);
+  EXPECT_EQ(admit(Admission::kSlo, {50, 490'000, 500'000}, {}, 4096).rejected, RejectReason::kNone);
+}
+
+}  // namespace
+}  // namespace crescent::conductor
