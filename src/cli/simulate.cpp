@@ -23,6 +23,8 @@ struct SimulateArgs {
   std::string policy = "global-cache-aware";
   std::string compare;
   std::string admission = "none";
+  std::string system = "disaggregated";
+  int64_t chunk_tokens = 512;
   double time_scale = 1.0;
   int64_t block_size_tokens = 512;
   int64_t limit = 0;
@@ -53,6 +55,15 @@ int run_simulate(const SimulateArgs& args) {
   }
   auto admission = conductor::parse_admission(args.admission);
   if (!admission.ok()) return fail(admission.status());
+  auto system = sim::parse_system(args.system);
+  if (!system.ok()) return fail(system.status());
+  if (*system != sim::System::kDisaggregated) {
+    // Colocated baselines have no Conductor: one run, named after the system.
+    if (!args.compare.empty()) {
+      return fail(Status::invalid_argument("--compare compares prefill policies of --system disaggregated"));
+    }
+    names = {args.system};
+  }
   auto config = sim::load_cluster_config(args.config_path, args.block_size_tokens);
   if (!config.ok()) return fail(config.status());
 
@@ -65,10 +76,12 @@ int run_simulate(const SimulateArgs& args) {
   if (!requests.ok()) return fail(requests.status());
   if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
 
-  sim::SimOptions options{.policy = policies.front(),
+  sim::SimOptions options{.system = *system,
+                          .policy = policies.front(),
                           .admission = *admission,
                           .block_size_tokens = args.block_size_tokens,
-                          .time_scale = args.time_scale};
+                          .time_scale = args.time_scale,
+                          .chunked_prefill_tokens = args.chunk_tokens};
   std::vector<sim::PolicyReport> reports;
   for (size_t i = 0; i < policies.size(); ++i) {
     options.policy = policies[i];
@@ -82,6 +95,7 @@ int run_simulate(const SimulateArgs& args) {
     out["trace"] = args.trace_path;
     out["requests"] = requests->size();
     out["time_scale"] = args.time_scale;
+    out["system"] = args.system;
     out["admission"] = args.admission;
     out["config"] = sim::to_json(*config);
     out["policies"] = nlohmann::json::array();
@@ -89,13 +103,16 @@ int run_simulate(const SimulateArgs& args) {
     fmt::print("{}\n", dump_json(out, 2));
   } else {
     const auto& c = *config;
-    fmt::print(
-        "trace {}: {} requests, time scale {:g}\n"
-        "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {:.1f}M tokens each, "
-        "admission {}\n\n",
-        args.trace_path, requests->size(), args.time_scale, c.name, c.prefill_instances, c.decode_instances,
-        c.hardware.name, c.model.name, static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6,
-        args.admission);
+    fmt::print("trace {}: {} requests, time scale {:g}\n", args.trace_path, requests->size(), args.time_scale);
+    if (*system == sim::System::kDisaggregated) {
+      fmt::print("cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {:.1f}M tokens each, "
+                 "admission {}\n\n",
+                 c.name, c.prefill_instances, c.decode_instances, c.hardware.name, c.model.name,
+                 static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6, args.admission);
+    } else {
+      fmt::print("cluster {}: {} colocated instances of {} serving {} ({})\n\n", c.name,
+                 c.prefill_instances + c.decode_instances, c.hardware.name, c.model.name, args.system);
+    }
     fmt::print("{}", sim::format_table(reports, c.slo));
   }
   return 0;
@@ -113,6 +130,11 @@ void register_simulate(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
   cmd->add_option("--admission", args->admission, "Admission: none, slo, early, predictive")->capture_default_str();
+  cmd->add_option("--system", args->system,
+                  "disaggregated, colocated, colocated-prefix-cache, colocated-chunked-prefill (same node count)")
+      ->capture_default_str();
+  cmd->add_option("--chunk-tokens", args->chunk_tokens, "Prefill chunk for colocated-chunked-prefill (tokens)")
+      ->capture_default_str();
   cmd->add_option("--time-scale", args->time_scale, "Replay arrivals this many times faster")
       ->capture_default_str();
   cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")
