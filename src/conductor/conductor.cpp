@@ -243,12 +243,17 @@ static int64_t max_decode_capacity_tokens(const ClusterView& cluster) {
 
 // Early rejection's judgement of the decode pool (arXiv §7.2, §7.4): can some decode instance hold this request's
 // KV (prompt + expected output) and still step within the TBT SLO? kEarly judges the load there now (running and
-// waiting requests). kPredictive judges the load when this request's KV arrives, `until_kv_arrives_s` from now:
-// requests already placed there (incoming) will have joined, and running requests expected to finish by then
-// will have left. Running requests are taken as uniformly spread over a decode lifetime of expected-output steps,
-// so a share min(1, until / lifetime) of them leaves.
+// waiting requests). kPredictive judges the load predicted `horizon_s` from now: requests already placed there
+// (incoming) will have joined, and running requests expected to finish by then will have left. Running requests
+// are taken as uniformly spread over a decode lifetime of expected-output steps, so a share
+// min(1, horizon / lifetime) of them leaves.
+//
+// The horizon is the time until this request's prefill *starts*, not ends: HBM freed while its own prefill runs
+// is taken first by requests placed after it whose shorter prefills finish earlier. Counting departures up to
+// its prefill's end admits long prompts on room that will not be there (measured in docs/overload.md: on a
+// decode-bound cluster that horizon rejected 2.4x more requests with half the goodput).
 bool Conductor::decode_pool_can_take(const ClusterView& cluster, const RequestInfo& request,
-                                     double until_kv_arrives_s) const {
+                                     double horizon_s) const {
   const double expected_output = output_estimator_.expected_tokens();
   const double need = static_cast<double>(request.input_tokens) + expected_output;
   const bool predictive = options_.admission == Admission::kPredictive;
@@ -257,7 +262,7 @@ bool Conductor::decode_pool_can_take(const ClusterView& cluster, const RequestIn
     double stay = 1.0;  // share of the running requests still there when the KV arrives
     if (predictive && load.running.requests > 0) {
       const double step_s = cost_.decode_step_time_s(load.running.requests, load.running.context_tokens);
-      stay = 1.0 - std::min(1.0, until_kv_arrives_s / (expected_output * step_s));
+      stay = 1.0 - std::min(1.0, horizon_s / (expected_output * step_s));
     }
     const DecodeGroup joined = predictive ? load.incoming : DecodeGroup{};
     const double kv = stay * static_cast<double>(load.running.kv_tokens) +
@@ -308,7 +313,7 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
     case Admission::kPredictive:
       if (d.ttft_s > options_.ttft_slo_s) {
         d.rejected = RejectReason::kTtft;
-      } else if (!decode_pool_can_take(cluster, request, d.ttft_s)) {
+      } else if (!decode_pool_can_take(cluster, request, d.queue_s)) {
         d.rejected = RejectReason::kDecodeCapacity;
       }
       break;

@@ -42,8 +42,9 @@ enum class Admission {
   /// Early rejection (§7.2): some decode instance must be able to take it judged on its current load: the
   /// requests running or waiting there now.
   kEarly,
-  /// Predictive early rejection (§7.4): the same judgement on the load predicted for when this request's KV
-  /// arrives (after its predicted TTFT): running requests expected to finish by then leave, incoming ones join.
+  /// Predictive early rejection (§7.4): the same judgement on the decode load predicted ahead: requests already
+  /// placed (in prefill) join, running requests expected to finish before this request's prefill starts leave
+  /// (see conductor.cpp for why the horizon stops there).
   kPredictive,
 };
 
@@ -149,7 +150,7 @@ class Conductor {
   PrefillChoice evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                          const RequestInfo& request, double queue_s) const;
   void choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s);
-  bool decode_pool_can_take(const ClusterView& cluster, const RequestInfo& request, double until_kv_arrives_s) const;
+  bool decode_pool_can_take(const ClusterView& cluster, const RequestInfo& request, double horizon_s) const;
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
                            bool& fits) const;
   uint64_t next_random();
