@@ -69,6 +69,12 @@ std::string_view to_string(Admission admission) {
   return "?";
 }
 
+std::vector<std::string> admission_names() {
+  std::vector<std::string> names;
+  for (const auto& [n, a] : kAdmissions) names.emplace_back(n);
+  return names;
+}
+
 std::string_view to_string(RejectReason reason) {
   switch (reason) {
     case RejectReason::kNone:

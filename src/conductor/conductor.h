@@ -68,6 +68,8 @@ class OutputLengthEstimator {
 /// Parses "none", "slo", "early", "predictive". Error (kNotFound) lists the valid names.
 Result<Admission> parse_admission(std::string_view name);
 std::string_view to_string(Admission admission);
+/// All admission policy names, in the order above.
+std::vector<std::string> admission_names();
 
 struct ConductorOptions {
   PrefillPolicy policy = PrefillPolicy::kGlobalCacheAware;
