@@ -45,6 +45,21 @@ uint32_t BlockCache::allocate_slot(BlockKey key) {
   return slot;
 }
 
+void BlockCache::evict_lru(TouchEvents* events) {
+  const uint32_t victim = lru_head_;
+  const BlockKey victim_key = slots_[victim].key;
+  list_remove(victim);
+  free_slots_.push_back(victim);
+  entries_.erase(victim_key);
+  if (events) events->evicted.push_back(victim_key);
+}
+
+int64_t BlockCache::evict_unpinned(int64_t blocks, TouchEvents* events) {
+  int64_t evicted = 0;
+  for (; evicted < blocks && lru_head_ != kNil; ++evicted) evict_lru(events);
+  return evicted;
+}
+
 void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events) {
   for (BlockKey key : keys) {
     auto it = entries_.find(key);
@@ -61,12 +76,7 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
     }
     if (size_blocks() >= capacity_blocks_) {
       if (lru_head_ == kNil) continue;  // every cached block is in use: this one is not cached
-      uint32_t victim = lru_head_;
-      BlockKey victim_key = slots_[victim].key;
-      list_remove(victim);
-      free_slots_.push_back(victim);
-      entries_.erase(victim_key);
-      if (events) events->evicted.push_back(victim_key);
+      evict_lru(events);
     }
     uint32_t slot = allocate_slot(key);
     entries_.emplace(key, Entry{slot, pin ? 1u : 0u});

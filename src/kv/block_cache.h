@@ -48,6 +48,11 @@ class BlockCache {
   /// REQUIRES: each key was pinned by touch() and not yet unpinned as often.
   void unpin(std::span<const BlockKey> keys);
 
+  /// Evicts up to `blocks` unpinned blocks, least recently used first, and returns how many it evicted
+  /// (fewer when fewer are unpinned). `events` (optional) receives them in `evicted`. For a cache whose room
+  /// is shared with other data (a colocated node's HBM, sim/colocated.cpp).
+  int64_t evict_unpinned(int64_t blocks, TouchEvents* events = nullptr);
+
   int64_t size_blocks() const { return static_cast<int64_t>(entries_.size()); }
   int64_t capacity_blocks() const { return capacity_blocks_; }
   /// Blocks with reference count > 0.
@@ -69,6 +74,8 @@ class BlockCache {
   void list_remove(uint32_t slot);
   void list_push_back(uint32_t slot);
   uint32_t allocate_slot(BlockKey key);
+  // Evicts the least recently used unpinned block. REQUIRES: there is one (lru_head_ != kNil).
+  void evict_lru(TouchEvents* events);
 
   int64_t capacity_blocks_;
   int64_t pinned_blocks_ = 0;

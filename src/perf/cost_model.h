@@ -72,6 +72,34 @@ class CostModel {
     return std::max(memory_s, compute_s);
   }
 
+  /// Seconds of one engine iteration of a colocated instance (vLLM-style, paper §5.1) that decodes one token
+  /// for each of `decode_requests` requests holding `decode_context_tokens` KV tokens in total AND prefills
+  /// `prefill_tokens` new tokens after a cached prefix of `prefill_prefix_tokens`. Roofline over the whole
+  /// iteration, the larger of
+  ///   memory:  (weight_bytes + (decode_context_tokens + prefill_prefix_tokens) * kv_bytes_per_token)
+  ///            / (gpus * hbm_bytes_per_s_per_gpu * memory_bandwidth_utilization)   (weights read once)
+  ///   compute: decode_step_time_s's compute FLOPs + prefill_flops(prefill_tokens, prefill_prefix_tokens),
+  ///            over gpus * peak_flops_per_gpu * mfu.
+  /// Equals decode_step_time_s(decode_requests, decode_context_tokens) when prefill_tokens == 0. With
+  /// decode_requests == 0 it is >= prefill_time_s(prefill_tokens, prefill_prefix_tokens), and equal for
+  /// realistic sizes: a pure prefill of 512+ tokens is compute-bound (llama3-70b on 8xA800: 58 ms of compute
+  /// for 512 tokens, 12 ms of weight reads). A prefix without prefill tokens reads nothing. 0 when there is
+  /// nothing to do.
+  /// REQUIRES: all arguments >= 0.
+  double iteration_time_s(int64_t decode_requests, int64_t decode_context_tokens, int64_t prefill_tokens,
+                          int64_t prefill_prefix_tokens) const {
+    assert(decode_requests >= 0 && decode_context_tokens >= 0 && prefill_tokens >= 0 &&
+           prefill_prefix_tokens >= 0);
+    if (decode_requests == 0 && prefill_tokens == 0) return 0;
+    const double ctx = static_cast<double>(decode_context_tokens);
+    const double prefix = prefill_tokens > 0 ? static_cast<double>(prefill_prefix_tokens) : 0.0;
+    const double memory_s = decode_weight_read_s_ + (ctx + prefix) * decode_kv_read_s_per_token_;
+    const double compute_s = static_cast<double>(decode_requests) * linear_s_per_token_ +
+                             ctx * attention_s_per_token_context_ +
+                             prefill_time_s(prefill_tokens, prefill_prefix_tokens);
+    return std::max(memory_s, compute_s);
+  }
+
   /// Seconds to move `bytes` at `bytes_per_s`: bytes / bytes_per_s. REQUIRES: bytes_per_s > 0.
   static double transfer_time_s(double bytes, double bytes_per_s) { return bytes / bytes_per_s; }
 

@@ -83,6 +83,27 @@ TEST(BlockCache, UnpinnedBlockBecomesMostRecent) {
   EXPECT_TRUE(cache.contains(1));
 }
 
+TEST(BlockCache, EvictUnpinnedTakesLeastRecentlyUsedAndSkipsPinned) {
+  BlockCache cache(10);
+  cache.touch(std::vector<BlockKey>{1, 2}, /*pin=*/true);
+  cache.touch(std::vector<BlockKey>{3, 4, 5}, false);  // LRU order of the unpinned: 3, 4, 5
+  TouchEvents ev;
+  EXPECT_EQ(cache.evict_unpinned(2, &ev), 2);
+  EXPECT_THAT(ev.evicted, ElementsAre(3, 4));
+  // Asking for more than are unpinned evicts what there is; pinned blocks stay.
+  ev.clear();
+  EXPECT_EQ(cache.evict_unpinned(5, &ev), 1);
+  EXPECT_THAT(ev.evicted, ElementsAre(5));
+  EXPECT_EQ(cache.evict_unpinned(1), 0);
+  EXPECT_EQ(cache.size_blocks(), 2);
+  EXPECT_TRUE(cache.contains(1));
+  EXPECT_TRUE(cache.contains(2));
+  // Freed slots are reused.
+  cache.touch(std::vector<BlockKey>{6, 7, 8}, false);
+  EXPECT_EQ(cache.size_blocks(), 5);
+  EXPECT_EQ(cache.prefix_match_blocks(std::vector<BlockKey>{6, 7, 8}), 3);
+}
+
 TEST(BlockCache, UnboundedNeverEvicts) {
   BlockCache cache;
   std::vector<BlockKey> keys;

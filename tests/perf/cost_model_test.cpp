@@ -127,6 +127,57 @@ TEST(CostModel, DecodeStepIsComputeBoundForHugeBatches) {
   expect_rel_near(preset_model("llama3-70b", "8xA800").decode_step_time_s(1024, 0), 0.11578044142933333);
 }
 
+// Toy model by hand: memory reads 2 * 10 * 0.5 = 10 B/s, so the 200 B of weights take 20 s and a KV token
+// (16 B) 1.6 s; compute is 100 FLOP/s, so 2N = 200 FLOP take 2 s per token and 4*l*d = 32 FLOP 0.32 s per
+// token of context.
+TEST(CostModel, IterationTimeSmallCases) {
+  const CostModel toy = toy_model();
+  EXPECT_EQ(toy.iteration_time_s(0, 0, 0, 0), 0.0);
+  // Decode only: memory 20 + 10 * 1.6 = 36 s, compute 2 + 10 * 0.32 = 5.2 s.
+  expect_rel_near(toy.iteration_time_s(1, 10, 0, 0), 36.0);
+  // Decode + 3 new tokens after a 5-token prefix: memory 20 + (10 + 5) * 1.6 = 44 s; compute 5.2 + 12.72 s.
+  expect_rel_near(toy.iteration_time_s(1, 10, 3, 5), 44.0);
+  // Two requests with no context + 20 new tokens: memory 20 s; compute 2 * 2 + (200 * 20 + 32 * 20 * 10.5)
+  // / 100 = 4 + 107.2 = 111.2 s.
+  expect_rel_near(toy.iteration_time_s(2, 0, 20, 0), 111.2);
+  // A tiny pure prefill is memory-bound: 20 + 5 * 1.6 = 28 s > prefill_time_s(3, 5) = 12.72 s.
+  expect_rel_near(toy.iteration_time_s(0, 0, 3, 5), 28.0);
+}
+
+TEST(CostModel, IterationTimeWithoutPrefillIsADecodeStep) {
+  const CostModel m = preset_model("llama3-70b", "8xA800");
+  for (int64_t b : {1, 8, 64, 1024}) {
+    for (int64_t ctx : {0, 4096, 1 << 20}) {
+      EXPECT_EQ(m.iteration_time_s(b, ctx, 0, 0), m.decode_step_time_s(b, ctx)) << b << " " << ctx;
+      // A prefix without prefill tokens reads nothing.
+      EXPECT_EQ(m.iteration_time_s(b, ctx, 0, 4096), m.decode_step_time_s(b, ctx)) << b << " " << ctx;
+    }
+  }
+}
+
+TEST(CostModel, PureLlamaPrefillIterationIsComputeBound) {
+  const CostModel m = preset_model("llama3-70b", "8xA800");
+  // 512 new tokens: compute 512 * 2N / 1.248e15 = 57.9 ms, memory 12.4 ms (+ 3.8 ms for a 128k prefix).
+  for (int64_t n = 512; n <= 32768; n *= 2) {
+    for (int64_t p : {0, 4096, 131072}) {
+      EXPECT_EQ(m.iteration_time_s(0, 0, n, p), m.prefill_time_s(n, p)) << n << " " << p;
+    }
+  }
+}
+
+TEST(CostModel, MixedIterationCostsNoMoreThanItsPartsApart) {
+  // Piggybacking a prefill chunk on a decode step (chunked prefill) shares the weight read: the iteration
+  // takes at least as long as either part alone and no longer than both run one after the other.
+  const CostModel m = preset_model("llama3-70b", "8xA800");
+  for (int64_t b : {1, 32, 256}) {
+    const int64_t ctx = b * 4096;
+    const double mixed = m.iteration_time_s(b, ctx, 512, 4096);
+    EXPECT_GE(mixed, m.decode_step_time_s(b, ctx)) << b;
+    EXPECT_GE(mixed, m.prefill_time_s(512, 4096)) << b;
+    EXPECT_LE(mixed, m.decode_step_time_s(b, ctx) + m.iteration_time_s(0, 0, 512, 4096)) << b;
+  }
+}
+
 TEST(CostModel, DecodeKvCapacityTokens) {
   const CostModel m = preset_model("llama3-70b", "8xA800");
   // (8 * 80e9 * 0.9 - 141,107,412,992) / 327,680 = 434,892,587,008 / 327,680 = 1,327,186.85.
