@@ -17,6 +17,7 @@
 
 #include "kv/block_cache.h"
 #include "perf/cost_model.h"
+#include "sim/step_log.h"
 
 namespace crescent::sim {
 namespace {
@@ -26,45 +27,6 @@ constexpr uint32_t kProgressEveryRequests = 256;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr uint32_t kNoRequest = std::numeric_limits<uint32_t>::max();
 
-// End times of one node's decode iterations (those in which every running request gains a token), numbered
-// from 0, and the TBT of a request read off them. The owner trims it below the oldest request still decoding,
-// so memory stays proportional to the longest request, not to the run. Same scheme as simulator.cpp's
-// DecodeInstance.
-class StepLog {
- public:
-  // Number of the next step to be appended.
-  int64_t next_step() const { return base_ + static_cast<int64_t>(end_s_.size()); }
-  void append(double end_s) { end_s_.push_back(end_s); }
-
-  // Forgets the steps before `step`, once that frees over 4096 steps and half the log (amortised O(1)).
-  void trim_before(int64_t step) {
-    const auto drop = static_cast<size_t>(step - base_);
-    if (drop > 4096 && drop * 2 > end_s_.size()) {
-      end_s_.erase(end_s_.begin(), end_s_.begin() + static_cast<ptrdiff_t>(drop));
-      base_ = step;
-    }
-  }
-
-  // TBT (paper §5.1) of a request whose first token came at `first_token_s` and that decoded in steps
-  // [join_step, last_step]: the mean of its longest 10% token gaps (at least one gap).
-  double tbt_s(double first_token_s, int64_t join_step, int64_t last_step) {
-    gaps_.clear();
-    gaps_.push_back(end_s(join_step) - first_token_s);
-    for (int64_t s = join_step + 1; s <= last_step; ++s) gaps_.push_back(end_s(s) - end_s(s - 1));
-    const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, (gaps_.size() + 9) / 10));
-    std::nth_element(gaps_.begin(), gaps_.begin() + (k - 1), gaps_.end(), std::greater<>());
-    double sum = 0;
-    for (std::ptrdiff_t i = 0; i < k; ++i) sum += gaps_[i];
-    return sum / static_cast<double>(k);
-  }
-
- private:
-  double end_s(int64_t step) const { return end_s_[static_cast<size_t>(step - base_)]; }
-
-  std::vector<double> end_s_;  // end of step base_ + i
-  int64_t base_ = 0;
-  std::vector<double> gaps_;  // scratch for tbt_s
-};
 
 // Per-request state while it is in flight.
 struct RequestState {

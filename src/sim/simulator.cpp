@@ -14,6 +14,7 @@
 #include "kv/block_index.h"
 #include "perf/cost_model.h"
 #include "sim/colocated.h"
+#include "sim/step_log.h"
 
 namespace crescent::sim {
 namespace {
@@ -84,8 +85,8 @@ class DecodeInstance {
     while (stepping_ && step_end_s_ <= t_s) {
       ++state_.counters.decode_steps;
       ++state_.counters.events;
-      const int64_t step = step_base_ + static_cast<int64_t>(step_end_times_s_.size());
-      step_end_times_s_.push_back(step_end_s_);
+      const int64_t step = steps_.next_step();
+      steps_.append(step_end_s_);
       running_.context_tokens += running_.requests;
       while (!leaving_.empty() && leaving_.top().first == step) {
         const uint32_t req = leaving_.top().second;
@@ -96,7 +97,7 @@ class DecodeInstance {
         running_.context_tokens -= o.input_tokens + f.decode_steps;
         running_.kv_tokens -= o.input_tokens + o.output_tokens;
         o.finish_s = step_end_s_;
-        o.tbt_s = tbt_of(o.arrival_s + o.ttft_s, f.join_step, step);
+        o.tbt_s = steps_.tbt_s(o.arrival_s + o.ttft_s, f.join_step, step);
         f.left_decode = true;
         state_.conductor.observe_output(o.output_tokens);
       }
@@ -118,7 +119,7 @@ class DecodeInstance {
   // preempted) fits in HBM. The Conductor refuses requests larger than the whole HBM, so one always fits
   // alone.
   void admit_waiting() {
-    const int64_t step = step_base_ + static_cast<int64_t>(step_end_times_s_.size());
+    const int64_t step = steps_.next_step();
     while (!waiting_.empty()) {
       const uint32_t req = waiting_.front();
       const RequestOutcome& o = state_.outcomes[req];
@@ -140,36 +141,10 @@ class DecodeInstance {
       step_end_s_ = start_s + cost_->decode_step_time_s(running_.requests, running_.context_tokens);
   }
 
-  // Drops logged steps that no request in the batch can still need (memory stays proportional to the longest
-  // request, not to the run).
+  // Drops logged steps that no request in the batch can still need.
   void trim_step_log() {
     while (!admitted_.empty() && state_.inflight[admitted_.front()].left_decode) admitted_.pop_front();
-    const int64_t keep_from = admitted_.empty() ? step_base_ + static_cast<int64_t>(step_end_times_s_.size())
-                                                : state_.inflight[admitted_.front()].join_step;
-    const auto drop = static_cast<size_t>(keep_from - step_base_);
-    if (drop > 4096 && drop * 2 > step_end_times_s_.size()) {
-      step_end_times_s_.erase(step_end_times_s_.begin(),
-                              step_end_times_s_.begin() + static_cast<ptrdiff_t>(drop));
-      step_base_ = keep_from;
-    }
-  }
-
-  double step_end_time_s(int64_t step) const {
-    return step_end_times_s_[static_cast<size_t>(step - step_base_)];
-  }
-
-  // TBT of a request whose first token came at `first_token_s` and whose decode steps were
-  // [join_step, last_step]: the mean of its longest 10% token gaps (at least one gap).
-  double tbt_of(double first_token_s, int64_t join_step, int64_t last_step) {
-    gaps_.clear();
-    gaps_.push_back(step_end_time_s(join_step) - first_token_s);
-    for (int64_t s = join_step + 1; s <= last_step; ++s)
-      gaps_.push_back(step_end_time_s(s) - step_end_time_s(s - 1));
-    const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, (gaps_.size() + 9) / 10));
-    std::nth_element(gaps_.begin(), gaps_.begin() + (k - 1), gaps_.end(), std::greater<>());
-    double sum = 0;
-    for (std::ptrdiff_t i = 0; i < k; ++i) sum += gaps_[i];
-    return sum / static_cast<double>(k);
+    steps_.trim_before(admitted_.empty() ? steps_.next_step() : state_.inflight[admitted_.front()].join_step);
   }
 
   const perf::CostModel* cost_;
@@ -178,14 +153,12 @@ class DecodeInstance {
   conductor::DecodeGroup running_, waiting_load_, incoming_;
   bool stepping_ = false;
   double step_end_s_ = 0;
-  std::vector<double> step_end_times_s_;  // end of step step_base_ + i
-  int64_t step_base_ = 0;
+  StepLog steps_;
   std::deque<uint32_t> waiting_;
   std::deque<uint32_t> admitted_;  // in admission order, to find the oldest request still in the batch
   // (last step, request): who leaves after which step.
   std::priority_queue<std::pair<int64_t, uint32_t>, std::vector<std::pair<int64_t, uint32_t>>, std::greater<>>
       leaving_;
-  std::vector<double> gaps_;  // scratch for tbt_of
 };
 
 struct PrefillInstance {

@@ -74,7 +74,8 @@ struct RequestOutcome {
 
 /// Work done by a run, for speed reports.
 struct SimCounters {
-  int64_t events = 0;        // arrivals + prefill completions + decode arrivals + decode steps
+  int64_t events = 0;  // disaggregated: arrivals + prefill completions + KV arrivals + decode steps;
+                       // colocated: arrivals + iterations
   int64_t decode_steps = 0;  // continuous-batching iterations over all decode instances
   int64_t decisions = 0;     // Conductor::schedule calls
 };
