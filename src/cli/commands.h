@@ -32,5 +32,7 @@ std::string dump_json(const Json& j, int indent = -1) {
 void register_analyze(CLI::App& app, int& exit_code);
 /// `crescent simulate TRACE` (cli/simulate.cpp).
 void register_simulate(CLI::App& app, int& exit_code);
+/// `crescent experiment NAME --out DIR` (cli/experiment.cpp).
+void register_experiment(CLI::App& app, int& exit_code);
 
 }  // namespace crescent::cli

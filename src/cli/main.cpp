@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   crescent::cli::register_analyze(app, exit_code);
   crescent::cli::register_simulate(app, exit_code);
+  crescent::cli::register_experiment(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

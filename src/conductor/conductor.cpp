@@ -247,6 +247,15 @@ static int64_t max_decode_capacity_tokens(const ClusterView& cluster) {
   return capacity;
 }
 
+// Admission::kSlo's room check on the chosen decode instance: everything running, waiting or incoming there plus
+// this request's prompt and expected output (the estimator, as early and predictive use: a live Conductor does
+// not know a request's output length) must fit its HBM, or the request would wait with unbounded TBT.
+bool Conductor::slo_decode_has_room(const DecodeLoad& load, const RequestInfo& request) const {
+  const double kv = static_cast<double>(load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens);
+  const double need = static_cast<double>(request.input_tokens) + output_estimator_.expected_tokens();
+  return kv + need <= static_cast<double>(load.kv_capacity_tokens);
+}
+
 // Early rejection's judgement of the decode pool (arXiv §7.2, §7.4): can some decode instance hold this request's
 // KV (prompt + expected output) and still step within the TBT SLO? kEarly judges the load there now (running and
 // waiting requests). kPredictive judges the load predicted `horizon_s` from now: requests already placed there
@@ -311,7 +320,8 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
     case Admission::kSlo:
       if (d.ttft_s > options_.ttft_slo_s) {
         d.rejected = RejectReason::kTtft;
-      } else if (!d.decode_has_room || d.predicted_tbt_s > options_.tbt_slo_s) {
+      } else if (!slo_decode_has_room(cluster.decode_load(d.decode_instance), request) ||
+                 d.predicted_tbt_s > options_.tbt_slo_s) {
         d.rejected = RejectReason::kTbt;
       }
       break;

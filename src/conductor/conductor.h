@@ -37,7 +37,8 @@ std::vector<std::string> prefill_policy_names();
 enum class Admission {
   kNone,  // accept everything (requests may miss their SLOs)
   /// Algorithm 1 lines 18-19: the chosen decode instance's predicted TBT must meet the TBT SLO; a request that
-  /// will not find HBM room there (counting running, waiting and incoming requests) has unbounded TBT.
+  /// will not find HBM room there for its prompt and expected output (counting running, waiting and incoming
+  /// requests) has unbounded TBT.
   kSlo,
   /// Early rejection (§7.2): some decode instance must be able to take it judged on its current load: the
   /// requests running or waiting there now.
@@ -153,6 +154,7 @@ class Conductor {
                          const RequestInfo& request, double queue_s) const;
   void choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s);
   bool decode_pool_can_take(const ClusterView& cluster, const RequestInfo& request, double horizon_s) const;
+  bool slo_decode_has_room(const DecodeLoad& load, const RequestInfo& request) const;
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
                            bool& fits) const;
   uint64_t next_random();

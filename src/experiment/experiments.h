@@ -1,0 +1,39 @@
+// `crescent experiment NAME`: named experiments after the paper's figures. Each runs the simulator or the
+// trace analyzer on a trace and a cluster config and writes DIR/NAME.json (the numbers, and how they were
+// made) and DIR/NAME.svg (a plot).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace crescent::experiment {
+
+/// What an experiment runs on and where it writes. Empty traces or config select the bundled defaults,
+/// relative to the current directory: data/traces/conversation_trace.jsonl.gz (experiments over several
+/// traces: both bundled traces) and configs/paper-fig5.json. Every member has an initializer, so designated
+/// initializers may leave any out.
+struct ExperimentOptions {
+  std::string out_dir{};
+  std::vector<std::string> traces{};
+  std::string config_path{};
+  std::optional<double> time_scale{};  // arrivals this many times faster; default: the experiment's own
+  int64_t block_size_tokens = 512;     // tokens per trace block (hash_id)
+};
+
+/// The registered experiments, in registry order.
+std::vector<std::string> experiment_names();
+
+/// Runs experiment `name` and writes `out_dir`/NAME.json and NAME.svg, creating `out_dir` when missing.
+/// Inputs and the output directory are checked before anything runs. No file is ever half-written, and
+/// nothing is written when the run or the plot fails (NAME.svg is removed again if NAME.json cannot be
+/// written). Same inputs give byte-identical JSON. Errors: kNotFound for an unknown name (listing the valid
+/// ones) or a missing file; kInvalidArgument for bad options, traces or configs; kIoError when `out_dir`
+/// cannot be written; kInternal when gnuplot fails.
+Status run_experiment(std::string_view name, const ExperimentOptions& options);
+
+}  // namespace crescent::experiment

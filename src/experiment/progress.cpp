@@ -1,0 +1,63 @@
+#include "experiment/progress.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace crescent::experiment {
+namespace {
+
+constexpr auto kMinRedraw = std::chrono::milliseconds(100);  // at most 10 updates a second
+
+// 12031 -> "12,031". REQUIRES: n >= 0.
+std::string grouped(int64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string format_progress(std::string_view experiment, int run, int total_runs, std::string_view label,
+                            const sim::SimProgress& progress, double eta_s) {
+  return fmt::format("[{}] run {}/{} {}: {}/{} requests, {:.0f} s simulated, ETA {}", experiment, run,
+                     total_runs, label, grouped(progress.requests_arrived), grouped(progress.requests_total),
+                     progress.simulated_s, eta_s < 0 ? "?" : fmt::format("{:.0f} s", eta_s));
+}
+
+ProgressLine::ProgressLine(std::string experiment, int total_runs)
+    : experiment_(std::move(experiment)), total_runs_(total_runs), enabled_(isatty(STDERR_FILENO) == 1) {}
+
+ProgressLine::~ProgressLine() {
+  if (drawn_) std::fputs("\r\033[K", stderr);
+}
+
+std::function<void(const sim::SimProgress&)> ProgressLine::start_run(std::string label) {
+  ++run_;
+  label_ = std::move(label);
+  if (!enabled_) return nullptr;
+  return [this](const sim::SimProgress& progress) { update(progress); };
+}
+
+void ProgressLine::update(const sim::SimProgress& progress) {
+  const auto now = Clock::now();
+  if (drawn_ && now - last_drawn_ < kMinRedraw) return;
+  const double run_done = progress.requests_total > 0 ? static_cast<double>(progress.requests_arrived) /
+                                                            static_cast<double>(progress.requests_total)
+                                                      : 0;
+  const double done = (run_ - 1 + run_done) / total_runs_;
+  const double elapsed_s = std::chrono::duration<double>(now - started_).count();
+  const double eta_s = done > 0 ? elapsed_s * (1 - done) / done : -1;
+  // \033[K erases what a longer previous line left on the right.
+  fmt::print(stderr, "\r{}\033[K", format_progress(experiment_, run_, total_runs_, label_, progress, eta_s));
+  std::fflush(stderr);
+  drawn_ = true;
+  last_drawn_ = now;
+}
+
+}  // namespace crescent::experiment

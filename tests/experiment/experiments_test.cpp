@@ -1,0 +1,214 @@
+#include "experiment/experiments.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace crescent::experiment {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const std::string kConversation = CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz";
+const std::string kSynthetic = CRESCENT_SOURCE_DIR "/data/traces/synthetic_trace.jsonl.gz";
+const std::string kConfig = CRESCENT_SOURCE_DIR "/configs/paper-fig5.json";
+
+// An output directory of this test process (not created), removed at the end.
+struct OutDir {
+  fs::path path = fs::temp_directory_path() / ("crescent_experiments_test_" + std::to_string(getpid()));
+  OutDir() { fs::remove_all(path); }
+  ~OutDir() { fs::remove_all(path); }
+};
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+TEST(Experiments, Names) {
+  EXPECT_THAT(experiment_names(), ElementsAre("scheduling", "cache-capacity", "capacity", "overload", "pd-ratio"));
+}
+
+TEST(Experiments, BadInputIsRefusedBeforeAnythingIsWritten) {
+  OutDir out;
+  const ExperimentOptions good{.out_dir = out.path, .traces = {kSynthetic}, .config_path = kConfig};
+  Status status = run_experiment("fastest", good);
+  EXPECT_EQ(status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(status.message(), "unknown experiment 'fastest' (valid: scheduling, cache-capacity, capacity, overload, pd-ratio)");
+
+  ExperimentOptions bad = good;
+  bad.time_scale = 0;
+  EXPECT_THAT(run_experiment("scheduling", bad).message(), HasSubstr("--time-scale must be > 0"));
+  bad = good;
+  bad.traces.push_back(kConversation);
+  EXPECT_THAT(run_experiment("scheduling", bad).message(), HasSubstr("takes one --trace, got 2"));
+  bad = good;
+  bad.traces = {"/nonexistent.jsonl"};
+  EXPECT_EQ(run_experiment("scheduling", bad).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(fs::exists(out.path));
+}
+
+TEST(Experiments, MissingDefaultsSayWhereToRunFrom) {
+  OutDir out;
+  const fs::path cwd = fs::current_path();
+  fs::current_path(fs::temp_directory_path());
+  const Status status = run_experiment("scheduling", {.out_dir = out.path});
+  fs::current_path(cwd);
+  EXPECT_EQ(status.message(),
+            "default trace 'data/traces/conversation_trace.jsonl.gz' not found: run from the repository root "
+            "or pass --trace");
+}
+
+TEST(Experiments, SchedulingWritesEveryPolicyAndItsProvenance) {
+  OutDir out;
+  ASSERT_TRUE(run_experiment("scheduling",
+                             {.out_dir = out.path / "new", .traces = {kSynthetic}, .config_path = kConfig})
+                  .ok());
+  const auto j = read_json(out.path / "new" / "scheduling.json");
+  EXPECT_EQ(j["experiment"], "scheduling");
+  EXPECT_EQ(j["trace"], kSynthetic);
+  EXPECT_EQ(j["config"]["name"], "paper-fig5");
+  EXPECT_EQ(j["time_scale"], 1.0);
+  EXPECT_EQ(j["block_size_tokens"], 512);
+  ASSERT_EQ(j["policies"].size(), 4u);
+  EXPECT_EQ(j["policies"][3]["name"], "global-cache-aware");
+  EXPECT_GT(j["policies"][0]["ttft_mean_s"].get<double>(), j["policies"][3]["ttft_mean_s"].get<double>());
+  EXPECT_TRUE(fs::exists(out.path / "new" / "scheduling.svg"));
+}
+
+// Paper Figure 9 on both bundled traces: a global pool of >= 50M tokens reaches >= 95% of the reuse
+// ceiling; 3M tokens split into per-instance caches stay below 50% of it.
+TEST(Experiments, CacheCapacityShowsFigure9) {
+  OutDir out;
+  const Status status = run_experiment(
+      "cache-capacity", {.out_dir = out.path, .traces = {kConversation, kSynthetic}, .config_path = kConfig});
+  ASSERT_TRUE(status.ok()) << status.message();
+  const auto j = read_json(out.path / "cache-capacity.json");
+  EXPECT_EQ(j["experiment"], "cache-capacity");
+  EXPECT_EQ(j["local_instances"], 8);
+  ASSERT_EQ(j["traces"].size(), 2u);
+  EXPECT_EQ(j["traces"][0]["name"], "conversation_trace");
+  EXPECT_EQ(j["traces"][1]["path"], kSynthetic);
+  for (const auto& t : j["traces"]) {
+    const double ceiling = t["ceiling"];
+    ASSERT_EQ(t["points"].size(), 6u);
+    for (const auto& p : t["points"]) {
+      const int64_t capacity = p["capacity_tokens"];
+      const double global = p["global_hit_ratio"], local = p["local_hit_ratio"];
+      SCOPED_TRACE(t["name"].get<std::string>() + " at " + std::to_string(capacity) + " tokens");
+      EXPECT_LE(global, ceiling + 1e-12);
+      EXPECT_LE(local, ceiling + 1e-12);
+      if (capacity >= 50'000'000) {
+        EXPECT_GE(global, 0.95 * ceiling);
+      }
+      if (capacity == 3'000'000) {
+        EXPECT_LT(local, 0.5 * ceiling);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace crescent::experiment
+
+namespace crescent::experiment {
+namespace {
+
+const std::string kDecodeBound = CRESCENT_SOURCE_DIR "/configs/decode-bound.json";
+
+double capacity_at(const nlohmann::json& system, int tbt_ms) {
+  for (const auto& p : system["points"]) {
+    if (p["tbt_slo_ms"] == tbt_ms) return p["effective_capacity"].get<double>();
+  }
+  ADD_FAILURE() << "no point at " << tbt_ms << " ms";
+  return -1;
+}
+
+// Issue 3's first capacity requirement (Figures 1, 6, 7): the disaggregated system is never more than one
+// percentage point below a colocated baseline, at any TBT threshold.
+TEST(Experiments, CapacityDisaggregatedNeverBelowColocated) {
+  OutDir out;
+  ASSERT_TRUE(run_experiment("capacity", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig}).ok());
+  const auto j = read_json(out.path / "capacity.json");
+  ASSERT_EQ(j["systems"].size(), 4u);
+  EXPECT_EQ(j["systems"][0]["name"], "disaggregated");
+  EXPECT_EQ(j["nodes"], 16);
+  for (const auto& baseline : j["systems"]) {
+    ASSERT_EQ(baseline["points"].size(), 10u);  // 100, 200, ..., 1000 ms
+    for (int tbt_ms = 100; tbt_ms <= 1000; tbt_ms += 100) {
+      EXPECT_GE(capacity_at(j["systems"][0], tbt_ms), capacity_at(baseline, tbt_ms) - 0.01)
+          << baseline["name"] << " at " << tbt_ms << " ms";
+      if (tbt_ms > 100) {
+        EXPECT_GE(capacity_at(baseline, tbt_ms), capacity_at(baseline, tbt_ms - 100));
+      }
+    }
+  }
+  // A prefill stalling the batch costs the plain colocated system at the strictest threshold.
+  EXPECT_LT(capacity_at(j["systems"][1], 100), capacity_at(j["systems"][0], 100) - 0.1);
+  EXPECT_TRUE(fs::exists(out.path / "capacity.svg"));
+}
+
+// The paper-fig5 cluster at twice the trace's rate: refusing requests turns a collapsed run (none) into one
+// where nearly every accepted request meets its SLOs.
+TEST(Experiments, OverloadAdmissionRestoresSloAttainment) {
+  OutDir out;
+  ASSERT_TRUE(run_experiment("overload", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig}).ok());
+  const auto j = read_json(out.path / "overload.json");
+  EXPECT_EQ(j["time_scale"], 2.0);  // the experiment's default
+  ASSERT_EQ(j["policies"].size(), 4u);
+  const auto& none = j["policies"][0];
+  EXPECT_EQ(none["name"], "none");
+  EXPECT_EQ(none["rejected"], 0);
+  EXPECT_LT(none["slo_attainment_accepted"].get<double>(), 0.5);
+  for (size_t i = 1; i < 4; ++i) {
+    const auto& p = j["policies"][i];
+    EXPECT_GT(p["rejected"].get<int>(), 0) << p["name"];
+    EXPECT_GT(p["slo_attainment_accepted"].get<double>(), 0.99) << p["name"];
+    EXPECT_GT(p["goodput_rps"].get<double>(), none["goodput_rps"].get<double>()) << p["name"];
+    EXPECT_GT(p["load_series"].size(), 100u);
+  }
+}
+
+// Where decode binds (configs/decode-bound.json), predicting the decode load rejects fewer requests than
+// judging the current load, with better SLO attainment of the accepted ones and more goodput (arXiv §7.4).
+TEST(Experiments, OverloadPredictiveBeatsEarlyWhenDecodeBinds) {
+  OutDir out;
+  ASSERT_TRUE(run_experiment("overload", {.out_dir = out.path,
+                                          .traces = {kConversation},
+                                          .config_path = kDecodeBound,
+                                          .time_scale = 4})
+                  .ok());
+  const auto j = read_json(out.path / "overload.json");
+  const auto& early = j["policies"][2];
+  const auto& predictive = j["policies"][3];
+  ASSERT_EQ(early["name"], "early");
+  ASSERT_EQ(predictive["name"], "predictive");
+  EXPECT_LT(predictive["rejected"].get<int>(), early["rejected"].get<int>());
+  EXPECT_GE(predictive["slo_attainment_accepted"].get<double>(), early["slo_attainment_accepted"].get<double>());
+  EXPECT_GT(predictive["goodput_rps"].get<double>(), early["goodput_rps"].get<double>());
+}
+
+// Figure 15: every split of 16 nodes; too few prefill instances collapse under the prefill load.
+TEST(Experiments, PdRatioCoversEverySplit) {
+  OutDir out;
+  ASSERT_TRUE(run_experiment("pd-ratio", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig}).ok());
+  const auto j = read_json(out.path / "pd-ratio.json");
+  ASSERT_EQ(j["points"].size(), 15u);
+  for (size_t i = 0; i < 15; ++i) {
+    EXPECT_EQ(j["points"][i]["prefill"], i + 1);
+    EXPECT_EQ(j["points"][i]["prefill"].get<int>() + j["points"][i]["decode"].get<int>(), 16);
+  }
+  EXPECT_LT(j["points"][0]["effective_capacity"].get<double>(), 0.1);   // 1 prefill instance
+  EXPECT_GT(j["points"][7]["effective_capacity"].get<double>(), 0.95);  // 8 + 8
+  EXPECT_GT(j["points"][0]["ttft_mean_s"].get<double>(), j["points"][7]["ttft_mean_s"].get<double>());
+}
+
+}  // namespace
+}  // namespace crescent::experiment

@@ -1,0 +1,86 @@
+#include "experiment/output.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace crescent::experiment {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// A fresh, empty directory of this test process, removed at the end.
+struct ScratchDir {
+  fs::path path = fs::temp_directory_path() / ("crescent_output_test_" + std::to_string(getpid()));
+  ScratchDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~ScratchDir() { fs::remove_all(path); }
+  size_t entries() const { return static_cast<size_t>(std::distance(fs::directory_iterator(path), {})); }
+};
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(WriteFileAtomically, WritesAndReplacesLeavingNoTemporaryFile) {
+  ScratchDir dir;
+  const fs::path path = dir.path / "result.json";
+  ASSERT_TRUE(write_file_atomically(path, "first").ok());
+  ASSERT_TRUE(write_file_atomically(path, std::string(1 << 20, 'x')).ok());
+  EXPECT_EQ(read(path), std::string(1 << 20, 'x'));
+  EXPECT_EQ(dir.entries(), 1u);
+  const mode_t umask_bits = umask(0);
+  umask(umask_bits);
+  EXPECT_EQ(static_cast<mode_t>(fs::status(path).permissions()), 0666 & ~umask_bits)
+      << "a result file, not a private 0600 temporary";
+}
+
+TEST(WriteFileAtomically, MissingDirectoryIsAnErrorNamingThePath) {
+  ScratchDir dir;
+  const fs::path path = dir.path / "missing" / "result.svg";
+  const Status status = write_file_atomically(path, "x");
+  EXPECT_EQ(status.code(), StatusCode::kIoError);
+  EXPECT_THAT(status.message(), HasSubstr(path.string()));
+  EXPECT_THAT(status.message(), HasSubstr("No such file or directory"));
+  EXPECT_EQ(dir.entries(), 0u);
+}
+
+TEST(WriteFileAtomically, FailedRenameLeavesTheOldContentAndNoTemporaryFile) {
+  ScratchDir dir;
+  const fs::path path = dir.path / "taken";
+  fs::create_directories(path / "child");  // a non-empty directory cannot be replaced by a file
+  EXPECT_EQ(write_file_atomically(path, "x").code(), StatusCode::kIoError);
+  EXPECT_TRUE(fs::is_directory(path / "child"));
+  EXPECT_EQ(dir.entries(), 1u);
+}
+
+TEST(EnsureWritableDirectory, CreatesMissingParents) {
+  ScratchDir dir;
+  EXPECT_TRUE(ensure_writable_directory(dir.path / "a" / "b").ok());
+  EXPECT_TRUE(fs::is_directory(dir.path / "a" / "b"));
+  EXPECT_TRUE(fs::is_empty(dir.path / "a" / "b")) << "the write probe is removed";
+}
+
+TEST(EnsureWritableDirectory, PathUnderARegularFileIsAnError) {
+  ScratchDir dir;
+  std::ofstream(dir.path / "file") << "x";
+  for (const fs::path& bad : {dir.path / "file", dir.path / "file" / "sub"}) {
+    const Status status = ensure_writable_directory(bad);
+    EXPECT_EQ(status.code(), StatusCode::kIoError) << bad;
+    EXPECT_THAT(status.message(), HasSubstr(bad.string()));
+  }
+  EXPECT_EQ(dir.entries(), 1u);
+}
+
+}  // namespace
+}  // namespace crescent::experiment
