@@ -61,9 +61,10 @@ struct EngineMode {
 //  - whole prompts (chunk_tokens == 0; vLLM's default scheduler, prefill first): if the FIFO head fits in
 //    HBM, the iteration prefills it whole and the running batch gets no token (the TBT fluctuation of
 //    §5.2.2); otherwise it decodes one token for every running request.
-//  - chunked prefill: it decodes one token for every running request AND computes up to chunk_tokens of
-//    one prompt (the one being prefilled, or the FIFO head if it fits). One prompt per iteration: a chunk
-//    that ends a prompt leaves the rest of the budget unused.
+//  - chunked prefill: it decodes one token for every running request AND computes what is left of the
+//    chunk_tokens budget (decodes take one token each, as in vLLM) of one prompt (the one being prefilled, or
+//    the FIFO head if it fits). One prompt per iteration: a chunk that ends a prompt leaves the rest of the
+//    budget unused.
 // A request's first token comes at the end of the iteration computing its last prompt token; it decodes
 // from the next iteration on. Nothing per iteration is proportional to the batch: the running batch is a few
 // totals, a min-heap says who leaves after which decode step, and a StepLog gives a leaving request's TBT.
@@ -116,7 +117,10 @@ class Node {
     if (prefilling_ != kNoRequest) {
       const RequestState& s = state(prefilling_);
       const int64_t left = s.prefill_tokens - s.prefill_done_tokens;
-      iteration_.prefill_tokens = chunked ? std::min(left, mode_.chunk_tokens) : left;
+      // vLLM's chunked prefill spends its token budget (max_num_batched_tokens) on decodes first, one token each;
+      // the prompt gets what is left.
+      iteration_.prefill_tokens =
+          chunked ? std::min(left, std::max<int64_t>(0, mode_.chunk_tokens - running_requests_)) : left;
       prefix_tokens = s.reused_tokens + s.prefill_done_tokens;
     }
     iteration_.decode = running_requests_ > 0 && (chunked || iteration_.prefill_tokens == 0);
