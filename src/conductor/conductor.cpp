@@ -265,7 +265,7 @@ bool Conductor::slo_decode_has_room(const DecodeLoad& load, const RequestInfo& r
 //
 // The horizon is the time until this request's prefill *starts*, not ends: HBM freed while its own prefill runs
 // is taken first by requests placed after it whose shorter prefills finish earlier. Counting departures up to
-// its prefill's end admits long prompts on room that will not be there (measured in docs/overload.md: on a
+// its prefill's end admits long prompts on room that will not be there (measured in docs/experiments.md: on a
 // decode-bound cluster that horizon rejected 2.4x more requests with half the goodput).
 bool Conductor::decode_pool_can_take(const ClusterView& cluster, const RequestInfo& request,
                                      double horizon_s) const {
