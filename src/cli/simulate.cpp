@@ -1,5 +1,5 @@
-// `crescent simulate TRACE`: replays a trace through a simulated disaggregated cluster placed by the
-// Conductor, one run per prefill policy on the same input, and prints one comparison table (or JSON).
+// `crescent simulate TRACE`: replays a trace through a simulated cluster (disaggregated and placed by the
+// Conductor, one run per prefill policy on the same input, or a colocated baseline) and prints one table or JSON.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -59,8 +59,10 @@ int run_simulate(const SimulateArgs& args) {
   if (!system.ok()) return fail(system.status());
   if (*system != sim::System::kDisaggregated) {
     // Colocated baselines have no Conductor: one run, named after the system.
-    if (!args.compare.empty()) {
-      return fail(Status::invalid_argument("--compare compares prefill policies of --system disaggregated"));
+    if (!args.compare.empty() || args.policy != "global-cache-aware" || args.admission != "none") {
+      return fail(Status::invalid_argument(
+          "--compare, --policy and --admission apply to --system disaggregated (colocated baselines have no "
+          "Conductor)"));
     }
     names = {args.system};
   }

@@ -15,6 +15,8 @@ Result<nlohmann::json> read_json_file(const std::string& path) {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {
     return Status::invalid_argument(fmt::format("{}: not valid JSON (byte {}): {}", path, e.byte, e.what()));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+    return Status::invalid_argument(fmt::format("{}: not valid JSON: {}", path, e.what()));
   }
 }
 

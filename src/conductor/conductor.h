@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -36,12 +37,12 @@ std::vector<std::string> prefill_policy_names();
 /// kNone rejects when the best predicted TTFT exceeds the TTFT SLO; they differ in how they judge the decode pool.
 enum class Admission {
   kNone,  // accept everything (requests may miss their SLOs)
-  /// Algorithm 1 lines 18-19: the chosen decode instance's predicted TBT must meet the TBT SLO; a request that
-  /// will not find HBM room there for its prompt and expected output (counting running, waiting and incoming
-  /// requests) has unbounded TBT.
+  /// Algorithm 1 lines 18-19: the chosen decode instance's predicted TBT (its step time with the request and
+  /// everything running, waiting or incoming there) must meet the TBT SLO. It does not look at HBM room.
   kSlo,
-  /// Early rejection (§7.2): some decode instance must be able to take it judged on its current load: the
-  /// requests running or waiting there now.
+  /// Early rejection (§7.2): some decode instance must be able to take it (HBM room for prompt + expected
+  /// output, step time within the TBT SLO) judged on its current load: the requests running or waiting there
+  /// now. The request is placed on that instance.
   kEarly,
   /// Predictive early rejection (§7.4): the same judgement on the decode load predicted ahead: requests already
   /// placed (in prefill) join, running requests expected to finish before this request's prefill starts leave
@@ -153,8 +154,8 @@ class Conductor {
   PrefillChoice evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                          const RequestInfo& request, double queue_s) const;
   void choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s);
-  bool decode_pool_can_take(const ClusterView& cluster, const RequestInfo& request, double horizon_s) const;
-  bool slo_decode_has_room(const DecodeLoad& load, const RequestInfo& request) const;
+  std::optional<InstanceId> decode_instance_for(const ClusterView& cluster, const RequestInfo& request,
+                                                double horizon_s, double& predicted_tbt_s) const;
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
                            bool& fits) const;
   uint64_t next_random();

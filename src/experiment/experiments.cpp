@@ -367,6 +367,7 @@ Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions
   for (const auto& path : in.trace_paths) {
     auto requests = trace::read_trace(path, {.block_size_tokens = in.block_size_tokens});
     if (!requests.ok()) return requests.status();
+    if (requests->empty()) return Status::invalid_argument(fmt::format("{}: the trace has no requests", path));
     in.traces.push_back(std::move(*requests));
   }
   return in;
@@ -400,23 +401,32 @@ Status run_experiment(std::string_view name, const ExperimentOptions& options) {
   if (options.out_dir.empty()) return Status::invalid_argument("--out: an output directory is needed");
   auto in = load_inputs(*experiment, options);
   if (!in.ok()) return in.status();
+  std::error_code ignored;
+  const bool created_dir = !std::filesystem::exists(options.out_dir, ignored);
   CRESCENT_RETURN_IF_ERROR(ensure_writable_directory(options.out_dir));
+  // A failed run leaves no trace: not even the directory it created.
+  auto fail = [&](Status status) {
+    if (created_dir) std::filesystem::remove(options.out_dir, ignored);  // only removes it while empty
+    return status;
+  };
 
   auto output = experiment->run(*in);
-  if (!output.ok()) return output.status();
+  if (!output.ok()) return fail(output.status());
   auto svg = render_svg(output->plot);
-  if (!svg.ok()) return svg.status();
+  if (!svg.ok()) return fail(svg.status());
   Json j = provenance(*experiment, *in);
   j.update(output->fields);
 
   // The plot first: a JSON file always comes with its plot.
   const std::filesystem::path base = std::filesystem::path(options.out_dir) / name;
   const std::string svg_path = base.string() + ".svg";
-  CRESCENT_RETURN_IF_ERROR(write_file_atomically(svg_path, *svg));
+  if (Status st = write_file_atomically(svg_path, *svg); !st.ok()) return fail(st);
   Status written = write_file_atomically(
       base.string() + ".json", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  std::error_code ignored;
-  if (!written.ok()) std::filesystem::remove(svg_path, ignored);
+  if (!written.ok()) {
+    std::filesystem::remove(svg_path, ignored);
+    return fail(written);
+  }
   return written;
 }
 

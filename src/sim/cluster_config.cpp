@@ -42,7 +42,8 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
   CRESCENT_RETURN_IF_ERROR(
       f.no_unknown_keys({"name", "description", "model", "hardware", "prefill_instances", "decode_instances",
                          "prefill_cache_capacity_tokens", "decode_hbm_reserved_share", "prefill_chunk_tokens",
-                         "kvcache_balancing_threshold", "slo", "seed"}));
+                         "kvcache_balancing_threshold", "expected_output_prior_tokens", "slo",
+                                              "seed"}));
   CRESCENT_RETURN_IF_ERROR(f.string("name", c.name, /*required=*/false));
   if (!j.contains("model")) return Status::invalid_argument(fmt::format("{}: missing field 'model'", where));
   if (!j.contains("hardware"))
@@ -72,6 +73,8 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
                                                 where, c.decode_hbm_reserved_share));
   }
   CRESCENT_RETURN_IF_ERROR(f.positive_number("kvcache_balancing_threshold", c.kvcache_balancing_threshold,
+                                             /*required=*/false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("expected_output_prior_tokens", c.expected_output_prior_tokens,
                                              /*required=*/false));
   CRESCENT_RETURN_IF_ERROR(f.integer("seed", seed, 0, /*required=*/false));
   c.seed = static_cast<uint64_t>(seed);
@@ -117,6 +120,7 @@ nlohmann::json to_json(const ClusterConfig& c) {
       {"decode_hbm_reserved_share", c.decode_hbm_reserved_share},
       {"prefill_chunk_tokens", c.prefill_chunk_tokens},
       {"kvcache_balancing_threshold", c.kvcache_balancing_threshold},
+      {"expected_output_prior_tokens", c.expected_output_prior_tokens},
       {"slo", {{"ttft_s", c.slo.ttft_s}, {"tbt_s", c.slo.tbt_s}}},
       {"seed", c.seed},
   };

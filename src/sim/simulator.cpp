@@ -252,7 +252,7 @@ class Simulation final : public conductor::ClusterView {
     for (auto& d : decode_) {
       d.advance_until(now_s);
       const conductor::DecodeLoad load = d.load();
-      reserved += load.running.kv_tokens;
+      reserved += load.running.kv_tokens + load.waiting.kv_tokens;
       capacity += load.kv_capacity_tokens;
       sample.decode_running += load.running.requests;
       sample.decode_waiting += load.waiting.requests;

@@ -84,7 +84,8 @@ struct SimCounters {
 struct LoadSample {
   double time_s = 0;
   double prefill_queue_s = 0;     // mean over prefill instances of the queued work, seconds
-  double decode_kv_share = 0;     // HBM KV reserved by running requests / capacity, over the decode pool
+  double decode_kv_share = 0;     // KV of running and waiting requests / HBM KV capacity, over the decode pool
+                                  // (above 1: a backlog waiting for room)
   int64_t decode_running = 0;     // requests in decode batches
   int64_t decode_waiting = 0;     // requests whose KV arrived, waiting for HBM room
 };

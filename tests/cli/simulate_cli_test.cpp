@@ -153,3 +153,45 @@ TEST(SimulateCli, NonUtf8PathInJsonDoesNotCrash) {
 
 }  // namespace
 }  // namespace crescent::cli_test
+
+namespace crescent::cli_test {
+namespace {
+
+TEST(SimulateCli, ConfigNumberOverflowIsBadInput) {
+  auto config = temp_path("crescent_cli_overflow.json");
+  std::ofstream(config) << R"({"model": "llama3-70b", "hardware": "8xA800", "prefill_instances": 1,
+                               "decode_instances": 1, "slo": {"tbt_s": [1e400]}})";
+  CliRun run = run_crescent("simulate " + kTrace + " --config " + quote(config.string()));
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_THAT(run.err, HasSubstr(config.string()));
+  std::filesystem::remove(config);
+}
+
+TEST(SimulateCli, AdmissionAndPoliciesAreRefusedForColocatedSystems) {
+  for (const char* flag : {"--admission predictive", "--policy random", "--compare random,cache-aware"}) {
+    CliRun run = run_crescent("simulate " + kTrace + " " + kConfig + " --system colocated --limit 10 " + flag);
+    EXPECT_EQ(run.exit_code, 2) << flag;
+    EXPECT_THAT(run.err, HasSubstr("apply to --system disaggregated")) << flag;
+  }
+}
+
+TEST(ExperimentCli, EmptyTraceIsRefusedAndLeavesNoDirectory) {
+  auto trace = temp_path("crescent_cli_empty.jsonl");
+  std::ofstream(trace) << "\n";
+  auto out = temp_path("crescent_cli_empty_out");
+  std::filesystem::remove_all(out);
+  CliRun run = run_crescent("experiment capacity --trace " + quote(trace.string()) + " " + kConfig + " --out " +
+                            quote(out.string()));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("no requests"));
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // A run that fails after the directory was created removes it again.
+  CliRun late = run_crescent("experiment capacity " + kConfig + " --trace " + kTrace + " --time-scale 1e-300 --out " +
+                             quote(out.string()));
+  EXPECT_EQ(late.exit_code, 2);
+  EXPECT_FALSE(std::filesystem::exists(out));
+  std::filesystem::remove(trace);
+}
+
+}  // namespace
+}  // namespace crescent::cli_test

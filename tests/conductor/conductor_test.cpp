@@ -297,18 +297,38 @@ TEST_F(AdmissionTest, PredictiveCountsIncomingAndDepartures) {
             RejectReason::kDecodeCapacity);
   EXPECT_EQ(admit(Admission::kEarly, {1, 2'000, 3'000}, {20, 980'000, 997'000}, 4096).rejected,
             RejectReason::kNone);
-  // Full now, but a long prefill ahead (20 s queue) outlasts the running requests' expected decode lifetime
+  // Full now, but a long queue ahead (20 s) outlasts the running requests' expected decode lifetime
   // (100 expected output tokens x one step): they will have left, so it is admitted; early rejects it.
   EXPECT_EQ(admit(Admission::kPredictive, {50, 990'000, 997'000}, {}, 4096, 20).rejected, RejectReason::kNone);
   EXPECT_EQ(admit(Admission::kEarly, {50, 990'000, 997'000}, {}, 4096, 20).rejected,
             RejectReason::kDecodeCapacity);
 }
 
-TEST_F(AdmissionTest, SloRejectsWhenTheChosenDecodeInstanceHasNoRoom) {
-  // Running + incoming + this request's prompt and max output exceed HBM: it would wait, TBT unbounded.
+TEST_F(AdmissionTest, SloJudgesTheChosenInstancesStepTimeOnly) {
+  // Step time over the TBT SLO: reading 3.5M tokens of KV per step takes ~100+ ms on 8xA800.
+  ASSERT_GT(cost_.decode_step_time_s(51, 3'500'000 + 4096), 0.1);
+  EXPECT_EQ(admit(Admission::kSlo, {50, 3'500'000, 500'000}, {}, 4096).rejected, RejectReason::kTbt);
+  // No HBM room (running + incoming + this request exceed 1M tokens) is not part of Algorithm 1's rule.
   EXPECT_EQ(admit(Admission::kSlo, {50, 490'000, 500'000}, {20, 490'000, 497'000}, 4096).rejected,
-            RejectReason::kTbt);
-  EXPECT_EQ(admit(Admission::kSlo, {50, 490'000, 500'000}, {}, 4096).rejected, RejectReason::kNone);
+            RejectReason::kNone);
+}
+
+}  // namespace
+}  // namespace crescent::conductor
+
+namespace crescent::conductor {
+namespace {
+
+TEST_F(ConductorTest, EarlyRejectionPlacesTheRequestWhereItFoundRoom) {
+  FakeCluster cluster(1, 2);
+  // Instance 0 has the lighter batch but no room for prompt + expected output; instance 1 has room.
+  cluster.decode[0] = {.running = {5, 50'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[1] = {.running = {30, 300'000, 400'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware, .admission = Admission::kEarly});
+  auto d = conductor.schedule(cluster, {4096, keys_, 100}, 0);
+  EXPECT_EQ(d.rejected, RejectReason::kNone);
+  EXPECT_EQ(d.decode_instance, 1u);
+  EXPECT_DOUBLE_EQ(d.predicted_tbt_s, cost_.decode_step_time_s(31, 300'000 + 4096));
 }
 
 }  // namespace
