@@ -1,5 +1,7 @@
 #include "conductor/conductor.h"
 
+#include "common/name_table.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,70 +13,31 @@
 namespace crescent::conductor {
 namespace {
 
-constexpr std::array<std::pair<std::string_view, PrefillPolicy>, 4> kPolicies{{
-    {"random", PrefillPolicy::kRandom},
-    {"least-loaded", PrefillPolicy::kLeastLoaded},
-    {"cache-aware", PrefillPolicy::kCacheAware},
-    {"global-cache-aware", PrefillPolicy::kGlobalCacheAware},
-}};
+constexpr NameTable<PrefillPolicy, 4> kPolicies{"prefill policy",
+                                                {{
+                                                    {"random", PrefillPolicy::kRandom},
+                                                    {"least-loaded", PrefillPolicy::kLeastLoaded},
+                                                    {"cache-aware", PrefillPolicy::kCacheAware},
+                                                    {"global-cache-aware", PrefillPolicy::kGlobalCacheAware},
+                                                }}};
 
-constexpr std::array<std::pair<std::string_view, Admission>, 4> kAdmissions{{
-    {"none", Admission::kNone},
-    {"slo", Admission::kSlo},
-    {"early", Admission::kEarly},
-    {"predictive", Admission::kPredictive},
-}};
-
-template <typename Table>
-std::string joined_names(const Table& table) {
-  std::string out;
-  for (const auto& [name, value] : table) out += fmt::format("{}{}", out.empty() ? "" : ", ", name);
-  return out;
-}
+constexpr NameTable<Admission, 4> kAdmissions{"admission policy",
+                                              {{
+                                                  {"none", Admission::kNone},
+                                                  {"slo", Admission::kSlo},
+                                                  {"early", Admission::kEarly},
+                                                  {"predictive", Admission::kPredictive},
+                                              }}};
 
 }  // namespace
 
-Result<PrefillPolicy> parse_prefill_policy(std::string_view name) {
-  for (const auto& [n, p] : kPolicies) {
-    if (n == name) return p;
-  }
-  return Status::not_found(
-      fmt::format("unknown prefill policy '{}' (valid: {})", name, joined_names(kPolicies)));
-}
+Result<PrefillPolicy> parse_prefill_policy(std::string_view name) { return kPolicies.parse(name); }
+std::string_view to_string(PrefillPolicy policy) { return kPolicies.name(policy); }
+std::vector<std::string> prefill_policy_names() { return kPolicies.names(); }
 
-std::string_view to_string(PrefillPolicy policy) {
-  for (const auto& [n, p] : kPolicies) {
-    if (p == policy) return n;
-  }
-  return "?";
-}
-
-std::vector<std::string> prefill_policy_names() {
-  std::vector<std::string> names;
-  for (const auto& [n, p] : kPolicies) names.emplace_back(n);
-  return names;
-}
-
-Result<Admission> parse_admission(std::string_view name) {
-  for (const auto& [n, a] : kAdmissions) {
-    if (n == name) return a;
-  }
-  return Status::not_found(
-      fmt::format("unknown admission policy '{}' (valid: {})", name, joined_names(kAdmissions)));
-}
-
-std::string_view to_string(Admission admission) {
-  for (const auto& [n, a] : kAdmissions) {
-    if (a == admission) return n;
-  }
-  return "?";
-}
-
-std::vector<std::string> admission_names() {
-  std::vector<std::string> names;
-  for (const auto& [n, a] : kAdmissions) names.emplace_back(n);
-  return names;
-}
+Result<Admission> parse_admission(std::string_view name) { return kAdmissions.parse(name); }
+std::string_view to_string(Admission admission) { return kAdmissions.name(admission); }
+std::vector<std::string> admission_names() { return kAdmissions.names(); }
 
 std::string_view to_string(RejectReason reason) {
   switch (reason) {

@@ -29,6 +29,7 @@ enum class PrefillPolicy {
 /// Parses "random", "least-loaded", "cache-aware", "global-cache-aware". Error (kNotFound) lists the valid
 /// names.
 Result<PrefillPolicy> parse_prefill_policy(std::string_view name);
+/// The name of `policy`, as parse_prefill_policy() reads it.
 std::string_view to_string(PrefillPolicy policy);
 /// All policy names, in the order above.
 std::vector<std::string> prefill_policy_names();
@@ -69,6 +70,7 @@ class OutputLengthEstimator {
 
 /// Parses "none", "slo", "early", "predictive". Error (kNotFound) lists the valid names.
 Result<Admission> parse_admission(std::string_view name);
+/// The name of `admission`, as parse_admission() reads it.
 std::string_view to_string(Admission admission);
 /// All admission policy names, in the order above.
 std::vector<std::string> admission_names();

@@ -160,17 +160,6 @@ Result<Output> run_cache_capacity(const Inputs& in) {
   return out;
 }
 
-// Share of all requests meeting TTFT <= ttft_slo_s and TBT <= tbt_slo_s (rejected ones miss): the paper's
-// effective request capacity (§5.1).
-double effective_capacity(const sim::SimResult& result, double ttft_slo_s, double tbt_slo_s) {
-  if (result.requests.empty()) return 0;
-  int64_t effective = 0;
-  for (const sim::RequestOutcome& o : result.requests) {
-    effective += o.rejected == conductor::RejectReason::kNone && o.ttft_s <= ttft_slo_s && o.tbt_s <= tbt_slo_s;
-  }
-  return static_cast<double>(effective) / static_cast<double>(result.requests.size());
-}
-
 // Paper Figures 1, 6, 7: effective request capacity versus TBT threshold for Mooncake's disaggregated
 // architecture and the colocated (vLLM-style) baselines, on the same nodes.
 Result<Output> run_capacity(const Inputs& in) {
@@ -190,14 +179,17 @@ Result<Output> run_capacity(const Inputs& in) {
     const sim::System system = *sim::parse_system(name);
     auto result = simulate(in, in.config, in.traces[0], {.system = system}, progress, name);
     if (!result.ok()) return result.status();
-    const sim::PolicyReport report = sim::summarize(name, *result, in.config.slo);
+    // Effective capacity at each threshold = SLO attainment over all requests (rejected ones miss).
+    sim::SloConfig thresholds{.ttft_s = in.config.slo.ttft_s, .tbt_s = {}};
+    for (int tbt_ms = 100; tbt_ms <= 1000; tbt_ms += 100) thresholds.tbt_s.push_back(tbt_ms / 1000.0);
+    const sim::PolicyReport report = sim::summarize(name, *result, thresholds);
     Json points = Json::array();
     PlotSeries series{.name = name};
-    for (int tbt_ms = 100; tbt_ms <= 1000; tbt_ms += 100) {
-      const double capacity = effective_capacity(*result, in.config.slo.ttft_s, tbt_ms / 1000.0);
-      points.push_back({{"tbt_slo_ms", tbt_ms}, {"effective_capacity", capacity}});
+    for (const sim::SloAttainment& a : report.slo_attainment_by_tbt) {
+      const int tbt_ms = static_cast<int>(std::lround(a.tbt_slo_s * 1000));
+      points.push_back({{"tbt_slo_ms", tbt_ms}, {"effective_capacity", a.attainment}});
       series.x.push_back(tbt_ms);
-      series.y.push_back(capacity * 100);
+      series.y.push_back(a.attainment * 100);
     }
     out.fields["systems"].push_back({{"name", name},
                                      {"ttft_mean_s", report.ttft_mean_s},
@@ -296,7 +288,7 @@ Result<Output> run_pd_ratio(const Inputs& in) {
     auto result = simulate(in, config, in.traces[0], {}, progress, fmt::format("{}P/{}D", prefill, nodes - prefill));
     if (!result.ok()) return result.status();
     const sim::PolicyReport r = sim::summarize("", *result, config.slo);
-    const double effective = effective_capacity(*result, config.slo.ttft_s, tbt_slo_s);
+    const double effective = r.slo_attainment;  // at the config's first TBT threshold, over all requests
     out.fields["points"].push_back({{"prefill", prefill},
                                     {"decode", nodes - prefill},
                                     {"effective_capacity", effective},

@@ -10,6 +10,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "common/name_table.h"
 #include "kv/block_cache.h"
 #include "kv/block_index.h"
 #include "perf/cost_model.h"
@@ -19,12 +20,13 @@
 namespace crescent::sim {
 namespace {
 
-constexpr std::array<std::pair<std::string_view, System>, 4> kSystems{{
-    {"disaggregated", System::kDisaggregated},
-    {"colocated", System::kColocated},
-    {"colocated-prefix-cache", System::kColocatedPrefixCache},
-    {"colocated-chunked-prefill", System::kColocatedChunkedPrefill},
-}};
+constexpr NameTable<System, 4> kSystems{"system",
+                                        {{
+                                            {"disaggregated", System::kDisaggregated},
+                                            {"colocated", System::kColocated},
+                                            {"colocated-prefix-cache", System::kColocatedPrefixCache},
+                                            {"colocated-chunked-prefill", System::kColocatedChunkedPrefill},
+                                        }}};
 
 // How often (in arrivals) SimOptions::progress is called.
 constexpr uint32_t kProgressEveryRequests = 256;
@@ -383,27 +385,9 @@ class Simulation final : public conductor::ClusterView {
 
 }  // namespace
 
-Result<System> parse_system(std::string_view name) {
-  for (const auto& [n, s] : kSystems) {
-    if (n == name) return s;
-  }
-  std::string valid;
-  for (const auto& [n, s] : kSystems) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", n);
-  return Status::not_found(fmt::format("unknown system '{}' (valid: {})", name, valid));
-}
-
-std::string_view to_string(System system) {
-  for (const auto& [n, s] : kSystems) {
-    if (s == system) return n;
-  }
-  return "?";
-}
-
-std::vector<std::string> system_names() {
-  std::vector<std::string> names;
-  for (const auto& [n, s] : kSystems) names.emplace_back(n);
-  return names;
-}
+Result<System> parse_system(std::string_view name) { return kSystems.parse(name); }
+std::string_view to_string(System system) { return kSystems.name(system); }
+std::vector<std::string> system_names() { return kSystems.names(); }
 
 Status validate(const ClusterConfig& config, const SimOptions& options) {
   if (!(options.time_scale > 0) || !std::isfinite(options.time_scale)) {

@@ -31,7 +31,9 @@ enum class System {
 /// Parses "disaggregated", "colocated", "colocated-prefix-cache", "colocated-chunked-prefill"; the error
 /// (kNotFound) lists the valid names.
 Result<System> parse_system(std::string_view name);
+/// The name of `system`, as parse_system() reads it.
 std::string_view to_string(System system);
+/// Every system's name, in the order above.
 std::vector<std::string> system_names();
 
 /// Where a run is, for progress displays.
