@@ -1,5 +1,6 @@
 // `crescent simulate TRACE`: replays a trace through a simulated cluster (disaggregated and placed by the
-// Conductor, one run per prefill policy on the same input, or a colocated baseline) and prints one table or JSON.
+// Conductor, one run per prefill policy on the same input, or a colocated baseline) and prints one table or
+// JSON.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -105,12 +106,14 @@ int run_simulate(const SimulateArgs& args) {
     fmt::print("{}\n", dump_json(out, 2));
   } else {
     const auto& c = *config;
-    fmt::print("trace {}: {} requests, time scale {:g}\n", args.trace_path, requests->size(), args.time_scale);
+    fmt::print("trace {}: {} requests, time scale {:g}\n", args.trace_path, requests->size(),
+               args.time_scale);
     if (*system == sim::System::kDisaggregated) {
-      fmt::print("cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {:.1f}M tokens each, "
-                 "admission {}\n\n",
-                 c.name, c.prefill_instances, c.decode_instances, c.hardware.name, c.model.name,
-                 static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6, args.admission);
+      fmt::print(
+          "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {:.1f}M tokens each, "
+          "admission {}\n\n",
+          c.name, c.prefill_instances, c.decode_instances, c.hardware.name, c.model.name,
+          static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6, args.admission);
     } else {
       fmt::print("cluster {}: {} colocated instances of {} serving {} ({})\n\n", c.name,
                  c.prefill_instances + c.decode_instances, c.hardware.name, c.model.name, args.system);
@@ -131,11 +134,14 @@ void register_simulate(CLI::App& app, int& exit_code) {
                   "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
       ->capture_default_str();
   cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
-  cmd->add_option("--admission", args->admission, "Admission: none, slo, early, predictive")->capture_default_str();
-  cmd->add_option("--system", args->system,
-                  "disaggregated, colocated, colocated-prefix-cache, colocated-chunked-prefill (same node count)")
+  cmd->add_option("--admission", args->admission, "Admission: none, slo, early, predictive")
       ->capture_default_str();
-  cmd->add_option("--chunk-tokens", args->chunk_tokens, "Prefill chunk for colocated-chunked-prefill (tokens)")
+  cmd->add_option(
+         "--system", args->system,
+         "disaggregated, colocated, colocated-prefix-cache, colocated-chunked-prefill (same node count)")
+      ->capture_default_str();
+  cmd->add_option("--chunk-tokens", args->chunk_tokens,
+                  "Prefill chunk for colocated-chunked-prefill (tokens)")
       ->capture_default_str();
   cmd->add_option("--time-scale", args->time_scale, "Replay arrivals this many times faster")
       ->capture_default_str();

@@ -25,7 +25,8 @@ struct NameTable {
     for (const auto& [n, v] : entries) {
       if (n == name) return v;
     }
-    return Status::not_found(fmt::format("unknown {} '{}' (valid: {})", what, name, fmt::join(names(), ", ")));
+    return Status::not_found(
+        fmt::format("unknown {} '{}' (valid: {})", what, name, fmt::join(names(), ", ")));
   }
 
   /// The name of `value` ("?" if it has none).

@@ -1,7 +1,5 @@
 #include "conductor/conductor.h"
 
-#include "common/name_table.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,6 +7,8 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+
+#include "common/name_table.h"
 
 namespace crescent::conductor {
 namespace {
@@ -31,13 +31,25 @@ constexpr NameTable<Admission, 4> kAdmissions{"admission policy",
 
 }  // namespace
 
-Result<PrefillPolicy> parse_prefill_policy(std::string_view name) { return kPolicies.parse(name); }
-std::string_view to_string(PrefillPolicy policy) { return kPolicies.name(policy); }
-std::vector<std::string> prefill_policy_names() { return kPolicies.names(); }
+Result<PrefillPolicy> parse_prefill_policy(std::string_view name) {
+  return kPolicies.parse(name);
+}
+std::string_view to_string(PrefillPolicy policy) {
+  return kPolicies.name(policy);
+}
+std::vector<std::string> prefill_policy_names() {
+  return kPolicies.names();
+}
 
-Result<Admission> parse_admission(std::string_view name) { return kAdmissions.parse(name); }
-std::string_view to_string(Admission admission) { return kAdmissions.name(admission); }
-std::vector<std::string> admission_names() { return kAdmissions.names(); }
+Result<Admission> parse_admission(std::string_view name) {
+  return kAdmissions.parse(name);
+}
+std::string_view to_string(Admission admission) {
+  return kAdmissions.name(admission);
+}
+std::vector<std::string> admission_names() {
+  return kAdmissions.names();
+}
 
 std::string_view to_string(RejectReason reason) {
   switch (reason) {
@@ -212,18 +224,20 @@ static int64_t max_decode_capacity_tokens(const ClusterView& cluster) {
 }
 
 // Early rejection's judgement of the decode pool (arXiv §7.2, §7.4): the decode instance that can hold this
-// request's KV (prompt + expected output) and step within the TBT SLO with the lowest predicted step time, or none. kEarly judges the load there now (running and
-// waiting requests). kPredictive judges the load predicted `horizon_s` from now: requests already placed there
-// (incoming) will have joined, and running requests expected to finish by then will have left. Running requests
-// are taken as uniformly spread over a decode lifetime of expected-output steps, so a share
-// min(1, horizon / lifetime) of them leaves.
+// request's KV (prompt + expected output) and step within the TBT SLO with the lowest predicted step time, or
+// none. kEarly judges the load there now (running and waiting requests). kPredictive judges the load
+// predicted `horizon_s` from now: requests already placed there (incoming) will have joined, and running
+// requests expected to finish by then will have left. Running requests are taken as uniformly spread over a
+// decode lifetime of expected-output steps, so a share min(1, horizon / lifetime) of them leaves.
 //
-// The horizon is the time until this request's prefill *starts*, not ends: HBM freed while its own prefill runs
-// is taken first by requests placed after it whose shorter prefills finish earlier. Counting departures up to
-// its prefill's end admits long prompts on room that will not be there (measured in docs/experiments.md: on a
-// decode-bound cluster that horizon rejected 2.3x more requests: 2,581 against 1,100).
-std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& cluster, const RequestInfo& request,
-                                                         double horizon_s, double& predicted_tbt_s) const {
+// The horizon is the time until this request's prefill *starts*, not ends: HBM freed while its own prefill
+// runs is taken first by requests placed after it whose shorter prefills finish earlier. Counting departures
+// up to its prefill's end admits long prompts on room that will not be there (measured in
+// docs/experiments.md: on a decode-bound cluster that horizon rejected 2.3x more requests: 2,581 against
+// 1,100).
+std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& cluster,
+                                                         const RequestInfo& request, double horizon_s,
+                                                         double& predicted_tbt_s) const {
   const double expected_output = output_estimator_.expected_tokens();
   const double need = static_cast<double>(request.input_tokens) + expected_output;
   const bool predictive = options_.admission == Admission::kPredictive;

@@ -35,7 +35,8 @@ std::string_view to_string(PrefillPolicy policy);
 std::vector<std::string> prefill_policy_names();
 
 /// When to refuse a request at arrival, before any prefill is spent on it (arXiv report §7). Every policy but
-/// kNone rejects when the best predicted TTFT exceeds the TTFT SLO; they differ in how they judge the decode pool.
+/// kNone rejects when the best predicted TTFT exceeds the TTFT SLO; they differ in how they judge the decode
+/// pool.
 enum class Admission {
   kNone,  // accept everything (requests may miss their SLOs)
   /// Algorithm 1 lines 18-19: the chosen decode instance's predicted TBT (its step time with the request and
@@ -45,9 +46,9 @@ enum class Admission {
   /// output, step time within the TBT SLO) judged on its current load: the requests running or waiting there
   /// now. The request is placed on that instance.
   kEarly,
-  /// Predictive early rejection (§7.4): the same judgement on the decode load predicted ahead: requests already
-  /// placed (in prefill) join, running requests expected to finish before this request's prefill starts leave
-  /// (see conductor.cpp for why the horizon stops there).
+  /// Predictive early rejection (§7.4): the same judgement on the decode load predicted ahead: requests
+  /// already placed (in prefill) join, running requests expected to finish before this request's prefill
+  /// starts leave (see conductor.cpp for why the horizon stops there).
   kPredictive,
 };
 

@@ -170,11 +170,12 @@ Result<Output> run_capacity(const Inputs& in) {
   out.fields["nodes"] = in.config.prefill_instances + in.config.decode_instances;
   out.fields["ttft_slo_s"] = in.config.slo.ttft_s;
   out.fields["systems"] = Json::array();
-  out.plot = {.title = fmt::format("Effective request capacity: {} on {} nodes, time scale {:g}",
-                                   trace_name(in.trace_paths[0]),
-                                   in.config.prefill_instances + in.config.decode_instances, in.time_scale),
-              .x_label = "TBT threshold (ms)",
-              .y_label = fmt::format("requests with TTFT <= {:g} s and TBT <= threshold (%)", in.config.slo.ttft_s)};
+  out.plot = {
+      .title = fmt::format("Effective request capacity: {} on {} nodes, time scale {:g}",
+                           trace_name(in.trace_paths[0]),
+                           in.config.prefill_instances + in.config.decode_instances, in.time_scale),
+      .x_label = "TBT threshold (ms)",
+      .y_label = fmt::format("requests with TTFT <= {:g} s and TBT <= threshold (%)", in.config.slo.ttft_s)};
   for (const std::string& name : systems) {
     const sim::System system = *sim::parse_system(name);
     auto result = simulate(in, in.config, in.traces[0], {.system = system}, progress, name);
@@ -217,8 +218,8 @@ double correlation(const std::vector<double>& a, const std::vector<double>& b) {
   return va > 0 && vb > 0 ? cov / std::sqrt(va * vb) : 0;
 }
 
-// arXiv report §7: the trace sped up until the cluster is overloaded, under each admission policy. Rejections,
-// goodput, SLO attainment of accepted requests, and the prefill- and decode-pool loads over time.
+// arXiv report §7: the trace sped up until the cluster is overloaded, under each admission policy.
+// Rejections, goodput, SLO attainment of accepted requests, and the prefill- and decode-pool loads over time.
 Result<Output> run_overload(const Inputs& in) {
   constexpr double kSampleIntervalS = 10;
   const std::vector<std::string> admissions = conductor::admission_names();
@@ -235,14 +236,17 @@ Result<Output> run_overload(const Inputs& in) {
               .y2_label = "decode HBM KV reserved (%)"};
   for (size_t a = 0; a < admissions.size(); ++a) {
     const std::string& name = admissions[a];
-    auto result = simulate(in, in.config, in.traces[0],
-                           {.admission = *conductor::parse_admission(name), .load_sample_interval_s = kSampleIntervalS},
-                           progress, name);
+    auto result =
+        simulate(in, in.config, in.traces[0],
+                 {.admission = *conductor::parse_admission(name), .load_sample_interval_s = kSampleIntervalS},
+                 progress, name);
     if (!result.ok()) return result.status();
     const sim::PolicyReport r = sim::summarize(name, *result, in.config.slo);
     Json series = Json::array();
     PlotSeries prefill{.name = name + ": prefill queue", .color = static_cast<int>(a)};
-    PlotSeries decode{.name = name + ": decode KV", .style = LineStyle::kDashed, .color = static_cast<int>(a),
+    PlotSeries decode{.name = name + ": decode KV",
+                      .style = LineStyle::kDashed,
+                      .color = static_cast<int>(a),
                       .right_axis = true};
     for (const sim::LoadSample& s : result->load_series) {
       series.push_back({{"time_s", s.time_s},
@@ -285,7 +289,8 @@ Result<Output> run_pd_ratio(const Inputs& in) {
     sim::ClusterConfig config = in.config;
     config.prefill_instances = prefill;
     config.decode_instances = nodes - prefill;
-    auto result = simulate(in, config, in.traces[0], {}, progress, fmt::format("{}P/{}D", prefill, nodes - prefill));
+    auto result =
+        simulate(in, config, in.traces[0], {}, progress, fmt::format("{}P/{}D", prefill, nodes - prefill));
     if (!result.ok()) return result.status();
     const sim::PolicyReport r = sim::summarize("", *result, config.slo);
     const double effective = r.slo_attainment;  // at the config's first TBT threshold, over all requests
@@ -359,7 +364,8 @@ Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions
   for (const auto& path : in.trace_paths) {
     auto requests = trace::read_trace(path, {.block_size_tokens = in.block_size_tokens});
     if (!requests.ok()) return requests.status();
-    if (requests->empty()) return Status::invalid_argument(fmt::format("{}: the trace has no requests", path));
+    if (requests->empty())
+      return Status::invalid_argument(fmt::format("{}: the trace has no requests", path));
     in.traces.push_back(std::move(*requests));
   }
   return in;

@@ -42,8 +42,7 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
   CRESCENT_RETURN_IF_ERROR(
       f.no_unknown_keys({"name", "description", "model", "hardware", "prefill_instances", "decode_instances",
                          "prefill_cache_capacity_tokens", "decode_hbm_reserved_share", "prefill_chunk_tokens",
-                         "kvcache_balancing_threshold", "expected_output_prior_tokens", "slo",
-                                              "seed"}));
+                         "kvcache_balancing_threshold", "expected_output_prior_tokens", "slo", "seed"}));
   CRESCENT_RETURN_IF_ERROR(f.string("name", c.name, /*required=*/false));
   if (!j.contains("model")) return Status::invalid_argument(fmt::format("{}: missing field 'model'", where));
   if (!j.contains("hardware"))

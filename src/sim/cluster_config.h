@@ -30,8 +30,8 @@ struct ClusterConfig {
   double decode_hbm_reserved_share = 0.1;  // HBM kept free of weights and KV (activations, fragmentation)
   int64_t prefill_chunk_tokens = 8192;  // prefill chunk: KV streams to decode chunk by chunk (§3.1 step 3)
   double kvcache_balancing_threshold = 1.0;  // Algorithm 1 line 5
-  /// Output length (tokens) admission assumes before any request has finished; then a running mean of finished
-  /// requests' outputs takes over (conductor::OutputLengthEstimator).
+  /// Output length (tokens) admission assumes before any request has finished; then a running mean of
+  /// finished requests' outputs takes over (conductor::OutputLengthEstimator).
   double expected_output_prior_tokens = 256;
   SloConfig slo;
   uint64_t seed = 1;

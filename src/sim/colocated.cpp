@@ -27,7 +27,6 @@ constexpr uint32_t kProgressEveryRequests = 256;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr uint32_t kNoRequest = std::numeric_limits<uint32_t>::max();
 
-
 // Per-request state while it is in flight.
 struct RequestState {
   int64_t prefill_tokens = 0;       // prompt tokens to compute (>= 1: the last is always recomputed)
@@ -117,8 +116,8 @@ class Node {
     if (prefilling_ != kNoRequest) {
       const RequestState& s = state(prefilling_);
       const int64_t left = s.prefill_tokens - s.prefill_done_tokens;
-      // vLLM's chunked prefill spends its token budget (max_num_batched_tokens) on decodes first, one token each;
-      // the prompt gets what is left.
+      // vLLM's chunked prefill spends its token budget (max_num_batched_tokens) on decodes first, one token
+      // each; the prompt gets what is left.
       iteration_.prefill_tokens =
           chunked ? std::min(left, std::max<int64_t>(0, mode_.chunk_tokens - running_requests_)) : left;
       prefix_tokens = s.reused_tokens + s.prefill_done_tokens;

@@ -29,10 +29,17 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
     if (o.rejected != conductor::RejectReason::kNone) {
       ++r.rejected;
       switch (o.rejected) {
-        case conductor::RejectReason::kTtft: ++r.rejected_ttft; break;
-        case conductor::RejectReason::kTbt: ++r.rejected_tbt; break;
-        case conductor::RejectReason::kDecodeCapacity: ++r.rejected_decode_capacity; break;
-        case conductor::RejectReason::kNone: break;
+        case conductor::RejectReason::kTtft:
+          ++r.rejected_ttft;
+          break;
+        case conductor::RejectReason::kTbt:
+          ++r.rejected_tbt;
+          break;
+        case conductor::RejectReason::kDecodeCapacity:
+          ++r.rejected_decode_capacity;
+          break;
+        case conductor::RejectReason::kNone:
+          break;
       }
       continue;
     }
@@ -53,7 +60,8 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
     r.slo_attainment_by_tbt[i].attainment = total > 0 ? r.slo_attainment_by_tbt[i].attainment / total : 0;
   }
   r.slo_attainment = r.slo_attainment_by_tbt.empty() ? 0 : r.slo_attainment_by_tbt.front().attainment;
-  r.slo_attainment_accepted = r.completed > 0 ? r.slo_attainment * total / static_cast<double>(r.completed) : 0;
+  r.slo_attainment_accepted =
+      r.completed > 0 ? r.slo_attainment * total / static_cast<double>(r.completed) : 0;
   // Goodput over the arrival span (first to last arrival); a single-instant trace counts as one second.
   double first_s = 0, last_s = 0;
   if (!result.requests.empty()) {

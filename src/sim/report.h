@@ -24,7 +24,7 @@ struct PolicyReport {
   std::string name;
   int64_t completed = 0;
   int64_t rejected = 0;
-  int64_t rejected_ttft = 0;             // by reason (conductor::RejectReason)
+  int64_t rejected_ttft = 0;  // by reason (conductor::RejectReason)
   int64_t rejected_tbt = 0;
   int64_t rejected_decode_capacity = 0;
   double ttft_mean_s = 0, ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0;
@@ -34,7 +34,7 @@ struct PolicyReport {
   double prefill_compute_s_per_request = 0;  // mean GPU time of prefill
   double slo_attainment = 0;                 // at the primary (first) TBT SLO, over all requests
   double slo_attainment_accepted = 0;        // the same over accepted (completed) requests only
-  double goodput_rps = 0;                    // requests meeting both SLOs (primary TBT) per second of trace span
+  double goodput_rps = 0;  // requests meeting both SLOs (primary TBT) per second of trace span
   std::vector<SloAttainment> slo_attainment_by_tbt;
   double makespan_s = 0;
 };

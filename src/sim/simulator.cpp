@@ -385,9 +385,15 @@ class Simulation final : public conductor::ClusterView {
 
 }  // namespace
 
-Result<System> parse_system(std::string_view name) { return kSystems.parse(name); }
-std::string_view to_string(System system) { return kSystems.name(system); }
-std::vector<std::string> system_names() { return kSystems.names(); }
+Result<System> parse_system(std::string_view name) {
+  return kSystems.parse(name);
+}
+std::string_view to_string(System system) {
+  return kSystems.name(system);
+}
+std::vector<std::string> system_names() {
+  return kSystems.names();
+}
 
 Status validate(const ClusterConfig& config, const SimOptions& options) {
   if (!(options.time_scale > 0) || !std::isfinite(options.time_scale)) {

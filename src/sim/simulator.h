@@ -22,9 +22,9 @@ namespace crescent::sim {
 /// The serving architecture being simulated, on the same nodes (prefill_instances + decode_instances of the
 /// config).
 enum class System {
-  kDisaggregated,            // Mooncake: separate prefill and decode instances, placed by the Conductor
-  kColocated,                // vLLM-style: every node prefills and decodes; a prefill iteration stalls the batch
-  kColocatedPrefixCache,     // colocated, plus a prefix cache in each node's own HBM
+  kDisaggregated,         // Mooncake: separate prefill and decode instances, placed by the Conductor
+  kColocated,             // vLLM-style: every node prefills and decodes; a prefill iteration stalls the batch
+  kColocatedPrefixCache,  // colocated, plus a prefix cache in each node's own HBM
   kColocatedChunkedPrefill,  // colocated, prefill split into chunks that share iterations with decode
 };
 
@@ -76,8 +76,8 @@ struct RequestOutcome {
 
 /// Work done by a run, for speed reports.
 struct SimCounters {
-  int64_t events = 0;  // disaggregated: arrivals + prefill completions + KV arrivals + decode steps;
-                       // colocated: arrivals + iterations
+  int64_t events = 0;        // disaggregated: arrivals + prefill completions + KV arrivals + decode steps;
+                             // colocated: arrivals + iterations
   int64_t decode_steps = 0;  // continuous-batching iterations over all decode instances
   int64_t decisions = 0;     // Conductor::schedule calls
 };
@@ -85,17 +85,17 @@ struct SimCounters {
 /// Load of the two pools at one moment (disaggregated runs).
 struct LoadSample {
   double time_s = 0;
-  double prefill_queue_s = 0;     // mean over prefill instances of the queued work, seconds
-  double decode_kv_share = 0;     // KV of running and waiting requests / HBM KV capacity, over the decode pool
-                                  // (above 1: a backlog waiting for room)
-  int64_t decode_running = 0;     // requests in decode batches
-  int64_t decode_waiting = 0;     // requests whose KV arrived, waiting for HBM room
+  double prefill_queue_s = 0;  // mean over prefill instances of the queued work, seconds
+  double decode_kv_share = 0;  // KV of running and waiting requests / HBM KV capacity, over the decode pool
+                               // (above 1: a backlog waiting for room)
+  int64_t decode_running = 0;  // requests in decode batches
+  int64_t decode_waiting = 0;  // requests whose KV arrived, waiting for HBM room
 };
 
 struct SimResult {
   std::vector<RequestOutcome> requests;  // in trace order
   SimCounters counters;
-  double makespan_s = 0;  // virtual time when the last request finished
+  double makespan_s = 0;                // virtual time when the last request finished
   std::vector<LoadSample> load_series;  // every SimOptions::load_sample_interval_s, while requests arrive
 };
 

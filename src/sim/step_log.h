@@ -11,8 +11,8 @@
 namespace crescent::sim {
 
 /// End times of one engine's decode steps (iterations in which every running request gains a token), numbered
-/// from 0, and the TBT of a request read off them, so no step has to touch every request in the batch. The owner
-/// trims it below the oldest request still decoding: memory stays proportional to the longest request.
+/// from 0, and the TBT of a request read off them, so no step has to touch every request in the batch. The
+/// owner trims it below the oldest request still decoding: memory stays proportional to the longest request.
 class StepLog {
  public:
   // Number of the next step to be appended.

@@ -76,8 +76,9 @@ TEST(ExperimentCli, SameInputsGiveByteIdenticalJson) {
 }
 
 TEST(ExperimentCli, UnknownExperimentListsValidNames) {
-  expect_one_error_line(run_crescent("experiment fastest --out /tmp"),
-                        "unknown experiment 'fastest' (valid: scheduling, cache-capacity, capacity, overload, pd-ratio)");
+  expect_one_error_line(
+      run_crescent("experiment fastest --out /tmp"),
+      "unknown experiment 'fastest' (valid: scheduling, cache-capacity, capacity, overload, pd-ratio)");
 }
 
 TEST(ExperimentCli, BadOptionsWriteNothing) {

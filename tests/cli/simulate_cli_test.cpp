@@ -169,7 +169,8 @@ TEST(SimulateCli, ConfigNumberOverflowIsBadInput) {
 
 TEST(SimulateCli, AdmissionAndPoliciesAreRefusedForColocatedSystems) {
   for (const char* flag : {"--admission predictive", "--policy random", "--compare random,cache-aware"}) {
-    CliRun run = run_crescent("simulate " + kTrace + " " + kConfig + " --system colocated --limit 10 " + flag);
+    CliRun run =
+        run_crescent("simulate " + kTrace + " " + kConfig + " --system colocated --limit 10 " + flag);
     EXPECT_EQ(run.exit_code, 2) << flag;
     EXPECT_THAT(run.err, HasSubstr("apply to --system disaggregated")) << flag;
   }
@@ -180,14 +181,14 @@ TEST(ExperimentCli, EmptyTraceIsRefusedAndLeavesNoDirectory) {
   std::ofstream(trace) << "\n";
   auto out = temp_path("crescent_cli_empty_out");
   std::filesystem::remove_all(out);
-  CliRun run = run_crescent("experiment capacity --trace " + quote(trace.string()) + " " + kConfig + " --out " +
-                            quote(out.string()));
+  CliRun run = run_crescent("experiment capacity --trace " + quote(trace.string()) + " " + kConfig +
+                            " --out " + quote(out.string()));
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_THAT(run.err, HasSubstr("no requests"));
   EXPECT_FALSE(std::filesystem::exists(out));
   // A run that fails after the directory was created removes it again.
-  CliRun late = run_crescent("experiment capacity " + kConfig + " --trace " + kTrace + " --time-scale 1e-300 --out " +
-                             quote(out.string()));
+  CliRun late = run_crescent("experiment capacity " + kConfig + " --trace " + kTrace +
+                             " --time-scale 1e-300 --out " + quote(out.string()));
   EXPECT_EQ(late.exit_code, 2);
   EXPECT_FALSE(std::filesystem::exists(out));
   std::filesystem::remove(trace);

@@ -266,7 +266,8 @@ class AdmissionTest : public ConductorTest {
                  double prefill_busy_until_s = 0) {
     FakeCluster cluster(1, 1);
     cluster.busy_until_s = {prefill_busy_until_s};
-    cluster.decode[0] = {.running = running, .waiting = {}, .incoming = incoming, .kv_capacity_tokens = 1'000'000};
+    cluster.decode[0] = {
+        .running = running, .waiting = {}, .incoming = incoming, .kv_capacity_tokens = 1'000'000};
     Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware,
                                 .admission = admission,
                                 .ttft_slo_s = 30,
@@ -285,7 +286,8 @@ TEST_F(AdmissionTest, EveryPolicyButNoneRejectsWhenTtftSloCannotBeMet) {
 
 TEST_F(AdmissionTest, EarlyJudgesCurrentLoadOnly) {
   // 997k tokens running: no room now for 4096 + 100. Incoming requests are not part of the current load.
-  EXPECT_EQ(admit(Admission::kEarly, {50, 990'000, 997'000}, {}, 4096).rejected, RejectReason::kDecodeCapacity);
+  EXPECT_EQ(admit(Admission::kEarly, {50, 990'000, 997'000}, {}, 4096).rejected,
+            RejectReason::kDecodeCapacity);
   EXPECT_EQ(admit(Admission::kEarly, {50, 490'000, 500'000}, {20, 490'000, 495'000}, 4096).rejected,
             RejectReason::kNone);
 }
@@ -299,7 +301,8 @@ TEST_F(AdmissionTest, PredictiveCountsIncomingAndDepartures) {
             RejectReason::kNone);
   // Full now, but a long queue ahead (20 s) outlasts the running requests' expected decode lifetime
   // (100 expected output tokens x one step): they will have left, so it is admitted; early rejects it.
-  EXPECT_EQ(admit(Admission::kPredictive, {50, 990'000, 997'000}, {}, 4096, 20).rejected, RejectReason::kNone);
+  EXPECT_EQ(admit(Admission::kPredictive, {50, 990'000, 997'000}, {}, 4096, 20).rejected,
+            RejectReason::kNone);
   EXPECT_EQ(admit(Admission::kEarly, {50, 990'000, 997'000}, {}, 4096, 20).rejected,
             RejectReason::kDecodeCapacity);
 }
@@ -322,8 +325,10 @@ namespace {
 TEST_F(ConductorTest, EarlyRejectionPlacesTheRequestWhereItFoundRoom) {
   FakeCluster cluster(1, 2);
   // Instance 0 has the lighter batch but no room for prompt + expected output; instance 1 has room.
-  cluster.decode[0] = {.running = {5, 50'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
-  cluster.decode[1] = {.running = {30, 300'000, 400'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[0] = {
+      .running = {5, 50'000, 999'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
+  cluster.decode[1] = {
+      .running = {30, 300'000, 400'000}, .waiting = {}, .incoming = {}, .kv_capacity_tokens = 1'000'000};
   Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware, .admission = Admission::kEarly});
   auto d = conductor.schedule(cluster, {4096, keys_, 100}, 0);
   EXPECT_EQ(d.rejected, RejectReason::kNone);

@@ -33,7 +33,8 @@ nlohmann::json read_json(const fs::path& path) {
 }
 
 TEST(Experiments, Names) {
-  EXPECT_THAT(experiment_names(), ElementsAre("scheduling", "cache-capacity", "capacity", "overload", "pd-ratio"));
+  EXPECT_THAT(experiment_names(),
+              ElementsAre("scheduling", "cache-capacity", "capacity", "overload", "pd-ratio"));
 }
 
 TEST(Experiments, BadInputIsRefusedBeforeAnythingIsWritten) {
@@ -41,7 +42,8 @@ TEST(Experiments, BadInputIsRefusedBeforeAnythingIsWritten) {
   const ExperimentOptions good{.out_dir = out.path, .traces = {kSynthetic}, .config_path = kConfig};
   Status status = run_experiment("fastest", good);
   EXPECT_EQ(status.code(), StatusCode::kNotFound);
-  EXPECT_EQ(status.message(), "unknown experiment 'fastest' (valid: scheduling, cache-capacity, capacity, overload, pd-ratio)");
+  EXPECT_EQ(status.message(),
+            "unknown experiment 'fastest' (valid: scheduling, cache-capacity, capacity, overload, pd-ratio)");
 
   ExperimentOptions bad = good;
   bad.time_scale = 0;
@@ -135,7 +137,9 @@ double capacity_at(const nlohmann::json& system, int tbt_ms) {
 // percentage point below a colocated baseline, at any TBT threshold.
 TEST(Experiments, CapacityDisaggregatedNeverBelowColocated) {
   OutDir out;
-  ASSERT_TRUE(run_experiment("capacity", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig}).ok());
+  ASSERT_TRUE(
+      run_experiment("capacity", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig})
+          .ok());
   const auto j = read_json(out.path / "capacity.json");
   ASSERT_EQ(j["systems"].size(), 4u);
   EXPECT_EQ(j["systems"][0]["name"], "disaggregated");
@@ -159,7 +163,9 @@ TEST(Experiments, CapacityDisaggregatedNeverBelowColocated) {
 // where nearly every accepted request meets its SLOs.
 TEST(Experiments, OverloadAdmissionRestoresSloAttainment) {
   OutDir out;
-  ASSERT_TRUE(run_experiment("overload", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig}).ok());
+  ASSERT_TRUE(
+      run_experiment("overload", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig})
+          .ok());
   const auto j = read_json(out.path / "overload.json");
   EXPECT_EQ(j["time_scale"], 2.0);  // the experiment's default
   ASSERT_EQ(j["policies"].size(), 4u);
@@ -180,25 +186,28 @@ TEST(Experiments, OverloadAdmissionRestoresSloAttainment) {
 // judging the current load, with better SLO attainment of the accepted ones and more goodput (arXiv §7.4).
 TEST(Experiments, OverloadPredictiveBeatsEarlyWhenDecodeBinds) {
   OutDir out;
-  ASSERT_TRUE(run_experiment("overload", {.out_dir = out.path,
-                                          .traces = {kConversation},
-                                          .config_path = kDecodeBound,
-                                          .time_scale = 4})
-                  .ok());
+  ASSERT_TRUE(
+      run_experiment(
+          "overload",
+          {.out_dir = out.path, .traces = {kConversation}, .config_path = kDecodeBound, .time_scale = 4})
+          .ok());
   const auto j = read_json(out.path / "overload.json");
   const auto& early = j["policies"][2];
   const auto& predictive = j["policies"][3];
   ASSERT_EQ(early["name"], "early");
   ASSERT_EQ(predictive["name"], "predictive");
   EXPECT_LT(predictive["rejected"].get<int>(), early["rejected"].get<int>());
-  EXPECT_GE(predictive["slo_attainment_accepted"].get<double>(), early["slo_attainment_accepted"].get<double>());
+  EXPECT_GE(predictive["slo_attainment_accepted"].get<double>(),
+            early["slo_attainment_accepted"].get<double>());
   EXPECT_GT(predictive["goodput_rps"].get<double>(), early["goodput_rps"].get<double>());
 }
 
 // Figure 15: every split of 16 nodes; too few prefill instances collapse under the prefill load.
 TEST(Experiments, PdRatioCoversEverySplit) {
   OutDir out;
-  ASSERT_TRUE(run_experiment("pd-ratio", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig}).ok());
+  ASSERT_TRUE(
+      run_experiment("pd-ratio", {.out_dir = out.path, .traces = {kConversation}, .config_path = kConfig})
+          .ok());
   const auto j = read_json(out.path / "pd-ratio.json");
   ASSERT_EQ(j["points"].size(), 15u);
   for (size_t i = 0; i < 15; ++i) {
