@@ -285,6 +285,7 @@ Result<Output> run_pd_ratio(const Inputs& in) {
   PlotSeries capacity{.name = fmt::format("effective capacity (TTFT <= {:g} s, TBT <= {:g} ms)",
                                           in.config.slo.ttft_s, tbt_slo_s * 1000)};
   PlotSeries ttft{.name = "mean TTFT", .style = LineStyle::kDashed, .right_axis = true};
+  PlotSeries tbt{.name = "mean TBT", .style = LineStyle::kDashed, .right_axis = true};
   for (uint32_t prefill = 1; prefill < nodes; ++prefill) {
     sim::ClusterConfig config = in.config;
     config.prefill_instances = prefill;
@@ -304,13 +305,16 @@ Result<Output> run_pd_ratio(const Inputs& in) {
     capacity.y.push_back(effective * 100);
     ttft.x.push_back(prefill);
     ttft.y.push_back(r.ttft_mean_s);
+    tbt.x.push_back(prefill);
+    tbt.y.push_back(r.tbt_mean_s);
   }
   out.plot = {.title = fmt::format("Prefill/decode split of {} nodes: {} at time scale {:g}", nodes,
                                    trace_name(in.trace_paths[0]), in.time_scale),
               .x_label = fmt::format("prefill instances (decode = {} - prefill)", nodes),
               .y_label = "effective request capacity (%)",
-              .y2_label = "mean TTFT (s)",
-              .series = {capacity, ttft}};
+              .y2_label = "mean TTFT and mean TBT (s, log scale)",
+              .log_y2 = true,
+              .series = {capacity, ttft, tbt}};
   return out;
 }
 

@@ -81,7 +81,11 @@ std::string preamble(const Plot& plot) {
     s += fmt::format("set border 11\nset y2label {}\nset y2tics\n", gnuplot_string(plot.y2_label));
   }
   if (!left_negative) s += "set yrange [0:*]\n";
-  if (right_axis && !right_negative) s += "set y2range [0:*]\n";
+  if (right_axis && plot.log_y2) {
+    s += "set logscale y2\n";  // values <= 0 are skipped by gnuplot
+  } else if (right_axis && !right_negative) {
+    s += "set y2range [0:*]\n";
+  }
   return s;
 }
 

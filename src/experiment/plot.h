@@ -41,6 +41,7 @@ struct Plot {
   std::string y_label{};
   std::string y2_label{};  // the right axis, for series with right_axis
   bool log_x = false;
+  bool log_y2 = false;  // log scale on the right axis (values spanning orders of magnitude)
   PlotKind kind = PlotKind::kLines;
   std::vector<std::string> categories{};  // kBars: the clusters, left to right
   std::vector<PlotSeries> series{};
