@@ -12,20 +12,10 @@
 #include "sim/report.h"
 #include "sim/simulator.h"
 #include "trace/reader.h"
+#include "test_cluster.h"
 
 namespace crescent::sim {
 namespace {
-
-// llama3-70b on 8xA800 nodes; prefill_instances + decode_instances nodes.
-ClusterConfig small_cluster(uint32_t prefill, uint32_t decode) {
-  ClusterConfig c;
-  c.name = "test";
-  c.model = *perf::model_preset("llama3-70b");
-  c.hardware = *perf::hardware_preset("8xA800");
-  c.prefill_instances = prefill;
-  c.decode_instances = decode;
-  return c;
-}
 
 // Keeps 75% of HBM free of KV: (640e9 * 0.25 - 141,107,412,992) / 327,680 = 57,651 KV tokens per node, so
 // requests that fill a node prefill in seconds.

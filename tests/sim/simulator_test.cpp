@@ -8,21 +8,12 @@
 #include "perf/cost_model.h"
 #include "sim/report.h"
 #include "trace/reader.h"
+#include "test_cluster.h"
 
 namespace crescent::sim {
 namespace {
 
 using conductor::PrefillPolicy;
-
-ClusterConfig small_cluster(uint32_t prefill, uint32_t decode) {
-  ClusterConfig c;
-  c.name = "test";
-  c.model = *perf::model_preset("llama3-70b");
-  c.hardware = *perf::hardware_preset("8xA800");
-  c.prefill_instances = prefill;
-  c.decode_instances = decode;
-  return c;
-}
 
 trace::Request request(int64_t timestamp_ms, int64_t input_tokens, int64_t output_tokens,
                        std::vector<BlockKey> keys) {
