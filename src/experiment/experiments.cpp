@@ -419,17 +419,13 @@ Status run_experiment(std::string_view name, const ExperimentOptions& options) {
   Json j = provenance(*experiment, *in);
   j.update(output->fields);
 
-  // The plot first: a JSON file always comes with its plot.
+  // Both files written in full before either replaces an older one; the JSON is renamed last.
   const std::filesystem::path base = std::filesystem::path(options.out_dir) / name;
   const std::string svg_path = base.string() + ".svg";
-  if (Status st = write_file_atomically(svg_path, *svg); !st.ok()) return fail(st);
-  Status written = write_file_atomically(
-      base.string() + ".json", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  if (!written.ok()) {
-    std::filesystem::remove(svg_path, ignored);
-    return fail(written);
-  }
-  return written;
+  const std::string json_text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const FileContent files[] = {{svg_path, *svg}, {base.string() + ".json", json_text}};
+  if (Status written = write_files_atomically(files); !written.ok()) return fail(written);
+  return Status();
 }
 
 }  // namespace crescent::experiment

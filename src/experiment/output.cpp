@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 namespace crescent::experiment {
 namespace {
@@ -34,23 +35,39 @@ bool write_all(int fd, std::string_view content) {
 
 }  // namespace
 
+Status write_files_atomically(std::span<const FileContent> files) {
+  // First every content into a temporary file beside its target; only when all are complete, the renames.
+  std::vector<std::string> temps;
+  auto failure = [&](const std::string& path, int error) {
+    for (const std::string& temp : temps) ::unlink(temp.c_str());
+    return Status::io_error(fmt::format("cannot write '{}': {}", path, std::strerror(error)));
+  };
+  for (const FileContent& file : files) {
+    std::string temp;
+    const int fd = create_temp_beside(file.path, temp);
+    if (fd < 0) return failure(file.path, errno);
+    temps.push_back(temp);
+    bool ok = write_all(fd, file.content);
+    int error = errno;
+    if (::close(fd) != 0 && ok) {
+      ok = false;
+      error = errno;
+    }
+    if (!ok) return failure(file.path, error);
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (std::rename(temps[i].c_str(), files[i].path.c_str()) != 0) {
+      const int error = errno;
+      temps.erase(temps.begin(), temps.begin() + static_cast<std::ptrdiff_t>(i));  // those are renamed
+      return failure(files[i].path, error);
+    }
+  }
+  return Status();
+}
+
 Status write_file_atomically(const std::string& path, std::string_view content) {
-  std::string temp;
-  const int fd = create_temp_beside(path, temp);
-  if (fd < 0) return Status::io_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
-  bool ok = write_all(fd, content);
-  int error = errno;
-  if (::close(fd) != 0 && ok) {
-    ok = false;
-    error = errno;
-  }
-  if (ok && std::rename(temp.c_str(), path.c_str()) != 0) {
-    ok = false;
-    error = errno;
-  }
-  if (ok) return Status();
-  ::unlink(temp.c_str());
-  return Status::io_error(fmt::format("cannot write '{}': {}", path, std::strerror(error)));
+  const FileContent file{path, content};
+  return write_files_atomically({&file, 1});
 }
 
 Status ensure_writable_directory(const std::string& dir) {

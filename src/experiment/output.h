@@ -1,12 +1,24 @@
 // Writing result files so that no reader ever sees a partial one.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "common/status.h"
 
 namespace crescent::experiment {
+
+/// One file to write: where, and what.
+struct FileContent {
+  std::string path;
+  std::string_view content;
+};
+
+/// Writes every file through a temporary file beside it, renaming them into place only once all are complete:
+/// on an error while writing, no target has changed (a failing rename, rarer, leaves the earlier files renamed). Errors (kIoError) name the path and the OS's reason; the
+/// temporary files are removed.
+Status write_files_atomically(std::span<const FileContent> files);
 
 /// Writes `content` to `path` through a temporary file in the same directory and a rename, so `path` ends up
 /// holding all of `content` or stays as it was. Errors (kIoError) name the path and the OS's reason; the

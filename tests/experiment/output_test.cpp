@@ -84,3 +84,29 @@ TEST(EnsureWritableDirectory, PathUnderARegularFileIsAnError) {
 
 }  // namespace
 }  // namespace crescent::experiment
+
+namespace crescent::experiment {
+namespace {
+
+// If one of several files cannot be written, none of the targets changes (an older result pair stays whole).
+TEST(WriteFilesAtomically, AWriteFailureLeavesEveryTargetAsItWas) {
+  const auto dir = std::filesystem::temp_directory_path() / ("crescent_output_pair_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string svg = (dir / "x.svg").string();
+  ASSERT_TRUE(write_file_atomically(svg, "old plot").ok());
+  const FileContent files[] = {{svg, "new plot"}, {(dir / "missing" / "x.json").string(), "{}"}};
+  const Status status = write_files_atomically(files);
+  EXPECT_EQ(status.code(), StatusCode::kIoError);
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("x.json"));
+  std::ifstream in(svg);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "old plot");
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++entries;
+  EXPECT_EQ(entries, 1u);  // no temporary file left behind
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace crescent::experiment
