@@ -13,11 +13,15 @@ namespace crescent {
 /// Broad class of an error; the message carries the detail.
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,  // bad input: a trace line, a config value, a flag
-  kNotFound,         // a named thing (file, preset, policy) does not exist
-  kIoError,          // the OS refused a read or write
-  kOutOfRange,       // a value outside what the model or cluster can represent
-  kInternal,         // a broken invariant: a bug in crescent
+  kInvalidArgument,     // bad input: a trace line, a config value, a flag
+  kNotFound,            // a named thing (file, preset, policy) does not exist
+  kIoError,             // the OS refused a read or write
+  kOutOfRange,          // a value outside what the model or cluster can represent
+  kInternal,            // a broken invariant: a bug in crescent
+  kAlreadyExists,       // a name or memory range is taken (a segment name, an overlapping region)
+  kFailedPrecondition,  // the object is not in a state that allows this (freeing a batch still in flight)
+  kUnavailable,         // a peer or path cannot be reached now; retrying later may work
+  kDeadlineExceeded,    // a timeout passed before the operation finished
 };
 
 /// Outcome of an operation: ok, or a code and a human-readable message.
@@ -33,6 +37,10 @@ class Status {
   static Status io_error(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
   static Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
   static Status internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status already_exists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
+  static Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+  static Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+  static Status deadline_exceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -1,0 +1,617 @@
+// The etcd-backed MetadataService against a real etcd: one server per test suite (started from
+// /usr/bin/etcd on free ports in a temporary directory), one key prefix per test. The tests reach etcd
+// directly through a minimal HTTP client of their own to set up what the service must cope with (revoked
+// leases, corrupt values) without trusting the code under test.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transfer/metadata.h"
+
+namespace crescent {
+// Prints a Status as its message in gtest failures (instead of its bytes).
+void PrintTo(const Status& status, std::ostream* os) {
+  *os << status.to_string();
+}
+}  // namespace crescent
+
+namespace crescent::transfer {
+namespace {
+
+using nlohmann::json;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kEtcdBinary = "/usr/bin/etcd";
+
+/// `count` distinct ports that are free right now: bound to port 0 together, then released for etcd.
+std::vector<int> free_ports(int count) {
+  std::vector<int> fds;
+  std::vector<int> ports;
+  for (int i = 0; i < count; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "cannot bind a port on 127.0.0.1: " << std::strerror(errno);
+    }
+    fds.push_back(fd);
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  return ports;
+}
+
+/// One HTTP/1.0 request to 127.0.0.1:`port`; the response body, or "" when the server cannot be reached.
+std::string http_request(int port, const std::string& method, const std::string& path,
+                         const std::string& body) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  timeval timeout{.tv_sec = 2, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    std::string request = method + " " + path +
+                          " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
+    }
+  }
+  close(fd);
+  size_t body_start = response.find("\r\n\r\n");
+  return body_start == std::string::npos ? "" : response.substr(body_start + 4);
+}
+
+std::string base64(std::string_view bytes) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t chunk = static_cast<uint8_t>(bytes[i]) << 16;
+    if (i + 1 < bytes.size()) chunk |= static_cast<uint8_t>(bytes[i + 1]) << 8;
+    if (i + 2 < bytes.size()) chunk |= static_cast<uint8_t>(bytes[i + 2]);
+    out += kAlphabet[(chunk >> 18) & 63];
+    out += kAlphabet[(chunk >> 12) & 63];
+    out += i + 1 < bytes.size() ? kAlphabet[(chunk >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kAlphabet[chunk & 63] : '=';
+  }
+  return out;
+}
+
+SegmentDescriptor descriptor(std::string name, std::string engine, uint64_t length_bytes = 1 << 20) {
+  SegmentDescriptor d;
+  d.name = std::move(name);
+  d.engine = std::move(engine);
+  d.host_id = "node-7/boot-3f2a";
+  d.length_bytes = length_bytes;
+  d.transports = {{"tcp", {{"host", "10.0.0.7"}, {"port", 40123}}},
+                  {"shm", {{"path", "/dev/shm/crescent-kv"}, {"offsets", {0, 4096, 1u << 20}}}},
+                  {"ucx", {{"worker_address", "AAEC/w=="}, {"rkeys", {{"0", "cmtleQ=="}}}}}};
+  return d;
+}
+
+/// Polls `done` every 50 ms until it holds or `limit` passes; the time it took, or nullopt on timeout.
+template <typename Predicate>
+std::optional<Clock::duration> wait_until(Predicate done, Clock::duration limit) {
+  const auto start = Clock::now();
+  while (Clock::now() - start < limit) {
+    if (done()) return Clock::now() - start;
+    std::this_thread::sleep_for(50ms);
+  }
+  return std::nullopt;
+}
+
+MATCHER(IsOk, "is ok") {
+  return arg.ok();
+}
+
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+class EtcdMetadataTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (access(kEtcdBinary, X_OK) != 0) {
+      skip_reason_ = std::string(kEtcdBinary) + " is not installed (Debian package etcd-server)";
+      return;
+    }
+    dir_ = std::filesystem::temp_directory_path() / ("crescent-etcd-test-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    // Another process may take a port between free_ports and etcd's bind; then etcd exits and we retry.
+    for (int attempt = 0; attempt < 3 && etcd_pid_ < 0; ++attempt) start_etcd();
+    if (etcd_pid_ < 0) {
+      std::ifstream log(dir_ / "etcd.log");
+      std::stringstream text;
+      text << log.rdbuf();
+      start_error_ = "etcd did not come up within 10 s; its log:\n" + text.str();
+    }
+  }
+
+  static void TearDownTestSuite() {
+    if (etcd_pid_ > 0) {
+      kill(-etcd_pid_, SIGKILL);  // its process group: etcd and anything it started
+      waitpid(etcd_pid_, nullptr, 0);
+      etcd_pid_ = -1;
+    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  static void start_etcd() {
+    std::vector<int> ports = free_ports(2);
+    client_port_ = ports[0];
+    const std::string client_url = "http://127.0.0.1:" + std::to_string(ports[0]);
+    const std::string peer_url = "http://127.0.0.1:" + std::to_string(ports[1]);
+    const std::string data_dir = (dir_ / "data").string();
+    const std::string log_path = (dir_ / "etcd.log").string();
+    std::filesystem::remove_all(data_dir);
+    // Built before fork: the child only calls async-signal-safe functions.
+    // A single-member cluster elects itself in ~0.3 s with these timings instead of ~0.7 s with the
+    // defaults; they also lower etcd's minimum lease TTL from 2 s to 1 s, below the 2 s the tests use.
+    std::vector<std::string> args = {
+        kEtcdBinary,
+        "--name=test",
+        "--data-dir=" + data_dir,
+        "--listen-client-urls=" + client_url,
+        "--advertise-client-urls=" + client_url,
+        "--listen-peer-urls=" + peer_url,
+        "--initial-advertise-peer-urls=" + peer_url,
+        "--initial-cluster=test=" + peer_url,
+        "--heartbeat-interval=25",
+        "--election-timeout=250",
+        "--logger=zap",
+        "--log-level=warn",
+    };
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned etcd if the test binary crashes
+      int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+      execv(kEtcdBinary, argv.data());
+      _exit(127);
+    }
+    if (pid < 0) return;
+    setpgid(pid, pid);  // also here: kill(-pid) must work even if the child has not run yet
+    auto up = wait_until(
+        [&] {
+          if (waitpid(pid, nullptr, WNOHANG) == pid) return true;  // exited: port taken?
+          return http_request(client_port_, "GET", "/health", "").find("\"true\"") != std::string::npos;
+        },
+        10s);
+    if (up && waitpid(pid, nullptr, WNOHANG) == 0) {
+      etcd_pid_ = pid;
+      return;
+    }
+    kill(-pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+
+  void SetUp() override {
+    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
+    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    prefix_ =
+        std::string("/crescent-test/") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  }
+
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(client_port_); }
+
+  EtcdOptions options(std::chrono::seconds ttl = 2s) const {
+    return {.endpoint = endpoint(), .prefix = prefix_, .lease_ttl = ttl, .request_timeout = 2000ms};
+  }
+
+  /// A new service on this test's prefix; nullptr (and a failure) if it cannot be created.
+  std::shared_ptr<MetadataService> service(std::chrono::seconds ttl = 2s) const {
+    auto r = make_etcd_metadata(options(ttl));
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : nullptr;
+  }
+
+  /// Calls etcd's gateway directly.
+  json etcd(const std::string& path, const json& body) const {
+    return json::parse(http_request(client_port_, "POST", path, body.dump()), nullptr, false);
+  }
+  void raw_put(const std::string& key, const std::string& value) const {
+    etcd("/v3/kv/put", {{"key", base64(key)}, {"value", base64(value)}});
+  }
+  /// The lease `key` is attached to; 0 when the key is absent.
+  int64_t raw_lease(const std::string& key) const {
+    json reply = etcd("/v3/kv/range", {{"key", base64(key)}});
+    if (!reply.contains("kvs")) return 0;
+    return std::stoll(reply["kvs"][0].value("lease", "0"));
+  }
+  void raw_revoke(int64_t lease) const { etcd("/v3/lease/revoke", {{"ID", std::to_string(lease)}}); }
+
+  static inline std::string skip_reason_;
+  static inline std::string start_error_;
+  static inline std::filesystem::path dir_;
+  static inline pid_t etcd_pid_ = -1;
+  static inline int client_port_ = 0;
+
+  std::string prefix_;
+};
+
+TEST_F(EtcdMetadataTest, EngineClaimIsExclusiveAcrossInstances) {
+  auto a = service();
+  auto b = service();
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(a->claim_engine("prefill-0"), IsOk());
+  EXPECT_EQ(a->claim_engine("prefill-0").code(), StatusCode::kAlreadyExists);
+  Status taken = b->claim_engine("prefill-0");
+  EXPECT_EQ(taken.code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(taken.message(), HasSubstr("engine 'prefill-0' is already claimed"));
+  EXPECT_THAT(taken.message(), HasSubstr("pid " + std::to_string(getpid())));
+  EXPECT_THAT(b->claim_engine("decode-0"), IsOk());
+
+  ASSERT_THAT(a->release_engine("prefill-0"), IsOk());
+  EXPECT_THAT(b->claim_engine("prefill-0"), IsOk());
+  EXPECT_THAT(a->release_engine("never-claimed"), IsOk());
+  EXPECT_EQ(a->claim_engine("").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->claim_engine("bad\nname").code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(EtcdMetadataTest, ConcurrentClaimsOfOneNameHaveOneWinner) {
+  std::vector<std::shared_ptr<MetadataService>> services;
+  for (int i = 0; i < 4; ++i) services.push_back(service());
+  std::atomic<int> winners = 0;
+  std::atomic<int> refused = 0;
+  std::vector<std::thread> threads;
+  for (auto& s : services) {
+    threads.emplace_back([&, s] {
+      Status st = s->claim_engine("contended");
+      if (st.ok()) ++winners;
+      if (st.code() == StatusCode::kAlreadyExists) ++refused;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(winners, 1);
+  EXPECT_EQ(refused, 3);
+}
+
+TEST_F(EtcdMetadataTest, PublishedDescriptorRoundTripsToOtherInstances) {
+  auto owner = service();
+  auto peer = service();
+  ASSERT_TRUE(owner && peer);
+  ASSERT_THAT(owner->claim_engine("prefill-0"), IsOk());
+  const SegmentDescriptor published = descriptor("prefill-0/kv", "prefill-0", 64ull << 30);
+  ASSERT_THAT(owner->publish(published), IsOk());
+
+  auto found = peer->lookup("prefill-0/kv");
+  ASSERT_TRUE(found.ok()) << found.status().message();
+  EXPECT_EQ(found->name, published.name);
+  EXPECT_EQ(found->engine, published.engine);
+  EXPECT_EQ(found->host_id, published.host_id);
+  EXPECT_EQ(found->length_bytes, 64ull << 30);
+  EXPECT_EQ(found->transports, published.transports);
+
+  // Republishing one's own segment replaces it.
+  ASSERT_THAT(owner->publish(descriptor("prefill-0/kv", "prefill-0", 4096)), IsOk());
+  EXPECT_EQ(peer->lookup("prefill-0/kv")->length_bytes, 4096u);
+
+  Result<SegmentDescriptor> missing = peer->lookup("nope");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("segment 'nope' not found in etcd at " + endpoint() + " under '" + prefix_ + "'"));
+}
+
+TEST_F(EtcdMetadataTest, PublishRequiresAClaimedEngine) {
+  auto a = service();
+  auto b = service();
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(b->claim_engine("theirs"), IsOk());
+  Status st = a->publish(descriptor("s", "theirs"));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("engine 'theirs'"));
+  EXPECT_EQ(a->publish(descriptor("s", "nobody")).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a->lookup("s").status().code(), StatusCode::kNotFound);
+  ASSERT_THAT(a->claim_engine("mine"), IsOk());
+  EXPECT_EQ(a->publish(descriptor("", "mine")).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(EtcdMetadataTest, SegmentOfAnotherEngineIsRefused) {
+  auto a = service();
+  auto b = service();
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(a->claim_engine("e1"), IsOk());
+  ASSERT_THAT(b->claim_engine("e2"), IsOk());
+  ASSERT_THAT(a->publish(descriptor("shared", "e1")), IsOk());
+
+  Status st = b->publish(descriptor("shared", "e2", 7));
+  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(st.message(), HasSubstr("by engine 'e1'"));
+  // Also when both engines are claimed by the same instance.
+  ASSERT_THAT(a->claim_engine("e3"), IsOk());
+  EXPECT_EQ(a->publish(descriptor("shared", "e3", 7)).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(b->lookup("shared")->engine, "e1");
+  EXPECT_EQ(b->lookup("shared")->length_bytes, 1u << 20);
+}
+
+TEST_F(EtcdMetadataTest, WithdrawRemovesOnlyOwnSegments) {
+  auto a = service();
+  auto b = service();
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(a->claim_engine("e"), IsOk());
+  ASSERT_THAT(a->publish(descriptor("s1", "e")), IsOk());
+  ASSERT_THAT(a->publish(descriptor("s2", "e")), IsOk());
+
+  Status foreign = b->withdraw("s1");
+  EXPECT_EQ(foreign.code(), StatusCode::kNotFound);
+  EXPECT_THAT(foreign.message(), HasSubstr("'s1' is not published by this process"));
+  EXPECT_THAT(b->lookup("s1").status(), IsOk());
+
+  ASSERT_THAT(a->withdraw("s1"), IsOk());
+  EXPECT_EQ(b->lookup("s1").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(a->withdraw("s1").code(), StatusCode::kNotFound);
+  EXPECT_THAT(b->lookup("s2").status(), IsOk());
+}
+
+TEST_F(EtcdMetadataTest, ListSegmentsIsSortedAndLimitedToThePrefix) {
+  auto a = service();
+  ASSERT_TRUE(a);
+  EXPECT_THAT(a->list_segments().value(), IsEmpty());
+  ASSERT_THAT(a->claim_engine("e"), IsOk());
+  for (const char* name : {"c", "a", "b/kv", "a0"}) ASSERT_THAT(a->publish(descriptor(name, "e")), IsOk());
+
+  // Neighbours that a sloppy prefix scan would include.
+  auto sibling = make_etcd_metadata({.endpoint = endpoint(), .prefix = prefix_ + "x", .lease_ttl = 2s});
+  ASSERT_TRUE(sibling.ok());
+  ASSERT_THAT((*sibling)->claim_engine("e"), IsOk());
+  ASSERT_THAT((*sibling)->publish(descriptor("zz", "e")), IsOk());
+  raw_put(prefix_ + "/segments0", "{}");
+  raw_put(prefix_ + "/segmentsX/y", "{}");
+
+  auto names = a->list_segments();
+  ASSERT_TRUE(names.ok()) << names.status().message();
+  EXPECT_THAT(*names, ElementsAre("a", "a0", "b/kv", "c"));
+  EXPECT_THAT((*sibling)->list_segments().value(), ElementsAre("zz"));
+
+  // A trailing '/' in the prefix names the same keys.
+  auto slashed = make_etcd_metadata({.endpoint = endpoint() + "/", .prefix = prefix_ + "/", .lease_ttl = 2s});
+  ASSERT_TRUE(slashed.ok());
+  EXPECT_THAT((*slashed)->list_segments().value(), ElementsAre("a", "a0", "b/kv", "c"));
+}
+
+TEST_F(EtcdMetadataTest, ReleaseRemovesClaimAndItsSegments) {
+  auto a = service();
+  auto b = service();
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(a->claim_engine("e"), IsOk());
+  ASSERT_THAT(a->claim_engine("other"), IsOk());
+  ASSERT_THAT(a->publish(descriptor("e/1", "e")), IsOk());
+  ASSERT_THAT(a->publish(descriptor("e/2", "e")), IsOk());
+  ASSERT_THAT(a->publish(descriptor("other/1", "other")), IsOk());
+
+  ASSERT_THAT(a->release_engine("e"), IsOk());
+  EXPECT_EQ(b->lookup("e/1").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(b->lookup("e/2").status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(b->list_segments().value(), ElementsAre("other/1"));
+  EXPECT_EQ(raw_lease(prefix_ + "/engines/e"), 0);  // key gone
+  EXPECT_EQ(a->publish(descriptor("e/3", "e")).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a->withdraw("e/1").code(), StatusCode::kNotFound);
+  ASSERT_THAT(b->claim_engine("e"), IsOk());
+  EXPECT_THAT(b->publish(descriptor("e/1", "e")), IsOk());
+}
+
+TEST_F(EtcdMetadataTest, DestructionRevokesTheLease) {
+  auto a = service(30s);  // a TTL long enough that only the revoke can explain the keys' disappearance
+  auto b = service();
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(a->claim_engine("e"), IsOk());
+  ASSERT_THAT(a->publish(descriptor("s", "e")), IsOk());
+  a.reset();
+  EXPECT_EQ(b->lookup("s").status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(b->claim_engine("e"), IsOk());
+}
+
+TEST_F(EtcdMetadataTest, DescriptorsExpireOneTtlAfterTheOwnerDies) {
+  const EtcdOptions owner_options = options(2s);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t owner = fork();  // no service (hence no thread) exists yet in this process
+  ASSERT_GE(owner, 0);
+  if (owner == 0) {
+    close(ready[0]);
+    auto meta = make_etcd_metadata(owner_options);
+    bool ok = meta.ok() && (*meta)->claim_engine("owner").ok() &&
+              (*meta)->publish(descriptor("owner/kv", "owner")).ok();
+    char byte = ok ? '1' : '0';
+    (void)!write(ready[1], &byte, 1);
+    pause();  // the keepalive thread runs on until SIGKILL: an owner dying without cleaning up
+    _exit(0);
+  }
+  close(ready[1]);
+  char byte = 0;
+  (void)!read(ready[0], &byte, 1);
+  close(ready[0]);
+  auto observer = service();
+  if (byte != '1' || !observer) {
+    kill(owner, SIGKILL);
+    waitpid(owner, nullptr, 0);
+    FAIL() << "the owner process could not claim and publish";
+  }
+
+  // Alive, its keepalives hold the lease beyond the TTL.
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_THAT(observer->lookup("owner/kv").status(), IsOk());
+
+  kill(owner, SIGKILL);
+  waitpid(owner, nullptr, 0);
+  auto gone = wait_until(
+      [&] { return observer->lookup("owner/kv").status().code() == StatusCode::kNotFound; }, 2s + 3s);
+  ASSERT_TRUE(gone.has_value()) << "descriptor still present 5 s after its owner died";
+  // The last keepalive was at most ttl/3 before the kill; expiry comes a TTL after it, not at once.
+  EXPECT_GT(seconds(*gone), 1.0);
+  EXPECT_THAT(observer->claim_engine("owner"), IsOk());
+}
+
+TEST_F(EtcdMetadataTest, ClaimsAreRestoredWhenTheLeaseIsLost) {
+  auto a = service(2s);
+  auto b = service();
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(a->claim_engine("e"), IsOk());
+  ASSERT_THAT(a->publish(descriptor("e/kv", "e")), IsOk());
+  const int64_t lease = raw_lease(prefix_ + "/engines/e");
+  ASSERT_NE(lease, 0);
+  raw_revoke(lease);  // as if etcd had been unreachable for longer than the TTL
+  EXPECT_EQ(b->lookup("e/kv").status().code(), StatusCode::kNotFound);
+
+  // The keepalive thread notices within ttl/3 and re-creates the keys under a new lease.
+  auto restored = wait_until([&] { return b->lookup("e/kv").ok(); }, 3s);
+  ASSERT_TRUE(restored.has_value());
+  const int64_t new_lease = raw_lease(prefix_ + "/engines/e");
+  EXPECT_NE(new_lease, 0);
+  EXPECT_NE(new_lease, lease);
+  EXPECT_THAT(a->publish(descriptor("e/kv2", "e")), IsOk());
+  EXPECT_EQ(b->claim_engine("e").code(), StatusCode::kAlreadyExists);
+}
+
+TEST_F(EtcdMetadataTest, ClaimTakenByAnotherOwnerAfterLeaseLossIsDropped) {
+  auto a = service(30s);  // keepalive tick every 10 s: only the failed publish below can trigger the check
+  auto b = service();
+  ASSERT_TRUE(a && b);
+  ASSERT_THAT(a->claim_engine("e"), IsOk());
+  ASSERT_THAT(a->publish(descriptor("e/kv", "e")), IsOk());
+  raw_revoke(raw_lease(prefix_ + "/engines/e"));
+  ASSERT_THAT(b->claim_engine("e"), IsOk());  // free now: someone else takes the name
+
+  Status st = a->publish(descriptor("e/kv2", "e"));
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(st.message(), HasSubstr("lease not found"));
+  auto dropped = wait_until(
+      [&] { return a->publish(descriptor("e/kv3", "e")).code() == StatusCode::kFailedPrecondition; }, 3s);
+  EXPECT_TRUE(dropped.has_value());
+  EXPECT_EQ(a->withdraw("e/kv").code(), StatusCode::kNotFound);
+  EXPECT_THAT(b->publish(descriptor("e/kv", "e")), IsOk());
+  EXPECT_EQ(b->lookup("e/kv")->engine, "e");
+}
+
+TEST_F(EtcdMetadataTest, CorruptValuesAreInvalidArgument) {
+  auto a = service();
+  ASSERT_TRUE(a);
+  raw_put(prefix_ + "/segments/garbage", "not json {");
+  raw_put(prefix_ + "/segments/partial", R"({"name":"partial"})");
+  raw_put(prefix_ + "/segments/renamed", descriptor("other", "e").to_json().dump());
+
+  auto garbage = a->lookup("garbage");
+  EXPECT_EQ(garbage.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(garbage.status().message(), HasSubstr("segment 'garbage' in etcd at " + endpoint()));
+  EXPECT_THAT(garbage.status().message(), HasSubstr("not JSON"));
+  auto partial = a->lookup("partial");
+  EXPECT_EQ(partial.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(partial.status().message(), HasSubstr("'engine'"));
+  auto renamed = a->lookup("renamed");
+  EXPECT_EQ(renamed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(renamed.status().message(), HasSubstr("segment 'other'"));
+}
+
+TEST_F(EtcdMetadataTest, ConcurrentEnginesShareOneInstance) {
+  auto shared = service();
+  auto reader = service();
+  ASSERT_TRUE(shared && reader);
+  constexpr int kEngines = 4;
+  constexpr int kSegments = 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures = 0;
+  for (int e = 0; e < kEngines; ++e) {
+    threads.emplace_back([&, e] {
+      const std::string engine = "engine-" + std::to_string(e);
+      if (!shared->claim_engine(engine).ok()) ++failures;
+      for (int s = 0; s < kSegments; ++s) {
+        const std::string name = engine + "/seg-" + std::to_string(s);
+        if (!shared->publish(descriptor(name, engine)).ok()) ++failures;
+        if (!reader->lookup(name).ok()) ++failures;
+        if (!shared->list_segments().ok()) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures, 0);
+  EXPECT_EQ(reader->list_segments()->size(), static_cast<size_t>(kEngines * kSegments));
+}
+
+TEST(EtcdMetadataOptions, UnreachableEndpointIsUnavailableQuickly) {
+  const int closed_port = free_ports(1)[0];  // nothing listens there
+  const std::string endpoint = "http://127.0.0.1:" + std::to_string(closed_port);
+  const auto start = Clock::now();
+  auto r = make_etcd_metadata({.endpoint = endpoint, .request_timeout = 500ms});
+  EXPECT_LT(seconds(Clock::now() - start), 1.0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr(endpoint));
+}
+
+TEST(EtcdMetadataOptions, SilentServerTimesOutAsUnavailable) {
+  // A socket that listens but never answers: connect succeeds, the read must time out.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string endpoint = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const auto start = Clock::now();
+  auto r = make_etcd_metadata({.endpoint = endpoint, .request_timeout = 300ms});
+  const double elapsed = seconds(Clock::now() - start);
+  close(fd);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr(endpoint));
+  EXPECT_GE(elapsed, 0.25);
+  EXPECT_LT(elapsed, 2.0);
+}
+
+TEST(EtcdMetadataOptions, MalformedSettingsAreInvalidArgument) {
+  for (const char* endpoint :
+       {"127.0.0.1:2379", "ftp://127.0.0.1:2379", "http://", "http://:2379", "http://127.0.0.1:99999",
+        "http://127.0.0.1:port", "http://127.0.0.1:2379/v3", "http://[::1", "http://::1:2379"}) {
+    auto r = make_etcd_metadata({.endpoint = endpoint});
+    ASSERT_FALSE(r.ok()) << endpoint;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << endpoint;
+    EXPECT_THAT(r.status().message(), HasSubstr(std::string("'") + endpoint + "'"));
+  }
+  auto zero_ttl = make_etcd_metadata({.lease_ttl = 0s});
+  EXPECT_EQ(zero_ttl.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(zero_ttl.status().message(), HasSubstr("lease_ttl"));
+  EXPECT_EQ(make_etcd_metadata({.request_timeout = 0ms}).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace crescent::transfer
