@@ -34,5 +34,7 @@ void register_analyze(CLI::App& app, int& exit_code);
 void register_simulate(CLI::App& app, int& exit_code);
 /// `crescent experiment NAME --out DIR` (cli/experiment.cpp).
 void register_experiment(CLI::App& app, int& exit_code);
+/// `crescent bench transfer [...]` (cli/bench.cpp).
+void register_bench(CLI::App& app, int& exit_code);
 
 }  // namespace crescent::cli
