@@ -43,7 +43,7 @@ Result<TransportKind> parse_transport(std::string_view name);
 struct TcpOptions {
   std::string listen_host = "127.0.0.1";  // address peers connect to
   uint16_t listen_port = 0;               // 0: an ephemeral port
-  int lanes_per_peer = 4;                 // persistent connections per peer, used in parallel
+  int lanes_per_peer = 2;                 // persistent connections per peer, used in parallel
   uint64_t slice_bytes = 512 << 10;       // requests are cut into slices of at most this many bytes
 };
 

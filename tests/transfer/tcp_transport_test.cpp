@@ -433,18 +433,26 @@ TEST(TcpTransport, TwoProcessReadsAndWrites) {
   EXPECT_EQ(engine->stats().requests_failed, 0u);
 }
 
-// Breaks `lane` of the path to `segment` once `engine` has moved `after_bytes` in this batch; returns
-// whether it broke one before the batch ended.
-bool break_lane_during(TransferEngine& engine, SegmentHandle segment, BatchId batch, uint64_t after_bytes) {
+// Once `engine` has moved `after_bytes`, breaks a connected lane of the path to `segment`, again every 20 ms
+// until a slice is retried; returns whether one was before `batch` ended. (A lane broken before it took
+// its first slice of the batch finds its connection dead while still idle and reconnects without a retry.)
+bool break_lanes_until_retried(TransferEngine& engine, SegmentHandle segment, BatchId batch,
+                               uint64_t after_bytes) {
+  const uint64_t retried = engine.stats().slices_retried;
+  Steady::time_point last_break{};
   while (engine.wait(batch, 0ms)->pending() > 0) {
-    if (engine.stats().bytes_transferred >= after_bytes) {
+    if (engine.stats().slices_retried > retried) return true;
+    if (engine.stats().bytes_transferred >= after_bytes && Steady::now() - last_break > 20ms) {
       for (int lane = 0; lane < 4; ++lane) {
-        if (engine.break_tcp_lane_for_testing(segment, lane).ok()) return true;
+        if (engine.break_tcp_lane_for_testing(segment, lane).ok()) {
+          last_break = Steady::now();
+          break;
+        }
       }
     }
     std::this_thread::sleep_for(200us);
   }
-  return false;
+  return engine.stats().slices_retried > retried;
 }
 
 // A lane broken in the middle of a 1 GiB batch: its slices are retried on the other lanes and every byte
@@ -479,7 +487,7 @@ TEST(TcpTransport, LaneBrokenMidBatchIsRetried) {
   auto batch = engine->allocate_batch(reads.size());
   ASSERT_TRUE(batch.ok());
   ASSERT_TRUE(engine->submit(*batch, reads).ok());
-  EXPECT_TRUE(break_lane_during(*engine, *segment, *batch, 64 << 20));
+  EXPECT_TRUE(break_lanes_until_retried(*engine, *segment, *batch, 64 << 20));
   auto summary = engine->wait(*batch, 60s);
   ASSERT_TRUE(summary.ok());
   EXPECT_EQ(summary->completed, reads.size());
@@ -489,8 +497,9 @@ TEST(TcpTransport, LaneBrokenMidBatchIsRetried) {
   EXPECT_GT(retried_reads, 0u);
   EXPECT_TRUE(matches_pattern(local, kBytes, 21, 0));
 
-  // Writes: 128 MiB of a new pattern with a lane broken midway, read back.
-  constexpr size_t kWriteBytes = 128 << 20;
+  // Writes of a new pattern over half the segment, read back. Both sides' memory is warm now, so the batch is
+  // short; it must still last long enough for breaks (every 20 ms) to land mid-batch.
+  constexpr size_t kWriteBytes = kBytes / 2;
   fill_pattern(local, kWriteBytes, 22);
   std::vector<TransferRequest> writes;
   for (size_t i = 0; i < kWriteBytes / kRequestBytes; ++i) {
@@ -504,7 +513,7 @@ TEST(TcpTransport, LaneBrokenMidBatchIsRetried) {
   batch = engine->allocate_batch(writes.size());
   ASSERT_TRUE(batch.ok());
   ASSERT_TRUE(engine->submit(*batch, writes).ok());
-  EXPECT_TRUE(break_lane_during(*engine, *segment, *batch, before + (32 << 20)));
+  EXPECT_TRUE(break_lanes_until_retried(*engine, *segment, *batch, before + (16 << 20)));
   summary = engine->wait(*batch, 60s);
   ASSERT_TRUE(summary.ok());
   EXPECT_EQ(summary->completed, writes.size());
@@ -523,6 +532,7 @@ TEST(TcpTransport, LanesBrokenRepeatedlyUnderConcurrentSubmits) {
   auto metadata = make_in_process_metadata();
   auto target = make_engine(tcp_options("target", metadata));
   EngineOptions options = tcp_options("initiator", metadata);
+  options.tcp.lanes_per_peer = 3;
   options.tcp.slice_bytes = 256 << 10;
   options.failure.path_cooldown = 20ms;
   options.failure.retry_budget = 1000;  // the test breaks far more often than a network would
@@ -543,11 +553,16 @@ TEST(TcpTransport, LanesBrokenRepeatedlyUnderConcurrentSubmits) {
 
   std::atomic<int> running{2};
   std::atomic<int> breaks{0};
+  // One break per 4 MiB moved, so slices always make progress however slow the build is.
   std::thread breaker([&] {
     std::mt19937 rng(3);
+    uint64_t next = 4 << 20;
     while (running.load() > 0) {
-      breaks += initiator->break_tcp_lane_for_testing(*segment, static_cast<int>(rng() % 4)).ok();
-      std::this_thread::sleep_for(2ms);
+      if (initiator->stats().bytes_transferred >= next) {
+        breaks += initiator->break_tcp_lane_for_testing(*segment, static_cast<int>(rng() % 3)).ok();
+        next += 4 << 20;
+      }
+      std::this_thread::sleep_for(500us);
     }
   });
   std::vector<BatchSummary> summaries(2);
@@ -774,6 +789,63 @@ TEST(TcpTransport, AbsentPeerFailsFast) {
     }
   }
   EXPECT_EQ(engine->stats().requests_failed, 2 * requests.size());
+}
+
+// A peer whose listen queue is full drops connection attempts (SYNs go unanswered): its requests fail after
+// about connect_timeout, not request_timeout.
+TEST(TcpTransport, UnresponsivePeerFailsAfterConnectTimeout) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);  // never accepted: the queue fills with the connections below
+  socklen_t length = sizeof(address);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  const uint16_t port = ntohs(address.sin_port);
+  std::vector<int> fillers;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    fillers.push_back(fd);
+  }
+  std::this_thread::sleep_for(50ms);
+
+  auto metadata = make_in_process_metadata();
+  ASSERT_TRUE(metadata->claim_engine("mute").ok());
+  SegmentDescriptor mute{.name = "mute/kv",
+                         .engine = "mute",
+                         .host_id = "elsewhere",
+                         .length_bytes = 1 << 20,
+                         .transports = {{"tcp", {{"host", "127.0.0.1"}, {"port", port}, {"segment_id", 1}}}}};
+  ASSERT_TRUE(metadata->publish(mute).ok());
+  EngineOptions options = tcp_options("initiator", metadata);
+  options.failure.connect_timeout = 300ms;
+  options.failure.request_timeout = 10s;
+  auto engine = make_engine(options);
+  ASSERT_TRUE(engine);
+  std::byte* local = allocate(*engine, 1 << 20);
+  auto segment = engine->open_segment("mute/kv");
+  ASSERT_TRUE(segment.ok());
+  std::vector<TransferRequest> requests(4, {.op = TransferOp::kWrite,
+                                            .local_address = local,
+                                            .segment = *segment,
+                                            .offset_bytes = 0,
+                                            .length_bytes = 1 << 20});
+  std::vector<std::string> errors;
+  const auto start = Steady::now();
+  const BatchSummary summary = run_batch(*engine, requests, 20s, &errors);
+  const auto elapsed = Steady::now() - start;
+  EXPECT_EQ(summary.failed, requests.size());
+  EXPECT_GE(elapsed, 300ms);
+  EXPECT_LT(elapsed, 1500ms);
+  for (const std::string& error : errors) {
+    EXPECT_NE(error.find(fmt_peer("mute", port)), std::string::npos) << error;
+    EXPECT_NE(error.find("mute/kv"), std::string::npos) << error;
+    EXPECT_NE(error.find("connect: no answer within"), std::string::npos) << error;
+  }
+  for (int fd : fillers) ::close(fd);
+  ::close(listener);
 }
 
 // The wire format, written by hand as a foreign client would (see tcp_transport.cpp).

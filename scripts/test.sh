@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs the tests: the whole suite in the release preset, then the transfer
+# engine's tests again under AddressSanitizer + UBSan (debug preset, transfer targets only). What CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+cmake --preset release
+cmake --build --preset release
+ctest --preset release
+cmake --preset debug
+cmake --build --preset debug --target transfer_tests
+ctest --preset debug -L transfer
