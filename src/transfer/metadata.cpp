@@ -165,31 +165,40 @@ class DirectoryMetadata final : public MetadataService {
     CRESCENT_RETURN_IF_ERROR(check_name("engine", engine));
     std::lock_guard lock(mu_);
     const auto path = entry_path("engines", engine);
+    // The claim appears atomically with its pid in it: written to a private temporary file, then link(2)ed
+    // into place, which fails with EEXIST if another claim exists. (Creating the final file with O_EXCL and
+    // writing the pid afterwards would let a concurrent claimer read an empty pid and take it as dead.)
+    const std::string temp = path.string() + fmt::format(".tmp.{}", ::getpid());
+    {
+      std::ofstream out(temp, std::ios::trunc);
+      out << ::getpid();
+      if (!out.flush()) {
+        ::unlink(temp.c_str());
+        return Status::io_error(fmt::format("metadata directory: cannot write '{}'", temp));
+      }
+    }
     // Two attempts: the second after removing a claim whose owner died.
     for (int attempt = 0; attempt < 2; ++attempt) {
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        const std::string pid = std::to_string(::getpid());
-        const bool written = ::write(fd, pid.data(), pid.size()) == static_cast<ssize_t>(pid.size());
-        ::close(fd);
-        if (!written) {
-          ::unlink(path.c_str());
-          return Status::io_error(fmt::format("metadata directory: cannot write '{}'", path.string()));
-        }
+      if (::link(temp.c_str(), path.c_str()) == 0) {
+        ::unlink(temp.c_str());
         claimed_.insert(std::string(engine));
         return Status();
       }
       if (errno != EEXIST) {
+        const int err = errno;
+        ::unlink(temp.c_str());
         return Status::io_error(
-            fmt::format("metadata directory: cannot create '{}': {}", path.string(), std::strerror(errno)));
+            fmt::format("metadata directory: cannot create '{}': {}", path.string(), std::strerror(err)));
       }
       const pid_t owner = read_pid(path);
       if (owner > 0 && process_alive(owner)) {
+        ::unlink(temp.c_str());
         return Status::already_exists(
             fmt::format("engine name '{}' is already claimed by live process {}", engine, owner));
       }
       ::unlink(path.c_str());  // a dead owner's claim: its lease has ended
     }
+    ::unlink(temp.c_str());
     return Status::already_exists(fmt::format("engine name '{}' is being claimed concurrently", engine));
   }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@ struct Copy {
   RequestState* state;
   int owner_pidfd;  // -1: the owner is this process
   pid_t owner_pid;
+  const std::string* segment;  // name, for errors; lives as long as the engine's open segments
 };
 
 // True when the process behind `pidfd` has exited (pidfd becomes readable then).
@@ -47,13 +49,14 @@ class ShmTransport;
 class ShmRemoteSegment final : public RemoteSegment {
  public:
   ShmRemoteSegment(ShmTransport* transport, void* mapping, size_t mapped_bytes, std::byte* base, int pidfd,
-                   pid_t pid)
+                   pid_t pid, std::string name)
       : transport_(transport),
         mapping_(mapping),
         mapped_bytes_(mapped_bytes),
         base_(base),
         pidfd_(pidfd),
-        pid_(pid) {}
+        pid_(pid),
+        name_(std::move(name)) {}
   ~ShmRemoteSegment() override {
     ::munmap(mapping_, mapped_bytes_);
     if (pidfd_ >= 0) ::close(pidfd_);
@@ -68,6 +71,7 @@ class ShmRemoteSegment final : public RemoteSegment {
   std::byte* base_;  // the segment's first byte in this process
   int pidfd_;
   pid_t pid_;
+  std::string name_;
 };
 
 class ShmTransport final : public Transport {
@@ -82,7 +86,16 @@ class ShmTransport final : public Transport {
 
   Status expose(const LocalSegment& segment, nlohmann::json& entry) override {
     if (segment.memfd < 0) return Status();  // not shareable: leave entry null
-    entry = {{"pid", ::getpid()}, {"fd", segment.memfd}, {"offset_bytes", segment.memfd_offset_bytes}};
+    struct stat st {};
+    if (::fstat(segment.memfd, &st) != 0) {
+      return Status::io_error(
+          fmt::format("shm: segment '{}': fstat of its memfd: {}", segment.name, std::strerror(errno)));
+    }
+    // The inode lets a peer check that /proc/PID/fd/FD is still this memfd (fd numbers are reused).
+    entry = {{"pid", ::getpid()},
+             {"fd", segment.memfd},
+             {"inode", static_cast<uint64_t>(st.st_ino)},
+             {"offset_bytes", segment.memfd_offset_bytes}};
     return Status();
   }
 
@@ -131,7 +144,7 @@ class ShmTransport final : public Transport {
     }
     auto* base = static_cast<std::byte*>(mapping) + (offset - map_offset);
     return std::shared_ptr<RemoteSegment>(
-        std::make_shared<ShmRemoteSegment>(this, mapping, mapped_bytes, base, pidfd, pid));
+        std::make_shared<ShmRemoteSegment>(this, mapping, mapped_bytes, base, pidfd, pid, descriptor.name));
   }
 
   void shutdown() override {
@@ -144,10 +157,14 @@ class ShmTransport final : public Transport {
     }
     ready_.notify_all();
     for (auto& worker : workers_) worker.join();
-    for (const Copy& copy : left) copy.state->part_done(Status::unavailable("engine shutting down"), 0);
+    for (const Copy& copy : left) {
+      copy.state->part_done(
+          Status::unavailable(fmt::format("shm: segment '{}': engine shutting down", *copy.segment)), 0);
+    }
   }
 
-  void enqueue(const TransportRequest& request, std::byte* remote, int pidfd, pid_t pid) {
+  void enqueue(const TransportRequest& request, std::byte* remote, int pidfd, pid_t pid,
+               const std::string* segment) {
     const uint32_t parts = static_cast<uint32_t>((request.length_bytes + kSliceBytes - 1) / kSliceBytes);
     request.state->expect_parts(parts);
     {
@@ -161,7 +178,8 @@ class ShmTransport final : public Transport {
                             .deadline = request.deadline,
                             .state = request.state,
                             .owner_pidfd = pidfd,
-                            .owner_pid = pid});
+                            .owner_pid = pid,
+                            .segment = segment});
         }
         if (parts == 1) {
           ready_.notify_one();
@@ -172,7 +190,8 @@ class ShmTransport final : public Transport {
       }
     }
     for (uint32_t i = 0; i < parts; ++i)
-      request.state->part_done(Status::unavailable("engine shutting down"), 0);
+      request.state->part_done(
+          Status::unavailable(fmt::format("shm: segment '{}': engine shutting down", *segment)), 0);
   }
 
  private:
@@ -187,10 +206,15 @@ class ShmTransport final : public Transport {
         queue_.pop_front();
       }
       if (Clock::now() > copy.deadline) {
-        copy.state->part_done(Status::deadline_exceeded("shm: request timed out before its copy started"), 0);
+        copy.state->part_done(
+            Status::deadline_exceeded(
+                fmt::format("shm: segment '{}': request timed out before its copy started", *copy.segment)),
+            0);
       } else if (exited(copy.owner_pidfd)) {
         copy.state->part_done(
-            Status::unavailable(fmt::format("shm: segment owner process {} has exited", copy.owner_pid)), 0);
+            Status::unavailable(
+                fmt::format("shm: segment '{}': owner process {} has exited", *copy.segment, copy.owner_pid)),
+            0);
       } else {
         if (copy.op == TransferOp::kRead) {
           std::memcpy(copy.local, copy.remote, copy.length);
@@ -211,7 +235,7 @@ class ShmTransport final : public Transport {
 };
 
 void ShmRemoteSegment::submit(const TransportRequest& request) {
-  transport_->enqueue(request, base_ + request.offset_bytes, pidfd_, pid_);
+  transport_->enqueue(request, base_ + request.offset_bytes, pidfd_, pid_, &name_);
 }
 
 }  // namespace

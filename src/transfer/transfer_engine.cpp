@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "transfer/transport.h"
@@ -46,19 +47,37 @@ class Batch {
   size_t submitted() const { return submitted_.load(std::memory_order_acquire); }
   RequestState& request(size_t index) { return requests_[index]; }
   const RequestState& request(size_t index) const { return requests_[index]; }
+  // Reserves `count` request slots for one submit; returns the first index, or nullopt when they do not fit.
+  // Reserving (under the engine mutex) keeps two submitters from ever sharing indexes.
+  std::optional<size_t> reserve(size_t count) {
+    std::lock_guard lock(mu_);
+    if (count > capacity_ - reserved_) return std::nullopt;
+    reserved_ += count;
+    return reserved_ - count;
+  }
+  size_t room() {
+    std::lock_guard lock(mu_);
+    return capacity_ - reserved_;
+  }
   // Marks `count` more requests as submitted (after their states were reset, before they start).
   void add_submitted(size_t count) {
     std::lock_guard lock(mu_);
     submitted_.fetch_add(count, std::memory_order_release);
   }
 
-  void on_request_done(bool failed) {
+  // Publishes a request's final state and counts it, under one lock: whoever sees the state (status()) and
+  // then asks the batch (free_batch, wait) finds it counted.
+  void on_request_done(std::atomic<int>& state, bool failed) {
     std::lock_guard lock(mu_);
+    state.store(static_cast<int>(failed ? TransferState::kFailed : TransferState::kCompleted),
+                std::memory_order_release);
     (failed ? failed_ : completed_)++;
     if (completed_ + failed_ == submitted_.load(std::memory_order_relaxed)) done_.notify_all();
   }
 
   BatchSummary wait(std::chrono::milliseconds timeout) {
+    // Capped at a day: wait_for(milliseconds::max()) would overflow the clock and return at once.
+    timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24));
     std::unique_lock lock(mu_);
     done_.wait_for(lock, timeout, [&] { return completed_ + failed_ == submitted_.load(); });
     return summary_locked();
@@ -78,6 +97,7 @@ class Batch {
   std::unique_ptr<RequestState[]> requests_;
   std::atomic<size_t> submitted_{0};
   std::mutex mu_;
+  size_t reserved_ = 0;  // slots handed out by reserve(), >= submitted_
   std::condition_variable done_;
   size_t completed_ = 0;
   size_t failed_ = 0;
@@ -105,10 +125,7 @@ void RequestState::part_done(const Status& status, uint64_t bytes) {
   (failed ? counters_->requests_failed : counters_->requests_completed)
       .fetch_add(1, std::memory_order_relaxed);
   region_in_flight_->fetch_sub(1, std::memory_order_release);
-  // Publish the final state before the batch counts it: a waiter woken by the batch sees it.
-  state_.store(static_cast<int>(failed ? TransferState::kFailed : TransferState::kCompleted),
-               std::memory_order_release);
-  batch_->on_request_done(failed);
+  batch_->on_request_done(state_, failed);
 }
 
 TransferStatus RequestState::status() const {
@@ -219,10 +236,11 @@ class TransferEngine::Impl {
   explicit Impl(EngineOptions options) : options_(std::move(options)), host_id_(local_host_id()) {}
 
   ~Impl() {
-    for (auto& transport : transports_) transport->shutdown();
+    // Withdraw first, so peers stop finding this engine's segments before its transports stop answering.
     std::vector<std::string> names;
     for (const auto& [name, _] : exposed_) names.push_back(name);
     for (const auto& name : names) (void)withdraw_segment(name);
+    for (auto& transport : transports_) transport->shutdown();
     transports_.clear();
     if (claimed_) (void)options_.metadata->release_engine(options_.name);
     for (auto& [base, region] : regions_) {
@@ -361,54 +379,41 @@ class TransferEngine::Impl {
     return memory;
   }
 
+  // The name is reserved and the region pinned (exposed_segments) under mu_; the slow part (transports'
+  // expose, which may wait on a UCX progress thread, and the metadata publish, which may be an etcd round
+  // trip) runs without mu_, so submit/status/wait never wait on the network.
   Status expose_segment(std::string_view name, void* address, size_t length) {
+    internal::LocalSegment segment;
+    Region* region = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      if (exposed_.contains(std::string(name))) {
+        return Status::already_exists(fmt::format("expose_segment: this engine already exposes '{}'", name));
+      }
+      region = find_region(static_cast<std::byte*>(address), length);
+      if (length == 0) return Status::invalid_argument(fmt::format("expose_segment '{}': zero length", name));
+      if (region == nullptr) {
+        return Status::invalid_argument(fmt::format(
+            "expose_segment '{}': [{}, +{}) is not inside one registered region", name, address, length));
+      }
+      segment = internal::LocalSegment{
+          .id = next_segment_id_++,
+          .name = std::string(name),
+          .base = static_cast<std::byte*>(address),
+          .length_bytes = length,
+          .memfd = region->memfd,
+          .memfd_offset_bytes = static_cast<uint64_t>(static_cast<std::byte*>(address) - region->base)};
+      region->exposed_segments++;
+      exposed_.emplace(segment.name, Exposed{.segment = segment, .region = region, .ready = false});
+    }
+    Status published = publish_segment(segment);
     std::lock_guard lock(mu_);
-    if (exposed_.contains(std::string(name))) {
-      return Status::already_exists(fmt::format("expose_segment: this engine already exposes '{}'", name));
-    }
-    Region* region = find_region(static_cast<std::byte*>(address), length);
-    if (region == nullptr || length == 0) {
-      return Status::invalid_argument(fmt::format(
-          "expose_segment '{}': [{}, +{}) is not inside one registered region", name, address, length));
-    }
-    internal::LocalSegment segment{.id = next_segment_id_++,
-                                   .name = std::string(name),
-                                   .base = static_cast<std::byte*>(address),
-                                   .length_bytes = length,
-                                   .memfd = region->memfd,
-                                   .memfd_offset_bytes = static_cast<uint64_t>(segment.base - region->base)};
-    SegmentDescriptor descriptor{.name = segment.name,
-                                 .engine = options_.name,
-                                 .host_id = host_id_,
-                                 .length_bytes = length,
-                                 .transports = nlohmann::json::object()};
-    segments_.add(segment);
-    size_t served = 0;
-    for (auto& transport : transports_) {
-      nlohmann::json entry;
-      Status exposed = transport->expose(segment, entry);
-      if (!exposed.ok()) {
-        for (auto& t : transports_) t->withdraw(segment);
-        segments_.remove(segment.id);
-        return exposed;
-      }
-      if (!entry.is_null()) {
-        descriptor.transports[std::string(transport_name(transport->kind()))] = std::move(entry);
-        ++served;
-      }
-    }
-    Status published = served == 0 ? Status::invalid_argument(fmt::format(
-                                         "expose_segment '{}': none of this engine's transports can serve it "
-                                         "(shm alone serves only memory from allocate_memory)",
-                                         name))
-                                   : options_.metadata->publish(descriptor);
     if (!published.ok()) {
-      for (auto& t : transports_) t->withdraw(segment);
-      segments_.remove(segment.id);
+      exposed_.erase(segment.name);
+      region->exposed_segments--;
       return published;
     }
-    region->exposed_segments++;
-    exposed_.emplace(segment.name, Exposed{segment, region});
+    exposed_.at(segment.name).ready = true;
     return Status();
   }
 
@@ -417,22 +422,32 @@ class TransferEngine::Impl {
     {
       std::lock_guard lock(mu_);
       auto it = exposed_.find(std::string(name));
-      if (it == exposed_.end()) {
+      if (it == exposed_.end() || !it->second.ready) {
         return Status::not_found(fmt::format("withdraw_segment: this engine does not expose '{}'", name));
       }
+      it->second.ready = false;  // being withdrawn: the name stays reserved, the region pinned, until done
       exposed = it->second;
-      exposed_.erase(it);
-      exposed.region->exposed_segments--;
     }
     (void)options_.metadata->withdraw(name);
     for (auto& transport : transports_) transport->withdraw(exposed.segment);
-    segments_.remove(exposed.segment.id);
+    segments_.remove(exposed.segment.id);  // waits for peers' accesses in progress
+    std::lock_guard lock(mu_);
+    exposed_.erase(exposed.segment.name);
+    exposed.region->exposed_segments--;  // only now may the region be unregistered and freed
     return Status();
   }
 
   Result<SegmentHandle> open_segment(std::string_view name) {
     Result<SegmentDescriptor> descriptor = options_.metadata->lookup(name);
     if (!descriptor.ok()) return descriptor.status();
+    {
+      // Opening the same segment again reuses its path (an shm mapping, a ucx rkey) unless it was re-exposed.
+      std::lock_guard lock(mu_);
+      auto it = opened_by_name_.find(descriptor->name);
+      if (it != opened_by_name_.end() && opened_[it->second].descriptor.to_json() == descriptor->to_json()) {
+        return it->second;
+      }
+    }
     std::string tried;
     for (auto& transport : transports_) {
       const std::string kind(transport_name(transport->kind()));
@@ -443,10 +458,12 @@ class TransferEngine::Impl {
         continue;
       }
       std::lock_guard lock(mu_);
+      const auto handle = static_cast<SegmentHandle>(opened_.size());
+      opened_by_name_[descriptor->name] = handle;
       opened_.push_back(OpenedSegment{.descriptor = std::move(descriptor).value(),
                                       .kind = transport->kind(),
                                       .path = std::move(path).value()});
-      return static_cast<SegmentHandle>(opened_.size() - 1);
+      return handle;
     }
     std::string offered;
     for (const auto& [kind, _] : descriptor->transports.items())
@@ -481,6 +498,7 @@ class TransferEngine::Impl {
       internal::RemoteSegment* path;
     };
     std::vector<Checked> checked(requests.size());
+    size_t first = 0;
     {
       std::lock_guard lock(mu_);
       auto it = batches_.find(id);
@@ -514,8 +532,8 @@ class TransferEngine::Impl {
       }
       // Counted under the lock, so unregister_memory never frees a region a request is about to use.
       for (const Checked& c : checked) c.region->in_flight.fetch_add(1);
+      first = *batch->reserve(requests.size());  // room was checked under this lock
     }
-    const size_t first = batch->submitted();
     const auto deadline = Clock::now() + options_.failure.request_timeout;
     for (size_t i = 0; i < requests.size(); ++i) {
       batch->request(first + i).reset(batch.get(), &checked[i].region->in_flight, &counters_);
@@ -589,7 +607,37 @@ class TransferEngine::Impl {
   struct Exposed {
     internal::LocalSegment segment;
     Region* region = nullptr;
+    bool ready = false;  // published; false while being exposed or withdrawn
   };
+
+  // Serves `segment` on every transport that can and publishes its descriptor; undoes it all on failure.
+  Status publish_segment(const internal::LocalSegment& segment) {
+    SegmentDescriptor descriptor{.name = segment.name,
+                                 .engine = options_.name,
+                                 .host_id = host_id_,
+                                 .length_bytes = segment.length_bytes,
+                                 .transports = nlohmann::json::object()};
+    segments_.add(segment);
+    auto undo = [&](Status status) {
+      for (auto& t : transports_) t->withdraw(segment);
+      segments_.remove(segment.id);
+      return status;
+    };
+    for (auto& transport : transports_) {
+      nlohmann::json entry;
+      if (Status exposed = transport->expose(segment, entry); !exposed.ok()) return undo(exposed);
+      if (!entry.is_null())
+        descriptor.transports[std::string(transport_name(transport->kind()))] = std::move(entry);
+    }
+    if (descriptor.transports.empty()) {
+      return undo(Status::invalid_argument(fmt::format(
+          "expose_segment '{}': none of this engine's transports can serve it (shm alone serves only "
+          "memory from allocate_memory)",
+          segment.name)));
+    }
+    if (Status published = options_.metadata->publish(descriptor); !published.ok()) return undo(published);
+    return Status();
+  }
 
   // The registered region holding all of [address, address + length), or null. REQUIRES: mu_ held.
   Region* find_region(std::byte* address, size_t length) const {
@@ -619,6 +667,7 @@ class TransferEngine::Impl {
   std::unordered_map<std::string, Exposed> exposed_;
   uint64_t next_segment_id_ = 1;
   std::vector<OpenedSegment> opened_;
+  std::unordered_map<std::string, SegmentHandle> opened_by_name_;  // newest handle per segment name
   std::unordered_map<BatchId, std::shared_ptr<internal::Batch>> batches_;
   BatchId next_batch_id_ = 1;
 };

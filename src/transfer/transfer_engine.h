@@ -55,13 +55,17 @@ struct UcxOptions {
   std::string tls;
 };
 
-/// Failure handling, shared by all transports.
+/// Failure handling. request_timeout applies to every transport; connect_timeout to tcp; retry_budget and
+/// path_cooldown to tcp (per lane) and ucx (per peer); max_endpoints to the initiator side of tcp and ucx.
 struct FailureOptions {
   std::chrono::milliseconds request_timeout{10000};  // a request not finished by then fails (peer down, hung)
   std::chrono::milliseconds connect_timeout{2000};   // per connection attempt
-  int retry_budget = 8;  // re-sends of one slice on another lane before the request fails
-  std::chrono::milliseconds path_cooldown{1000};  // a failed lane/path is not used again for this long
-  int max_endpoints = 256;  // peers with open connections; idle ones beyond it are closed
+  int retry_budget = 8;  // re-sends of one slice (tcp) or operation (ucx) after its path failed
+  std::chrono::milliseconds path_cooldown{1000};  // a failed lane/peer is not used again for this long
+  /// Peers with open connections. Beyond it the least recently used idle peer is closed (it reconnects on
+  /// next use); while every peer is busy the cap is exceeded rather than a transfer stalled. Accepted
+  /// (server-side) connections are not capped.
+  int max_endpoints = 256;
 };
 
 /// Settings of one engine.
@@ -142,8 +146,9 @@ class TransferEngine {
   /// Registers [address, address + length_bytes) for transfers. kInvalidArgument for null or zero length
   /// or an overflowing range; kAlreadyExists when it overlaps a registered region.
   Status register_memory(void* address, size_t length_bytes);
-  /// Unregisters the region starting at `address`. kNotFound when none starts there;
-  /// kFailedPrecondition while a segment exposes part of it or requests using it are pending.
+  /// Unregisters the region starting at `address`. kNotFound when none starts there; kInvalidArgument for
+  /// memory from allocate_memory (use free_memory); kFailedPrecondition while a segment exposes part of it
+  /// (including one being withdrawn) or requests using it are pending.
   Status unregister_memory(void* address);
 
   /// Allocates `length_bytes` (zeroed, page-aligned, pre-faulted) of memory peers on this host can map,
@@ -153,15 +158,22 @@ class TransferEngine {
   /// Unregisters and frees memory from allocate_memory (same preconditions as unregister_memory).
   Status free_memory(void* address);
 
-  /// Publishes [address, address + length_bytes), inside one registered region, as segment `name`.
-  /// kInvalidArgument when the range is not inside one registered region; kAlreadyExists for a taken name.
+  /// Publishes [address, address + length_bytes), inside one registered region, as segment `name`. Blocks on
+  /// the metadata service (not holding the engine's lock: transfers go on meanwhile). kInvalidArgument for
+  /// zero length, a range not inside one registered region, or memory none of the engine's transports can
+  /// serve (shm alone: only memory from allocate_memory); kAlreadyExists for a name taken here or by another
+  /// engine; the metadata service's error otherwise (kUnavailable: etcd unreachable).
   Status expose_segment(std::string_view name, void* address, size_t length_bytes);
-  /// Stops serving segment `name` and withdraws it. kNotFound for a name this engine did not expose.
+  /// Withdraws segment `name` from the metadata service and stops serving it; returns once no peer access to
+  /// it is in progress (tcp), so its memory may then be freed. Peers that opened it before keep their handle:
+  /// over tcp their requests are refused from now on; over shm and ucx (software RMA, no RDMA NIC to check
+  /// rkeys) they still reach the memory, so they must drop handles of withdrawn segments (docs/transfer.md).
+  /// kNotFound for a name this engine does not expose.
   Status withdraw_segment(std::string_view name);
 
   /// Looks `name` up in the metadata service and picks the transport to it. Blocks on the metadata
-  /// service (not on the peer). kNotFound for an unknown segment; kUnavailable when no common transport
-  /// can reach it.
+  /// service (not on the peer). Opening a segment again returns the same handle unless it was re-exposed
+  /// since. kNotFound for an unknown segment; kUnavailable when no common transport can reach it.
   Result<SegmentHandle> open_segment(std::string_view name);
   /// The transport open_segment picked for `segment` (kNotFound for an unknown handle).
   Result<TransportKind> segment_transport(SegmentHandle segment) const;

@@ -88,10 +88,14 @@ TEST_F(TransferEngineTest, SegmentsMustLieInRegisteredMemory) {
   EXPECT_EQ(a_->unregister_memory(shared).code(),
             StatusCode::kInvalidArgument);  // allocate_memory's: free it
   EXPECT_EQ(b_->open_segment("a/kv").value(), 0u);
+  EXPECT_EQ(b_->open_segment("a/kv").value(), 0u);  // the same segment again: the same handle
   EXPECT_EQ(b_->open_segment("missing").status().code(), StatusCode::kNotFound);
   ASSERT_TRUE(a_->withdraw_segment("a/kv").ok());
   EXPECT_EQ(a_->withdraw_segment("a/kv").code(), StatusCode::kNotFound);
   EXPECT_EQ(b_->open_segment("a/kv").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(a_->expose_segment("a/kv", shared, 200).ok());  // re-exposed elsewhere: a new handle
+  EXPECT_EQ(b_->open_segment("a/kv").value(), 1u);
+  ASSERT_TRUE(a_->withdraw_segment("a/kv").ok());
   EXPECT_TRUE(a_->free_memory(shared).ok());
   EXPECT_EQ(a_->free_memory(shared).code(), StatusCode::kNotFound);
 }
@@ -218,7 +222,8 @@ TEST(TransferEngineHungPeerTest, PendingBatchCannotBeFreedAndTimesOut) {
   EXPECT_EQ(engine->free_batch(batch).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(engine->unregister_memory(local).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->free_memory(local).code(), StatusCode::kFailedPrecondition);  // requests use it
-  const BatchSummary summary = engine->wait(batch, 10s).value();
+  // milliseconds::max() must mean "until done", not overflow the clock and return at once.
+  const BatchSummary summary = engine->wait(batch, std::chrono::milliseconds::max()).value();
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(summary.failed, 2u);
   EXPECT_LT(elapsed, 1500ms + 1500ms);
