@@ -183,20 +183,6 @@ StatusCode code_of_grpc_error(int64_t grpc_code, int http_status) {
   }
 }
 
-// The same rule as the embedded services' (metadata.cpp), so a name valid for one is valid for all.
-Status check_name(std::string_view what, std::string_view name) {
-  if (name.empty() || name.size() > 200) {
-    return Status::invalid_argument(
-        fmt::format("{} name must be 1..200 characters, got {}", what, name.size()));
-  }
-  for (char c : name) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      return Status::invalid_argument(fmt::format("{} name '{}' contains a control character", what, name));
-    }
-  }
-  return Status();
-}
-
 std::string claim_value(std::string_view engine) {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -247,7 +233,7 @@ class EtcdMetadata final : public MetadataService {
   }
 
   Status claim_engine(std::string_view engine) override {
-    CRESCENT_RETURN_IF_ERROR(check_name("engine", engine));
+    CRESCENT_RETURN_IF_ERROR(validate_metadata_name("engine", engine));
     std::lock_guard lock(mutex_);
     std::string name(engine);
     if (engines_.contains(name)) {
@@ -291,7 +277,7 @@ class EtcdMetadata final : public MetadataService {
   }
 
   Status publish(const SegmentDescriptor& descriptor) override {
-    CRESCENT_RETURN_IF_ERROR(check_name("segment", descriptor.name));
+    CRESCENT_RETURN_IF_ERROR(validate_metadata_name("segment", descriptor.name));
     std::string value;
     try {
       value = descriptor.to_json().dump();

@@ -17,6 +17,19 @@
 
 namespace crescent::transfer {
 
+Status validate_metadata_name(std::string_view what, std::string_view name) {
+  if (name.empty() || name.size() > 200) {
+    return Status::invalid_argument(
+        fmt::format("{} name must be 1..200 characters, got {}", what, name.size()));
+  }
+  for (char c : name) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return Status::invalid_argument(fmt::format("{} name '{}' contains a control character", what, name));
+    }
+  }
+  return Status();
+}
+
 nlohmann::json SegmentDescriptor::to_json() const {
   return {{"name", name},
           {"engine", engine},
@@ -57,24 +70,10 @@ Result<SegmentDescriptor> SegmentDescriptor::from_json(const nlohmann::json& jso
 
 namespace {
 
-// Names become map keys and file names: keep them printable and free of path separators.
-Status check_name(std::string_view what, std::string_view name) {
-  if (name.empty() || name.size() > 200) {
-    return Status::invalid_argument(
-        fmt::format("{} name must be 1..200 characters, got {}", what, name.size()));
-  }
-  for (char c : name) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      return Status::invalid_argument(fmt::format("{} name '{}' contains a control character", what, name));
-    }
-  }
-  return Status();
-}
-
 class InProcessMetadata final : public MetadataService {
  public:
   Status claim_engine(std::string_view engine) override {
-    CRESCENT_RETURN_IF_ERROR(check_name("engine", engine));
+    CRESCENT_RETURN_IF_ERROR(validate_metadata_name("engine", engine));
     std::lock_guard lock(mu_);
     if (!engines_.insert(std::string(engine)).second) {
       return Status::already_exists(fmt::format("engine name '{}' is already claimed", engine));
@@ -90,7 +89,7 @@ class InProcessMetadata final : public MetadataService {
   }
 
   Status publish(const SegmentDescriptor& descriptor) override {
-    CRESCENT_RETURN_IF_ERROR(check_name("segment", descriptor.name));
+    CRESCENT_RETURN_IF_ERROR(validate_metadata_name("segment", descriptor.name));
     std::lock_guard lock(mu_);
     if (!engines_.contains(descriptor.engine)) {
       return Status::failed_precondition(
@@ -162,7 +161,7 @@ class DirectoryMetadata final : public MetadataService {
   }
 
   Status claim_engine(std::string_view engine) override {
-    CRESCENT_RETURN_IF_ERROR(check_name("engine", engine));
+    CRESCENT_RETURN_IF_ERROR(validate_metadata_name("engine", engine));
     std::lock_guard lock(mu_);
     const auto path = entry_path("engines", engine);
     // The claim appears atomically with its pid in it: written to a private temporary file, then link(2)ed
@@ -218,7 +217,7 @@ class DirectoryMetadata final : public MetadataService {
   }
 
   Status publish(const SegmentDescriptor& descriptor) override {
-    CRESCENT_RETURN_IF_ERROR(check_name("segment", descriptor.name));
+    CRESCENT_RETURN_IF_ERROR(validate_metadata_name("segment", descriptor.name));
     std::lock_guard lock(mu_);
     if (!claimed_.contains(descriptor.engine)) {
       return Status::failed_precondition(

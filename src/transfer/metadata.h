@@ -29,6 +29,10 @@ struct SegmentDescriptor {
   static Result<SegmentDescriptor> from_json(const nlohmann::json& json);
 };
 
+/// The rule every MetadataService applies to engine and segment names: 1..200 bytes, no control characters
+/// (names become keys and file names). kInvalidArgument naming `what` ("engine", "segment") otherwise.
+Status validate_metadata_name(std::string_view what, std::string_view name);
+
 /// Where engines publish and look up segment descriptors. Implementations are thread-safe.
 ///
 /// Ownership and leases: an engine claims its name once (claim_engine) and publishes descriptors under it.

@@ -35,9 +35,23 @@
 //  - FORCE is refused (UCS_ERR_INVALID_PARAM) on NONE-mode endpoints and nothing else aborts an operation.
 //    There UCX works on a bounce buffer owned by the operation, so it can be failed at its deadline while UCX
 //    still holds it: a late reply lands in the bounce buffer, never in memory the caller may have freed.
+//    An operation a forced close cancels because *another* operation of its endpoint expired is re-posted
+//    on a new endpoint at most FailureOptions::retry_budget times; beyond that it fails, naming the reason.
+//  - Should a forced close ever return with operations still in flight (not seen in 1.13: it purges every
+//    request of the endpoint before it returns), those are reported only when UCX completes them (their
+//    callback, at the latest when ucp_worker_destroy cancels them at shutdown): a PEER-mode operation works
+//    on the caller's buffer, so reporting it earlier would let the caller free memory UCX still writes to.
 //  - A failed peer is seen through the endpoint's error callback or a failed operation (PEER mode) and, for
 //    peers in another process on this host, through a pidfd of the owner (both modes; in NONE mode the only
-//    prompt signal). Its operations fail, its endpoint is dropped, and the next request connects afresh.
+//    prompt signal). Its operations fail and its endpoint is dropped. For FailureOptions::path_cooldown
+//    after that the remote worker is not connected to again: requests to it (and open_segment of its
+//    segments) fail at once with "cooling down after <failure>", naming the engine and segment; the first
+//    request after the cool-down connects afresh. A peer restarted meanwhile has a new worker address, so it
+//    is reachable at once through a re-opened segment. A request deadline passing is not a peer failure (a
+//    hung peer may recover) and starts no cool-down.
+//  - FailureOptions::connect_timeout is not used: ucp_ep_create does not wait for the peer and UCX 1.13
+//    exposes no per-connection timer or "connected" state; a connection that never comes up fails through
+//    the endpoint's error callback (UCX's own timeouts) or, at the latest, at the request deadline.
 //  - Stale rkeys are NOT rejected: UCX's software RMA target (ucp_put_handler and the get handler in
 //    rma_sw.c) copies to/from the raw address carried in the message without checking it against any
 //    registration, and ucp_mem_unmap does not revoke rkeys already handed out. A peer that keeps using a
@@ -166,6 +180,8 @@ struct Op {
   bool counted_busy = false;
   std::optional<Failure> failure;  // overrides UCX's status: deadline, peer gone, shutdown, connect error
   bool retry = false;              // re-post if UCX cancels it (its endpoint was force-closed for another op)
+  std::string retry_reason;        // why its endpoint was force-closed under it (for the retry-budget error)
+  int reposts = 0;                 // times re-posted after such a close; at most FailureOptions::retry_budget
   bool reported = false;           // part_done was called; UCX may still hold it (NONE mode) until it ends
   bool pinned = false;             // inside ucp_request_cancel: its completion must not free it yet
 };
@@ -224,13 +240,15 @@ class UcxTransport final : public Transport {
 
  private:
   struct Task {
+    std::string what;
     std::function<Status()> fn;
     std::promise<Status> done;
   };
 
   // ---- Any thread.
-  // Runs `fn` on the progress thread and returns its status; kUnavailable once shutting down.
-  Status call(std::function<Status()> fn);
+  // Runs `fn` on the progress thread and returns its status; kUnavailable once shutting down, with `what`
+  // (the work refused, naming the segment and engine it was for) in the message.
+  Status call(std::string what, std::function<Status()> fn);
   void wake();
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   static void on_request_done(void* request, ucs_status_t status, void* user_data);
@@ -284,6 +302,12 @@ class UcxTransport final : public Transport {
   std::unordered_map<ucp_ep_h, Peer*> by_ep_;
   std::vector<std::unique_ptr<Peer>> graveyard_;
   std::unordered_set<std::string> hosts_without_peer_mode_;
+  struct Cooldown {
+    Clock::time_point until;
+    // What failed, e.g. "endpoint to engine 'x' failed (Connection reset by remote peer)".
+    std::string failure;
+  };
+  std::unordered_map<std::string, Cooldown> cooling_;  // failed remote workers (by peer key), see the top
   std::multimap<Clock::time_point, Op*> deadlines_;
   std::vector<Op*> retries_;
   std::vector<std::pair<std::string, uint64_t>> broken_peers_;  // PEER-mode endpoints an operation failed on
@@ -365,13 +389,17 @@ Status UcxTransport::start() {
   return Status();
 }
 
-Status UcxTransport::call(std::function<Status()> fn) {
+Status UcxTransport::call(std::string what, std::function<Status()> fn) {
   auto task = std::make_unique<Task>();
   task->fn = std::move(fn);
   std::future<Status> done = task->done.get_future();
   {
     std::lock_guard lock(mu_);
-    if (stopping_) return Status::unavailable("ucx: engine shutting down");
+    if (stopping_) {
+      return Status::unavailable(
+          fmt::format("ucx: engine '{}' shutting down: cannot {}", context_.engine_name, what));
+    }
+    task->what = std::move(what);
     tasks_.push_back(std::move(task));
   }
   wake();
@@ -403,7 +431,7 @@ void UcxTransport::on_request_done(void* request, ucs_status_t status, void* use
 
 Status UcxTransport::expose(const LocalSegment& segment, nlohmann::json& entry) {
   std::string rkey_hex;
-  Status mapped = call([&]() -> Status {
+  Status mapped = call(fmt::format("expose segment '{}'", segment.name), [&]() -> Status {
     ucp_mem_map_params_t params{};
     params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     params.address = segment.base;
@@ -439,7 +467,7 @@ Status UcxTransport::expose(const LocalSegment& segment, nlohmann::json& entry) 
 
 void UcxTransport::withdraw(const LocalSegment& segment) {
   // After shutdown the call is refused, and teardown has unmapped everything already.
-  (void)call([&]() -> Status {
+  (void)call(fmt::format("withdraw segment '{}'", segment.name), [&]() -> Status {
     auto it = exposed_.find(segment.id);
     if (it != exposed_.end()) {
       ucp_mem_unmap(ucp_context_, it->second);
@@ -483,11 +511,12 @@ Result<std::shared_ptr<RemoteSegment>> UcxTransport::open(const SegmentDescripto
   }
   // Create the endpoint and unpack the rkey now, so that open_segment reports an unreachable peer; UCX
   // connects asynchronously, so this does not wait for the peer.
-  Status opened = call([&]() -> Status {
-    Result<Peer*> peer = connect(*info);
-    if (!peer.ok()) return peer.status();
-    return rkey_for(**peer, *info).status();
-  });
+  Status opened =
+      call(fmt::format("open segment '{}' of engine '{}'", info->segment, info->engine), [&]() -> Status {
+        Result<Peer*> peer = connect(*info);
+        if (!peer.ok()) return peer.status();
+        return rkey_for(**peer, *info).status();
+      });
   if (!opened.ok()) return opened;
   return std::shared_ptr<RemoteSegment>(std::make_shared<UcxRemoteSegment>(this, std::move(info)));
 }
@@ -698,6 +727,17 @@ Result<Peer*> UcxTransport::connect(const RemoteInfo& remote) {
     touch(*found->second);
     return found->second.get();
   }
+  if (auto cooling = cooling_.find(remote.peer_key); cooling != cooling_.end()) {
+    const auto now = Clock::now();
+    if (now < cooling->second.until) {
+      return Status::unavailable(fmt::format(
+          "ucx: engine '{}' (segment '{}') is cooling down after {} ({} ms of the {} ms path_cooldown left)",
+          remote.engine, remote.segment, cooling->second.failure,
+          std::chrono::ceil<std::chrono::milliseconds>(cooling->second.until - now).count(),
+          context_.options->failure.path_cooldown.count()));
+    }
+    cooling_.erase(cooling);
+  }
   int pidfd = -1;
   if (remote.pid > 0) {
     pidfd = static_cast<int>(::syscall(SYS_pidfd_open, remote.pid, 0));
@@ -794,12 +834,19 @@ void UcxTransport::finish(Op* op, ucs_status_t status) {
   }
   if (op->retry && status != UCS_OK && !op->failure) {
     op->retry = false;
-    if (op->counted_busy) {
-      op->counted_busy = false;
-      --busy_ops_;
+    if (op->reposts >= context_.options->failure.retry_budget) {
+      op->failure = Failure{StatusCode::kUnavailable,
+                            fmt::format("ucx: retry budget of {} re-posts exhausted: {}",
+                                        context_.options->failure.retry_budget, op->retry_reason)};
+    } else {
+      ++op->reposts;
+      if (op->counted_busy) {
+        op->counted_busy = false;
+        --busy_ops_;
+      }
+      retries_.push_back(op);
+      return;
     }
-    retries_.push_back(op);
-    return;
   }
   if (status == UCS_OK && !op->failure && op->op == TransferOp::kRead && op->bounce) {
     std::memcpy(op->local, op->bounce.get(), op->length_bytes);
@@ -847,8 +894,14 @@ void UcxTransport::expire(Clock::time_point now) {
     }
   }
   for (Peer* peer : to_close) {
+    const std::string reason = fmt::format(
+        "endpoint to engine '{}' force-closed because another operation on it timed out after {} ms",
+        peer->engine, context_.options->failure.request_timeout.count());
     for (Op* other : peer->in_flight) {
-      if (!other->failure) other->retry = true;
+      if (!other->failure) {
+        other->retry = true;
+        other->retry_reason = reason;
+      }
     }
     close_peer(peer, /*force=*/true);
   }
@@ -881,6 +934,14 @@ bool UcxTransport::handle_ep_errors() {
 }
 
 void UcxTransport::peer_failed(Peer* peer, const Failure& failure) {
+  const auto cooldown = context_.options->failure.path_cooldown;
+  if (cooldown.count() > 0) {
+    const auto now = Clock::now();
+    std::erase_if(cooling_, [&](const auto& entry) { return entry.second.until <= now; });  // stays small
+    std::string_view what = failure.reason;
+    if (what.starts_with("ucx: ")) what.remove_prefix(5);
+    cooling_[peer->key] = Cooldown{now + cooldown, std::string(what)};
+  }
   for (Op* op : peer->in_flight) {
     if (!op->failure) op->failure = failure;
   }
@@ -935,13 +996,19 @@ void UcxTransport::close_peer(Peer* peer, bool force) {
     std::erase_if(ep_errors_, [&](const auto& error) { return error.first == peer->ep; });
   }
   if (!peer->in_flight.empty()) {
-    // Not expected (a forced close completes everything); keep what UCX still holds until the worker goes.
+    // Not expected (a forced close completes everything, see the top). UCX still holds these operations
+    // and, in PEER mode, works on the caller's memory (no bounce buffer): reporting them now would let the
+    // caller free that memory under UCX. They are reported when UCX completes them (on_request_done ->
+    // finish), at the latest when ucp_worker_destroy cancels them at shutdown; a bounce buffer cannot be
+    // swapped in after posting. Their deadlines are dropped: nothing further can be done to them (the
+    // endpoint is gone), and expire() must not look at a buried endpoint. NONE-mode operations (bounce
+    // buffer) that failed earlier are already reported; they are only freed on completion too.
     for (Op* op : peer->in_flight) {
       if (op->has_deadline_entry) {
         deadlines_.erase(op->deadline_entry);
         op->has_deadline_entry = false;
       }
-      if (!op->reported) report(op, UCS_INPROGRESS);
+      if (!op->reported && !op->peer->peer_mode) report(op, UCS_INPROGRESS);
     }
     graveyard_.push_back(std::move(owned));
   }
@@ -1010,7 +1077,10 @@ void UcxTransport::teardown() {
     tasks.swap(tasks_);
     queued.swap(submitted_);
   }
-  for (auto& task : tasks) task->done.set_value(Status::unavailable("ucx: engine shutting down"));
+  for (auto& task : tasks) {
+    task->done.set_value(Status::unavailable(
+        fmt::format("ucx: engine '{}' shutting down: cannot {}", context_.engine_name, task->what)));
+  }
   const Failure shutting_down{StatusCode::kUnavailable, "engine shutting down"};
   queued.insert(queued.end(), retries_.begin(), retries_.end());
   retries_.clear();

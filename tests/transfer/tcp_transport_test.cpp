@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
 #include "transfer/metadata.h"
 #include "transfer/transfer_engine.h"
 
@@ -142,22 +143,7 @@ std::pair<uint16_t, uint64_t> tcp_endpoint(MetadataService& metadata, const std:
 
 // ---- A peer engine in a forked process ----------------------------------------------------------------
 
-// A fresh directory (for make_directory_metadata), removed when destroyed.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "crescent-tcp-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 // A child process whose engine serves `segment` (filled with pattern `seed`) over tcp. Fork these before the
 // test creates its own engines: the child must not inherit engine threads.

@@ -545,9 +545,11 @@ class UcxTwoProcessTest : public ::testing::TestWithParam<std::string> {
     return child->error().empty() ? child : nullptr;
   }
 
-  std::unique_ptr<TransferEngine> make_engine(const std::string& name, Ms request_timeout = Ms(10000)) {
+  std::unique_ptr<TransferEngine> make_engine(const std::string& name, Ms request_timeout = Ms(10000),
+                                              Ms path_cooldown = Ms(1000)) {
     EngineOptions options = ucx_options(name, metadata_, GetParam());
     options.failure.request_timeout = request_timeout;
+    options.failure.path_cooldown = path_cooldown;
     Result<std::unique_ptr<TransferEngine>> engine = TransferEngine::create(std::move(options));
     EXPECT_TRUE(engine.ok()) << engine.status().message();
     return engine.ok() ? std::move(engine).value() : nullptr;
@@ -690,6 +692,58 @@ TEST_P(UcxTwoProcessTest, KilledPeerFailsPendingRequestsAndEngineServesOthers) {
                                           .length_bytes = 3 * kMiB}});
   ASSERT_EQ(read.summary.completed, 1u) << read.first_error();
   EXPECT_EQ(std::memcmp(local + 5, pattern(32, 777, 3 * kMiB).data(), 3 * kMiB), 0);
+}
+
+TEST_P(UcxTwoProcessTest, FailedPeerIsAvoidedForPathCooldownAndRestartedPeerWorksAfterwards) {
+  constexpr Ms kTimeout(5000);
+  constexpr Ms kCooldown(3000);
+  ChildServer* doomed = spawn("phoenix", "a", 4 * kMiB, 61);
+  ASSERT_NE(doomed, nullptr);
+  auto engine = make_engine("client", kTimeout, kCooldown);
+  ASSERT_TRUE(engine);
+  SegmentHandle a = engine->open_segment("a").value();
+  auto* local = static_cast<std::byte*>(engine->allocate_memory(4 * kMiB).value());
+  const TransferRequest read_a{
+      .op = TransferOp::kRead, .local_address = local, .segment = a, .offset_bytes = 5, .length_bytes = kMiB};
+  BatchResult before = run_batch(*engine, {read_a});
+  ASSERT_EQ(before.summary.completed, 1u) << before.first_error();
+
+  // The first request after the kill fails through the peer's failure (pidfd, UCX error) or, when that was
+  // seen first, through the cool-down it starts; either way the peer is cooling down once it has failed.
+  doomed->kill_now();
+  BatchResult first = run_batch(*engine, {read_a}, kTimeout + Ms(1500));
+  ASSERT_EQ(first.summary.failed, 1u);
+  const auto failed_at = SteadyClock::now();
+
+  // Requests during the cool-down fail at once, naming the peer, the segment and the failure.
+  for (int i = 0; i < 3; ++i) {
+    const auto start = SteadyClock::now();
+    BatchResult cooled = run_batch(*engine, {read_a}, kTimeout);
+    const auto took = std::chrono::duration_cast<Ms>(SteadyClock::now() - start);
+    ASSERT_EQ(cooled.summary.failed, 1u);
+    const std::string error = cooled.first_error();
+    EXPECT_NE(error.find("cooling down after"), std::string::npos) << error;
+    EXPECT_NE(error.find("'phoenix'"), std::string::npos) << error;
+    EXPECT_NE(error.find("segment 'a'"), std::string::npos) << error;
+    EXPECT_LT(took, Ms(500)) << error;
+  }
+  ASSERT_LT(SteadyClock::now() - failed_at, kCooldown) << "too slow to observe the cool-down";
+
+  // A peer restarted under the same names, once the cool-down has passed, is reached through a re-opened
+  // segment.
+  children_.clear();
+  ChildServer* reborn = spawn("phoenix", "a", 4 * kMiB, 62);
+  ASSERT_NE(reborn, nullptr);
+  std::this_thread::sleep_until(failed_at + kCooldown + Ms(100));
+  Result<SegmentHandle> reopened = engine->open_segment("a");
+  ASSERT_TRUE(reopened.ok()) << reopened.status().message();
+  BatchResult after = run_batch(*engine, {{.op = TransferOp::kRead,
+                                           .local_address = local,
+                                           .segment = *reopened,
+                                           .offset_bytes = 7,
+                                           .length_bytes = 3 * kMiB}});
+  ASSERT_EQ(after.summary.completed, 1u) << after.first_error();
+  EXPECT_EQ(std::memcmp(local, pattern(62, 7, 3 * kMiB).data(), 3 * kMiB), 0);
 }
 
 TEST_P(UcxTwoProcessTest, HungPeerRequestsFailAtTheirDeadlineAndPeerIsUsableAfterwards) {
