@@ -26,10 +26,18 @@ void expect_one_error_line(const CliRun& run, const std::string& needle) {
   EXPECT_THAT(run.err, HasSubstr(needle));
 }
 
+// Writes `body` to this process's config file (one path, rewritten by each call), removed at exit.
 std::string write_config(const std::string& body) {
-  auto path = temp_path("crescent_cli_config.json");
-  std::ofstream(path) << body;
-  return path.string();
+  struct RemovedAtExit {
+    std::filesystem::path path;
+    ~RemovedAtExit() {
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+    }
+  };
+  static const RemovedAtExit file{temp_path("crescent_cli_config.json")};
+  std::ofstream(file.path) << body;
+  return file.path.string();
 }
 
 TEST(SimulateCli, JsonHasEveryPolicyWithTheDocumentedFields) {
