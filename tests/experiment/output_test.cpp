@@ -90,7 +90,8 @@ namespace {
 
 // If one of several files cannot be written, none of the targets changes (an older result pair stays whole).
 TEST(WriteFilesAtomically, AWriteFailureLeavesEveryTargetAsItWas) {
-  const auto dir = std::filesystem::temp_directory_path() / ("crescent_output_pair_" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("crescent_output_pair_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string svg = (dir / "x.svg").string();

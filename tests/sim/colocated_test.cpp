@@ -11,8 +11,8 @@
 #include "sim/cluster_config.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
-#include "trace/reader.h"
 #include "test_cluster.h"
+#include "trace/reader.h"
 
 namespace crescent::sim {
 namespace {

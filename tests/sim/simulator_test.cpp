@@ -7,8 +7,8 @@
 
 #include "perf/cost_model.h"
 #include "sim/report.h"
-#include "trace/reader.h"
 #include "test_cluster.h"
+#include "trace/reader.h"
 
 namespace crescent::sim {
 namespace {
