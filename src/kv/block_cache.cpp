@@ -61,38 +61,48 @@ int64_t BlockCache::evict_unpinned(int64_t blocks, TouchEvents* events) {
 }
 
 void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events) {
+  // Pass 1, first to last: take each key out of the LRU list (pinned, or held until pass 2) or store it, so
+  // later keys of the same request can never evict earlier ones. Pass 2 puts the held keys back, last to
+  // first: keys[0] ends up the most recent. `touch_call` marks a key held by this call (repeated keys).
+  const uint64_t call = ++touch_calls_;
+  held_.clear();
   for (BlockKey key : keys) {
     auto it = entries_.find(key);
     if (it != entries_.end()) {
       Entry& e = it->second;
-      if (e.ref_count == 0) list_remove(e.slot);
       if (pin) {
-        if (e.ref_count++ == 0) ++pinned_blocks_;
+        if (e.ref_count++ == 0) {
+          list_remove(e.slot);
+          ++pinned_blocks_;
+        }
         if (events) events->pinned.push_back(key);
-      } else if (e.ref_count == 0) {
-        list_push_back(e.slot);
+      } else if (e.ref_count == 0 && e.touch_call != call) {
+        list_remove(e.slot);
+        e.touch_call = call;
+        held_.push_back(e.slot);
       }
       continue;
     }
     if (size_blocks() >= capacity_blocks_) {
-      if (lru_head_ == kNil) continue;  // every cached block is in use: this one is not cached
+      if (lru_head_ == kNil) continue;  // every other cached block is in use or this request's: skip it
       evict_lru(events);
     }
-    uint32_t slot = allocate_slot(key);
-    entries_.emplace(key, Entry{slot, pin ? 1u : 0u});
+    const uint32_t slot = allocate_slot(key);
+    entries_.emplace(key, Entry{slot, pin ? 1u : 0u, call});
     if (pin) {
       ++pinned_blocks_;
       if (events) events->pinned.push_back(key);
     } else {
-      list_push_back(slot);
+      held_.push_back(slot);
     }
     if (events) events->stored.push_back(key);
   }
+  for (auto slot = held_.rbegin(); slot != held_.rend(); ++slot) list_push_back(*slot);
 }
 
 void BlockCache::unpin(std::span<const BlockKey> keys) {
-  for (BlockKey key : keys) {
-    auto it = entries_.find(key);
+  for (auto key = keys.rbegin(); key != keys.rend(); ++key) {
+    auto it = entries_.find(*key);
     assert(it != entries_.end() && it->second.ref_count > 0);
     if (it == entries_.end() || it->second.ref_count == 0) continue;
     if (--it->second.ref_count == 0) {

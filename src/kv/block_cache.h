@@ -1,5 +1,11 @@
 // A bounded set of cached KV blocks with LRU eviction that never evicts a block in use (paper §3.2.1).
 // The whole block lifecycle of one cache lives here: look up, insert, touch, pin while in use, unpin, evict.
+//
+// Recency within a request: a prefix hit is a *leading* run of keys, so a cache that evicts the head of a
+// cached prefix before its tail keeps blocks nobody can reach. Every operation that takes a request's keys
+// (touch, unpin) therefore leaves them most recent first-to-last: keys[0] the most recent, the last key the
+// least, so under pressure a request's tail goes first and what stays cached is a usable prefix. vLLM gets
+// the same order by freeing a request's blocks in reverse.
 #pragma once
 
 #include <cstdint>
@@ -38,13 +44,18 @@ class BlockCache {
   int64_t prefix_match_blocks(std::span<const BlockKey> keys) const;
   bool contains(BlockKey key) const { return entries_.count(key) != 0; }
 
-  /// Touches `keys` in order: a present key becomes most recent, an absent one is stored (evicting the least
-  /// recently used unpinned block when full). With `pin`, every key that ends up cached is pinned once.
-  /// A key that cannot be stored because every cached block is pinned is skipped (not cached, not pinned).
+  /// Touches a request's blocks, `keys` in prefix order. Absent keys are stored first to last, each evicting
+  /// the least recently used unpinned block not among `keys` when the cache is full; once nothing is left
+  /// to evict, further absent keys are skipped (not cached, not pinned), so a request longer than the cache
+  /// keeps its head. Afterwards every touched key is more recent than any other block, keys[0] the most
+  /// recent and the last key the least (see the top of this file). With `pin`, every occurrence of a key
+  /// that ends up cached is pinned once (pinned blocks are out of the LRU order until unpinned).
   /// `events` (optional) receives what changed.
   void touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events = nullptr);
 
-  /// Drops one pin from each key. A key whose count reaches 0 becomes the most recently used evictable block.
+  /// Drops one pin from each occurrence of a key in `keys` (a request's blocks in prefix order, as pinned by
+  /// touch()). Keys whose count reaches 0 become the most recently used evictable blocks, keys[0] the most
+  /// recent of them, as touch() orders them.
   /// REQUIRES: each key was pinned by touch() and not yet unpinned as often.
   void unpin(std::span<const BlockKey> keys);
 
@@ -63,6 +74,7 @@ class BlockCache {
   struct Entry {
     uint32_t slot;  // index into slots_
     uint32_t ref_count = 0;
+    uint64_t touch_call = 0;  // the touch() call that last took it out of the LRU list (touch_calls_)
   };
   // Evictable (ref_count == 0) blocks form a doubly linked list over slots_, head = least recently used.
   struct Slot {
@@ -84,6 +96,8 @@ class BlockCache {
   std::vector<uint32_t> free_slots_;
   uint32_t lru_head_ = kNil;
   uint32_t lru_tail_ = kNil;
+  uint64_t touch_calls_ = 0;
+  std::vector<uint32_t> held_;  // touch(): unpinned slots taken out of the LRU list, in key order
 };
 
 }  // namespace crescent::kv

@@ -76,24 +76,24 @@ TEST(BlockCache, UnpinnedBlockBecomesMostRecent) {
   BlockCache cache(3);
   cache.touch(std::vector<BlockKey>{1}, true);
   cache.touch(std::vector<BlockKey>{2, 3}, false);
-  cache.unpin(std::vector<BlockKey>{1});  // order now 2, 3, 1
+  cache.unpin(std::vector<BlockKey>{1});  // LRU order now 3, 2, 1 (a request's tail is least recent)
   TouchEvents ev;
   cache.touch(std::vector<BlockKey>{4, 5}, false, &ev);
-  EXPECT_THAT(ev.evicted, ElementsAre(2, 3));
+  EXPECT_THAT(ev.evicted, ElementsAre(3, 2));
   EXPECT_TRUE(cache.contains(1));
 }
 
 TEST(BlockCache, EvictUnpinnedTakesLeastRecentlyUsedAndSkipsPinned) {
   BlockCache cache(10);
   cache.touch(std::vector<BlockKey>{1, 2}, /*pin=*/true);
-  cache.touch(std::vector<BlockKey>{3, 4, 5}, false);  // LRU order of the unpinned: 3, 4, 5
+  cache.touch(std::vector<BlockKey>{3, 4, 5}, false);  // LRU order of the unpinned: 5, 4, 3
   TouchEvents ev;
   EXPECT_EQ(cache.evict_unpinned(2, &ev), 2);
-  EXPECT_THAT(ev.evicted, ElementsAre(3, 4));
+  EXPECT_THAT(ev.evicted, ElementsAre(5, 4));
   // Asking for more than are unpinned evicts what there is; pinned blocks stay.
   ev.clear();
   EXPECT_EQ(cache.evict_unpinned(5, &ev), 1);
-  EXPECT_THAT(ev.evicted, ElementsAre(5));
+  EXPECT_THAT(ev.evicted, ElementsAre(3));
   EXPECT_EQ(cache.evict_unpinned(1), 0);
   EXPECT_EQ(cache.size_blocks(), 2);
   EXPECT_TRUE(cache.contains(1));
@@ -102,6 +102,63 @@ TEST(BlockCache, EvictUnpinnedTakesLeastRecentlyUsedAndSkipsPinned) {
   cache.touch(std::vector<BlockKey>{6, 7, 8}, false);
   EXPECT_EQ(cache.size_blocks(), 5);
   EXPECT_EQ(cache.prefix_match_blocks(std::vector<BlockKey>{6, 7, 8}), 3);
+}
+
+// Issue #8 §2: [1,2,3], then [4], then [1,2,3] in a 3-block cache. Touching first to last would make block 1
+// the least recent, evict it for 4, and leave 2 and 3 cached but unreachable (a hit is a leading run).
+TEST(BlockCache, EvictsARequestsTailFirstSoItsPrefixStaysUsable) {
+  BlockCache cache(3);
+  const std::vector<BlockKey> doc{1, 2, 3};
+  cache.touch(doc, false);
+  TouchEvents ev;
+  cache.touch(std::vector<BlockKey>{4}, false, &ev);
+  EXPECT_THAT(ev.evicted, ElementsAre(3));
+  EXPECT_EQ(cache.prefix_match_blocks(doc), 2);
+}
+
+TEST(BlockCache, UnpinReleasesTailFirst) {
+  BlockCache cache(3);
+  const std::vector<BlockKey> doc{1, 2, 3};
+  cache.touch(doc, /*pin=*/true);
+  cache.unpin(doc);
+  TouchEvents ev;
+  cache.touch(std::vector<BlockKey>{4, 5}, false, &ev);
+  EXPECT_THAT(ev.evicted, ElementsAre(3, 2));
+  EXPECT_EQ(cache.prefix_match_blocks(doc), 1);
+}
+
+TEST(BlockCache, RequestLongerThanTheCacheKeepsItsHead) {
+  for (const bool pin : {false, true}) {
+    SCOPED_TRACE(pin ? "pinned" : "unpinned");
+    BlockCache cache(3);
+    TouchEvents ev;
+    const std::vector<BlockKey> keys{1, 2, 3, 4, 5};
+    cache.touch(keys, pin, &ev);
+    EXPECT_THAT(ev.stored, ElementsAre(1, 2, 3));  // no churn: 4 and 5 never evict the head
+    EXPECT_THAT(ev.evicted, IsEmpty());
+    EXPECT_EQ(cache.prefix_match_blocks(keys), 3);
+    if (pin) {
+      EXPECT_THAT(ev.pinned, ElementsAre(1, 2, 3));
+    }
+  }
+}
+
+TEST(BlockCache, RepeatedKeysInOneRequest) {
+  BlockCache cache(3);
+  TouchEvents ev;
+  cache.touch(std::vector<BlockKey>{7, 8, 7, 9}, false, &ev);
+  EXPECT_THAT(ev.stored, ElementsAre(7, 8, 9));
+  EXPECT_EQ(cache.size_blocks(), 3);
+  ev.clear();
+  cache.touch(std::vector<BlockKey>{10}, false, &ev);
+  EXPECT_THAT(ev.evicted, ElementsAre(9));  // order 9, 8, 7: a key's first occurrence sets its place
+  // Pinned twice, unpinned twice.
+  cache.touch(std::vector<BlockKey>{7, 7}, /*pin=*/true);
+  EXPECT_EQ(cache.pinned_blocks(), 1);
+  cache.unpin(std::vector<BlockKey>{7});
+  EXPECT_EQ(cache.pinned_blocks(), 1);
+  cache.unpin(std::vector<BlockKey>{7});
+  EXPECT_EQ(cache.pinned_blocks(), 0);
 }
 
 TEST(BlockCache, UnboundedNeverEvicts) {
