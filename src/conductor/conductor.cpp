@@ -100,23 +100,43 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   return c;
 }
 
-// Among the instances holding the best prefix, the one that will have computed it soonest (lowest id on
-// ties).
-void Conductor::choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s) {
-  fetch_source_ = match_.best_instance;
-  fetch_wait_s_ = 0;
-  if (match_.best_blocks == 0) return;
+template <typename ScoreFn>
+std::optional<InstanceId> Conductor::pick_lowest(uint32_t count, ScoreFn score,
+                                                 const PlacementHistory& history) {
+  std::optional<InstanceId> best;
+  double lowest = std::numeric_limits<double>::infinity();
+  PlacementHistory::TieKey best_key{};
+  for (InstanceId i = 0; i < count; ++i) {
+    const double s = score(i);
+    if (s > lowest || s == std::numeric_limits<double>::infinity()) continue;
+    const PlacementHistory::TieKey key = history.tie_key(i);
+    if (s < lowest || key < best_key) {
+      best = i;
+      lowest = s;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+// Among the instances holding the best prefix, the one that will have computed it soonest; ties go to the
+// holder that served the fewest fetches recently, then round robin.
+Conductor::FetchSource Conductor::choose_fetch_source(const ClusterView& cluster, const RequestInfo& request,
+                                                      double now_s) const {
+  if (match_.best_blocks == 0) return {};
   const auto best_prefix = request.block_keys.first(static_cast<size_t>(match_.best_blocks));
+  FetchSource best;
   double best_ready_s = std::numeric_limits<double>::infinity();
   for (const auto& [inst, run] : match_.matches) {
     if (run != match_.best_blocks) continue;
-    double ready_s = cluster.prefix_ready_s(inst, best_prefix);
-    if (ready_s < best_ready_s || (ready_s == best_ready_s && inst < fetch_source_)) {
+    const double ready_s = cluster.prefix_ready_s(inst, best_prefix);
+    if (ready_s < best_ready_s || (ready_s == best_ready_s && fetch_history_.prefer(inst, best.instance))) {
+      best.instance = inst;
       best_ready_s = ready_s;
-      fetch_source_ = inst;
     }
   }
-  fetch_wait_s_ = std::max(0.0, best_ready_s - now_s);
+  best.wait_s = std::max(0.0, best_ready_s - now_s);
+  return best;
 }
 
 Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, const RequestInfo& request,
@@ -125,7 +145,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   const auto instances = static_cast<uint32_t>(busy_until.size());
   auto queue_s = [&](InstanceId i) { return std::max(0.0, busy_until[i] - now_s); };
 
-  // Each instance's local prefix (Algorithm 1's instance.prefix_len), dense for the loop below.
+  // Each instance's local prefix (Algorithm 1's instance.prefix_len), dense for the loops below.
   cluster.block_index().match_prefix(request.block_keys, match_);
   local_blocks_.assign(instances, 0);
   for (const auto& [inst, run] : match_.matches) {
@@ -138,10 +158,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
       return evaluate(i, local_blocks_[i], local_blocks_[i], request, queue_s(i));
     }
     case PrefillPolicy::kLeastLoaded: {
-      InstanceId best = 0;
-      for (InstanceId i = 1; i < instances; ++i) {
-        if (busy_until[i] < busy_until[best]) best = i;
-      }
+      const InstanceId best = *pick_lowest(instances, queue_s, prefill_history_);
       return evaluate(best, local_blocks_[best], local_blocks_[best], request, queue_s(best));
     }
     case PrefillPolicy::kCacheAware:
@@ -156,7 +173,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   // few distinct lengths, so it is computed once per length (memo) and the loop costs one add per instance.
   const bool global = options_.policy == PrefillPolicy::kGlobalCacheAware;
   const int64_t best_blocks = match_.best_blocks;
-  if (global) choose_fetch_source(cluster, request, now_s);
+  const FetchSource source = global ? choose_fetch_source(cluster, request, now_s) : FetchSource{};
   auto fetches = [&](int64_t local) {
     return global && best_blocks > local &&
            (local == 0 || static_cast<double>(best_blocks) / static_cast<double>(local) >
@@ -172,45 +189,46 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     return c;
   };
   auto wait_s = [&](InstanceId i) {
-    return fetches(local_blocks_[i]) ? std::max(queue_s(i), fetch_wait_s_) : queue_s(i);
+    return fetches(local_blocks_[i]) ? std::max(queue_s(i), source.wait_s) : queue_s(i);
   };
 
-  InstanceId best = 0;
-  double best_ttft_s = std::numeric_limits<double>::infinity();
-  for (InstanceId i = 0; i < instances; ++i) {
-    double ttft_s = wait_s(i) + cost_s(local_blocks_[i]);
-    if (ttft_s < best_ttft_s) {
-      best_ttft_s = ttft_s;
-      best = i;
-    }
-  }
+  const InstanceId best = *pick_lowest(
+      instances, [&](InstanceId i) { return wait_s(i) + cost_s(local_blocks_[i]); }, prefill_history_);
   const int64_t local = local_blocks_[best];
-  return evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
+  PrefillChoice choice = evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
+  choice.fetch_from = source.instance;
+  return choice;
 }
 
 // Decode instance with the smallest predicted TBT once this request joins (Algorithm 1 line 17), preferring
 // instances whose HBM can hold its KV (prompt + max output) on top of everything already reserved, waiting or
 // incoming. Waiting and incoming requests count as joined. `fits` is false when no instance has room now.
+// Ties go to the instance with the fewest recent placements, then round robin.
 InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request,
-                                    double& predicted_tbt_s, bool& fits) const {
-  InstanceId best = 0;
-  fits = false;
-  predicted_tbt_s = std::numeric_limits<double>::infinity();
+                                    double& predicted_tbt_s, bool& fits) {
+  const uint32_t instances = cluster.decode_instance_count();
   const int64_t need = request.input_tokens + request.max_output_tokens;
-  for (InstanceId d = 0; d < cluster.decode_instance_count(); ++d) {
+  scores_.resize(instances);
+  has_room_.resize(instances);
+  fits = false;
+  for (InstanceId d = 0; d < instances; ++d) {
     const DecodeLoad load = cluster.decode_load(d);
     const int64_t kv = load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens;
-    const bool room = need <= load.kv_capacity_tokens - kv;
-    const double tbt_s =
+    has_room_[d] = need <= load.kv_capacity_tokens - kv;
+    fits |= has_room_[d] != 0;
+    scores_[d] =
         cost_.decode_step_time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,
                                  load.running.context_tokens + load.waiting.context_tokens +
                                      load.incoming.context_tokens + request.input_tokens);
-    if ((room && !fits) || (room == fits && tbt_s < predicted_tbt_s)) {
-      best = d;
-      fits = room;
-      predicted_tbt_s = tbt_s;
-    }
   }
+  // Only instances with room compete, unless none has any.
+  const InstanceId best = *pick_lowest(
+      instances,
+      [&](InstanceId d) {
+        return fits && !has_room_[d] ? std::numeric_limits<double>::infinity() : scores_[d];
+      },
+      decode_history_);
+  predicted_tbt_s = scores_[best];
   return best;
 }
 
@@ -237,13 +255,13 @@ static int64_t max_decode_capacity_tokens(const ClusterView& cluster) {
 // 1,100).
 std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& cluster,
                                                          const RequestInfo& request, double horizon_s,
-                                                         double& predicted_tbt_s) const {
+                                                         double& predicted_tbt_s) {
   const double expected_output = output_estimator_.expected_tokens();
   const double need = static_cast<double>(request.input_tokens) + expected_output;
   const bool predictive = options_.admission == Admission::kPredictive;
-  std::optional<InstanceId> best;
-  predicted_tbt_s = std::numeric_limits<double>::infinity();
-  for (InstanceId i = 0; i < cluster.decode_instance_count(); ++i) {
+  const uint32_t instances = cluster.decode_instance_count();
+  scores_.assign(instances, std::numeric_limits<double>::infinity());
+  for (InstanceId i = 0; i < instances; ++i) {
     const DecodeLoad load = cluster.decode_load(i);
     double stay = 1.0;  // share of the running requests still there at the horizon
     if (predictive && load.running.requests > 0) {
@@ -261,11 +279,11 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
         static_cast<double>(load.waiting.context_tokens + joined.context_tokens + request.input_tokens);
     const double tbt_s = cost_.decode_step_time_s(static_cast<int64_t>(std::ceil(requests)),
                                                   static_cast<int64_t>(std::ceil(context)));
-    if (tbt_s <= options_.tbt_slo_s && tbt_s < predicted_tbt_s) {
-      best = i;
-      predicted_tbt_s = tbt_s;
-    }
+    if (tbt_s <= options_.tbt_slo_s) scores_[i] = tbt_s;
   }
+  const std::optional<InstanceId> best = pick_lowest(
+      instances, [&](InstanceId i) { return scores_[i]; }, decode_history_);
+  if (best) predicted_tbt_s = scores_[*best];
   return best;
 }
 
@@ -282,7 +300,7 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
   d.prefill_instance = p.instance;
   d.local_prefix_tokens = std::min(p.local_blocks * block, n);
   d.fetched_prefix_tokens = std::min((p.local_blocks + p.fetched_blocks) * block, n) - d.local_prefix_tokens;
-  d.fetch_from = fetch_source_;
+  d.fetch_from = p.fetch_from;
   d.prefill_tokens = std::max<int64_t>(1, n - d.prefix_tokens());
   d.transfer_s = p.transfer_s;
   d.queue_s = p.queue_s;
@@ -315,6 +333,11 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
       }
       break;
     }
+  }
+  if (d.rejected == RejectReason::kNone) {
+    prefill_history_.record(d.prefill_instance, now_s);
+    decode_history_.record(d.decode_instance, now_s);
+    if (d.fetched_prefix_tokens > 0) fetch_history_.record(d.fetch_from, now_s);
   }
   return d;
 }

@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "conductor/cluster_view.h"
+#include "conductor/placement_history.h"
 #include "kv/block_index.h"
 #include "perf/cost_model.h"
 
@@ -129,15 +130,19 @@ struct Decision {
   int64_t prefix_tokens() const { return local_prefix_tokens + fetched_prefix_tokens; }
 };
 
-/// Places requests. Holds only options, the cost model and scratch space: every fact about the cluster comes
-/// from the ClusterView passed to schedule(). Not thread-safe (scratch, RNG).
+/// Places requests. Holds options, the cost model, scratch space and its own memory of where it placed
+/// requests lately (PlacementHistory, for tie-breaks): every fact about the cluster comes from the
+/// ClusterView passed to schedule(). Every policy breaks ties (estimates within kTieToleranceS) between
+/// prefill instances, decode instances and fetch sources by fewest recent placements, then round robin, never
+/// by index. Not thread-safe (scratch, RNG, history).
 class Conductor {
  public:
   /// `cost_model` must outlive the Conductor.
   Conductor(const perf::CostModel& cost_model, ConductorOptions options);
 
-  /// Chooses prefill and decode instances for `request` arriving at `now_s`. Never fails; a refusal is
-  /// reported in Decision::rejected (the live server answers it with HTTP 429).
+  /// Chooses prefill and decode instances for `request` arriving at `now_s` (seconds, non-decreasing across
+  /// calls). Never fails; a refusal is reported in Decision::rejected (the live server answers it with HTTP
+  /// 429). An accepted decision is recorded as a placement (it counts in later tie-breaks).
   Decision schedule(const ClusterView& cluster, const RequestInfo& request, double now_s);
 
   const ConductorOptions& options() const { return options_; }
@@ -147,32 +152,46 @@ class Conductor {
   double expected_output_tokens() const { return output_estimator_.expected_tokens(); }
 
  private:
+  // A candidate prefill instance and Algorithm 1's estimate for it.
   struct PrefillChoice {
     InstanceId instance = 0;
     int64_t local_blocks = 0;
     int64_t fetched_blocks = 0;
+    InstanceId fetch_from = 0;  // meaningful when fetched_blocks > 0
     double transfer_s = 0, queue_s = 0, prefill_s = 0;
+  };
+  // Where a remote prefix would come from: the holder of the best prefix that can serve it soonest.
+  struct FetchSource {
+    InstanceId instance = 0;
+    double wait_s = 0;  // until it has computed the prefix (0 when ready)
   };
   PrefillChoice choose_prefill(const ClusterView& cluster, const RequestInfo& request, double now_s);
   PrefillChoice evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                          const RequestInfo& request, double queue_s) const;
-  void choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s);
+  FetchSource choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s) const;
   std::optional<InstanceId> decode_instance_for(const ClusterView& cluster, const RequestInfo& request,
-                                                double horizon_s, double& predicted_tbt_s) const;
+                                                double horizon_s, double& predicted_tbt_s);
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
-                           bool& fits) const;
+                           bool& fits);
+  // Among instances 0..count-1, the one with the smallest finite score(i), ties broken by `history`; none
+  // when every score is infinite.
+  template <typename ScoreFn>
+  std::optional<InstanceId> pick_lowest(uint32_t count, ScoreFn score, const PlacementHistory& history);
   uint64_t next_random();
 
   const perf::CostModel& cost_;
   ConductorOptions options_;
   uint64_t rng_state_;
   OutputLengthEstimator output_estimator_;
+  PlacementHistory prefill_history_;
+  PlacementHistory decode_history_;
+  PlacementHistory fetch_history_;  // prefill instances that served remote prefix fetches
   // Scratch reused across decisions (no allocation per decision once warm).
   kv::PrefixMatch match_;
   std::vector<int64_t> local_blocks_;  // per prefill instance: its local prefix match, in blocks
   std::vector<double> cost_by_local_;  // T_transfer + T_prefill by local prefix length (-1: not computed yet)
-  InstanceId fetch_source_ = 0;        // holder of the best prefix that can serve it soonest
-  double fetch_wait_s_ = 0;            // until that holder has computed it (0 when ready)
+  std::vector<double> scores_;         // per instance: the policy's estimate (infinite: not eligible)
+  std::vector<char> has_room_;         // per decode instance: HBM room for the request now
 };
 
 }  // namespace crescent::conductor

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "conductor/placement_history.h"
 #include "kv/block_cache.h"
 #include "perf/cost_model.h"
 #include "sim/step_log.h"
@@ -272,6 +273,8 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
   const uint32_t node_count = config.prefill_instances + config.decode_instances;
   nodes.reserve(node_count);
   for (uint32_t i = 0; i < node_count; ++i) nodes.emplace_back(mode, run);
+  conductor::PlacementHistory history;
+  std::vector<InstanceId> tied;
 
   for (uint32_t req = 0; req < trace.size(); ++req) {
     const trace::Request& r = trace[req];
@@ -288,11 +291,16 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
       o.rejected = conductor::RejectReason::kDecodeCapacity;
       o.finish_s = now_s;
     } else {
-      // The load balancer: fewest outstanding requests, lowest id on ties.
-      uint32_t best = 0;
-      for (uint32_t i = 1; i < node_count; ++i) {
-        if (nodes[i].outstanding() < nodes[best].outstanding()) best = i;
+      // The load balancer: fewest outstanding requests; ties to the node with the fewest requests placed
+      // recently, then round robin (as the Conductor breaks its ties).
+      int64_t fewest = nodes[0].outstanding();
+      for (const Node& node : nodes) fewest = std::min(fewest, node.outstanding());
+      tied.clear();
+      for (uint32_t i = 0; i < node_count; ++i) {
+        if (nodes[i].outstanding() == fewest) tied.push_back(i);
       }
+      const uint32_t best = history.pick(tied);
+      history.record(best, now_s);
       ++result.counters.decisions;
       o.prefill_instance = o.decode_instance = best;
       states[req].decode_steps = std::max<int64_t>(0, r.output_tokens - 1);

@@ -220,6 +220,75 @@ TEST_F(ConductorTest, SloAdmissionRejectsWhenTtftCannotBeMet) {
   EXPECT_EQ(conductor.schedule(cluster, {4096, keys_}, 45.0).rejected, RejectReason::kNone);
 }
 
+// Issue #8 §1: with idle, equal instances and nothing cached, every choice used to fall to instance 0.
+TEST_F(ConductorTest, EveryPolicySpreadsTiesOverIdleInstances) {
+  for (auto policy :
+       {PrefillPolicy::kLeastLoaded, PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
+    SCOPED_TRACE(to_string(policy));
+    FakeCluster cluster(4, 3);  // stays idle: the fake does not queue what is placed
+    Conductor conductor(cost_, {.policy = policy});
+    std::set<InstanceId> prefill, decode;
+    for (BlockKey r = 0; r < 4; ++r) {
+      const std::vector<BlockKey> keys{100 * r + 1, 100 * r + 2};
+      const Decision d = conductor.schedule(cluster, {1024, keys, 10}, 10.0 * static_cast<double>(r));
+      prefill.insert(d.prefill_instance);
+      if (r < 3) decode.insert(d.decode_instance);
+    }
+    EXPECT_EQ(prefill.size(), 4u);
+    EXPECT_EQ(decode.size(), 3u);
+  }
+}
+
+TEST_F(ConductorTest, TieGoesToTheInstanceWithFewestRecentPlacements) {
+  FakeCluster cluster(3, 1);
+  Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware});
+  cluster.busy_until_s = {100.0, 0.0, 100.0};
+  EXPECT_EQ(conductor.schedule(cluster, {1024, keys_}, 0).prefill_instance, 1u);
+  cluster.busy_until_s = {0.0, 100.0, 100.0};
+  EXPECT_EQ(conductor.schedule(cluster, {1024, keys_}, 0).prefill_instance, 0u);
+  EXPECT_EQ(conductor.schedule(cluster, {1024, keys_}, 0).prefill_instance, 0u);
+  // All idle: instance 2 has had no request (round robin alone would give 1, after the last placed, 0).
+  cluster.busy_until_s = {0.0, 0.0, 0.0};
+  EXPECT_EQ(conductor.schedule(cluster, {1024, keys_}, 1).prefill_instance, 2u);
+  // A rejected request is not a placement.
+  Conductor strict(cost_,
+                   {.policy = PrefillPolicy::kCacheAware, .admission = Admission::kSlo, .ttft_slo_s = 1e-9});
+  EXPECT_NE(strict.schedule(cluster, {1024, keys_}, 0).rejected, RejectReason::kNone);
+  EXPECT_EQ(strict.schedule(cluster, {1024, {}, 0}, 0).prefill_instance, 0u);
+}
+
+TEST_F(ConductorTest, FetchSourceTiesSpreadOverHolders) {
+  FakeCluster cluster(3, 1);
+  cluster.cache(0, keys_);
+  cluster.cache(1, keys_);
+  cluster.busy_until_s = {100.0, 100.0, 0.0};  // both holders busy and ready: fetch to idle instance 2
+  Conductor conductor(cost_, {.policy = PrefillPolicy::kGlobalCacheAware});
+  std::set<InstanceId> sources;
+  for (int i = 0; i < 2; ++i) {
+    const Decision d = conductor.schedule(cluster, {4096, keys_}, 0);
+    ASSERT_EQ(d.prefill_instance, 2u);
+    ASSERT_EQ(d.fetched_prefix_tokens, 4096);
+    sources.insert(d.fetch_from);
+    cluster.busy_until_s = {100.0, 100.0, 0.0};
+  }
+  EXPECT_EQ(sources.size(), 2u);  // equally ready holders take turns serving fetches
+}
+
+TEST_F(ConductorTest, SameInputsGiveSameDecisions) {
+  for (auto policy : {PrefillPolicy::kRandom, PrefillPolicy::kLeastLoaded, PrefillPolicy::kCacheAware,
+                      PrefillPolicy::kGlobalCacheAware}) {
+    FakeCluster cluster(5, 4);
+    Conductor a(cost_, {.policy = policy, .seed = 3}), b(cost_, {.policy = policy, .seed = 3});
+    for (int i = 0; i < 50; ++i) {
+      const std::vector<BlockKey> keys{static_cast<BlockKey>(i % 7), static_cast<BlockKey>(i)};
+      const Decision da = a.schedule(cluster, {1024, keys, 5}, i);
+      const Decision db = b.schedule(cluster, {1024, keys, 5}, i);
+      EXPECT_EQ(da.prefill_instance, db.prefill_instance);
+      EXPECT_EQ(da.decode_instance, db.decode_instance);
+    }
+  }
+}
+
 TEST_F(ConductorTest, ScalesToManyInstancesWithSparseMatches) {
   FakeCluster cluster(1024, 1);
   for (InstanceId i = 0; i < 1024; ++i) cluster.busy_until_s[i] = 1.0 + i;

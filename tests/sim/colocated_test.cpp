@@ -124,31 +124,36 @@ TEST(Colocated, PrefillStallsTheRunningBatch) {
 TEST(Colocated, PrefixCacheReusesBlocksOnTheSameNode) {
   const ClusterConfig c = small_cluster(1, 1);
   const perf::CostModel cost(c.model, c.hardware);
-  // Each arrives when both nodes are idle, so all run on node 0. The second shares 3 blocks (1536 tokens);
-  // the third repeats the first prompt whole, and only its last token is recomputed.
-  const std::vector<trace::Request> t{request(0, 2048, 2, {1, 2, 3, 4}),
+  // A long decode (request 1) keeps node 1 busy throughout, so the load balancer sends the others to node 0.
+  // Request 2 shares 3 blocks (1536 tokens) with request 0; request 3 repeats request 0's prompt whole, and
+  // only its last token is recomputed.
+  const std::vector<trace::Request> t{request(0, 2048, 2, {1, 2, 3, 4}), request(0, 512, 20'000, {99}),
                                       request(60'000, 2000, 1, {1, 2, 3, 9}),
                                       request(120'000, 2048, 1, {1, 2, 3, 4})};
   const SimResult cached = run(c, t, System::kColocatedPrefixCache);
+  ASSERT_EQ(cached.requests[1].prefill_instance, 1u);
+  ASSERT_GT(cached.requests[1].finish_s, 120.0);
+  for (size_t r : {0, 2, 3}) ASSERT_EQ(cached.requests[r].prefill_instance, 0u) << r;
   EXPECT_EQ(cached.requests[0].prefix_hit_tokens, 0);
-  EXPECT_EQ(cached.requests[1].prefix_hit_tokens, 1536);
-  EXPECT_NEAR(cached.requests[1].ttft_s, cost.iteration_time_s(0, 0, 464, 1536), 1e-9);
-  EXPECT_DOUBLE_EQ(cached.requests[1].prefill_compute_s, cost.prefill_time_s(464, 1536));
-  EXPECT_EQ(cached.requests[2].prefix_hit_tokens, 2048);
-  EXPECT_NEAR(cached.requests[2].ttft_s, cost.iteration_time_s(0, 0, 1, 2047), 1e-9);
+  EXPECT_EQ(cached.requests[2].prefix_hit_tokens, 1536);
+  EXPECT_NEAR(cached.requests[2].ttft_s, cost.iteration_time_s(0, 0, 464, 1536), 1e-9);
+  EXPECT_DOUBLE_EQ(cached.requests[2].prefill_compute_s, cost.prefill_time_s(464, 1536));
+  EXPECT_EQ(cached.requests[3].prefix_hit_tokens, 2048);
+  EXPECT_NEAR(cached.requests[3].ttft_s, cost.iteration_time_s(0, 0, 1, 2047), 1e-9);
 
   for (System system : {System::kColocated, System::kColocatedChunkedPrefill}) {
     const SimResult plain = run(c, t, system);
-    EXPECT_EQ(plain.requests[1].prefix_hit_tokens, 0);
-    EXPECT_GT(plain.requests[1].ttft_s, cached.requests[1].ttft_s);
+    EXPECT_EQ(plain.requests[2].prefix_hit_tokens, 0);
+    EXPECT_GT(plain.requests[2].ttft_s, cached.requests[2].ttft_s);
   }
-  EXPECT_NEAR(run(c, t, System::kColocated).requests[1].ttft_s, cost.iteration_time_s(0, 0, 2000, 0), 1e-9);
+  EXPECT_NEAR(run(c, t, System::kColocated).requests[2].ttft_s, cost.iteration_time_s(0, 0, 2000, 0), 1e-9);
 }
 
 TEST(Colocated, CachedBlocksGiveWayToReservedKv) {
   const ClusterConfig c = small_hbm_cluster();
   const perf::CostModel cost(c.model, c.hardware);
   const int64_t capacity = cost.decode_kv_capacity_tokens(c.decode_hbm_reserved_share);
+  // A long decode (the second request) keeps node 1 busy, so r1, r2 and r3 all go to node 0.
   // r1 leaves 79 cached blocks (40,448 tokens) in node 0's HBM. r2 (8 other blocks) reserves its prompt and
   // output: with 16,000 output tokens the two no longer fit, so r2's admission evicts just enough of r1's
   // blocks, its tail first (kv/block_cache.h), and r3, a repeat of r1, still finds the rest as a prefix.
@@ -160,13 +165,15 @@ TEST(Colocated, CachedBlocksGiveWayToReservedKv) {
   ASSERT_LT(evicted_blocks, 79);
   for (int64_t r2_output : {16'000, 1}) {
     SCOPED_TRACE(r2_output);
-    const std::vector<trace::Request> t{request(0, 40'000, 1, keys(0, 79)),
+    const std::vector<trace::Request> t{request(0, 40'000, 1, keys(0, 79)), request(0, 512, 50'000, {99'999}),
                                         request(100'000, 4096, r2_output, keys(1000, 8)),
-                                        request(2'000'000, 40'000, 1, keys(0, 79))};
+                                        request(600'000, 40'000, 1, keys(0, 79))};
     const SimResult result = run(c, t, System::kColocatedPrefixCache);
-    ASSERT_EQ(result.requests[1].prefill_instance, 0u);
-    ASSERT_EQ(result.requests[2].prefill_instance, 0u);
-    EXPECT_EQ(result.requests[2].prefix_hit_tokens, r2_output == 1 ? 40'000 : (79 - evicted_blocks) * 512);
+    ASSERT_EQ(result.requests[1].prefill_instance, 1u);
+    ASSERT_GT(result.requests[1].finish_s, 600.0);
+    ASSERT_LT(result.requests[2].finish_s, 600.0);  // r2 has left when r3 arrives
+    for (size_t r : {0, 2, 3}) ASSERT_EQ(result.requests[r].prefill_instance, 0u) << r;
+    EXPECT_EQ(result.requests[3].prefix_hit_tokens, r2_output == 1 ? 40'000 : (79 - evicted_blocks) * 512);
   }
 }
 

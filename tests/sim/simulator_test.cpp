@@ -101,6 +101,45 @@ TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
   EXPECT_GT(local.requests[2].ttft_s, r2.ttft_s);
 }
 
+// Issue #8 §1: 2 prefill instances caching 4 blocks each, requests 10 s apart sharing prefixes pairwise.
+// Ties between the idle instances used to fall to instance 0 for the cache-aware policies, so its cache
+// thrashed (0% hits) while least-loaded spread the load and hit 3,072 of 7,168 tokens.
+TEST(Simulator, CacheAwarePoliciesSpreadTiesAndMatchLeastLoaded) {
+  ClusterConfig c = small_cluster(2, 1);
+  c.prefill_cache_capacity_tokens = 2048;
+  const std::vector<trace::Request> t{request(0, 1536, 1, {1, 2, 3}), request(10'000, 1536, 1, {4, 5, 6}),
+                                      request(20'000, 2048, 1, {1, 2, 3, 7}),
+                                      request(30'000, 2048, 1, {4, 5, 6, 8})};
+  const PolicyReport least = summarize("", run(c, t, PrefillPolicy::kLeastLoaded), c.slo);
+  EXPECT_DOUBLE_EQ(least.hit_ratio, 3072.0 / 7168);
+  for (auto policy : {PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
+    SCOPED_TRACE(to_string(policy));
+    const SimResult result = run(c, t, policy);
+    EXPECT_NE(result.requests[0].prefill_instance, result.requests[1].prefill_instance);
+    EXPECT_EQ(result.requests[2].prefill_instance, result.requests[0].prefill_instance);
+    EXPECT_EQ(result.requests[3].prefill_instance, result.requests[1].prefill_instance);
+    const PolicyReport report = summarize("", result, c.slo);
+    EXPECT_GE(report.hit_ratio * 7168, 3072 - 1e-9);
+    EXPECT_LE(report.ttft_mean_s, least.ttft_mean_s + 1e-12);
+  }
+}
+
+// Issue #8 §2: one prefill instance caching 3 blocks: [1,2,3], then [4], then [1,2,3]. [4] evicts block 3
+// (the first request's tail), so the third request reuses blocks 1-2: 1,024 of 3,584 tokens.
+TEST(Simulator, EvictionKeepsTheHeadOfAPrefix) {
+  ClusterConfig c = small_cluster(1, 1);
+  c.prefill_cache_capacity_tokens = 1536;
+  const std::vector<trace::Request> t{request(0, 1536, 1, {1, 2, 3}), request(10'000, 512, 1, {4}),
+                                      request(20'000, 1536, 1, {1, 2, 3})};
+  for (auto policy :
+       {PrefillPolicy::kLeastLoaded, PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
+    SCOPED_TRACE(to_string(policy));
+    const SimResult result = run(c, t, policy);
+    EXPECT_EQ(result.requests[2].prefix_hit_tokens, 1024);
+    EXPECT_NEAR(summarize("", result, c.slo).hit_ratio, 1024.0 / 3584, 1e-12);
+  }
+}
+
 TEST(Simulator, DecodeHbmBoundsTheBatch) {
   ClusterConfig c = small_cluster(2, 1);
   const perf::CostModel cost(c.model, c.hardware);

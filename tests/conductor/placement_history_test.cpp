@@ -1,0 +1,59 @@
+#include "conductor/placement_history.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace crescent::conductor {
+namespace {
+
+TEST(PlacementHistory, NeverPlacedInstancesGoRoundRobin) {
+  PlacementHistory history;
+  const std::vector<InstanceId> all{0, 1, 2};
+  std::vector<InstanceId> order;
+  for (int i = 0; i < 6; ++i) {
+    const InstanceId pick = history.pick(all);
+    order.push_back(pick);
+    history.record(pick, 0.0);
+  }
+  EXPECT_EQ(order, (std::vector<InstanceId>{0, 1, 2, 0, 1, 2}));
+}
+
+TEST(PlacementHistory, FewestRecentPlacementsBeatsRoundRobin) {
+  PlacementHistory history;
+  history.record(1, 0.0);
+  history.record(0, 0.0);
+  history.record(0, 0.0);  // round robin would now start at 1; 2 has the fewest placements
+  EXPECT_EQ(history.pick(std::vector<InstanceId>{0, 1, 2}), 2u);
+  EXPECT_EQ(history.pick(std::vector<InstanceId>{0, 1}), 1u);
+  // Ids the history has never seen count as never placed on.
+  EXPECT_EQ(history.pick(std::vector<InstanceId>{0, 40}), 40u);
+}
+
+TEST(PlacementHistory, OldPlacementsCountLess) {
+  PlacementHistory history(/*half_life_s=*/60);
+  history.record(0, 0.0);
+  history.record(0, 0.0);
+  history.record(1, 120.0);  // two placements two half-lives ago weigh 0.5 against one just now
+  EXPECT_NEAR(history.recent_placements(0, 120.0), 0.5, 1e-12);
+  EXPECT_NEAR(history.recent_placements(1, 120.0), 1.0, 1e-12);
+  EXPECT_NEAR(history.recent_placements(1, 180.0), 0.5, 1e-12);
+  EXPECT_EQ(history.recent_placements(7, 180.0), 0.0);
+  EXPECT_EQ(history.pick(std::vector<InstanceId>{1, 0}), 0u);
+}
+
+TEST(PlacementHistory, StaysFiniteOverLongRuns) {
+  PlacementHistory history(/*half_life_s=*/1);
+  history.record(0, 0.0);
+  for (int i = 1; i <= 5000; ++i) history.record(i % 2 == 0 ? 0 : 1, i * 1.0);  // 5000 half-lives
+  const double w0 = history.recent_placements(0, 5000.0), w1 = history.recent_placements(1, 5000.0);
+  EXPECT_TRUE(std::isfinite(w0) && std::isfinite(w1));
+  // Each sums 1 + 1/4 + 1/16 + ... (placed every other second) = 4/3, instance 1 starting a second earlier.
+  EXPECT_NEAR(w0, 4.0 / 3, 1e-9);
+  EXPECT_NEAR(w1, 2.0 / 3, 1e-9);
+  EXPECT_EQ(history.pick(std::vector<InstanceId>{0, 1}), 1u);
+}
+
+}  // namespace
+}  // namespace crescent::conductor
