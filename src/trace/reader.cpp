@@ -14,6 +14,8 @@ namespace {
 constexpr unsigned kChunkBytes = 1u << 16;
 // Far above any real request (a 10M-token prompt has ~20k hash_ids, ~150 KB); bounds memory on garbage input.
 constexpr size_t kMaxLineBytes = size_t{16} << 20;
+// Skipped at the very start of the (decompressed) input only.
+constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
 // Why a line is invalid: a short reason (the SkipReport key) and the full message.
 struct LineError {
@@ -65,7 +67,9 @@ struct TraceReader::Impl {
   std::vector<char> chunk = std::vector<char>(kChunkBytes);
   size_t chunk_pos = 0;
   size_t chunk_end = 0;
-  std::string line;  // the current line without its '\n' (plus simdjson padding while parsing)
+  // The current line without its line ending ("\n" or "\r\n") and, on line 1, without a UTF-8 BOM (plus
+  // simdjson padding while parsing).
+  std::string line;
   bool line_too_long = false;
   int64_t line_number = 0;
   int64_t previous_timestamp_ms = 0;  // of the last valid line; timestamps are >= 0
@@ -108,6 +112,8 @@ struct TraceReader::Impl {
       if (newline) break;
     }
     ++line_number;
+    if (line_number == 1 && line.starts_with(kUtf8Bom)) line.erase(0, kUtf8Bom.size());
+    if (line.ends_with('\r')) line.pop_back();
     return true;
   }
 

@@ -1,7 +1,9 @@
 // Streaming reader of Mooncake JSONL traces, plain or gzip-compressed.
 //
 // Each non-blank line is one request: {"timestamp": ms, "input_length": tokens, "output_length": tokens,
-// "hash_ids": [one non-negative integer per block of block_size tokens]}. Extra fields are ignored.
+// "hash_ids": [one non-negative integer per block of block_size tokens]}. Extra fields are ignored. Lines end
+// in "\n" or "\r\n" (the last one may lack it); a UTF-8 byte-order mark at the very start of the input (after
+// gzip decompression) is skipped. Timestamps are read as written (epoch milliseconds are fine), not rebased.
 // A line is invalid when it is not a JSON object; lacks one of those fields; has a field that is not an
 // integer in [0, 2^63) (floats such as 3.5 or 1e3, booleans, strings, out-of-range numbers) or hash_ids that
 // are not an array of such integers; has len(hash_ids) != ceil(input_length / block_size); has a timestamp

@@ -330,6 +330,118 @@ TEST_F(ReaderTest, RejectsLinesOver16MiB) {
   EXPECT_EQ(skipped.reasons[0].reason, "line too long");
 }
 
+// ---- Trace files as people have them: byte-order marks, CRLF line endings, epoch timestamps.
+
+// A small valid trace, LF line endings, ending in a newline.
+const std::string kPlainTrace = line(0, 600, 5, "1, 2") + line(10, 1, 3, "3") + line(20, 1025, 7, "1, 2, 4");
+const std::string kBom = "\xEF\xBB\xBF";
+
+// `content` with every "\n" replaced by "\r\n".
+std::string crlf(const std::string& content) {
+  std::string out;
+  for (char c : content) {
+    if (c == '\n') out += '\r';
+    out += c;
+  }
+  return out;
+}
+
+// Reads `path` expecting success, returning the requests.
+std::vector<Request> read_ok(const std::string& path, const ReadOptions& options = {}) {
+  Result<std::vector<Request>> requests = read_trace(path, options);
+  EXPECT_TRUE(requests.ok()) << requests.status().to_string();
+  return requests.ok() ? *requests : std::vector<Request>{};
+}
+
+void expect_same_requests(const std::vector<Request>& actual, const std::vector<Request>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i)
+    EXPECT_EQ(fields(actual[i]), fields(expected[i])) << "request " << i;
+}
+
+TEST_F(ReaderTest, Utf8BomWithLfReadsLikeNoBom) {
+  const std::vector<Request> expected = read_ok(write("plain.jsonl", kPlainTrace));
+  ASSERT_EQ(expected.size(), 3u);
+  EXPECT_EQ(fields(expected[0]), fields(Request{0, 600, 5, {1, 2}}));
+  expect_same_requests(read_ok(write("bom.jsonl", kBom + kPlainTrace)), expected);
+  // A BOM followed by a blank first line, and a file that is only a BOM.
+  expect_same_requests(read_ok(write("bom_blank.jsonl", kBom + "\n" + kPlainTrace)), expected);
+  EXPECT_TRUE(read_ok(write("only_bom.jsonl", kBom)).empty());
+}
+
+TEST_F(ReaderTest, Utf8BomWithCrlfReadsLikeNoBom) {
+  const std::vector<Request> expected = read_ok(write("plain.jsonl", kPlainTrace));
+  expect_same_requests(read_ok(write("bom_crlf.jsonl", kBom + crlf(kPlainTrace))), expected);
+  expect_same_requests(read_ok(write("crlf.jsonl", crlf(kPlainTrace))), expected);
+}
+
+TEST_F(ReaderTest, Utf8BomInGzipFileIsSkipped) {
+  const std::vector<Request> expected = read_ok(write("plain.jsonl", kPlainTrace));
+  expect_same_requests(read_ok(write("bom.jsonl.gz", kBom + kPlainTrace, /*gzip=*/true)), expected);
+  expect_same_requests(read_ok(write("bom_crlf.jsonl.gz", kBom + crlf(kPlainTrace), /*gzip=*/true)),
+                       expected);
+}
+
+TEST_F(ReaderTest, Utf8BomIsOnlySkippedAtTheStartOfTheFile) {
+  for (bool gzip : {false, true}) {
+    SCOPED_TRACE(gzip ? "gzip" : "plain");
+    const std::string path = write("bom_line2.jsonl", line(0, 1, 1, "1") + kBom + line(5, 1, 1, "2"), gzip);
+    Result<std::vector<Request>> strict = read_trace(path, {});
+    ASSERT_FALSE(strict.ok());
+    EXPECT_THAT(strict.status().message(), HasSubstr(path + ":2: not JSON"));
+    SkipReport skipped;
+    Result<std::vector<Request>> rest = read_trace(path, {.skip_invalid = true}, &skipped);
+    ASSERT_TRUE(rest.ok()) << rest.status().to_string();
+    EXPECT_EQ(rest->size(), 1u);
+    EXPECT_EQ(skipped.total_lines, 1);
+  }
+}
+
+TEST_F(ReaderTest, CrlfWithoutFinalNewlineKeepsLineNumbers) {
+  // CRLF on every line, a blank CRLF line 2, an invalid line 4, and a last line 6 without a final newline:
+  // nothing after it, or a lone "\r".
+  const std::string lines = crlf(line(0, 600, 5, "1, 2") + "\n" + line(10, 1, 3, "3") + line(5, 1, 1, "9") +
+                                 line(20, 1025, 7, "1, 2, 4")) +
+                            R"({"timestamp": 30, "input_length": 1, "output_length": 2, "hash_ids": [5]})";
+  for (const std::string ending : {"", "\r"}) {
+    for (bool gzip : {false, true}) {
+      SCOPED_TRACE(std::string(gzip ? "gzip" : "plain") + (ending.empty() ? "" : ", ends in \\r"));
+      const std::string path = write("crlf.jsonl", lines + ending, gzip);
+      Result<std::vector<Request>> strict = read_trace(path, {});
+      ASSERT_FALSE(strict.ok());
+      EXPECT_EQ(strict.status().message(),
+                path + ":4: field 'timestamp': 5 is smaller than the previous request's 10");
+
+      Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, {.skip_invalid = true});
+      ASSERT_TRUE(reader.ok());
+      std::vector<Request> requests;
+      for (Request request;;) {
+        Result<bool> next = (*reader)->next(request);
+        ASSERT_TRUE(next.ok()) << next.status().to_string();
+        if (!*next) break;
+        requests.push_back(request);
+      }
+      expect_same_requests(requests, {Request{0, 600, 5, {1, 2}}, Request{10, 1, 3, {3}},
+                                      Request{20, 1025, 7, {1, 2, 4}}, Request{30, 1, 2, {5}}});
+      EXPECT_EQ((*reader)->line_number(), 6);
+      const SkipReport& skipped = (*reader)->skipped();
+      EXPECT_EQ(skipped.total_lines, 1);
+      ASSERT_EQ(skipped.reasons.size(), 1u);
+      EXPECT_EQ(skipped.reasons[0].first_message, strict.status().message());
+    }
+  }
+}
+
+TEST_F(ReaderTest, EpochMillisecondTimestampsReadExactly) {
+  // Not rebased: the reader returns timestamps as written.
+  const std::string path =
+      write("epoch.jsonl", line(1717171717000, 1, 1, "1") + line(1717171717000, 1, 2, "2") +
+                               line(1717171718250, 600, 3, "1, 3"));
+  const std::vector<Request> requests = read_ok(path);
+  expect_same_requests(requests, {Request{1717171717000, 1, 1, {1}}, Request{1717171717000, 1, 2, {2}},
+                                  Request{1717171718250, 600, 3, {1, 3}}});
+}
+
 // ---- Fuzz-style: whatever the bytes, the reader yields valid requests or an error, never a crash.
 
 // Reads `path` to the end or the first error, checking each request the reader accepts satisfies the rules.
