@@ -161,8 +161,8 @@ TEST_F(ReaderTest, EachValidationRuleNamesFileLineAndField) {
       {R"({"timestamp": 100, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2, 0.5]})",
        "field 'hash_ids[2]'", "not an integer", "got 0.5"},
       {R"({"timestamp": 100, "input_length": 1025, "output_length": 1, )"
-       R"("hash_ids": [1, 2, 18446744073709551615]})",
-       "field 'hash_ids[2]'", "out of range", "got 18446744073709551615"},
+       R"("hash_ids": [1, 2, 18446744073709551616]})",
+       "field 'hash_ids[2]'", "out of range", "must be an integer in [0, 2^64), got 18446744073709551616"},
       {R"({"timestamp": 100, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]})",
        "field 'hash_ids'", "block count mismatch",
        "has 2 entries, expected ceil(input_length 1025 / block size 512) = 3"},
@@ -330,7 +330,7 @@ TEST_F(ReaderTest, RejectsLinesOver16MiB) {
   EXPECT_EQ(skipped.reasons[0].reason, "line too long");
 }
 
-// ---- Trace files as people have them: byte-order marks, CRLF line endings, epoch timestamps.
+// ---- Trace files as people have them: byte-order marks, CRLF line endings, 64-bit keys, epoch timestamps.
 
 // A small valid trace, LF line endings, ending in a newline.
 const std::string kPlainTrace = line(0, 600, 5, "1, 2") + line(10, 1, 3, "3") + line(20, 1025, 7, "1, 2, 4");
@@ -432,6 +432,89 @@ TEST_F(ReaderTest, CrlfWithoutFinalNewlineKeepsLineNumbers) {
   }
 }
 
+TEST_F(ReaderTest, HashIdsAcceptTheWholeUint64Range) {
+  const std::string path = write(
+      "u64.jsonl", line(0, 2048, 1, "0, 9223372036854775807, 9223372036854775808, 18446744073709551615"));
+  const std::vector<Request> requests = read_ok(path);
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_EQ(requests[0].block_keys,
+            (std::vector<BlockKey>{0, 9223372036854775807u, 9223372036854775808u, 18446744073709551615u}));
+}
+
+TEST_F(ReaderTest, HashIdAbove2To64IsRejectedNamingLineAndField) {
+  // simdjson 3.0.1 fails the whole line on an integer it cannot represent; the reader still names the field.
+  const std::vector<InvalidCase> cases = {
+      {line(5, 1025, 1, "1, 2, 18446744073709551616"), "field 'hash_ids[2]'", "out of range",
+       "must be an integer in [0, 2^64), got 18446744073709551616"},
+      {line(5, 1025, 1, "1, 99999999999999999999999999, 3"), "field 'hash_ids[1]'", "out of range",
+       "must be an integer in [0, 2^64), got 99999999999999999999999999"},
+      {line(5, 1025, 1, "-9223372036854775809, 2, 3"), "field 'hash_ids[0]'", "negative value",
+       "must be an integer in [0, 2^64), got -9223372036854775809"},
+      {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": 18446744073709551616})",
+       "field 'hash_ids'", "not an array",
+       "must be an array of integers in [0, 2^64), got 18446744073709551616"},
+      {R"({"timestamp": 18446744073709551616, "input_length": 1, "output_length": 1, "hash_ids": [1]})",
+       "field 'timestamp'", "out of range",
+       "must be a non-negative integer below 2^63, got 18446744073709551616"},
+      {R"({"timestamp": 5, "input_length": 1, "output_length": -9223372036854775809, "hash_ids": [1]})",
+       "field 'output_length'", "negative value", "must be a non-negative integer, got -9223372036854775809"},
+      {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [1], "x": {"hash_ids": [1, )"
+       R"(18446744073709551616]}})",
+       "number out of range", "out of range",
+       "(integers must be in [-2^63, 2^64)), got 18446744073709551616"},
+      // The first bad number is malformed, so simdjson's message stands; digits inside a string are no
+      // number.
+      {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [01], "s": "18446744073709551616"})",
+       "not JSON", "not JSON", "Problem while parsing a number"},
+  };
+  for (bool gzip : {false, true}) {
+    for (const InvalidCase& c : cases) {
+      SCOPED_TRACE(c.line + (gzip ? " (gzip)" : ""));
+      const std::string path = write("big.jsonl", line(0, 1, 1, "1") + line(1, 1, 1, "1") + c.line, gzip);
+      Result<std::vector<Request>> strict = read_trace(path, {});
+      ASSERT_FALSE(strict.ok());
+      EXPECT_EQ(strict.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_THAT(strict.status().message(), HasSubstr(path + ":3: " + c.field));
+      EXPECT_THAT(strict.status().message(), HasSubstr(c.detail));
+      SkipReport skipped;
+      Result<std::vector<Request>> rest = read_trace(path, {.skip_invalid = true}, &skipped);
+      ASSERT_TRUE(rest.ok()) << rest.status().to_string();
+      EXPECT_EQ(rest->size(), 2u);
+      ASSERT_EQ(skipped.reasons.size(), 1u);
+      EXPECT_EQ(skipped.reasons[0].reason, c.reason);
+      EXPECT_EQ(skipped.reasons[0].first_message, strict.status().message());
+    }
+  }
+  // The exact message for the common case.
+  const std::string path = write("exact.jsonl", line(5, 1025, 1, "1, 2, 18446744073709551616"));
+  EXPECT_EQ(read_trace(path, {}).status().message(),
+            path + ":1: field 'hash_ids[2]': must be an integer in [0, 2^64), got 18446744073709551616");
+}
+
+TEST_F(ReaderTest, NonIntegerHashIdsAreRejectedNamingTheEntry) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      // hash id, SkipReport reason, how the message shows it
+      {"-1", "negative value", "-1"},       {"1.5", "not an integer", "1.5"},
+      {"1e3", "not an integer", "1000.0"},  {"1.0", "not an integer", "1.0"},
+      {"\"7\"", "not an integer", "\"7\""}, {"true", "not an integer", "true"},
+      {"null", "not an integer", "null"},
+  };
+  for (const auto& [id, reason, shown] : cases) {
+    SCOPED_TRACE(id);
+    const std::string path = write("bad_id.jsonl", line(0, 1, 1, "1") + line(1, 1025, 1, "4, " + id + ", 6"));
+    Result<std::vector<Request>> strict = read_trace(path, {});
+    ASSERT_FALSE(strict.ok());
+    EXPECT_EQ(strict.status().message(),
+              path + ":2: field 'hash_ids[1]': must be an integer in [0, 2^64), got " + shown);
+    SkipReport skipped;
+    Result<std::vector<Request>> rest = read_trace(path, {.skip_invalid = true}, &skipped);
+    ASSERT_TRUE(rest.ok()) << rest.status().to_string();
+    EXPECT_EQ(rest->size(), 1u);
+    ASSERT_EQ(skipped.reasons.size(), 1u);
+    EXPECT_EQ(skipped.reasons[0].reason, reason);
+  }
+}
+
 TEST_F(ReaderTest, EpochMillisecondTimestampsReadExactly) {
   // Not rebased: the reader returns timestamps as written.
   const std::string path =
@@ -469,7 +552,6 @@ int expect_valid_requests_or_error(const std::string& path, bool skip_invalid) {
     EXPECT_GE(request.input_tokens, 0);
     EXPECT_GE(request.output_tokens, 0);
     EXPECT_EQ(static_cast<int64_t>(request.block_keys.size()), (request.input_tokens + 511) / 512);
-    for (BlockKey key : request.block_keys) EXPECT_LE(key, static_cast<BlockKey>(INT64_MAX));
     previous_timestamp_ms = request.timestamp_ms;
   }
 }
