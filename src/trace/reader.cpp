@@ -269,14 +269,15 @@ struct TraceReader::Impl {
                        fmt::format("must be {}, got {}", problem.expected, excerpt(value)));
   }
 
-  // Reads the field `name` of `object` as an integer in [0, 2^63) into `out`.
-  std::optional<LineError> read_count_field(simdjson::dom::object object, const char* name,
-                                            int64_t& out) const {
+  // Reads the field `name` of `object` as an integer in [0, 2^63), or [1, 2^63) when `positive`, into `out`.
+  std::optional<LineError> read_count_field(simdjson::dom::object object, const char* name, int64_t& out,
+                                            bool positive = false) const {
     simdjson::dom::element value;
     if (object.at_key(name).get(value)) {
       return LineError{"missing field", fmt::format("{}:{}: missing field '{}'", path, line_number, name)};
     }
     if (auto problem = count_problem(value, out)) return count_error(*problem, name, value);
+    if (positive && out == 0) return field_error("zero length", name, "must be >= 1, got 0");
     return std::nullopt;
   }
 
@@ -326,8 +327,12 @@ struct TraceReader::Impl {
                        fmt::format("{}:{}: not a JSON object, got {}", path, line_number, excerpt(document))};
     }
     if (auto error = read_count_field(object, "timestamp", out.timestamp_ms)) return error;
-    if (auto error = read_count_field(object, "input_length", out.input_tokens)) return error;
-    if (auto error = read_count_field(object, "output_length", out.output_tokens)) return error;
+    if (auto error = read_count_field(object, "input_length", out.input_tokens, /*positive=*/true)) {
+      return error;
+    }
+    if (auto error = read_count_field(object, "output_length", out.output_tokens, /*positive=*/true)) {
+      return error;
+    }
     simdjson::dom::element hash_ids;
     if (object.at_key("hash_ids").get(hash_ids)) {
       return LineError{"missing field", fmt::format("{}:{}: missing field 'hash_ids'", path, line_number)};

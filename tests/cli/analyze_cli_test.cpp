@@ -127,6 +127,18 @@ TEST(AnalyzeCliTest, BomAndCrlfTraceAnalysesLikePlainLf) {
   std::filesystem::remove(windows);
 }
 
+TEST(AnalyzeCliTest, ZeroLengthRowFailsNamingTheLine) {
+  const std::filesystem::path path = temp_path("crescent_cli_zero_output.jsonl");
+  std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
+{"timestamp": 1, "input_length": 600, "output_length": 0, "hash_ids": [1, 2]}
+)";
+  const auto run = run_crescent("analyze " + quote(path.string()));
+  expect_one_error_line(run);
+  EXPECT_THAT(run.err, HasSubstr(path.string() + ":2: field 'output_length'"));
+  EXPECT_THAT(run.err, HasSubstr("must be >= 1, got 0"));
+  std::filesystem::remove(path);
+}
+
 TEST(AnalyzeCliTest, MissingFileFails) {
   const auto run = run_crescent("analyze /nonexistent/trace.jsonl");
   expect_one_error_line(run);

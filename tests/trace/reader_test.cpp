@@ -65,8 +65,8 @@ TEST_F(ReaderTest, ParsesValidLinesSkippingBlankOnes) {
       line(0, 1024, 500, "0, 1") + "\n   \t\n" +  // then an empty and a whitespace-only line
       R"({"hash_ids": [0, 7, 9], "extra": {"a": [1]}, "output_length": 1, "input_length": 1025, )"
       R"("timestamp": 250})" +
-      "\r\n" + line(250, 0, 3, "") +
-      R"({"timestamp": 9223372036854775807, "input_length": 1, "output_length": 0, "hash_ids": [18]})";
+      "\r\n" + line(250, 1, 3, "4") +
+      R"({"timestamp": 9223372036854775807, "input_length": 1, "output_length": 1, "hash_ids": [18]})";
   const std::string path = write("ok.jsonl", content);  // no final newline
   SkipReport skipped;
   Result<std::vector<Request>> requests = read_trace(path, {}, &skipped);
@@ -75,8 +75,8 @@ TEST_F(ReaderTest, ParsesValidLinesSkippingBlankOnes) {
   const std::vector<Request>& r = *requests;
   EXPECT_EQ(fields(r[0]), fields(Request{0, 1024, 500, {0, 1}}));
   EXPECT_EQ(fields(r[1]), fields(Request{250, 1025, 1, {0, 7, 9}}));  // 1025 tokens: 3 blocks of 512
-  EXPECT_EQ(fields(r[2]), fields(Request{250, 0, 3, {}}));
-  EXPECT_EQ(fields(r[3]), fields(Request{9223372036854775807, 1, 0, {18}}));
+  EXPECT_EQ(fields(r[2]), fields(Request{250, 1, 3, {4}}));
+  EXPECT_EQ(fields(r[3]), fields(Request{9223372036854775807, 1, 1, {18}}));
   EXPECT_EQ(skipped.total_lines, 0);
   EXPECT_EQ(skipped.summary(), "");
 }
@@ -96,13 +96,13 @@ TEST_F(ReaderTest, PlainAndGzipGiveIdenticalRequests) {
   int64_t timestamp = 0;
   for (int i = 0; i < 500; ++i) {
     timestamp += static_cast<int64_t>(rng() % 1000);
-    const int64_t input = static_cast<int64_t>(rng() % 5000);
+    const int64_t input = 1 + static_cast<int64_t>(rng() % 5000);
     std::string ids;
     for (int64_t b = 0; b < (input + 511) / 512; ++b) {
       if (b > 0) ids += ", ";
       ids += std::to_string(rng() % 100000);
     }
-    content += line(timestamp, input, static_cast<int64_t>(rng() % 900), ids);
+    content += line(timestamp, input, 1 + static_cast<int64_t>(rng() % 900), ids);
   }
   // Names deliberately lie about the format: gzip is detected by its magic bytes.
   Result<std::vector<Request>> plain = read_trace(write("plain.jsonl.gz", content), {});
@@ -166,8 +166,10 @@ TEST_F(ReaderTest, EachValidationRuleNamesFileLineAndField) {
       {R"({"timestamp": 100, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]})",
        "field 'hash_ids'", "block count mismatch",
        "has 2 entries, expected ceil(input_length 1025 / block size 512) = 3"},
-      {R"({"timestamp": 100, "input_length": 0, "output_length": 1, "hash_ids": [1]})", "field 'hash_ids'",
-       "block count mismatch", "expected ceil(input_length 0 / block size 512) = 0"},
+      {R"({"timestamp": 100, "input_length": 0, "output_length": 1, "hash_ids": []})", "field 'input_length'",
+       "zero length", "must be >= 1, got 0"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 0, "hash_ids": [1]})",
+       "field 'output_length'", "zero length", "must be >= 1, got 0"},
       {R"({"timestamp": 99, "input_length": 1, "output_length": 1, "hash_ids": [1]})", "field 'timestamp'",
        "timestamp went backwards", "99 is smaller than the previous request's 100"},
   };
@@ -515,6 +517,38 @@ TEST_F(ReaderTest, NonIntegerHashIdsAreRejectedNamingTheEntry) {
   }
 }
 
+TEST_F(ReaderTest, ZeroInputOrOutputLengthIsRejected) {
+  const std::string path = write("zero.jsonl", line(0, 1, 1, "1") +           // 1 valid
+                                                   line(1, 0, 5, "") +        // 2 zero input
+                                                   line(2, 600, 0, "1, 2") +  // 3 zero output
+                                                   line(3, 0, 0, "") +        // 4 both
+                                                   line(4, 600, 1, "1, 2"));  // 5 valid
+  Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, {});
+  ASSERT_TRUE(reader.ok());
+  Request request;
+  ASSERT_TRUE(*(*reader)->next(request));
+  const Result<bool> zero_input = (*reader)->next(request);
+  ASSERT_FALSE(zero_input.ok());
+  EXPECT_EQ(zero_input.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(zero_input.status().message(), path + ":2: field 'input_length': must be >= 1, got 0");
+
+  const std::string output_path = write("zero_output.jsonl", line(2, 600, 0, "1, 2"));
+  EXPECT_EQ(read_trace(output_path, {}).status().message(),
+            output_path + ":1: field 'output_length': must be >= 1, got 0");
+
+  SkipReport skipped;
+  Result<std::vector<Request>> rest = read_trace(path, {.skip_invalid = true}, &skipped);
+  ASSERT_TRUE(rest.ok()) << rest.status().to_string();
+  expect_same_requests(*rest, {Request{0, 1, 1, {1}}, Request{4, 600, 1, {1, 2}}});
+  EXPECT_EQ(skipped.total_lines, 3);
+  ASSERT_EQ(skipped.reasons.size(), 1u);
+  EXPECT_EQ(skipped.reasons[0].reason, "zero length");
+  EXPECT_EQ(skipped.reasons[0].lines, 3);
+  EXPECT_EQ(skipped.reasons[0].first_message, path + ":2: field 'input_length': must be >= 1, got 0");
+  EXPECT_THAT(skipped.summary(),
+              HasSubstr("skipped 3 invalid lines: 3 zero length (first: " + path + ":2: "));
+}
+
 TEST_F(ReaderTest, EpochMillisecondTimestampsReadExactly) {
   // Not rebased: the reader returns timestamps as written.
   const std::string path =
@@ -549,8 +583,8 @@ int expect_valid_requests_or_error(const std::string& path, bool skip_invalid) {
     }
     if (!*read) return accepted;
     EXPECT_GE(request.timestamp_ms, previous_timestamp_ms);
-    EXPECT_GE(request.input_tokens, 0);
-    EXPECT_GE(request.output_tokens, 0);
+    EXPECT_GE(request.input_tokens, 1);
+    EXPECT_GE(request.output_tokens, 1);
     EXPECT_EQ(static_cast<int64_t>(request.block_keys.size()), (request.input_tokens + 511) / 512);
     previous_timestamp_ms = request.timestamp_ms;
   }
