@@ -4,9 +4,12 @@
 #include <simdjson.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace crescent::trace {
 namespace {
@@ -14,6 +17,8 @@ namespace {
 constexpr unsigned kChunkBytes = 1u << 16;
 // Far above any real request (a 10M-token prompt has ~20k hash_ids, ~150 KB); bounds memory on garbage input.
 constexpr size_t kMaxLineBytes = size_t{16} << 20;
+// Skipped at the very start of the (decompressed) input only.
+constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
 // Why a line is invalid: a short reason (the SkipReport key) and the full message.
 struct LineError {
@@ -29,31 +34,170 @@ bool is_blank(std::string_view line) {
   return line.find_first_not_of(" \t\r") == std::string_view::npos;
 }
 
-// A JSON value as it appears in the line, cut short for messages.
-std::string excerpt(simdjson::dom::element value) {
-  std::string text = simdjson::minify(value);
+// `text` cut short for messages.
+std::string shorten(std::string text) {
   if (text.size() > 40) text = text.substr(0, 37) + "...";
   return text;
 }
 
-// Why a JSON value is not an integer in [0, 2^63).
+// A JSON value as it appears in the line, cut short for messages.
+std::string excerpt(simdjson::dom::element value) {
+  return shorten(simdjson::minify(value));
+}
+
+// Why a JSON value is not an integer in the range a field allows.
 struct CountProblem {
   std::string_view reason;    // SkipReport reason
   std::string_view expected;  // completes "must be ..."
 };
 
-// The problem with `value`, or none, in which case the integer is stored in `out`.
+constexpr std::string_view kCountExpected = "a non-negative integer";  // timestamp, input/output_length
+constexpr std::string_view kCountBelowExpected = "a non-negative integer below 2^63";  // ... when >= 2^63
+constexpr std::string_view kKeyExpected = "an integer in [0, 2^64)";                   // hash_ids entries
+constexpr std::string_view kKeysExpected = "an array of integers in [0, 2^64)";        // hash_ids
+
+// The problem with `value` as an integer in [0, 2^63), or none, in which case the integer is stored in `out`.
 std::optional<CountProblem> count_problem(simdjson::dom::element value, int64_t& out) {
   switch (value.type()) {
     case simdjson::dom::element_type::INT64:
       out = value.get_int64().value_unsafe();
       if (out >= 0) return std::nullopt;
-      return CountProblem{"negative value", "a non-negative integer"};
+      return CountProblem{"negative value", kCountExpected};
     case simdjson::dom::element_type::UINT64:
-      return CountProblem{"out of range", "a non-negative integer below 2^63"};
+      return CountProblem{"out of range", kCountBelowExpected};
     default:
-      return CountProblem{"not an integer", "a non-negative integer"};
+      return CountProblem{"not an integer", kCountExpected};
   }
+}
+
+// The problem with `value` as an integer in [0, 2^64), or none, in which case the integer is stored in `out`.
+std::optional<CountProblem> key_problem(simdjson::dom::element value, BlockKey& out) {
+  switch (value.type()) {
+    case simdjson::dom::element_type::INT64: {
+      const int64_t key = value.get_int64().value_unsafe();
+      if (key < 0) return CountProblem{"negative value", kKeyExpected};
+      out = static_cast<BlockKey>(key);
+      return std::nullopt;
+    }
+    case simdjson::dom::element_type::UINT64:  // simdjson's type for integers in [2^63, 2^64)
+      out = value.get_uint64().value_unsafe();
+      return std::nullopt;
+    default:
+      return CountProblem{"not an integer", kKeyExpected};
+  }
+}
+
+// An integer literal simdjson cannot represent (below -2^63 or above 2^64 - 1): simdjson 3.0.1 then fails the
+// whole document with NUMBER_ERROR instead of returning the number, so the reader finds it itself.
+struct UnrepresentableInteger {
+  std::string field;  // "timestamp", "hash_ids[2]", ...; empty when not directly a field the reader checks
+  std::string_view text;
+  bool negative = false;
+};
+
+bool is_json_delimiter(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '{' || c == '}' || c == '[' || c == ']' ||
+         c == ',' || c == ':' || c == '"';
+}
+
+bool is_digits(std::string_view text) {
+  return !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// Whether `text` is a JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?; `is_integer` tells whether
+// it has neither fraction nor exponent.
+bool is_json_number(std::string_view text, bool& is_integer) {
+  if (text.starts_with('-')) text.remove_prefix(1);
+  const size_t int_end = std::min(text.find_first_not_of("0123456789"), text.size());
+  if (int_end == 0 || (text[0] == '0' && int_end > 1)) return false;
+  text.remove_prefix(int_end);
+  is_integer = text.empty();
+  if (text.starts_with('.')) {
+    text.remove_prefix(1);
+    const size_t end = std::min(text.find_first_not_of("0123456789"), text.size());
+    if (end == 0) return false;
+    text.remove_prefix(end);
+  }
+  if (text.starts_with('e') || text.starts_with('E')) {
+    text.remove_prefix(1);
+    if (text.starts_with('+') || text.starts_with('-')) text.remove_prefix(1);
+    return is_digits(text);
+  }
+  return text.empty();
+}
+
+// Whether the integer literal `digits` (no sign, no leading zeros) is above `limit` (also such a literal).
+bool digits_above(std::string_view digits, std::string_view limit) {
+  return digits.size() != limit.size() ? digits.size() > limit.size() : digits > limit;
+}
+
+// The first integer literal in `line` that simdjson cannot represent, when the first malformed or
+// unrepresentable number in the line is one. Called after simdjson reported NUMBER_ERROR; follows the JSON
+// structure just enough to name the field: a member of the top-level object, or an entry of its "hash_ids".
+std::optional<UnrepresentableInteger> find_unrepresentable_integer(std::string_view line) {
+  struct Container {
+    bool object = false;
+    bool expecting_key = false;  // objects: the next string is a member name
+    std::string_view key;        // objects: the current member name, as written (escapes not decoded)
+    size_t index = 0;            // arrays: the current entry
+  };
+  std::vector<Container> open;
+  for (size_t i = 0; i < line.size();) {
+    const char c = line[i];
+    if (c == '"') {
+      size_t end = i + 1;
+      while (end < line.size() && line[end] != '"') end += line[end] == '\\' ? 2 : 1;
+      if (!open.empty() && open.back().object && open.back().expecting_key) {
+        open.back().key = line.substr(i + 1, std::min(end, line.size()) - i - 1);
+        open.back().expecting_key = false;
+      }
+      i = end + 1;
+    } else if (c == '{' || c == '[') {
+      Container container;
+      container.object = container.expecting_key = c == '{';
+      open.push_back(container);
+      ++i;
+    } else if (c == '}' || c == ']') {
+      if (open.empty()) return std::nullopt;
+      open.pop_back();
+      ++i;
+    } else if (c == ',') {
+      if (!open.empty()) {
+        open.back().expecting_key = open.back().object;
+        ++open.back().index;
+      }
+      ++i;
+    } else if (is_json_delimiter(c)) {
+      ++i;
+    } else {
+      size_t end = i;
+      while (end < line.size() && !is_json_delimiter(line[end])) ++end;
+      const std::string_view token = line.substr(i, end - i);
+      i = end;
+      if (c != '-' && (c < '0' || c > '9')) continue;  // true, false, null (or garbage simdjson reports)
+      bool is_integer = false;
+      if (!is_json_number(token, is_integer)) return std::nullopt;  // malformed: simdjson's error
+      if (!is_integer) continue;
+      const bool negative = token.starts_with('-');
+      if (negative ? !digits_above(token.substr(1), "9223372036854775808")
+                   : !digits_above(token, "18446744073709551615")) {
+        continue;
+      }
+      UnrepresentableInteger found;
+      found.text = token;
+      found.negative = negative;
+      if (open.size() == 1 && open[0].object) {
+        const std::string_view key = open[0].key;
+        if (key == "timestamp" || key == "input_length" || key == "output_length" || key == "hash_ids") {
+          found.field = key;
+        }
+      } else if (open.size() == 2 && open[0].object && open[0].key == "hash_ids" && !open[1].object) {
+        found.field = fmt::format("hash_ids[{}]", open[1].index);
+      }
+      return found;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -65,7 +209,9 @@ struct TraceReader::Impl {
   std::vector<char> chunk = std::vector<char>(kChunkBytes);
   size_t chunk_pos = 0;
   size_t chunk_end = 0;
-  std::string line;  // the current line without its '\n' (plus simdjson padding while parsing)
+  // The current line without its line ending ("\n" or "\r\n") and, on line 1, without a UTF-8 BOM (plus
+  // simdjson padding while parsing).
+  std::string line;
   bool line_too_long = false;
   int64_t line_number = 0;
   int64_t previous_timestamp_ms = 0;  // of the last valid line; timestamps are >= 0
@@ -108,6 +254,8 @@ struct TraceReader::Impl {
       if (newline) break;
     }
     ++line_number;
+    if (line_number == 1 && line.starts_with(kUtf8Bom)) line.erase(0, kUtf8Bom.size());
+    if (line.ends_with('\r')) line.pop_back();
     return true;
   }
 
@@ -121,15 +269,42 @@ struct TraceReader::Impl {
                        fmt::format("must be {}, got {}", problem.expected, excerpt(value)));
   }
 
-  // Reads the field `name` of `object` as an integer in [0, 2^63) into `out`.
-  std::optional<LineError> read_count_field(simdjson::dom::object object, const char* name,
-                                            int64_t& out) const {
+  // Reads the field `name` of `object` as an integer in [0, 2^63), or [1, 2^63) when `positive`, into `out`.
+  std::optional<LineError> read_count_field(simdjson::dom::object object, const char* name, int64_t& out,
+                                            bool positive = false) const {
     simdjson::dom::element value;
     if (object.at_key(name).get(value)) {
       return LineError{"missing field", fmt::format("{}:{}: missing field '{}'", path, line_number, name)};
     }
     if (auto problem = count_problem(value, out)) return count_error(*problem, name, value);
+    if (positive && out == 0) return field_error("zero length", name, "must be >= 1, got 0");
     return std::nullopt;
+  }
+
+  // The error for a line simdjson rejected with NUMBER_ERROR: names the field when the cause is an integer
+  // outside [-2^63, 2^64), which simdjson cannot represent.
+  LineError number_error() const {
+    std::optional<UnrepresentableInteger> found = find_unrepresentable_integer(line);
+    if (!found) {
+      return LineError{"not JSON", fmt::format("{}:{}: not JSON: {}", path, line_number,
+                                               simdjson::error_message(simdjson::NUMBER_ERROR))};
+    }
+    const std::string text = shorten(std::string(found->text));
+    const std::string_view reason = found->negative ? "negative value" : "out of range";
+    if (found->field.empty()) {
+      return LineError{"out of range", fmt::format("{}:{}: number out of range (integers must be in [-2^63, "
+                                                   "2^64)), got {}",
+                                                   path, line_number, text)};
+    }
+    if (found->field == "hash_ids") {
+      return field_error("not an array", "hash_ids", fmt::format("must be {}, got {}", kKeysExpected, text));
+    }
+    if (found->field.starts_with("hash_ids[")) {
+      return field_error(reason, found->field, fmt::format("must be {}, got {}", kKeyExpected, text));
+    }
+    return field_error(
+        reason, found->field,
+        fmt::format("must be {}, got {}", found->negative ? kCountExpected : kCountBelowExpected, text));
   }
 
   // Parses and validates `line` into `out`.
@@ -142,6 +317,7 @@ struct TraceReader::Impl {
     line.append(simdjson::SIMDJSON_PADDING, ' ');
     simdjson::dom::element document;
     if (simdjson::error_code error = parser.parse(line.data(), length, false).get(document)) {
+      if (error == simdjson::NUMBER_ERROR) return number_error();
       return LineError{"not JSON",
                        fmt::format("{}:{}: not JSON: {}", path, line_number, simdjson::error_message(error))};
     }
@@ -151,8 +327,12 @@ struct TraceReader::Impl {
                        fmt::format("{}:{}: not a JSON object, got {}", path, line_number, excerpt(document))};
     }
     if (auto error = read_count_field(object, "timestamp", out.timestamp_ms)) return error;
-    if (auto error = read_count_field(object, "input_length", out.input_tokens)) return error;
-    if (auto error = read_count_field(object, "output_length", out.output_tokens)) return error;
+    if (auto error = read_count_field(object, "input_length", out.input_tokens, /*positive=*/true)) {
+      return error;
+    }
+    if (auto error = read_count_field(object, "output_length", out.output_tokens, /*positive=*/true)) {
+      return error;
+    }
     simdjson::dom::element hash_ids;
     if (object.at_key("hash_ids").get(hash_ids)) {
       return LineError{"missing field", fmt::format("{}:{}: missing field 'hash_ids'", path, line_number)};
@@ -160,16 +340,16 @@ struct TraceReader::Impl {
     simdjson::dom::array keys;
     if (hash_ids.get(keys)) {
       return field_error("not an array", "hash_ids",
-                         "must be an array of non-negative integers, got " + excerpt(hash_ids));
+                         fmt::format("must be {}, got {}", kKeysExpected, excerpt(hash_ids)));
     }
     out.block_keys.clear();
     out.block_keys.reserve(keys.size());
     for (simdjson::dom::element key : keys) {
-      int64_t value = 0;
-      if (auto problem = count_problem(key, value)) {
+      BlockKey value = 0;
+      if (auto problem = key_problem(key, value)) {
         return count_error(*problem, fmt::format("hash_ids[{}]", out.block_keys.size()), key);
       }
-      out.block_keys.push_back(static_cast<BlockKey>(value));
+      out.block_keys.push_back(value);
     }
     const int64_t block_size = options.block_size_tokens;
     const int64_t expected_blocks = out.input_tokens / block_size + (out.input_tokens % block_size != 0);

@@ -94,6 +94,51 @@ TEST(AnalyzeCliTest, MalformedTraceFailsNamingTheLine) {
   std::filesystem::remove(path);
 }
 
+TEST(AnalyzeCliTest, BomAndCrlfTraceAnalysesLikePlainLf) {
+  const std::string rows[] = {
+      R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})",
+      R"({"timestamp": 10, "input_length": 1100, "output_length": 7, "hash_ids": [1, 2, 3]})",
+      R"({"timestamp": 20, "input_length": 512, "output_length": 1, "hash_ids": [4]})",
+  };
+  const std::filesystem::path plain = temp_path("crescent_cli_lf.jsonl");
+  const std::filesystem::path windows = temp_path("crescent_cli_bom_crlf.jsonl");
+  {
+    std::ofstream lf(plain, std::ios::binary);
+    std::ofstream crlf(windows, std::ios::binary);
+    crlf << "\xEF\xBB\xBF";
+    for (const std::string& row : rows) {
+      lf << row << "\n";
+      crlf << row << "\r\n";
+    }
+  }
+  const auto plain_run = run_crescent("analyze --json " + quote(plain.string()));
+  const auto windows_run = run_crescent("analyze --json " + quote(windows.string()));
+  ASSERT_EQ(plain_run.exit_code, 0) << plain_run.err;
+  ASSERT_EQ(windows_run.exit_code, 0) << windows_run.err;
+  EXPECT_EQ(windows_run.err, "");
+  nlohmann::json plain_stats = nlohmann::json::parse(plain_run.out);
+  nlohmann::json windows_stats = nlohmann::json::parse(windows_run.out);
+  EXPECT_EQ(plain_stats["requests"], 3);
+  EXPECT_EQ(windows_stats["trace"], windows.string());
+  plain_stats.erase("trace");
+  windows_stats.erase("trace");
+  EXPECT_EQ(windows_stats, plain_stats);
+  std::filesystem::remove(plain);
+  std::filesystem::remove(windows);
+}
+
+TEST(AnalyzeCliTest, ZeroLengthRowFailsNamingTheLine) {
+  const std::filesystem::path path = temp_path("crescent_cli_zero_output.jsonl");
+  std::ofstream(path) << R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
+{"timestamp": 1, "input_length": 600, "output_length": 0, "hash_ids": [1, 2]}
+)";
+  const auto run = run_crescent("analyze " + quote(path.string()));
+  expect_one_error_line(run);
+  EXPECT_THAT(run.err, HasSubstr(path.string() + ":2: field 'output_length'"));
+  EXPECT_THAT(run.err, HasSubstr("must be >= 1, got 0"));
+  std::filesystem::remove(path);
+}
+
 TEST(AnalyzeCliTest, MissingFileFails) {
   const auto run = run_crescent("analyze /nonexistent/trace.jsonl");
   expect_one_error_line(run);

@@ -130,7 +130,7 @@ TEST(SimulateCli, ExtremeRequestsAreRefusedNotSimulatedForever) {
   std::ofstream(path)
       << R"({"timestamp": 0, "input_length": 600, "output_length": 9223372036854775807, "hash_ids": [1, 2]})"
          "\n"
-      << R"({"timestamp": 5, "input_length": 0, "output_length": 0, "hash_ids": []})"
+      << R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [3]})"
          "\n";
   CliRun run = run_crescent("simulate " + quote(path.string()) + " " + kConfig + " --json");
   ASSERT_EQ(run.exit_code, 0) << run.err;
