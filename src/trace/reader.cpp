@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,118 +88,70 @@ std::optional<CountProblem> key_problem(simdjson::dom::element value, BlockKey& 
   }
 }
 
-// An integer literal simdjson cannot represent (below -2^63 or above 2^64 - 1): simdjson 3.0.1 then fails the
-// whole document with NUMBER_ERROR instead of returning the number, so the reader finds it itself.
-struct UnrepresentableInteger {
-  std::string field;  // "timestamp", "hash_ids[2]", ...; empty when not directly a field the reader checks
-  std::string_view text;
-  bool negative = false;
-};
-
-bool is_json_delimiter(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '{' || c == '}' || c == '[' || c == ']' ||
-         c == ',' || c == ':' || c == '"';
-}
-
-bool is_digits(std::string_view text) {
-  return !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
-}
-
-// Whether `text` is a JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?; `is_integer` tells whether
-// it has neither fraction nor exponent.
-bool is_json_number(std::string_view text, bool& is_integer) {
-  if (text.starts_with('-')) text.remove_prefix(1);
-  const size_t int_end = std::min(text.find_first_not_of("0123456789"), text.size());
-  if (int_end == 0 || (text[0] == '0' && int_end > 1)) return false;
-  text.remove_prefix(int_end);
-  is_integer = text.empty();
-  if (text.starts_with('.')) {
-    text.remove_prefix(1);
-    const size_t end = std::min(text.find_first_not_of("0123456789"), text.size());
-    if (end == 0) return false;
-    text.remove_prefix(end);
-  }
-  if (text.starts_with('e') || text.starts_with('E')) {
-    text.remove_prefix(1);
-    if (text.starts_with('+') || text.starts_with('-')) text.remove_prefix(1);
-    return is_digits(text);
-  }
-  return text.empty();
-}
-
-// Whether the integer literal `digits` (no sign, no leading zeros) is above `limit` (also such a literal).
-bool digits_above(std::string_view digits, std::string_view limit) {
-  return digits.size() != limit.size() ? digits.size() > limit.size() : digits > limit;
-}
-
-// The first integer literal in `line` that simdjson cannot represent, when the first malformed or
-// unrepresentable number in the line is one. Called after simdjson reported NUMBER_ERROR; follows the JSON
+// The first integer literal of a JSON line that simdjson cannot represent (below -2^63 or above 2^64 - 1):
+// simdjson 3.0.1 fails the whole line with NUMBER_ERROR instead of returning such a number, so the line is
+// read again by nlohmann::json's SAX parser, which hands it over as a float along with its text. Follows the
 // structure just enough to name the field: a member of the top-level object, or an entry of its "hash_ids".
-std::optional<UnrepresentableInteger> find_unrepresentable_integer(std::string_view line) {
-  struct Container {
-    bool object = false;
-    bool expecting_key = false;  // objects: the next string is a member name
-    std::string_view key;        // objects: the current member name, as written (escapes not decoded)
-    size_t index = 0;            // arrays: the current entry
-  };
-  std::vector<Container> open;
-  for (size_t i = 0; i < line.size();) {
-    const char c = line[i];
-    if (c == '"') {
-      size_t end = i + 1;
-      while (end < line.size() && line[end] != '"') end += line[end] == '\\' ? 2 : 1;
-      if (!open.empty() && open.back().object && open.back().expecting_key) {
-        open.back().key = line.substr(i + 1, std::min(end, line.size()) - i - 1);
-        open.back().expecting_key = false;
-      }
-      i = end + 1;
-    } else if (c == '{' || c == '[') {
-      Container container;
-      container.object = container.expecting_key = c == '{';
-      open.push_back(container);
-      ++i;
-    } else if (c == '}' || c == ']') {
-      if (open.empty()) return std::nullopt;
-      open.pop_back();
-      ++i;
-    } else if (c == ',') {
-      if (!open.empty()) {
-        open.back().expecting_key = open.back().object;
-        ++open.back().index;
-      }
-      ++i;
-    } else if (is_json_delimiter(c)) {
-      ++i;
-    } else {
-      size_t end = i;
-      while (end < line.size() && !is_json_delimiter(line[end])) ++end;
-      const std::string_view token = line.substr(i, end - i);
-      i = end;
-      if (c != '-' && (c < '0' || c > '9')) continue;  // true, false, null (or garbage simdjson reports)
-      bool is_integer = false;
-      if (!is_json_number(token, is_integer)) return std::nullopt;  // malformed: simdjson's error
-      if (!is_integer) continue;
-      const bool negative = token.starts_with('-');
-      if (negative ? !digits_above(token.substr(1), "9223372036854775808")
-                   : !digits_above(token, "18446744073709551615")) {
-        continue;
-      }
-      UnrepresentableInteger found;
-      found.text = token;
-      found.negative = negative;
-      if (open.size() == 1 && open[0].object) {
-        const std::string_view key = open[0].key;
-        if (key == "timestamp" || key == "input_length" || key == "output_length" || key == "hash_ids") {
-          found.field = key;
-        }
-      } else if (open.size() == 2 && open[0].object && open[0].key == "hash_ids" && !open[1].object) {
-        found.field = fmt::format("hash_ids[{}]", open[1].index);
-      }
-      return found;
+class UnrepresentableIntegerFinder final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool found = false;
+  std::string field;  // "timestamp", "hash_ids[2]", ...; empty when not a field the reader checks
+  std::string text;   // the literal, as written
+  bool negative = false;
+
+  bool number_float(number_float_t, const string_t& literal) override {
+    if (literal.find_first_of(".eE") != string_t::npos) return value();  // a float simdjson read fine
+    found = true;
+    text = literal;
+    negative = literal.starts_with('-');
+    if (open_.size() == 1 && open_[0].object && is_checked_field(open_[0].key)) {
+      field = open_[0].key;
+    } else if (open_.size() == 2 && open_[0].key == "hash_ids" && !open_[1].object) {
+      field = fmt::format("hash_ids[{}]", open_[1].entries);
     }
+    return false;  // stop: the first one is reported
   }
-  return std::nullopt;
-}
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override { return open(true); }
+  bool key(string_t& name) override {
+    open_.back().key = name;
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;  // malformed: simdjson's own message stands
+  }
+
+ private:
+  struct Container {
+    bool object;
+    std::string key;     // objects: the current member's name
+    size_t entries = 0;  // arrays: values seen so far (the index of the next)
+  };
+  static bool is_checked_field(std::string_view key) {
+    return key == "timestamp" || key == "input_length" || key == "output_length" || key == "hash_ids";
+  }
+  bool value() {
+    if (!open_.empty()) ++open_.back().entries;
+    return true;
+  }
+  bool open(bool object) {
+    open_.push_back({object, "", 0});
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return value();
+  }
+  std::vector<Container> open_;
+};
 
 }  // namespace
 
@@ -283,28 +236,29 @@ struct TraceReader::Impl {
 
   // The error for a line simdjson rejected with NUMBER_ERROR: names the field when the cause is an integer
   // outside [-2^63, 2^64), which simdjson cannot represent.
-  LineError number_error() const {
-    std::optional<UnrepresentableInteger> found = find_unrepresentable_integer(line);
-    if (!found) {
+  LineError number_error(size_t length) const {
+    UnrepresentableIntegerFinder found;
+    nlohmann::json::sax_parse(std::string_view(line.data(), length), &found);
+    if (!found.found) {
       return LineError{"not JSON", fmt::format("{}:{}: not JSON: {}", path, line_number,
                                                simdjson::error_message(simdjson::NUMBER_ERROR))};
     }
-    const std::string text = shorten(std::string(found->text));
-    const std::string_view reason = found->negative ? "negative value" : "out of range";
-    if (found->field.empty()) {
+    const std::string text = shorten(found.text);
+    const std::string_view reason = found.negative ? "negative value" : "out of range";
+    if (found.field.empty()) {
       return LineError{"out of range", fmt::format("{}:{}: number out of range (integers must be in [-2^63, "
                                                    "2^64)), got {}",
                                                    path, line_number, text)};
     }
-    if (found->field == "hash_ids") {
+    if (found.field == "hash_ids") {
       return field_error("not an array", "hash_ids", fmt::format("must be {}, got {}", kKeysExpected, text));
     }
-    if (found->field.starts_with("hash_ids[")) {
-      return field_error(reason, found->field, fmt::format("must be {}, got {}", kKeyExpected, text));
+    if (found.field.starts_with("hash_ids[")) {
+      return field_error(reason, found.field, fmt::format("must be {}, got {}", kKeyExpected, text));
     }
     return field_error(
-        reason, found->field,
-        fmt::format("must be {}, got {}", found->negative ? kCountExpected : kCountBelowExpected, text));
+        reason, found.field,
+        fmt::format("must be {}, got {}", found.negative ? kCountExpected : kCountBelowExpected, text));
   }
 
   // Parses and validates `line` into `out`.
@@ -317,7 +271,7 @@ struct TraceReader::Impl {
     line.append(simdjson::SIMDJSON_PADDING, ' ');
     simdjson::dom::element document;
     if (simdjson::error_code error = parser.parse(line.data(), length, false).get(document)) {
-      if (error == simdjson::NUMBER_ERROR) return number_error();
+      if (error == simdjson::NUMBER_ERROR) return number_error(length);
       return LineError{"not JSON",
                        fmt::format("{}:{}: not JSON: {}", path, line_number, simdjson::error_message(error))};
     }

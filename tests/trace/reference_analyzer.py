@@ -89,7 +89,7 @@ def reference(path, capacities, block_size=512):
 def random_trace(path, rng):
     """Requests drawn from a few shared documents (prefix reuse), with random tails, repeated keys inside a
     request, and lengths from one block to several times the smallest caches."""
-    documents = [[rng.randrange(1 << 63) for _ in range(rng.randint(1, 12))] for _ in range(4)]
+    documents = [[rng.randrange(1 << 64) for _ in range(rng.randint(1, 12))] for _ in range(4)]
     with open(path, "w") as f:
         for i in range(300):
             doc = rng.choice(documents)
