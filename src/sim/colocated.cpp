@@ -278,7 +278,7 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
 
   for (uint32_t req = 0; req < trace.size(); ++req) {
     const trace::Request& r = trace[req];
-    const double now_s = static_cast<double>(r.timestamp_ms) / 1000.0 / options.time_scale;
+    const double now_s = arrival_time_s(trace, req, options.time_scale);
     for (Node& node : nodes) node.advance_until(now_s);
     RequestOutcome& o = result.requests[req];
     o.arrival_s = now_s;

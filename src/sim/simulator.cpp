@@ -227,7 +227,7 @@ class Simulation final : public conductor::ClusterView {
   SimResult run() {
     double next_sample_s = 0;
     for (uint32_t req = 0; req < trace_.size(); ++req) {
-      const double arrival_s = static_cast<double>(trace_[req].timestamp_ms) / 1000.0 / options_.time_scale;
+      const double arrival_s = arrival_time_s(trace_, req, options_.time_scale);
       while (options_.load_sample_interval_s > 0 && next_sample_s <= arrival_s) {
         drain_events_until(next_sample_s);
         sample_load(next_sample_s);
@@ -432,8 +432,7 @@ Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::R
     return Status::invalid_argument("trace has more than 2^32 requests");
   }
   if (!trace.empty()) {
-    const double last_arrival_s =
-        static_cast<double>(trace.back().timestamp_ms) / 1000.0 / options.time_scale;
+    const double last_arrival_s = arrival_time_s(trace, trace.size() - 1, options.time_scale);
     if (!(last_arrival_s <= kMaxArrivalS)) {
       return Status::invalid_argument(
           fmt::format("the last arrival would be at {:g} s of virtual time (timestamp {} ms, time scale "

@@ -99,14 +99,22 @@ struct SimResult {
   std::vector<LoadSample> load_series;  // every SimOptions::load_sample_interval_s, while requests arrive
 };
 
+/// When `trace`[i] arrives, in seconds of virtual time: time is measured from the first request's arrival
+/// (so traces with Unix-epoch timestamps run as if shifted to start at 0) and divided by `time_scale`.
+/// REQUIRES: i < trace.size().
+inline double arrival_time_s(std::span<const trace::Request> trace, size_t i, double time_scale) {
+  return static_cast<double>(trace[i].timestamp_ms - trace.front().timestamp_ms) / 1000.0 / time_scale;
+}
+
 /// Checks that `config` can run with `options`: time scale > 0, block size >= 1, at least one instance per
 /// pool, a prefill cache of at least one block, model weights that leave HBM room for KV in a decode
 /// instance. Errors (kInvalidArgument) say which.
 Status validate(const ClusterConfig& config, const SimOptions& options);
 
-/// Replays `trace` (sorted by timestamp, as the reader guarantees) through `config`. Deterministic: the same
-/// inputs give the same result. Errors: those of validate(), and arrivals later than 1e9 s of virtual time
-/// (a huge timestamp or a tiny time scale).
+/// Replays `trace` (sorted by timestamp, as the reader guarantees) through `config`, virtual time starting
+/// at the first arrival (arrival_time_s). Deterministic: the same inputs give the same result. Errors: those
+/// of validate(), and arrivals later than 1e9 s of virtual time (a trace spanning decades or a tiny time
+/// scale).
 Result<SimResult> simulate(const ClusterConfig& config, std::span<const trace::Request> trace,
                            const SimOptions& options);
 

@@ -57,12 +57,12 @@ TEST(Colocated, SingleRequestTimeline) {
   // 1024-token prompt, 3 output tokens: a prefill iteration makes the first, two decode iterations the rest.
   const SimResult result = run(c, {request(1000, 1024, 3, {1, 2})}, System::kColocated);
   const RequestOutcome& o = result.requests[0];
-  EXPECT_DOUBLE_EQ(o.arrival_s, 1.0);
+  EXPECT_DOUBLE_EQ(o.arrival_s, 0.0);  // virtual time starts at the first arrival
   EXPECT_DOUBLE_EQ(o.ttft_s, cost.iteration_time_s(0, 0, 1024, 0));
   EXPECT_DOUBLE_EQ(o.prefill_compute_s, cost.prefill_time_s(1024, 0));
   const double step1_s = cost.iteration_time_s(1, 1024, 0, 0);
   const double step2_s = cost.iteration_time_s(1, 1025, 0, 0);
-  EXPECT_NEAR(o.finish_s, 1.0 + o.ttft_s + step1_s + step2_s, 1e-12);
+  EXPECT_NEAR(o.finish_s, o.ttft_s + step1_s + step2_s, 1e-12);
   // Two gaps, TBT = the longest ceil(10%) = 1 of them: the second step reads one more KV token.
   EXPECT_NEAR(o.tbt_s, step2_s, 1e-12);
   EXPECT_EQ(o.prefill_instance, 0u);

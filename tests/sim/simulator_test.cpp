@@ -33,12 +33,12 @@ TEST(Simulator, SingleRequestTimeline) {
   // 1024-token prompt, 3 output tokens: prefill makes the first, two decode steps make the rest.
   auto result = run(c, {request(1000, 1024, 3, {1, 2})});
   const RequestOutcome& o = result.requests[0];
-  EXPECT_DOUBLE_EQ(o.arrival_s, 1.0);
+  EXPECT_DOUBLE_EQ(o.arrival_s, 0.0);  // virtual time starts at the first arrival
   EXPECT_DOUBLE_EQ(o.ttft_s, cost.prefill_time_s(1024, 0));
   EXPECT_EQ(o.prefix_hit_tokens, 0);
   // KV streams during prefill (one chunk here), so it arrives one chunk's transfer after prefill ends; then
   // two steps: batch 1 at context 1024, then 1025.
-  const double first_token_s = 1.0 + o.ttft_s;
+  const double first_token_s = o.ttft_s;
   const double kv_arrives_s = first_token_s + cost.kv_transfer_time_s(1024);
   const double step1_s = cost.decode_step_time_s(1, 1024);
   const double step2_s = cost.decode_step_time_s(1, 1025);
@@ -168,6 +168,32 @@ TEST(Simulator, TimeScaleCompressesArrivals) {
   const ClusterConfig c = small_cluster(1, 1);
   auto result = run(c, {request(0, 512, 1, {1}), request(10'000, 512, 1, {2})}, PrefillPolicy::kRandom, 4.0);
   EXPECT_DOUBLE_EQ(result.requests[1].arrival_s, 2.5);
+}
+
+// Issue #8 §3: traces exported from production logs carry Unix-epoch milliseconds; virtual time starts at
+// the first arrival, so the results equal those of the same trace shifted to start at 0.
+TEST(Simulator, EpochTimestampsRunLikeTheTraceShiftedToZero) {
+  auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz", {});
+  ASSERT_TRUE(t.ok());
+  t->resize(400);
+  std::vector<trace::Request> epoch = *t;
+  for (trace::Request& r : epoch) r.timestamp_ms += 1'717'171'717'000;
+  for (System system : {System::kDisaggregated, System::kColocatedPrefixCache}) {
+    SCOPED_TRACE(to_string(system));
+    const ClusterConfig c = small_cluster(2, 2);
+    auto a = simulate(c, *t, {.system = system, .time_scale = 2});
+    auto b = simulate(c, epoch, {.system = system, .time_scale = 2});
+    ASSERT_TRUE(a.ok() && b.ok()) << b.status().to_string();
+    ASSERT_EQ(a->requests.size(), b->requests.size());
+    for (size_t i = 0; i < a->requests.size(); ++i) {
+      EXPECT_EQ(a->requests[i].arrival_s, b->requests[i].arrival_s) << i;
+      EXPECT_EQ(a->requests[i].ttft_s, b->requests[i].ttft_s) << i;
+      EXPECT_EQ(a->requests[i].tbt_s, b->requests[i].tbt_s) << i;
+      EXPECT_EQ(a->requests[i].finish_s, b->requests[i].finish_s) << i;
+      EXPECT_EQ(a->requests[i].prefill_instance, b->requests[i].prefill_instance) << i;
+    }
+    EXPECT_EQ(a->makespan_s, b->makespan_s);
+  }
 }
 
 TEST(Simulator, SameInputsSameResult) {
