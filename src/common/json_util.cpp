@@ -1,6 +1,7 @@
 #include "common/json_util.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +19,15 @@ Result<nlohmann::json> read_json_file(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
     return Status::invalid_argument(fmt::format("{}: not valid JSON: {}", path, e.what()));
   }
+}
+
+std::string preset_override_name(std::string_view preset, const nlohmann::json& object) {
+  std::vector<std::string> overrides;
+  for (const auto& [key, value] : object.items()) {
+    if (key != "preset" && key != "name") overrides.push_back(fmt::format("{}={}", key, value.dump()));
+  }
+  if (overrides.empty()) return std::string(preset);
+  return fmt::format("{} with {}", preset, fmt::join(overrides, ", "));
 }
 
 Status JsonFields::positive_number(std::string_view key, double& out, bool required, bool allow_zero) const {
@@ -69,7 +79,7 @@ Status JsonFields::string(std::string_view key, std::string& out, bool required)
   return Status();
 }
 
-Status JsonFields::no_unknown_keys(std::initializer_list<std::string_view> known) const {
+Status JsonFields::no_unknown_keys(std::span<const std::string_view> known) const {
   if (!object_.is_object()) return Status::invalid_argument(fmt::format("{}: must be a JSON object", where_));
   for (const auto& [key, value] : object_.items()) {
     if (std::find(known.begin(), known.end(), key) == known.end()) {
@@ -79,6 +89,17 @@ Status JsonFields::no_unknown_keys(std::initializer_list<std::string_view> known
     }
   }
   return Status();
+}
+
+Status JsonFields::no_missing_keys(std::span<const std::string_view> required) const {
+  if (!object_.is_object()) return Status::invalid_argument(fmt::format("{}: must be a JSON object", where_));
+  std::vector<std::string> missing;
+  for (std::string_view key : required) {
+    if (!object_.contains(key)) missing.push_back(fmt::format("'{}'", key));
+  }
+  if (missing.empty()) return Status();
+  return Status::invalid_argument(fmt::format("{}: missing field{} {}", where_,
+                                              missing.size() == 1 ? "" : "s", fmt::join(missing, ", ")));
 }
 
 }  // namespace crescent

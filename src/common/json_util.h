@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -13,6 +14,11 @@ namespace crescent {
 /// Parses the JSON file at `path`. Errors: kNotFound if it cannot be opened, kInvalidArgument with the
 /// parser's byte offset if it is not JSON.
 Result<nlohmann::json> read_json_file(const std::string& path);
+
+/// The name of a preset with some fields overridden, for reports to say what ran: "8xA800 with gpus=4,
+/// mfu=0.4" for `object` {"preset": "8xA800", "gpus": 4, "mfu": 0.4}; `preset` alone when nothing but
+/// "preset" (and "name") is set. Values appear as JSON.
+std::string preset_override_name(std::string_view preset, const nlohmann::json& object);
 
 /// Reads JSON objects' fields with checks. `where` names the object for messages, e.g. "configs/x.json:
 /// model". Each getter leaves `out` unchanged and returns ok when the field is absent and `required` is
@@ -27,8 +33,17 @@ class JsonFields {
   /// An integer >= `min_value`.
   Status integer(std::string_view key, int64_t& out, int64_t min_value, bool required = true) const;
   Status string(std::string_view key, std::string& out, bool required = true) const;
-  /// Errors when the object has a key not in `known` (catches typos in configs).
-  Status no_unknown_keys(std::initializer_list<std::string_view> known) const;
+  /// Errors when the object has a key not in `known` (catches typos in configs), listing the known ones.
+  Status no_unknown_keys(std::span<const std::string_view> known) const;
+  Status no_unknown_keys(std::initializer_list<std::string_view> known) const {
+    return no_unknown_keys(std::span<const std::string_view>(known.begin(), known.size()));
+  }
+  /// Errors when any key of `required` is absent, naming all of them at once: "<where>: missing fields
+  /// 'a', 'b'" (or "missing field 'a'").
+  Status no_missing_keys(std::span<const std::string_view> required) const;
+  Status no_missing_keys(std::initializer_list<std::string_view> required) const {
+    return no_missing_keys(std::span<const std::string_view>(required.begin(), required.size()));
+  }
 
   const std::string& where() const { return where_; }
 

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 
@@ -74,7 +75,21 @@ Status check_share(std::string_view where, std::string_view field, double value)
       fmt::format("{}: field '{}' must be in (0, 1], got {}", where, field, value));
 }
 
+constexpr std::array<std::string_view, 9> kFields{"name",
+                                                  "gpus",
+                                                  "peak_flops_per_gpu",
+                                                  "hbm_bytes_per_gpu",
+                                                  "hbm_bytes_per_s_per_gpu",
+                                                  "mfu",
+                                                  "memory_bandwidth_utilization",
+                                                  "host_device_bytes_per_s",
+                                                  "network_bytes_per_s"};
+
 }  // namespace
+
+std::span<const std::string_view> hardware_spec_fields() {
+  return kFields;
+}
 
 Status validate_hardware_spec(const HardwareSpec& spec, std::string_view where) {
   if (spec.name.empty()) {
@@ -121,9 +136,9 @@ Result<HardwareSpec> hardware_from_json(const nlohmann::json& j, const std::stri
         fmt::format("{}: must be a hardware preset name or an object, got {}", where, j.dump()));
   }
   JsonFields f(j, where);
-  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys(
-      {"preset", "name", "gpus", "peak_flops_per_gpu", "hbm_bytes_per_gpu", "hbm_bytes_per_s_per_gpu", "mfu",
-       "memory_bandwidth_utilization", "host_device_bytes_per_s", "network_bytes_per_s"}));
+  std::vector<std::string_view> known(kFields.begin(), kFields.end());
+  known.push_back("preset");
+  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys(known));
   HardwareSpec spec;
   const bool from_preset = j.contains("preset");
   if (from_preset) {
@@ -134,20 +149,21 @@ Result<HardwareSpec> hardware_from_json(const nlohmann::json& j, const std::stri
       return Status::not_found(fmt::format("{}: field 'preset': {}", where, preset.status().message()));
     }
     spec = std::move(preset).value();
+    spec.name = preset_override_name(preset_name, j);
+  } else {
+    CRESCENT_RETURN_IF_ERROR(
+        f.no_missing_keys(kFields));  // with a preset every field is an optional override
   }
-  const bool required = !from_preset;  // with a preset every field is an optional override
-  CRESCENT_RETURN_IF_ERROR(f.string("name", spec.name, required));
-  CRESCENT_RETURN_IF_ERROR(f.integer("gpus", spec.gpus, 1, required));
-  CRESCENT_RETURN_IF_ERROR(f.positive_number("peak_flops_per_gpu", spec.peak_flops_per_gpu, required));
-  CRESCENT_RETURN_IF_ERROR(f.positive_number("hbm_bytes_per_gpu", spec.hbm_bytes_per_gpu, required));
+  CRESCENT_RETURN_IF_ERROR(f.string("name", spec.name, false));
+  CRESCENT_RETURN_IF_ERROR(f.integer("gpus", spec.gpus, 1, false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("peak_flops_per_gpu", spec.peak_flops_per_gpu, false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("hbm_bytes_per_gpu", spec.hbm_bytes_per_gpu, false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("hbm_bytes_per_s_per_gpu", spec.hbm_bytes_per_s_per_gpu, false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("mfu", spec.mfu, false));
   CRESCENT_RETURN_IF_ERROR(
-      f.positive_number("hbm_bytes_per_s_per_gpu", spec.hbm_bytes_per_s_per_gpu, required));
-  CRESCENT_RETURN_IF_ERROR(f.positive_number("mfu", spec.mfu, required));
-  CRESCENT_RETURN_IF_ERROR(
-      f.positive_number("memory_bandwidth_utilization", spec.memory_bandwidth_utilization, required));
-  CRESCENT_RETURN_IF_ERROR(
-      f.positive_number("host_device_bytes_per_s", spec.host_device_bytes_per_s, required));
-  CRESCENT_RETURN_IF_ERROR(f.positive_number("network_bytes_per_s", spec.network_bytes_per_s, required));
+      f.positive_number("memory_bandwidth_utilization", spec.memory_bandwidth_utilization, false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("host_device_bytes_per_s", spec.host_device_bytes_per_s, false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("network_bytes_per_s", spec.network_bytes_per_s, false));
   CRESCENT_RETURN_IF_ERROR(validate_hardware_spec(spec, where));
   return spec;
 }

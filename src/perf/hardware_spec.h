@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,12 +37,16 @@ Result<HardwareSpec> hardware_preset(std::string_view name);
 /// Names of the presets, sorted.
 std::vector<std::string> hardware_preset_names();
 
+/// The JSON field names of a HardwareSpec, in declaration order (what hardware_from_json reads).
+std::span<const std::string_view> hardware_spec_fields();
+
 /// Hardware from config JSON, one of:
 ///   a preset name: "8xA800";
 ///   an object with every field of HardwareSpec;
-///   {"preset": name, <field>: value, ...}: the preset with some fields overridden.
+///   {"preset": name, <field>: value, ...}: the preset with some fields overridden; unless "name" is given,
+///   the name then says so ("8xA800 with gpus=4", see preset_override_name), so reports name what ran.
 /// The result is validated. Errors (kInvalidArgument; kNotFound for an unknown preset) name `where` and the
-/// field, unknown fields included.
+/// field, unknown fields included; every missing field of a full object is named at once.
 Result<HardwareSpec> hardware_from_json(const nlohmann::json& j, const std::string& where);
 
 }  // namespace crescent::perf

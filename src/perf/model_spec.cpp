@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 
@@ -26,7 +27,6 @@ const std::vector<ModelSpec>& presets() {
        .hidden_size = 8192,
        .attention_heads = 64,
        .kv_heads = 8,
-       .ffn_size = 28672,
        .bytes_per_element = 2,
        .parameters = 68'976'648'192.0},
       // meta-llama/Meta-Llama-3-70B config.json (vocab_size 128256, torch_dtype bfloat16);
@@ -36,7 +36,6 @@ const std::vector<ModelSpec>& presets() {
        .hidden_size = 8192,
        .attention_heads = 64,
        .kv_heads = 8,
-       .ffn_size = 28672,
        .bytes_per_element = 2,
        .parameters = 70'553'706'496.0},
       // meta-llama/Meta-Llama-3-8B config.json (vocab_size 128256, torch_dtype bfloat16);
@@ -46,7 +45,6 @@ const std::vector<ModelSpec>& presets() {
        .hidden_size = 4096,
        .attention_heads = 32,
        .kv_heads = 8,
-       .ffn_size = 14336,
        .bytes_per_element = 2,
        .parameters = 8'030'261'248.0},
   };
@@ -58,7 +56,14 @@ Status check_count(std::string_view where, std::string_view field, int64_t value
   return Status::invalid_argument(fmt::format("{}: field '{}' must be >= 1, got {}", where, field, value));
 }
 
+constexpr std::array<std::string_view, 7> kFields{
+    "name", "layers", "hidden_size", "attention_heads", "kv_heads", "bytes_per_element", "parameters"};
+
 }  // namespace
+
+std::span<const std::string_view> model_spec_fields() {
+  return kFields;
+}
 
 Status validate_model_spec(const ModelSpec& spec, std::string_view where) {
   if (spec.name.empty()) {
@@ -68,7 +73,6 @@ Status validate_model_spec(const ModelSpec& spec, std::string_view where) {
   CRESCENT_RETURN_IF_ERROR(check_count(where, "hidden_size", spec.hidden_size));
   CRESCENT_RETURN_IF_ERROR(check_count(where, "attention_heads", spec.attention_heads));
   CRESCENT_RETURN_IF_ERROR(check_count(where, "kv_heads", spec.kv_heads));
-  CRESCENT_RETURN_IF_ERROR(check_count(where, "ffn_size", spec.ffn_size));
   CRESCENT_RETURN_IF_ERROR(check_count(where, "bytes_per_element", spec.bytes_per_element));
   if (spec.attention_heads % spec.kv_heads != 0) {
     return Status::invalid_argument(
@@ -114,8 +118,9 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j, const std::string& wh
         fmt::format("{}: must be a model preset name or an object, got {}", where, j.dump()));
   }
   JsonFields f(j, where);
-  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys({"preset", "name", "layers", "hidden_size", "attention_heads",
-                                              "kv_heads", "ffn_size", "bytes_per_element", "parameters"}));
+  std::vector<std::string_view> known(kFields.begin(), kFields.end());
+  known.push_back("preset");
+  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys(known));
   ModelSpec spec;
   const bool from_preset = j.contains("preset");
   if (from_preset) {
@@ -126,16 +131,18 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j, const std::string& wh
       return Status::not_found(fmt::format("{}: field 'preset': {}", where, preset.status().message()));
     }
     spec = std::move(preset).value();
+    spec.name = preset_override_name(preset_name, j);
+  } else {
+    CRESCENT_RETURN_IF_ERROR(
+        f.no_missing_keys(kFields));  // with a preset every field is an optional override
   }
-  const bool required = !from_preset;  // with a preset every field is an optional override
-  CRESCENT_RETURN_IF_ERROR(f.string("name", spec.name, required));
-  CRESCENT_RETURN_IF_ERROR(f.integer("layers", spec.layers, 1, required));
-  CRESCENT_RETURN_IF_ERROR(f.integer("hidden_size", spec.hidden_size, 1, required));
-  CRESCENT_RETURN_IF_ERROR(f.integer("attention_heads", spec.attention_heads, 1, required));
-  CRESCENT_RETURN_IF_ERROR(f.integer("kv_heads", spec.kv_heads, 1, required));
-  CRESCENT_RETURN_IF_ERROR(f.integer("ffn_size", spec.ffn_size, 1, required));
-  CRESCENT_RETURN_IF_ERROR(f.integer("bytes_per_element", spec.bytes_per_element, 1, required));
-  CRESCENT_RETURN_IF_ERROR(f.positive_number("parameters", spec.parameters, required));
+  CRESCENT_RETURN_IF_ERROR(f.string("name", spec.name, false));
+  CRESCENT_RETURN_IF_ERROR(f.integer("layers", spec.layers, 1, false));
+  CRESCENT_RETURN_IF_ERROR(f.integer("hidden_size", spec.hidden_size, 1, false));
+  CRESCENT_RETURN_IF_ERROR(f.integer("attention_heads", spec.attention_heads, 1, false));
+  CRESCENT_RETURN_IF_ERROR(f.integer("kv_heads", spec.kv_heads, 1, false));
+  CRESCENT_RETURN_IF_ERROR(f.integer("bytes_per_element", spec.bytes_per_element, 1, false));
+  CRESCENT_RETURN_IF_ERROR(f.positive_number("parameters", spec.parameters, false));
   CRESCENT_RETURN_IF_ERROR(validate_model_spec(spec, where));
   return spec;
 }

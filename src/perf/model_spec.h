@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,7 +21,6 @@ struct ModelSpec {
   int64_t hidden_size = 0;        // d, model dimension
   int64_t attention_heads = 0;    // query heads (num_attention_heads)
   int64_t kv_heads = 0;           // key/value heads (num_key_value_heads)
-  int64_t ffn_size = 0;           // MLP inner dimension (intermediate_size)
   int64_t bytes_per_element = 0;  // s, bytes per weight and per KV element: 2 for bf16
   double parameters = 0;          // total weight count, embeddings and LM head included
 };
@@ -35,12 +35,16 @@ Result<ModelSpec> model_preset(std::string_view name);
 /// Names of the presets, sorted.
 std::vector<std::string> model_preset_names();
 
+/// The JSON field names of a ModelSpec, in declaration order (what model_from_json reads).
+std::span<const std::string_view> model_spec_fields();
+
 /// A model from config JSON, one of:
 ///   a preset name: "llama3-70b";
 ///   an object with every field of ModelSpec;
-///   {"preset": name, <field>: value, ...}: the preset with some fields overridden.
+///   {"preset": name, <field>: value, ...}: the preset with some fields overridden; unless "name" is given,
+///   the name then says so ("llama3-70b with layers=40", see preset_override_name).
 /// The result is validated. Errors (kInvalidArgument; kNotFound for an unknown preset) name `where` and the
-/// field, unknown fields included.
+/// field, unknown fields included; every missing field of a full object is named at once.
 Result<ModelSpec> model_from_json(const nlohmann::json& j, const std::string& where);
 
 }  // namespace crescent::perf

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 
@@ -16,7 +17,6 @@ nlohmann::json model_json(const perf::ModelSpec& m) {
           {"hidden_size", m.hidden_size},
           {"attention_heads", m.attention_heads},
           {"kv_heads", m.kv_heads},
-          {"ffn_size", m.ffn_size},
           {"bytes_per_element", m.bytes_per_element},
           {"parameters", m.parameters}};
 }
@@ -33,20 +33,56 @@ nlohmann::json hardware_json(const perf::HardwareSpec& h) {
           {"network_bytes_per_s", h.network_bytes_per_s}};
 }
 
+// Every field a config may have, and those it must have.
+constexpr std::array<std::string_view, 13> kFields{"name",
+                                                   "description",
+                                                   "model",
+                                                   "hardware",
+                                                   "prefill_instances",
+                                                   "decode_instances",
+                                                   "prefill_cache_capacity_tokens",
+                                                   "decode_hbm_reserved_share",
+                                                   "prefill_chunk_tokens",
+                                                   "kvcache_balancing_threshold",
+                                                   "expected_output_prior_tokens",
+                                                   "slo",
+                                                   "seed"};
+constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
+                                                          "decode_instances"};
+constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
+
 }  // namespace
+
+std::span<const std::string_view> cluster_config_fields() {
+  return kFields;
+}
+
+std::span<const std::string_view> slo_config_fields() {
+  return kSloFields;
+}
+
+conductor::ConductorOptions conductor_options(const ClusterConfig& config, conductor::PrefillPolicy policy,
+                                              conductor::Admission admission, int64_t block_size_tokens) {
+  return {
+      .policy = policy,
+      .admission = admission,
+      .block_size_tokens = block_size_tokens,
+      .kvcache_balancing_threshold = config.kvcache_balancing_threshold,
+      .ttft_slo_s = config.slo.ttft_s,
+      .tbt_slo_s = config.slo.tbt_s.front(),
+      .seed = config.seed,
+      .expected_output_prior_tokens = config.expected_output_prior_tokens,
+  };
+}
 
 Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const std::string& where,
                                                int64_t block_size_tokens) {
   ClusterConfig c;
   JsonFields f(j, where);
-  CRESCENT_RETURN_IF_ERROR(
-      f.no_unknown_keys({"name", "description", "model", "hardware", "prefill_instances", "decode_instances",
-                         "prefill_cache_capacity_tokens", "decode_hbm_reserved_share", "prefill_chunk_tokens",
-                         "kvcache_balancing_threshold", "expected_output_prior_tokens", "slo", "seed"}));
+  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys(kFields));
+  CRESCENT_RETURN_IF_ERROR(f.no_missing_keys(kRequiredFields));
   CRESCENT_RETURN_IF_ERROR(f.string("name", c.name, /*required=*/false));
-  if (!j.contains("model")) return Status::invalid_argument(fmt::format("{}: missing field 'model'", where));
-  if (!j.contains("hardware"))
-    return Status::invalid_argument(fmt::format("{}: missing field 'hardware'", where));
+  CRESCENT_RETURN_IF_ERROR(f.string("description", c.description, /*required=*/false));
   auto model = perf::model_from_json(j["model"], where + ": model");
   if (!model.ok()) return model.status();
   c.model = *model;
@@ -80,7 +116,7 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
 
   if (auto it = j.find("slo"); it != j.end()) {
     JsonFields s(*it, where + ": slo");
-    CRESCENT_RETURN_IF_ERROR(s.no_unknown_keys({"ttft_s", "tbt_s"}));
+    CRESCENT_RETURN_IF_ERROR(s.no_unknown_keys(kSloFields));
     CRESCENT_RETURN_IF_ERROR(s.positive_number("ttft_s", c.slo.ttft_s, /*required=*/false));
     if (auto tbt = it->find("tbt_s"); tbt != it->end()) {
       if (!tbt->is_array() || tbt->empty()) {
@@ -111,6 +147,7 @@ Result<ClusterConfig> load_cluster_config(const std::string& path, int64_t block
 nlohmann::json to_json(const ClusterConfig& c) {
   return {
       {"name", c.name},
+      {"description", c.description},
       {"model", model_json(c.model)},
       {"hardware", hardware_json(c.hardware)},
       {"prefill_instances", c.prefill_instances},

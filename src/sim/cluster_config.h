@@ -4,10 +4,13 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "conductor/conductor.h"
 #include "perf/hardware_spec.h"
 #include "perf/model_spec.h"
 
@@ -19,9 +22,11 @@ struct SloConfig {
   std::vector<double> tbt_s{0.1, 0.2, 0.3};  // TBT thresholds; the first is the primary one
 };
 
-/// Everything the simulator needs to know about the cluster.
+/// Everything the simulator needs to know about the cluster. docs/config.md describes every field (type,
+/// unit, default, range, source); cluster_config_fields() lists their JSON names.
 struct ClusterConfig {
-  std::string name;  // for reports (the file's stem when loaded from a file)
+  std::string name;         // for reports (the file's stem when loaded from a file)
+  std::string description;  // free text for people; no effect
   perf::ModelSpec model;
   perf::HardwareSpec hardware;  // one instance (node); its network_bytes_per_s times KV transfers
   uint32_t prefill_instances = 8;
@@ -37,9 +42,21 @@ struct ClusterConfig {
   uint64_t seed = 1;
 };
 
+/// The JSON names of a config's top-level fields ("slo" holds "ttft_s" and "tbt_s"; "model" and "hardware"
+/// the fields of perf::model_spec_fields() and perf::hardware_spec_fields()).
+std::span<const std::string_view> cluster_config_fields();
+/// The JSON names of the fields of "slo".
+std::span<const std::string_view> slo_config_fields();
+
+/// The Conductor's options for `config` under the run's `policy`, `admission` and `block_size_tokens`: the
+/// one place a config's scheduling fields (kvcache_balancing_threshold, slo, seed,
+/// expected_output_prior_tokens) reach the Conductor. Every simulated or live Conductor is built from it.
+conductor::ConductorOptions conductor_options(const ClusterConfig& config, conductor::PrefillPolicy policy,
+                                              conductor::Admission admission, int64_t block_size_tokens);
+
 /// Parses a cluster config object; `where` (usually the path) prefixes error messages. Errors name the field:
-/// zero instances, negative or zero bandwidths, capacities below one block of `block_size_tokens`, unknown
-/// fields, unknown presets (listing the valid names).
+/// every missing required field at once, zero instances, negative or zero bandwidths, capacities below one
+/// block of `block_size_tokens`, unknown fields, unknown presets (listing the valid names).
 Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const std::string& where,
                                                int64_t block_size_tokens);
 /// Reads and parses a config file.

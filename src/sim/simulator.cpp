@@ -189,15 +189,7 @@ class Simulation final : public conductor::ClusterView {
         options_(options),
         cost_(config.model, config.hardware),
         conductor_(cost_,
-                   conductor::ConductorOptions{
-                       .policy = options.policy,
-                       .admission = options.admission,
-                       .block_size_tokens = options.block_size_tokens,
-                       .kvcache_balancing_threshold = config.kvcache_balancing_threshold,
-                       .ttft_slo_s = config.slo.ttft_s,
-                       .tbt_slo_s = config.slo.tbt_s.front(),
-                       .seed = config.seed,
-                   }),
+                   conductor_options(config, options.policy, options.admission, options.block_size_tokens)),
         busy_until_s_(config.prefill_instances, 0.0) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());

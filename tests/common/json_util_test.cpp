@@ -40,6 +40,14 @@ TEST(JsonFields, UnknownKeysAreNamed) {
   EXPECT_FALSE(JsonFields(json::array(), "c.json").no_unknown_keys({"a"}).ok());
 }
 
+TEST(JsonFields, MissingKeysAreNamedAllAtOnce) {
+  json j = {{"a", 1}};
+  EXPECT_TRUE(JsonFields(j, "c.json").no_missing_keys({"a"}).ok());
+  EXPECT_EQ(JsonFields(j, "c.json").no_missing_keys({"a", "b", "c"}).message(),
+            "c.json: missing fields 'b', 'c'");
+  EXPECT_EQ(JsonFields(j, "c.json").no_missing_keys({"b"}).message(), "c.json: missing field 'b'");
+}
+
 TEST(ReadJsonFile, ReportsMissingAndMalformedFiles) {
   EXPECT_EQ(read_json_file("/nonexistent/file.json").status().code(), StatusCode::kNotFound);
   auto path = std::filesystem::temp_directory_path() / "crescent_json_util_test.json";

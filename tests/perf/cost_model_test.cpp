@@ -28,7 +28,6 @@ CostModel toy_model() {
               .hidden_size = 4,
               .attention_heads = 2,
               .kv_heads = 1,
-              .ffn_size = 8,
               .bytes_per_element = 2,
               .parameters = 100};
   HardwareSpec h{.name = "toy",

@@ -86,10 +86,14 @@ TEST(HardwareFromJson, PresetWithOverrides) {
   auto spec = hardware_from_json(json{{"preset", "8xA800"}, {"mfu", 0.4}, {"network_bytes_per_s", 25e9}},
                                  "cfg.json: hardware");
   ASSERT_TRUE(spec.ok()) << spec.status().to_string();
-  EXPECT_EQ(spec->name, "8xA800");
+  EXPECT_EQ(spec->name, "8xA800 with mfu=0.4, network_bytes_per_s=25000000000.0");  // reports say what ran
   EXPECT_DOUBLE_EQ(spec->mfu, 0.4);
   EXPECT_DOUBLE_EQ(spec->network_bytes_per_s, 25e9);
   EXPECT_DOUBLE_EQ(spec->peak_flops_per_gpu, 312e12);  // the rest comes from the preset
+  auto named = hardware_from_json(json{{"preset", "8xA800"}, {"gpus", 4}, {"name", "4xA800"}}, "h");
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(named->name, "4xA800");  // an explicit name wins
+  EXPECT_EQ(named->gpus, 4);
 }
 
 TEST(HardwareFromJson, InvalidInputsNameWhereAndField) {

@@ -29,7 +29,6 @@ TEST(ModelPreset, Llama3_70bMatchesConfigJson) {
   EXPECT_EQ(spec->hidden_size, 8192);
   EXPECT_EQ(spec->attention_heads, 64);
   EXPECT_EQ(spec->kv_heads, 8);
-  EXPECT_EQ(spec->ffn_size, 28672);
   EXPECT_EQ(spec->bytes_per_element, 2);
   // 80 * (2*8192^2 + 2*8192*1024 + 3*8192*28672 + 2*8192) + 2*128256*8192 + 8192 = 70,553,706,496 (~70.6B).
   EXPECT_DOUBLE_EQ(spec->parameters, 70'553'706'496.0);
@@ -44,8 +43,9 @@ TEST(ModelPreset, UnknownNameListsValidNames) {
 }
 
 json full_object() {
-  return {{"name", "tiny"}, {"layers", 2},   {"hidden_size", 4},       {"attention_heads", 2},
-          {"kv_heads", 1},  {"ffn_size", 8}, {"bytes_per_element", 2}, {"parameters", 100}};
+  return {{"name", "tiny"},       {"layers", 2},   {"hidden_size", 4},
+          {"attention_heads", 2}, {"kv_heads", 1}, {"bytes_per_element", 2},
+          {"parameters", 100}};
 }
 
 TEST(ModelFromJson, PresetName) {
@@ -73,7 +73,6 @@ TEST(ModelFromJson, FullObject) {
   EXPECT_EQ(spec->hidden_size, 4);
   EXPECT_EQ(spec->attention_heads, 2);
   EXPECT_EQ(spec->kv_heads, 1);
-  EXPECT_EQ(spec->ffn_size, 8);
   EXPECT_EQ(spec->bytes_per_element, 2);
   EXPECT_DOUBLE_EQ(spec->parameters, 100);
 }
@@ -89,6 +88,13 @@ TEST(ModelFromJson, PresetWithOverrides) {
   EXPECT_DOUBLE_EQ(spec->parameters, 70'553'706'496.0);
 }
 
+TEST(ModelFromJson, OverriddenPresetIsNamedAsUsed) {
+  auto spec = model_from_json(json{{"preset", "llama3-70b"}, {"layers", 40}}, "cfg.json: model");
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->name, "llama3-70b with layers=40");
+  EXPECT_EQ(model_from_json(json{{"preset", "llama3-70b"}}, "m")->name, "llama3-70b");
+}
+
 TEST(ModelFromJson, InvalidInputsNameWhereAndField) {
   struct Case {
     json j;
@@ -100,7 +106,8 @@ TEST(ModelFromJson, InvalidInputsNameWhereAndField) {
     return j;
   };
   json missing = full_object();
-  missing.erase("ffn_size");
+  missing.erase("layers");
+  missing.erase("parameters");
   const Case cases[] = {
       {with("layers", 0), "field 'layers' must be >= 1, got 0"},
       {with("kv_heads", 3), "field 'kv_heads' must divide 'attention_heads' (2), got 3"},
@@ -108,7 +115,8 @@ TEST(ModelFromJson, InvalidInputsNameWhereAndField) {
       {with("parameters", -1), "field 'parameters' must be > 0"},
       {with("layers", 2.5), "field 'layers' must be an integer"},
       {with("layer", 2), "unknown field 'layer'"},
-      {missing, "missing field 'ffn_size'"},
+      {missing, "cfg.json: model: missing fields 'layers', 'parameters'"},
+      {with("ffn_size", 8), "unknown field 'ffn_size'"},  // the cost model has no use for it
       {json{{"preset", "llama3-70b"}, {"kv_heads", 7}},
        "field 'kv_heads' must divide 'attention_heads' (64), got 7"},
       {json{{"preset", 3}}, "field 'preset' must be a string"},

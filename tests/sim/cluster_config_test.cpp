@@ -60,6 +60,12 @@ TEST(ClusterConfig, ImpossibleValuesAreNamed) {
   j = valid();
   j.erase("model");
   EXPECT_THAT(error_of(j), HasSubstr("missing field 'model'"));
+  j = valid();  // every missing required field at once
+  j.erase("model");
+  j.erase("decode_instances");
+  EXPECT_THAT(error_of(j), HasSubstr("missing fields 'model', 'decode_instances'"));
+  EXPECT_THAT(error_of(json::object()),
+              HasSubstr("missing fields 'model', 'hardware', 'prefill_instances', 'decode_instances'"));
 }
 
 TEST(ClusterConfig, MissingOrBrokenFileIsAnError) {
