@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/json_util.h"
 #include "common/status.h"
 #include "trace/reader.h"
 #include "trace/stats.h"
@@ -73,17 +74,24 @@ Result<std::vector<std::optional<int64_t>>> parse_capacities(std::string_view li
   }
 }
 
-std::string percent(double ratio) {
-  return fmt::format("{:.2f}%", 100 * ratio);
+// A ratio as a percentage; "n/a" for a ratio of nothing.
+std::string percent(std::optional<double> ratio) {
+  return ratio ? fmt::format("{:.2f}%", 100 * *ratio) : "n/a";
 }
 
 void print_text(const std::string& path, const trace::TraceStats& stats, int64_t block_size_tokens) {
   fmt::print("{}\n", path);
   fmt::print("  requests        {}\n", stats.requests);
   fmt::print("  span            {:.3f} s\n", stats.span_s);
-  fmt::print("  arrival rate    {:.3f} req/s\n", stats.arrival_rate_per_s);
-  auto print_length = [](std::string_view name, const trace::LengthStats& length) {
-    fmt::print("  {:<14}  mean {:.1f}, p50 {}, p99 {}\n", name, length.mean, length.p50, length.p99);
+  fmt::print("  arrival rate    {}\n", stats.arrival_rate_per_s
+                                           ? fmt::format("{:.3f} req/s", *stats.arrival_rate_per_s)
+                                           : "n/a (all requests arrive at once)");
+  auto print_length = [](std::string_view name, const std::optional<trace::LengthStats>& length) {
+    if (!length) {
+      fmt::print("  {:<14}  n/a\n", name);
+      return;
+    }
+    fmt::print("  {:<14}  mean {:.1f}, p50 {}, p99 {}\n", name, length->mean, length->p50, length->p99);
   };
   print_length("input tokens", stats.input_tokens);
   print_length("output tokens", stats.output_tokens);
@@ -92,7 +100,10 @@ void print_text(const std::string& path, const trace::TraceStats& stats, int64_t
   fmt::print("\n  {:>21}  {:>9}  {:>16}\n", "LRU capacity (tokens)", "hit ratio", "share of ceiling");
   for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
     const std::string capacity = point.capacity_tokens ? std::to_string(*point.capacity_tokens) : "unbounded";
-    const double share = stats.reuse_ceiling > 0 ? point.hit_ratio / stats.reuse_ceiling : 0;
+    std::optional<double> share;  // of a zero ceiling: nothing to share
+    if (point.hit_ratio && stats.reuse_ceiling && *stats.reuse_ceiling > 0) {
+      share = *point.hit_ratio / *stats.reuse_ceiling;
+    }
     fmt::print("  {:>21}  {:>9}  {:>16}\n", capacity, percent(point.hit_ratio), percent(share));
   }
   fmt::print("\n  {:>21}  {:>10}  {:>17}\n", "hottest block key", "references", "share of requests");
@@ -108,24 +119,27 @@ nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats&
     hit_ratios.push_back(
         {{"capacity_tokens", point.capacity_tokens ? nlohmann::ordered_json(*point.capacity_tokens)
                                                    : nlohmann::ordered_json(nullptr)},
-         {"hit_ratio", point.hit_ratio}});
+         {"hit_ratio", json_or_null(point.hit_ratio)}});
   }
   nlohmann::ordered_json hottest = nlohmann::ordered_json::array();
   for (const trace::HotBlock& block : stats.hottest_blocks) {
     hottest.push_back(
         {{"block_key", block.key}, {"references", block.references}, {"request_share", block.request_share}});
   }
+  // Lengths are known whenever the trace has requests (an empty trace is refused before this).
+  const trace::LengthStats in = stats.input_tokens.value_or(trace::LengthStats{});
+  const trace::LengthStats out = stats.output_tokens.value_or(trace::LengthStats{});
   return {{"trace", path},
           {"requests", stats.requests},
           {"span_s", stats.span_s},
-          {"arrival_rate_per_s", stats.arrival_rate_per_s},
-          {"input_tokens_mean", stats.input_tokens.mean},
-          {"input_tokens_p50", stats.input_tokens.p50},
-          {"input_tokens_p99", stats.input_tokens.p99},
-          {"output_tokens_mean", stats.output_tokens.mean},
-          {"output_tokens_p50", stats.output_tokens.p50},
-          {"output_tokens_p99", stats.output_tokens.p99},
-          {"reuse_ceiling", stats.reuse_ceiling},
+          {"arrival_rate_per_s", json_or_null(stats.arrival_rate_per_s)},
+          {"input_tokens_mean", in.mean},
+          {"input_tokens_p50", in.p50},
+          {"input_tokens_p99", in.p99},
+          {"output_tokens_mean", out.mean},
+          {"output_tokens_p50", out.p50},
+          {"output_tokens_p99", out.p99},
+          {"reuse_ceiling", json_or_null(stats.reuse_ceiling)},
           {"hit_ratio_by_capacity", std::move(hit_ratios)},
           {"hottest_blocks", std::move(hottest)},
           {"skipped_lines", skipped_lines}};
@@ -147,6 +161,7 @@ Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::An
   const trace::SkipReport& skipped = (*reader)->skipped();
   if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
   const trace::TraceStats stats = analyzer.finish();
+  if (stats.requests == 0) return trace::empty_trace_error(path, skipped);
   if (args.json) {
     fmt::print("{}\n", dump_json(to_json(path, stats, skipped.total_lines)));
   } else {

@@ -3,12 +3,16 @@
 // JSON.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/atomic_file.h"
+#include "common/bundled_files.h"
 #include "conductor/conductor.h"
 #include "sim/cluster_config.h"
 #include "sim/report.h"
@@ -18,19 +22,24 @@
 namespace crescent::cli {
 namespace {
 
+constexpr std::string_view kDefaultConfig = "configs/paper-fig5.json";
+
 struct SimulateArgs {
   std::string trace_path;
-  std::string config_path = "configs/paper-fig5.json";
+  std::string config_path;  // empty: the bundled kDefaultConfig
   std::string policy = "global-cache-aware";
+  bool policy_given = false;
   std::string compare;
   std::string admission = "none";
   std::string system = "disaggregated";
   int64_t chunk_tokens = 512;
+  bool chunk_tokens_given = false;
   double time_scale = 1.0;
   int64_t block_size_tokens = 512;
   int64_t limit = 0;
   bool skip_invalid = false;
   bool json = false;
+  std::string requests_out;
 };
 
 std::vector<std::string> split_list(const std::string& list) {
@@ -42,9 +51,34 @@ std::vector<std::string> split_list(const std::string& list) {
   return out;
 }
 
+// Where --requests-out FILE puts one policy's lines: FILE itself for a single run; with --compare, the
+// policy's name before FILE's extension (out/req.jsonl -> out/req.cache-aware.jsonl).
+std::string requests_out_path(const std::string& file, const std::string& policy, bool several) {
+  if (!several) return file;
+  const std::filesystem::path path(file);
+  std::filesystem::path named = path;
+  named.replace_filename(path.stem().string() + "." + policy + path.extension().string());
+  return named.string();
+}
+
+// "3,000,000 tokens" / "2,048 tokens", so small test caches do not print as "0.0M".
+std::string tokens(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out + " tokens";
+}
+
 int run_simulate(const SimulateArgs& args) {
   if (args.limit < 0) return fail(Status::invalid_argument("--limit must be >= 0"));
-  // Validate every name before spending time on the trace.
+  // Options that would be ignored are errors, and every name is checked before the trace is read.
+  if (args.policy_given && !args.compare.empty()) {
+    return fail(
+        Status::invalid_argument("--policy and --compare both choose prefill policies: give one (--compare "
+                                 "A,B runs each of A and B)"));
+  }
   std::vector<std::string> names =
       args.compare.empty() ? std::vector<std::string>{args.policy} : split_list(args.compare);
   if (names.empty()) return fail(Status::invalid_argument("--compare needs at least one policy name"));
@@ -52,22 +86,46 @@ int run_simulate(const SimulateArgs& args) {
   for (const auto& n : names) {
     auto p = conductor::parse_prefill_policy(n);
     if (!p.ok()) return fail(p.status());
+    if (std::find(policies.begin(), policies.end(), *p) != policies.end()) {
+      return fail(Status::invalid_argument(fmt::format("--compare names policy '{}' twice", n)));
+    }
     policies.push_back(*p);
   }
   auto admission = conductor::parse_admission(args.admission);
   if (!admission.ok()) return fail(admission.status());
   auto system = sim::parse_system(args.system);
   if (!system.ok()) return fail(system.status());
+  if (args.chunk_tokens_given && *system != sim::System::kColocatedChunkedPrefill) {
+    return fail(Status::invalid_argument(
+        fmt::format("--chunk-tokens sets the chunked-prefill budget of --system colocated-chunked-prefill; "
+                    "system '{}' does "
+                    "not chunk (the disaggregated prefill chunk is the config's prefill_chunk_tokens)",
+                    args.system)));
+  }
   if (*system != sim::System::kDisaggregated) {
     // Colocated baselines have no Conductor: one run, named after the system.
-    if (!args.compare.empty() || args.policy != "global-cache-aware" || args.admission != "none") {
+    if (!args.compare.empty() || args.policy_given || args.admission != "none") {
       return fail(Status::invalid_argument(
           "--compare, --policy and --admission apply to --system disaggregated (colocated baselines have no "
           "Conductor)"));
     }
     names = {args.system};
   }
-  auto config = sim::load_cluster_config(args.config_path, args.block_size_tokens);
+  if (!args.requests_out.empty()) {
+    const std::filesystem::path dir = std::filesystem::absolute(args.requests_out).parent_path();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) {
+      return fail(Status::invalid_argument(
+          fmt::format("--requests-out {}: directory '{}' does not exist", args.requests_out, dir.string())));
+    }
+  }
+  std::string config_path = args.config_path;
+  if (config_path.empty()) {
+    auto bundled = bundled_file(kDefaultConfig);
+    if (!bundled.ok()) return fail(bundled.status());
+    config_path = *bundled;
+  }
+  auto config = sim::load_cluster_config(config_path, args.block_size_tokens);
   if (!config.ok()) return fail(config.status());
 
   trace::SkipReport skipped;
@@ -78,6 +136,7 @@ int run_simulate(const SimulateArgs& args) {
                                     &skipped);
   if (!requests.ok()) return fail(requests.status());
   if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
+  if (requests->empty()) return fail(trace::empty_trace_error(args.trace_path, skipped));
 
   sim::SimOptions options{.system = *system,
                           .policy = policies.front(),
@@ -86,11 +145,21 @@ int run_simulate(const SimulateArgs& args) {
                           .time_scale = args.time_scale,
                           .chunked_prefill_tokens = args.chunk_tokens};
   std::vector<sim::PolicyReport> reports;
-  for (size_t i = 0; i < policies.size(); ++i) {
+  for (size_t i = 0; i < names.size(); ++i) {
     options.policy = policies[i];
     auto result = sim::simulate(*config, *requests, options);
     if (!result.ok()) return fail(result.status());
     reports.push_back(sim::summarize(names[i], *result, config->slo));
+    if (const std::string warning = sim::no_completion_warning(reports.back()); !warning.empty()) {
+      fmt::print(stderr, "warning: {}\n", warning);
+    }
+    if (!args.requests_out.empty()) {
+      const std::string path = requests_out_path(args.requests_out, names[i], names.size() > 1);
+      if (Status written = write_file_atomically(path, sim::requests_jsonl(*result, names[i]));
+          !written.ok()) {
+        return fail(written);
+      }
+    }
   }
 
   if (args.json) {
@@ -110,10 +179,10 @@ int run_simulate(const SimulateArgs& args) {
                args.time_scale);
     if (*system == sim::System::kDisaggregated) {
       fmt::print(
-          "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {:.1f}M tokens each, "
-          "admission {}\n\n",
+          "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {} each, admission "
+          "{}\n\n",
           c.name, c.prefill_instances, c.decode_instances, c.hardware.name, c.model.name,
-          static_cast<double>(c.prefill_cache_capacity_tokens) / 1e6, args.admission);
+          tokens(c.prefill_cache_capacity_tokens), args.admission);
     } else {
       fmt::print("cluster {}: {} colocated instances of {} serving {} ({})\n\n", c.name,
                  c.prefill_instances + c.decode_instances, c.hardware.name, c.model.name, args.system);
@@ -129,10 +198,13 @@ void register_simulate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<SimulateArgs>();
   CLI::App* cmd = app.add_subcommand("simulate", "Replay a trace through a simulated prefill/decode cluster");
   cmd->add_option("trace", args->trace_path, "Mooncake JSONL trace (.jsonl or .jsonl.gz)")->required();
-  cmd->add_option("--config", args->config_path, "Cluster config JSON")->capture_default_str();
-  cmd->add_option("--policy", args->policy,
-                  "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
-      ->capture_default_str();
+  cmd->add_option(
+      "--config", args->config_path,
+      fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)", kDefaultConfig));
+  CLI::Option* policy =
+      cmd->add_option("--policy", args->policy,
+                      "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
+          ->capture_default_str();
   cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
   cmd->add_option("--admission", args->admission, "Admission: none, slo, early, predictive")
       ->capture_default_str();
@@ -140,17 +212,24 @@ void register_simulate(CLI::App& app, int& exit_code) {
          "--system", args->system,
          "disaggregated, colocated, colocated-prefix-cache, colocated-chunked-prefill (same node count)")
       ->capture_default_str();
-  cmd->add_option("--chunk-tokens", args->chunk_tokens,
-                  "Prefill chunk for colocated-chunked-prefill (tokens)")
-      ->capture_default_str();
+  CLI::Option* chunk = cmd->add_option("--chunk-tokens", args->chunk_tokens,
+                                       "Prefill tokens per iteration for --system colocated-chunked-prefill")
+                           ->capture_default_str();
   cmd->add_option("--time-scale", args->time_scale, "Replay arrivals this many times faster")
       ->capture_default_str();
   cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")
       ->capture_default_str();
   cmd->add_option("--limit", args->limit, "Read and simulate only the first N valid requests (0 = all)");
+  cmd->add_option(
+      "--requests-out", args->requests_out,
+      "Write one JSON line per request to FILE (with --compare: FILE's stem.POLICY.ext per policy)");
   cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
-  cmd->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_simulate(*args); }); });
+  cmd->callback([args, policy, chunk, &exit_code] {
+    args->policy_given = policy->count() > 0;
+    args->chunk_tokens_given = chunk->count() > 0;
+    run_guarded(exit_code, [&] { return run_simulate(*args); });
+  });
 }
 
 }  // namespace crescent::cli

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -14,6 +15,11 @@ namespace crescent {
 /// Parses the JSON file at `path`. Errors: kNotFound if it cannot be opened, kInvalidArgument with the
 /// parser's byte offset if it is not JSON.
 Result<nlohmann::json> read_json_file(const std::string& path);
+
+/// `value` as JSON, `null` when there is none (a statistic of nothing is not 0).
+inline nlohmann::json json_or_null(std::optional<double> value) {
+  return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+}
 
 /// The name of a preset with some fields overridden, for reports to say what ran: "8xA800 with gpus=4,
 /// mfu=0.4" for `object` {"preset": "8xA800", "gpus": 4, "mfu": 0.4}; `preset` alone when nothing but

@@ -61,6 +61,8 @@ std::string_view to_string(RejectReason reason) {
       return "tbt";
     case RejectReason::kDecodeCapacity:
       return "decode-capacity";
+    case RejectReason::kContextLength:
+      return "context-length";
   }
   return "?";
 }
@@ -291,7 +293,7 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
   Decision d;
   const int64_t capacity = max_decode_capacity_tokens(cluster);
   if (request.input_tokens > capacity || request.max_output_tokens > capacity - request.input_tokens) {
-    d.rejected = RejectReason::kDecodeCapacity;
+    d.rejected = RejectReason::kContextLength;
     return d;
   }
   PrefillChoice p = choose_prefill(cluster, request, now_s);

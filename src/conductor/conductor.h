@@ -102,11 +102,13 @@ struct RequestInfo {
 /// Why a request was refused.
 enum class RejectReason {
   kNone,
-  kTtft,            // predicted TTFT above the TTFT SLO
-  kTbt,             // predicted TBT above the TBT SLO
-  kDecodeCapacity,  // the decode pool cannot take it: judged full by admission, or prompt + max output exceed
-                    // every decode instance's HBM KV capacity (it can never run)
+  kTtft,            // predicted TTFT above the TTFT SLO (overload: the live server answers HTTP 429)
+  kTbt,             // predicted TBT above the TBT SLO (429)
+  kDecodeCapacity,  // admission judged the decode pool unable to take it now (429)
+  kContextLength,   // prompt + max output exceed every decode instance's HBM KV capacity: it can never run,
+                    // whatever the load (the live server answers HTTP 400, as for a too-long prompt)
 };
+/// "none", "ttft", "tbt", "decode-capacity", "context-length".
 std::string_view to_string(RejectReason reason);
 
 /// A placement: where the request runs and what the Conductor predicted for it.

@@ -9,8 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
+#include "common/json_util.h"
 #include "conductor/conductor.h"
-#include "experiment/output.h"
+#include "common/atomic_file.h"
 #include "experiment/plot.h"
 #include "experiment/progress.h"
 #include "sim/cluster_config.h"
@@ -83,8 +84,8 @@ Result<Output> run_scheduling(const Inputs& in) {
     if (!result.ok()) return result.status();
     const sim::PolicyReport report = sim::summarize(policy, *result, in.config.slo);
     out.fields["policies"].push_back(Json(sim::to_json(report)));
-    mean.y.push_back(report.ttft_mean_s);
-    p90.y.push_back(report.ttft_p90_s);
+    mean.y.push_back(sim::or_nan(report.ttft_mean_s));
+    p90.y.push_back(sim::or_nan(report.ttft_p90_s));
   }
   out.plot = {.title = fmt::format("TTFT by prefill scheduling policy: {} on {}",
                                    trace_name(in.trace_paths[0]), cluster_name(in.config)),
@@ -133,8 +134,8 @@ Result<Output> run_cache_capacity(const Inputs& in) {
       auto result = simulate(in, config, in.traces[t], {.policy = conductor::PrefillPolicy::kCacheAware},
                              progress, fmt::format("{} {:g}M tokens", name, kCapacitiesTokens[i] / 1e6));
       if (!result.ok()) return result.status();
-      const double local_hit_ratio = sim::summarize(name, *result, config.slo).hit_ratio;
-      const double global_hit_ratio = stats.hit_ratio_by_capacity[i].hit_ratio;
+      const double local_hit_ratio = sim::or_nan(sim::summarize(name, *result, config.slo).hit_ratio);
+      const double global_hit_ratio = sim::or_nan(stats.hit_ratio_by_capacity[i].hit_ratio);
       points.push_back({{"capacity_tokens", kCapacitiesTokens[i]},
                         {"local_hit_ratio", local_hit_ratio},
                         {"global_hit_ratio", global_hit_ratio}});
@@ -143,7 +144,7 @@ Result<Output> run_cache_capacity(const Inputs& in) {
       global.y.push_back(global_hit_ratio * 100);
       local.y.push_back(local_hit_ratio * 100);
     }
-    const double ceiling = stats.reuse_ceiling * 100;
+    const double ceiling = sim::or_nan(stats.reuse_ceiling) * 100;
     out.plot.series.push_back(std::move(global));
     out.plot.series.push_back(std::move(local));
     out.plot.series.push_back(
@@ -154,7 +155,7 @@ Result<Output> run_cache_capacity(const Inputs& in) {
          .color = color});
     out.fields["traces"].push_back({{"name", name},
                                     {"path", in.trace_paths[t]},
-                                    {"ceiling", stats.reuse_ceiling},
+                                    {"ceiling", json_or_null(stats.reuse_ceiling)},
                                     {"points", std::move(points)}});
   }
   return out;
@@ -193,10 +194,10 @@ Result<Output> run_capacity(const Inputs& in) {
       series.y.push_back(a.attainment * 100);
     }
     out.fields["systems"].push_back({{"name", name},
-                                     {"ttft_mean_s", report.ttft_mean_s},
-                                     {"tbt_mean_s", report.tbt_mean_s},
-                                     {"tbt_p99_s", report.tbt_p99_s},
-                                     {"hit_ratio", report.hit_ratio},
+                                     {"ttft_mean_s", json_or_null(report.ttft_mean_s)},
+                                     {"tbt_mean_s", json_or_null(report.tbt_mean_s)},
+                                     {"tbt_p99_s", json_or_null(report.tbt_p99_s)},
+                                     {"hit_ratio", json_or_null(report.hit_ratio)},
                                      {"points", std::move(points)}});
     out.plot.series.push_back(std::move(series));
   }
@@ -298,15 +299,15 @@ Result<Output> run_pd_ratio(const Inputs& in) {
     out.fields["points"].push_back({{"prefill", prefill},
                                     {"decode", nodes - prefill},
                                     {"effective_capacity", effective},
-                                    {"ttft_mean_s", r.ttft_mean_s},
-                                    {"tbt_mean_s", r.tbt_mean_s},
-                                    {"hit_ratio", r.hit_ratio}});
+                                    {"ttft_mean_s", json_or_null(r.ttft_mean_s)},
+                                    {"tbt_mean_s", json_or_null(r.tbt_mean_s)},
+                                    {"hit_ratio", json_or_null(r.hit_ratio)}});
     capacity.x.push_back(prefill);
     capacity.y.push_back(effective * 100);
     ttft.x.push_back(prefill);
-    ttft.y.push_back(r.ttft_mean_s);
+    ttft.y.push_back(sim::or_nan(r.ttft_mean_s));
     tbt.x.push_back(prefill);
-    tbt.y.push_back(r.tbt_mean_s);
+    tbt.y.push_back(sim::or_nan(r.tbt_mean_s));
   }
   out.plot = {.title = fmt::format("Prefill/decode split of {} nodes: {} at time scale {:g}", nodes,
                                    trace_name(in.trace_paths[0]), in.time_scale),

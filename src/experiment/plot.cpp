@@ -18,7 +18,7 @@
 #include <set>
 #include <string_view>
 
-#include "experiment/output.h"
+#include "common/atomic_file.h"
 
 extern char** environ;
 

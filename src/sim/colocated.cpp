@@ -110,6 +110,8 @@ class Node {
     if (prefilling_ == kNoRequest && !waiting_.empty() && admit(waiting_.front())) {
       prefilling_ = waiting_.front();
       waiting_.pop_front();
+      RequestOutcome& o = outcome(prefilling_);
+      o.queue_wait_s = start_s - o.arrival_s;  // its prefill starts now; ttft adds its iterations
     }
     const bool chunked = mode_.chunk_tokens > 0;
     int64_t prefix_tokens = 0;
@@ -213,7 +215,9 @@ class Node {
     const RequestState& s = state(req);
     running_requests_ -= 1;
     running_context_tokens_ -= o.input_tokens + s.decode_steps;
-    o.tbt_s = log_.tbt_s(o.arrival_s + o.ttft_s, s.join_step, step);
+    const StepLog::Gaps gaps = log_.gaps(o.arrival_s + o.ttft_s, s.join_step, step);
+    o.tbt_s = gaps.tbt_s;
+    o.max_token_gap_s = gaps.max_gap_s;
     finish(req, now_s);
   }
 
@@ -288,7 +292,7 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
     // Like the Conductor: a request whose KV could never fit a node's HBM is refused.
     if (r.input_tokens > mode.kv_capacity_tokens ||
         r.output_tokens > mode.kv_capacity_tokens - r.input_tokens) {
-      o.rejected = conductor::RejectReason::kDecodeCapacity;
+      o.rejected = conductor::RejectReason::kContextLength;
       o.finish_s = now_s;
     } else {
       // The load balancer: fewest outstanding requests; ties to the node with the fewest requests placed

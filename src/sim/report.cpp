@@ -1,19 +1,41 @@
 #include "sim/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
+#include "common/json_util.h"
 #include "common/percentile.h"
 
 namespace crescent::sim {
 namespace {
 
-double mean(const std::vector<double>& v) {
+std::optional<double> mean(const std::vector<double>& v) {
+  if (v.empty()) return std::nullopt;
   double sum = 0;
   for (double x : v) sum += x;
-  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+  return sum / static_cast<double>(v.size());
+}
+
+// Nearest-rank percentile of a sorted sample; none of an empty one.
+std::optional<double> percentile(const std::vector<double>& sorted, int percent) {
+  if (sorted.empty()) return std::nullopt;
+  return nearest_rank(sorted, percent);
+}
+
+// `numerator / denominator`, none when the denominator is 0 (a ratio over nothing).
+std::optional<double> ratio(double numerator, double denominator) {
+  if (denominator <= 0) return std::nullopt;
+  return numerator / denominator;
+}
+
+// A table cell: `value` * scale with `decimals` and `unit`, right-aligned in `width`; "n/a" for nothing.
+std::string cell(std::optional<double> value, int width, double scale, int decimals, std::string_view unit) {
+  const std::string text = value ? fmt::format("{:.{}f}{}", *value * scale, decimals, unit) : "n/a";
+  return fmt::format("{:>{}}", text, width);
 }
 
 }  // namespace
@@ -38,6 +60,9 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
         case conductor::RejectReason::kDecodeCapacity:
           ++r.rejected_decode_capacity;
           break;
+        case conductor::RejectReason::kContextLength:
+          ++r.rejected_context_length;
+          break;
         case conductor::RejectReason::kNone:
           break;
       }
@@ -60,8 +85,7 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
     r.slo_attainment_by_tbt[i].attainment = total > 0 ? r.slo_attainment_by_tbt[i].attainment / total : 0;
   }
   r.slo_attainment = r.slo_attainment_by_tbt.empty() ? 0 : r.slo_attainment_by_tbt.front().attainment;
-  r.slo_attainment_accepted =
-      r.completed > 0 ? r.slo_attainment * total / static_cast<double>(r.completed) : 0;
+  r.slo_attainment_accepted = ratio(r.slo_attainment * total, static_cast<double>(r.completed));
   // Goodput over the arrival span (first to last arrival); a single-instant trace counts as one second.
   double first_s = 0, last_s = 0;
   if (!result.requests.empty()) {
@@ -73,14 +97,76 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
   r.tbt_mean_s = mean(tbt);
   std::sort(ttft.begin(), ttft.end());
   std::sort(tbt.begin(), tbt.end());
-  r.ttft_p50_s = nearest_rank(ttft, 50);
-  r.ttft_p90_s = nearest_rank(ttft, 90);
-  r.ttft_p99_s = nearest_rank(ttft, 99);
-  r.tbt_p99_s = nearest_rank(tbt, 99);
-  r.hit_ratio = input_tokens > 0 ? hit_tokens / input_tokens : 0;
-  r.fetched_ratio = input_tokens > 0 ? fetched_tokens / input_tokens : 0;
-  r.prefill_compute_s_per_request = r.completed > 0 ? prefill_s / static_cast<double>(r.completed) : 0;
+  r.ttft_p50_s = percentile(ttft, 50);
+  r.ttft_p90_s = percentile(ttft, 90);
+  r.ttft_p99_s = percentile(ttft, 99);
+  r.tbt_p99_s = percentile(tbt, 99);
+  r.hit_ratio = ratio(hit_tokens, input_tokens);
+  r.fetched_ratio = ratio(fetched_tokens, input_tokens);
+  r.prefill_compute_s_per_request = ratio(prefill_s, static_cast<double>(r.completed));
   return r;
+}
+
+std::string no_completion_warning(const PolicyReport& r) {
+  if (r.completed > 0) return "";
+  const std::string who = r.name.empty() ? "" : fmt::format("{}: ", r.name);
+  if (r.rejected == 0) return who + "no request completed: the trace is empty";
+  std::vector<std::string> reasons;
+  if (r.rejected_context_length > 0) {
+    reasons.push_back(
+        fmt::format("{} context-length: prompt + output larger than a decode instance's whole HBM KV "
+                    "capacity (more GPUs or "
+                    "HBM per instance, or a smaller decode_hbm_reserved_share, make room)",
+                    r.rejected_context_length));
+  }
+  if (r.rejected_decode_capacity > 0) {
+    reasons.push_back(
+        fmt::format("{} decode-capacity: admission judged the decode pool full", r.rejected_decode_capacity));
+  }
+  if (r.rejected_ttft > 0) {
+    reasons.push_back(fmt::format("{} ttft: predicted TTFT above the TTFT SLO", r.rejected_ttft));
+  }
+  if (r.rejected_tbt > 0) {
+    reasons.push_back(fmt::format("{} tbt: predicted TBT above the TBT SLO", r.rejected_tbt));
+  }
+  return fmt::format("{}no request completed: all {} were rejected ({}); TTFT and TBT statistics are n/a",
+                     who, r.rejected, fmt::join(reasons, "; "));
+}
+
+std::string requests_jsonl(const SimResult& result, std::string_view policy) {
+  std::string out;
+  out.reserve(result.requests.size() * 512);
+  const nlohmann::json null;
+  for (size_t i = 0; i < result.requests.size(); ++i) {
+    const RequestOutcome& o = result.requests[i];
+    const bool done = o.rejected == conductor::RejectReason::kNone;
+    const bool gaps = done && o.output_tokens > 1;
+    auto when_done = [&](auto value) { return done ? nlohmann::json(value) : null; };
+    const nlohmann::ordered_json line = {
+        {"request", i},
+        {"policy", policy},
+        {"arrival_s", o.arrival_s},
+        {"outcome", done ? "completed" : "rejected"},
+        {"reject_reason", done ? null : nlohmann::json(conductor::to_string(o.rejected))},
+        {"prefill_instance", when_done(o.prefill_instance)},
+        {"decode_instance", when_done(o.decode_instance)},
+        {"prompt_tokens", o.input_tokens},
+        {"output_tokens", o.output_tokens},
+        {"hit_tokens", when_done(o.prefix_hit_tokens)},
+        {"local_hit_tokens", when_done(o.prefix_hit_tokens - o.fetched_tokens)},
+        {"fetched_hit_tokens", when_done(o.fetched_tokens)},
+        {"queue_wait_s", when_done(o.queue_wait_s)},
+        {"prefix_load_s", when_done(o.prefix_load_s)},
+        {"prefill_s", when_done(o.prefill_compute_s)},
+        {"ttft_s", when_done(o.ttft_s)},
+        {"tbt_s", gaps ? nlohmann::json(o.tbt_s) : null},
+        {"max_token_gap_s", gaps ? nlohmann::json(o.max_token_gap_s) : null},
+        {"e2e_s", when_done(o.finish_s - o.arrival_s)},
+    };
+    out += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    out += '\n';
+  }
+  return out;
 }
 
 std::string format_table(const std::vector<PolicyReport>& reports, const SloConfig& slo) {
@@ -89,16 +175,19 @@ std::string format_table(const std::vector<PolicyReport>& reports, const SloConf
   for (double t : slo.tbt_s) out += fmt::format(" {:>10}", fmt::format("SLO@{:g}ms", t * 1000));
   out += fmt::format(" {:>9} {:>8}\n", "completed", "rejected");
   for (const auto& r : reports) {
-    out += fmt::format(
-        "{:<20} {:>8.2f}s {:>8.2f}s {:>8.2f}s {:>8.2f}s {:>7.1f}ms {:>7.1f}ms {:>5.1f}% {:>8.3f}s", r.name,
-        r.ttft_mean_s, r.ttft_p50_s, r.ttft_p90_s, r.ttft_p99_s, r.tbt_mean_s * 1000, r.tbt_p99_s * 1000,
-        r.hit_ratio * 100, r.prefill_compute_s_per_request);
+    out += fmt::format("{:<20} {} {} {} {} {} {} {} {}", r.name, cell(r.ttft_mean_s, 9, 1, 2, "s"),
+                       cell(r.ttft_p50_s, 9, 1, 2, "s"), cell(r.ttft_p90_s, 9, 1, 2, "s"),
+                       cell(r.ttft_p99_s, 9, 1, 2, "s"), cell(r.tbt_mean_s, 9, 1000, 1, "ms"),
+                       cell(r.tbt_p99_s, 9, 1000, 1, "ms"), cell(r.hit_ratio, 6, 100, 1, "%"),
+                       cell(r.prefill_compute_s_per_request, 9, 1, 3, "s"));
     for (const auto& a : r.slo_attainment_by_tbt) out += fmt::format(" {:>9.1f}%", a.attainment * 100);
     out += fmt::format(" {:>9} {:>8}\n", r.completed, r.rejected);
   }
   out += fmt::format(
-      "(TTFT over completed requests; SLO = share of all requests with TTFT <= {:g} s and TBT <= the "
-      "threshold; prefill = mean prefill GPU time per request)\n",
+      "(TTFT over completed requests, TBT over those with 2+ output tokens, n/a when there are none; SLO = "
+      "share of all requests with TTFT <= {:g} s and TBT <= the threshold; prefill = mean prefill GPU time "
+      "per "
+      "request)\n",
       slo.ttft_s);
   return out;
 }
@@ -110,23 +199,26 @@ nlohmann::json to_json(const PolicyReport& r) {
   }
   return {
       {"name", r.name},
-      {"ttft_mean_s", r.ttft_mean_s},
-      {"ttft_p50_s", r.ttft_p50_s},
-      {"ttft_p90_s", r.ttft_p90_s},
-      {"ttft_p99_s", r.ttft_p99_s},
-      {"tbt_mean_s", r.tbt_mean_s},
-      {"tbt_p99_s", r.tbt_p99_s},
-      {"hit_ratio", r.hit_ratio},
-      {"fetched_ratio", r.fetched_ratio},
-      {"prefill_compute_s_per_request", r.prefill_compute_s_per_request},
+      {"ttft_mean_s", json_or_null(r.ttft_mean_s)},
+      {"ttft_p50_s", json_or_null(r.ttft_p50_s)},
+      {"ttft_p90_s", json_or_null(r.ttft_p90_s)},
+      {"ttft_p99_s", json_or_null(r.ttft_p99_s)},
+      {"tbt_mean_s", json_or_null(r.tbt_mean_s)},
+      {"tbt_p99_s", json_or_null(r.tbt_p99_s)},
+      {"hit_ratio", json_or_null(r.hit_ratio)},
+      {"fetched_ratio", json_or_null(r.fetched_ratio)},
+      {"prefill_compute_s_per_request", json_or_null(r.prefill_compute_s_per_request)},
       {"slo_attainment", r.slo_attainment},
       {"slo_attainment_by_tbt", by_tbt},
-      {"slo_attainment_accepted", r.slo_attainment_accepted},
+      {"slo_attainment_accepted", json_or_null(r.slo_attainment_accepted)},
       {"goodput_rps", r.goodput_rps},
       {"completed", r.completed},
       {"rejected", r.rejected},
       {"rejected_by_reason",
-       {{"ttft", r.rejected_ttft}, {"tbt", r.rejected_tbt}, {"decode-capacity", r.rejected_decode_capacity}}},
+       {{"ttft", r.rejected_ttft},
+        {"tbt", r.rejected_tbt},
+        {"decode-capacity", r.rejected_decode_capacity},
+        {"context-length", r.rejected_context_length}}},
       {"makespan_s", r.makespan_s},
   };
 }

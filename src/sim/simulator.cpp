@@ -99,7 +99,9 @@ class DecodeInstance {
         running_.context_tokens -= o.input_tokens + f.decode_steps;
         running_.kv_tokens -= o.input_tokens + o.output_tokens;
         o.finish_s = step_end_s_;
-        o.tbt_s = steps_.tbt_s(o.arrival_s + o.ttft_s, f.join_step, step);
+        const StepLog::Gaps gaps = steps_.gaps(o.arrival_s + o.ttft_s, f.join_step, step);
+        o.tbt_s = gaps.tbt_s;
+        o.max_token_gap_s = gaps.max_gap_s;
         f.left_decode = true;
         state_.conductor.observe_output(o.output_tokens);
       }
@@ -329,6 +331,8 @@ class Simulation final : public conductor::ClusterView {
     // chosen instance, computed (ready) when its prefill ends.
     f.pinned_at_prefill = touch_and_pin(dec.prefill_instance, r.block_keys, done_s);
 
+    o.queue_wait_s = start_s - now_s;
+    o.prefix_load_s = dec.transfer_s;
     o.prefix_hit_tokens = dec.prefix_tokens();
     o.fetched_tokens = dec.fetched_prefix_tokens;
     o.prefill_compute_s = dec.prefill_s;

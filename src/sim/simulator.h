@@ -58,12 +58,17 @@ struct SimOptions {
   std::function<void(const SimProgress&)> progress = nullptr;
 };
 
-/// What happened to one request. Times in seconds of virtual time since the trace start.
+/// What happened to one request. Times in seconds of virtual time since the first arrival. Fields that do not
+/// apply are 0: every time but arrival_s and finish_s for a rejected request, tbt_s and max_token_gap_s with
+/// fewer than 2 output tokens (requests_jsonl() writes them as null).
 struct RequestOutcome {
   double arrival_s = 0;
-  double ttft_s = 0;    // arrival → first token (end of prefill); 0 when rejected
-  double tbt_s = 0;     // mean of the longest 10% of its token gaps (paper §5.1); 0 with < 2 output tokens
-  double finish_s = 0;  // last token
+  double ttft_s = 0;    // arrival → first token (end of prefill) = queue_wait_s + prefix_load_s + prefill
+  double tbt_s = 0;     // mean of the longest 10% of its token gaps (paper §5.1)
+  double max_token_gap_s = 0;  // its longest token gap (the first includes KV transfer and waiting for HBM)
+  double finish_s = 0;         // last token (the arrival when rejected)
+  double queue_wait_s = 0;     // arrival → its prefill could start (queue; remote prefix not yet computed)
+  double prefix_load_s = 0;    // fetching the remote part of its prefix and loading the prefix into HBM
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
   int64_t prefix_hit_tokens = 0;  // prompt tokens reused: local cache + fetched

@@ -28,17 +28,25 @@ class StepLog {
     }
   }
 
-  // TBT (paper §5.1) of a request whose first token came at `first_token_s` and that decoded in steps
-  // [join_step, last_step]: the mean of its longest 10% token gaps (at least one gap).
-  double tbt_s(double first_token_s, int64_t join_step, int64_t last_step) {
+  // The token gaps of a request whose first token came at `first_token_s` and that decoded in steps
+  // [join_step, last_step] (at least one gap): its TBT (paper §5.1: the mean of its longest 10% gaps) and
+  // its longest gap.
+  struct Gaps {
+    double tbt_s = 0;
+    double max_gap_s = 0;
+  };
+  Gaps gaps(double first_token_s, int64_t join_step, int64_t last_step) {
     gaps_.clear();
     gaps_.push_back(end_s(join_step) - first_token_s);
     for (int64_t s = join_step + 1; s <= last_step; ++s) gaps_.push_back(end_s(s) - end_s(s - 1));
     const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, (gaps_.size() + 9) / 10));
     std::nth_element(gaps_.begin(), gaps_.begin() + (k - 1), gaps_.end(), std::greater<>());
-    double sum = 0;
-    for (std::ptrdiff_t i = 0; i < k; ++i) sum += gaps_[i];
-    return sum / static_cast<double>(k);
+    double sum = 0, longest = 0;
+    for (std::ptrdiff_t i = 0; i < k; ++i) {
+      sum += gaps_[i];
+      longest = std::max(longest, gaps_[i]);
+    }
+    return {sum / static_cast<double>(k), longest};
   }
 
  private:

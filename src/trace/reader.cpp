@@ -396,6 +396,13 @@ int64_t TraceReader::line_number() const {
   return impl_->line_number;
 }
 
+Status empty_trace_error(const std::string& path, const SkipReport& skipped) {
+  if (skipped.total_lines == 0) return Status::invalid_argument(fmt::format("{}: the trace has no requests", path));
+  return Status::invalid_argument(fmt::format("{}: the trace has no valid requests (all {} non-blank lines were "
+                                              "skipped as invalid)",
+                                              path, skipped.total_lines));
+}
+
 Result<std::vector<Request>> read_trace(const std::string& path, const ReadOptions& options,
                                         SkipReport* skipped) {
   Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, options);

@@ -79,6 +79,10 @@ class TraceReader {
   std::unique_ptr<Impl> impl_;
 };
 
+/// The error for a trace at `path` with no valid request (kInvalidArgument): "<path>: the trace has no
+/// requests", or "... no valid requests (all N lines were skipped as invalid)" after `skipped` lines.
+Status empty_trace_error(const std::string& path, const SkipReport& skipped);
+
 /// Reads the whole trace at `path` into memory; errors as TraceReader::open and TraceReader::next.
 /// `skipped` (optional) receives the lines skipped under skip_invalid.
 Result<std::vector<Request>> read_trace(const std::string& path, const ReadOptions& options,

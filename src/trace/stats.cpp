@@ -9,12 +9,13 @@
 namespace crescent::trace {
 namespace {
 
-LengthStats length_stats(std::vector<int64_t>& values) {
+std::optional<LengthStats> length_stats(std::vector<int64_t>& values) {
+  if (values.empty()) return std::nullopt;
   std::sort(values.begin(), values.end());
   LengthStats stats;
   double total = 0;
   for (int64_t v : values) total += static_cast<double>(v);
-  stats.mean = values.empty() ? 0 : total / static_cast<double>(values.size());
+  stats.mean = total / static_cast<double>(values.size());
   stats.p50 = nearest_rank(values, 50);
   stats.p99 = nearest_rank(values, 99);
   return stats;
@@ -69,11 +70,13 @@ TraceStats TraceAnalyzer::finish() {
   TraceStats stats;
   stats.requests = static_cast<int64_t>(input_tokens_.size());
   stats.span_s = static_cast<double>(latest_timestamp_ms_ - earliest_timestamp_ms_) / 1000.0;
-  stats.arrival_rate_per_s = stats.span_s > 0 ? static_cast<double>(stats.requests) / stats.span_s : 0;
+  if (stats.span_s > 0) stats.arrival_rate_per_s = static_cast<double>(stats.requests) / stats.span_s;
   stats.input_tokens = length_stats(input_tokens_);
   stats.output_tokens = length_stats(output_tokens_);
 
-  auto ratio = [&](double tokens) { return input_tokens_total_ > 0 ? tokens / input_tokens_total_ : 0; };
+  auto ratio = [&](double tokens) {
+    return input_tokens_total_ > 0 ? std::optional<double>(tokens / input_tokens_total_) : std::nullopt;
+  };
   stats.reuse_ceiling = ratio(ceiling_hit_tokens_);
   for (size_t i = 0; i < caches_.size(); ++i) {
     stats.hit_ratio_by_capacity.push_back({options_.capacities_tokens[i], ratio(cache_hit_tokens_[i])});

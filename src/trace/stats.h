@@ -37,7 +37,7 @@ struct LengthStats {
 /// Prefix hit ratio of an LRU cache of one capacity.
 struct CapacityHitRatio {
   std::optional<int64_t> capacity_tokens;  // std::nullopt: unbounded
-  double hit_ratio = 0;                    // hit tokens / input tokens, in [0, 1]
+  std::optional<double> hit_ratio;         // hit tokens / input tokens, in [0, 1]; none without input tokens
 };
 
 /// A block key and how many requests contain it.
@@ -47,14 +47,15 @@ struct HotBlock {
   double request_share = 0;  // references / requests
 };
 
-/// Statistics of the requests added to a TraceAnalyzer.
+/// Statistics of the requests added to a TraceAnalyzer. A statistic over nothing (lengths of no requests, a
+/// rate over a zero span, a ratio of no input tokens) is std::nullopt, never 0.
 struct TraceStats {
   int64_t requests = 0;
-  double span_s = 0;              // latest minus earliest arrival
-  double arrival_rate_per_s = 0;  // requests / span_s; 0 when span_s is 0
-  LengthStats input_tokens;
-  LengthStats output_tokens;
-  double reuse_ceiling = 0;  // hit ratio of an unbounded cache
+  double span_s = 0;                                // latest minus earliest arrival (0 for < 2 requests)
+  std::optional<double> arrival_rate_per_s;         // requests / span_s; none when span_s is 0
+  std::optional<LengthStats> input_tokens;          // none without requests
+  std::optional<LengthStats> output_tokens;         // none without requests
+  std::optional<double> reuse_ceiling;              // hit ratio of an unbounded cache
   /// One per AnalyzerOptions::capacities_tokens, in the same order.
   std::vector<CapacityHitRatio> hit_ratio_by_capacity;
   /// Most references first, ties by smaller key.

@@ -186,10 +186,10 @@ TEST_F(ConductorTest, RefusesRequestsLargerThanAnyDecodeHbm) {
   cluster.decode[1].kv_capacity_tokens = 2'000'000;
   Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware});
   EXPECT_EQ(conductor.schedule(cluster, {1'999'000, {}, 1'000}, 0).rejected, RejectReason::kNone);
-  EXPECT_EQ(conductor.schedule(cluster, {1'999'000, {}, 1'001}, 0).rejected, RejectReason::kDecodeCapacity);
-  EXPECT_EQ(conductor.schedule(cluster, {2'000'001, {}, 0}, 0).rejected, RejectReason::kDecodeCapacity);
+  EXPECT_EQ(conductor.schedule(cluster, {1'999'000, {}, 1'001}, 0).rejected, RejectReason::kContextLength);
+  EXPECT_EQ(conductor.schedule(cluster, {2'000'001, {}, 0}, 0).rejected, RejectReason::kContextLength);
   // No overflow on absurd lengths.
-  EXPECT_EQ(conductor.schedule(cluster, {10, {}, INT64_MAX}, 0).rejected, RejectReason::kDecodeCapacity);
+  EXPECT_EQ(conductor.schedule(cluster, {10, {}, INT64_MAX}, 0).rejected, RejectReason::kContextLength);
 }
 
 TEST_F(ConductorTest, FetchWaitsForTheSourceToComputeThePrefix) {

@@ -228,8 +228,8 @@ TEST(Colocated, RejectsRequestsLargerThanANodesHbm) {
   for (System system : kAllColocated) {
     SCOPED_TRACE(to_string(system));
     const SimResult result = run(c, t, system);
-    EXPECT_EQ(result.requests[0].rejected, conductor::RejectReason::kDecodeCapacity);
-    EXPECT_EQ(result.requests[1].rejected, conductor::RejectReason::kDecodeCapacity);
+    EXPECT_EQ(result.requests[0].rejected, conductor::RejectReason::kContextLength);
+    EXPECT_EQ(result.requests[1].rejected, conductor::RejectReason::kContextLength);
     EXPECT_EQ(result.requests[1].finish_s, result.requests[1].arrival_s);
     EXPECT_EQ(result.requests[2].rejected, conductor::RejectReason::kNone);
     EXPECT_GT(result.requests[2].ttft_s, 0);
@@ -273,7 +273,8 @@ TEST(Colocated, ConversationTraceOnPaperFig5Nodes) {
                              {.max_requests = 2000});
   ASSERT_TRUE(t.ok());
   const SimResult disaggregated = run(*config, *t, System::kDisaggregated);
-  const double disaggregated_tbt_s = summarize("disaggregated", disaggregated, config->slo).tbt_mean_s;
+  const double disaggregated_tbt_s =
+      summarize("disaggregated", disaggregated, config->slo).tbt_mean_s.value();
   std::map<System, PolicyReport> reports;
   for (System system : kAllColocated) {
     SCOPED_TRACE(to_string(system));
@@ -297,18 +298,20 @@ TEST(Colocated, ConversationTraceOnPaperFig5Nodes) {
     const PolicyReport report = summarize(std::string(to_string(system)), *r, config->slo);
     EXPECT_EQ(report.completed, 2000);
     if (system == System::kColocatedPrefixCache) {
-      EXPECT_GT(report.hit_ratio, 0);
+      EXPECT_GT(report.hit_ratio.value(), 0);
     } else {
-      EXPECT_EQ(report.hit_ratio, 0);
+      EXPECT_EQ(report.hit_ratio.value(), 0);
     }
     // Prefills share the decoding batch's iterations, whole or in 512-token chunks (~58 ms of compute each),
     // where a disaggregated decode step is ~15 ms: the point of disaggregation.
-    EXPECT_GT(report.tbt_mean_s, disaggregated_tbt_s);
+    EXPECT_GT(report.tbt_mean_s.value(), disaggregated_tbt_s);
     reports[system] = report;
   }
   // Chunks stall the batch for far less than whole prompts.
-  EXPECT_LT(reports[System::kColocatedChunkedPrefill].tbt_mean_s, reports[System::kColocated].tbt_mean_s);
-  EXPECT_LT(reports[System::kColocatedChunkedPrefill].tbt_p99_s, reports[System::kColocated].tbt_p99_s);
+  EXPECT_LT(reports[System::kColocatedChunkedPrefill].tbt_mean_s.value(),
+            reports[System::kColocated].tbt_mean_s.value());
+  EXPECT_LT(reports[System::kColocatedChunkedPrefill].tbt_p99_s.value(),
+            reports[System::kColocated].tbt_p99_s.value());
 }
 
 }  // namespace

@@ -111,7 +111,7 @@ TEST(Simulator, CacheAwarePoliciesSpreadTiesAndMatchLeastLoaded) {
                                       request(20'000, 2048, 1, {1, 2, 3, 7}),
                                       request(30'000, 2048, 1, {4, 5, 6, 8})};
   const PolicyReport least = summarize("", run(c, t, PrefillPolicy::kLeastLoaded), c.slo);
-  EXPECT_DOUBLE_EQ(least.hit_ratio, 3072.0 / 7168);
+  EXPECT_DOUBLE_EQ(least.hit_ratio.value(), 3072.0 / 7168);
   for (auto policy : {PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
     SCOPED_TRACE(to_string(policy));
     const SimResult result = run(c, t, policy);
@@ -119,8 +119,8 @@ TEST(Simulator, CacheAwarePoliciesSpreadTiesAndMatchLeastLoaded) {
     EXPECT_EQ(result.requests[2].prefill_instance, result.requests[0].prefill_instance);
     EXPECT_EQ(result.requests[3].prefill_instance, result.requests[1].prefill_instance);
     const PolicyReport report = summarize("", result, c.slo);
-    EXPECT_GE(report.hit_ratio * 7168, 3072 - 1e-9);
-    EXPECT_LE(report.ttft_mean_s, least.ttft_mean_s + 1e-12);
+    EXPECT_GE(report.hit_ratio.value() * 7168, 3072 - 1e-9);
+    EXPECT_LE(report.ttft_mean_s.value(), least.ttft_mean_s.value() + 1e-12);
   }
 }
 
@@ -136,7 +136,7 @@ TEST(Simulator, EvictionKeepsTheHeadOfAPrefix) {
     SCOPED_TRACE(to_string(policy));
     const SimResult result = run(c, t, policy);
     EXPECT_EQ(result.requests[2].prefix_hit_tokens, 1024);
-    EXPECT_NEAR(summarize("", result, c.slo).hit_ratio, 1024.0 / 3584, 1e-12);
+    EXPECT_NEAR(summarize("", result, c.slo).hit_ratio.value(), 1024.0 / 3584, 1e-12);
   }
 }
 
@@ -259,14 +259,52 @@ TEST(Report, PercentilesAndAttainment) {
   PolicyReport r = summarize("x", result, slo);
   EXPECT_EQ(r.completed, 9);
   EXPECT_EQ(r.rejected, 1);
-  EXPECT_DOUBLE_EQ(r.ttft_mean_s, 5.0);  // mean of 1..9
-  EXPECT_DOUBLE_EQ(r.ttft_p50_s, 5.0);   // nearest rank ceil(4.5) = 5th
-  EXPECT_DOUBLE_EQ(r.ttft_p90_s, 9.0);
-  EXPECT_DOUBLE_EQ(r.hit_ratio, 0.25);
+  EXPECT_DOUBLE_EQ(r.ttft_mean_s.value(), 5.0);  // mean of 1..9
+  EXPECT_DOUBLE_EQ(r.ttft_p50_s.value(), 5.0);   // nearest rank ceil(4.5) = 5th
+  EXPECT_DOUBLE_EQ(r.ttft_p90_s.value(), 9.0);
+  EXPECT_DOUBLE_EQ(r.hit_ratio.value(), 0.25);
   // TBT <= 100 ms and TTFT <= 8 s: requests 1..5 → 5/10. TBT <= 200 ms: 1..8 → 8/10.
   EXPECT_DOUBLE_EQ(r.slo_attainment_by_tbt[0].attainment, 0.5);
   EXPECT_DOUBLE_EQ(r.slo_attainment_by_tbt[1].attainment, 0.8);
   EXPECT_DOUBLE_EQ(r.slo_attainment, 0.5);
+}
+
+// Issue #8 §4: statistics over an empty set are absent (null, n/a), never 0.
+TEST(Report, StatisticsOfNothingAreAbsent) {
+  SimResult result;
+  for (int i = 0; i < 3; ++i) {
+    RequestOutcome o;
+    o.input_tokens = 100;
+    o.output_tokens = 1;
+    o.rejected = conductor::RejectReason::kDecodeCapacity;
+    result.requests.push_back(o);
+  }
+  const PolicyReport none = summarize("p", result, {});
+  EXPECT_EQ(none.completed, 0);
+  for (const auto& stat : {none.ttft_mean_s, none.ttft_p50_s, none.ttft_p90_s, none.ttft_p99_s,
+                           none.tbt_mean_s, none.tbt_p99_s, none.hit_ratio, none.fetched_ratio,
+                           none.prefill_compute_s_per_request, none.slo_attainment_accepted}) {
+    EXPECT_FALSE(stat.has_value());
+  }
+  EXPECT_EQ(none.slo_attainment, 0);  // over all requests: none met the SLO
+  const nlohmann::json j = to_json(none);
+  EXPECT_TRUE(j["ttft_mean_s"].is_null());
+  EXPECT_TRUE(j["tbt_p99_s"].is_null());
+  EXPECT_TRUE(j["hit_ratio"].is_null());
+  const std::string table = format_table({none}, {});
+  EXPECT_NE(table.find("n/a"), std::string::npos);
+  EXPECT_EQ(
+      no_completion_warning(none),
+      "p: no request completed: all 3 were rejected (3 decode-capacity: admission judged the decode pool "
+      "full); TTFT and TBT statistics are n/a");
+
+  // Completed, but all with one output token: TTFT is known, TBT is not.
+  for (auto& o : result.requests) o.rejected = conductor::RejectReason::kNone;
+  const PolicyReport one_token = summarize("p", result, {});
+  EXPECT_TRUE(one_token.ttft_mean_s.has_value());
+  EXPECT_FALSE(one_token.tbt_mean_s.has_value());
+  EXPECT_FALSE(one_token.tbt_p99_s.has_value());
+  EXPECT_EQ(no_completion_warning(one_token), "");
 }
 
 }  // namespace

@@ -25,13 +25,14 @@ TEST(TraceAnalyzerTest, EmptyTrace) {
   const TraceStats stats = analyze({}, {});
   EXPECT_EQ(stats.requests, 0);
   EXPECT_EQ(stats.span_s, 0);
-  EXPECT_EQ(stats.arrival_rate_per_s, 0);
-  EXPECT_EQ(stats.input_tokens.p99, 0);
-  EXPECT_EQ(stats.reuse_ceiling, 0);
+  EXPECT_FALSE(stats.arrival_rate_per_s.has_value());  // statistics of nothing are absent, not 0
+  EXPECT_FALSE(stats.input_tokens.has_value());
+  EXPECT_FALSE(stats.output_tokens.has_value());
+  EXPECT_FALSE(stats.reuse_ceiling.has_value());
   ASSERT_EQ(stats.hit_ratio_by_capacity.size(), 5u);  // the default capacities
   EXPECT_EQ(stats.hit_ratio_by_capacity[0].capacity_tokens, 1'000'000);
   EXPECT_EQ(stats.hit_ratio_by_capacity[4].capacity_tokens, std::nullopt);
-  EXPECT_EQ(stats.hit_ratio_by_capacity[4].hit_ratio, 0);
+  EXPECT_FALSE(stats.hit_ratio_by_capacity[4].hit_ratio.has_value());
   EXPECT_TRUE(stats.hottest_blocks.empty());
 }
 
@@ -44,13 +45,13 @@ TEST(TraceAnalyzerTest, ArrivalsAndLengthPercentiles) {
               {.block_size_tokens = 512, .capacities_tokens = {}});
   EXPECT_EQ(stats.requests, 3);
   EXPECT_DOUBLE_EQ(stats.span_s, 2.0);
-  EXPECT_DOUBLE_EQ(stats.arrival_rate_per_s, 1.5);
-  EXPECT_DOUBLE_EQ(stats.input_tokens.mean, 20.0);
-  EXPECT_EQ(stats.input_tokens.p50, 20);
-  EXPECT_EQ(stats.input_tokens.p99, 30);
-  EXPECT_DOUBLE_EQ(stats.output_tokens.mean, 13.0 / 3);
-  EXPECT_EQ(stats.output_tokens.p50, 5);
-  EXPECT_EQ(stats.output_tokens.p99, 7);
+  EXPECT_DOUBLE_EQ(stats.arrival_rate_per_s.value(), 1.5);
+  EXPECT_DOUBLE_EQ(stats.input_tokens->mean, 20.0);
+  EXPECT_EQ(stats.input_tokens->p50, 20);
+  EXPECT_EQ(stats.input_tokens->p99, 30);
+  EXPECT_DOUBLE_EQ(stats.output_tokens->mean, 13.0 / 3);
+  EXPECT_EQ(stats.output_tokens->p50, 5);
+  EXPECT_EQ(stats.output_tokens->p99, 7);
   EXPECT_TRUE(stats.hit_ratio_by_capacity.empty());
 }
 
@@ -59,11 +60,11 @@ TEST(TraceAnalyzerTest, PercentilesOfOneToHundred) {
   std::vector<Request> requests;
   for (int64_t i = 100; i >= 1; --i) requests.push_back(request(0, i, {}));
   const TraceStats stats = analyze(requests, {.capacities_tokens = {}});
-  EXPECT_DOUBLE_EQ(stats.input_tokens.mean, 50.5);
-  EXPECT_EQ(stats.input_tokens.p50, 50);
-  EXPECT_EQ(stats.input_tokens.p99, 99);
+  EXPECT_DOUBLE_EQ(stats.input_tokens->mean, 50.5);
+  EXPECT_EQ(stats.input_tokens->p50, 50);
+  EXPECT_EQ(stats.input_tokens->p99, 99);
   EXPECT_EQ(stats.span_s, 0);
-  EXPECT_EQ(stats.arrival_rate_per_s, 0);  // zero span
+  EXPECT_FALSE(stats.arrival_rate_per_s.has_value());  // zero span: no rate
 }
 
 TEST(TraceAnalyzerTest, CeilingCountsOnlyTheLeadingRunAndCapsAtInputLength) {
@@ -77,9 +78,9 @@ TEST(TraceAnalyzerTest, CeilingCountsOnlyTheLeadingRunAndCapsAtInputLength) {
   const TraceStats stats = analyze({request(0, 8, {1, 2}), request(1, 10, {1, 2, 3}), request(2, 6, {1, 5}),
                                     request(3, 7, {1, 2}), request(4, 8, {9, 2})},
                                    {.block_size_tokens = 4, .capacities_tokens = {std::nullopt}});
-  EXPECT_DOUBLE_EQ(stats.reuse_ceiling, 19.0 / 39);
+  EXPECT_DOUBLE_EQ(stats.reuse_ceiling.value(), 19.0 / 39);
   ASSERT_EQ(stats.hit_ratio_by_capacity.size(), 1u);
-  EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[0].hit_ratio, 19.0 / 39);
+  EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[0].hit_ratio.value(), 19.0 / 39);
 }
 
 TEST(TraceAnalyzerTest, LruCapacityCurve) {
@@ -102,10 +103,10 @@ TEST(TraceAnalyzerTest, LruCapacityCurve) {
   ASSERT_EQ(stats.hit_ratio_by_capacity.size(), 5u);
   const std::vector<double> expected = {0.1, 0.4, 0.4, 0.6, 0.6};
   for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[i].hit_ratio, expected[i]) << "capacity #" << i;
+    EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[i].hit_ratio.value(), expected[i]) << "capacity #" << i;
   }
   EXPECT_EQ(stats.hit_ratio_by_capacity[2].capacity_tokens, 9);
-  EXPECT_DOUBLE_EQ(stats.reuse_ceiling, 0.6);
+  EXPECT_DOUBLE_EQ(stats.reuse_ceiling.value(), 0.6);
 
   // Same trace: key 1 is in R1 R3 R4 R6 and key 2 in R1 R3 R4 R5 (4 of 6 requests each, tie -> smaller key
   // first), then 3 and 7 once each.
@@ -135,7 +136,7 @@ TEST(TraceAnalyzerTest, HottestBlocksAreTopTenAndCountAKeyOncePerRequest) {
   for (size_t i = 2; i < 10; ++i) EXPECT_EQ(stats.hottest_blocks[i].key, 100 + (i - 2));
   // Hits: none for the distinct keys nor for [50, 50] (50 is not cached before that request), 512 tokens for
   // the second and third [200]. Ceiling = 1024 / (12 * 512 + 1024 + 3 * 512) = 2 / 17.
-  EXPECT_DOUBLE_EQ(stats.reuse_ceiling, 2.0 / 17);
+  EXPECT_DOUBLE_EQ(stats.reuse_ceiling.value(), 2.0 / 17);
 }
 
 struct ShippedTrace {
@@ -168,12 +169,12 @@ TEST(TraceAnalyzerTest, ShippedTracesMatchTheReference) {
     const TraceStats stats = analyze(*requests, {});
     EXPECT_EQ(stats.requests, trace.requests);
     EXPECT_NEAR(stats.span_s, trace.span_s, 1e-9);
-    EXPECT_NEAR(stats.reuse_ceiling, trace.ceiling, 5e-4);
+    EXPECT_NEAR(stats.reuse_ceiling.value(), trace.ceiling, 5e-4);
     ASSERT_EQ(stats.hit_ratio_by_capacity.size(), 5u);
     for (size_t i = 0; i < trace.lru.size(); ++i) {
-      EXPECT_NEAR(stats.hit_ratio_by_capacity[i].hit_ratio, trace.lru[i], 5e-4) << "capacity #" << i;
+      EXPECT_NEAR(stats.hit_ratio_by_capacity[i].hit_ratio.value(), trace.lru[i], 5e-4) << "capacity #" << i;
     }
-    EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[4].hit_ratio, stats.reuse_ceiling);  // unbounded
+    EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[4].hit_ratio.value(), stats.reuse_ceiling.value());  // unbounded
   }
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "test_support/temp_dir.h"
 #include "transfer/transfer_engine.h"
 
 namespace crescent::transfer::test {
@@ -153,20 +154,6 @@ class PeerProcess {
 };
 
 /// A fresh directory for a test, removed when destroyed.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "crescent-transfer-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using crescent::test::TempDir;  // tests/test_support/temp_dir.h
 
 }  // namespace crescent::transfer::test

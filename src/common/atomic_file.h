@@ -7,7 +7,7 @@
 
 #include "common/status.h"
 
-namespace crescent::experiment {
+namespace crescent {
 
 /// One file to write: where, and what.
 struct FileContent {
@@ -29,4 +29,4 @@ Status write_file_atomically(const std::string& path, std::string_view content);
 /// Errors (kIoError) name the directory and the OS's reason.
 Status ensure_writable_directory(const std::string& dir);
 
-}  // namespace crescent::experiment
+}  // namespace crescent

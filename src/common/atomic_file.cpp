@@ -1,4 +1,4 @@
-#include "experiment/output.h"
+#include "common/atomic_file.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -12,7 +12,7 @@
 #include <system_error>
 #include <vector>
 
-namespace crescent::experiment {
+namespace crescent {
 namespace {
 
 // Creates a new file beside `path` (same directory, so a rename onto `path` is atomic) with the usual
@@ -85,4 +85,4 @@ Status ensure_writable_directory(const std::string& dir) {
   return Status();
 }
 
-}  // namespace crescent::experiment
+}  // namespace crescent

@@ -1,4 +1,4 @@
-#include "experiment/output.h"
+#include "common/atomic_file.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <iterator>
 #include <string>
 
-namespace crescent::experiment {
+namespace crescent {
 namespace {
 
 namespace fs = std::filesystem;
@@ -83,9 +83,9 @@ TEST(EnsureWritableDirectory, PathUnderARegularFileIsAnError) {
 }
 
 }  // namespace
-}  // namespace crescent::experiment
+}  // namespace crescent
 
-namespace crescent::experiment {
+namespace crescent {
 namespace {
 
 // If one of several files cannot be written, none of the targets changes (an older result pair stays whole).
@@ -110,4 +110,4 @@ TEST(WriteFilesAtomically, AWriteFailureLeavesEveryTargetAsItWas) {
 }
 
 }  // namespace
-}  // namespace crescent::experiment
+}  // namespace crescent
