@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cerrno>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <set>
 #include <string_view>
 
@@ -30,9 +32,13 @@ namespace fs = std::filesystem;
 // Okabe-Ito: distinguishable with colour-blindness, readable on white.
 constexpr std::array<std::string_view, 7> kPalette{"#0072B2", "#D55E00", "#009E73", "#CC79A7",
                                                    "#E69F00", "#56B4E9", "#000000"};
-// Indexed by LineStyle.
-constexpr std::array<std::string_view, 3> kLineStyles{
-    "linespoints dt 1 pt 7 ps 0.8 lw 2", "linespoints dt 2 pt 6 ps 0.8 lw 2", "lines dt 3 lw 1.5"};
+// Point types (gnuplot's numbers), clearly different from each other: filled circle, square, triangle up,
+// triangle down, diamond and pentagon, the same open, then plus, cross and star.
+constexpr std::array<int, 15> kPointTypes{7, 5, 9, 11, 13, 15, 6, 4, 8, 10, 12, 14, 1, 2, 3};
+// Dash patterns of kDashed series (gnuplot dash types), none like kReference's dotted "3".
+constexpr std::array<std::string_view, 5> kDashPatterns{"2", "4", "(12,5)", "5", "(20,6,4,6)"};
+// The margin either side of a y axis zoomed to its data: a fraction of the data's span.
+constexpr double kYMargin = 0.05;
 
 // `text` as a gnuplot single-quoted string, in which no escapes, backquotes or macros are expanded: only the
 // quote itself is doubled, and control characters (a newline would end the command) become spaces.
@@ -53,6 +59,11 @@ std::string number(double v) {
   return std::isfinite(v) ? fmt::format("{}", v) : "NaN";
 }
 
+bool has_right_axis(const Plot& plot) {
+  return std::any_of(plot.series.begin(), plot.series.end(),
+                     [](const PlotSeries& s) { return s.right_axis; });
+}
+
 Status validate(const Plot& plot) {
   if (plot.series.empty()) return Status::invalid_argument(fmt::format("plot '{}': no series", plot.title));
   for (const auto& s : plot.series) {
@@ -62,29 +73,161 @@ Status validate(const Plot& plot) {
                                                   plot.title, s.name, s.y.size(), expected));
     }
   }
+  for (const auto& note : plot.notes) {
+    if (!std::isfinite(note.x) || !std::isfinite(note.y)) {
+      return Status::invalid_argument(
+          fmt::format("plot '{}': note '{}' is at ({}, {}), expected finite numbers", plot.title, note.text,
+                      note.x, note.y));
+    }
+    if (note.right_axis && !has_right_axis(plot)) {
+      return Status::invalid_argument(
+          fmt::format("plot '{}': note '{}' is on the right axis, but no series is", plot.title, note.text));
+    }
+  }
   return Status();
 }
 
-// Terminal, labels, legend and axes: what both kinds share.
+Status validate(const Figure& figure) {
+  if (figure.panels.empty()) {
+    return Status::invalid_argument(fmt::format("figure '{}': no panels", figure.title));
+  }
+  if (figure.columns < 1 || figure.width_px < 1 || figure.height_px < 1) {
+    return Status::invalid_argument(
+        fmt::format("figure '{}': {} columns, {}x{} pixels; expected at least 1 column and 1x1 pixels",
+                    figure.title, figure.columns, figure.width_px, figure.height_px));
+  }
+  for (size_t i = 0; i < figure.panels.size(); ++i) {
+    if (Status status = validate(figure.panels[i]); !status.ok()) {
+      return Status::invalid_argument(
+          fmt::format("figure '{}', panel {}: {}", figure.title, i + 1, status.message()));
+    }
+  }
+  return Status();
+}
+
+// The lowest and highest finite values of a set (only those > 0 for a log axis); lo > hi when there are none.
+struct Span {
+  double lo = std::numeric_limits<double>::infinity();
+  double hi = -std::numeric_limits<double>::infinity();
+
+  void add(double v, bool log) {
+    if (!std::isfinite(v) || (log && v <= 0)) return;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  bool empty() const { return lo > hi; }
+};
+
+// "[lo:hi]": `span` widened by kYMargin of itself either side (of the decades it spans on a log axis); a
+// single value gets a margin of kYMargin of itself (of a decade on a log axis), or of 1 when it is 0. A log
+// range holding fewer than two powers of 10 spans whole decades instead: gnuplot labels only those.
+std::string zoomed_range(Span span, bool log) {
+  if (log) {
+    const double lo = std::log10(span.lo), hi = std::log10(span.hi);
+    const double margin = hi > lo ? kYMargin * (hi - lo) : kYMargin;
+    if (std::floor(hi + margin) - std::ceil(lo - margin) < 1) {
+      return fmt::format("[{}:{}]", std::pow(10, std::floor(lo)),
+                         std::pow(10, std::max(std::ceil(hi), std::floor(lo) + 1)));
+    }
+    return fmt::format("[{}:{}]", std::pow(10, lo - margin), std::pow(10, hi + margin));
+  }
+  double margin = kYMargin * (span.hi - span.lo);
+  if (margin == 0) margin = span.hi != 0 ? kYMargin * std::abs(span.hi) : 1;
+  return fmt::format("[{}:{}]", span.lo - margin, span.hi + margin);
+}
+
+// The settings of one y axis (the right one when `right`): log scale, and its range.
+std::string y_axis(const Plot& plot, bool right) {
+  const std::string_view axis = right ? "y2" : "y";
+  const bool log = right ? plot.log_y2 : plot.log_y;
+  std::string s = log ? fmt::format("set logscale {}\n", axis) : "";  // gnuplot skips values <= 0
+  Span span;
+  bool negative = false;
+  for (const auto& series : plot.series) {
+    if (series.right_axis != right) continue;
+    for (double y : series.y) {
+      span.add(y, log);
+      negative |= y < 0;
+    }
+  }
+  if (!plot.y_from_zero) {
+    if (!span.empty()) s += fmt::format("set {}range {}\n", axis, zoomed_range(span, log));
+  } else if (!log && !negative) {
+    s += fmt::format("set {}range [0:*]\n", axis);
+  }
+  return s;
+}
+
+// Title, labels, legend and axes: what both kinds share.
 std::string preamble(const Plot& plot) {
   std::string s = fmt::format(
-      "set terminal svg size 900,540 dynamic noenhanced font 'sans,12' background rgb 'white'\n"
-      "set encoding utf8\nset title {} font ',14'\nset xlabel {}\nset ylabel {}\n"
+      "set title {} font ',14'\nset xlabel {}\nset ylabel {}\n"
       "set key below height 1\nset grid ytics lc rgb '#d0d0d0' dt 3\nset tics nomirror\nset border 3\n",
       gnuplot_string(plot.title), gnuplot_string(plot.x_label), gnuplot_string(plot.y_label));
-  bool right_axis = false, left_negative = false, right_negative = false;
-  for (const auto& series : plot.series) {
-    right_axis |= series.right_axis;
-    for (double y : series.y) (series.right_axis ? right_negative : left_negative) |= y < 0;
-  }
-  if (right_axis) {
+  s += y_axis(plot, false);
+  if (has_right_axis(plot)) {
     s += fmt::format("set border 11\nset y2label {}\nset y2tics\n", gnuplot_string(plot.y2_label));
+    s += y_axis(plot, true);
   }
-  if (!left_negative) s += "set yrange [0:*]\n";
-  if (right_axis && plot.log_y2) {
-    s += "set logscale y2\n";  // values <= 0 are skipped by gnuplot
-  } else if (right_axis && !right_negative) {
-    s += "set y2range [0:*]\n";
+  return s;
+}
+
+// The x of the data of a lines plot (only those > 0 with log_x).
+std::set<double> data_x(const Plot& plot) {
+  std::set<double> xs;
+  for (const auto& series : plot.series) {
+    for (double x : series.x) {
+      if (std::isfinite(x) && (!plot.log_x || x > 0)) xs.insert(x);
+    }
+  }
+  return xs;
+}
+
+// The smallest of 1, 2, 5, 10, 20, 50, ... that is at least `at_least`.
+double whole_step(double at_least) {
+  if (!(at_least > 1)) return 1;
+  const double decade = std::pow(10, std::floor(std::log10(at_least)));
+  for (double m : {1.0, 2.0, 5.0}) {
+    if (m * decade >= at_least) return m * decade;
+  }
+  return 10 * decade;
+}
+
+// The x axis of lines: the data's span with a margin; log scale and tics.
+std::string x_axis(const Plot& plot) {
+  std::string s = "set autoscale xfix\nset offsets graph 0.03, graph 0.03, 0, 0\n";
+  std::set<double> xs = data_x(plot);
+  if (plot.log_x) {
+    // A tic at every x of the data (a log axis has few), in SI units: 1M, 3M, 10M.
+    if (plot.integer_x) std::erase_if(xs, [](double x) { return x != std::floor(x); });
+    if (xs.empty()) return s + "set logscale x\n";
+    return s + fmt::format("set logscale x\nset format x '%.0s%c'\nset xtics ({})\n", fmt::join(xs, ", "));
+  }
+  if (plot.integer_x && !xs.empty()) {
+    // At most 15 tics over the whole numbers around the data: 14 steps.
+    const double lo = std::floor(*xs.begin()), hi = std::ceil(*xs.rbegin());
+    const double step = whole_step((hi - lo) / 14);
+    s += fmt::format("set xtics {}, {}\nset format x '%.0f'\n", std::floor(lo / step) * step, step);
+  }
+  return s;
+}
+
+// Each note: a dot at its point, the text beside it (left of the dot in the right half of the data's x).
+std::string notes(const Plot& plot) {
+  const std::set<double> xs = plot.kind == PlotKind::kLines ? data_x(plot) : std::set<double>{};
+  double middle = plot.kind == PlotKind::kBars ? static_cast<double>(plot.categories.size()) / 2 - 0.5 : 0;
+  if (!xs.empty()) {
+    middle = plot.log_x ? std::sqrt(*xs.begin() * *xs.rbegin()) : (*xs.begin() + *xs.rbegin()) / 2;
+  }
+  std::string s;
+  for (size_t i = 0; i < plot.notes.size(); ++i) {
+    const PlotNote& note = plot.notes[i];
+    const bool left = note.x > middle;
+    s += fmt::format(
+        "set label {} {} at first {}, {} {} {} noenhanced front tc rgb '#333333' "
+        "point pt 7 ps 0.6 lc rgb '#333333' offset {},0.5\n",
+        i + 1, gnuplot_string(note.text), number(note.x), note.right_axis ? "second" : "first",
+        number(note.y), left ? "right" : "left", left ? -0.8 : 0.8);
   }
   return s;
 }
@@ -96,37 +239,35 @@ std::string element(std::string_view source, const PlotSeries& series, size_t in
                      gnuplot_string(series.name), style, kPalette[color % kPalette.size()]);
 }
 
-// Lines: one datablock per series. Appends the data to `script` and returns the plot elements.
-std::vector<std::string> add_lines(const Plot& plot, std::string& script) {
-  // x spans the data, with a margin.
-  script += "set autoscale xfix\nset offsets graph 0.03, graph 0.03, 0, 0\n";
-  if (plot.log_x) {
-    // A tic at every x of the data (a log axis has few), in SI units: 1M, 3M, 10M.
-    std::set<double> xs;
-    for (const auto& series : plot.series) {
-      for (double x : series.x) {
-        if (std::isfinite(x) && x > 0) xs.insert(x);
-      }
-    }
-    script += fmt::format("set logscale x\nset format x '%.0s%c'\nset xtics ({})\n", fmt::join(xs, ", "));
-  }
+// Lines: one datablock per series, named after `panel` and the series. Appends the settings and data to
+// `script` and returns the plot elements. Each series with markers gets the next point type, each dashed
+// series the next dash pattern.
+std::vector<std::string> add_lines(const Plot& plot, size_t panel, std::string& script) {
+  script += x_axis(plot);
   std::vector<std::string> elements;
+  size_t marked = 0, dashed = 0;
   for (size_t i = 0; i < plot.series.size(); ++i) {
     const PlotSeries& series = plot.series[i];
-    script += fmt::format("$s{} << EOD\n", i);
+    script += fmt::format("$p{}s{} << EOD\n", panel, i);
     for (size_t p = 0; p < series.y.size(); ++p) {
       script += fmt::format("{} {}\n", number(series.x[p]), number(series.y[p]));
     }
     script += "EOD\n";
-    elements.push_back(
-        element(fmt::format("$s{} using 1:2", i), series, i, kLineStyles[static_cast<size_t>(series.style)]));
+    std::string style = "lines dt 3 lw 1.5";
+    if (series.style != LineStyle::kReference) {
+      const std::string_view dash =
+          series.style == LineStyle::kDashed ? kDashPatterns[dashed++ % kDashPatterns.size()] : "1";
+      style = fmt::format("linespoints dt {} pt {} ps 0.8 lw 2", dash,
+                          kPointTypes[marked++ % kPointTypes.size()]);
+    }
+    elements.push_back(element(fmt::format("$p{}s{} using 1:2", panel, i), series, i, style));
   }
   return elements;
 }
 
-// Clustered bars: one datablock, a row per category and a column per series; each bar labelled with its
-// value. Appends the settings and data to `script` and returns the plot elements.
-std::vector<std::string> add_bars(const Plot& plot, std::string& script) {
+// Clustered bars: one datablock, named after `panel`, with a row per category and a column per series; each
+// bar labelled with its value. Appends the settings and data to `script` and returns the plot elements.
+std::vector<std::string> add_bars(const Plot& plot, size_t panel, std::string& script) {
   const size_t n = plot.series.size();
   std::vector<std::string> tics;
   for (size_t c = 0; c < plot.categories.size(); ++c) {
@@ -134,33 +275,50 @@ std::vector<std::string> add_bars(const Plot& plot, std::string& script) {
   }
   script += fmt::format(
       "set style histogram clustered gap 1\nset style fill solid 0.85 border -1\n"
-      "set xtics ({})\nset xrange [-0.6:{}]\n$bars << EOD\n",
-      fmt::join(tics, ", "), static_cast<double>(plot.categories.size()) - 0.4);
+      "set xtics ({})\nset xrange [-0.6:{}]\n$p{}bars << EOD\n",
+      fmt::join(tics, ", "), static_cast<double>(plot.categories.size()) - 0.4, panel);
   for (size_t c = 0; c < plot.categories.size(); ++c) {
     for (size_t i = 0; i < n; ++i) script += number(plot.series[i].y[c]) + (i + 1 < n ? " " : "\n");
   }
   script += "EOD\n";
   std::vector<std::string> elements;
   for (size_t i = 0; i < n; ++i) {
-    elements.push_back(element(fmt::format("$bars using {}", i + 1), plot.series[i], i, "histograms"));
+    elements.push_back(
+        element(fmt::format("$p{}bars using {}", panel, i + 1), plot.series[i], i, "histograms"));
   }
   // With gap 1, bar i of a cluster is centred (i - (n-1)/2) / (n+1) off the category's tic.
   for (size_t i = 0; i < n; ++i) {
     const double offset =
         (static_cast<double>(i) - static_cast<double>(n - 1) / 2) / static_cast<double>(n + 1);
     elements.push_back(fmt::format(
-        "$bars using ($0+{}):{}:(sprintf('%.3g', column({}))) axes x1y{} notitle with labels offset 0,0.7",
-        offset, i + 1, i + 1, plot.series[i].right_axis ? 2 : 1));
+        "$p{}bars using ($0+{}):{}:(sprintf('%.3g', column({}))) axes x1y{} notitle with labels offset 0,0.7",
+        panel, offset, i + 1, i + 1, plot.series[i].right_axis ? 2 : 1));
   }
   return elements;
 }
 
-// The whole gnuplot script, data inline.
-std::string script(const Plot& plot) {
-  std::string s = preamble(plot);
+// The commands of panel number `panel` (from 0): every setting back to gnuplot's default first, so none of
+// the previous panel's carries over (multiplot keeps them), then the panel's settings, data and plot.
+std::string panel_script(const Plot& plot, size_t panel) {
+  std::string s = "reset\n" + preamble(plot) + notes(plot);
   const std::vector<std::string> elements =
-      plot.kind == PlotKind::kLines ? add_lines(plot, s) : add_bars(plot, s);
+      plot.kind == PlotKind::kLines ? add_lines(plot, panel, s) : add_bars(plot, panel, s);
   return s + fmt::format("plot {}\n", fmt::join(elements, ", \\\n     "));
+}
+
+// The whole gnuplot script, data inline: a multiplot of the panels, row by row.
+std::string script(const Figure& figure) {
+  const size_t columns = static_cast<size_t>(figure.columns);
+  const size_t rows = (figure.panels.size() + columns - 1) / columns;
+  std::string s = fmt::format(
+      "set terminal svg size {},{} dynamic noenhanced font 'sans,12' background rgb 'white'\n"
+      "set encoding utf8\nset multiplot layout {},{}",
+      figure.width_px, figure.height_px, rows, columns);
+  if (!figure.title.empty())
+    s += fmt::format(" title {} font ',16' noenhanced", gnuplot_string(figure.title));
+  s += "\n";
+  for (size_t i = 0; i < figure.panels.size(); ++i) s += panel_script(figure.panels[i], i);
+  return s + "unset multiplot\n";
 }
 
 std::string read_file(const fs::path& path) {
@@ -225,8 +383,8 @@ Result<std::string> run_gnuplot(const std::string& gnuplot_script, const fs::pat
 
 }  // namespace
 
-Result<std::string> render_svg(const Plot& plot) {
-  CRESCENT_RETURN_IF_ERROR(validate(plot));
+Result<std::string> render_svg(const Figure& figure) {
+  CRESCENT_RETURN_IF_ERROR(validate(figure));
   std::error_code ec;
   std::string dir_template = (fs::temp_directory_path(ec) / "crescent-plot-XXXXXX").string();
   if (ec || mkdtemp(dir_template.data()) == nullptr) {
@@ -234,7 +392,12 @@ Result<std::string> render_svg(const Plot& plot) {
         fmt::format("cannot create a temporary directory: {}", ec ? ec.message() : std::strerror(errno)));
   }
   const TempDir dir{dir_template};
-  return run_gnuplot(script(plot), dir.path);
+  return run_gnuplot(script(figure), dir.path);
+}
+
+Result<std::string> render_svg(const Plot& plot) {
+  CRESCENT_RETURN_IF_ERROR(validate(plot));  // errors name the plot alone, not a figure around it
+  return render_svg(Figure{.panels = {plot}});
 }
 
 }  // namespace crescent::experiment

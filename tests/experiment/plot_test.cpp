@@ -89,7 +89,7 @@ TEST(RenderSvg, MalformedPlotsAreRefused) {
   Plot plot = lines_plot();
   plot.series[0].y.pop_back();
   EXPECT_EQ(render_svg(plot).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(render_svg({.title = "empty"}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(render_svg(Plot{.title = "empty"}).status().code(), StatusCode::kInvalidArgument);
   const Plot bars{.kind = PlotKind::kBars, .categories = {"a", "b"}, .series = {{.name = "s", .y = {1}}}};
   EXPECT_THAT(render_svg(bars).status().message(), HasSubstr("series 's' has 1 values, expected 2"));
 }
