@@ -25,17 +25,19 @@ void register_experiment(CLI::App& app, int& exit_code) {
                   "Mooncake JSONL trace; repeat for several (default: the bundled conversation trace, or "
                   "both bundled traces for cache-capacity)")
       ->allow_extra_args(false);  // one path per --trace, so a positional NAME may follow
-  cmd->add_option("--config", args->options.config_path,
-                  "Cluster config JSON (default: configs/paper-fig5.json)");
+  cmd->add_option(
+      "--config", args->options.config_path,
+      "Cluster config JSON (default: the bundled configs/paper-fig5.json; fields: docs/config.md)");
   cmd->add_option("--time-scale", args->options.time_scale,
                   "Replay arrivals this many times faster (default: the experiment's)");
   cmd->add_option("--block-size", args->options.block_size_tokens, "Tokens per trace block (hash_id)")
       ->capture_default_str();
   cmd->callback([args, &exit_code] {
     run_guarded(exit_code, [&] {
-      const Status status = experiment::run_experiment(args->name, args->options);
-      if (!status.ok()) return fail(status);
-      fmt::print("wrote {0}/{1}.json and {0}/{1}.svg\n", args->options.out_dir, args->name);
+      const auto summary = experiment::run_experiment(args->name, args->options);
+      if (!summary.ok()) return fail(summary.status());
+      for (const std::string& warning : summary->warnings) fmt::print(stderr, "warning: {}\n", warning);
+      fmt::print("{}\nwrote {} and {}\n", summary->table, summary->json_path, summary->svg_path);
       return 0;
     });
   });

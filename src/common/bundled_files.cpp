@@ -17,7 +17,7 @@ std::vector<std::string> bundled_file_dirs() {
     dirs.emplace_back(env);
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) dirs.push_back((exe.parent_path().parent_path() / "share" / "crescent").string());
+  if (!ec) dirs.push_back((exe.parent_path() / CRESCENT_DATA_FROM_BIN).lexically_normal().string());
   dirs.emplace_back(CRESCENT_SOURCE_DIR);
   return dirs;
 }

@@ -10,8 +10,8 @@
 namespace crescent {
 
 /// The directories searched for bundled files, in order: $CRESCENT_DATA_DIR when set; `<dir of the running
-/// executable>/../share/crescent` (where `cmake --install` puts them); the source tree the binary was built
-/// from (a build-tree binary).
+/// executable>/../share/crescent` (where `cmake --install` puts them: the data directory relative to the
+/// binary's); the source tree the binary was built from (a build-tree binary).
 std::vector<std::string> bundled_file_dirs();
 
 /// The path of the bundled file `relative` (e.g. "configs/paper-fig5.json"): the first of

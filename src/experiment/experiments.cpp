@@ -7,11 +7,14 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <span>
 
+#include "common/atomic_file.h"
+#include "common/bundled_files.h"
 #include "common/json_util.h"
 #include "conductor/conductor.h"
-#include "common/atomic_file.h"
 #include "experiment/plot.h"
 #include "experiment/progress.h"
 #include "sim/cluster_config.h"
@@ -38,10 +41,13 @@ struct Inputs {
   int64_t block_size_tokens = 512;
 };
 
-// What an experiment produces: its JSON fields (after the common ones) and its plot.
+// What an experiment produces: its JSON fields (after the common ones), its figure, a short table of its
+// main numbers and warnings (runs in which no request completed).
 struct Output {
   Json fields;
-  Plot plot;
+  Figure figure;
+  std::string table;
+  std::vector<std::string> warnings;
 };
 
 // "conversation_trace" for ".../conversation_trace.jsonl.gz": a trace's name in legends and results.
@@ -53,10 +59,63 @@ std::string trace_name(const std::string& path) {
   return name;
 }
 
-// "paper-fig5 (8 prefill + 8 decode)", for titles.
+// "paper-fig5: 8P+8D of 8xA800, llama3-70b", for titles: the hardware and model as used (an overridden
+// preset says so, e.g. "8xA800 with gpus=4").
 std::string cluster_name(const sim::ClusterConfig& config) {
-  return fmt::format("{} ({} prefill + {} decode)", config.name, config.prefill_instances,
-                     config.decode_instances);
+  return fmt::format("{}: {}P+{}D of {}, {}", config.name, config.prefill_instances, config.decode_instances,
+                     config.hardware.name, config.model.name);
+}
+
+// "conversation_trace x2 on paper-fig5: 8P+8D of 8xA800, llama3-70b": what a run replayed, for titles.
+std::string run_name(const Inputs& in, const sim::ClusterConfig& config) {
+  return fmt::format("{} x{:g} on {}", trace_name(in.trace_paths[0]), in.time_scale, cluster_name(config));
+}
+
+// A text table for the terminal: the first column left-aligned, the others right-aligned.
+std::string text_table(const std::vector<std::string>& header,
+                       const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string text;
+    for (size_t c = 0; c < cells.size(); ++c) {
+      text +=
+          c == 0 ? fmt::format("{:<{}}", cells[c], width[c]) : fmt::format("  {:>{}}", cells[c], width[c]);
+    }
+    return text + "\n";
+  };
+  std::string out = line(header);
+  for (const auto& row : rows) out += line(row);
+  return out;
+}
+
+// Table cells: a ratio as a percentage, seconds, milliseconds; "n/a" for a statistic of nothing.
+std::string percent_cell(std::optional<double> ratio) {
+  return ratio ? fmt::format("{:.1f}%", *ratio * 100) : "n/a";
+}
+std::string seconds_cell(std::optional<double> s) {
+  return s ? fmt::format("{:.2f} s", *s) : "n/a";
+}
+std::string ms_cell(std::optional<double> s) {
+  return s ? fmt::format("{:.1f} ms", *s * 1000) : "n/a";
+}
+
+// `ms` as JSON: an integer when it is whole (100), else a number (12.5).
+Json ms_json(double ms) {
+  return ms == std::round(ms) ? Json(static_cast<int64_t>(std::llround(ms))) : Json(ms);
+}
+
+// Summarises one run, keeping its no-completion warning (labelled with the run) for the user.
+sim::PolicyReport summarize(Output& out, std::string_view experiment, const std::string& label,
+                            const sim::SimResult& result, const sim::SloConfig& slo) {
+  sim::PolicyReport report = sim::summarize(label, result, slo);
+  if (std::string warning = sim::no_completion_warning(report); !warning.empty()) {
+    out.warnings.push_back(fmt::format("{} run {}", experiment, warning));
+  }
+  return report;
 }
 
 // Simulates `trace` on `config` at the experiment's time scale and block size, reported on `progress` as
@@ -78,22 +137,23 @@ Result<Output> run_scheduling(const Inputs& in) {
   out.fields["requests"] = in.traces[0].size();
   out.fields["policies"] = Json::array();
   PlotSeries mean{.name = "mean TTFT"}, p90{.name = "p90 TTFT"};
+  std::vector<sim::PolicyReport> reports;
   for (const std::string& policy : policies) {
     auto result = simulate(in, in.config, in.traces[0], {.policy = *conductor::parse_prefill_policy(policy)},
                            progress, policy);
     if (!result.ok()) return result.status();
-    const sim::PolicyReport report = sim::summarize(policy, *result, in.config.slo);
-    out.fields["policies"].push_back(Json(sim::to_json(report)));
-    mean.y.push_back(sim::or_nan(report.ttft_mean_s));
-    p90.y.push_back(sim::or_nan(report.ttft_p90_s));
+    reports.push_back(summarize(out, "scheduling", policy, *result, in.config.slo));
+    out.fields["policies"].push_back(Json(sim::to_json(reports.back())));
+    mean.y.push_back(sim::or_nan(reports.back().ttft_mean_s));
+    p90.y.push_back(sim::or_nan(reports.back().ttft_p90_s));
   }
-  out.plot = {.title = fmt::format("TTFT by prefill scheduling policy: {} on {}",
-                                   trace_name(in.trace_paths[0]), cluster_name(in.config)),
-              .x_label = "prefill scheduling policy",
-              .y_label = "time to first token (s)",
-              .kind = PlotKind::kBars,
-              .categories = policies,
-              .series = {mean, p90}};
+  out.table = sim::format_table(reports, in.config.slo);
+  out.figure = {.panels = {{.title = fmt::format("TTFT by prefill policy: {}", run_name(in, in.config)),
+                            .x_label = "prefill scheduling policy",
+                            .y_label = "time to first token (s)",
+                            .kind = PlotKind::kBars,
+                            .categories = policies,
+                            .series = {mean, p90}}}};
   return out;
 }
 
@@ -109,12 +169,13 @@ Result<Output> run_cache_capacity(const Inputs& in) {
   out.fields["local_policy"] = "cache-aware";
   out.fields["local_instances"] = instances;
   out.fields["traces"] = Json::array();
-  out.plot = {.title = fmt::format(
-                  "Prefix hit ratio: one global cache pool vs {} per-instance caches (cache-aware placement)",
-                  instances),
-              .x_label = "total cache capacity (tokens)",
-              .y_label = "prefix hit ratio (% of input tokens)",
-              .log_x = true};
+  Plot plot{
+      .title = fmt::format("Prefix hit ratio: one global pool vs {} per-instance caches (cache-aware, {})",
+                           instances, cluster_name(in.config)),
+      .x_label = "total cache capacity (tokens)",
+      .y_label = "prefix hit ratio (% of input tokens)",
+      .log_x = true};
+  std::vector<std::vector<std::string>> rows;
   for (size_t t = 0; t < in.traces.size(); ++t) {
     const std::string name = trace_name(in.trace_paths[t]);
     trace::TraceAnalyzer analyzer({.block_size_tokens = in.block_size_tokens,
@@ -131,23 +192,27 @@ Result<Output> run_cache_capacity(const Inputs& in) {
     for (size_t i = 0; i < kCapacitiesTokens.size(); ++i) {
       sim::ClusterConfig config = in.config;
       config.prefill_cache_capacity_tokens = kCapacitiesTokens[i] / instances;
+      const std::string label = fmt::format("{} {:g}M tokens", name, kCapacitiesTokens[i] / 1e6);
       auto result = simulate(in, config, in.traces[t], {.policy = conductor::PrefillPolicy::kCacheAware},
-                             progress, fmt::format("{} {:g}M tokens", name, kCapacitiesTokens[i] / 1e6));
+                             progress, label);
       if (!result.ok()) return result.status();
-      const double local_hit_ratio = sim::or_nan(sim::summarize(name, *result, config.slo).hit_ratio);
-      const double global_hit_ratio = sim::or_nan(stats.hit_ratio_by_capacity[i].hit_ratio);
+      const std::optional<double> local_hit_ratio =
+          summarize(out, "cache-capacity", label, *result, config.slo).hit_ratio;
+      const std::optional<double> global_hit_ratio = stats.hit_ratio_by_capacity[i].hit_ratio;
       points.push_back({{"capacity_tokens", kCapacitiesTokens[i]},
-                        {"local_hit_ratio", local_hit_ratio},
-                        {"global_hit_ratio", global_hit_ratio}});
+                        {"local_hit_ratio", json_or_null(local_hit_ratio)},
+                        {"global_hit_ratio", json_or_null(global_hit_ratio)}});
       global.x.push_back(static_cast<double>(kCapacitiesTokens[i]));
       local.x.push_back(static_cast<double>(kCapacitiesTokens[i]));
-      global.y.push_back(global_hit_ratio * 100);
-      local.y.push_back(local_hit_ratio * 100);
+      global.y.push_back(sim::or_nan(global_hit_ratio) * 100);
+      local.y.push_back(sim::or_nan(local_hit_ratio) * 100);
+      rows.push_back({name, fmt::format("{:g}M", kCapacitiesTokens[i] / 1e6), percent_cell(global_hit_ratio),
+                      percent_cell(local_hit_ratio), percent_cell(stats.reuse_ceiling)});
     }
     const double ceiling = sim::or_nan(stats.reuse_ceiling) * 100;
-    out.plot.series.push_back(std::move(global));
-    out.plot.series.push_back(std::move(local));
-    out.plot.series.push_back(
+    plot.series.push_back(std::move(global));
+    plot.series.push_back(std::move(local));
+    plot.series.push_back(
         {.name = name + ": reuse ceiling",
          .x = {static_cast<double>(kCapacitiesTokens.front()), static_cast<double>(kCapacitiesTokens.back())},
          .y = {ceiling, ceiling},
@@ -158,6 +223,21 @@ Result<Output> run_cache_capacity(const Inputs& in) {
                                     {"ceiling", json_or_null(stats.reuse_ceiling)},
                                     {"points", std::move(points)}});
   }
+  out.table = text_table({"trace", "capacity (tokens)", "global pool hit",
+                          fmt::format("{} local caches hit", instances), "ceiling"},
+                         rows);
+  out.figure = {.panels = {std::move(plot)}};
+  return out;
+}
+
+// The TBT thresholds (seconds) of the capacity experiment: its own grid, 100 to 1,000 ms by 100, and the
+// config's thresholds, ascending, each once.
+std::vector<double> capacity_thresholds_s(const sim::SloConfig& slo) {
+  std::set<int64_t> micros;  // whole microseconds, so 0.1 from the grid and from a config are one point
+  for (int ms = 100; ms <= 1000; ms += 100) micros.insert(ms * 1000);
+  for (double s : slo.tbt_s) micros.insert(std::llround(s * 1e6));
+  std::vector<double> out;
+  for (int64_t us : micros) out.push_back(static_cast<double>(us) / 1e6);
   return out;
 }
 
@@ -166,41 +246,58 @@ Result<Output> run_cache_capacity(const Inputs& in) {
 Result<Output> run_capacity(const Inputs& in) {
   const std::vector<std::string> systems = sim::system_names();
   ProgressLine progress("capacity", static_cast<int>(systems.size()));
+  const uint32_t nodes = in.config.prefill_instances + in.config.decode_instances;
   Output out;
   out.fields["requests"] = in.traces[0].size();
-  out.fields["nodes"] = in.config.prefill_instances + in.config.decode_instances;
+  out.fields["nodes"] = nodes;
   out.fields["ttft_slo_s"] = in.config.slo.ttft_s;
+  Json config_thresholds = Json::array();
+  for (double s : in.config.slo.tbt_s) config_thresholds.push_back(ms_json(s * 1000));
+  out.fields["config_tbt_slo_ms"] = std::move(config_thresholds);
   out.fields["systems"] = Json::array();
-  out.plot = {
-      .title = fmt::format("Effective request capacity: {} on {} nodes, time scale {:g}",
-                           trace_name(in.trace_paths[0]),
-                           in.config.prefill_instances + in.config.decode_instances, in.time_scale),
+  Plot plot{
+      .title = fmt::format("Effective request capacity: {}", run_name(in, in.config)),
       .x_label = "TBT threshold (ms)",
-      .y_label = fmt::format("requests with TTFT <= {:g} s and TBT <= threshold (%)", in.config.slo.ttft_s)};
+      .y_label = fmt::format("requests with TTFT <= {:g} s and TBT <= threshold (%)", in.config.slo.ttft_s),
+      .y_from_zero = false};  // the systems differ by a few points: zoom to the data
+  // Effective capacity at each threshold = SLO attainment over all requests (rejected ones miss).
+  const sim::SloConfig thresholds{.ttft_s = in.config.slo.ttft_s,
+                                  .tbt_s = capacity_thresholds_s(in.config.slo)};
+  std::vector<std::string> header{"system"};
+  std::set<int64_t> config_us;  // the config's thresholds, whole microseconds: the table's columns
+  for (double s : in.config.slo.tbt_s) {
+    if (config_us.insert(std::llround(s * 1e6)).second)
+      header.push_back(fmt::format("TBT <= {:g} ms", s * 1000));
+  }
+  header.insert(header.end(), {"mean TTFT", "mean TBT"});
+  std::vector<std::vector<std::string>> rows;
   for (const std::string& name : systems) {
     const sim::System system = *sim::parse_system(name);
     auto result = simulate(in, in.config, in.traces[0], {.system = system}, progress, name);
     if (!result.ok()) return result.status();
-    // Effective capacity at each threshold = SLO attainment over all requests (rejected ones miss).
-    sim::SloConfig thresholds{.ttft_s = in.config.slo.ttft_s, .tbt_s = {}};
-    for (int tbt_ms = 100; tbt_ms <= 1000; tbt_ms += 100) thresholds.tbt_s.push_back(tbt_ms / 1000.0);
-    const sim::PolicyReport report = sim::summarize(name, *result, thresholds);
+    const sim::PolicyReport report = summarize(out, "capacity", name, *result, thresholds);
     Json points = Json::array();
     PlotSeries series{.name = name};
+    std::vector<std::string> row{name};
     for (const sim::SloAttainment& a : report.slo_attainment_by_tbt) {
-      const int tbt_ms = static_cast<int>(std::lround(a.tbt_slo_s * 1000));
-      points.push_back({{"tbt_slo_ms", tbt_ms}, {"effective_capacity", a.attainment}});
+      const double tbt_ms = a.tbt_slo_s * 1000;
+      points.push_back({{"tbt_slo_ms", ms_json(tbt_ms)}, {"effective_capacity", a.attainment}});
       series.x.push_back(tbt_ms);
       series.y.push_back(a.attainment * 100);
+      if (config_us.count(std::llround(a.tbt_slo_s * 1e6))) row.push_back(percent_cell(a.attainment));
     }
+    row.insert(row.end(), {seconds_cell(report.ttft_mean_s), ms_cell(report.tbt_mean_s)});
+    rows.push_back(std::move(row));
     out.fields["systems"].push_back({{"name", name},
                                      {"ttft_mean_s", json_or_null(report.ttft_mean_s)},
                                      {"tbt_mean_s", json_or_null(report.tbt_mean_s)},
                                      {"tbt_p99_s", json_or_null(report.tbt_p99_s)},
                                      {"hit_ratio", json_or_null(report.hit_ratio)},
                                      {"points", std::move(points)}});
-    out.plot.series.push_back(std::move(series));
+    plot.series.push_back(std::move(series));
   }
+  out.table = text_table(header, rows);
+  out.figure = {.panels = {std::move(plot)}};
   return out;
 }
 
@@ -221,6 +318,9 @@ double correlation(const std::vector<double>& a, const std::vector<double>& b) {
 
 // arXiv report §7: the trace sped up until the cluster is overloaded, under each admission policy.
 // Rejections, goodput, SLO attainment of accepted requests, and the prefill- and decode-pool loads over time.
+// The figure, for every policy ("none" included): the prefill queue over time (log scale: "none"'s dwarfs
+// the others); the decode pool's load over time with its 100% line and a vertical line where each policy's
+// load first passes it; the rejected requests and goodput.
 Result<Output> run_overload(const Inputs& in) {
   constexpr double kSampleIntervalS = 10;
   const std::vector<std::string> admissions = conductor::admission_names();
@@ -230,11 +330,18 @@ Result<Output> run_overload(const Inputs& in) {
   out.fields["policy"] = "global-cache-aware";
   out.fields["load_sample_interval_s"] = kSampleIntervalS;
   out.fields["policies"] = Json::array();
-  out.plot = {.title = fmt::format("Pool loads under overload: {} at time scale {:g} on {}",
-                                   trace_name(in.trace_paths[0]), in.time_scale, cluster_name(in.config)),
-              .x_label = "virtual time (s)",
-              .y_label = "prefill queue, mean per instance (s)",
-              .y2_label = "decode HBM KV reserved (%)"};
+  Plot prefill_panel{.title = "Prefill pool",
+                     .x_label = "virtual time (s)",
+                     .y_label = "queued prefill work, mean per instance (s, log scale)",
+                     .log_y = true};
+  Plot decode_panel{.title = "Decode pool",
+                    .x_label = "virtual time (s)",
+                    .y_label = "HBM KV reserved by running and waiting requests (%)"};
+  PlotSeries rejected{.name = "rejected requests"};
+  PlotSeries goodput{.name = "goodput (req/s)", .right_axis = true};
+  std::vector<PlotSeries> crossings;  // where a policy's decode load first passes 100%
+  std::vector<std::vector<std::string>> rows;
+  double last_time_s = 0, highest_decode = 100;
   for (size_t a = 0; a < admissions.size(); ++a) {
     const std::string& name = admissions[a];
     auto result =
@@ -242,13 +349,11 @@ Result<Output> run_overload(const Inputs& in) {
                  {.admission = *conductor::parse_admission(name), .load_sample_interval_s = kSampleIntervalS},
                  progress, name);
     if (!result.ok()) return result.status();
-    const sim::PolicyReport r = sim::summarize(name, *result, in.config.slo);
+    const sim::PolicyReport r = summarize(out, "overload", name, *result, in.config.slo);
     Json series = Json::array();
-    PlotSeries prefill{.name = name + ": prefill queue", .color = static_cast<int>(a)};
-    PlotSeries decode{.name = name + ": decode KV",
-                      .style = LineStyle::kDashed,
-                      .color = static_cast<int>(a),
-                      .right_axis = true};
+    PlotSeries prefill{.name = name, .color = static_cast<int>(a)};
+    PlotSeries decode{.name = name, .color = static_cast<int>(a)};
+    std::optional<double> decode_full_s;  // first sample above 100%
     for (const sim::LoadSample& s : result->load_series) {
       series.push_back({{"time_s", s.time_s},
                         {"prefill_queue_s", s.prefill_queue_s},
@@ -259,16 +364,57 @@ Result<Output> run_overload(const Inputs& in) {
       prefill.y.push_back(s.prefill_queue_s);
       decode.x.push_back(s.time_s);
       decode.y.push_back(s.decode_kv_share * 100);
+      if (!decode_full_s && s.decode_kv_share > 1) decode_full_s = s.time_s;
+      last_time_s = std::max(last_time_s, s.time_s);
+      highest_decode = std::max(highest_decode, s.decode_kv_share * 100);
     }
     Json p = sim::to_json(r);
     p["load_correlation"] = correlation(prefill.y, decode.y);
+    p["decode_over_capacity_from_s"] = json_or_null(decode_full_s);
     p["load_series"] = std::move(series);
     out.fields["policies"].push_back(std::move(p));
-    if (name != "none") {  // "none" never refuses: its queue dwarfs the others on a shared axis
-      out.plot.series.push_back(std::move(prefill));
-      out.plot.series.push_back(std::move(decode));
+    prefill_panel.series.push_back(std::move(prefill));
+    decode_panel.series.push_back(std::move(decode));
+    if (decode_full_s) {
+      crossings.push_back({.name = fmt::format("{}: over 100% from {:g} s", name, *decode_full_s),
+                           .x = {*decode_full_s, *decode_full_s},
+                           .style = LineStyle::kReference,
+                           .color = static_cast<int>(a)});
     }
+    rejected.y.push_back(static_cast<double>(r.rejected));
+    goodput.y.push_back(r.goodput_rps);
+    rows.push_back({name, std::to_string(r.rejected),
+                    fmt::format("{}/{}/{}/{}", r.rejected_ttft, r.rejected_tbt, r.rejected_decode_capacity,
+                                r.rejected_context_length),
+                    std::to_string(r.completed), fmt::format("{:.2f}", r.goodput_rps),
+                    percent_cell(r.slo_attainment_accepted), seconds_cell(r.ttft_mean_s),
+                    ms_cell(r.tbt_p99_s), decode_full_s ? fmt::format("{:g} s", *decode_full_s) : "never"});
   }
+  decode_panel.series.push_back({.name = "HBM KV capacity (100%)",
+                                 .x = {0, last_time_s},
+                                 .y = {100, 100},
+                                 .style = LineStyle::kReference,
+                                 .color = 6});
+  for (PlotSeries& crossing : crossings) {
+    crossing.y = {0, highest_decode};
+    decode_panel.series.push_back(std::move(crossing));
+  }
+  Plot outcomes{.title = fmt::format("Outcomes (SLO: TTFT <= {:g} s, TBT <= {:g} ms)", in.config.slo.ttft_s,
+                                     in.config.slo.tbt_s.front() * 1000),
+                .x_label = "admission policy",
+                .y_label = "rejected requests",
+                .y2_label = "goodput (requests/s meeting both SLOs)",
+                .kind = PlotKind::kBars,
+                .categories = admissions,
+                .series = {rejected, goodput}};
+  out.table = text_table({"admission", "rejected", "ttft/tbt/decode/context", "completed", "goodput (req/s)",
+                          "SLO of accepted", "mean TTFT", "TBT p99", "decode > 100% from"},
+                         rows);
+  out.figure = {.title = fmt::format("Overload control: {}", run_name(in, in.config)),
+                .panels = {std::move(prefill_panel), std::move(decode_panel), std::move(outcomes)},
+                .columns = 3,
+                .width_px = 1800,
+                .height_px = 600};
   return out;
 }
 
@@ -287,14 +433,15 @@ Result<Output> run_pd_ratio(const Inputs& in) {
                                           in.config.slo.ttft_s, tbt_slo_s * 1000)};
   PlotSeries ttft{.name = "mean TTFT", .style = LineStyle::kDashed, .right_axis = true};
   PlotSeries tbt{.name = "mean TBT", .style = LineStyle::kDashed, .right_axis = true};
+  std::vector<std::vector<std::string>> rows;
   for (uint32_t prefill = 1; prefill < nodes; ++prefill) {
     sim::ClusterConfig config = in.config;
     config.prefill_instances = prefill;
     config.decode_instances = nodes - prefill;
-    auto result =
-        simulate(in, config, in.traces[0], {}, progress, fmt::format("{}P/{}D", prefill, nodes - prefill));
+    const std::string label = fmt::format("{}P/{}D", prefill, nodes - prefill);
+    auto result = simulate(in, config, in.traces[0], {}, progress, label);
     if (!result.ok()) return result.status();
-    const sim::PolicyReport r = sim::summarize("", *result, config.slo);
+    const sim::PolicyReport r = summarize(out, "pd-ratio", label, *result, config.slo);
     const double effective = r.slo_attainment;  // at the config's first TBT threshold, over all requests
     out.fields["points"].push_back({{"prefill", prefill},
                                     {"decode", nodes - prefill},
@@ -308,14 +455,17 @@ Result<Output> run_pd_ratio(const Inputs& in) {
     ttft.y.push_back(sim::or_nan(r.ttft_mean_s));
     tbt.x.push_back(prefill);
     tbt.y.push_back(sim::or_nan(r.tbt_mean_s));
+    rows.push_back({label, percent_cell(effective), seconds_cell(r.ttft_mean_s), ms_cell(r.tbt_mean_s)});
   }
-  out.plot = {.title = fmt::format("Prefill/decode split of {} nodes: {} at time scale {:g}", nodes,
-                                   trace_name(in.trace_paths[0]), in.time_scale),
-              .x_label = fmt::format("prefill instances (decode = {} - prefill)", nodes),
-              .y_label = "effective request capacity (%)",
-              .y2_label = "mean TTFT and mean TBT (s, log scale)",
-              .log_y2 = true,
-              .series = {capacity, ttft, tbt}};
+  out.table = text_table({"split", "effective capacity", "mean TTFT", "mean TBT"}, rows);
+  out.figure = {.panels = {{.title = fmt::format("Prefill/decode splits of {} nodes: {}", nodes,
+                                                 run_name(in, in.config)),
+                            .x_label = fmt::format("prefill instances (decode = {} - prefill)", nodes),
+                            .y_label = "effective request capacity (%)",
+                            .y2_label = "mean TTFT and mean TBT (s, log scale)",
+                            .log_y2 = true,
+                            .integer_x = true,
+                            .series = {capacity, ttft, tbt}}}};
   return out;
 }
 
@@ -336,30 +486,28 @@ constexpr std::array kExperiments{
     Experiment{.name = "pd-ratio", .run = run_pd_ratio},
 };
 
-// A missing default file most likely means crescent was started outside the repository.
-Status check_default(std::string_view what, std::string_view path, std::string_view flag) {
-  if (std::filesystem::exists(path)) return Status();
-  return Status::not_found(
-      fmt::format("default {} '{}' not found: run from the repository root or pass {}", what, path, flag));
-}
-
 Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions& options) {
   Inputs in;
   in.time_scale = options.time_scale.value_or(experiment.default_time_scale);
   in.block_size_tokens = options.block_size_tokens;
   in.trace_paths = options.traces;
   if (in.trace_paths.empty()) {
-    in.trace_paths.emplace_back(kConversationTrace);
-    if (experiment.several_traces) in.trace_paths.emplace_back(kSyntheticTrace);
-    for (const auto& path : in.trace_paths) CRESCENT_RETURN_IF_ERROR(check_default("trace", path, "--trace"));
+    std::vector<std::string_view> defaults{kConversationTrace};
+    if (experiment.several_traces) defaults.push_back(kSyntheticTrace);
+    for (std::string_view relative : defaults) {
+      auto path = bundled_file(relative);
+      if (!path.ok()) return path.status();
+      in.trace_paths.push_back(*path);
+    }
   } else if (in.trace_paths.size() > 1 && !experiment.several_traces) {
     return Status::invalid_argument(
         fmt::format("experiment '{}' takes one --trace, got {}", experiment.name, in.trace_paths.size()));
   }
   std::string config_path = options.config_path;
   if (config_path.empty()) {
-    config_path = kDefaultConfig;
-    CRESCENT_RETURN_IF_ERROR(check_default("config", config_path, "--config"));
+    auto bundled = bundled_file(kDefaultConfig);
+    if (!bundled.ok()) return bundled.status();
+    config_path = *bundled;
   }
   auto config = sim::load_cluster_config(config_path, in.block_size_tokens);
   if (!config.ok()) return config.status();
@@ -369,8 +517,7 @@ Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions
   for (const auto& path : in.trace_paths) {
     auto requests = trace::read_trace(path, {.block_size_tokens = in.block_size_tokens});
     if (!requests.ok()) return requests.status();
-    if (requests->empty())
-      return Status::invalid_argument(fmt::format("{}: the trace has no requests", path));
+    if (requests->empty()) return trace::empty_trace_error(path, {});
     in.traces.push_back(std::move(*requests));
   }
   return in;
@@ -395,7 +542,7 @@ std::vector<std::string> experiment_names() {
   return names;
 }
 
-Status run_experiment(std::string_view name, const ExperimentOptions& options) {
+Result<ExperimentSummary> run_experiment(std::string_view name, const ExperimentOptions& options) {
   const auto experiment = std::ranges::find(kExperiments, name, &Experiment::name);
   if (experiment == kExperiments.end()) {
     return Status::not_found(
@@ -408,14 +555,14 @@ Status run_experiment(std::string_view name, const ExperimentOptions& options) {
   const bool created_dir = !std::filesystem::exists(options.out_dir, ignored);
   CRESCENT_RETURN_IF_ERROR(ensure_writable_directory(options.out_dir));
   // A failed run leaves no trace: not even the directory it created.
-  auto fail = [&](Status status) {
+  auto fail = [&](Status status) -> Result<ExperimentSummary> {
     if (created_dir) std::filesystem::remove(options.out_dir, ignored);  // only removes it while empty
     return status;
   };
 
   auto output = experiment->run(*in);
   if (!output.ok()) return fail(output.status());
-  auto svg = render_svg(output->plot);
+  auto svg = render_svg(output->figure);
   if (!svg.ok()) return fail(svg.status());
   Json j = provenance(*experiment, *in);
   j.update(output->fields);
@@ -426,7 +573,10 @@ Status run_experiment(std::string_view name, const ExperimentOptions& options) {
   const std::string json_text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   const FileContent files[] = {{svg_path, *svg}, {base.string() + ".json", json_text}};
   if (Status written = write_files_atomically(files); !written.ok()) return fail(written);
-  return Status();
+  return ExperimentSummary{.table = std::move(output->table),
+                           .warnings = std::move(output->warnings),
+                           .json_path = base.string() + ".json",
+                           .svg_path = svg_path};
 }
 
 }  // namespace crescent::experiment

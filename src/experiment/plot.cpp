@@ -291,7 +291,7 @@ std::vector<std::string> add_bars(const Plot& plot, size_t panel, std::string& s
     const double offset =
         (static_cast<double>(i) - static_cast<double>(n - 1) / 2) / static_cast<double>(n + 1);
     elements.push_back(fmt::format(
-        "$p{}bars using ($0+{}):{}:(sprintf('%.3g', column({}))) axes x1y{} notitle with labels offset 0,0.7",
+        "$p{}bars using ($0+{}):{}:(sprintf('%.4g', column({}))) axes x1y{} notitle with labels offset 0,0.7",
         panel, offset, i + 1, i + 1, plot.series[i].right_axis ? 2 : 1));
   }
   return elements;

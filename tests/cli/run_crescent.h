@@ -28,10 +28,10 @@ inline std::filesystem::path temp_path(const std::string& stem) {
   return std::filesystem::temp_directory_path() / (stem + "_" + std::to_string(getpid()));
 }
 
-/// Runs `crescent <args>` (args are shell words, quoted by the caller where needed).
-inline CliRun run_crescent(const std::string& args) {
+/// Runs a shell command line (words quoted by the caller where needed): exit code, stdout, stderr.
+inline CliRun run_shell(const std::string& command_line) {
   const auto err_path = temp_path("crescent_cli_test.err");
-  const std::string command = quote(CRESCENT_BINARY) + " " + args + " 2>" + quote(err_path.string());
+  const std::string command = "{ " + command_line + " ; } 2>" + quote(err_path.string());
   CliRun run;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
@@ -43,6 +43,11 @@ inline CliRun run_crescent(const std::string& args) {
   run.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
   std::filesystem::remove(err_path);
   return run;
+}
+
+/// Runs `crescent <args>` (args are shell words, quoted by the caller where needed).
+inline CliRun run_crescent(const std::string& args) {
+  return run_shell(quote(CRESCENT_BINARY) + " " + args);
 }
 
 }  // namespace crescent::cli_test

@@ -40,32 +40,34 @@ TEST(Experiments, Names) {
 TEST(Experiments, BadInputIsRefusedBeforeAnythingIsWritten) {
   OutDir out;
   const ExperimentOptions good{.out_dir = out.path, .traces = {kSynthetic}, .config_path = kConfig};
-  Status status = run_experiment("fastest", good);
+  Status status = run_experiment("fastest", good).status();
   EXPECT_EQ(status.code(), StatusCode::kNotFound);
   EXPECT_EQ(status.message(),
             "unknown experiment 'fastest' (valid: scheduling, cache-capacity, capacity, overload, pd-ratio)");
 
   ExperimentOptions bad = good;
   bad.time_scale = 0;
-  EXPECT_THAT(run_experiment("scheduling", bad).message(), HasSubstr("--time-scale must be > 0"));
+  EXPECT_THAT(run_experiment("scheduling", bad).status().message(), HasSubstr("--time-scale must be > 0"));
   bad = good;
   bad.traces.push_back(kConversation);
-  EXPECT_THAT(run_experiment("scheduling", bad).message(), HasSubstr("takes one --trace, got 2"));
+  EXPECT_THAT(run_experiment("scheduling", bad).status().message(), HasSubstr("takes one --trace, got 2"));
   bad = good;
   bad.traces = {"/nonexistent.jsonl"};
-  EXPECT_EQ(run_experiment("scheduling", bad).code(), StatusCode::kNotFound);
+  EXPECT_EQ(run_experiment("scheduling", bad).status().code(), StatusCode::kNotFound);
   EXPECT_FALSE(fs::exists(out.path));
 }
 
-TEST(Experiments, MissingDefaultsSayWhereToRunFrom) {
+// Issue #8 §7: the bundled defaults are found relative to the binary or its source tree, from any directory.
+TEST(Experiments, DefaultsAreFoundFromAnyDirectory) {
   OutDir out;
   const fs::path cwd = fs::current_path();
   fs::current_path(fs::temp_directory_path());
-  const Status status = run_experiment("scheduling", {.out_dir = out.path});
+  auto summary = run_experiment("scheduling", {.out_dir = out.path});
   fs::current_path(cwd);
-  EXPECT_EQ(status.message(),
-            "default trace 'data/traces/conversation_trace.jsonl.gz' not found: run from the repository root "
-            "or pass --trace");
+  ASSERT_TRUE(summary.ok()) << summary.status().to_string();
+  const nlohmann::json j = read_json(out.path / "scheduling.json");
+  EXPECT_THAT(j["trace"].get<std::string>(), ::testing::EndsWith("data/traces/conversation_trace.jsonl.gz"));
+  EXPECT_EQ(j["config"]["name"], "paper-fig5");
 }
 
 TEST(Experiments, SchedulingWritesEveryPolicyAndItsProvenance) {
@@ -89,9 +91,13 @@ TEST(Experiments, SchedulingWritesEveryPolicyAndItsProvenance) {
 // ceiling; 3M tokens split into per-instance caches stay below 50% of it.
 TEST(Experiments, CacheCapacityShowsFigure9) {
   OutDir out;
-  const Status status = run_experiment(
+  const auto summary = run_experiment(
       "cache-capacity", {.out_dir = out.path, .traces = {kConversation, kSynthetic}, .config_path = kConfig});
-  ASSERT_TRUE(status.ok()) << status.message();
+  ASSERT_TRUE(summary.ok()) << summary.status().message();
+  // The table has a row per trace and capacity.
+  EXPECT_THAT(summary->table, HasSubstr("conversation_trace"));
+  EXPECT_THAT(summary->table, HasSubstr("synthetic_trace"));
+  EXPECT_THAT(summary->table, HasSubstr("100M"));
   const auto j = read_json(out.path / "cache-capacity.json");
   EXPECT_EQ(j["experiment"], "cache-capacity");
   EXPECT_EQ(j["local_instances"], 8);
