@@ -64,6 +64,28 @@ TEST(ExperimentCli, CacheCapacityWritesJsonAndPlotForEveryTrace) {
   EXPECT_THAT(svg, HasSubstr("synthetic_trace"));
 }
 
+// Issue #8 §7: an experiment prints a short table of its main numbers, not only the file names, and names
+// the hardware as used when the config overrides a preset.
+TEST(ExperimentCli, PrintsItsMainNumbersAndTheHardwareAsUsed) {
+  OutDir out;
+  const fs::path config = out.path.string() + "-config.json";
+  nlohmann::json c = nlohmann::json::parse(read(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json"));
+  c["hardware"] = {{"preset", "8xA800"}, {"gpus", 16}};
+  std::ofstream(config) << c.dump();
+  const CliRun run = run_crescent("experiment scheduling " + out.arg() + " --trace " + kSynthetic +
+                                  " --config " + quote(config.string()));
+  const CliRun simulate =
+      run_crescent("simulate " + kSynthetic + " --limit 200 --config " + quote(config.string()));
+  fs::remove(config);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.out, HasSubstr("TTFT mean"));
+  EXPECT_THAT(run.out, HasSubstr("global-cache-aware"));
+  EXPECT_THAT(run.out, HasSubstr("scheduling.json"));
+  EXPECT_NE(read(out.path / "scheduling.svg").find("8xA800 with gpus=16"), std::string::npos);
+  ASSERT_EQ(simulate.exit_code, 0) << simulate.err;
+  EXPECT_THAT(simulate.out, HasSubstr("instances of 8xA800 with gpus=16 serving llama3-70b"));
+}
+
 TEST(ExperimentCli, SameInputsGiveByteIdenticalJson) {
   OutDir out;
   const std::string args =

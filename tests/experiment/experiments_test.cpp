@@ -19,6 +19,7 @@ using ::testing::HasSubstr;
 const std::string kConversation = CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz";
 const std::string kSynthetic = CRESCENT_SOURCE_DIR "/data/traces/synthetic_trace.jsonl.gz";
 const std::string kConfig = CRESCENT_SOURCE_DIR "/configs/paper-fig5.json";
+const std::string kDecodeBound = CRESCENT_SOURCE_DIR "/configs/decode-bound.json";
 
 // An output directory of this test process (not created), removed at the end.
 struct OutDir {
@@ -87,6 +88,50 @@ TEST(Experiments, SchedulingWritesEveryPolicyAndItsProvenance) {
   EXPECT_TRUE(fs::exists(out.path / "new" / "scheduling.svg"));
 }
 
+// Issue #8 §7: the capacity experiment measures at the config's own TBT thresholds too, and its table
+// reports them.
+TEST(Experiments, CapacityUsesTheConfigsTbtThresholds) {
+  OutDir out;
+  const fs::path config = out.path.string() + "-config.json";
+  nlohmann::json c = read_json(kConfig);
+  c["slo"]["tbt_s"] = {0.15, 0.3, 2.0};
+  std::ofstream(config) << c.dump();
+  auto summary = run_experiment(
+      "capacity",
+      {.out_dir = out.path, .traces = {kSynthetic}, .config_path = config.string(), .time_scale = 1});
+  fs::remove(config);
+  ASSERT_TRUE(summary.ok()) << summary.status().to_string();
+  const auto j = read_json(out.path / "capacity.json");
+  EXPECT_EQ(j["config_tbt_slo_ms"], nlohmann::json({150, 300, 2000}));
+  const auto& points = j["systems"][0]["points"];
+  ASSERT_EQ(points.size(), 12u);  // 100, 150, 200, ..., 1000, 2000 ms
+  EXPECT_EQ(points[1]["tbt_slo_ms"], 150);
+  EXPECT_EQ(points[11]["tbt_slo_ms"], 2000);
+  EXPECT_THAT(summary->table, HasSubstr("TBT <= 150 ms"));
+  EXPECT_THAT(summary->table, HasSubstr("TBT <= 2000 ms"));
+  EXPECT_THAT(summary->table, HasSubstr("colocated-chunked-prefill"));
+}
+
+// Issue #8 §7: the overload figure shows every policy, "none" included, the decode pool's 100% line, and
+// the rejections and goodput of each policy.
+TEST(Experiments, OverloadFigureShowsEveryPolicyAndOutcomes) {
+  OutDir out;
+  auto summary = run_experiment(
+      "overload",
+      {.out_dir = out.path, .traces = {kConversation}, .config_path = kDecodeBound, .time_scale = 4});
+  ASSERT_TRUE(summary.ok()) << summary.status().to_string();
+  std::ifstream in(out.path / "overload.svg");
+  const std::string svg{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  for (const char* text : {">none<", ">slo<", ">early<", ">predictive<", "HBM KV capacity (100%)",
+                           "none: over 100% from", ">rejected requests<", ">goodput (req/s)<"}) {
+    EXPECT_NE(svg.find(text), std::string::npos) << text;  // (not HasSubstr: a failure would print the SVG)
+  }
+  const auto j = read_json(out.path / "overload.json");
+  EXPECT_TRUE(j["policies"][0]["decode_over_capacity_from_s"].is_number());  // none overflows decode
+  EXPECT_THAT(summary->table, HasSubstr("predictive"));
+  EXPECT_THAT(summary->table, HasSubstr("goodput"));
+}
+
 // Paper Figure 9 on both bundled traces: a global pool of >= 50M tokens reaches >= 95% of the reuse
 // ceiling; 3M tokens split into per-instance caches stay below 50% of it.
 TEST(Experiments, CacheCapacityShowsFigure9) {
@@ -128,8 +173,6 @@ TEST(Experiments, CacheCapacityShowsFigure9) {
 
 namespace crescent::experiment {
 namespace {
-
-const std::string kDecodeBound = CRESCENT_SOURCE_DIR "/configs/decode-bound.json";
 
 double capacity_at(const nlohmann::json& system, int tbt_ms) {
   for (const auto& p : system["points"]) {
@@ -223,6 +266,11 @@ TEST(Experiments, PdRatioCoversEverySplit) {
   EXPECT_LT(j["points"][0]["effective_capacity"].get<double>(), 0.1);   // 1 prefill instance
   EXPECT_GT(j["points"][7]["effective_capacity"].get<double>(), 0.95);  // 8 + 8
   EXPECT_GT(j["points"][0]["ttft_mean_s"].get<double>(), j["points"][7]["ttft_mean_s"].get<double>());
+  // Whole-number x tics: prefill instance counts.
+  std::ifstream in(out.path / "pd-ratio.svg");
+  const std::string svg{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_NE(svg.find("<text>15</text>"), std::string::npos);
+  EXPECT_EQ(svg.find(".5</text>"), std::string::npos);
 }
 
 }  // namespace
