@@ -63,7 +63,7 @@ int64_t BlockCache::evict_unpinned(int64_t blocks, TouchEvents* events) {
 void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events) {
   // Pass 1, first to last: take each key out of the LRU list (pinned, or held until pass 2) or store it, so
   // later keys of the same request can never evict earlier ones. Pass 2 puts the held keys back, last to
-  // first: keys[0] ends up the most recent. `touch_call` marks a key held by this call (repeated keys).
+  // first: keys[0] ends up the most recent. A slot's `touch_call` marks it held by this call (repeated keys).
   const uint64_t call = ++touch_calls_;
   held_.clear();
   for (BlockKey key : keys) {
@@ -76,9 +76,9 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
           ++pinned_blocks_;
         }
         if (events) events->pinned.push_back(key);
-      } else if (e.ref_count == 0 && e.touch_call != call) {
+      } else if (e.ref_count == 0 && slots_[e.slot].touch_call != call) {
         list_remove(e.slot);
-        e.touch_call = call;
+        slots_[e.slot].touch_call = call;
         held_.push_back(e.slot);
       }
       continue;
@@ -88,7 +88,8 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
       evict_lru(events);
     }
     const uint32_t slot = allocate_slot(key);
-    entries_.emplace(key, Entry{slot, pin ? 1u : 0u, call});
+    slots_[slot].touch_call = call;
+    entries_.emplace(key, Entry{slot, pin ? 1u : 0u});
     if (pin) {
       ++pinned_blocks_;
       if (events) events->pinned.push_back(key);

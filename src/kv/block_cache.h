@@ -74,13 +74,13 @@ class BlockCache {
   struct Entry {
     uint32_t slot;  // index into slots_
     uint32_t ref_count = 0;
-    uint64_t touch_call = 0;  // the touch() call that last took it out of the LRU list (touch_calls_)
   };
   // Evictable (ref_count == 0) blocks form a doubly linked list over slots_, head = least recently used.
   struct Slot {
     BlockKey key;
     uint32_t prev = kNil;
     uint32_t next = kNil;
+    uint64_t touch_call = 0;  // the touch() call that last took it out of the LRU list (touch_calls_)
   };
 
   void list_remove(uint32_t slot);
