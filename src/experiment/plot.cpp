@@ -150,8 +150,12 @@ std::string y_axis(const Plot& plot, bool right) {
       negative |= y < 0;
     }
   }
-  if (!plot.y_from_zero) {
-    if (!span.empty()) s += fmt::format("set {}range {}\n", axis, zoomed_range(span, log));
+  if (span.empty()) {
+    // No value to draw (statistics of nothing are NaN): a fixed range, or gnuplot fails "all points y value
+    // undefined".
+    s += fmt::format("set {}range {}\n", axis, log ? "[1:10]" : "[0:1]");
+  } else if (!plot.y_from_zero) {
+    s += fmt::format("set {}range {}\n", axis, zoomed_range(span, log));
   } else if (!log && !negative) {
     s += fmt::format("set {}range [0:*]\n", axis);
   }
@@ -164,6 +168,11 @@ std::string preamble(const Plot& plot) {
       "set title {} font ',14'\nset xlabel {}\nset ylabel {}\n"
       "set key below height 1\nset grid ytics lc rgb '#d0d0d0' dt 3\nset tics nomirror\nset border 3\n",
       gnuplot_string(plot.title), gnuplot_string(plot.x_label), gnuplot_string(plot.y_label));
+  bool any_value = false;
+  for (const auto& series : plot.series) {
+    for (double y : series.y) any_value |= std::isfinite(y);
+  }
+  if (!any_value) s += "set label 'no data' at graph 0.5, 0.5 center noenhanced\n";
   s += y_axis(plot, false);
   if (has_right_axis(plot)) {
     s += fmt::format("set border 11\nset y2label {}\nset y2tics\n", gnuplot_string(plot.y2_label));
@@ -197,6 +206,7 @@ double whole_step(double at_least) {
 std::string x_axis(const Plot& plot) {
   std::string s = "set autoscale xfix\nset offsets graph 0.03, graph 0.03, 0, 0\n";
   std::set<double> xs = data_x(plot);
+  if (xs.empty()) s += plot.log_x ? "set xrange [1:10]\n" : "set xrange [0:1]\n";  // no x to span
   if (plot.log_x) {
     // A tic at every x of the data (a log axis has few), in SI units: 1M, 3M, 10M.
     if (plot.integer_x) std::erase_if(xs, [](double x) { return x != std::floor(x); });

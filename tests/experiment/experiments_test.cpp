@@ -132,6 +132,34 @@ TEST(Experiments, OverloadFigureShowsEveryPolicyAndOutcomes) {
   EXPECT_THAT(summary->table, HasSubstr("goodput"));
 }
 
+// Issue #8 §4: when no request of a run completes, its statistics are null, its table says n/a, and a warning
+// says why.
+TEST(Experiments, RunsThatCompleteNothingWarnAndReportNull) {
+  OutDir out;
+  const fs::path config = out.path.string() + "-config.json";
+  nlohmann::json c = read_json(kConfig);
+  c["decode_hbm_reserved_share"] = 0.779;  // about 900 tokens of KV per decode instance: no request fits
+  std::ofstream(config) << c.dump();
+  const fs::path trace = out.path.string() + "-trace.jsonl";
+  std::ofstream(trace)
+      << R"({"timestamp": 0, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 3, 4]})"
+      << "\n"
+      << R"({"timestamp": 9, "input_length": 1500, "output_length": 5, "hash_ids": [5, 6, 7]})";
+  auto summary = run_experiment(
+      "scheduling", {.out_dir = out.path, .traces = {trace.string()}, .config_path = config.string()});
+  fs::remove(config);
+  fs::remove(trace);
+  ASSERT_TRUE(summary.ok()) << summary.status().to_string();
+  ASSERT_EQ(summary->warnings.size(), 4u);  // one per policy
+  EXPECT_THAT(summary->warnings[0],
+              HasSubstr("scheduling run random: no request completed: all 2 were rejected"));
+  EXPECT_THAT(summary->warnings[0], HasSubstr("context-length"));
+  EXPECT_THAT(summary->table, HasSubstr("n/a"));
+  const auto j = read_json(out.path / "scheduling.json");
+  EXPECT_TRUE(j["policies"][0]["ttft_mean_s"].is_null());
+  EXPECT_EQ(j["policies"][0]["rejected_by_reason"]["context-length"], 2);
+}
+
 // Paper Figure 9 on both bundled traces: a global pool of >= 50M tokens reaches >= 95% of the reuse
 // ceiling; 3M tokens split into per-instance caches stay below 50% of it.
 TEST(Experiments, CacheCapacityShowsFigure9) {

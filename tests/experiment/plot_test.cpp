@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <set>
 #include <string>
@@ -170,6 +171,29 @@ TEST(RenderSvg, SpecialCharactersAreDrawnLiterally) {
   expect_svg(svg);
   for (const auto& name : names) EXPECT_THAT(*svg, HasSubstr(svg_text(name))) << name;
   EXPECT_THAT(*svg, HasSubstr(svg_text(plot.title)));
+}
+
+// Statistics of nothing reach plots as NaN; a plot of nothing but NaN is drawn empty, not refused by gnuplot.
+TEST(RenderSvg, PlotsOfNothingAreDrawnEmpty) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Plot bars{
+      .title = "no TTFT",
+      .kind = PlotKind::kBars,
+      .categories = {"a", "b"},
+      .series = {{.name = "mean", .y = {nan, nan}}, {.name = "p90", .y = {nan, nan}, .right_axis = true}}};
+  const auto bars_svg = render_svg(bars);
+  expect_svg(bars_svg);
+  EXPECT_NE(bars_svg->find(">no data<"), std::string::npos);
+  for (const bool log : {false, true}) {
+    const Plot lines{
+        .title = "no points",
+        .y_from_zero = !log,
+        .log_y = log,
+        .series = {{.name = "s", .x = {1, 2}, .y = {nan, nan}}, {.name = "t", .x = {nan}, .y = {nan}}}};
+    const auto svg = render_svg(lines);
+    expect_svg(svg);
+    EXPECT_NE(svg->find(">no data<"), std::string::npos);
+  }
 }
 
 TEST(RenderSvg, MalformedPlotsAreRefused) {
