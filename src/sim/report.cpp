@@ -170,16 +170,19 @@ std::string requests_jsonl(const SimResult& result, std::string_view policy) {
 }
 
 std::string format_table(const std::vector<PolicyReport>& reports, const SloConfig& slo) {
-  std::string out = fmt::format("{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}", "policy",
-                                "TTFT mean", "p50", "p90", "p99", "TBT mean", "TBT p99", "hit", "prefill");
+  size_t name_width = 20;  // the longest name, at least 20
+  for (const auto& r : reports) name_width = std::max(name_width, r.name.size());
+  std::string out =
+      fmt::format("{:<{}} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}", "policy", name_width, "TTFT mean",
+                  "p50", "p90", "p99", "TBT mean", "TBT p99", "hit", "prefill");
   for (double t : slo.tbt_s) out += fmt::format(" {:>10}", fmt::format("SLO@{:g}ms", t * 1000));
   out += fmt::format(" {:>9} {:>8}\n", "completed", "rejected");
   for (const auto& r : reports) {
-    out += fmt::format("{:<20} {} {} {} {} {} {} {} {}", r.name, cell(r.ttft_mean_s, 9, 1, 2, "s"),
-                       cell(r.ttft_p50_s, 9, 1, 2, "s"), cell(r.ttft_p90_s, 9, 1, 2, "s"),
-                       cell(r.ttft_p99_s, 9, 1, 2, "s"), cell(r.tbt_mean_s, 9, 1000, 1, "ms"),
-                       cell(r.tbt_p99_s, 9, 1000, 1, "ms"), cell(r.hit_ratio, 6, 100, 1, "%"),
-                       cell(r.prefill_compute_s_per_request, 9, 1, 3, "s"));
+    out += fmt::format(
+        "{:<{}} {} {} {} {} {} {} {} {}", r.name, name_width, cell(r.ttft_mean_s, 9, 1, 2, "s"),
+        cell(r.ttft_p50_s, 9, 1, 2, "s"), cell(r.ttft_p90_s, 9, 1, 2, "s"), cell(r.ttft_p99_s, 9, 1, 2, "s"),
+        cell(r.tbt_mean_s, 9, 1000, 1, "ms"), cell(r.tbt_p99_s, 9, 1000, 1, "ms"),
+        cell(r.hit_ratio, 6, 100, 1, "%"), cell(r.prefill_compute_s_per_request, 9, 1, 3, "s"));
     for (const auto& a : r.slo_attainment_by_tbt) out += fmt::format(" {:>9.1f}%", a.attainment * 100);
     out += fmt::format(" {:>9} {:>8}\n", r.completed, r.rejected);
   }
