@@ -110,6 +110,11 @@ TEST(Experiments, CapacityUsesTheConfigsTbtThresholds) {
   EXPECT_THAT(summary->table, HasSubstr("TBT <= 150 ms"));
   EXPECT_THAT(summary->table, HasSubstr("TBT <= 2000 ms"));
   EXPECT_THAT(summary->table, HasSubstr("colocated-chunked-prefill"));
+  // The y axis zooms to the data (every system serves over 50% here): no tic at 0.
+  std::ifstream in(out.path / "capacity.svg");
+  const std::string svg{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_EQ(svg.find("<text> 0</text>"), std::string::npos);
+  EXPECT_NE(svg.find("<text> 100</text>"), std::string::npos);
 }
 
 // Issue #8 §7: the overload figure shows every policy, "none" included, the decode pool's 100% line, and
