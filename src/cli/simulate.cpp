@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -111,12 +112,17 @@ int run_simulate(const SimulateArgs& args) {
     }
     names = {args.system};
   }
-  if (!args.requests_out.empty()) {
-    const std::filesystem::path dir = std::filesystem::absolute(args.requests_out).parent_path();
+  const bool requests_to_stdout = args.requests_out == "-";
+  if (!args.requests_out.empty() && !requests_to_stdout) {
     std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::absolute(args.requests_out).parent_path();
     if (!std::filesystem::is_directory(dir, ec)) {
       return fail(Status::invalid_argument(
           fmt::format("--requests-out {}: directory '{}' does not exist", args.requests_out, dir.string())));
+    }
+    if (std::filesystem::is_directory(args.requests_out, ec)) {
+      return fail(Status::invalid_argument(
+          fmt::format("--requests-out {}: is a directory; give a file name", args.requests_out)));
     }
   }
   std::string config_path = args.config_path;
@@ -153,14 +159,19 @@ int run_simulate(const SimulateArgs& args) {
     if (const std::string warning = sim::no_completion_warning(reports.back()); !warning.empty()) {
       fmt::print(stderr, "warning: {}\n", warning);
     }
-    if (!args.requests_out.empty()) {
+    if (requests_to_stdout) {
+      fmt::print("{}", sim::requests_jsonl(*result, names[i]));
+    } else if (!args.requests_out.empty()) {
       const std::string path = requests_out_path(args.requests_out, names[i], names.size() > 1);
       if (Status written = write_file_atomically(path, sim::requests_jsonl(*result, names[i]));
           !written.ok()) {
         return fail(written);
       }
+      fmt::print(stderr, "wrote {} per-request lines ({}) to {}\n", result->requests.size(), names[i], path);
     }
   }
+  // With the per-request lines on stdout, the report goes to stderr.
+  std::FILE* report = requests_to_stdout ? stderr : stdout;
 
   if (args.json) {
     nlohmann::json out;
@@ -172,22 +183,23 @@ int run_simulate(const SimulateArgs& args) {
     out["config"] = sim::to_json(*config);
     out["policies"] = nlohmann::json::array();
     for (const auto& r : reports) out["policies"].push_back(sim::to_json(r));
-    fmt::print("{}\n", dump_json(out, 2));
+    fmt::print(report, "{}\n", dump_json(out, 2));
   } else {
     const auto& c = *config;
-    fmt::print("trace {}: {} requests, time scale {:g}\n", args.trace_path, requests->size(),
+    fmt::print(report, "trace {}: {} requests, time scale {:g}\n", args.trace_path, requests->size(),
                args.time_scale);
     if (*system == sim::System::kDisaggregated) {
       fmt::print(
+          report,
           "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {} each, admission "
           "{}\n\n",
           c.name, c.prefill_instances, c.decode_instances, c.hardware.name, c.model.name,
           tokens(c.prefill_cache_capacity_tokens), args.admission);
     } else {
-      fmt::print("cluster {}: {} colocated instances of {} serving {} ({})\n\n", c.name,
+      fmt::print(report, "cluster {}: {} colocated instances of {} serving {} ({})\n\n", c.name,
                  c.prefill_instances + c.decode_instances, c.hardware.name, c.model.name, args.system);
     }
-    fmt::print("{}", sim::format_table(reports, c.slo));
+    fmt::print(report, "{}", sim::format_table(reports, c.slo));
   }
   return 0;
 }
@@ -220,9 +232,10 @@ void register_simulate(CLI::App& app, int& exit_code) {
   cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")
       ->capture_default_str();
   cmd->add_option("--limit", args->limit, "Read and simulate only the first N valid requests (0 = all)");
-  cmd->add_option(
-      "--requests-out", args->requests_out,
-      "Write one JSON line per request to FILE (with --compare: FILE's stem.POLICY.ext per policy)");
+  cmd->add_option("--requests-out", args->requests_out,
+                  "Write one JSON line per request to FILE; with --compare of several policies, to FILE's "
+                  "stem.POLICY.ext "
+                  "each; '-': to stdout (the report then goes to stderr)");
   cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
   cmd->callback([args, policy, chunk, &exit_code] {

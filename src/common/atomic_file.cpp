@@ -33,18 +33,54 @@ bool write_all(int fd, std::string_view content) {
   return true;
 }
 
+// Where a write to `path` lands: a symlink is followed (its target is replaced, not the link).
+std::string resolved_target(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path target = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : target.string();
+}
+
+// Whether `path` exists and is not a regular file (a terminal, a pipe, /dev/stdout): such a target is written
+// in place, since renaming a file over it would replace the device or pipe.
+bool is_special(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  return !ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+         !std::filesystem::is_directory(status);
+}
+
+Status write_in_place(const std::string& path, std::string_view content) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  bool ok = fd >= 0 && write_all(fd, content);
+  int error = errno;
+  if (fd >= 0 && ::close(fd) != 0 && ok) {
+    ok = false;
+    error = errno;
+  }
+  if (!ok) return Status::io_error(fmt::format("cannot write '{}': {}", path, std::strerror(error)));
+  return Status();
+}
+
 }  // namespace
 
 Status write_files_atomically(std::span<const FileContent> files) {
   // First every content into a temporary file beside its target; only when all are complete, the renames.
-  std::vector<std::string> temps;
+  // Special files (pipes, terminals) are written in place once the others are complete.
+  std::vector<std::string> targets, temps;
   auto failure = [&](const std::string& path, int error) {
-    for (const std::string& temp : temps) ::unlink(temp.c_str());
+    for (const std::string& temp : temps) {
+      if (!temp.empty()) ::unlink(temp.c_str());
+    }
     return Status::io_error(fmt::format("cannot write '{}': {}", path, std::strerror(error)));
   };
   for (const FileContent& file : files) {
+    targets.push_back(resolved_target(file.path));
+    if (is_special(targets.back())) {
+      temps.emplace_back();
+      continue;
+    }
     std::string temp;
-    const int fd = create_temp_beside(file.path, temp);
+    const int fd = create_temp_beside(targets.back(), temp);
     if (fd < 0) return failure(file.path, errno);
     temps.push_back(temp);
     bool ok = write_all(fd, file.content);
@@ -56,7 +92,11 @@ Status write_files_atomically(std::span<const FileContent> files) {
     if (!ok) return failure(file.path, error);
   }
   for (size_t i = 0; i < files.size(); ++i) {
-    if (std::rename(temps[i].c_str(), files[i].path.c_str()) != 0) {
+    if (temps[i].empty()) {
+      CRESCENT_RETURN_IF_ERROR(write_in_place(targets[i], files[i].content));
+      continue;
+    }
+    if (std::rename(temps[i].c_str(), targets[i].c_str()) != 0) {
       const int error = errno;
       temps.erase(temps.begin(), temps.begin() + static_cast<std::ptrdiff_t>(i));  // those are renamed
       return failure(files[i].path, error);

@@ -17,7 +17,9 @@ struct FileContent {
 
 /// Writes every file through a temporary file beside it, renaming them into place only once all are complete:
 /// on an error while writing, no target has changed (a failing rename, rarer, leaves the earlier files
-/// renamed). Errors (kIoError) name the path and the OS's reason; the temporary files are removed.
+/// renamed). A symlink is followed: its target is replaced, the link stays. A target that exists and is not a
+/// regular file (a pipe, a terminal, /dev/stdout) is written in place, after the others. Errors (kIoError) name
+/// the path and the OS's reason; the temporary files are removed.
 Status write_files_atomically(std::span<const FileContent> files);
 
 /// Writes `content` to `path` through a temporary file in the same directory and a rename, so `path` ends up

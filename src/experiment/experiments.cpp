@@ -35,6 +35,9 @@ constexpr std::string_view kDefaultConfig = "configs/paper-fig5.json";
 // What an experiment runs on: options resolved, files loaded and checked.
 struct Inputs {
   std::vector<std::string> trace_paths;
+  // How results record each trace: the path given, or a bundled trace's name relative to the bundle
+  // ("data/traces/conversation_trace.jsonl.gz"), so results do not depend on where crescent is installed.
+  std::vector<std::string> trace_records;
   std::vector<std::vector<trace::Request>> traces;  // one per path
   sim::ClusterConfig config;
   double time_scale = 1;
@@ -219,7 +222,7 @@ Result<Output> run_cache_capacity(const Inputs& in) {
          .style = LineStyle::kReference,
          .color = color});
     out.fields["traces"].push_back({{"name", name},
-                                    {"path", in.trace_paths[t]},
+                                    {"path", in.trace_records[t]},
                                     {"ceiling", json_or_null(stats.reuse_ceiling)},
                                     {"points", std::move(points)}});
   }
@@ -404,6 +407,7 @@ Result<Output> run_overload(const Inputs& in) {
                 .x_label = "admission policy",
                 .y_label = "rejected requests",
                 .y2_label = "goodput (requests/s meeting both SLOs)",
+                .integer_y = true,
                 .kind = PlotKind::kBars,
                 .categories = admissions,
                 .series = {rejected, goodput}};
@@ -491,6 +495,7 @@ Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions
   in.time_scale = options.time_scale.value_or(experiment.default_time_scale);
   in.block_size_tokens = options.block_size_tokens;
   in.trace_paths = options.traces;
+  in.trace_records = options.traces;
   if (in.trace_paths.empty()) {
     std::vector<std::string_view> defaults{kConversationTrace};
     if (experiment.several_traces) defaults.push_back(kSyntheticTrace);
@@ -498,6 +503,7 @@ Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions
       auto path = bundled_file(relative);
       if (!path.ok()) return path.status();
       in.trace_paths.push_back(*path);
+      in.trace_records.emplace_back(relative);
     }
   } else if (in.trace_paths.size() > 1 && !experiment.several_traces) {
     return Status::invalid_argument(
@@ -527,7 +533,7 @@ Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions
 Json provenance(const Experiment& experiment, const Inputs& in) {
   Json j;
   j["experiment"] = experiment.name;
-  if (!experiment.several_traces) j["trace"] = in.trace_paths.front();  // else in the experiment's "traces"
+  if (!experiment.several_traces) j["trace"] = in.trace_records.front();  // else in the experiment's "traces"
   j["config"] = sim::to_json(in.config);
   j["time_scale"] = in.time_scale;
   j["block_size_tokens"] = in.block_size_tokens;

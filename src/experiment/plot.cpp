@@ -136,6 +136,16 @@ std::string zoomed_range(Span span, bool log) {
   return fmt::format("[{}:{}]", span.lo - margin, span.hi + margin);
 }
 
+// The smallest of 1, 2, 5, 10, 20, 50, ... that is at least `at_least`.
+double whole_step(double at_least) {
+  if (!(at_least > 1)) return 1;
+  const double decade = std::pow(10, std::floor(std::log10(at_least)));
+  for (double m : {1.0, 2.0, 5.0}) {
+    if (m * decade >= at_least) return m * decade;
+  }
+  return 10 * decade;
+}
+
 // The settings of one y axis (the right one when `right`): log scale, and its range.
 std::string y_axis(const Plot& plot, bool right) {
   const std::string_view axis = right ? "y2" : "y";
@@ -149,6 +159,10 @@ std::string y_axis(const Plot& plot, bool right) {
       span.add(y, log);
       negative |= y < 0;
     }
+  }
+  if (!right && plot.integer_y && !log && !span.empty()) {
+    const double step = whole_step((std::max(span.hi, 0.0) - std::min(span.lo, 0.0)) / 10);
+    s += fmt::format("set ytics {}\nset format y '%.0f'\n", step);
   }
   if (span.empty()) {
     // No value to draw (statistics of nothing are NaN): a fixed range, or gnuplot fails "all points y value
@@ -168,9 +182,10 @@ std::string preamble(const Plot& plot) {
       "set title {} font ',14'\nset xlabel {}\nset ylabel {}\n"
       "set key below height 1\nset grid ytics lc rgb '#d0d0d0' dt 3\nset tics nomirror\nset border 3\n",
       gnuplot_string(plot.title), gnuplot_string(plot.x_label), gnuplot_string(plot.y_label));
-  bool any_value = false;
+  bool any_value = false;  // a value that can be drawn: finite, and > 0 on a log axis
   for (const auto& series : plot.series) {
-    for (double y : series.y) any_value |= std::isfinite(y);
+    const bool log = series.right_axis ? plot.log_y2 : plot.log_y;
+    for (double y : series.y) any_value |= std::isfinite(y) && (!log || y > 0);
   }
   if (!any_value) s += "set label 'no data' at graph 0.5, 0.5 center noenhanced\n";
   s += y_axis(plot, false);
@@ -190,16 +205,6 @@ std::set<double> data_x(const Plot& plot) {
     }
   }
   return xs;
-}
-
-// The smallest of 1, 2, 5, 10, 20, 50, ... that is at least `at_least`.
-double whole_step(double at_least) {
-  if (!(at_least > 1)) return 1;
-  const double decade = std::pow(10, std::floor(std::log10(at_least)));
-  for (double m : {1.0, 2.0, 5.0}) {
-    if (m * decade >= at_least) return m * decade;
-  }
-  return 10 * decade;
 }
 
 // The x axis of lines: the data's span with a margin; log scale and tics.

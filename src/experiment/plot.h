@@ -67,6 +67,9 @@ struct Plot {
   // kLines: x tics only at whole numbers, printed without decimals (e.g. instance counts), every 1, 2, 5,
   // 10, 20, ... so that there are at most 15; with log_x, only the whole-number x of the data get a tic.
   bool integer_x = false;
+  // kLines and kBars: left-axis tics only at whole numbers, printed without decimals (counts such as rejected
+  // requests), every 1, 2, 5, 10, ... so that there are at most about 10.
+  bool integer_y = false;
   PlotKind kind = PlotKind::kLines;
   std::vector<std::string> categories{};  // kBars: the clusters, left to right
   std::vector<PlotSeries> series{};

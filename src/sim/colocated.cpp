@@ -286,6 +286,7 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
     for (Node& node : nodes) node.advance_until(now_s);
     RequestOutcome& o = result.requests[req];
     o.arrival_s = now_s;
+    o.trace_line = r.line;
     o.input_tokens = r.input_tokens;
     o.output_tokens = r.output_tokens;
     ++result.counters.events;

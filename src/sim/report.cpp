@@ -144,6 +144,7 @@ std::string requests_jsonl(const SimResult& result, std::string_view policy) {
     auto when_done = [&](auto value) { return done ? nlohmann::json(value) : null; };
     const nlohmann::ordered_json line = {
         {"request", i},
+        {"line", o.trace_line > 0 ? nlohmann::json(o.trace_line) : null},
         {"policy", policy},
         {"arrival_s", o.arrival_s},
         {"outcome", done ? "completed" : "rejected"},

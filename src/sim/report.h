@@ -53,10 +53,11 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
 std::string no_completion_warning(const PolicyReport& report);
 
 /// The per-request results of `result` as JSON Lines, one object per request in trace order (what `crescent
-/// simulate --requests-out` writes): {"request" (0-based index among the trace's valid requests), "policy",
+/// simulate --requests-out` writes): {"request" (0-based index among the trace's valid requests), "line" (its
+/// line in the trace file; null for a trace not read from a file), "policy",
 /// "arrival_s", "outcome" ("completed" | "rejected"), "reject_reason" (null | "ttft" | "tbt" |
-/// "decode-capacity" | "context-length"), "prefill_instance", "decode_instance" (colocated systems: the node, twice),
-/// "prompt_tokens", "output_tokens", "hit_tokens" = "local_hit_tokens" + "fetched_hit_tokens",
+/// "decode-capacity" | "context-length"), "prefill_instance", "decode_instance" (colocated systems: the node,
+/// twice), "prompt_tokens", "output_tokens", "hit_tokens" = "local_hit_tokens" + "fetched_hit_tokens",
 /// "queue_wait_s", "prefix_load_s", "prefill_s" (GPU time), "ttft_s" (disaggregated: the sum of the three
 /// before), "tbt_s" (mean of the longest 10% of its token gaps), "max_token_gap_s", "e2e_s" (arrival → last
 /// token)}. Seconds of virtual time from the first arrival. What does not apply is null: every instance, hit

@@ -66,6 +66,8 @@ class DecodeInstance {
       : cost_(&cost), kv_capacity_tokens_(kv_capacity_tokens), state_(state) {}
 
   conductor::DecodeLoad load() const { return {running_, waiting_load_, incoming_, kv_capacity_tokens_}; }
+  // Whether it has requests running, waiting for HBM room, or on their way.
+  bool busy() const { return stepping_ || !waiting_.empty() || incoming_.requests > 0; }
 
   // The Conductor placed request `req` here; its KV will arrive after prefill.
   void expect(uint32_t req) { add(incoming_, req, +1); }
@@ -233,6 +235,14 @@ class Simulation final : public conductor::ClusterView {
         options_.progress({req + 1, static_cast<int64_t>(trace_.size()), arrival_s});
       }
     }
+    // Keep sampling the loads until the cluster has drained, so short traces and overloaded runs show it.
+    if (options_.load_sample_interval_s > 0) {
+      while (!events_.empty() || std::ranges::any_of(decode_, &DecodeInstance::busy)) {
+        drain_events_until(next_sample_s);
+        sample_load(next_sample_s);
+        next_sample_s += options_.load_sample_interval_s;
+      }
+    }
     drain_events_until(kInf);
     for (auto& d : decode_) d.advance_until(kInf);
     for (const auto& o : result_.requests) result_.makespan_s = std::max(result_.makespan_s, o.finish_s);
@@ -289,6 +299,7 @@ class Simulation final : public conductor::ClusterView {
     const trace::Request& r = trace_[req];
     RequestOutcome& o = result_.requests[req];
     o.arrival_s = now_s;
+    o.trace_line = r.line;
     o.input_tokens = r.input_tokens;
     o.output_tokens = r.output_tokens;
     ++result_.counters.events;
@@ -308,15 +319,16 @@ class Simulation final : public conductor::ClusterView {
     const int64_t block = options_.block_size_tokens;
 
     // A remote prefix is read from its holder once the holder has computed it; it stays pinned there
-    // meanwhile.
+    // meanwhile. The holder's whole matching prefix is touched (and pinned), not only the fetched blocks, so
+    // its cache keeps the prefix's head at least as recent as its tail (kv/block_cache.h).
     double fetch_ready_s = 0;
     if (dec.fetched_prefix_tokens > 0) {
       const auto first = static_cast<size_t>(dec.local_prefix_tokens / block);
-      const auto count = static_cast<size_t>((dec.prefix_tokens() + block - 1) / block) - first;
-      const auto fetched = std::span<const BlockKey>(r.block_keys).subspan(first, count);
-      fetch_ready_s = prefix_ready_s(dec.fetch_from, fetched);
+      const auto end = static_cast<size_t>((dec.prefix_tokens() + block - 1) / block);
+      const auto keys = std::span<const BlockKey>(r.block_keys);
+      fetch_ready_s = prefix_ready_s(dec.fetch_from, keys.subspan(first, end - first));
       f.fetch_source = dec.fetch_from;
-      f.pinned_at_source = touch_and_pin(dec.fetch_from, fetched, now_s);
+      f.pinned_at_source = touch_and_pin(dec.fetch_from, keys.first(end), now_s);
     }
 
     // FIFO with predicted service times: the start and end of this prefill are known now.

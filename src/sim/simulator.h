@@ -63,12 +63,13 @@ struct SimOptions {
 /// fewer than 2 output tokens (requests_jsonl() writes them as null).
 struct RequestOutcome {
   double arrival_s = 0;
-  double ttft_s = 0;    // arrival → first token (end of prefill) = queue_wait_s + prefix_load_s + prefill
-  double tbt_s = 0;     // mean of the longest 10% of its token gaps (paper §5.1)
+  double ttft_s = 0;  // arrival → first token (end of prefill) = queue_wait_s + prefix_load_s + prefill
+  double tbt_s = 0;   // mean of the longest 10% of its token gaps (paper §5.1)
   double max_token_gap_s = 0;  // its longest token gap (the first includes KV transfer and waiting for HBM)
   double finish_s = 0;         // last token (the arrival when rejected)
   double queue_wait_s = 0;     // arrival → its prefill could start (queue; remote prefix not yet computed)
   double prefix_load_s = 0;    // fetching the remote part of its prefix and loading the prefix into HBM
+  int64_t trace_line = 0;      // the request's line in its trace file (trace::Request::line)
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
   int64_t prefix_hit_tokens = 0;  // prompt tokens reused: local cache + fetched
@@ -101,7 +102,7 @@ struct SimResult {
   std::vector<RequestOutcome> requests;  // in trace order
   SimCounters counters;
   double makespan_s = 0;                // virtual time when the last request finished
-  std::vector<LoadSample> load_series;  // every SimOptions::load_sample_interval_s, while requests arrive
+  std::vector<LoadSample> load_series;  // every SimOptions::load_sample_interval_s, until the cluster drains
 };
 
 /// When `trace`[i] arrives, in seconds of virtual time: time is measured from the first request's arrival

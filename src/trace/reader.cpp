@@ -379,7 +379,10 @@ Result<bool> TraceReader::next(Request& out) {
     if (!*read) return false;
     if (!s.line_too_long && is_blank(s.line)) continue;
     std::optional<LineError> error = s.parse_line(out);
-    if (!error) return true;
+    if (!error) {
+      out.line = s.line_number;
+      return true;
+    }
     if (!s.options.skip_invalid) {
       s.failed = Status::invalid_argument(std::move(error->message));
       return s.failed;
@@ -397,10 +400,12 @@ int64_t TraceReader::line_number() const {
 }
 
 Status empty_trace_error(const std::string& path, const SkipReport& skipped) {
-  if (skipped.total_lines == 0) return Status::invalid_argument(fmt::format("{}: the trace has no requests", path));
-  return Status::invalid_argument(fmt::format("{}: the trace has no valid requests (all {} non-blank lines were "
-                                              "skipped as invalid)",
-                                              path, skipped.total_lines));
+  if (skipped.total_lines == 0)
+    return Status::invalid_argument(fmt::format("{}: the trace has no requests", path));
+  return Status::invalid_argument(
+      fmt::format("{}: the trace has no valid requests (all {} non-blank lines were "
+                  "skipped as invalid)",
+                  path, skipped.total_lines));
 }
 
 Result<std::vector<Request>> read_trace(const std::string& path, const ReadOptions& options,

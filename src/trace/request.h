@@ -15,6 +15,7 @@ struct Request {
   int64_t output_tokens = 0;  // generated tokens, including the first one (`output_length`)
   /// One key per block of the prompt (`hash_ids`): ceil(input_tokens / block_size) entries.
   std::vector<BlockKey> block_keys;
+  int64_t line = 0;  // 1-based line of the trace file it was read from (0 when not read from a file)
 };
 
 }  // namespace crescent::trace

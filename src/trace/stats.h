@@ -51,11 +51,11 @@ struct HotBlock {
 /// rate over a zero span, a ratio of no input tokens) is std::nullopt, never 0.
 struct TraceStats {
   int64_t requests = 0;
-  double span_s = 0;                                // latest minus earliest arrival (0 for < 2 requests)
-  std::optional<double> arrival_rate_per_s;         // requests / span_s; none when span_s is 0
-  std::optional<LengthStats> input_tokens;          // none without requests
-  std::optional<LengthStats> output_tokens;         // none without requests
-  std::optional<double> reuse_ceiling;              // hit ratio of an unbounded cache
+  double span_s = 0;                         // latest minus earliest arrival (0 for < 2 requests)
+  std::optional<double> arrival_rate_per_s;  // requests / span_s; none when span_s is 0
+  std::optional<LengthStats> input_tokens;   // none without requests
+  std::optional<LengthStats> output_tokens;  // none without requests
+  std::optional<double> reuse_ceiling;       // hit ratio of an unbounded cache
   /// One per AnalyzerOptions::capacities_tokens, in the same order.
   std::vector<CapacityHitRatio> hit_ratio_by_capacity;
   /// Most references first, ties by smaller key.

@@ -10,6 +10,8 @@
 #include <iterator>
 #include <string>
 
+#include "test_support/temp_dir.h"
+
 namespace crescent {
 namespace {
 
@@ -107,6 +109,20 @@ TEST(WriteFilesAtomically, AWriteFailureLeavesEveryTargetAsItWas) {
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++entries;
   EXPECT_EQ(entries, 1u);  // no temporary file left behind
   std::filesystem::remove_all(dir);
+}
+
+TEST(WriteFileAtomically, FollowsSymlinksAndWritesSpecialFilesInPlace) {
+  test::TempDir dir;
+  const std::string real = dir.file("real.jsonl"), link = dir.file("link.jsonl");
+  std::ofstream(real) << "old";
+  fs::create_symlink(real, link);
+  ASSERT_TRUE(write_file_atomically(link, "new").ok());
+  EXPECT_TRUE(fs::is_symlink(link));  // the link stays, its target has the content
+  std::ifstream in(real);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "new");
+  // A device is written, never replaced.
+  ASSERT_TRUE(write_file_atomically("/dev/null", "lines\n").ok());
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
 }
 
 }  // namespace

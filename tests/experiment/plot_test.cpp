@@ -309,6 +309,21 @@ TEST(RenderSvg, IntegerXTicsAreWholeNumbers) {
   for (int i = 1; i <= 15; ++i) EXPECT_THAT(labels, Contains(static_cast<double>(i)));
 }
 
+// Counts on the left axis (rejected requests): whole-number tics even when the counts are small.
+TEST(RenderSvg, IntegerYHasWholeNumberTics) {
+  Plot plot{.title = "rejections",
+            .kind = PlotKind::kBars,
+            .categories = {"none", "slo"},
+            .series = {{.name = "rejected", .y = {0, 3}}}};
+  const auto plain = render_svg(plot);
+  expect_svg(plain);
+  EXPECT_THAT(numeric_labels(*plain), Contains(0.5)) << "the case integer_y is for";
+  plot.integer_y = true;
+  const auto svg = render_svg(plot);
+  expect_svg(svg);
+  EXPECT_THAT(numeric_labels(*svg), Each(::testing::Truly(is_whole)));
+}
+
 TEST(RenderSvg, IntegerXOverAWideRangeHasAtMost15Tics) {
   const Plot plot{
       .title = "wide", .integer_x = true, .series = {{.name = "s", .x = {0, 1000}, .y = {0.25, 0.75}}}};

@@ -196,6 +196,19 @@ TEST(Simulator, EpochTimestampsRunLikeTheTraceShiftedToZero) {
   }
 }
 
+// Load samples go on until the cluster has drained, not only while requests arrive: a short trace's loads
+// are still plotted.
+TEST(Simulator, LoadSamplesLastUntilTheClusterDrains) {
+  const ClusterConfig c = small_cluster(1, 1);
+  auto result = simulate(c, std::vector<trace::Request>{request(0, 8192, 2000, std::vector<BlockKey>(16, 7))},
+                         {.load_sample_interval_s = 1});
+  ASSERT_TRUE(result.ok());
+  ASSERT_GT(result->makespan_s, 10);
+  ASSERT_FALSE(result->load_series.empty());
+  EXPECT_GE(result->load_series.back().time_s, result->makespan_s - 1);
+  EXPECT_GT(result->load_series[5].decode_running, 0);
+}
+
 TEST(Simulator, SameInputsSameResult) {
   const ClusterConfig c = small_cluster(4, 2);
   auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/synthetic_trace.jsonl.gz", {});
