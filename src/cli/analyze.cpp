@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "common/json_util.h"
 #include "common/status.h"
+#include "common/text_format.h"
 #include "trace/reader.h"
 #include "trace/stats.h"
 
@@ -76,7 +77,7 @@ Result<std::vector<std::optional<int64_t>>> parse_capacities(std::string_view li
 
 // A ratio as a percentage; "n/a" for a ratio of nothing.
 std::string percent(std::optional<double> ratio) {
-  return ratio ? fmt::format("{:.2f}%", 100 * *ratio) : "n/a";
+  return format_or_na(ratio, 100, 2, "%");
 }
 
 void print_text(const std::string& path, const trace::TraceStats& stats, int64_t block_size_tokens) {
@@ -182,7 +183,9 @@ int run(const AnalyzeArgs& args) {
                                        .capacities_tokens = std::move(*capacities)};
   for (size_t i = 0; i < args.traces.size(); ++i) {
     if (i > 0 && !args.json) fmt::print("\n");
-    if (Status status = analyze(args.traces[i], args, options); !status.ok()) return fail(status);
+    if (Status status = analyze(args.traces[i], args, options); !status.ok()) {
+      return fail(with_bundled_trace_hint(status, args.traces[i]));
+    }
   }
   return 0;
 }

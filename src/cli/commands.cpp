@@ -4,12 +4,23 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+
+#include "common/bundled_files.h"
 
 namespace crescent::cli {
 
 int fail(const Status& status) {
   fmt::print(stderr, "error: {}\n", status.message());
   return kExitBadInput;
+}
+
+Status with_bundled_trace_hint(const Status& status, const std::string& path) {
+  if (status.code() != StatusCode::kNotFound || std::filesystem::path(path).is_absolute()) return status;
+  auto bundled = bundled_file(path);
+  if (!bundled.ok()) return status;
+  return Status::not_found(
+      fmt::format("{} (the bundled trace of that name is {})", status.message(), *bundled));
 }
 
 void run_guarded(int& exit_code, const std::function<int()>& body) {

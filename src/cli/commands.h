@@ -17,6 +17,11 @@ inline constexpr int kExitBadInput = 2;
 /// Prints "error: <message>" (one line) on stderr and returns kExitBadInput.
 int fail(const Status& status);
 
+/// `status` of opening trace `path`, with a hint when `path` is relative, not found here, and one of the
+/// bundled traces (e.g. "data/traces/conversation_trace.jsonl.gz" run from outside the source tree):
+/// where the bundled copy is.
+Status with_bundled_trace_hint(const Status& status, const std::string& path);
+
 /// Runs a subcommand's body and stores its exit code; an exception escaping it (stdout closed, out of memory)
 /// becomes one "error: ..." line and exit code 1 instead of a crash.
 void run_guarded(int& exit_code, const std::function<int()>& body);

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "common/atomic_file.h"
 #include "common/bundled_files.h"
+#include "common/text_format.h"
 #include "conductor/conductor.h"
 #include "sim/cluster_config.h"
 #include "sim/report.h"
@@ -62,16 +63,6 @@ std::string requests_out_path(const std::string& file, const std::string& policy
   return named.string();
 }
 
-// "3,000,000 tokens" / "2,048 tokens", so small test caches do not print as "0.0M".
-std::string tokens(int64_t n) {
-  std::string digits = std::to_string(n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out + " tokens";
-}
-
 int run_simulate(const SimulateArgs& args) {
   if (args.limit < 0) return fail(Status::invalid_argument("--limit must be >= 0"));
   // Options that would be ignored are errors, and every name is checked before the trace is read.
@@ -98,9 +89,8 @@ int run_simulate(const SimulateArgs& args) {
   if (!system.ok()) return fail(system.status());
   if (args.chunk_tokens_given && *system != sim::System::kColocatedChunkedPrefill) {
     return fail(Status::invalid_argument(
-        fmt::format("--chunk-tokens sets the chunked-prefill budget of --system colocated-chunked-prefill; "
-                    "system '{}' does "
-                    "not chunk (the disaggregated prefill chunk is the config's prefill_chunk_tokens)",
+        fmt::format("--chunk-tokens applies to --system colocated-chunked-prefill only, not '{}' (a "
+                    "disaggregated cluster's KV streaming chunk is the config's prefill_chunk_tokens)",
                     args.system)));
   }
   if (*system != sim::System::kDisaggregated) {
@@ -140,7 +130,7 @@ int run_simulate(const SimulateArgs& args) {
                                      .skip_invalid = args.skip_invalid,
                                      .max_requests = args.limit},
                                     &skipped);
-  if (!requests.ok()) return fail(requests.status());
+  if (!requests.ok()) return fail(with_bundled_trace_hint(requests.status(), args.trace_path));
   if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
   if (requests->empty()) return fail(trace::empty_trace_error(args.trace_path, skipped));
 
@@ -194,7 +184,7 @@ int run_simulate(const SimulateArgs& args) {
           "cluster {}: {} prefill + {} decode instances of {} serving {}, prefill cache {} each, admission "
           "{}\n\n",
           c.name, c.prefill_instances, c.decode_instances, c.hardware.name, c.model.name,
-          tokens(c.prefill_cache_capacity_tokens), args.admission);
+          grouped(c.prefill_cache_capacity_tokens) + " tokens", args.admission);
     } else {
       fmt::print(report, "cluster {}: {} colocated instances of {} serving {} ({})\n\n", c.name,
                  c.prefill_instances + c.decode_instances, c.hardware.name, c.model.name, args.system);

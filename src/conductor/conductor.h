@@ -134,17 +134,18 @@ struct Decision {
 
 /// Places requests. Holds options, the cost model, scratch space and its own memory of where it placed
 /// requests lately (PlacementHistory, for tie-breaks): every fact about the cluster comes from the
-/// ClusterView passed to schedule(). Every policy breaks ties (estimates within kTieToleranceS) between
-/// prefill instances, decode instances and fetch sources by fewest recent placements, then round robin, never
-/// by index. Not thread-safe (scratch, RNG, history).
+/// ClusterView passed to schedule(). Every policy breaks ties (exactly equal estimates, as idle queues and
+/// equal prefixes give) between prefill instances, decode instances and fetch sources by fewest recent
+/// placements, then round robin, never by index. Not thread-safe (scratch, RNG, history).
 class Conductor {
  public:
   /// `cost_model` must outlive the Conductor.
   Conductor(const perf::CostModel& cost_model, ConductorOptions options);
 
   /// Chooses prefill and decode instances for `request` arriving at `now_s` (seconds, non-decreasing across
-  /// calls). Never fails; a refusal is reported in Decision::rejected (the live server answers it with HTTP
-  /// 429). An accepted decision is recorded as a placement (it counts in later tie-breaks).
+  /// calls). Never fails; a refusal is reported in Decision::rejected (the live server answers HTTP 429, or
+  /// 400 for RejectReason::kContextLength). An accepted decision is recorded as a placement (it counts in
+  /// later tie-breaks).
   Decision schedule(const ClusterView& cluster, const RequestInfo& request, double now_s);
 
   const ConductorOptions& options() const { return options_; }

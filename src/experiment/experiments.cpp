@@ -14,6 +14,7 @@
 #include "common/atomic_file.h"
 #include "common/bundled_files.h"
 #include "common/json_util.h"
+#include "common/text_format.h"
 #include "conductor/conductor.h"
 #include "experiment/plot.h"
 #include "experiment/progress.h"
@@ -97,13 +98,13 @@ std::string text_table(const std::vector<std::string>& header,
 
 // Table cells: a ratio as a percentage, seconds, milliseconds; "n/a" for a statistic of nothing.
 std::string percent_cell(std::optional<double> ratio) {
-  return ratio ? fmt::format("{:.1f}%", *ratio * 100) : "n/a";
+  return format_or_na(ratio, 100, 1, "%");
 }
 std::string seconds_cell(std::optional<double> s) {
-  return s ? fmt::format("{:.2f} s", *s) : "n/a";
+  return format_or_na(s, 1, 2, " s");
 }
 std::string ms_cell(std::optional<double> s) {
-  return s ? fmt::format("{:.1f} ms", *s * 1000) : "n/a";
+  return format_or_na(s, 1000, 1, " ms");
 }
 
 // `ms` as JSON: an integer when it is whole (100), else a number (12.5).
@@ -462,14 +463,16 @@ Result<Output> run_pd_ratio(const Inputs& in) {
     rows.push_back({label, percent_cell(effective), seconds_cell(r.ttft_mean_s), ms_cell(r.tbt_mean_s)});
   }
   out.table = text_table({"split", "effective capacity", "mean TTFT", "mean TBT"}, rows);
-  out.figure = {.panels = {{.title = fmt::format("Prefill/decode splits of {} nodes: {}", nodes,
-                                                 run_name(in, in.config)),
-                            .x_label = fmt::format("prefill instances (decode = {} - prefill)", nodes),
-                            .y_label = "effective request capacity (%)",
-                            .y2_label = "mean TTFT and mean TBT (s, log scale)",
-                            .log_y2 = true,
-                            .integer_x = true,
-                            .series = {capacity, ttft, tbt}}}};
+  out.figure = {
+      .panels = {{.title = fmt::format("Prefill/decode splits of {} nodes of {}, {}: {} x{:g} ({})", nodes,
+                                       in.config.hardware.name, in.config.model.name,
+                                       trace_name(in.trace_paths[0]), in.time_scale, in.config.name),
+                  .x_label = fmt::format("prefill instances (decode = {} - prefill)", nodes),
+                  .y_label = "effective request capacity (%)",
+                  .y2_label = "mean TTFT and mean TBT (s, log scale)",
+                  .log_y2 = true,
+                  .integer_x = true,
+                  .series = {capacity, ttft, tbt}}}};
   return out;
 }
 

@@ -5,21 +5,14 @@
 
 #include <cstdio>
 
+#include "common/text_format.h"
+
 namespace crescent::experiment {
 namespace {
 
 constexpr auto kMinRedraw = std::chrono::milliseconds(100);  // at most 10 updates a second
 
 // 12031 -> "12,031". REQUIRES: n >= 0.
-std::string grouped(int64_t n) {
-  const std::string digits = std::to_string(n);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
 
 }  // namespace
 

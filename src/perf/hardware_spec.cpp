@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/json_util.h"
+#include "perf/spec_json.h"
 
 namespace crescent::perf {
 namespace {
@@ -136,24 +137,9 @@ Result<HardwareSpec> hardware_from_json(const nlohmann::json& j, const std::stri
         fmt::format("{}: must be a hardware preset name or an object, got {}", where, j.dump()));
   }
   JsonFields f(j, where);
-  std::vector<std::string_view> known(kFields.begin(), kFields.end());
-  known.push_back("preset");
-  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys(known));
-  HardwareSpec spec;
-  const bool from_preset = j.contains("preset");
-  if (from_preset) {
-    std::string preset_name;
-    CRESCENT_RETURN_IF_ERROR(f.string("preset", preset_name));
-    auto preset = hardware_preset(preset_name);
-    if (!preset.ok()) {
-      return Status::not_found(fmt::format("{}: field 'preset': {}", where, preset.status().message()));
-    }
-    spec = std::move(preset).value();
-    spec.name = preset_override_name(preset_name, j);
-  } else {
-    CRESCENT_RETURN_IF_ERROR(
-        f.no_missing_keys(kFields));  // with a preset every field is an optional override
-  }
+  auto base = spec_base<HardwareSpec>(j, where, kFields, &hardware_preset);
+  if (!base.ok()) return base.status();
+  HardwareSpec spec = std::move(base).value();
   CRESCENT_RETURN_IF_ERROR(f.string("name", spec.name, false));
   CRESCENT_RETURN_IF_ERROR(f.integer("gpus", spec.gpus, 1, false));
   CRESCENT_RETURN_IF_ERROR(f.positive_number("peak_flops_per_gpu", spec.peak_flops_per_gpu, false));

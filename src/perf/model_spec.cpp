@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/json_util.h"
+#include "perf/spec_json.h"
 
 namespace crescent::perf {
 namespace {
@@ -118,24 +119,15 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j, const std::string& wh
         fmt::format("{}: must be a model preset name or an object, got {}", where, j.dump()));
   }
   JsonFields f(j, where);
-  std::vector<std::string_view> known(kFields.begin(), kFields.end());
-  known.push_back("preset");
-  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys(known));
-  ModelSpec spec;
-  const bool from_preset = j.contains("preset");
-  if (from_preset) {
-    std::string preset_name;
-    CRESCENT_RETURN_IF_ERROR(f.string("preset", preset_name));
-    auto preset = model_preset(preset_name);
-    if (!preset.ok()) {
-      return Status::not_found(fmt::format("{}: field 'preset': {}", where, preset.status().message()));
-    }
-    spec = std::move(preset).value();
-    spec.name = preset_override_name(preset_name, j);
-  } else {
-    CRESCENT_RETURN_IF_ERROR(
-        f.no_missing_keys(kFields));  // with a preset every field is an optional override
+  if (j.contains("ffn_size")) {  // read by earlier versions, never used by the cost model
+    return Status::invalid_argument(
+        fmt::format("{}: field 'ffn_size' is no longer read (the cost model counts the MLP through "
+                    "'parameters'): remove it",
+                    where));
   }
+  auto base = spec_base<ModelSpec>(j, where, kFields, &model_preset);
+  if (!base.ok()) return base.status();
+  ModelSpec spec = std::move(base).value();
   CRESCENT_RETURN_IF_ERROR(f.string("name", spec.name, false));
   CRESCENT_RETURN_IF_ERROR(f.integer("layers", spec.layers, 1, false));
   CRESCENT_RETURN_IF_ERROR(f.integer("hidden_size", spec.hidden_size, 1, false));

@@ -1,6 +1,7 @@
 #include "sim/cluster_config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <array>
 #include <cmath>
@@ -80,21 +81,44 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
   ClusterConfig c;
   JsonFields f(j, where);
   CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys(kFields));
-  CRESCENT_RETURN_IF_ERROR(f.no_missing_keys(kRequiredFields));
   CRESCENT_RETURN_IF_ERROR(f.string("name", c.name, /*required=*/false));
   CRESCENT_RETURN_IF_ERROR(f.string("description", c.description, /*required=*/false));
-  auto model = perf::model_from_json(j["model"], where + ": model");
-  if (!model.ok()) return model.status();
-  c.model = *model;
-  auto hardware = perf::hardware_from_json(j["hardware"], where + ": hardware");
-  if (!hardware.ok()) return hardware.status();
-  c.hardware = *hardware;
+  // What is missing at the top level, in the model and in the hardware is reported together, so one run names
+  // every gap.
+  std::vector<Status> problems;
+  if (Status missing = f.no_missing_keys(kRequiredFields); !missing.ok()) problems.push_back(missing);
+  if (j.contains("model")) {
+    auto model = perf::model_from_json(j["model"], where + ": model");
+    if (model.ok()) {
+      c.model = *model;
+    } else {
+      problems.push_back(model.status());
+    }
+  }
+  if (j.contains("hardware")) {
+    auto hardware = perf::hardware_from_json(j["hardware"], where + ": hardware");
+    if (hardware.ok()) {
+      c.hardware = *hardware;
+    } else {
+      problems.push_back(hardware.status());
+    }
+  }
+  if (problems.size() == 1) return problems.front();
+  if (!problems.empty()) {
+    std::vector<std::string> messages;
+    for (const Status& p : problems) messages.push_back(p.message());
+    return Status::invalid_argument(fmt::format("{}", fmt::join(messages, "; ")));
+  }
 
   int64_t prefill = c.prefill_instances, decode = c.decode_instances, seed = 1;
   CRESCENT_RETURN_IF_ERROR(f.integer("prefill_instances", prefill, 1));
   CRESCENT_RETURN_IF_ERROR(f.integer("decode_instances", decode, 1));
-  if (prefill > 65536 || decode > 65536) {
-    return Status::invalid_argument(fmt::format("{}: at most 65536 instances per pool", where));
+  for (const auto& [field, value] :
+       {std::pair{"prefill_instances", prefill}, std::pair{"decode_instances", decode}}) {
+    if (value > 65536) {
+      return Status::invalid_argument(
+          fmt::format("{}: field '{}' must be <= 65536, got {}", where, field, value));
+    }
   }
   c.prefill_instances = static_cast<uint32_t>(prefill);
   c.decode_instances = static_cast<uint32_t>(decode);

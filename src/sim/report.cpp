@@ -9,6 +9,7 @@
 
 #include "common/json_util.h"
 #include "common/percentile.h"
+#include "common/text_format.h"
 
 namespace crescent::sim {
 namespace {
@@ -34,8 +35,7 @@ std::optional<double> ratio(double numerator, double denominator) {
 
 // A table cell: `value` * scale with `decimals` and `unit`, right-aligned in `width`; "n/a" for nothing.
 std::string cell(std::optional<double> value, int width, double scale, int decimals, std::string_view unit) {
-  const std::string text = value ? fmt::format("{:.{}f}{}", *value * scale, decimals, unit) : "n/a";
-  return fmt::format("{:>{}}", text, width);
+  return fmt::format("{:>{}}", format_or_na(value, scale, decimals, unit), width);
 }
 
 }  // namespace

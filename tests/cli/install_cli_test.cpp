@@ -45,6 +45,13 @@ TEST(InstallCli, InstalledBinaryFindsItsBundledFilesFromAnyDirectory) {
   ASSERT_EQ(simulate.exit_code, 0) << simulate.err;
   EXPECT_THAT(simulate.out, HasSubstr("cluster installed-fig5: 8 prefill + 8 decode instances"));
 
+  // The README's relative trace paths point at the installed copy when run elsewhere.
+  const CliRun relative =
+      run_shell(in_elsewhere + "crescent simulate data/traces/conversation_trace.jsonl.gz");
+  EXPECT_EQ(relative.exit_code, 2);
+  EXPECT_THAT(relative.err, HasSubstr("the bundled trace of that name is " + share +
+                                      "/data/traces/conversation_trace.jsonl.gz"));
+
   const CliRun experiment = run_shell(in_elsewhere + "crescent experiment scheduling --out out");
   ASSERT_EQ(experiment.exit_code, 0) << experiment.err;
   nlohmann::json result;

@@ -236,6 +236,7 @@ TEST(UserScenarios, RequestsOutExplainsEachRequest) {
     EXPECT_TRUE(lines[1].contains(key)) << key;
   }
   EXPECT_EQ(lines[1]["request"], 1);
+  EXPECT_EQ(lines[1]["line"], 2);  // its line in the trace file
   EXPECT_EQ(lines[1]["outcome"], "completed");
   EXPECT_EQ(lines[1]["prompt_tokens"], 4096);
   EXPECT_DOUBLE_EQ(lines[1]["queue_wait_s"].get<double>(), lines[0]["ttft_s"].get<double>());
@@ -245,6 +246,18 @@ TEST(UserScenarios, RequestsOutExplainsEachRequest) {
               1e-9);
   EXPECT_GE(lines[1]["max_token_gap_s"].get<double>(), lines[1]["tbt_s"].get<double>());
   EXPECT_GT(lines[1]["e2e_s"].get<double>(), lines[1]["ttft_s"].get<double>());
+  EXPECT_THAT(run.err, HasSubstr("wrote 2 per-request lines (global-cache-aware) to " + s.file("r.jsonl")));
+
+  // '-': the lines on stdout, the report on stderr.
+  const CliRun piped =
+      run_crescent("simulate --config " + quote(config) + " " + quote(trace) + " --requests-out -");
+  ASSERT_EQ(piped.exit_code, 0) << piped.err;
+  std::istringstream out(piped.out);
+  int n = 0;
+  for (std::string line; std::getline(out, line); ++n)
+    EXPECT_EQ(json::parse(line)["policy"], "global-cache-aware");
+  EXPECT_EQ(n, 2);
+  EXPECT_THAT(piped.err, HasSubstr("TTFT mean"));
 }
 
 // §7: options that would be ignored are errors, named before any work is done.
@@ -262,9 +275,9 @@ TEST(UserScenarios, IgnoredOptionsAreErrors) {
   expect_error(run_crescent(sim + quote(trace) + " --policy random --compare random,cache-aware"),
                "--policy and --compare both choose prefill policies");
   expect_error(run_crescent(sim + quote(trace) + " --chunk-tokens 256"),
-               "system 'disaggregated' does not chunk");
+               "colocated-chunked-prefill only, not 'disaggregated'");
   expect_error(run_crescent(sim + quote(trace) + " --system colocated --chunk-tokens 256"),
-               "system 'colocated' does not chunk");
+               "colocated-chunked-prefill only, not 'colocated'");
   EXPECT_EQ(
       run_crescent(sim + quote(trace) + " --system colocated-chunked-prefill --chunk-tokens 256").exit_code,
       0);

@@ -66,6 +66,18 @@ TEST(ClusterConfig, ImpossibleValuesAreNamed) {
   EXPECT_THAT(error_of(j), HasSubstr("missing fields 'model', 'decode_instances'"));
   EXPECT_THAT(error_of(json::object()),
               HasSubstr("missing fields 'model', 'hardware', 'prefill_instances', 'decode_instances'"));
+  // Gaps at the top level, in the model and in the hardware, all in one message.
+  j = valid();
+  j.erase("decode_instances");
+  j["model"] = {{"name", "m"}, {"layers", 2}};
+  j["hardware"] = {{"name", "h"}, {"gpus", 1}};
+  const std::string all = error_of(j);
+  EXPECT_THAT(all, HasSubstr("missing field 'decode_instances'"));
+  EXPECT_THAT(all, HasSubstr("model: missing fields 'hidden_size', 'attention_heads'"));
+  EXPECT_THAT(all, HasSubstr("hardware: missing fields 'peak_flops_per_gpu'"));
+  j = valid();
+  j["decode_instances"] = 70000;
+  EXPECT_THAT(error_of(j), HasSubstr("field 'decode_instances' must be <= 65536, got 70000"));
 }
 
 TEST(ClusterConfig, MissingOrBrokenFileIsAnError) {
