@@ -87,22 +87,18 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
   // every gap.
   std::vector<Status> problems;
   if (Status missing = f.no_missing_keys(kRequiredFields); !missing.ok()) problems.push_back(missing);
-  if (j.contains("model")) {
-    auto model = perf::model_from_json(j["model"], where + ": model");
-    if (model.ok()) {
-      c.model = *model;
+  // Parses `j[key]` with `from_json` into `out`, or records why not.
+  auto parse = [&](const char* key, auto from_json, auto& out) {
+    if (!j.contains(key)) return;
+    auto spec = from_json(j[key], where + ": " + key);
+    if (spec.ok()) {
+      out = *spec;
     } else {
-      problems.push_back(model.status());
+      problems.push_back(spec.status());
     }
-  }
-  if (j.contains("hardware")) {
-    auto hardware = perf::hardware_from_json(j["hardware"], where + ": hardware");
-    if (hardware.ok()) {
-      c.hardware = *hardware;
-    } else {
-      problems.push_back(hardware.status());
-    }
-  }
+  };
+  parse("model", perf::model_from_json, c.model);
+  parse("hardware", perf::hardware_from_json, c.hardware);
   if (problems.size() == 1) return problems.front();
   if (!problems.empty()) {
     std::vector<std::string> messages;

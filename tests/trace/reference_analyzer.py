@@ -31,14 +31,19 @@ def open_trace(path):
         path, "rt", encoding="utf-8-sig")
 
 
+def hit_tokens(input_length, keys, cached, block_size):
+    """Tokens of a request covered by the leading run of its keys found in `cached`."""
+    run = 0
+    while run < len(keys) and keys[run] in cached:
+        run += 1
+    return min(run * block_size, input_length)
+
+
 def lru_hits(requests, capacity_blocks, block_size):
     cache = OrderedDict()  # key -> None, least recently used first
     hit = 0
     for input_length, keys in requests:
-        run = 0
-        while run < len(keys) and keys[run] in cache:
-            run += 1
-        hit += min(run * block_size, input_length)
+        hit += hit_tokens(input_length, keys, cache, block_size)
         touched = []
         seen = set()
         for key in keys:
@@ -73,10 +78,7 @@ def reference(path, capacities, block_size=512):
     seen = set()
     ceiling = 0
     for input_length, keys in requests:
-        run = 0
-        while run < len(keys) and keys[run] in seen:
-            run += 1
-        ceiling += min(run * block_size, input_length)
+        ceiling += hit_tokens(input_length, keys, seen, block_size)
         seen.update(keys)
     out = {"requests": len(requests), "reuse_ceiling": ceiling / total, "hit_ratio_by_capacity": []}
     for c in capacities:
