@@ -56,6 +56,18 @@ std::string line(int64_t timestamp, int64_t input, int64_t output, const std::st
          ", \"output_length\": " + std::to_string(output) + ", \"hash_ids\": [" + hash_ids + "]}\n";
 }
 
+// Read with skip_invalid, the trace at `path` (two valid lines around one invalid one) gives the two
+// requests and one skipped line, for `reason`, whose message is `message`.
+void expect_skipped_once(const std::string& path, const std::string& reason, const std::string& message) {
+  SkipReport skipped;
+  Result<std::vector<Request>> rest = read_trace(path, {.skip_invalid = true}, &skipped);
+  ASSERT_TRUE(rest.ok()) << rest.status().to_string();
+  EXPECT_EQ(rest->size(), 2u);
+  ASSERT_EQ(skipped.reasons.size(), 1u);
+  EXPECT_EQ(skipped.reasons[0].reason, reason);
+  EXPECT_EQ(skipped.reasons[0].first_message, message);
+}
+
 auto fields(const Request& r) {
   return std::tie(r.timestamp_ms, r.input_tokens, r.output_tokens, r.block_keys);
 }
@@ -192,13 +204,7 @@ TEST_F(ReaderTest, EachValidationRuleNamesFileLineAndField) {
       EXPECT_EQ((*reader)->line_number(), 3);
       EXPECT_EQ((*reader)->next(request).status().message(), second.status().message());  // the error sticks
 
-      SkipReport skipped;
-      Result<std::vector<Request>> rest = read_trace(path, {.skip_invalid = true}, &skipped);
-      ASSERT_TRUE(rest.ok()) << rest.status().to_string();
-      EXPECT_EQ(rest->size(), 2u);
-      ASSERT_EQ(skipped.reasons.size(), 1u);
-      EXPECT_EQ(skipped.reasons[0].reason, c.reason);
-      EXPECT_EQ(skipped.reasons[0].first_message, second.status().message());
+      expect_skipped_once(path, c.reason, second.status().message());
     }
   }
 }
@@ -478,13 +484,7 @@ TEST_F(ReaderTest, HashIdAbove2To64IsRejectedNamingLineAndField) {
       EXPECT_EQ(strict.status().code(), StatusCode::kInvalidArgument);
       EXPECT_THAT(strict.status().message(), HasSubstr(path + ":3: " + c.field));
       EXPECT_THAT(strict.status().message(), HasSubstr(c.detail));
-      SkipReport skipped;
-      Result<std::vector<Request>> rest = read_trace(path, {.skip_invalid = true}, &skipped);
-      ASSERT_TRUE(rest.ok()) << rest.status().to_string();
-      EXPECT_EQ(rest->size(), 2u);
-      ASSERT_EQ(skipped.reasons.size(), 1u);
-      EXPECT_EQ(skipped.reasons[0].reason, c.reason);
-      EXPECT_EQ(skipped.reasons[0].first_message, strict.status().message());
+      expect_skipped_once(path, c.reason, strict.status().message());
     }
   }
   // The exact message for the common case.
