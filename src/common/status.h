@@ -22,7 +22,13 @@ enum class StatusCode {
   kFailedPrecondition,  // the object is not in a state that allows this (freeing a batch still in flight)
   kUnavailable,         // a peer or path cannot be reached now; retrying later may work
   kDeadlineExceeded,    // a timeout passed before the operation finished
+  kLeaseExpired,        // a store read whose lease ran out before its bytes arrived: the bytes are not valid
+  kNoSpace,             // the store has no room for a value even after evicting what it may evict
+  kTransferFailed,      // bytes could not be moved to or from a segment (its owner died, a path failed)
 };
+
+/// "ok", "invalid argument", "not found", ... (lower case, for messages and wire formats).
+const char* status_code_name(StatusCode code);
 
 /// Outcome of an operation: ok, or a code and a human-readable message.
 class Status {
@@ -41,6 +47,9 @@ class Status {
   static Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
   static Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
   static Status deadline_exceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+  static Status lease_expired(std::string m) { return {StatusCode::kLeaseExpired, std::move(m)}; }
+  static Status no_space(std::string m) { return {StatusCode::kNoSpace, std::move(m)}; }
+  static Status transfer_failed(std::string m) { return {StatusCode::kTransferFailed, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -1,0 +1,605 @@
+#include "store/master.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+
+#include "store/segment_allocator.h"
+
+namespace crescent::store {
+
+Status validate(const MasterOptions& options) {
+  auto fraction_ok = [](double v) { return v > 0 && v <= 1; };
+  if (!fraction_ok(options.high_watermark)) {
+    return Status::invalid_argument(
+        fmt::format("high_watermark must be in (0, 1], got {}", options.high_watermark));
+  }
+  if (!fraction_ok(options.eviction_fraction)) {
+    return Status::invalid_argument(
+        fmt::format("eviction_fraction must be in (0, 1], got {}", options.eviction_fraction));
+  }
+  const std::pair<const char*, std::chrono::milliseconds> durations[] = {{"lease_ttl", options.lease_ttl},
+                                                                          {"segment_ttl", options.segment_ttl},
+                                                                          {"put_timeout", options.put_timeout},
+                                                                          {"soft_pin_ttl", options.soft_pin_ttl}};
+  for (const auto& [name, value] : durations) {
+    if (value.count() <= 0) return Status::invalid_argument(fmt::format("{} must be > 0 ms, got {}", name, value.count()));
+  }
+  return Status();
+}
+
+namespace {
+
+using Nanos = int64_t;
+
+Nanos to_nanos(std::chrono::milliseconds d) { return std::chrono::nanoseconds(d).count(); }
+
+/// A key as it appears in messages: printable bytes kept, others as \xNN, cut at 80 characters.
+std::string printable_key(std::string_view key) {
+  std::string out;
+  for (unsigned char c : key) {
+    if (out.size() >= 80) return out + "...";
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  return out;
+}
+
+struct Replica {
+  uint32_t segment_id = 0;
+  uint64_t offset_bytes = 0;
+};
+
+enum class ObjectState : uint8_t { kProcessing, kComplete };
+
+/// One key's metadata. Complete objects sit on the intrusive LRU list, processing ones on the processing list
+/// (oldest first); the same two links serve both (no allocation per touch).
+struct Object {
+  Object* lru_prev = nullptr;
+  Object* lru_next = nullptr;
+  const std::string* key = nullptr;  // the map node's key (nodes do not move)
+  uint64_t size_bytes = 0;
+  Nanos lease_until = 0;  // no eviction or remove before this
+  Nanos deadline = 0;     // processing: reclaimed at this time; complete with a soft pin: the pin's end
+  std::vector<Replica> replicas;
+  ObjectState state = ObjectState::kProcessing;
+  PinKind pin = PinKind::kNone;
+};
+
+struct Segment {
+  uint32_t id = 0;
+  SegmentMount mount;
+  SegmentAllocator allocator;
+  Nanos lease_until = 0;
+  uint64_t replicas = 0;
+
+  Segment(uint32_t id_, SegmentMount mount_, Nanos lease_until_)
+      : id(id_), mount(std::move(mount_)), allocator(mount.capacity_bytes), lease_until(lease_until_) {}
+};
+
+struct KeyHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+}  // namespace
+
+class Master::Impl {
+ public:
+  explicit Impl(MasterOptions options) : options_(std::move(options)), rng_(options_.seed) {
+    if (!options_.clock) options_.clock = [] { return std::chrono::steady_clock::now(); };
+  }
+
+  Nanos now() const { return std::chrono::nanoseconds(options_.clock().time_since_epoch()).count(); }
+
+  // ---- segments ----
+
+  Status mount(const SegmentMount& mount) {
+    if (mount.segment.empty()) return Status::invalid_argument("mount: segment name is empty");
+    if (mount.owner.empty()) return Status::invalid_argument(fmt::format("mount {}: owner is empty", mount.segment));
+    if (mount.capacity_bytes == 0) {
+      return Status::invalid_argument(fmt::format("mount {}: capacity is 0 bytes", mount.segment));
+    }
+    if (segment_by_name_.contains(mount.segment)) {
+      return Status::already_exists(fmt::format("segment {} is already mounted", mount.segment));
+    }
+    const auto id = static_cast<uint32_t>(segments_.size());
+    segments_.push_back(std::make_unique<Segment>(id, mount, now() + to_nanos(options_.segment_ttl)));
+    segment_by_name_.emplace(mount.segment, id);
+    live_segments_.push_back(id);
+    return Status();
+  }
+
+  Status unmount(std::string_view name) {
+    auto it = segment_by_name_.find(name);
+    if (it == segment_by_name_.end()) return Status::not_found(fmt::format("segment {} is not mounted", name));
+    const uint32_t id = it->second;
+    segment_by_name_.erase(it);
+    std::erase(live_segments_, id);
+    for (auto object = objects_.begin(); object != objects_.end();) {
+      auto& replicas = object->second.replicas;
+      std::erase_if(replicas, [id](const Replica& r) { return r.segment_id == id; });
+      if (replicas.empty()) {
+        list_of(object->second).unlink(object->second);
+        object = objects_.erase(object);
+      } else {
+        ++object;
+      }
+    }
+    segments_[id].reset();
+    return Status();
+  }
+
+  Status renew(std::string_view name) {
+    Segment* segment = find_segment(name);
+    if (segment == nullptr) {
+      return Status::not_found(fmt::format("segment {} is not mounted (its lease may have expired)", name));
+    }
+    segment->lease_until = now() + to_nanos(options_.segment_ttl);
+    return Status();
+  }
+
+  Segment* find_segment(std::string_view name) {
+    auto it = segment_by_name_.find(name);
+    return it == segment_by_name_.end() ? nullptr : segments_[it->second].get();
+  }
+
+  // ---- puts ----
+
+  Result<std::vector<ReplicaLocation>> put_start(std::string_view key, uint64_t size_bytes,
+                                                 const ReplicateConfig& config, std::string_view writer_host) {
+    CRESCENT_RETURN_IF_ERROR(validate_key(key));
+    if (size_bytes == 0) return Status::invalid_argument(fmt::format("put {}: size is 0 bytes", printable_key(key)));
+    if (config.replica_num == 0) {
+      return Status::invalid_argument(fmt::format("put {}: replica_num is 0", printable_key(key)));
+    }
+    if (config.replica_num > live_segments_.size()) {
+      return Status::invalid_argument(fmt::format("put {}: replica_num {} is more than the {} segment{} mounted",
+                                                  printable_key(key), config.replica_num, live_segments_.size(),
+                                                  live_segments_.size() == 1 ? "" : "s"));
+    }
+    const uint64_t aligned = aligned_size_bytes(size_bytes);
+    size_t large_enough = 0;
+    uint64_t largest = 0;
+    for (uint32_t id : live_segments_) {
+      largest = std::max(largest, segments_[id]->mount.capacity_bytes);
+      if (segments_[id]->mount.capacity_bytes >= aligned) ++large_enough;
+    }
+    if (large_enough < config.replica_num) {
+      return Status::invalid_argument(fmt::format(
+          "put {}: a value of {} bytes needs {} segment{} of at least that size; {} mounted (largest {} bytes)",
+          printable_key(key), size_bytes, config.replica_num, config.replica_num == 1 ? "" : "s", large_enough,
+          largest));
+    }
+    if (auto it = objects_.find(key); it != objects_.end()) {
+      return Status::already_exists(fmt::format("key {} {}", printable_key(key),
+                                                it->second.state == ObjectState::kComplete ? "already exists"
+                                                                                           : "is being written"));
+    }
+    const Nanos t = now();
+    std::optional<std::vector<Replica>> replicas = allocate(size_bytes, config, writer_host);
+    for (bool allow_soft_pins : {false, true}) {
+      if (replicas) break;
+      for (Object* victim = lru_.tail; victim != nullptr && !replicas;) {
+        Object* next = victim->lru_prev;
+        if (evictable(*victim, t, allow_soft_pins)) {
+          evict(*victim);
+          replicas = allocate(size_bytes, config, writer_host);
+        }
+        victim = next;
+      }
+    }
+    if (!replicas) {
+      ++stats_.puts_no_space;
+      return Status::no_space(fmt::format(
+          "no space for key {}: {} bytes x {} replica{}, and nothing more can be evicted ({} bytes of {} used; "
+          "the rest is leased, pinned or being written)",
+          printable_key(key), size_bytes, config.replica_num, config.replica_num == 1 ? "" : "s", used_bytes(),
+          capacity_bytes()));
+    }
+    auto [it, inserted] = objects_.try_emplace(std::string(key));
+    Object& object = it->second;
+    object.key = &it->first;
+    object.size_bytes = size_bytes;
+    object.replicas = std::move(*replicas);
+    object.state = ObjectState::kProcessing;
+    object.pin = config.pin;
+    object.deadline = t + to_nanos(options_.put_timeout);
+    for (const Replica& r : object.replicas) ++segments_[r.segment_id]->replicas;
+    processing_.link_front(object);
+    ++stats_.puts_started;
+    evict_above_watermark(t);
+    return locations(object);
+  }
+
+  Status put_end(std::string_view key) {
+    Object* object = find_processing(key);
+    if (object == nullptr) return no_put_in_progress(key);
+    list_of(*object).unlink(*object);
+    object->state = ObjectState::kComplete;
+    object->deadline = object->pin == PinKind::kSoft ? now() + to_nanos(options_.soft_pin_ttl) : 0;
+    lru_.link_front(*object);
+    ++stats_.puts_ended;
+    return Status();
+  }
+
+  Status put_revoke(std::string_view key) {
+    Object* object = find_processing(key);
+    if (object == nullptr) return no_put_in_progress(key);
+    drop(*object);
+    ++stats_.puts_revoked;
+    return Status();
+  }
+
+  Object* find_processing(std::string_view key) {
+    auto it = objects_.find(key);
+    return it == objects_.end() || it->second.state != ObjectState::kProcessing ? nullptr : &it->second;
+  }
+
+  Status no_put_in_progress(std::string_view key) const {
+    CRESCENT_RETURN_IF_ERROR(validate_key(key));
+    return Status::not_found(fmt::format(
+        "no put of key {} is in progress (never started, already ended, revoked, reclaimed after {} ms, or its "
+        "segments were unmounted)",
+        printable_key(key), options_.put_timeout.count()));
+  }
+
+  // ---- reads and removal ----
+
+  Result<ReadGrant> get_replica_list(std::string_view key) {
+    ++stats_.gets;
+    Object* object = find_complete(key);
+    if (object == nullptr) {
+      ++stats_.misses;
+      CRESCENT_RETURN_IF_ERROR(validate_key(key));
+      return Status::not_found(fmt::format("key {} not found", printable_key(key)));
+    }
+    ++stats_.hits;
+    ++stats_.leases_granted;
+    object->lease_until = std::max(object->lease_until, now() + to_nanos(options_.lease_ttl));
+    lru_.unlink(*object);
+    lru_.link_front(*object);
+    return ReadGrant{object->size_bytes, locations(*object), options_.lease_ttl};
+  }
+
+  Object* find_complete(std::string_view key) {
+    auto it = objects_.find(key);
+    return it == objects_.end() || it->second.state != ObjectState::kComplete ? nullptr : &it->second;
+  }
+
+  Status remove(std::string_view key) {
+    Object* object = find_complete(key);
+    if (object == nullptr) {
+      CRESCENT_RETURN_IF_ERROR(validate_key(key));
+      return Status::not_found(fmt::format("key {} not found", printable_key(key)));
+    }
+    const Nanos t = now();
+    if (object->lease_until > t) {
+      return Status::failed_precondition(fmt::format("key {} is being read (its lease ends in {} ms)",
+                                                     printable_key(key), (object->lease_until - t) / 1000000));
+    }
+    drop(*object);
+    ++stats_.removes;
+    return Status();
+  }
+
+  uint64_t remove_all() {
+    const Nanos t = now();
+    uint64_t removed = 0;
+    for (Object* object = lru_.tail; object != nullptr;) {
+      Object* next = object->lru_prev;
+      if (object->lease_until <= t) {
+        drop(*object);
+        ++removed;
+      }
+      object = next;
+    }
+    stats_.removes += removed;
+    return removed;
+  }
+
+  // ---- background ----
+
+  void tick() {
+    const Nanos t = now();
+    for (uint32_t id : std::vector<uint32_t>(live_segments_)) {
+      if (segments_[id]->lease_until <= t) {
+        (void)unmount(segments_[id]->mount.segment);
+        ++stats_.segments_expired;
+      }
+    }
+    // Puts start in deadline order (one put_timeout for all), so the expired ones are at the tail.
+    while (processing_.tail != nullptr && processing_.tail->deadline <= t) {
+      drop(*processing_.tail);
+      ++stats_.puts_reclaimed;
+    }
+    evict_above_watermark(t);
+  }
+
+  MasterStats stats() const {
+    MasterStats s = stats_;
+    s.segments = live_segments_.size();
+    s.dram_capacity_bytes = capacity_bytes();
+    s.dram_used_bytes = used_bytes();
+    s.objects = lru_.size;
+    s.processing_objects = processing_.size;
+    return s;
+  }
+
+  std::vector<SegmentInfo> segment_infos() const {
+    std::vector<SegmentInfo> out;
+    for (const auto& [name, id] : segment_by_name_) {
+      const Segment& s = *segments_[id];
+      out.push_back({s.mount.segment, s.mount.owner, s.mount.host_id, ReplicaTier::kDram, s.mount.capacity_bytes,
+                     s.allocator.used_bytes(), s.replicas});
+    }
+    return out;
+  }
+
+  const MasterOptions& options() const { return options_; }
+
+  std::mutex mu;
+
+ private:
+  uint64_t used_bytes() const {
+    uint64_t used = 0;
+    for (uint32_t id : live_segments_) used += segments_[id]->allocator.used_bytes();
+    return used;
+  }
+  uint64_t capacity_bytes() const {
+    uint64_t capacity = 0;
+    for (uint32_t id : live_segments_) capacity += segments_[id]->mount.capacity_bytes;
+    return capacity;
+  }
+
+  /// Segments in the order the strategy tries them: the preferred segment first, then by strategy.
+  std::vector<uint32_t> candidate_order(const ReplicateConfig& config, std::string_view writer_host) {
+    std::vector<uint32_t> order = live_segments_;
+    switch (options_.strategy) {
+      case AllocationStrategy::kRandom:
+        std::shuffle(order.begin(), order.end(), rng_);
+        break;
+      case AllocationStrategy::kMostFree:
+        std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+          return segments_[a]->allocator.free_bytes() > segments_[b]->allocator.free_bytes();
+        });
+        break;
+      case AllocationStrategy::kLocalFirst:
+        std::shuffle(order.begin(), order.end(), rng_);
+        if (!writer_host.empty()) {
+          std::stable_partition(order.begin(), order.end(),
+                                [&](uint32_t id) { return segments_[id]->mount.host_id == writer_host; });
+        }
+        break;
+    }
+    if (!config.preferred_segment.empty()) {
+      std::stable_partition(order.begin(), order.end(),
+                            [&](uint32_t id) { return segments_[id]->mount.segment == config.preferred_segment; });
+    }
+    return order;
+  }
+
+  /// One range on each of config.replica_num distinct segments, or nullopt (nothing kept) when they do not fit.
+  std::optional<std::vector<Replica>> allocate(uint64_t size_bytes, const ReplicateConfig& config,
+                                               std::string_view writer_host) {
+    std::vector<Replica> replicas;
+    for (uint32_t id : candidate_order(config, writer_host)) {
+      if (std::optional<uint64_t> offset = segments_[id]->allocator.allocate(size_bytes)) {
+        replicas.push_back({id, *offset});
+        if (replicas.size() == config.replica_num) return replicas;
+      }
+    }
+    for (const Replica& r : replicas) segments_[r.segment_id]->allocator.free(r.offset_bytes, size_bytes);
+    return std::nullopt;
+  }
+
+  bool evictable(const Object& object, Nanos t, bool allow_soft_pins) const {
+    if (object.state != ObjectState::kComplete || object.lease_until > t) return false;
+    switch (object.pin) {
+      case PinKind::kNone: return true;
+      case PinKind::kHard: return false;
+      case PinKind::kSoft: return allow_soft_pins || object.deadline <= t;
+    }
+    return false;
+  }
+
+  void evict_above_watermark(Nanos t) {
+    const uint64_t capacity = capacity_bytes();
+    uint64_t used = used_bytes();
+    if (capacity == 0 || static_cast<double>(used) <= options_.high_watermark * static_cast<double>(capacity)) return;
+    const double target = static_cast<double>(used) - options_.eviction_fraction * static_cast<double>(capacity);
+    for (Object* victim = lru_.tail; victim != nullptr && static_cast<double>(used) > target;) {
+      Object* next = victim->lru_prev;
+      if (evictable(*victim, t, false)) {
+        used -= aligned_size_bytes(victim->size_bytes) * victim->replicas.size();
+        evict(*victim);
+      }
+      victim = next;
+    }
+  }
+
+  void evict(Object& object) {
+    ++stats_.evictions;
+    stats_.evicted_bytes += aligned_size_bytes(object.size_bytes) * object.replicas.size();
+    drop(object);
+  }
+
+  /// Frees an object's space and forgets it.
+  void drop(Object& object) {
+    for (const Replica& r : object.replicas) {
+      Segment& segment = *segments_[r.segment_id];
+      segment.allocator.free(r.offset_bytes, object.size_bytes);
+      --segment.replicas;
+    }
+    list_of(object).unlink(object);
+    objects_.erase(objects_.find(*object.key));
+  }
+
+  std::vector<ReplicaLocation> locations(const Object& object) const {
+    std::vector<ReplicaLocation> out;
+    out.reserve(object.replicas.size());
+    for (const Replica& r : object.replicas) {
+      const Segment& segment = *segments_[r.segment_id];
+      out.push_back({segment.mount.segment, segment.mount.host_id, r.offset_bytes, object.size_bytes,
+                     ReplicaTier::kDram});
+    }
+    return out;
+  }
+
+  /// An intrusive doubly linked list through Object::lru_prev/lru_next: head newest, tail oldest.
+  struct ObjectList {
+    Object* head = nullptr;
+    Object* tail = nullptr;
+    uint64_t size = 0;
+
+    void link_front(Object& object) {
+      object.lru_prev = nullptr;
+      object.lru_next = head;
+      (head != nullptr ? head->lru_prev : tail) = &object;
+      head = &object;
+      ++size;
+    }
+    void unlink(Object& object) {
+      (object.lru_prev != nullptr ? object.lru_prev->lru_next : head) = object.lru_next;
+      (object.lru_next != nullptr ? object.lru_next->lru_prev : tail) = object.lru_prev;
+      object.lru_prev = object.lru_next = nullptr;
+      --size;
+    }
+  };
+
+  /// Complete objects are on the LRU list (tail evicted first); processing ones on the processing list.
+  ObjectList& list_of(const Object& object) {
+    return object.state == ObjectState::kComplete ? lru_ : processing_;
+  }
+
+  MasterOptions options_;
+  std::mt19937_64 rng_;
+  std::unordered_map<std::string, Object, KeyHash, std::equal_to<>> objects_;
+  std::vector<std::unique_ptr<Segment>> segments_;  // by id; null once unmounted
+  std::map<std::string, uint32_t, std::less<>> segment_by_name_;
+  std::vector<uint32_t> live_segments_;
+  ObjectList lru_;         // complete objects: head most recently used
+  ObjectList processing_;  // puts in progress: head newest, tail oldest (next to be reclaimed)
+  MasterStats stats_;
+};
+
+Master::Master(MasterOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Master::~Master() = default;
+
+#define CRESCENT_LOCKED std::lock_guard<std::mutex> lock(impl_->mu)
+
+Status Master::mount_segment(const SegmentMount& mount) {
+  CRESCENT_LOCKED;
+  return impl_->mount(mount);
+}
+Status Master::unmount_segment(std::string_view segment) {
+  CRESCENT_LOCKED;
+  return impl_->unmount(segment);
+}
+Status Master::renew_segment(std::string_view segment) {
+  CRESCENT_LOCKED;
+  return impl_->renew(segment);
+}
+Result<std::vector<ReplicaLocation>> Master::put_start(std::string_view key, uint64_t size_bytes,
+                                                       const ReplicateConfig& config,
+                                                       std::string_view writer_host_id) {
+  CRESCENT_LOCKED;
+  return impl_->put_start(key, size_bytes, config, writer_host_id);
+}
+Status Master::put_end(std::string_view key) {
+  CRESCENT_LOCKED;
+  return impl_->put_end(key);
+}
+Status Master::put_revoke(std::string_view key) {
+  CRESCENT_LOCKED;
+  return impl_->put_revoke(key);
+}
+Result<ReadGrant> Master::get_replica_list(std::string_view key) {
+  CRESCENT_LOCKED;
+  return impl_->get_replica_list(key);
+}
+bool Master::exists(std::string_view key) {
+  CRESCENT_LOCKED;
+  return impl_->find_complete(key) != nullptr;
+}
+Status Master::remove(std::string_view key) {
+  CRESCENT_LOCKED;
+  return impl_->remove(key);
+}
+uint64_t Master::remove_all() {
+  CRESCENT_LOCKED;
+  return impl_->remove_all();
+}
+
+std::vector<Result<std::vector<ReplicaLocation>>> Master::put_start_batch(std::span<const std::string> keys,
+                                                                          std::span<const uint64_t> sizes_bytes,
+                                                                          const ReplicateConfig& config,
+                                                                          std::string_view writer_host_id) {
+  CRESCENT_LOCKED;
+  std::vector<Result<std::vector<ReplicaLocation>>> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i >= sizes_bytes.size()) {
+      out.emplace_back(Status::invalid_argument(fmt::format("put batch: no size for key {}", i)));
+    } else {
+      out.push_back(impl_->put_start(keys[i], sizes_bytes[i], config, writer_host_id));
+    }
+  }
+  return out;
+}
+
+namespace {
+template <typename Out, typename F>
+std::vector<Out> each_key(std::span<const std::string> keys, F&& f) {
+  std::vector<Out> out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) out.push_back(f(key));
+  return out;
+}
+}  // namespace
+
+std::vector<Status> Master::put_end_batch(std::span<const std::string> keys) {
+  CRESCENT_LOCKED;
+  return each_key<Status>(keys, [&](const std::string& k) { return impl_->put_end(k); });
+}
+std::vector<Status> Master::put_revoke_batch(std::span<const std::string> keys) {
+  CRESCENT_LOCKED;
+  return each_key<Status>(keys, [&](const std::string& k) { return impl_->put_revoke(k); });
+}
+std::vector<Result<ReadGrant>> Master::get_replica_list_batch(std::span<const std::string> keys) {
+  CRESCENT_LOCKED;
+  return each_key<Result<ReadGrant>>(keys, [&](const std::string& k) { return impl_->get_replica_list(k); });
+}
+std::vector<bool> Master::exists_batch(std::span<const std::string> keys) {
+  CRESCENT_LOCKED;
+  return each_key<bool>(keys, [&](const std::string& k) { return impl_->find_complete(k) != nullptr; });
+}
+std::vector<Status> Master::remove_batch(std::span<const std::string> keys) {
+  CRESCENT_LOCKED;
+  return each_key<Status>(keys, [&](const std::string& k) { return impl_->remove(k); });
+}
+
+void Master::tick() {
+  CRESCENT_LOCKED;
+  impl_->tick();
+}
+MasterStats Master::stats() const {
+  CRESCENT_LOCKED;
+  return impl_->stats();
+}
+std::vector<SegmentInfo> Master::segments() const {
+  CRESCENT_LOCKED;
+  return impl_->segment_infos();
+}
+const MasterOptions& Master::options() const { return impl_->options(); }
+
+#undef CRESCENT_LOCKED
+
+}  // namespace crescent::store

@@ -1,0 +1,168 @@
+// The store's master (paper §3.2; ../shared/reference/store-notes.md): metadata only. It knows the mounted
+// segments and, for every key, where its replicas lie and whether they are written yet; it never touches value
+// bytes, which clients move to and from segments through the transfer engine.
+//
+// Life of an object: put_start allocates one range per replica on distinct segments and records the object as
+// processing (invisible to readers); the client writes the bytes; put_end makes it complete, put_revoke frees
+// it, and a put never ended is reclaimed after put_timeout. get_replica_list returns a complete object's
+// replicas and grants a read lease: until it passes, neither eviction nor remove touches the object.
+//
+// Eviction (store-notes "Reads, leases, eviction"): when used DRAM bytes exceed high_watermark of the mounted
+// capacity, the least recently used evictable objects are dropped until eviction_fraction of the capacity is
+// freed; a put that finds no room evicts until it fits. Evictable: complete, no live lease, not hard-pinned,
+// and not soft-pinned unless a put has nothing else to free.
+//
+// Time comes from MasterOptions::clock, so tests drive leases and timeouts without sleeping. Thread-safe: one
+// mutex; the batch calls take it once for all their keys.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "store/types.h"
+
+namespace crescent::store {
+
+/// The master's clock (std::chrono::steady_clock::now in production).
+using MasterClock = std::function<std::chrono::steady_clock::time_point()>;
+
+/// Settings of a master. Defaults follow Mooncake's (store-notes) unless said otherwise.
+struct MasterOptions {
+  std::chrono::milliseconds lease_ttl{5000};        // read lease granted by get_replica_list
+  std::chrono::milliseconds segment_ttl{10000};     // a segment not renewed for this long is unmounted
+  std::chrono::milliseconds put_timeout{30000};     // a put not ended by then is reclaimed
+  std::chrono::milliseconds soft_pin_ttl{1800000};  // a soft pin lasts this long after the put ends (30 min)
+  double high_watermark = 0.95;     // fraction of DRAM capacity above which eviction runs, (0, 1]
+  double eviction_fraction = 0.05;  // fraction of DRAM capacity one eviction round frees, (0, 1]
+  AllocationStrategy strategy = AllocationStrategy::kRandom;
+  uint64_t seed = 1;                // for kRandom
+  MasterClock clock = nullptr;      // nullptr: steady_clock::now
+};
+
+/// kInvalidArgument naming the first field out of range (watermark or fraction outside (0, 1], a zero TTL).
+Status validate(const MasterOptions& options);
+
+/// A segment a node or client offers to the pool.
+struct SegmentMount {
+  std::string segment;      // transfer-engine segment name (unique)
+  std::string owner;        // who mounted it (a node or client id); its lease renewals keep the segment
+  std::string host_id;      // the owner's machine (transfer::SegmentDescriptor::host_id), for local reads
+  uint64_t capacity_bytes = 0;
+};
+
+/// A mounted segment as the master sees it.
+struct SegmentInfo {
+  std::string segment;
+  std::string owner;
+  std::string host_id;
+  ReplicaTier tier = ReplicaTier::kDram;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;  // allocated (aligned sizes), processing objects included
+  uint64_t replicas = 0;    // replicas placed on it
+};
+
+/// What a reader gets: the complete replicas of one object and how long its lease lasts, counted from when
+/// the request reached the master (a client counts it from when it sent the request, which is earlier).
+struct ReadGrant {
+  uint64_t size_bytes = 0;
+  std::vector<ReplicaLocation> replicas;
+  std::chrono::milliseconds lease_ttl{0};
+};
+
+/// Counters since the master started (monotonic) and current gauges.
+struct MasterStats {
+  uint64_t objects = 0;             // complete objects
+  uint64_t processing_objects = 0;  // puts started, not yet ended
+  uint64_t segments = 0;
+  uint64_t dram_capacity_bytes = 0;
+  uint64_t dram_used_bytes = 0;
+  uint64_t puts_started = 0;
+  uint64_t puts_ended = 0;
+  uint64_t puts_revoked = 0;
+  uint64_t puts_reclaimed = 0;  // processing puts dropped after put_timeout
+  uint64_t puts_no_space = 0;
+  uint64_t gets = 0;            // get_replica_list calls (per key)
+  uint64_t hits = 0;            // ... that found a complete object
+  uint64_t misses = 0;
+  uint64_t leases_granted = 0;
+  uint64_t evictions = 0;       // objects evicted
+  uint64_t evicted_bytes = 0;
+  uint64_t removes = 0;
+  uint64_t segments_expired = 0;  // unmounted because their owner stopped renewing
+};
+
+class Master {
+ public:
+  /// REQUIRES: validate(options) is ok.
+  explicit Master(MasterOptions options);
+  ~Master();
+  Master(const Master&) = delete;
+  Master& operator=(const Master&) = delete;
+
+  /// Adds a DRAM segment with an empty allocator; its lease starts now. kInvalidArgument for an empty name or
+  /// owner or zero capacity; kAlreadyExists when a segment of that name is mounted.
+  Status mount_segment(const SegmentMount& mount);
+  /// Removes a segment; every replica on it disappears, and objects left without replicas are dropped
+  /// (processing ones too: their put_end then fails). kNotFound when not mounted.
+  Status unmount_segment(std::string_view segment);
+  /// Renews a segment's lease (the owner's heartbeat). kNotFound when not mounted (expired or never mounted:
+  /// the owner should mount again).
+  Status renew_segment(std::string_view segment);
+
+  /// Phase 1 of a put: allocates `size_bytes` on config.replica_num distinct segments (evicting first when
+  /// there is no room) and records the object as processing. `writer_host_id` serves kLocalFirst.
+  /// Errors: kInvalidArgument (bad key, size 0, replica_num 0 or more than the segments mounted, a value larger
+  /// than every segment); kAlreadyExists (the key is complete or being written); kNoSpace (nothing evictable
+  /// makes room).
+  Result<std::vector<ReplicaLocation>> put_start(std::string_view key, uint64_t size_bytes,
+                                                 const ReplicateConfig& config,
+                                                 std::string_view writer_host_id = "");
+  /// Phase 3: the bytes are written; the object becomes complete and visible. kNotFound when no put of `key`
+  /// is in progress (never started, revoked, reclaimed, or its segments went away).
+  Status put_end(std::string_view key);
+  /// Abandons a put in progress and frees its space. kNotFound as for put_end.
+  Status put_revoke(std::string_view key);
+
+  /// The replicas of a complete object, with a read lease. kNotFound when absent or still processing.
+  Result<ReadGrant> get_replica_list(std::string_view key);
+  /// Whether a complete object exists (no lease, no LRU touch).
+  bool exists(std::string_view key);
+  /// Removes a complete object and frees its space. kNotFound when absent or processing; kFailedPrecondition
+  /// while a read lease is live.
+  Status remove(std::string_view key);
+  /// Removes every complete object without a live lease; returns how many.
+  uint64_t remove_all();
+
+  /// The batch forms: one lock for all keys, one result per key in order.
+  std::vector<Result<std::vector<ReplicaLocation>>> put_start_batch(std::span<const std::string> keys,
+                                                                    std::span<const uint64_t> sizes_bytes,
+                                                                    const ReplicateConfig& config,
+                                                                    std::string_view writer_host_id = "");
+  std::vector<Status> put_end_batch(std::span<const std::string> keys);
+  std::vector<Status> put_revoke_batch(std::span<const std::string> keys);
+  std::vector<Result<ReadGrant>> get_replica_list_batch(std::span<const std::string> keys);
+  std::vector<bool> exists_batch(std::span<const std::string> keys);
+  std::vector<Status> remove_batch(std::span<const std::string> keys);
+
+  /// Background duties, run by the server every few hundred milliseconds: unmounts segments whose lease
+  /// passed, reclaims puts older than put_timeout, and evicts while above the high watermark.
+  void tick();
+
+  MasterStats stats() const;
+  /// Mounted segments, sorted by name.
+  std::vector<SegmentInfo> segments() const;
+  const MasterOptions& options() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crescent::store

@@ -1,0 +1,238 @@
+#include "store/master.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "store/segment_allocator.h"
+
+namespace crescent::store {
+namespace {
+
+using std::chrono::milliseconds;
+
+/// A master on a hand-driven clock with `segments` DRAM segments of `capacity_bytes` each ("seg0", ...).
+class MasterTest : public ::testing::Test {
+ protected:
+  void start(size_t segments, uint64_t capacity_bytes, MasterOptions options = {}) {
+    options.clock = [this] { return now_; };
+    master_ = std::make_unique<Master>(options);
+    for (size_t i = 0; i < segments; ++i) {
+      ASSERT_TRUE(master_->mount_segment({fmt::format("seg{}", i), fmt::format("node{}", i),
+                                          fmt::format("host{}", i), capacity_bytes})
+                      .ok());
+    }
+  }
+  void advance(milliseconds d) { now_ += d; }
+  /// put_start + put_end; the status of whichever failed.
+  Status put(const std::string& key, uint64_t size, ReplicateConfig config = {}) {
+    auto replicas = master_->put_start(key, size, config);
+    if (!replicas.ok()) return replicas.status();
+    return master_->put_end(key);
+  }
+
+  std::chrono::steady_clock::time_point now_{};
+  std::unique_ptr<Master> master_;
+};
+
+TEST_F(MasterTest, ReadersNeverSeeAProcessingObject) {
+  start(2, 1 << 20);
+  auto replicas = master_->put_start("k", 1000, {.replica_num = 2});
+  ASSERT_TRUE(replicas.ok()) << replicas.status().to_string();
+  ASSERT_EQ(replicas->size(), 2u);
+  EXPECT_NE((*replicas)[0].segment, (*replicas)[1].segment);  // distinct segments
+  EXPECT_EQ(master_->get_replica_list("k").status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(master_->exists("k"));
+  EXPECT_EQ(master_->remove("k").code(), StatusCode::kNotFound);
+  EXPECT_EQ(master_->put_start("k", 1000, {}).status().code(), StatusCode::kAlreadyExists);
+  ASSERT_TRUE(master_->put_end("k").ok());
+  auto grant = master_->get_replica_list("k");
+  ASSERT_TRUE(grant.ok());
+  EXPECT_EQ(grant->size_bytes, 1000u);
+  EXPECT_EQ(grant->replicas.size(), 2u);
+  EXPECT_TRUE(master_->exists("k"));
+  EXPECT_EQ(master_->put_start("k", 10, {}).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(master_->put_end("k").code(), StatusCode::kNotFound);  // already ended
+}
+
+TEST_F(MasterTest, RevokeAndReclaimFreeTheSpace) {
+  start(1, 1 << 20, {.put_timeout = milliseconds(1000)});
+  ASSERT_TRUE(master_->put_start("a", 4096, {}).ok());
+  EXPECT_EQ(master_->segments()[0].used_bytes, 4096u);
+  ASSERT_TRUE(master_->put_revoke("a").ok());
+  EXPECT_EQ(master_->segments()[0].used_bytes, 0u);
+  EXPECT_EQ(master_->put_end("a").code(), StatusCode::kNotFound);
+
+  ASSERT_TRUE(master_->put_start("b", 4096, {}).ok());
+  advance(milliseconds(500));
+  ASSERT_TRUE(master_->put_start("c", 4096, {}).ok());
+  advance(milliseconds(600));  // b is 1.1 s old, c 0.6 s
+  master_->tick();
+  EXPECT_EQ(master_->put_end("b").code(), StatusCode::kNotFound);
+  EXPECT_TRUE(master_->put_end("c").ok());
+  EXPECT_EQ(master_->stats().puts_reclaimed, 1u);
+  EXPECT_EQ(master_->segments()[0].used_bytes, 4096u);
+}
+
+TEST_F(MasterTest, LeaseBlocksRemoveAndEvictionUntilItExpires) {
+  start(1, 64 * 10, {.lease_ttl = milliseconds(100)});
+  ASSERT_TRUE(put("leased", 64 * 5).ok());
+  ASSERT_TRUE(master_->get_replica_list("leased").ok());
+  EXPECT_EQ(master_->remove("leased").code(), StatusCode::kFailedPrecondition);
+  // A put that needs the leased object's space: nothing else to evict.
+  EXPECT_EQ(master_->put_start("big", 64 * 10, {}).status().code(), StatusCode::kNoSpace);
+  advance(milliseconds(101));
+  EXPECT_TRUE(master_->put_start("big", 64 * 10, {}).ok());  // evicts the object whose lease ended
+  EXPECT_FALSE(master_->exists("leased"));
+  EXPECT_EQ(master_->stats().evictions, 1u);
+}
+
+TEST_F(MasterTest, PutEvictsLeastRecentlyUsedFirst) {
+  start(1, 64 * 4, {.high_watermark = 1.0});
+  for (const char* key : {"a", "b", "c", "d"}) ASSERT_TRUE(put(key, 64).ok());
+  ASSERT_TRUE(master_->get_replica_list("a").ok());  // a becomes most recent; b is now the oldest
+  advance(milliseconds(10000));                       // past the lease
+  ASSERT_TRUE(put("e", 64).ok());
+  EXPECT_FALSE(master_->exists("b"));
+  for (const char* key : {"a", "c", "d", "e"}) EXPECT_TRUE(master_->exists(key)) << key;
+}
+
+TEST_F(MasterTest, EvictionSkipsPinnedAndProcessingObjects) {
+  start(1, 64 * 4, {.high_watermark = 1.0});
+  ASSERT_TRUE(put("hard", 64, {.pin = PinKind::kHard}).ok());
+  ASSERT_TRUE(put("soft", 64, {.pin = PinKind::kSoft}).ok());
+  ASSERT_TRUE(master_->put_start("writing", 64, {}).ok());
+  ASSERT_TRUE(put("plain", 64).ok());
+  ASSERT_TRUE(put("new1", 64).ok());  // evicts plain, the only unpinned complete object
+  EXPECT_FALSE(master_->exists("plain"));
+  ASSERT_TRUE(put("new2", 64).ok());  // evicts new1
+  EXPECT_FALSE(master_->exists("new1"));
+  // Fill the last slot with a leased object: only the soft pin is left to give way, and it does.
+  ASSERT_TRUE(master_->get_replica_list("new2").ok());
+  ASSERT_TRUE(put("new3", 64).ok());
+  EXPECT_FALSE(master_->exists("soft"));
+  EXPECT_TRUE(master_->exists("hard"));
+  EXPECT_TRUE(master_->put_end("writing").ok());
+  EXPECT_TRUE(master_->exists("new2"));
+  // Now everything is hard-pinned, leased or complete-but-recent... make all unevictable and ask again.
+  ASSERT_TRUE(master_->get_replica_list("new3").ok());
+  ASSERT_TRUE(master_->get_replica_list("writing").ok());
+  auto refused = master_->put_start("no-room", 64, {});
+  EXPECT_EQ(refused.status().code(), StatusCode::kNoSpace) << refused.status().to_string();
+  EXPECT_EQ(master_->stats().puts_no_space, 1u);
+}
+
+TEST_F(MasterTest, WatermarkEvictionFreesTheFraction) {
+  // 100 slots of 64 bytes; above 90% used, evict 20% of capacity.
+  start(1, 64 * 100, {.high_watermark = 0.9, .eviction_fraction = 0.2});
+  for (int i = 0; i < 90; ++i) ASSERT_TRUE(put(fmt::format("k{}", i), 64).ok());
+  EXPECT_EQ(master_->stats().evictions, 0u);
+  ASSERT_TRUE(put("k90", 64).ok());  // 91% > 90%: evict down to 71%
+  EXPECT_EQ(master_->stats().evictions, 20u);
+  EXPECT_EQ(master_->segments()[0].used_bytes, 64u * 71);
+  for (int i = 0; i < 20; ++i) EXPECT_FALSE(master_->exists(fmt::format("k{}", i)));  // the oldest went
+  for (int i = 20; i <= 90; ++i) EXPECT_TRUE(master_->exists(fmt::format("k{}", i)));
+}
+
+TEST_F(MasterTest, SegmentThatStopsRenewingIsUnmountedWithItsReplicas) {
+  start(2, 1 << 20, {.segment_ttl = milliseconds(1000)});
+  ASSERT_TRUE(put("both", 100, {.replica_num = 2}).ok());
+  ASSERT_TRUE(put("only0", 100, {.preferred_segment = "seg0"}).ok());
+  advance(milliseconds(600));
+  ASSERT_TRUE(master_->renew_segment("seg1").ok());
+  advance(milliseconds(600));  // seg0 last renewed 1.2 s ago, seg1 0.6 s ago
+  master_->tick();
+  ASSERT_EQ(master_->segments().size(), 1u);
+  EXPECT_EQ(master_->segments()[0].segment, "seg1");
+  EXPECT_EQ(master_->stats().segments_expired, 1u);
+  EXPECT_FALSE(master_->exists("only0"));
+  auto grant = master_->get_replica_list("both");
+  ASSERT_TRUE(grant.ok());
+  ASSERT_EQ(grant->replicas.size(), 1u);
+  EXPECT_EQ(grant->replicas[0].segment, "seg1");
+  EXPECT_EQ(master_->renew_segment("seg0").code(), StatusCode::kNotFound);
+}
+
+TEST_F(MasterTest, BadInputGetsOneClearErrorEach) {
+  start(2, 4096);
+  auto code = [&](std::string key, uint64_t size, ReplicateConfig c) {
+    auto r = master_->put_start(key, size, c);
+    return std::pair(r.status().code(), r.status().message());
+  };
+  EXPECT_EQ(code("", 1, {}).first, StatusCode::kInvalidArgument);
+  auto [long_code, long_message] = code(std::string(kMaxKeyBytes + 1, 'x'), 1, {});
+  EXPECT_EQ(long_code, StatusCode::kInvalidArgument);
+  EXPECT_NE(long_message.find("1025 bytes"), std::string::npos) << long_message;
+  EXPECT_EQ(code("k", 0, {}).first, StatusCode::kInvalidArgument);
+  auto [big_code, big_message] = code("k", 4097, {});
+  EXPECT_EQ(big_code, StatusCode::kInvalidArgument);
+  EXPECT_NE(big_message.find("largest 4096 bytes"), std::string::npos) << big_message;
+  auto [rep_code, rep_message] = code("k", 1, {.replica_num = 3});
+  EXPECT_EQ(rep_code, StatusCode::kInvalidArgument);
+  EXPECT_NE(rep_message.find("replica_num 3 is more than the 2 segments"), std::string::npos) << rep_message;
+  EXPECT_EQ(code("k", 1, {.replica_num = 0}).first, StatusCode::kInvalidArgument);
+  EXPECT_EQ(master_->stats().puts_started, 0u);  // nothing half-written
+  for (const SegmentInfo& s : master_->segments()) EXPECT_EQ(s.used_bytes, 0u);
+  EXPECT_EQ(master_->mount_segment({"seg0", "x", "h", 10}).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(master_->mount_segment({"s", "x", "h", 0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(master_->unmount_segment("nope").code(), StatusCode::kNotFound);
+  EXPECT_FALSE(validate(MasterOptions{.high_watermark = 1.5}).ok());
+  EXPECT_FALSE(validate(MasterOptions{.lease_ttl = milliseconds(0)}).ok());
+}
+
+TEST_F(MasterTest, StrategiesPlaceReplicasAsNamed) {
+  MasterOptions most_free{.strategy = AllocationStrategy::kMostFree};
+  start(3, 1 << 20, most_free);
+  ASSERT_TRUE(put("x", 1000, {.preferred_segment = "seg1"}).ok());
+  // most-free now avoids seg1 for the first replica of the next put.
+  auto next = master_->put_start("y", 1000, {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE((*next)[0].segment, "seg1");
+
+  MasterOptions local{.strategy = AllocationStrategy::kLocalFirst};
+  start(3, 1 << 20, local);
+  for (int i = 0; i < 20; ++i) {
+    auto r = master_->put_start(fmt::format("k{}", i), 100, {.replica_num = 2}, "host2");
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ((*r)[0].segment, "seg2");
+    EXPECT_NE((*r)[1].segment, "seg2");
+  }
+}
+
+TEST_F(MasterTest, RemoveAllSparesLeasedObjectsAndFreesEverythingElse) {
+  start(2, 1 << 20);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(put(fmt::format("k{}", i), 1000, {.replica_num = 2}).ok());
+  ASSERT_TRUE(master_->get_replica_list("k3").ok());
+  EXPECT_EQ(master_->remove_all(), 9u);
+  EXPECT_TRUE(master_->exists("k3"));
+  advance(milliseconds(6000));
+  EXPECT_TRUE(master_->remove("k3").ok());
+  for (const SegmentInfo& s : master_->segments()) EXPECT_EQ(s.used_bytes, 0u);
+  EXPECT_EQ(master_->stats().objects, 0u);
+}
+
+TEST_F(MasterTest, BatchCallsAnswerPerKey) {
+  start(1, 1 << 20);
+  std::vector<std::string> keys = {"a", "b", "a"};
+  std::vector<uint64_t> sizes = {10, 20, 30};
+  auto started = master_->put_start_batch(keys, sizes, {});
+  EXPECT_TRUE(started[0].ok());
+  EXPECT_TRUE(started[1].ok());
+  EXPECT_EQ(started[2].status().code(), StatusCode::kAlreadyExists);
+  auto ended = master_->put_end_batch(std::vector<std::string>{"a", "b"});
+  EXPECT_TRUE(ended[0].ok() && ended[1].ok());
+  auto exists = master_->exists_batch(std::vector<std::string>{"a", "zz", "b"});
+  EXPECT_EQ(exists, (std::vector<bool>{true, false, true}));
+  auto grants = master_->get_replica_list_batch(std::vector<std::string>{"b", "zz"});
+  ASSERT_TRUE(grants[0].ok());
+  EXPECT_EQ(grants[0]->size_bytes, 20u);
+  EXPECT_EQ(grants[1].status().code(), StatusCode::kNotFound);
+  MasterStats stats = master_->stats();
+  EXPECT_EQ(stats.hits, 1u);
+  EXPECT_EQ(stats.misses, 1u);
+}
+
+}  // namespace
+}  // namespace crescent::store
