@@ -34,6 +34,50 @@ Status validate(const MasterOptions& options) {
 
 namespace {
 
+/// MasterStats's fields by name; stats_fields and from_stats_fields both read this table.
+constexpr std::pair<std::string_view, uint64_t MasterStats::*> kStatsFields[] = {
+    {"objects", &MasterStats::objects},
+    {"processing_objects", &MasterStats::processing_objects},
+    {"segments", &MasterStats::segments},
+    {"dram_capacity_bytes", &MasterStats::dram_capacity_bytes},
+    {"dram_used_bytes", &MasterStats::dram_used_bytes},
+    {"puts_started", &MasterStats::puts_started},
+    {"puts_ended", &MasterStats::puts_ended},
+    {"puts_revoked", &MasterStats::puts_revoked},
+    {"puts_reclaimed", &MasterStats::puts_reclaimed},
+    {"puts_no_space", &MasterStats::puts_no_space},
+    {"gets", &MasterStats::gets},
+    {"hits", &MasterStats::hits},
+    {"misses", &MasterStats::misses},
+    {"leases_granted", &MasterStats::leases_granted},
+    {"leases_expired", &MasterStats::leases_expired},
+    {"evictions", &MasterStats::evictions},
+    {"evicted_bytes", &MasterStats::evicted_bytes},
+    {"removes", &MasterStats::removes},
+    {"segments_expired", &MasterStats::segments_expired},
+};
+static_assert(sizeof(MasterStats) == std::size(kStatsFields) * sizeof(uint64_t), "a MasterStats field has no name");
+
+}  // namespace
+
+std::vector<std::pair<std::string_view, uint64_t>> stats_fields(const MasterStats& stats) {
+  std::vector<std::pair<std::string_view, uint64_t>> out;
+  for (const auto& [name, field] : kStatsFields) out.emplace_back(name, stats.*field);
+  return out;
+}
+
+MasterStats from_stats_fields(const std::vector<std::pair<std::string, uint64_t>>& fields) {
+  MasterStats stats;
+  for (const auto& [name, value] : fields) {
+    for (const auto& [known, field] : kStatsFields) {
+      if (known == name) stats.*field = value;
+    }
+  }
+  return stats;
+}
+
+namespace {
+
 using Nanos = int64_t;
 
 Nanos to_nanos(std::chrono::milliseconds d) { return std::chrono::nanoseconds(d).count(); }
@@ -263,7 +307,9 @@ class Master::Impl {
     }
     ++stats_.hits;
     ++stats_.leases_granted;
-    object->lease_until = std::max(object->lease_until, now() + to_nanos(options_.lease_ttl));
+    const Nanos t = now();
+    if (object->lease_until != 0 && object->lease_until <= t) ++stats_.leases_expired;  // the previous one ran out
+    object->lease_until = std::max(object->lease_until, t + to_nanos(options_.lease_ttl));
     lru_.unlink(*object);
     lru_.link_front(*object);
     return ReadGrant{object->size_bytes, locations(*object), options_.lease_ttl};
@@ -433,6 +479,7 @@ class Master::Impl {
 
   /// Frees an object's space and forgets it.
   void drop(Object& object) {
+    if (object.lease_until != 0) ++stats_.leases_expired;  // drop never happens under a live lease
     for (const Replica& r : object.replicas) {
       Segment& segment = *segments_[r.segment_id];
       segment.allocator.free(r.offset_bytes, object.size_bytes);
@@ -538,7 +585,7 @@ uint64_t Master::remove_all() {
   return impl_->remove_all();
 }
 
-std::vector<Result<std::vector<ReplicaLocation>>> Master::put_start_batch(std::span<const std::string> keys,
+std::vector<Result<std::vector<ReplicaLocation>>> Master::put_start_batch(std::span<const std::string_view> keys,
                                                                           std::span<const uint64_t> sizes_bytes,
                                                                           const ReplicateConfig& config,
                                                                           std::string_view writer_host_id) {
@@ -557,33 +604,33 @@ std::vector<Result<std::vector<ReplicaLocation>>> Master::put_start_batch(std::s
 
 namespace {
 template <typename Out, typename F>
-std::vector<Out> each_key(std::span<const std::string> keys, F&& f) {
+std::vector<Out> each_key(std::span<const std::string_view> keys, F&& f) {
   std::vector<Out> out;
   out.reserve(keys.size());
-  for (const std::string& key : keys) out.push_back(f(key));
+  for (std::string_view key : keys) out.push_back(f(key));
   return out;
 }
 }  // namespace
 
-std::vector<Status> Master::put_end_batch(std::span<const std::string> keys) {
+std::vector<Status> Master::put_end_batch(std::span<const std::string_view> keys) {
   CRESCENT_LOCKED;
-  return each_key<Status>(keys, [&](const std::string& k) { return impl_->put_end(k); });
+  return each_key<Status>(keys, [&](std::string_view k) { return impl_->put_end(k); });
 }
-std::vector<Status> Master::put_revoke_batch(std::span<const std::string> keys) {
+std::vector<Status> Master::put_revoke_batch(std::span<const std::string_view> keys) {
   CRESCENT_LOCKED;
-  return each_key<Status>(keys, [&](const std::string& k) { return impl_->put_revoke(k); });
+  return each_key<Status>(keys, [&](std::string_view k) { return impl_->put_revoke(k); });
 }
-std::vector<Result<ReadGrant>> Master::get_replica_list_batch(std::span<const std::string> keys) {
+std::vector<Result<ReadGrant>> Master::get_replica_list_batch(std::span<const std::string_view> keys) {
   CRESCENT_LOCKED;
-  return each_key<Result<ReadGrant>>(keys, [&](const std::string& k) { return impl_->get_replica_list(k); });
+  return each_key<Result<ReadGrant>>(keys, [&](std::string_view k) { return impl_->get_replica_list(k); });
 }
-std::vector<bool> Master::exists_batch(std::span<const std::string> keys) {
+std::vector<bool> Master::exists_batch(std::span<const std::string_view> keys) {
   CRESCENT_LOCKED;
-  return each_key<bool>(keys, [&](const std::string& k) { return impl_->find_complete(k) != nullptr; });
+  return each_key<bool>(keys, [&](std::string_view k) { return impl_->find_complete(k) != nullptr; });
 }
-std::vector<Status> Master::remove_batch(std::span<const std::string> keys) {
+std::vector<Status> Master::remove_batch(std::span<const std::string_view> keys) {
   CRESCENT_LOCKED;
-  return each_key<Status>(keys, [&](const std::string& k) { return impl_->remove(k); });
+  return each_key<Status>(keys, [&](std::string_view k) { return impl_->remove(k); });
 }
 
 void Master::tick() {

@@ -92,11 +92,17 @@ struct MasterStats {
   uint64_t hits = 0;            // ... that found a complete object
   uint64_t misses = 0;
   uint64_t leases_granted = 0;
+  uint64_t leases_expired = 0;  // leases that ran out (a lease extended before it ran out ends once)
   uint64_t evictions = 0;       // objects evicted
   uint64_t evicted_bytes = 0;
   uint64_t removes = 0;
   uint64_t segments_expired = 0;  // unmounted because their owner stopped renewing
 };
+
+/// Every MasterStats field as (name, value), in declaration order: the one list the RPC reply, `store stat`
+/// and /metrics are built from. from_stats_fields reads it back (unknown names ignored, missing ones 0).
+std::vector<std::pair<std::string_view, uint64_t>> stats_fields(const MasterStats& stats);
+MasterStats from_stats_fields(const std::vector<std::pair<std::string, uint64_t>>& fields);
 
 class Master {
  public:
@@ -141,15 +147,15 @@ class Master {
   uint64_t remove_all();
 
   /// The batch forms: one lock for all keys, one result per key in order.
-  std::vector<Result<std::vector<ReplicaLocation>>> put_start_batch(std::span<const std::string> keys,
+  std::vector<Result<std::vector<ReplicaLocation>>> put_start_batch(std::span<const std::string_view> keys,
                                                                     std::span<const uint64_t> sizes_bytes,
                                                                     const ReplicateConfig& config,
                                                                     std::string_view writer_host_id = "");
-  std::vector<Status> put_end_batch(std::span<const std::string> keys);
-  std::vector<Status> put_revoke_batch(std::span<const std::string> keys);
-  std::vector<Result<ReadGrant>> get_replica_list_batch(std::span<const std::string> keys);
-  std::vector<bool> exists_batch(std::span<const std::string> keys);
-  std::vector<Status> remove_batch(std::span<const std::string> keys);
+  std::vector<Status> put_end_batch(std::span<const std::string_view> keys);
+  std::vector<Status> put_revoke_batch(std::span<const std::string_view> keys);
+  std::vector<Result<ReadGrant>> get_replica_list_batch(std::span<const std::string_view> keys);
+  std::vector<bool> exists_batch(std::span<const std::string_view> keys);
+  std::vector<Status> remove_batch(std::span<const std::string_view> keys);
 
   /// Background duties, run by the server every few hundred milliseconds: unmounts segments whose lease
   /// passed, reclaims puts older than put_timeout, and evicts while above the high watermark.

@@ -168,11 +168,6 @@ Result<SegmentTable::Access> SegmentTable::access(uint64_t id, uint64_t offset_b
 
 }  // namespace internal
 
-namespace {
-
-using internal::Clock;
-
-// hostname + kernel boot id: equal on one machine (and one boot), different across machines.
 std::string local_host_id() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
@@ -181,6 +176,10 @@ std::string local_host_id() {
   std::getline(in, boot_id);
   return fmt::format("{}/{}", host, boot_id);
 }
+
+namespace {
+
+using internal::Clock;
 
 struct Region {
   std::byte* base = nullptr;

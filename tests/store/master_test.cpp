@@ -215,17 +215,17 @@ TEST_F(MasterTest, RemoveAllSparesLeasedObjectsAndFreesEverythingElse) {
 
 TEST_F(MasterTest, BatchCallsAnswerPerKey) {
   start(1, 1 << 20);
-  std::vector<std::string> keys = {"a", "b", "a"};
+  std::vector<std::string_view> keys = {"a", "b", "a"};
   std::vector<uint64_t> sizes = {10, 20, 30};
   auto started = master_->put_start_batch(keys, sizes, {});
   EXPECT_TRUE(started[0].ok());
   EXPECT_TRUE(started[1].ok());
   EXPECT_EQ(started[2].status().code(), StatusCode::kAlreadyExists);
-  auto ended = master_->put_end_batch(std::vector<std::string>{"a", "b"});
+  auto ended = master_->put_end_batch(std::vector<std::string_view>{"a", "b"});
   EXPECT_TRUE(ended[0].ok() && ended[1].ok());
-  auto exists = master_->exists_batch(std::vector<std::string>{"a", "zz", "b"});
+  auto exists = master_->exists_batch(std::vector<std::string_view>{"a", "zz", "b"});
   EXPECT_EQ(exists, (std::vector<bool>{true, false, true}));
-  auto grants = master_->get_replica_list_batch(std::vector<std::string>{"b", "zz"});
+  auto grants = master_->get_replica_list_batch(std::vector<std::string_view>{"b", "zz"});
   ASSERT_TRUE(grants[0].ok());
   EXPECT_EQ(grants[0]->size_bytes, 20u);
   EXPECT_EQ(grants[1].status().code(), StatusCode::kNotFound);

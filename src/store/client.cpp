@@ -1,0 +1,591 @@
+#include "store/client.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "store/mounted_segment.h"
+#include "store/segment_allocator.h"
+#include "store/transfer_metadata.h"
+
+namespace crescent::store {
+namespace {
+
+using transfer::TransferOp;
+using transfer::TransferRequest;
+using Clock = std::chrono::steady_clock;
+
+/// A contiguous piece of this process's memory a transfer reads into or writes from.
+struct Piece {
+  std::byte* data = nullptr;
+  uint64_t size_bytes = 0;
+};
+
+uint64_t total_bytes(std::span<const Piece> pieces) {
+  uint64_t n = 0;
+  for (const Piece& p : pieces) n += p.size_bytes;
+  return n;
+}
+
+std::string engine_name() {
+  static std::atomic<int> counter{0};
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return fmt::format("store-client-{}-{}-{}", host, ::getpid(), counter.fetch_add(1));
+}
+
+}  // namespace
+
+class Client::Impl {
+ public:
+  /// Where one value's bytes sit locally during a transfer: the caller's registered memory, a staging range
+  /// (copied in before a write, out after a read), or caller memory registered for this call only.
+  struct Local {
+    std::vector<Piece> transfer_pieces;     // what the transfer requests use
+    std::vector<Piece> user_pieces;         // the caller's buffers
+    std::optional<uint64_t> staging_offset;  // set when staged
+    uint64_t staging_size = 0;
+    std::vector<void*> temporarily_registered;
+  };
+
+  ClientOptions options;
+  std::unique_ptr<MasterClient> master;
+  std::shared_ptr<transfer::MetadataService> metadata;
+  std::unique_ptr<transfer::TransferEngine> engine;
+  std::string host_id = transfer::local_host_id();
+  std::unique_ptr<MountedSegment> segment;
+
+  std::mutex mu;  // guards the members below
+  std::map<uintptr_t, uint64_t> registered;  // caller regions: start -> length
+  std::byte* staging = nullptr;
+  std::unique_ptr<SegmentAllocator> staging_allocator;
+  std::unordered_map<std::string, transfer::SegmentHandle> handles;
+
+  std::atomic<uint64_t> puts{0}, gets{0}, bytes_written{0}, bytes_read{0}, staged_bytes{0}, replica_fallbacks{0},
+      leases_expired{0};
+
+  ~Impl() {
+    segment.reset();
+    if (engine && staging != nullptr) (void)engine->free_memory(staging);
+  }
+
+  bool is_registered(const std::byte* data, uint64_t size) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = registered.upper_bound(reinterpret_cast<uintptr_t>(data));
+    if (it == registered.begin()) return false;
+    --it;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(data);
+    return start >= it->first && start + size <= it->first + it->second;
+  }
+
+  /// Local memory for a value of `size` held in `user`: zero copy when every piece is registered, else one
+  /// staging range (copied into now when `copy_in`), else the pieces registered for this call.
+  Result<Local> prepare(std::span<const Piece> user, uint64_t size, bool copy_in) {
+    Local local;
+    local.user_pieces.assign(user.begin(), user.end());
+    if (std::all_of(user.begin(), user.end(), [&](const Piece& p) { return is_registered(p.data, p.size_bytes); })) {
+      local.transfer_pieces = local.user_pieces;
+      return local;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      local.staging_offset = staging_allocator ? staging_allocator->allocate(size) : std::nullopt;
+    }
+    if (local.staging_offset) {
+      local.staging_size = size;
+      std::byte* base = staging + *local.staging_offset;
+      local.transfer_pieces = {{base, size}};
+      if (copy_in) {
+        uint64_t at = 0;
+        for (const Piece& p : user) {
+          const uint64_t n = std::min(p.size_bytes, size - at);
+          std::memcpy(base + at, p.data, n);
+          at += n;
+        }
+        staged_bytes += size;
+      }
+      return local;
+    }
+    for (const Piece& p : user) {  // the staging pool is full or too small: register the caller's memory
+      if (is_registered(p.data, p.size_bytes)) continue;
+      Status st = engine->register_memory(p.data, p.size_bytes);
+      if (!st.ok()) {
+        release(local);
+        return Status(st.code(), "staging pool full, and the buffer could not be registered: " + st.message());
+      }
+      local.temporarily_registered.push_back(p.data);
+    }
+    local.transfer_pieces = local.user_pieces;
+    return local;
+  }
+
+  /// Copies a staged read out to the caller's buffers.
+  void copy_out(const Local& local, uint64_t size) {
+    if (!local.staging_offset) return;
+    const std::byte* base = staging + *local.staging_offset;
+    uint64_t at = 0;
+    for (const Piece& p : local.user_pieces) {
+      const uint64_t n = std::min(p.size_bytes, size - at);
+      std::memcpy(p.data, base + at, n);
+      at += n;
+      if (at == size) break;
+    }
+    staged_bytes += size;
+  }
+
+  void release(Local& local) {
+    if (local.staging_offset) {
+      std::lock_guard<std::mutex> lock(mu);
+      staging_allocator->free(*local.staging_offset, local.staging_size);
+      local.staging_offset.reset();
+    }
+    for (void* p : local.temporarily_registered) (void)engine->unregister_memory(p);
+    local.temporarily_registered.clear();
+  }
+
+  Result<transfer::SegmentHandle> handle(const std::string& segment) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (auto it = handles.find(segment); it != handles.end()) return it->second;
+    }
+    Result<transfer::SegmentHandle> opened = engine->open_segment(segment);
+    if (!opened.ok()) return opened.status();
+    std::lock_guard<std::mutex> lock(mu);
+    handles[segment] = *opened;
+    return opened;
+  }
+
+  /// A segment whose transfer failed is looked up again next time (its owner may have restarted).
+  void forget(const std::string& segment) {
+    std::lock_guard<std::mutex> lock(mu);
+    handles.erase(segment);
+  }
+
+  /// Requests moving `size` bytes between `local` and `replica` (the first `size` bytes of the local pieces).
+  Status add_requests(TransferOp op, const Local& local, const ReplicaLocation& replica, uint64_t size,
+                      std::vector<TransferRequest>& out) {
+    Result<transfer::SegmentHandle> segment = handle(replica.segment);
+    if (!segment.ok()) return Status::transfer_failed(segment.status().message());
+    uint64_t at = 0;
+    for (const Piece& p : local.transfer_pieces) {
+      if (at == size) break;
+      const uint64_t n = std::min(p.size_bytes, size - at);
+      out.push_back({op, p.data, *segment, replica.offset_bytes + at, n});
+      at += n;
+    }
+    return Status();
+  }
+
+  /// Runs one transfer batch to completion; one status per request (failed ones carry the engine's error).
+  Result<std::vector<transfer::TransferStatus>> run(const std::vector<TransferRequest>& requests) {
+    std::vector<transfer::TransferStatus> out(requests.size());
+    if (requests.empty()) return out;
+    Result<transfer::BatchId> batch = engine->allocate_batch(requests.size());
+    if (!batch.ok()) return batch.status();
+    Status submitted = engine->submit(*batch, requests);
+    if (!submitted.ok()) {
+      (void)engine->free_batch(*batch);
+      return Status::transfer_failed(submitted.message());
+    }
+    // The engine fails every request by its request_timeout, so this ends; nothing may be released before.
+    for (;;) {
+      Result<transfer::BatchSummary> summary = engine->wait(*batch, options.transfer_timeout);
+      if (!summary.ok() || summary->pending() == 0) break;
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Result<transfer::TransferStatus> s = engine->status(*batch, i);
+      out[i] = s.ok() ? *s : transfer::TransferStatus{transfer::TransferState::kFailed, s.status().message()};
+    }
+    (void)engine->free_batch(*batch);
+    return out;
+  }
+
+  /// Phase 2 and 3 of puts whose put_start succeeded: one transfer batch writing every replica of every key,
+  /// then put_end for the keys fully written and put_revoke for the others.
+  Result<std::vector<Status>> write(std::span<const std::string_view> keys, std::span<const std::vector<Piece>> values,
+                                    const ReplicateConfig& config) {
+    const size_t n = keys.size();
+    std::vector<Status> results(n);
+    std::vector<uint64_t> sizes(n);
+    for (size_t i = 0; i < n; ++i) {
+      sizes[i] = total_bytes(values[i]);
+      if (sizes[i] == 0) results[i] = Status::invalid_argument(fmt::format("put: the value of key #{} is empty", i));
+    }
+    std::vector<std::string_view> asked;
+    std::vector<uint64_t> asked_sizes;
+    std::vector<size_t> asked_index;
+    for (size_t i = 0; i < n; ++i) {
+      if (!results[i].ok()) continue;
+      asked.push_back(keys[i]);
+      asked_sizes.push_back(sizes[i]);
+      asked_index.push_back(i);
+    }
+    std::vector<Local> locals(n);
+    std::vector<std::vector<ReplicaLocation>> replicas(n);
+    // Stage before asking the master, so a put_start is never left waiting on a copy.
+    for (size_t i : asked_index) {
+      Result<Local> local = prepare(values[i], sizes[i], /*copy_in=*/true);
+      if (!local.ok()) {
+        results[i] = local.status();
+      } else {
+        locals[i] = std::move(*local);
+      }
+    }
+    auto started = master->put_start(asked, asked_sizes, config, host_id);
+    if (!started.ok()) {
+      for (Local& l : locals) release(l);
+      return started.status();
+    }
+    std::vector<TransferRequest> requests;
+    std::vector<std::pair<size_t, size_t>> request_range(n, {0, 0});  // [first, last) per key
+    for (size_t a = 0; a < asked.size(); ++a) {
+      const size_t i = asked_index[a];
+      Result<std::vector<ReplicaLocation>>& r = (*started)[a];
+      if (!r.ok()) {
+        if (results[i].ok()) results[i] = r.status();
+        continue;
+      }
+      replicas[i] = std::move(*r);
+      if (!results[i].ok()) continue;  // staging failed: revoked below
+      request_range[i].first = requests.size();
+      for (const ReplicaLocation& replica : replicas[i]) {
+        Status added = add_requests(TransferOp::kWrite, locals[i], replica, sizes[i], requests);
+        if (!added.ok()) results[i] = added;
+      }
+      request_range[i].second = requests.size();
+    }
+    Result<std::vector<transfer::TransferStatus>> done = run(requests);
+    std::vector<std::string_view> to_end, to_revoke;
+    std::vector<size_t> end_index;
+    for (size_t i = 0; i < n; ++i) {
+      if (replicas[i].empty()) continue;  // put_start failed: nothing to end or revoke
+      if (results[i].ok()) {
+        for (size_t r = request_range[i].first; r < request_range[i].second; ++r) {
+          if (!done.ok()) {
+            results[i] = done.status();
+          } else if ((*done)[r].state != transfer::TransferState::kCompleted) {
+            results[i] = Status::transfer_failed(fmt::format("writing a replica failed: {}", (*done)[r].error));
+            forget(replicas[i][0].segment);
+            for (const ReplicaLocation& replica : replicas[i]) forget(replica.segment);
+            break;
+          }
+        }
+      }
+      if (results[i].ok()) {
+        to_end.push_back(keys[i]);
+        end_index.push_back(i);
+        bytes_written += sizes[i] * replicas[i].size();
+      } else {
+        to_revoke.push_back(keys[i]);
+      }
+    }
+    for (Local& l : locals) release(l);
+    if (!to_revoke.empty()) (void)master->put_revoke(to_revoke);  // best effort: put_timeout reclaims otherwise
+    if (!to_end.empty()) {
+      auto ended = master->put_end(to_end);
+      for (size_t e = 0; e < end_index.size(); ++e) {
+        if (!ended.ok()) {
+          results[end_index[e]] = ended.status();
+        } else if (!(*ended)[e].ok()) {
+          results[end_index[e]] = (*ended)[e];
+        }
+      }
+    }
+    puts += n;
+    return results;
+  }
+
+  /// Reads granted objects into `outs` (one piece list per key): one transfer batch for the first replica of
+  /// every key (same-host replicas first), further batches only for keys whose transfer failed, then the lease
+  /// check per key against `sent` + its lease.
+  std::vector<Result<uint64_t>> read(std::span<const std::string_view> keys,
+                                     std::vector<Result<ReadGrant>>& grants,
+                                     std::span<const std::vector<Piece>> outs, Clock::time_point sent) {
+    const size_t n = keys.size();
+    std::vector<Result<uint64_t>> results(n, Status::internal("not read"));
+    std::vector<Local> locals(n);
+    std::vector<size_t> next_replica(n, 0);
+    std::vector<bool> pending(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      if (!grants[i].ok()) {
+        results[i] = grants[i].status();
+        continue;
+      }
+      ReadGrant& grant = *grants[i];
+      const uint64_t room = total_bytes(outs[i]);
+      if (room < grant.size_bytes) {
+        results[i] = Status::invalid_argument(fmt::format(
+            "the value of key #{} is {} bytes; the buffers hold {} bytes", i, grant.size_bytes, room));
+        continue;
+      }
+      std::stable_partition(grant.replicas.begin(), grant.replicas.end(),
+                            [&](const ReplicaLocation& r) { return r.host_id == host_id; });
+      Result<Local> local = prepare(outs[i], grant.size_bytes, /*copy_in=*/false);
+      if (!local.ok()) {
+        results[i] = local.status();
+        continue;
+      }
+      locals[i] = std::move(*local);
+      pending[i] = true;
+    }
+    std::vector<std::string> last_error(n);
+    while (std::find(pending.begin(), pending.end(), true) != pending.end()) {
+      std::vector<TransferRequest> requests;
+      std::vector<std::pair<size_t, size_t>> range(n, {0, 0});
+      for (size_t i = 0; i < n; ++i) {
+        if (!pending[i]) continue;
+        const ReadGrant& grant = *grants[i];
+        if (next_replica[i] >= grant.replicas.size()) {
+          results[i] = Status::transfer_failed(fmt::format("reading every replica of key #{} failed; last: {}", i,
+                                                           last_error[i]));
+          pending[i] = false;
+          continue;
+        }
+        range[i].first = requests.size();
+        Status added = add_requests(TransferOp::kRead, locals[i], grant.replicas[next_replica[i]], grant.size_bytes,
+                                    requests);
+        if (!added.ok()) {
+          requests.resize(range[i].first);
+          last_error[i] = added.message();
+          ++next_replica[i];
+          continue;  // try the next replica in the next round
+        }
+        range[i].second = requests.size();
+      }
+      if (requests.empty()) continue;
+      Result<std::vector<transfer::TransferStatus>> done = run(requests);
+      for (size_t i = 0; i < n; ++i) {
+        if (!pending[i] || range[i].first == range[i].second) continue;
+        std::string error = done.ok() ? "" : done.status().message();
+        for (size_t r = range[i].first; done.ok() && r < range[i].second; ++r) {
+          if ((*done)[r].state != transfer::TransferState::kCompleted) error = (*done)[r].error;
+        }
+        if (error.empty()) {
+          pending[i] = false;
+          results[i] = grants[i]->size_bytes;
+        } else {
+          last_error[i] = error;
+          forget(grants[i]->replicas[next_replica[i]].segment);
+          ++next_replica[i];
+          ++replica_fallbacks;
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (results[i].ok()) {
+        // The lease check, after the bytes arrived: a read finished past its lease may hold another object's
+        // bytes (store-notes "Reads, leases, eviction").
+        if (options.before_lease_check_for_testing) options.before_lease_check_for_testing(keys[i]);
+        const Clock::time_point lease_end = sent + grants[i]->lease_ttl;
+        if (Clock::now() >= lease_end) {
+          results[i] = Status::lease_expired(fmt::format(
+              "the read of key #{} finished after its {} ms lease ran out; its bytes are not valid", i,
+              grants[i]->lease_ttl.count()));
+          ++leases_expired;
+        } else {
+          copy_out(locals[i], *results[i]);
+          bytes_read += *results[i];
+        }
+      }
+      release(locals[i]);
+    }
+    gets += n;
+    return results;
+  }
+
+  Result<std::vector<Result<uint64_t>>> get(std::span<const std::string_view> keys,
+                                            std::span<const std::vector<Piece>> outs) {
+    const Clock::time_point sent = Clock::now();  // the lease is counted from here: never later than the master
+    auto grants = master->get_replica_list(keys);
+    if (!grants.ok()) return grants.status();
+    return read(keys, *grants, outs, sent);
+  }
+};
+
+namespace {
+
+std::vector<Piece> pieces_of(std::span<const Buffer> buffers) {
+  std::vector<Piece> out;
+  for (const Buffer& b : buffers) out.push_back({static_cast<std::byte*>(b.data), b.size_bytes});
+  return out;
+}
+
+std::vector<Piece> pieces_of(std::span<const ConstBuffer> buffers) {
+  std::vector<Piece> out;
+  // Writes only read from these; Piece is shared with reads, hence the const_cast.
+  for (const ConstBuffer& b : buffers) out.push_back({static_cast<std::byte*>(const_cast<void*>(b.data)), b.size_bytes});
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> Client::create(ClientOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  auto master = MasterClient::connect(impl->options.master);
+  if (!master.ok()) return master.status();
+  impl->master = std::move(*master);
+  auto metadata = open_transfer_metadata(impl->master->info().transfer_metadata);
+  if (!metadata.ok()) {
+    return Status(metadata.status().code(), "opening the transfer metadata the master named: " +
+                                                metadata.status().message());
+  }
+  impl->metadata = *metadata;
+  transfer::EngineOptions engine_options;
+  engine_options.name = impl->options.name.empty() ? engine_name() : impl->options.name;
+  engine_options.metadata = impl->metadata;
+  engine_options.transports = impl->options.transports;
+  engine_options.tcp.listen_host = impl->options.tcp_host;
+  engine_options.failure.request_timeout = impl->options.transfer_timeout;
+  auto engine = transfer::TransferEngine::create(engine_options);
+  if (!engine.ok()) return engine.status();
+  impl->engine = std::move(*engine);
+  if (impl->options.staging_bytes > 0) {
+    auto staging = impl->engine->allocate_memory(impl->options.staging_bytes);
+    if (!staging.ok()) return staging.status();
+    impl->staging = static_cast<std::byte*>(*staging);
+    impl->staging_allocator = std::make_unique<SegmentAllocator>(impl->options.staging_bytes);
+  }
+  if (impl->options.segment_bytes > 0) {
+    auto segment = MountedSegment::mount(*impl->engine, *impl->master, impl->engine->name() + "/dram",
+                                         impl->engine->name(), impl->options.segment_bytes);
+    if (!segment.ok()) return segment.status();
+    impl->segment = std::move(*segment);
+  }
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+Status Client::register_buffer(void* data, uint64_t size_bytes) {
+  CRESCENT_RETURN_IF_ERROR(impl_->engine->register_memory(data, size_bytes));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->registered[reinterpret_cast<uintptr_t>(data)] = size_bytes;
+  return Status();
+}
+
+Status Client::unregister_buffer(void* data) {
+  CRESCENT_RETURN_IF_ERROR(impl_->engine->unregister_memory(data));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->registered.erase(reinterpret_cast<uintptr_t>(data));
+  return Status();
+}
+
+Status Client::put(std::string_view key, std::span<const ConstBuffer> value, const ReplicateConfig& config) {
+  CRESCENT_RETURN_IF_ERROR(validate_key(key));
+  std::vector<std::vector<Piece>> values = {pieces_of(value)};
+  auto results = impl_->write({&key, 1}, values, config);
+  if (!results.ok()) return results.status();
+  return (*results)[0];
+}
+
+Result<uint64_t> Client::get(std::string_view key, std::span<const Buffer> out) {
+  CRESCENT_RETURN_IF_ERROR(validate_key(key));
+  std::vector<std::vector<Piece>> outs = {pieces_of(out)};
+  auto results = impl_->get({&key, 1}, outs);
+  if (!results.ok()) return results.status();
+  return std::move((*results)[0]);
+}
+
+Result<bool> Client::exists(std::string_view key) {
+  CRESCENT_RETURN_IF_ERROR(validate_key(key));
+  auto results = impl_->master->exists({&key, 1});
+  if (!results.ok()) return results.status();
+  return static_cast<bool>((*results)[0]);
+}
+
+Status Client::remove(std::string_view key) {
+  CRESCENT_RETURN_IF_ERROR(validate_key(key));
+  auto results = impl_->master->remove({&key, 1});
+  if (!results.ok()) return results.status();
+  return (*results)[0];
+}
+
+Result<uint64_t> Client::remove_all() { return impl_->master->remove_all(); }
+
+Result<std::vector<Status>> Client::batch_put(std::span<const std::string_view> keys,
+                                              std::span<const ConstBuffer> values, const ReplicateConfig& config) {
+  if (keys.size() != values.size()) {
+    return Status::invalid_argument(fmt::format("batch_put: {} keys but {} values", keys.size(), values.size()));
+  }
+  std::vector<std::vector<Piece>> pieces;
+  pieces.reserve(values.size());
+  for (const ConstBuffer& v : values) pieces.push_back(pieces_of(std::span<const ConstBuffer>(&v, 1)));
+  return impl_->write(keys, pieces, config);
+}
+
+Result<std::vector<Result<uint64_t>>> Client::batch_get(std::span<const std::string_view> keys,
+                                                        std::span<const Buffer> out) {
+  if (keys.size() != out.size()) {
+    return Status::invalid_argument(fmt::format("batch_get: {} keys but {} buffers", keys.size(), out.size()));
+  }
+  std::vector<std::vector<Piece>> pieces;
+  pieces.reserve(out.size());
+  for (const Buffer& b : out) pieces.push_back(pieces_of(std::span<const Buffer>(&b, 1)));
+  return impl_->get(keys, pieces);
+}
+
+Result<std::vector<bool>> Client::batch_exists(std::span<const std::string_view> keys) {
+  return impl_->master->exists(keys);
+}
+
+std::string Client::block_key(BlockKey key) const {
+  return fmt::format("{}{:016x}", impl_->options.block_key_prefix, key);
+}
+
+Result<std::vector<Status>> Client::put_blocks(std::span<const BlockKey> keys, std::span<const ConstBuffer> blocks,
+                                               const ReplicateConfig& config) {
+  std::vector<std::string> names;
+  names.reserve(keys.size());
+  for (BlockKey k : keys) names.push_back(block_key(k));
+  std::vector<std::string_view> views(names.begin(), names.end());
+  auto results = batch_put(views, blocks, config);
+  if (!results.ok()) return results;
+  for (Status& s : *results) {
+    if (s.code() == StatusCode::kAlreadyExists) s = Status();
+  }
+  return results;
+}
+
+Result<size_t> Client::get_prefix(std::span<const BlockKey> keys, std::span<const Buffer> blocks) {
+  if (keys.size() != blocks.size()) {
+    return Status::invalid_argument(fmt::format("get_prefix: {} keys but {} buffers", keys.size(), blocks.size()));
+  }
+  std::vector<std::string> names;
+  names.reserve(keys.size());
+  for (BlockKey k : keys) names.push_back(block_key(k));
+  std::vector<std::string_view> views(names.begin(), names.end());
+  const Clock::time_point sent = Clock::now();
+  auto grants = impl_->master->get_replica_list(views);
+  if (!grants.ok()) return grants.status();
+  size_t found = 0;
+  while (found < grants->size() && (*grants)[found].ok()) ++found;
+  grants->erase(grants->begin() + static_cast<long>(found), grants->end());
+  std::vector<std::vector<Piece>> pieces;
+  for (size_t i = 0; i < found; ++i) pieces.push_back(pieces_of(blocks.subspan(i, 1)));
+  std::vector<Result<uint64_t>> read =
+      impl_->read(std::span(views).first(found), *grants, pieces, sent);
+  size_t leading = 0;
+  while (leading < read.size() && read[leading].ok()) ++leading;
+  return leading;
+}
+
+ClientStats Client::stats() const {
+  return {impl_->puts.load(),          impl_->gets.load(),
+          impl_->bytes_written.load(), impl_->bytes_read.load(),
+          impl_->staged_bytes.load(),  impl_->replica_fallbacks.load(),
+          impl_->leases_expired.load()};
+}
+
+MasterClient& Client::master() { return *impl_->master; }
+transfer::TransferEngine& Client::engine() { return *impl_->engine; }
+
+}  // namespace crescent::store

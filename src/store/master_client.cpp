@@ -1,0 +1,246 @@
+#include "store/master_client.h"
+
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "store.grpc.pb.h"
+#include "store/rpc_convert.h"
+
+namespace crescent::store {
+
+std::string default_master_address() {
+  const char* env = std::getenv("CRESCENT_STORE_MASTER");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string("127.0.0.1:50051");
+}
+
+namespace {
+
+using rpc_convert::from_proto;
+using rpc_convert::to_proto;
+
+template <typename Repeated>
+void add_keys(Repeated* out, std::span<const std::string_view> keys) {
+  out->Reserve(static_cast<int>(keys.size()));
+  for (std::string_view key : keys) out->Add(std::string(key));
+}
+
+Result<std::vector<Status>> statuses(const rpc::StatusesReply& reply, size_t expected) {
+  if (static_cast<size_t>(reply.statuses_size()) != expected) {
+    return Status::internal(fmt::format("master answered {} statuses for {} keys", reply.statuses_size(), expected));
+  }
+  std::vector<Status> out;
+  out.reserve(expected);
+  for (const rpc::Status& s : reply.statuses()) out.push_back(from_proto(s));
+  return out;
+}
+
+}  // namespace
+
+class MasterClient::Impl {
+ public:
+  MasterClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<rpc::StoreMaster::Stub> stub;
+  MasterInfo info;
+
+  /// One RPC with a deadline per attempt, retried with back-off while the master is unreachable.
+  template <typename Request, typename Reply>
+  Status call(const char* what,
+              grpc::Status (rpc::StoreMaster::Stub::*method)(grpc::ClientContext*, const Request&, Reply*),
+              const Request& request, Reply* reply) {
+    std::chrono::milliseconds backoff = options.initial_backoff;
+    grpc::Status status;
+    for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
+      status = (stub.get()->*method)(&context, request, reply);
+      if (status.ok()) return Status();
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      if (attempt < options.max_attempts) {
+        std::this_thread::sleep_for(backoff);
+        backoff *= 2;
+      }
+    }
+    switch (status.error_code()) {
+      case grpc::StatusCode::UNAVAILABLE:
+        return Status::unavailable(fmt::format("store master at {} unreachable after {} attempt{} ({}): {}",
+                                               options.address, options.max_attempts,
+                                               options.max_attempts == 1 ? "" : "s", what, status.error_message()));
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        return Status::deadline_exceeded(fmt::format("store master at {} did not answer {} within {} ms",
+                                                     options.address, what, options.rpc_timeout.count()));
+      default:
+        return Status::internal(fmt::format("store master at {} failed {}: {} (grpc code {})", options.address,
+                                            what, status.error_message(), static_cast<int>(status.error_code())));
+    }
+  }
+
+  Result<std::vector<Result<std::vector<ReplicaLocation>>>> put_start(std::span<const std::string_view> keys,
+                                                                      std::span<const uint64_t> sizes,
+                                                                      const ReplicateConfig& config,
+                                                                      std::string_view writer_host_id) {
+    rpc::PutStartRequest request;
+    add_keys(request.mutable_keys(), keys);
+    request.mutable_sizes_bytes()->Add(sizes.begin(), sizes.end());
+    to_proto(config, request.mutable_config());
+    request.set_writer_host_id(std::string(writer_host_id));
+    rpc::ReplicaListsReply reply;
+    CRESCENT_RETURN_IF_ERROR(call("put_start", &rpc::StoreMaster::Stub::PutStart, request, &reply));
+    if (static_cast<size_t>(reply.results_size()) != keys.size()) {
+      return Status::internal(fmt::format("master answered {} results for {} keys", reply.results_size(), keys.size()));
+    }
+    std::vector<Result<std::vector<ReplicaLocation>>> out;
+    out.reserve(keys.size());
+    for (const rpc::ReplicaList& list : reply.results()) {
+      Status status = from_proto(list.status());
+      if (!status.ok()) {
+        out.emplace_back(std::move(status));
+        continue;
+      }
+      std::vector<ReplicaLocation> replicas;
+      for (const rpc::Replica& r : list.replicas()) replicas.push_back(from_proto(r));
+      out.emplace_back(std::move(replicas));
+    }
+    return out;
+  }
+
+  template <auto Method>
+  Result<std::vector<Status>> keys_call(const char* what, std::span<const std::string_view> keys) {
+    rpc::KeysRequest request;
+    add_keys(request.mutable_keys(), keys);
+    rpc::StatusesReply reply;
+    CRESCENT_RETURN_IF_ERROR(call(what, Method, request, &reply));
+    return statuses(reply, keys.size());
+  }
+};
+
+Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions options) {
+  if (options.address.empty()) return Status::invalid_argument("store master address is empty");
+  if (options.max_attempts < 1) {
+    return Status::invalid_argument(fmt::format("max_attempts must be >= 1, got {}", options.max_attempts));
+  }
+  if (options.rpc_timeout.count() <= 0) {
+    return Status::invalid_argument(fmt::format("rpc_timeout must be > 0 ms, got {}", options.rpc_timeout.count()));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  impl->channel = grpc::CreateCustomChannel(impl->options.address, grpc::InsecureChannelCredentials(), args);
+  impl->stub = rpc::StoreMaster::NewStub(impl->channel);
+  rpc::HelloRequest request;
+  rpc::HelloReply reply;
+  CRESCENT_RETURN_IF_ERROR(impl->call("hello", &rpc::StoreMaster::Stub::Hello, request, &reply));
+  impl->info = {reply.transfer_metadata(), std::chrono::milliseconds(reply.lease_ttl_ms()),
+                std::chrono::milliseconds(reply.segment_ttl_ms())};
+  return std::unique_ptr<MasterClient>(new MasterClient(std::move(impl)));
+}
+
+MasterClient::MasterClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MasterClient::~MasterClient() = default;
+const MasterInfo& MasterClient::info() const { return impl_->info; }
+const std::string& MasterClient::address() const { return impl_->options.address; }
+
+Status MasterClient::mount_segment(const SegmentMount& mount) {
+  rpc::MountSegmentRequest request;
+  request.set_segment(mount.segment);
+  request.set_owner(mount.owner);
+  request.set_host_id(mount.host_id);
+  request.set_capacity_bytes(mount.capacity_bytes);
+  rpc::StatusReply reply;
+  CRESCENT_RETURN_IF_ERROR(impl_->call("mount_segment", &rpc::StoreMaster::Stub::MountSegment, request, &reply));
+  return from_proto(reply.status());
+}
+
+Status MasterClient::unmount_segment(std::string_view segment) {
+  rpc::SegmentRequest request;
+  request.set_segment(std::string(segment));
+  rpc::StatusReply reply;
+  CRESCENT_RETURN_IF_ERROR(impl_->call("unmount_segment", &rpc::StoreMaster::Stub::UnmountSegment, request, &reply));
+  return from_proto(reply.status());
+}
+
+Status MasterClient::renew_segment(std::string_view segment) {
+  rpc::SegmentRequest request;
+  request.set_segment(std::string(segment));
+  rpc::StatusReply reply;
+  CRESCENT_RETURN_IF_ERROR(impl_->call("renew_segment", &rpc::StoreMaster::Stub::RenewSegment, request, &reply));
+  return from_proto(reply.status());
+}
+
+Result<std::vector<Result<std::vector<ReplicaLocation>>>> MasterClient::put_start(
+    std::span<const std::string_view> keys, std::span<const uint64_t> sizes_bytes, const ReplicateConfig& config,
+    std::string_view writer_host_id) {
+  return impl_->put_start(keys, sizes_bytes, config, writer_host_id);
+}
+
+Result<std::vector<Status>> MasterClient::put_end(std::span<const std::string_view> keys) {
+  return impl_->keys_call<&rpc::StoreMaster::Stub::PutEnd>("put_end", keys);
+}
+Result<std::vector<Status>> MasterClient::put_revoke(std::span<const std::string_view> keys) {
+  return impl_->keys_call<&rpc::StoreMaster::Stub::PutRevoke>("put_revoke", keys);
+}
+Result<std::vector<Status>> MasterClient::remove(std::span<const std::string_view> keys) {
+  return impl_->keys_call<&rpc::StoreMaster::Stub::Remove>("remove", keys);
+}
+
+Result<std::vector<Result<ReadGrant>>> MasterClient::get_replica_list(std::span<const std::string_view> keys) {
+  rpc::KeysRequest request;
+  add_keys(request.mutable_keys(), keys);
+  rpc::ReplicaListsReply reply;
+  CRESCENT_RETURN_IF_ERROR(impl_->call("get_replica_list", &rpc::StoreMaster::Stub::GetReplicaList, request, &reply));
+  if (static_cast<size_t>(reply.results_size()) != keys.size()) {
+    return Status::internal(fmt::format("master answered {} results for {} keys", reply.results_size(), keys.size()));
+  }
+  std::vector<Result<ReadGrant>> out;
+  out.reserve(keys.size());
+  for (const rpc::ReplicaList& list : reply.results()) {
+    Status status = from_proto(list.status());
+    if (!status.ok()) {
+      out.emplace_back(std::move(status));
+      continue;
+    }
+    ReadGrant grant{list.size_bytes(), {}, std::chrono::milliseconds(list.lease_ttl_ms())};
+    for (const rpc::Replica& r : list.replicas()) grant.replicas.push_back(from_proto(r));
+    out.emplace_back(std::move(grant));
+  }
+  return out;
+}
+
+Result<std::vector<bool>> MasterClient::exists(std::span<const std::string_view> keys) {
+  rpc::KeysRequest request;
+  add_keys(request.mutable_keys(), keys);
+  rpc::ExistsReply reply;
+  CRESCENT_RETURN_IF_ERROR(impl_->call("exists", &rpc::StoreMaster::Stub::Exists, request, &reply));
+  if (static_cast<size_t>(reply.exists_size()) != keys.size()) {
+    return Status::internal(fmt::format("master answered {} results for {} keys", reply.exists_size(), keys.size()));
+  }
+  return std::vector<bool>(reply.exists().begin(), reply.exists().end());
+}
+
+Result<uint64_t> MasterClient::remove_all() {
+  rpc::RemoveAllRequest request;
+  rpc::RemoveAllReply reply;
+  CRESCENT_RETURN_IF_ERROR(impl_->call("remove_all", &rpc::StoreMaster::Stub::RemoveAll, request, &reply));
+  return reply.removed();
+}
+
+Result<MasterSnapshot> MasterClient::stats() {
+  rpc::StatsRequest request;
+  rpc::StatsReply reply;
+  CRESCENT_RETURN_IF_ERROR(impl_->call("stats", &rpc::StoreMaster::Stub::Stats, request, &reply));
+  std::vector<std::pair<std::string, uint64_t>> fields(reply.counters().begin(), reply.counters().end());
+  MasterSnapshot snapshot{from_stats_fields(fields), {}};
+  for (const rpc::SegmentInfo& s : reply.segments()) {
+    snapshot.segments.push_back({s.segment(), s.owner(), s.host_id(),
+                                 s.tier() == 1 ? ReplicaTier::kSsd : ReplicaTier::kDram, s.capacity_bytes(),
+                                 s.used_bytes(), s.replicas()});
+  }
+  return snapshot;
+}
+
+}  // namespace crescent::store

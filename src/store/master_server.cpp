@@ -1,0 +1,280 @@
+#include "store/master_server.h"
+
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
+#include <prometheus/histogram.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "store.grpc.pb.h"
+#include "store/metrics.h"
+#include "store/rpc_convert.h"
+#include "store/transfer_metadata.h"
+
+namespace crescent::store {
+namespace {
+
+using rpc_convert::key_views;
+using rpc_convert::to_proto;
+
+void to_proto(const Result<std::vector<ReplicaLocation>>& result, rpc::ReplicaList* out) {
+  to_proto(result.status(), out->mutable_status());
+  if (!result.ok()) return;
+  for (const ReplicaLocation& r : *result) to_proto(r, out->add_replicas());
+  if (!result->empty()) out->set_size_bytes(result->front().size_bytes);
+}
+
+void to_proto(const Result<ReadGrant>& result, rpc::ReplicaList* out) {
+  to_proto(result.status(), out->mutable_status());
+  if (!result.ok()) return;
+  for (const ReplicaLocation& r : result->replicas) to_proto(r, out->add_replicas());
+  out->set_size_bytes(result->size_bytes);
+  out->set_lease_ttl_ms(static_cast<uint64_t>(result->lease_ttl.count()));
+}
+
+/// StoreMaster on the callback API: each handler runs to completion on a gRPC thread (Master calls only take
+/// its lock briefly) and records its latency.
+class Service final : public rpc::StoreMaster::CallbackService {
+ public:
+  Service(Master& master, std::string transfer_metadata, prometheus::Family<prometheus::Histogram>& latency)
+      : master_(master), transfer_metadata_(std::move(transfer_metadata)), latency_(latency) {}
+
+  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context, const rpc::HelloRequest*,
+                                  rpc::HelloReply* reply) override {
+    return handle(context, "hello", [&] {
+      reply->set_transfer_metadata(transfer_metadata_);
+      reply->set_lease_ttl_ms(static_cast<uint64_t>(master_.options().lease_ttl.count()));
+      reply->set_segment_ttl_ms(static_cast<uint64_t>(master_.options().segment_ttl.count()));
+    });
+  }
+  grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
+                                         const rpc::MountSegmentRequest* request,
+                                         rpc::StatusReply* reply) override {
+    return handle(context, "mount_segment", [&] {
+      to_proto(master_.mount_segment({request->segment(), request->owner(), request->host_id(),
+                                      request->capacity_bytes()}),
+               reply->mutable_status());
+    });
+  }
+  grpc::ServerUnaryReactor* UnmountSegment(grpc::CallbackServerContext* context,
+                                           const rpc::SegmentRequest* request, rpc::StatusReply* reply) override {
+    return handle(context, "unmount_segment",
+                  [&] { to_proto(master_.unmount_segment(request->segment()), reply->mutable_status()); });
+  }
+  grpc::ServerUnaryReactor* RenewSegment(grpc::CallbackServerContext* context, const rpc::SegmentRequest* request,
+                                         rpc::StatusReply* reply) override {
+    return handle(context, "renew_segment",
+                  [&] { to_proto(master_.renew_segment(request->segment()), reply->mutable_status()); });
+  }
+  grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* context, const rpc::PutStartRequest* request,
+                                     rpc::ReplicaListsReply* reply) override {
+    return handle(context, "put_start", [&] {
+      Result<ReplicateConfig> config = rpc_convert::from_proto(request->config());
+      std::vector<uint64_t> sizes(request->sizes_bytes().begin(), request->sizes_bytes().end());
+      if (config.ok() && sizes.size() != static_cast<size_t>(request->keys_size())) {
+        config = Status::invalid_argument(fmt::format("put_start: {} keys but {} sizes", request->keys_size(),
+                                                      sizes.size()));
+      }
+      if (!config.ok()) {
+        for (int i = 0; i < request->keys_size(); ++i) to_proto(config.status(), reply->add_results()->mutable_status());
+        return;
+      }
+      for (const auto& result :
+           master_.put_start_batch(key_views(request->keys()), sizes, *config, request->writer_host_id())) {
+        to_proto(result, reply->add_results());
+      }
+    });
+  }
+  grpc::ServerUnaryReactor* PutEnd(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
+                                   rpc::StatusesReply* reply) override {
+    return handle(context, "put_end", [&] {
+      for (const Status& s : master_.put_end_batch(key_views(request->keys()))) to_proto(s, reply->add_statuses());
+    });
+  }
+  grpc::ServerUnaryReactor* PutRevoke(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
+                                      rpc::StatusesReply* reply) override {
+    return handle(context, "put_revoke", [&] {
+      for (const Status& s : master_.put_revoke_batch(key_views(request->keys()))) {
+        to_proto(s, reply->add_statuses());
+      }
+    });
+  }
+  grpc::ServerUnaryReactor* GetReplicaList(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
+                                           rpc::ReplicaListsReply* reply) override {
+    return handle(context, "get_replica_list", [&] {
+      for (const auto& result : master_.get_replica_list_batch(key_views(request->keys()))) {
+        to_proto(result, reply->add_results());
+      }
+    });
+  }
+  grpc::ServerUnaryReactor* Exists(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
+                                   rpc::ExistsReply* reply) override {
+    return handle(context, "exists", [&] {
+      for (bool e : master_.exists_batch(key_views(request->keys()))) reply->add_exists(e);
+    });
+  }
+  grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
+                                   rpc::StatusesReply* reply) override {
+    return handle(context, "remove", [&] {
+      for (const Status& s : master_.remove_batch(key_views(request->keys()))) to_proto(s, reply->add_statuses());
+    });
+  }
+  grpc::ServerUnaryReactor* RemoveAll(grpc::CallbackServerContext* context, const rpc::RemoveAllRequest*,
+                                      rpc::RemoveAllReply* reply) override {
+    return handle(context, "remove_all", [&] { reply->set_removed(master_.remove_all()); });
+  }
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const rpc::StatsRequest*,
+                                  rpc::StatsReply* reply) override {
+    return handle(context, "stats", [&] {
+      for (const auto& [name, value] : stats_fields(master_.stats())) {
+        (*reply->mutable_counters())[std::string(name)] = value;
+      }
+      for (const SegmentInfo& s : master_.segments()) {
+        rpc::SegmentInfo* out = reply->add_segments();
+        out->set_segment(s.segment);
+        out->set_owner(s.owner);
+        out->set_host_id(s.host_id);
+        out->set_tier(static_cast<uint32_t>(s.tier));
+        out->set_capacity_bytes(s.capacity_bytes);
+        out->set_used_bytes(s.used_bytes);
+        out->set_replicas(s.replicas);
+      }
+    });
+  }
+
+ private:
+  template <typename F>
+  grpc::ServerUnaryReactor* handle(grpc::CallbackServerContext* context, const char* method, F&& body) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    latency(method).Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  prometheus::Histogram& latency(const char* method) {
+    static const prometheus::Histogram::BucketBoundaries kBuckets = {1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4,
+                                                                      2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 1e-1};
+    thread_local std::map<const char*, prometheus::Histogram*> cache;  // method names are literals
+    prometheus::Histogram*& histogram = cache[method];
+    if (histogram == nullptr) histogram = &latency_.Add({{"method", method}}, kBuckets);  // thread-safe, idempotent
+    return *histogram;
+  }
+
+  Master& master_;
+  std::string transfer_metadata_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+};
+
+/// The gauges and counters of Master::stats, computed at each scrape.
+std::vector<prometheus::MetricFamily> collect_master_metrics(const Master& master) {
+  std::vector<prometheus::MetricFamily> out;
+  const MasterStats stats = master.stats();
+  add_gauge(out, "crescent_store_objects", "Complete objects", static_cast<double>(stats.objects));
+  add_gauge(out, "crescent_store_processing_objects", "Puts started and not yet ended",
+            static_cast<double>(stats.processing_objects));
+  add_gauge(out, "crescent_store_segments", "Mounted segments", static_cast<double>(stats.segments));
+  add_gauge(out, "crescent_store_capacity_bytes", "Bytes of mounted segments, by tier",
+            static_cast<double>(stats.dram_capacity_bytes), {{"tier", "dram"}});
+  add_gauge(out, "crescent_store_used_bytes", "Bytes allocated in mounted segments, by tier",
+            static_cast<double>(stats.dram_used_bytes), {{"tier", "dram"}});
+  const std::pair<const char*, uint64_t> counters[] = {
+      {"puts_started", stats.puts_started},       {"puts_ended", stats.puts_ended},
+      {"puts_revoked", stats.puts_revoked},       {"puts_reclaimed", stats.puts_reclaimed},
+      {"puts_no_space", stats.puts_no_space},     {"gets", stats.gets},
+      {"hits", stats.hits},                       {"misses", stats.misses},
+      {"leases_granted", stats.leases_granted},   {"leases_expired", stats.leases_expired},
+      {"evictions", stats.evictions},             {"evicted_bytes", stats.evicted_bytes},
+      {"removes", stats.removes},                 {"segments_expired", stats.segments_expired}};
+  for (const auto& [name, value] : counters) {
+    add_counter(out, fmt::format("crescent_store_{}_total", name), fmt::format("MasterStats::{}", name),
+                static_cast<double>(value));
+  }
+  return out;
+}
+
+}  // namespace
+
+class MasterServer::Impl {
+ public:
+  explicit Impl(MasterServerOptions options) : options(std::move(options)), master(this->options.master) {}
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    if (ticker.joinable()) ticker.join();
+    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+
+  MasterServerOptions options;
+  Master master;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<MetricsEndpoint> metrics;
+  std::string address;
+  std::string metrics_address;
+  std::thread ticker;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+};
+
+Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions options) {
+  CRESCENT_RETURN_IF_ERROR(validate(options.master));
+  if (options.tick_interval.count() <= 0) {
+    return Status::invalid_argument(fmt::format("tick_interval must be > 0 ms, got {}", options.tick_interval.count()));
+  }
+  if (options.transfer_metadata.empty()) options.transfer_metadata = default_transfer_metadata_spec();
+  auto impl = std::make_unique<Impl>(std::move(options));
+  auto& latency = prometheus::BuildHistogram()
+                      .Name("crescent_store_rpc_latency_seconds")
+                      .Help("Time the master spends on one RPC, by method")
+                      .Register(*impl->registry);
+  impl->service = std::make_unique<Service>(impl->master, impl->options.transfer_metadata, latency);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(impl->options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || port == 0) {
+    return Status::unavailable(fmt::format("cannot serve the store master on {} (address in use or invalid?)",
+                                           impl->options.listen_address));
+  }
+  const std::string& listen = impl->options.listen_address;
+  impl->address = fmt::format("{}:{}", listen.substr(0, listen.rfind(':')), port);
+  if (!impl->options.metrics_address.empty()) {
+    Master* master = &impl->master;
+    auto metrics = MetricsEndpoint::start(impl->options.metrics_address, impl->registry,
+                                          [master] { return collect_master_metrics(*master); });
+    if (!metrics.ok()) return metrics.status();
+    impl->metrics = std::move(*metrics);
+    impl->metrics_address = impl->metrics->address();
+  }
+  Impl* raw = impl.get();
+  impl->ticker = std::thread([raw] {
+    std::unique_lock<std::mutex> lock(raw->mu);
+    while (!raw->cv.wait_for(lock, raw->options.tick_interval, [raw] { return raw->stopping; })) {
+      lock.unlock();
+      raw->master.tick();
+      lock.lock();
+    }
+  });
+  return std::unique_ptr<MasterServer>(new MasterServer(std::move(impl)));
+}
+
+MasterServer::MasterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MasterServer::~MasterServer() = default;
+const std::string& MasterServer::address() const { return impl_->address; }
+const std::string& MasterServer::metrics_address() const { return impl_->metrics_address; }
+const std::string& MasterServer::transfer_metadata() const { return impl_->options.transfer_metadata; }
+Master& MasterServer::master() { return impl_->master; }
+
+}  // namespace crescent::store

@@ -1,0 +1,51 @@
+// The master as a gRPC service (store.proto's StoreMaster, callback API: handlers run on gRPC's thread pool and
+// call Master, whose lock they share), its background ticks, and its /metrics endpoint (Prometheus text,
+// crescent_store_ prefix, docs/store.md lists the metrics).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "store/master.h"
+
+namespace crescent::store {
+
+/// Settings of a master process.
+struct MasterServerOptions {
+  std::string listen_address = "127.0.0.1:50051";  // host:port for gRPC; port 0 picks a free one
+  std::string metrics_address = "127.0.0.1:9151";  // host:port serving /metrics; port 0 picks one; "" = none
+  /// Where nodes and clients publish and find transfer-engine segments, handed to them by Hello:
+  /// "dir:PATH" (one machine, no service; store/transfer_metadata.h) or "etcd:URL". "" = the default dir.
+  std::string transfer_metadata = "";
+  MasterOptions master = {};
+  std::chrono::milliseconds tick_interval{100};  // how often Master::tick runs
+};
+
+class MasterServer {
+ public:
+  /// Validates the options and starts serving. kInvalidArgument for bad options (naming the field);
+  /// kUnavailable when an address cannot be bound (naming it).
+  static Result<std::unique_ptr<MasterServer>> start(MasterServerOptions options);
+  /// Stops serving (in-flight calls finish or are cancelled) and the tick thread.
+  ~MasterServer();
+  MasterServer(const MasterServer&) = delete;
+  MasterServer& operator=(const MasterServer&) = delete;
+
+  /// "127.0.0.1:PORT" as bound (the chosen port when 0 was asked).
+  const std::string& address() const;
+  /// "127.0.0.1:PORT" of /metrics, or "" when disabled.
+  const std::string& metrics_address() const;
+  /// The transfer metadata spec handed to nodes and clients.
+  const std::string& transfer_metadata() const;
+  Master& master();
+
+  class Impl;
+
+ private:
+  explicit MasterServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crescent::store

@@ -1,0 +1,44 @@
+// A DRAM segment offered to the pool by a storage node or by a client (as Mooncake's inference instances do):
+// memory from the transfer engine (shareable, so same-host peers reach it over shm), exposed under a name,
+// mounted on the master and kept mounted by a renewal thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "store/master_client.h"
+#include "transfer/transfer_engine.h"
+
+namespace crescent::store {
+
+class MountedSegment {
+ public:
+  /// Allocates `capacity_bytes` from `engine`, exposes it as segment `name` and mounts it on the master as
+  /// owned by `owner`. A thread renews the mount every segment_ttl / 3 and mounts it again (empty) when the
+  /// master no longer knows it (it expired, or the master restarted). Errors: the engine's (kIoError when
+  /// memory cannot be had, kAlreadyExists for a taken name) or the master's. `engine` and `master` must
+  /// outlive the segment.
+  static Result<std::unique_ptr<MountedSegment>> mount(transfer::TransferEngine& engine, MasterClient& master,
+                                                       std::string name, std::string owner,
+                                                       uint64_t capacity_bytes);
+  /// Stops renewing, unmounts from the master (best effort: an unreachable master lets the lease run out),
+  /// withdraws the segment and frees its memory.
+  ~MountedSegment();
+  MountedSegment(const MountedSegment&) = delete;
+  MountedSegment& operator=(const MountedSegment&) = delete;
+
+  const std::string& name() const;
+  uint64_t capacity_bytes() const;
+  /// Times the segment was mounted again after the master had lost it.
+  uint64_t remounts() const;
+
+  class Impl;
+
+ private:
+  explicit MountedSegment(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crescent::store

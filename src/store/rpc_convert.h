@@ -1,0 +1,63 @@
+// Conversions between the store's types and their protobuf messages (store.proto), shared by the master's
+// server and the client. Internal to src/store.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "store.pb.h"
+#include "store/master.h"
+#include "store/types.h"
+
+namespace crescent::store::rpc_convert {
+
+inline void to_proto(const Status& status, rpc::Status* out) {
+  out->set_code(static_cast<int32_t>(status.code()));
+  out->set_message(status.message());
+}
+
+/// A Status from the wire; an out-of-range code becomes kInternal naming it.
+inline Status from_proto(const rpc::Status& status) {
+  if (status.code() == 0) return Status();
+  if (status.code() < 0 || status.code() > static_cast<int32_t>(StatusCode::kTransferFailed)) {
+    return Status::internal("master answered an unknown status code " + std::to_string(status.code()) + ": " +
+                            status.message());
+  }
+  return Status(static_cast<StatusCode>(status.code()), status.message());
+}
+
+inline void to_proto(const ReplicaLocation& replica, rpc::Replica* out) {
+  out->set_segment(replica.segment);
+  out->set_host_id(replica.host_id);
+  out->set_offset_bytes(replica.offset_bytes);
+  out->set_size_bytes(replica.size_bytes);
+  out->set_tier(static_cast<uint32_t>(replica.tier));
+}
+
+inline ReplicaLocation from_proto(const rpc::Replica& replica) {
+  return {replica.segment(), replica.host_id(), replica.offset_bytes(), replica.size_bytes(),
+          replica.tier() == static_cast<uint32_t>(ReplicaTier::kSsd) ? ReplicaTier::kSsd : ReplicaTier::kDram};
+}
+
+inline void to_proto(const ReplicateConfig& config, rpc::ReplicateConfig* out) {
+  out->set_replica_num(config.replica_num);
+  out->set_preferred_segment(config.preferred_segment);
+  out->set_pin(static_cast<uint32_t>(config.pin));
+}
+
+/// kInvalidArgument for a pin value that names no PinKind.
+inline Result<ReplicateConfig> from_proto(const rpc::ReplicateConfig& config) {
+  if (config.pin() > static_cast<uint32_t>(PinKind::kHard)) {
+    return Status::invalid_argument("replicate config: unknown pin value " + std::to_string(config.pin()));
+  }
+  return ReplicateConfig{config.replica_num(), config.preferred_segment(), static_cast<PinKind>(config.pin())};
+}
+
+/// The keys of a request as views into it.
+template <typename Repeated>
+std::vector<std::string_view> key_views(const Repeated& keys) {
+  return std::vector<std::string_view>(keys.begin(), keys.end());
+}
+
+}  // namespace crescent::store::rpc_convert

@@ -1,0 +1,50 @@
+// A storage node (`crescent store node`): contributes a DRAM segment to the pool and keeps it mounted. Value
+// bytes reach the segment straight from clients through the transfer engine (tcp; shm from the same host;
+// ucx); the node itself moves none of them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "store/master_client.h"
+#include "transfer/transfer_engine.h"
+
+namespace crescent::store {
+
+/// Settings of a storage node.
+struct StorageNodeOptions {
+  MasterClientOptions master = {};
+  std::string name = "";             // engine name, unique in the cluster; "" = store-node-HOST-PID
+  uint64_t dram_bytes = 1ull << 30;  // size of the DRAM segment
+  std::vector<transfer::TransportKind> transports = {transfer::TransportKind::kShm,
+                                                     transfer::TransportKind::kTcp};
+  std::string tcp_host = "127.0.0.1";             // address clients connect to
+  std::string metrics_address = "127.0.0.1:0";  // /metrics; port 0 picks one; "" = none
+};
+
+class StorageNode {
+ public:
+  /// Connects to the master, starts the engine on the transfer metadata the master names, and mounts a DRAM
+  /// segment NAME/dram. Errors from each step, naming it.
+  static Result<std::unique_ptr<StorageNode>> start(StorageNodeOptions options);
+  /// Unmounts the segment (its objects leave the pool) and stops.
+  ~StorageNode();
+  StorageNode(const StorageNode&) = delete;
+  StorageNode& operator=(const StorageNode&) = delete;
+
+  /// The DRAM segment's name.
+  const std::string& segment() const;
+  /// "host:PORT" of /metrics, or "".
+  const std::string& metrics_address() const;
+
+  class Impl;
+
+ private:
+  explicit StorageNode(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crescent::store
