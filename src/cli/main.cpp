@@ -4,7 +4,7 @@
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"crescent: KV-cache-centric LLM serving (Mooncake) — trace analysis and cluster simulation"};
+  CLI::App app{"crescent: KV-cache-centric LLM serving (Mooncake) — trace analysis, cluster simulation, KV cache pool"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "crescent 0.1.0");
   int exit_code = 0;
@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   crescent::cli::register_simulate(app, exit_code);
   crescent::cli::register_experiment(app, exit_code);
   crescent::cli::register_bench(app, exit_code);
+  crescent::cli::register_store(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -495,6 +495,19 @@ Result<uint64_t> Client::get(std::string_view key, std::span<const Buffer> out) 
   return std::move((*results)[0]);
 }
 
+Result<std::vector<std::byte>> Client::get_value(std::string_view key) {
+  CRESCENT_RETURN_IF_ERROR(validate_key(key));
+  const auto sent = std::chrono::steady_clock::now();
+  auto grants = impl_->master->get_replica_list({&key, 1});
+  if (!grants.ok()) return grants.status();
+  if (!(*grants)[0].ok()) return (*grants)[0].status();
+  std::vector<std::byte> value((*grants)[0]->size_bytes);
+  std::vector<std::vector<Piece>> pieces = {{{value.data(), value.size()}}};
+  auto read = impl_->read({&key, 1}, *grants, pieces, sent);
+  if (!read[0].ok()) return read[0].status();
+  return value;
+}
+
 Result<bool> Client::exists(std::string_view key) {
   CRESCENT_RETURN_IF_ERROR(validate_key(key));
   auto results = impl_->master->exists({&key, 1});

@@ -95,6 +95,8 @@ class Client {
   /// Reads `key` into `out` (filled in order); returns the value's size. kInvalidArgument when `out` holds
   /// fewer bytes than the value (nothing read); kNotFound; kLeaseExpired; kTransferFailed.
   Result<uint64_t> get(std::string_view key, std::span<const Buffer> out);
+  /// Reads `key` into a buffer of its size (the same read as get, lease check included).
+  Result<std::vector<std::byte>> get_value(std::string_view key);
   /// Whether a complete object is stored under `key`.
   Result<bool> exists(std::string_view key);
   /// kNotFound; kFailedPrecondition while a reader holds a lease.

@@ -1,0 +1,28 @@
+// Parsing of flag values shared by the subcommands: sizes with binary suffixes, comma lists, bounded integers.
+// Errors name the flag and the value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace crescent::cli {
+
+inline constexpr uint64_t kKiB = 1024;
+inline constexpr uint64_t kMiB = 1024 * kKiB;
+inline constexpr uint64_t kGiB = 1024 * kMiB;
+
+/// `text` cut at every `separator` (an empty text gives one empty item).
+std::vector<std::string> split(const std::string& text, char separator);
+/// A comma-separated list; kInvalidArgument naming `flag` for an empty item.
+Result<std::vector<std::string>> parse_list(std::string_view flag, const std::string& text);
+/// Plain bytes or a binary suffix: 4096, 4KiB, 4K, 64MiB, 1GiB (case-insensitive, optional "B"), at most 1 TiB.
+/// kInvalidArgument naming `flag` and `text` otherwise.
+Result<uint64_t> parse_size(std::string_view flag, const std::string& text);
+/// An integer in [min, max]; kInvalidArgument naming `flag` and `text` otherwise.
+Result<long> parse_int(std::string_view flag, const std::string& text, long min, long max);
+
+}  // namespace crescent::cli

@@ -1,0 +1,298 @@
+// `crescent store master|node|stat|put|get|rm`: run the KV cache pool's master and storage nodes, and look at or
+// change its contents from a shell (docs/store.md). Exit codes: 0 ok, 2 bad input, 1 anything else (not found,
+// master unreachable, no space).
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "common/atomic_file.h"
+#include "store/client.h"
+#include "store/master_client.h"
+#include "store/master_server.h"
+#include "store/storage_node.h"
+#include "transfer/transfer_engine.h"
+
+namespace crescent::cli {
+namespace {
+
+using namespace crescent::store;
+
+/// "error: ..." on stderr; exit 2 for bad input, 1 otherwise.
+int store_fail(const Status& status) {
+  fmt::print(stderr, "error: {}\n", status.message());
+  return status.code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread started after it, so sigwait can take them.
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int wait_for_stop_signal(const sigset_t& set) {
+  int signal = 0;
+  sigwait(&set, &signal);
+  return signal;
+}
+
+struct MasterArgs {
+  std::string listen = "127.0.0.1:50051";
+  std::string metrics = "127.0.0.1:9151";
+  std::string transfer_metadata;
+  long lease_ttl_ms = 5000;
+  long segment_ttl_ms = 10000;
+  long put_timeout_ms = 30000;
+  double high_watermark = 0.95;
+  double eviction_fraction = 0.05;
+  std::string strategy = "random";
+};
+
+int run_master(const MasterArgs& args) {
+  MasterServerOptions options;
+  options.listen_address = args.listen;
+  options.metrics_address = args.metrics;
+  options.transfer_metadata = args.transfer_metadata;
+  options.master.lease_ttl = std::chrono::milliseconds(args.lease_ttl_ms);
+  options.master.segment_ttl = std::chrono::milliseconds(args.segment_ttl_ms);
+  options.master.put_timeout = std::chrono::milliseconds(args.put_timeout_ms);
+  options.master.high_watermark = args.high_watermark;
+  options.master.eviction_fraction = args.eviction_fraction;
+  Result<AllocationStrategy> strategy = parse_strategy(args.strategy);
+  if (!strategy.ok()) return store_fail(Status::invalid_argument("--strategy: " + strategy.status().message()));
+  options.master.strategy = *strategy;
+  const sigset_t signals = block_stop_signals();
+  auto server = MasterServer::start(options);
+  if (!server.ok()) return store_fail(server.status());
+  fmt::print("store master on {} (metrics {}, transfer metadata {})\n", (*server)->address(),
+             (*server)->metrics_address().empty() ? "off" : (*server)->metrics_address(),
+             (*server)->transfer_metadata());
+  std::fflush(stdout);
+  const int signal = wait_for_stop_signal(signals);
+  fmt::print("store master: signal {}, stopping\n", signal);
+  return 0;
+}
+
+struct NodeArgs {
+  std::string master = default_master_address();
+  std::string dram = "1GiB";
+  std::string name;
+  std::string tcp_host = "127.0.0.1";
+  std::string metrics = "127.0.0.1:0";
+  std::string transports = "shm,tcp";
+};
+
+Result<std::vector<transfer::TransportKind>> parse_transports(const std::string& text) {
+  Result<std::vector<std::string>> items = parse_list("--transports", text);
+  if (!items.ok()) return items.status();
+  std::vector<transfer::TransportKind> out;
+  for (const std::string& item : *items) {
+    Result<transfer::TransportKind> kind = transfer::parse_transport(item);
+    if (!kind.ok()) return Status::invalid_argument("--transports: " + kind.status().message());
+    out.push_back(*kind);
+  }
+  return out;
+}
+
+int run_node(const NodeArgs& args) {
+  StorageNodeOptions options;
+  options.master.address = args.master;
+  Result<uint64_t> dram = parse_size("--dram", args.dram);
+  if (!dram.ok()) return store_fail(dram.status());
+  if (*dram == 0) return store_fail(Status::invalid_argument("--dram: must be more than 0 bytes"));
+  options.dram_bytes = *dram;
+  options.name = args.name;
+  options.tcp_host = args.tcp_host;
+  options.metrics_address = args.metrics;
+  Result<std::vector<transfer::TransportKind>> transports = parse_transports(args.transports);
+  if (!transports.ok()) return store_fail(transports.status());
+  options.transports = *transports;
+  const sigset_t signals = block_stop_signals();
+  auto node = StorageNode::start(options);
+  if (!node.ok()) return store_fail(node.status());
+  fmt::print("store node: segment {} ({} bytes of DRAM), master {} (metrics {})\n", (*node)->segment(), *dram,
+             args.master, (*node)->metrics_address().empty() ? "off" : (*node)->metrics_address());
+  std::fflush(stdout);
+  const int signal = wait_for_stop_signal(signals);
+  fmt::print("store node: signal {}, unmounting\n", signal);
+  return 0;
+}
+
+Result<std::unique_ptr<Client>> connect_client(const std::string& master) {
+  ClientOptions options;
+  options.master.address = master;
+  options.staging_bytes = 4 << 20;
+  return Client::create(options);
+}
+
+int run_stat(const std::string& master_address, bool json) {
+  MasterClientOptions options;
+  options.address = master_address;
+  auto master = MasterClient::connect(options);
+  if (!master.ok()) return store_fail(master.status());
+  auto snapshot = (*master)->stats();
+  if (!snapshot.ok()) return store_fail(snapshot.status());
+  if (json) {
+    nlohmann::ordered_json out;
+    out["master"] = master_address;
+    for (const auto& [name, value] : stats_fields(snapshot->stats)) out["stats"][std::string(name)] = value;
+    out["segments"] = nlohmann::ordered_json::array();
+    for (const SegmentInfo& s : snapshot->segments) {
+      out["segments"].push_back({{"segment", s.segment},
+                                 {"owner", s.owner},
+                                 {"host_id", s.host_id},
+                                 {"tier", tier_name(s.tier)},
+                                 {"capacity_bytes", s.capacity_bytes},
+                                 {"used_bytes", s.used_bytes},
+                                 {"replicas", s.replicas}});
+    }
+    fmt::print("{}\n", dump_json(out, 2));
+    return 0;
+  }
+  fmt::print("store master {}: {} segment{}\n", master_address, snapshot->segments.size(),
+             snapshot->segments.size() == 1 ? "" : "s");
+  fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>6} {:>9}  {}\n", "segment", "tier", "capacity B", "used B", "used",
+             "replicas", "owner");
+  for (const SegmentInfo& s : snapshot->segments) {
+    fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>5.1f}% {:>9}  {}\n", s.segment, tier_name(s.tier), s.capacity_bytes,
+               s.used_bytes, s.capacity_bytes == 0 ? 0.0 : 100.0 * static_cast<double>(s.used_bytes) /
+                                                            static_cast<double>(s.capacity_bytes),
+               s.replicas, s.owner);
+  }
+  for (const auto& [name, value] : stats_fields(snapshot->stats)) fmt::print("  {:<22} {}\n", name, value);
+  return 0;
+}
+
+int run_put(const std::string& master, const std::string& key, const std::string& file, long replicas,
+            const std::string& pin_name) {
+  Result<PinKind> pin = parse_pin(pin_name);
+  if (!pin.ok()) return store_fail(Status::invalid_argument("--pin: " + pin.status().message()));
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return store_fail(Status::invalid_argument(fmt::format("--file {}: cannot be read", file)));
+  std::string value((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (value.empty()) return store_fail(Status::invalid_argument(fmt::format("--file {}: is empty", file)));
+  auto client = connect_client(master);
+  if (!client.ok()) return store_fail(client.status());
+  ConstBuffer buffer{value.data(), value.size()};
+  Status put = (*client)->put(key, {&buffer, 1},
+                              {.replica_num = static_cast<uint32_t>(replicas), .preferred_segment = "", .pin = *pin});
+  if (!put.ok()) return store_fail(put);
+  fmt::print("stored {} bytes under {} ({} replica{})\n", value.size(), key, replicas, replicas == 1 ? "" : "s");
+  return 0;
+}
+
+int run_get(const std::string& master, const std::string& key, const std::string& file) {
+  auto client = connect_client(master);
+  if (!client.ok()) return store_fail(client.status());
+  auto value = (*client)->get_value(key);
+  if (!value.ok()) return store_fail(value.status());
+  Status written = write_file_atomically(
+      file, std::string_view(reinterpret_cast<const char*>(value->data()), value->size()));
+  if (!written.ok()) return store_fail(written);
+  fmt::print(stderr, "read {} bytes of {} into {}\n", value->size(), key, file);
+  return 0;
+}
+
+int run_rm(const std::string& master, const std::string& key, bool all) {
+  auto client = connect_client(master);
+  if (!client.ok()) return store_fail(client.status());
+  if (all) {
+    auto removed = (*client)->remove_all();
+    if (!removed.ok()) return store_fail(removed.status());
+    fmt::print("removed {} object{}\n", *removed, *removed == 1 ? "" : "s");
+    return 0;
+  }
+  if (key.empty()) return store_fail(Status::invalid_argument("store rm: give a KEY or --all"));
+  Status removed = (*client)->remove(key);
+  if (!removed.ok()) return store_fail(removed);
+  return 0;
+}
+
+}  // namespace
+
+void register_store(CLI::App& app, int& exit_code) {
+  CLI::App* store = app.add_subcommand("store", "The KV cache pool: master, storage nodes, and shell access");
+  store->require_subcommand(1);
+
+  auto master_args = std::make_shared<MasterArgs>();
+  CLI::App* master = store->add_subcommand("master", "Run the store's master (metadata only) until SIGINT/SIGTERM");
+  master->add_option("--listen", master_args->listen, "gRPC address host:port (port 0 picks one)")->capture_default_str();
+  master->add_option("--metrics", master_args->metrics, "/metrics address host:port ('' = off)")->capture_default_str();
+  master->add_option("--transfer-metadata", master_args->transfer_metadata,
+                     "where segments are published: dir:PATH or etcd:URL (default: dir:/tmp/crescent-store-UID/metadata)");
+  master->add_option("--lease-ttl-ms", master_args->lease_ttl_ms, "read lease")->capture_default_str();
+  master->add_option("--segment-ttl-ms", master_args->segment_ttl_ms, "a segment not renewed this long is unmounted")
+      ->capture_default_str();
+  master->add_option("--put-timeout-ms", master_args->put_timeout_ms, "a put not ended by then is reclaimed")
+      ->capture_default_str();
+  master->add_option("--high-watermark", master_args->high_watermark, "evict above this fraction of DRAM used")
+      ->capture_default_str();
+  master->add_option("--eviction-fraction", master_args->eviction_fraction, "fraction of capacity one eviction frees")
+      ->capture_default_str();
+  master->add_option("--strategy", master_args->strategy, "replica placement: random, most-free, local-first")
+      ->capture_default_str();
+  master->callback([master_args, &exit_code] { run_guarded(exit_code, [&] { return run_master(*master_args); }); });
+
+  auto node_args = std::make_shared<NodeArgs>();
+  CLI::App* node = store->add_subcommand("node", "Run a storage node contributing DRAM until SIGINT/SIGTERM");
+  node->add_option("--master", node_args->master, "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)")
+      ->capture_default_str();
+  node->add_option("--dram", node_args->dram, "DRAM segment size, e.g. 4GiB")->capture_default_str();
+  node->add_option("--name", node_args->name, "engine name, unique in the cluster (default store-node-HOST-PID)");
+  node->add_option("--tcp-host", node_args->tcp_host, "address clients reach this node on")->capture_default_str();
+  node->add_option("--metrics", node_args->metrics, "/metrics address host:port ('' = off)")->capture_default_str();
+  node->add_option("--transports", node_args->transports, "comma list of shm, tcp, ucx")->capture_default_str();
+  node->callback([node_args, &exit_code] { run_guarded(exit_code, [&] { return run_node(*node_args); }); });
+
+  struct ShellArgs {
+    std::string master = default_master_address();
+    std::string key;
+    std::string file;
+    long replicas = 1;
+    std::string pin = "none";
+    bool json = false;
+    bool all = false;
+  };
+  auto shell = std::make_shared<ShellArgs>();
+  auto add_master = [&](CLI::App* cmd) {
+    cmd->add_option("--master", shell->master, "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)");
+  };
+  CLI::App* stat = store->add_subcommand("stat", "Segments, objects, hits and misses, evictions, leases");
+  add_master(stat);
+  stat->add_flag("--json", shell->json, "JSON instead of a table");
+  stat->callback([shell, &exit_code] { run_guarded(exit_code, [&] { return run_stat(shell->master, shell->json); }); });
+
+  CLI::App* put = store->add_subcommand("put", "Store a file's bytes under KEY");
+  add_master(put);
+  put->add_option("KEY", shell->key, "key (1..1024 bytes)")->required();
+  put->add_option("--file", shell->file, "the value")->required();
+  put->add_option("--replicas", shell->replicas, "replicas on distinct segments")->check(CLI::Range(1, 64));
+  put->add_option("--pin", shell->pin, "none, soft or hard");
+  put->callback([shell, &exit_code] {
+    run_guarded(exit_code, [&] { return run_put(shell->master, shell->key, shell->file, shell->replicas, shell->pin); });
+  });
+
+  CLI::App* get = store->add_subcommand("get", "Write KEY's value to a file");
+  add_master(get);
+  get->add_option("KEY", shell->key, "key")->required();
+  get->add_option("--file", shell->file, "where to write the value")->required();
+  get->callback([shell, &exit_code] { run_guarded(exit_code, [&] { return run_get(shell->master, shell->key, shell->file); }); });
+
+  CLI::App* rm = store->add_subcommand("rm", "Remove KEY (or --all: every object not being read)");
+  add_master(rm);
+  rm->add_option("KEY", shell->key, "key");
+  rm->add_flag("--all", shell->all, "remove everything not under a read lease");
+  rm->callback([shell, &exit_code] { run_guarded(exit_code, [&] { return run_rm(shell->master, shell->key, shell->all); }); });
+}
+
+}  // namespace crescent::cli
