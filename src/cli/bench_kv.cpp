@@ -1,0 +1,345 @@
+#include "cli/bench_kv.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace crescent::cli::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The value at fraction p of `values` (nearest rank); 0 when empty. Reorders `values`.
+double percentile(std::vector<double>& values, double p) {
+  if (values.empty()) return 0;
+  const auto nth = values.begin() + static_cast<ptrdiff_t>(p * static_cast<double>(values.size() - 1));
+  std::nth_element(values.begin(), nth, values.end());
+  return *nth;
+}
+
+// Ignores SIGPIPE while alive: a worker writing to a store that died gets EPIPE instead of killing us.
+class IgnoreSigpipe {
+ public:
+  IgnoreSigpipe() : previous_(std::signal(SIGPIPE, SIG_IGN)) {}
+  ~IgnoreSigpipe() { std::signal(SIGPIPE, previous_); }
+
+ private:
+  void (*previous_)(int);
+};
+
+}  // namespace
+
+KvRunResult drive_kv_load(const KvRunSpec& spec,
+                          const std::function<Result<KvWorker>(int thread_index)>& make_worker) {
+  KvRunResult result;
+  result.spec = spec;
+  if (spec.threads < 1 || spec.batch < 1 || spec.duration.count() <= 0) {
+    result.error = fmt::format("threads {}, batch {}, duration {} ms: each must be positive", spec.threads,
+                               spec.batch, spec.duration.count());
+    return result;
+  }
+  IgnoreSigpipe ignore_sigpipe;
+  std::vector<KvWorker> workers;
+  for (int i = 0; i < spec.threads; ++i) {
+    Result<KvWorker> worker = make_worker(i);
+    if (!worker.ok()) {
+      result.error = fmt::format("{} worker {}: {}", spec.system, i, worker.status().message());
+      return result;
+    }
+    workers.push_back(std::move(worker).value());
+  }
+
+  std::atomic<bool> stop{false};
+  std::mutex error_mu;
+  std::string error;
+  Clock::time_point phase_start;  // set by the barrier's completion, read by every thread after it
+  std::barrier sync(spec.threads, [&]() noexcept { phase_start = Clock::now(); });
+  std::vector<std::vector<double>> call_us(spec.threads);
+  std::vector<Clock::time_point> finished(spec.threads);
+  const auto call = [&](int i) {
+    Status status = workers[i]();
+    if (status.ok()) return true;
+    std::lock_guard lock(error_mu);
+    if (error.empty()) error = fmt::format("{} thread {}: {}", spec.system, i, status.message());
+    stop = true;
+    return false;
+  };
+  const auto body = [&](int i) {
+    sync.arrive_and_wait();
+    const Clock::time_point warm_end = phase_start + spec.duration / 10;
+    for (int n = 0; !stop && (n < 3 || Clock::now() < warm_end) && call(i); ++n) {
+    }
+    sync.arrive_and_wait();  // the timed window starts for every thread at once
+    const Clock::time_point end = phase_start + spec.duration;
+    while (!stop) {
+      const Clock::time_point t0 = Clock::now();
+      if (t0 >= end || !call(i)) break;
+      finished[i] = Clock::now();
+      call_us[i].push_back(std::chrono::duration<double, std::micro>(finished[i] - t0).count());
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    for (int i = 0; i < spec.threads; ++i) threads.emplace_back(body, i);
+  }
+  if (!error.empty()) {
+    result.error = error;
+    return result;
+  }
+  std::vector<double> all_us;
+  for (const auto& v : call_us) all_us.insert(all_us.end(), v.begin(), v.end());
+  const Clock::time_point last = *std::max_element(finished.begin(), finished.end());
+  result.seconds = std::max(0.0, std::chrono::duration<double>(last - phase_start).count());
+  result.ops = all_us.size() * spec.batch;
+  result.bytes = result.ops * spec.value_bytes;
+  if (result.seconds > 0) {
+    result.gbps = static_cast<double>(result.bytes) / result.seconds / 1e9;
+    result.ops_per_s = static_cast<double>(result.ops) / result.seconds;
+  }
+  result.p50_us = percentile(all_us, 0.50);
+  result.p99_us = percentile(all_us, 0.99);
+  return result;
+}
+
+namespace {
+
+// A free TCP port on 127.0.0.1 (bound to port 0, then released), or 0.
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+using RedisContextPtr = std::unique_ptr<redisContext, decltype(&redisFree)>;
+using ReplyPtr = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
+
+RedisContextPtr connect(uint16_t port, timeval timeout) {
+  return RedisContextPtr(redisConnectWithTimeout("127.0.0.1", port, timeout), &redisFree);
+}
+
+// Whether the server on `port` answers and is process `pid` (not another one that took the port).
+bool answers_as(uint16_t port, pid_t pid) {
+  RedisContextPtr c = connect(port, {0, 200'000});
+  if (!c || c->err) return false;
+  ReplyPtr reply(static_cast<redisReply*>(redisCommand(c.get(), "INFO server")), &freeReplyObject);
+  return reply && reply->type == REDIS_REPLY_STRING &&
+         std::string_view(reply->str, reply->len).find(fmt::format("process_id:{}\r", pid)) !=
+             std::string::npos;
+}
+
+void stop_process(pid_t pid) {
+  ::kill(pid, SIGTERM);
+  for (int i = 0; i < 200; ++i) {
+    if (::waitpid(pid, nullptr, WNOHANG) == pid) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+std::string log_tail(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  return s.size() > 600 ? s.substr(s.size() - 600) : s;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RedisServer>> RedisServer::start() {
+  if (::access(kBinary, X_OK) != 0) {
+    return Status::not_found(
+        fmt::format("{} not found: install the redis-server package (scripts/install-deps.sh)", kBinary));
+  }
+  std::error_code ec;
+  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) tmp = "/tmp";
+  std::string dir = (tmp / "crescent-redis-XXXXXX").string();
+  if (::mkdtemp(dir.data()) == nullptr) {
+    return Status::io_error(fmt::format("mkdtemp {}: {}", dir, std::strerror(errno)));
+  }
+  const std::string log = dir + "/redis.log";
+  std::string why;
+  for (int attempt = 0; attempt < 5; ++attempt) {  // another process may take the port before redis does
+    const uint16_t port = free_port();
+    const std::string port_text = std::to_string(port);
+    std::vector<const char*> argv = {
+        kBinary,  "--port", port_text.c_str(), "--bind", "127.0.0.1", "--protected-mode", "no",
+        "--save", "",       "--appendonly",    "no",     "--dir",     dir.c_str(),        "--daemonize",
+        "no",     nullptr};
+    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const pid_t parent = ::getpid();
+    const pid_t pid = (null_fd < 0 || log_fd < 0) ? -1 : ::fork();
+    if (pid == 0) {  // child: async-signal-safe calls only
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::dup2(null_fd, 0);
+      ::dup2(log_fd, 1);
+      ::dup2(log_fd, 2);
+      ::execv(kBinary, const_cast<char* const*>(argv.data()));
+      ::_exit(127);
+    }
+    const int spawn_errno = errno;
+    if (null_fd >= 0) ::close(null_fd);
+    if (log_fd >= 0) ::close(log_fd);
+    if (pid < 0) {
+      std::filesystem::remove_all(dir, ec);
+      return Status::io_error(fmt::format("starting {}: {}", kBinary, std::strerror(spawn_errno)));
+    }
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      int wstatus = 0;
+      if (::waitpid(pid, &wstatus, WNOHANG) == pid) {
+        why = fmt::format("{} exited (status {}) before answering; its log ends:\n{}", kBinary, wstatus,
+                          log_tail(log));
+        break;
+      }
+      if (answers_as(port, pid)) return std::unique_ptr<RedisServer>(new RedisServer(pid, port, dir));
+      if (Clock::now() > deadline) {
+        stop_process(pid);
+        std::filesystem::remove_all(dir, ec);
+        return Status::unavailable(fmt::format(
+            "{} did not answer on 127.0.0.1:{} within 5 s; its log ends:\n{}", kBinary, port, log_tail(log)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (why.find("Address already in use") == std::string::npos) break;
+  }
+  std::filesystem::remove_all(dir, ec);
+  return Status::unavailable(why);
+}
+
+RedisServer::~RedisServer() {
+  stop_process(pid_);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+namespace {
+
+// One worker's connection, keys and value buffer.
+class RedisWorker {
+ public:
+  RedisWorker(RedisContextPtr c, const KvRunSpec& spec, int thread_index)
+      : c_(std::move(c)), put_(spec.op == "put"), batch_(spec.batch), thread_index_(thread_index) {
+    const uint64_t keys = std::clamp<uint64_t>((uint64_t{256} << 20) / spec.value_bytes, 1, 64);
+    for (uint64_t k = 0; k < keys; ++k) keys_.push_back(fmt::format("crescent:t{}:k{}", thread_index, k));
+    value_.resize(spec.value_bytes);
+    for (size_t i = 0; i < value_.size(); ++i) value_[i] = static_cast<char>('a' + (i + thread_index) % 26);
+  }
+
+  // Pipelines `count` SETs (put) or GETs over the next keys, then reads and checks every reply.
+  Status pipeline(bool put, size_t count) {
+    const size_t first = next_;
+    next_ = (next_ + count) % keys_.size();
+    for (size_t j = 0; j < count; ++j) {
+      const std::string& key = key_at(first + j);
+      if (put) stamp(first + j);  // redisAppendCommand copies the value, so the next stamp is safe
+      const int rc = put ? redisAppendCommand(c_.get(), "SET %b %b", key.data(), key.size(), value_.data(),
+                                              value_.size())
+                         : redisAppendCommand(c_.get(), "GET %b", key.data(), key.size());
+      if (rc != REDIS_OK)
+        return Status::unavailable(fmt::format("redis: queueing for {}: {}", key, c_->errstr));
+    }
+    for (size_t j = 0; j < count; ++j) {
+      const std::string& key = key_at(first + j);
+      void* raw = nullptr;
+      if (redisGetReply(c_.get(), &raw) != REDIS_OK) {
+        return Status::unavailable(fmt::format("redis: reply for {}: {}", key, c_->errstr));
+      }
+      ReplyPtr r(static_cast<redisReply*>(raw), &freeReplyObject);
+      const std::string_view text = r->str ? std::string_view(r->str, r->len) : std::string_view();
+      if (r->type == REDIS_REPLY_ERROR) return Status::unavailable(fmt::format("redis {}: {}", key, text));
+      if (put && (r->type != REDIS_REPLY_STATUS || text != "OK")) {
+        return Status::internal(
+            fmt::format("redis SET {}: reply type {} '{}', expected OK", key, r->type, text));
+      }
+      if (put) continue;
+      if (r->type != REDIS_REPLY_STRING || r->len != value_.size()) {
+        return Status::internal(
+            fmt::format("redis GET {}: reply type {} of {} bytes, expected a string of {}", key, r->type,
+                        r->len, value_.size()));
+      }
+      stamp(first + j);
+      if (std::memcmp(r->str, value_.data(), std::min<size_t>(16, value_.size())) != 0) {
+        return Status::internal(fmt::format("redis GET {}: first bytes differ from the value stored", key));
+      }
+    }
+    return Status();
+  }
+
+  Status operator()() { return pipeline(put_, batch_); }
+  size_t key_count() const { return keys_.size(); }
+
+ private:
+  const std::string& key_at(size_t n) const { return keys_[n % keys_.size()]; }
+  // Writes key n's tag (thread, key number) into the value's first bytes: each key has known, distinct
+  // content.
+  void stamp(size_t n) {
+    const uint64_t tag = (uint64_t(thread_index_) << 32) | (n % keys_.size());
+    std::memcpy(value_.data(), &tag, std::min<size_t>(sizeof tag, value_.size()));
+  }
+
+  RedisContextPtr c_;
+  bool put_;
+  size_t batch_;
+  int thread_index_;
+  std::vector<std::string> keys_;
+  std::string value_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+Result<KvWorker> make_redis_worker(uint16_t port, const KvRunSpec& spec, int thread_index) {
+  if (spec.op != "put" && spec.op != "get") {
+    return Status::invalid_argument(fmt::format("op '{}': expected put or get", spec.op));
+  }
+  if (spec.batch < 1 || spec.value_bytes == 0) {
+    return Status::invalid_argument(
+        fmt::format("batch {}, value_bytes {}: each must be positive", spec.batch, spec.value_bytes));
+  }
+  RedisContextPtr c = connect(port, {2, 0});
+  if (!c) return Status::unavailable(fmt::format("redis 127.0.0.1:{}: cannot allocate a connection", port));
+  if (c->err) return Status::unavailable(fmt::format("redis 127.0.0.1:{}: {}", port, c->errstr));
+  redisSetTimeout(c.get(), {10, 0});  // a hung server fails the call instead of the whole bench
+  auto worker = std::make_shared<RedisWorker>(std::move(c), spec, thread_index);
+  if (spec.op == "get") {
+    Status preload = worker->pipeline(/*put=*/true, worker->key_count());
+    if (!preload.ok()) return Status::unavailable(fmt::format("preloading keys: {}", preload.message()));
+  }
+  return KvWorker([worker] { return (*worker)(); });
+}
+
+}  // namespace crescent::cli::bench
