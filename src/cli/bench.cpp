@@ -176,8 +176,8 @@ Result<bench::BenchOptions> build_options(const Args& args) {
     if (c.block_bytes * c.batch * static_cast<uint64_t>(c.threads) > kMaxRunBytes) {
       return Status::invalid_argument(
           fmt::format("block {} x batch {} x {} thread(s) = {} in flight exceeds the 1 GiB limit per run",
-                      bench::format_size(c.block_bytes), c.batch, c.threads,
-                      bench::format_size(c.block_bytes * c.batch * static_cast<uint64_t>(c.threads))));
+                      format_size(c.block_bytes), c.batch, c.threads,
+                      format_size(c.block_bytes * c.batch * static_cast<uint64_t>(c.threads))));
     }
   }
   for (const PathSpec& path : paths) {
@@ -350,9 +350,9 @@ std::string baseline_text(const std::string& baseline) {
 void print_human(const BenchReport& report, const bench::BenchOptions& options) {
   fmt::print(
       "crescent bench transfer: two engines in two processes over loopback (target pid {}, {} segment)\n",
-      report.target_pid, bench::format_size(report.segment_bytes));
+      report.target_pid, format_size(report.segment_bytes));
   fmt::print("{:g} s per run and per baseline; each side rotates over >= {}; GB/s = 1e9 bytes/s\n\n",
-             options.seconds, bench::format_size(options.working_set_bytes));
+             options.seconds, format_size(options.working_set_bytes));
 
   fmt::print("Baselines (this run; same block size and batch):\n");
   const std::string streams_header =
@@ -361,11 +361,11 @@ void print_human(const BenchReport& report, const bench::BenchOptions& options) 
              streams_header);
   for (const BlockBaseline& b : report.baselines) {
     if (!b.tcp_loopback_error.empty()) {
-      fmt::print("  {:>8} {:>6} {:>12} error: {}\n", bench::format_size(b.block_bytes), b.batch,
+      fmt::print("  {:>8} {:>6} {:>12} error: {}\n", format_size(b.block_bytes), b.batch,
                  format_gbps(b.memcpy_gbps), b.tcp_loopback_error);
       continue;
     }
-    fmt::print("  {:>8} {:>6} {:>12} {:>18} {:>16}\n", bench::format_size(b.block_bytes), b.batch,
+    fmt::print("  {:>8} {:>6} {:>12} {:>18} {:>16}\n", format_size(b.block_bytes), b.batch,
                format_gbps(b.memcpy_gbps), format_gbps(b.tcp_loopback_gbps),
                options.loopback_streams > 1 ? format_gbps(b.tcp_loopback_streams_gbps) : "");
   }
@@ -386,7 +386,7 @@ void print_human(const BenchReport& report, const bench::BenchOptions& options) 
     if (previous_block != 0 && run.spec.block_bytes != previous_block) fmt::print("\n");
     previous_block = run.spec.block_bytes;
     const std::string head = fmt::format("  {:<{}} {:>7} {:>6} {:>4} {:<5}", run.spec.path.label(), width,
-                                         bench::format_size(run.spec.block_bytes), run.spec.batch,
+                                         format_size(run.spec.block_bytes), run.spec.batch,
                                          run.spec.threads, bench::op_name(run.spec.op));
     if (!run.error.empty()) {
       fmt::print("{} error: {}\n", head, run.error);
@@ -499,6 +499,8 @@ void register_bench(CLI::App& app, int& exit_code) {
       return 0;
     });
   });
+
+  register_bench_store(*bench_cmd, exit_code);
 
   auto target = std::make_shared<bench::TargetOptions>();
   auto target_transports = std::make_shared<std::string>();

@@ -1,14 +1,11 @@
 #include "cli/bench_kv.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,34 +14,18 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 #include <vector>
+
+#include "common/child_process.h"
+#include "common/percentile.h"
 
 namespace crescent::cli::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The value at fraction p of `values` (nearest rank); 0 when empty. Reorders `values`.
-double percentile(std::vector<double>& values, double p) {
-  if (values.empty()) return 0;
-  const auto nth = values.begin() + static_cast<ptrdiff_t>(p * static_cast<double>(values.size() - 1));
-  std::nth_element(values.begin(), nth, values.end());
-  return *nth;
-}
-
-// Ignores SIGPIPE while alive: a worker writing to a store that died gets EPIPE instead of killing us.
-class IgnoreSigpipe {
- public:
-  IgnoreSigpipe() : previous_(std::signal(SIGPIPE, SIG_IGN)) {}
-  ~IgnoreSigpipe() { std::signal(SIGPIPE, previous_); }
-
- private:
-  void (*previous_)(int);
-};
 
 }  // namespace
 
@@ -115,8 +96,9 @@ KvRunResult drive_kv_load(const KvRunSpec& spec,
     result.gbps = static_cast<double>(result.bytes) / result.seconds / 1e9;
     result.ops_per_s = static_cast<double>(result.ops) / result.seconds;
   }
-  result.p50_us = percentile(all_us, 0.50);
-  result.p99_us = percentile(all_us, 0.99);
+  std::sort(all_us.begin(), all_us.end());
+  result.p50_us = nearest_rank(all_us, 50);
+  result.p99_us = nearest_rank(all_us, 99);
   return result;
 }
 
@@ -156,24 +138,6 @@ bool answers_as(uint16_t port, pid_t pid) {
              std::string::npos;
 }
 
-void stop_process(pid_t pid) {
-  ::kill(pid, SIGTERM);
-  for (int i = 0; i < 200; ++i) {
-    if (::waitpid(pid, nullptr, WNOHANG) == pid) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-}
-
-std::string log_tail(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
-  return s.size() > 600 ? s.substr(s.size() - 600) : s;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<RedisServer>> RedisServer::start() {
@@ -193,44 +157,28 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
   for (int attempt = 0; attempt < 5; ++attempt) {  // another process may take the port before redis does
     const uint16_t port = free_port();
     const std::string port_text = std::to_string(port);
-    std::vector<const char*> argv = {
-        kBinary,  "--port", port_text.c_str(), "--bind", "127.0.0.1", "--protected-mode", "no",
-        "--save", "",       "--appendonly",    "no",     "--dir",     dir.c_str(),        "--daemonize",
-        "no",     nullptr};
-    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const pid_t parent = ::getpid();
-    const pid_t pid = (null_fd < 0 || log_fd < 0) ? -1 : ::fork();
-    if (pid == 0) {  // child: async-signal-safe calls only
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      ::dup2(null_fd, 0);
-      ::dup2(log_fd, 1);
-      ::dup2(log_fd, 2);
-      ::execv(kBinary, const_cast<char* const*>(argv.data()));
-      ::_exit(127);
-    }
-    const int spawn_errno = errno;
-    if (null_fd >= 0) ::close(null_fd);
-    if (log_fd >= 0) ::close(log_fd);
-    if (pid < 0) {
+    auto process = ChildProcess::start({kBinary, "--port", port_text, "--bind", "127.0.0.1", "--protected-mode",
+                                        "no", "--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no"},
+                                       log);
+    if (!process.ok()) {
       std::filesystem::remove_all(dir, ec);
-      return Status::io_error(fmt::format("starting {}: {}", kBinary, std::strerror(spawn_errno)));
+      return process.status();
     }
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
     for (;;) {
-      int wstatus = 0;
-      if (::waitpid(pid, &wstatus, WNOHANG) == pid) {
-        why = fmt::format("{} exited (status {}) before answering; its log ends:\n{}", kBinary, wstatus,
-                          log_tail(log));
+      if (!(*process)->running()) {
+        why = fmt::format("{} exited before answering; its log ends:\n{}", kBinary, (*process)->log_tail(600));
         break;
       }
-      if (answers_as(port, pid)) return std::unique_ptr<RedisServer>(new RedisServer(pid, port, dir));
+      if (answers_as(port, (*process)->pid())) {
+        return std::unique_ptr<RedisServer>(new RedisServer(std::move(*process), port, dir));
+      }
       if (Clock::now() > deadline) {
-        stop_process(pid);
+        const std::string tail = (*process)->log_tail(600);
+        process->reset();
         std::filesystem::remove_all(dir, ec);
-        return Status::unavailable(fmt::format(
-            "{} did not answer on 127.0.0.1:{} within 5 s; its log ends:\n{}", kBinary, port, log_tail(log)));
+        return Status::unavailable(
+            fmt::format("{} did not answer on 127.0.0.1:{} within 5 s; its log ends:\n{}", kBinary, port, tail));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -241,7 +189,7 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
 }
 
 RedisServer::~RedisServer() {
-  stop_process(pid_);
+  process_.reset();  // SIGTERM, SIGKILL after 2 s, reaped
   std::error_code ignored;
   std::filesystem::remove_all(dir_, ignored);
 }

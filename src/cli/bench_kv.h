@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "common/child_process.h"
 #include "common/status.h"
 
 namespace crescent::cli::bench {
@@ -72,8 +73,9 @@ class RedisServer {
   uint16_t port() const { return port_; }
 
  private:
-  RedisServer(pid_t pid, uint16_t port, std::string dir) : pid_(pid), port_(port), dir_(std::move(dir)) {}
-  pid_t pid_;
+  RedisServer(std::unique_ptr<ChildProcess> process, uint16_t port, std::string dir)
+      : process_(std::move(process)), port_(port), dir_(std::move(dir)) {}
+  std::unique_ptr<ChildProcess> process_;
   uint16_t port_;
   std::string dir_;
 };

@@ -1,4 +1,5 @@
 #include "cli/bench_transfer.h"
+#include "common/child_process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -264,17 +265,6 @@ Result<double> measure_tcp_loopback_gbps(const std::byte* src, std::byte* dst, u
 // ---------------------------------------------------------------------------------------------------------
 // The target process.
 
-// Ignores SIGPIPE while alive (a write to a dead target's pipe returns EPIPE instead of killing us).
-class IgnoreSigpipe {
- public:
-  IgnoreSigpipe() { previous_ = std::signal(SIGPIPE, SIG_IGN); }
-  ~IgnoreSigpipe() { std::signal(SIGPIPE, previous_); }
-  IgnoreSigpipe(const IgnoreSigpipe&) = delete;
-  IgnoreSigpipe& operator=(const IgnoreSigpipe&) = delete;
-
- private:
-  void (*previous_)(int) = SIG_DFL;
-};
 
 // Points file descriptor 1 at stderr while alive, so what libraries print on stdout (UCX's log lines) does
 // not mix with the report (or, in the target, with the control channel); restores it on destruction.
@@ -832,12 +822,6 @@ void run_path(const PathSpec& spec, const std::vector<size_t>& runs, const Bench
 }
 
 }  // namespace
-
-std::string format_size(uint64_t bytes) {
-  if (bytes >= kMiB && bytes % kMiB == 0) return fmt::format("{} MiB", bytes / kMiB);
-  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes / 1024);
-  return fmt::format("{} B", bytes);
-}
 
 std::string_view op_name(transfer::TransferOp op) {
   return op == TransferOp::kRead ? "read" : "write";

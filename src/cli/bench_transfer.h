@@ -15,13 +15,12 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/flags.h"  // format_size
 #include "common/status.h"
 #include "transfer/transfer_engine.h"
 
 namespace crescent::cli::bench {
 
-/// `bytes` as "4 KiB", "64 MiB" when a whole number of KiB/MiB, else "1000 B".
-std::string format_size(uint64_t bytes);
 
 /// "read" or "write".
 std::string_view op_name(transfer::TransferOp op);

@@ -59,4 +59,10 @@ Result<long> parse_int(std::string_view flag, const std::string& text, long min,
   return value;
 }
 
+std::string format_size(uint64_t bytes) {
+  if (bytes >= kMiB && bytes % kMiB == 0) return fmt::format("{} MiB", bytes / kMiB);
+  if (bytes >= kKiB && bytes % kKiB == 0) return fmt::format("{} KiB", bytes / kKiB);
+  return fmt::format("{} B", bytes);
+}
+
 }  // namespace crescent::cli

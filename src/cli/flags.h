@@ -22,6 +22,9 @@ Result<std::vector<std::string>> parse_list(std::string_view flag, const std::st
 /// Plain bytes or a binary suffix: 4096, 4KiB, 4K, 64MiB, 1GiB (case-insensitive, optional "B"), at most 1 TiB.
 /// kInvalidArgument naming `flag` and `text` otherwise.
 Result<uint64_t> parse_size(std::string_view flag, const std::string& text);
+/// `bytes` as "4 KiB", "64 MiB" when a whole number of KiB/MiB, else "1000 B" (parse_size reads it back without
+/// the space).
+std::string format_size(uint64_t bytes);
 /// An integer in [min, max]; kInvalidArgument naming `flag` and `text` otherwise.
 Result<long> parse_int(std::string_view flag, const std::string& text, long min, long max);
 

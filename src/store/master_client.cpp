@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <thread>
 
@@ -42,9 +43,11 @@ Result<std::vector<Status>> statuses(const rpc::StatusesReply& reply, size_t exp
 class MasterClient::Impl {
  public:
   MasterClientOptions options;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<rpc::StoreMaster::Stub> stub;
+  std::vector<std::unique_ptr<rpc::StoreMaster::Stub>> stubs;  // one per channel (own TCP connection)
+  std::atomic<size_t> next_stub{0};
   MasterInfo info;
+
+  rpc::StoreMaster::Stub& stub() { return *stubs[next_stub.fetch_add(1, std::memory_order_relaxed) % stubs.size()]; }
 
   /// One RPC with a deadline per attempt, retried with back-off while the master is unreachable.
   template <typename Request, typename Reply>
@@ -56,7 +59,7 @@ class MasterClient::Impl {
     for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
-      status = (stub.get()->*method)(&context, request, reply);
+      status = (stub().*method)(&context, request, reply);
       if (status.ok()) return Status();
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
       if (attempt < options.max_attempts) {
@@ -122,16 +125,22 @@ Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions 
   if (options.max_attempts < 1) {
     return Status::invalid_argument(fmt::format("max_attempts must be >= 1, got {}", options.max_attempts));
   }
+  if (options.channels < 1 || options.channels > 64) {
+    return Status::invalid_argument(fmt::format("channels must be in 1..64, got {}", options.channels));
+  }
   if (options.rpc_timeout.count() <= 0) {
     return Status::invalid_argument(fmt::format("rpc_timeout must be > 0 ms, got {}", options.rpc_timeout.count()));
   }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  impl->channel = grpc::CreateCustomChannel(impl->options.address, grpc::InsecureChannelCredentials(), args);
-  impl->stub = rpc::StoreMaster::NewStub(impl->channel);
+  for (int i = 0; i < impl->options.channels; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own, not shared with the others
+    impl->stubs.push_back(rpc::StoreMaster::NewStub(
+        grpc::CreateCustomChannel(impl->options.address, grpc::InsecureChannelCredentials(), args)));
+  }
   rpc::HelloRequest request;
   rpc::HelloReply reply;
   CRESCENT_RETURN_IF_ERROR(impl->call("hello", &rpc::StoreMaster::Stub::Hello, request, &reply));

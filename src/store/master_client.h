@@ -25,6 +25,7 @@ struct MasterClientOptions {
   std::chrono::milliseconds rpc_timeout{2000};      // deadline of each attempt
   int max_attempts = 4;                             // attempts while the master is unreachable, >= 1
   std::chrono::milliseconds initial_backoff{50};    // wait before the 2nd attempt; doubles after each
+  int channels = 4;  // gRPC channels (TCP connections) calls are spread over, round robin, 1..64
 };
 
 /// What the master tells its members at connect (Hello).

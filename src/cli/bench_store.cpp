@@ -1,0 +1,538 @@
+#include "cli/bench_store.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "common/child_process.h"
+#include "common/percentile.h"
+#include "store/client.h"
+#include "store/master_client.h"
+
+namespace crescent::cli::bench {
+namespace {
+
+using store::Buffer;
+using store::Client;
+using store::ConstBuffer;
+using Clock = std::chrono::steady_clock;
+
+/// The master and the node of the bench, child processes in a private directory.
+struct StoreProcesses {
+  std::string dir;
+  std::unique_ptr<ChildProcess> master;
+  std::unique_ptr<ChildProcess> node;
+  std::string address;
+
+  ~StoreProcesses() {
+    node.reset();
+    master.reset();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
+
+Result<std::unique_ptr<StoreProcesses>> start_store(const StoreBenchOptions& options) {
+  auto p = std::make_unique<StoreProcesses>();
+  std::string dir = (std::filesystem::temp_directory_path() / "crescent-bench-store-XXXXXX").string();
+  if (::mkdtemp(dir.data()) == nullptr) return Status::io_error(fmt::format("mkdtemp: {}", std::strerror(errno)));
+  p->dir = dir;
+  auto master = ChildProcess::start({options.crescent_binary, "store", "master", "--listen", "127.0.0.1:0",
+                                     "--metrics", "", "--transfer-metadata", "dir:" + dir + "/metadata"},
+                                    dir + "/master.log");
+  if (!master.ok()) return master.status();
+  p->master = std::move(*master);
+  auto line = p->master->wait_for_line("store master on ", std::chrono::seconds(20));
+  if (!line.ok()) return line.status();
+  const size_t at = line->find("on ") + 3;
+  p->address = line->substr(at, line->find(' ', at) - at);
+  auto node = ChildProcess::start({options.crescent_binary, "store", "node", "--master", p->address, "--dram",
+                                   std::to_string(options.node_dram_bytes), "--metrics", "", "--name",
+                                   fmt::format("bench-node-{}", ::getpid()), "--transports", "shm,tcp"},
+                                  dir + "/node.log");
+  if (!node.ok()) return node.status();
+  p->node = std::move(*node);
+  auto mounted = p->node->wait_for_line("store node: segment", std::chrono::seconds(60));
+  if (!mounted.ok()) return mounted.status();
+  return p;
+}
+
+/// Keys a get run reads, per thread: enough for one batch, at most 64 and 64 MiB.
+uint64_t keys_per_thread(const KvRunSpec& spec) {
+  return std::max<uint64_t>(spec.batch, std::clamp<uint64_t>((64ull << 20) / spec.value_bytes, 1, 64));
+}
+
+/// Value bytes with an 8-byte tag at the front, so a get can check it read the right object.
+void fill_value(std::byte* out, uint64_t size, uint64_t tag) {
+  for (uint64_t i = 0; i < size; ++i) out[i] = static_cast<std::byte>('a' + (i + tag) % 26);
+  std::memcpy(out, &tag, std::min<uint64_t>(8, size));
+}
+
+bool has_tag(const std::byte* value, uint64_t size, uint64_t tag) {
+  return std::memcmp(value, &tag, std::min<uint64_t>(8, size)) == 0;
+}
+
+/// One thread's worker: registered buffers for a batch (zero copy), its own keys.
+class CrescentWorker {
+ public:
+  CrescentWorker(Client& client, const KvRunSpec& spec, int thread, int run)
+      : client_(client), spec_(spec), thread_(thread), run_(run), memory_(spec.batch * spec.value_bytes) {}
+  ~CrescentWorker() { (void)client_.unregister_buffer(memory_.data()); }
+
+  Status setup() {
+    CRESCENT_RETURN_IF_ERROR(client_.register_buffer(memory_.data(), memory_.size()));
+    if (spec_.op == "put") {
+      for (size_t b = 0; b < spec_.batch; ++b) fill_value(slot(b), spec_.value_bytes, b);
+      return Status();
+    }
+    const uint64_t n = keys_per_thread(spec_);
+    for (uint64_t k = 0; k < n; ++k) keys_.push_back(fmt::format("g{}-t{}-k{}", run_, thread_, k));
+    for (uint64_t k = 0; k < n; k += spec_.batch) {  // preload, a batch at a time, from the worker's buffers
+      std::vector<std::string_view> keys;
+      std::vector<ConstBuffer> values;
+      for (uint64_t b = 0; b < spec_.batch && k + b < n; ++b) {
+        fill_value(slot(b), spec_.value_bytes, k + b);
+        keys.push_back(keys_[k + b]);
+        values.push_back({slot(b), spec_.value_bytes});
+      }
+      auto put = client_.batch_put(keys, values);
+      if (!put.ok()) return put.status();
+      for (const Status& s : *put) CRESCENT_RETURN_IF_ERROR(s);
+    }
+    return Status();
+  }
+
+  Status call() {
+    std::vector<std::string> names;
+    std::vector<std::string_view> keys;
+    names.reserve(spec_.batch);
+    if (spec_.op == "put") {
+      std::vector<ConstBuffer> values;
+      for (size_t b = 0; b < spec_.batch; ++b) {
+        names.push_back(fmt::format("p{}-t{}-{}", run_, thread_, seq_++));
+        values.push_back({slot(b), spec_.value_bytes});
+      }
+      keys.assign(names.begin(), names.end());
+      auto put = client_.batch_put(keys, values);
+      if (!put.ok()) return put.status();
+      for (const Status& s : *put) CRESCENT_RETURN_IF_ERROR(s);
+      return Status();
+    }
+    std::vector<Buffer> out;
+    std::vector<uint64_t> tags;
+    for (size_t b = 0; b < spec_.batch; ++b) {
+      const uint64_t k = seq_++ % keys_.size();
+      keys.push_back(keys_[k]);
+      tags.push_back(k);
+      out.push_back({slot(b), spec_.value_bytes});
+    }
+    auto got = client_.batch_get(keys, out);
+    if (!got.ok()) return got.status();
+    for (size_t b = 0; b < spec_.batch; ++b) {
+      if (!(*got)[b].ok()) return (*got)[b].status();
+      if (*(*got)[b] != spec_.value_bytes || !has_tag(slot(b), spec_.value_bytes, tags[b])) {
+        return Status::internal(fmt::format("get {} returned the wrong bytes", keys[b]));
+      }
+    }
+    return Status();
+  }
+
+ private:
+  std::byte* slot(size_t b) { return memory_.data() + b * spec_.value_bytes; }
+
+  Client& client_;
+  KvRunSpec spec_;
+  int thread_;
+  int run_;
+  std::vector<std::byte> memory_;
+  std::vector<std::string> keys_;
+  uint64_t seq_ = 0;
+};
+
+KvRunResult run_crescent(const std::string& master, const KvRunSpec& spec, int run) {
+  store::ClientOptions options;
+  options.master.address = master;
+  options.staging_bytes = 8 << 20;
+  options.transports = {spec.system == "crescent-shm" ? transfer::TransportKind::kShm : transfer::TransportKind::kTcp};
+  auto client = Client::create(options);
+  if (!client.ok()) {
+    KvRunResult failed;
+    failed.spec = spec;
+    failed.error = client.status().to_string();
+    return failed;
+  }
+  KvRunResult result = drive_kv_load(spec, [&](int thread) -> Result<KvWorker> {
+    auto worker = std::make_shared<CrescentWorker>(**client, spec, thread, run);
+    CRESCENT_RETURN_IF_ERROR(worker->setup());
+    return KvWorker([worker] { return worker->call(); });
+  });
+  (void)(*client)->remove_all();  // leave the next run an empty store
+  return result;
+}
+
+uint64_t rss_bytes(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // "VmRSS:   1234 kB"
+  }
+  return 0;
+}
+
+/// batch_exists of 1 key at several thread counts, then the master with `objects` objects: RSS per object and
+/// get_replica_list latency.
+Status run_metadata(const StoreBenchOptions& options, StoreProcesses& store, StoreBenchReport& report) {
+  store::MasterClientOptions master_options;
+  master_options.address = store.address;
+  auto master = store::MasterClient::connect(master_options);
+  if (!master.ok()) return master.status();
+  for (int threads : options.metadata_threads) {
+    KvRunSpec spec{"crescent-metadata", "exists", 1, threads, 1, options.duration};
+    KvRunResult r = drive_kv_load(spec, [&](int) -> Result<KvWorker> {
+      return KvWorker([&] {
+        const std::string_view key = "absent-key";
+        auto e = (*master)->exists({&key, 1});
+        return e.status();
+      });
+    });
+    if (!r.error.empty()) return Status::internal(r.error);
+    report.metadata_runs.push_back({threads, r.ops_per_s, r.p50_us, r.p99_us});
+  }
+  if (options.metadata_objects == 0) return Status();
+  // Metadata only: a segment that exists for the master alone (no bytes are moved), large enough for every object.
+  CRESCENT_RETURN_IF_ERROR((*master)->mount_segment({"bench-metadata-only", "bench", "none", 1ull << 40}));
+  const uint64_t before = rss_bytes(store.master->pid());
+  constexpr size_t kBatch = 1000;
+  std::vector<std::string> names(kBatch);
+  std::vector<std::string_view> keys(kBatch);
+  std::vector<uint64_t> sizes(kBatch, 512 << 10);
+  for (uint64_t start = 0; start < options.metadata_objects; start += kBatch) {
+    const size_t n = std::min<uint64_t>(kBatch, options.metadata_objects - start);
+    for (size_t i = 0; i < n; ++i) {
+      names[i] = fmt::format("kv/{:016x}", start + i);
+      keys[i] = names[i];
+    }
+    store::ReplicateConfig config{.replica_num = 1, .preferred_segment = "bench-metadata-only", .pin = store::PinKind::kNone};
+    auto started = (*master)->put_start(std::span(keys).first(n), std::span(sizes).first(n), config, "");
+    if (!started.ok()) return started.status();
+    for (const auto& s : *started) CRESCENT_RETURN_IF_ERROR(s.status());
+    auto ended = (*master)->put_end(std::span(keys).first(n));
+    if (!ended.ok()) return ended.status();
+  }
+  const uint64_t after = rss_bytes(store.master->pid());
+  report.master_objects = options.metadata_objects;
+  report.master_rss_bytes_per_object =
+      static_cast<double>(after > before ? after - before : 0) / static_cast<double>(options.metadata_objects);
+  std::mt19937_64 rng(1);
+  std::vector<double> latencies_us;
+  const auto end = Clock::now() + options.duration * 2;
+  while (Clock::now() < end) {
+    const std::string name = fmt::format("kv/{:016x}", rng() % options.metadata_objects);
+    const std::string_view key = name;
+    const auto t0 = Clock::now();
+    auto grant = (*master)->get_replica_list({&key, 1});
+    latencies_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if (!grant.ok()) return grant.status();
+    CRESCENT_RETURN_IF_ERROR((*grant)[0].status());
+  }
+  std::sort(latencies_us.begin(), latencies_us.end());
+  report.get_replica_list_p50_us = nearest_rank(latencies_us, 50);
+  report.get_replica_list_p99_us = nearest_rank(latencies_us, 99);
+  return Status();
+}
+
+}  // namespace
+
+Result<StoreBenchReport> run_store_bench(const StoreBenchOptions& options,
+                                         const std::function<void(const KvRunResult&)>& progress) {
+  if (options.crescent_binary.empty()) return Status::invalid_argument("bench store: no crescent binary");
+  for (const std::string& s : options.systems) {
+    if (s != "crescent-tcp" && s != "crescent-shm" && s != "redis") {
+      return Status::invalid_argument(
+          fmt::format("--systems: unknown system '{}' (valid: crescent-tcp, crescent-shm, redis)", s));
+    }
+  }
+  for (const std::string& op : options.ops) {
+    if (op != "put" && op != "get") return Status::invalid_argument(fmt::format("--ops: unknown op '{}' (put, get)", op));
+  }
+  auto store = start_store(options);
+  if (!store.ok()) return store.status();
+  std::unique_ptr<RedisServer> redis;
+  StoreBenchReport report;
+  if (std::find(options.systems.begin(), options.systems.end(), "redis") != options.systems.end()) {
+    auto started = RedisServer::start();
+    if (!started.ok()) {
+      report.warnings.push_back("redis baseline not run: " + started.status().to_string());
+    } else {
+      redis = std::move(*started);
+    }
+  }
+  int run = 0;
+  for (uint64_t value : options.value_bytes) {
+    for (int threads : options.threads) {
+      for (size_t batch : options.batches) {
+        for (const std::string& op : options.ops) {
+          for (const std::string& system : options.systems) {
+            KvRunSpec spec{system, op, value, threads, batch, options.duration};
+            KvRunResult result;
+            if (system == "redis") {
+              if (!redis) continue;
+              result = drive_kv_load(spec, [&](int thread) { return make_redis_worker(redis->port(), spec, thread); });
+            } else {
+              result = run_crescent((*store)->address, spec, run++);
+            }
+            report.runs.push_back(result);
+            if (progress) progress(result);
+          }
+        }
+      }
+    }
+  }
+  Status metadata = run_metadata(options, **store, report);
+  if (!metadata.ok()) report.warnings.push_back("metadata figures not measured: " + metadata.to_string());
+  return report;
+}
+
+}  // namespace crescent::cli::bench
+
+// ---------------------------------------------------------------------------------------------------------
+// `crescent bench store`
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+
+namespace crescent::cli {
+namespace {
+
+using bench::KvRunResult;
+using bench::StoreBenchOptions;
+using bench::StoreBenchReport;
+
+struct StoreBenchArgs {
+  std::string systems = "crescent-tcp,crescent-shm,redis";
+  std::string ops = "put,get";
+  std::string values = "4KiB,512KiB,4MiB";
+  std::string threads = "1,4";
+  std::string batch = "1,16";
+  double seconds = 1.0;
+  std::string node_dram = "1GiB";
+  long metadata_objects = 1000000;
+  bool json = false;
+};
+
+Result<StoreBenchOptions> store_bench_options(const StoreBenchArgs& args) {
+  StoreBenchOptions options;
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return Status::io_error("bench store: cannot find its own executable (/proc/self/exe)");
+  options.crescent_binary.assign(self, static_cast<size_t>(n));
+  auto systems = parse_list("--systems", args.systems);
+  if (!systems.ok()) return systems.status();
+  options.systems = *systems;
+  auto ops = parse_list("--ops", args.ops);
+  if (!ops.ok()) return ops.status();
+  options.ops = *ops;
+  auto values = parse_list("--values", args.values);
+  if (!values.ok()) return values.status();
+  options.value_bytes.clear();
+  for (const std::string& v : *values) {
+    auto size = parse_size("--values", v);
+    if (!size.ok()) return size.status();
+    if (*size == 0 || *size > 64 * kMiB) return Status::invalid_argument(fmt::format("--values: '{}' is outside 1B..64MiB", v));
+    options.value_bytes.push_back(*size);
+  }
+  auto threads = parse_list("--threads", args.threads);
+  if (!threads.ok()) return threads.status();
+  options.threads.clear();
+  for (const std::string& t : *threads) {
+    auto v = parse_int("--threads", t, 1, 64);
+    if (!v.ok()) return v.status();
+    options.threads.push_back(static_cast<int>(*v));
+  }
+  auto batches = parse_list("--batch", args.batch);
+  if (!batches.ok()) return batches.status();
+  options.batches.clear();
+  for (const std::string& b : *batches) {
+    auto v = parse_int("--batch", b, 1, 1024);
+    if (!v.ok()) return v.status();
+    options.batches.push_back(static_cast<size_t>(*v));
+  }
+  if (!(args.seconds >= 0.05 && args.seconds <= 600)) {
+    return Status::invalid_argument(fmt::format("--seconds: {} is outside 0.05..600", args.seconds));
+  }
+  options.duration = std::chrono::milliseconds(static_cast<long>(args.seconds * 1000));
+  auto dram = parse_size("--node-dram", args.node_dram);
+  if (!dram.ok()) return dram.status();
+  options.node_dram_bytes = *dram;
+  if (args.metadata_objects < 0) return Status::invalid_argument("--metadata-objects: must be >= 0");
+  options.metadata_objects = static_cast<uint64_t>(args.metadata_objects);
+  return options;
+}
+
+/// The Redis run with the same op, value size, threads and batch as `run`, if measured.
+const KvRunResult* redis_twin(const StoreBenchReport& report, const KvRunResult& run) {
+  for (const KvRunResult& r : report.runs) {
+    if (r.spec.system == "redis" && r.error.empty() && r.spec.op == run.spec.op &&
+        r.spec.value_bytes == run.spec.value_bytes && r.spec.threads == run.spec.threads &&
+        r.spec.batch == run.spec.batch) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+/// Goals of issue 9 §6 at 512 KiB and 4 threads: get >= 2x and put >= 1.5x Redis over tcp.
+struct Goal {
+  std::string what;
+  double ratio = 0;
+  double goal = 0;
+  bool measured = false;
+};
+
+std::vector<Goal> goals(const StoreBenchReport& report) {
+  std::vector<Goal> out;
+  for (const KvRunResult& r : report.runs) {
+    if (r.spec.system != "crescent-tcp" || r.spec.value_bytes != (512u << 10) || r.spec.threads != 4 || !r.error.empty()) continue;
+    const KvRunResult* redis = redis_twin(report, r);
+    Goal g{fmt::format("{} 512 KiB, 4 threads, batch {} (tcp vs redis)", r.spec.op, r.spec.batch), 0,
+           r.spec.op == "get" ? 2.0 : 1.5, redis != nullptr && redis->gbps > 0};
+    if (g.measured) g.ratio = r.gbps / redis->gbps;
+    out.push_back(g);
+  }
+  return out;
+}
+
+nlohmann::ordered_json store_report_json(const StoreBenchReport& report) {
+  nlohmann::ordered_json out;
+  out["runs"] = nlohmann::ordered_json::array();
+  for (const KvRunResult& r : report.runs) {
+    nlohmann::ordered_json j{{"system", r.spec.system}, {"op", r.spec.op},       {"value_bytes", r.spec.value_bytes},
+                             {"threads", r.spec.threads}, {"batch", r.spec.batch}, {"gbps", r.gbps},
+                             {"ops_per_s", r.ops_per_s}, {"p50_us", r.p50_us},    {"p99_us", r.p99_us},
+                             {"seconds", r.seconds},     {"ops", r.ops}};
+    if (const KvRunResult* redis = redis_twin(report, r); redis != nullptr && r.spec.system != "redis" && redis->gbps > 0) {
+      j["vs_redis"] = r.gbps / redis->gbps;
+    }
+    if (!r.error.empty()) j["error"] = r.error;
+    out["runs"].push_back(j);
+  }
+  double best = 0;
+  out["metadata_runs"] = nlohmann::ordered_json::array();
+  for (const auto& m : report.metadata_runs) {
+    best = std::max(best, m.ops_per_s);
+    out["metadata_runs"].push_back({{"op", "batch_exists(1 key)"}, {"threads", m.threads}, {"ops_per_s", m.ops_per_s},
+                                    {"p50_us", m.p50_us}, {"p99_us", m.p99_us}});
+  }
+  out["metadata_ops_per_s"] = best;
+  out["master_objects"] = report.master_objects;
+  out["master_rss_bytes_per_object"] = report.master_rss_bytes_per_object;
+  out["get_replica_list_p50_us"] = report.get_replica_list_p50_us;
+  out["get_replica_list_p99_us"] = report.get_replica_list_p99_us;
+  out["goals"] = nlohmann::ordered_json::array();
+  for (const Goal& g : goals(report)) {
+    out["goals"].push_back({{"what", g.what}, {"ratio", g.measured ? nlohmann::ordered_json(g.ratio) : nullptr},
+                            {"goal", g.goal}, {"met", g.measured && g.ratio >= g.goal}});
+  }
+  out["goals"].push_back({{"what", "metadata ops/s (batch_exists of 1 key)"}, {"value", best}, {"goal", 50000},
+                          {"met", best >= 50000}});
+  if (report.master_objects > 0) {
+    out["goals"].push_back({{"what", "master RSS bytes per object"}, {"value", report.master_rss_bytes_per_object},
+                            {"goal", 256}, {"met", report.master_rss_bytes_per_object <= 256}});
+  }
+  out["warnings"] = report.warnings;
+  return out;
+}
+
+std::string run_line(const KvRunResult& r, const StoreBenchReport* report) {
+  if (!r.error.empty()) {
+    return fmt::format("  {:<13} {:<4} {:>8} {:>3} {:>5}  error: {}", r.spec.system, r.spec.op,
+                       format_size(r.spec.value_bytes), r.spec.threads, r.spec.batch, r.error);
+  }
+  std::string ratio;
+  if (report != nullptr && r.spec.system != "redis") {
+    if (const KvRunResult* redis = redis_twin(*report, r); redis != nullptr && redis->gbps > 0) {
+      ratio = fmt::format("{:.2f}x", r.gbps / redis->gbps);
+    }
+  }
+  return fmt::format("  {:<13} {:<4} {:>8} {:>3} {:>5} {:>8.2f} {:>11.0f} {:>9.0f} {:>9.0f} {:>9}", r.spec.system,
+                     r.spec.op, format_size(r.spec.value_bytes), r.spec.threads, r.spec.batch, r.gbps,
+                     r.ops_per_s, r.p50_us, r.p99_us, ratio);
+}
+
+void print_store_report(const StoreBenchReport& report) {
+  fmt::print("crescent bench store: client threads in this process; master, node and redis-server in their own\n");
+  fmt::print("  {:<13} {:<4} {:>8} {:>3} {:>5} {:>8} {:>11} {:>9} {:>9} {:>9}\n", "system", "op", "value", "thr",
+             "batch", "GB/s", "ops/s", "p50 us", "p99 us", "vs redis");
+  for (const KvRunResult& r : report.runs) fmt::print("{}\n", run_line(r, &report));
+  fmt::print("\nmetadata: batch_exists of 1 key per RPC\n");
+  for (const auto& m : report.metadata_runs) {
+    fmt::print("  {:>2} threads: {:>9.0f} ops/s  p50 {:.0f} us  p99 {:.0f} us\n", m.threads, m.ops_per_s, m.p50_us,
+               m.p99_us);
+  }
+  if (report.master_objects > 0) {
+    fmt::print("master with {} objects: {:.0f} bytes of RSS per object; get_replica_list (1 key, 1 thread) p50 {:.0f} us, "
+               "p99 {:.0f} us\n",
+               report.master_objects, report.master_rss_bytes_per_object, report.get_replica_list_p50_us,
+               report.get_replica_list_p99_us);
+  }
+  fmt::print("\ngoals (issue 9 section 6):\n");
+  for (const Goal& g : goals(report)) {
+    fmt::print("  {:<55} {:>6} (goal {:.1f}x) {}\n", g.what, g.measured ? fmt::format("{:.2f}x", g.ratio) : "n/a",
+               g.goal, g.measured && g.ratio >= g.goal ? "met" : "NOT met");
+  }
+  for (const std::string& w : report.warnings) fmt::print(stderr, "warning: {}\n", w);
+}
+
+}  // namespace
+
+void register_bench_store(CLI::App& bench_cmd, int& exit_code) {
+  auto args = std::make_shared<StoreBenchArgs>();
+  CLI::App* cmd = bench_cmd.add_subcommand(
+      "store", "KV cache pool put/get throughput and latency (tcp and shm) against Redis in the same run");
+  cmd->add_option("--systems", args->systems, "crescent-tcp, crescent-shm, redis")->capture_default_str();
+  cmd->add_option("--ops", args->ops, "put, get")->capture_default_str();
+  cmd->add_option("--values", args->values, "value sizes")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "client threads")->capture_default_str();
+  cmd->add_option("--batch", args->batch, "keys per call (Redis: pipelining depth)")->capture_default_str();
+  cmd->add_option("--seconds", args->seconds, "timed seconds per run")->capture_default_str();
+  cmd->add_option("--node-dram", args->node_dram, "the storage node's DRAM segment")->capture_default_str();
+  cmd->add_option("--metadata-objects", args->metadata_objects, "objects for the master RSS figure (0: skip)")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print JSON instead of tables");
+  cmd->callback([args, &exit_code] {
+    run_guarded(exit_code, [&] {
+      Result<StoreBenchOptions> options = store_bench_options(*args);
+      if (!options.ok()) return fail(options.status());
+      const bool tty = ::isatty(STDERR_FILENO);
+      auto report = bench::run_store_bench(*options, [tty](const KvRunResult& r) {
+        if (tty) fmt::print(stderr, "{}\n", run_line(r, nullptr));
+      });
+      if (!report.ok()) {
+        fmt::print(stderr, "error: {}\n", report.status().message());
+        return 1;
+      }
+      if (args->json) {
+        fmt::print("{}\n", dump_json(store_report_json(*report), 2));
+      } else {
+        print_store_report(*report);
+      }
+      const auto failed = std::count_if(report->runs.begin(), report->runs.end(),
+                                        [](const KvRunResult& r) { return !r.error.empty(); });
+      if (failed > 0) {
+        fmt::print(stderr, "error: {} of {} runs failed (see their 'error')\n", failed, report->runs.size());
+        return 1;
+      }
+      return 0;
+    });
+  });
+}
+
+}  // namespace crescent::cli
