@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs the tests: the whole suite in the release preset, then the transfer
-# engine's tests again under AddressSanitizer + UBSan (debug preset, transfer targets only). What CI runs.
+# engine's and the store's tests again under AddressSanitizer + UBSan (debug preset, those targets only). What
+# CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -8,5 +9,5 @@ cmake --preset release
 cmake --build --preset release
 ctest --preset release
 cmake --preset debug
-cmake --build --preset debug --target transfer_tests
-ctest --preset debug -L transfer
+cmake --build --preset debug --target transfer_tests store_test_binaries
+ctest --preset debug -L 'transfer|store'

@@ -207,6 +207,10 @@ Status run_metadata(const StoreBenchOptions& options, StoreProcesses& store, Sto
   if (options.metadata_objects == 0) return Status();
   // Metadata only: a segment that exists for the master alone (no bytes are moved), large enough for every object.
   CRESCENT_RETURN_IF_ERROR((*master)->mount_segment({"bench-metadata-only", "bench", "none", 1ull << 40}));
+  // Acknowledge the segment's change feed as a node would, so the master does not keep it for us.
+  auto feed = (*master)->renew_segment("bench-metadata-only", store::kUnknownSegmentVersion);
+  if (!feed.ok()) return feed.status();
+  uint64_t acknowledged = feed->version;
   const uint64_t before = rss_bytes(store.master->pid());
   constexpr size_t kBatch = 1000;
   std::vector<std::string> names(kBatch);
@@ -224,6 +228,9 @@ Status run_metadata(const StoreBenchOptions& options, StoreProcesses& store, Sto
     for (const auto& s : *started) CRESCENT_RETURN_IF_ERROR(s.status());
     auto ended = (*master)->put_end(std::span(keys).first(n));
     if (!ended.ok()) return ended.status();
+    feed = (*master)->renew_segment("bench-metadata-only", acknowledged);
+    if (!feed.ok()) return feed.status();
+    acknowledged = feed->version;
   }
   const uint64_t after = rss_bytes(store.master->pid());
   report.master_objects = options.metadata_objects;

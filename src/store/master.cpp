@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <random>
@@ -55,6 +56,8 @@ constexpr std::pair<std::string_view, uint64_t MasterStats::*> kStatsFields[] = 
     {"evicted_bytes", &MasterStats::evicted_bytes},
     {"removes", &MasterStats::removes},
     {"segments_expired", &MasterStats::segments_expired},
+    {"objects_restored", &MasterStats::objects_restored},
+    {"objects_rejected", &MasterStats::objects_rejected},
 };
 static_assert(sizeof(MasterStats) == std::size(kStatsFields) * sizeof(uint64_t), "a MasterStats field has no name");
 
@@ -123,6 +126,10 @@ struct Segment {
   SegmentAllocator allocator;
   Nanos lease_until = 0;
   uint64_t replicas = 0;
+  // The owner's index feed: changes with versions log_base + 1 .. version, not yet acknowledged.
+  uint64_t version = 0;
+  uint64_t log_base = 0;
+  std::deque<SegmentChange> log;
 
   Segment(uint32_t id_, SegmentMount mount_, Nanos lease_until_)
       : id(id_), mount(std::move(mount_)), allocator(mount.capacity_bytes), lease_until(lease_until_) {}
@@ -145,7 +152,7 @@ class Master::Impl {
 
   // ---- segments ----
 
-  Status mount(const SegmentMount& mount) {
+  Status mount(const SegmentMount& mount, std::span<const HeldObject> held) {
     if (mount.segment.empty()) return Status::invalid_argument("mount: segment name is empty");
     if (mount.owner.empty()) return Status::invalid_argument(fmt::format("mount {}: owner is empty", mount.segment));
     if (mount.capacity_bytes == 0) {
@@ -158,7 +165,33 @@ class Master::Impl {
     segments_.push_back(std::make_unique<Segment>(id, mount, now() + to_nanos(options_.segment_ttl)));
     segment_by_name_.emplace(mount.segment, id);
     live_segments_.push_back(id);
+    for (const HeldObject& h : held) restore(*segments_[id], h);
     return Status();
+  }
+
+  /// One object of a re-mounting owner's index (mount_segment's contract).
+  void restore(Segment& segment, const HeldObject& held) {
+    auto it = objects_.find(held.key);
+    const bool joins = it != objects_.end();
+    if (!validate_key(held.key).ok() || held.size_bytes == 0 ||
+        (joins && (it->second.state != ObjectState::kComplete || it->second.size_bytes != held.size_bytes)) ||
+        !segment.allocator.allocate_at(held.offset_bytes, held.size_bytes)) {
+      ++stats_.objects_rejected;
+      return;
+    }
+    ++segment.replicas;
+    ++stats_.objects_restored;
+    if (joins) {
+      it->second.replicas.push_back({segment.id, held.offset_bytes});
+      return;
+    }
+    auto [inserted, ok] = objects_.try_emplace(held.key);
+    Object& object = inserted->second;
+    object.key = &inserted->first;
+    object.size_bytes = held.size_bytes;
+    object.replicas = {{segment.id, held.offset_bytes}};
+    object.state = ObjectState::kComplete;
+    lru_.link_front(object);
   }
 
   Status unmount(std::string_view name) {
@@ -181,13 +214,41 @@ class Master::Impl {
     return Status();
   }
 
-  Status renew(std::string_view name) {
+  Result<SegmentChanges> renew(std::string_view name, uint64_t since) {
     Segment* segment = find_segment(name);
     if (segment == nullptr) {
       return Status::not_found(fmt::format("segment {} is not mounted (its lease may have expired)", name));
     }
     segment->lease_until = now() + to_nanos(options_.segment_ttl);
-    return Status();
+    SegmentChanges out;
+    out.version = segment->version;
+    if (since < segment->log_base || since > segment->version) {
+      out.full = true;  // everything the segment holds now
+      for (Object* o = lru_.head; o != nullptr; o = o->lru_next) {
+        for (const Replica& r : o->replicas) {
+          if (r.segment_id == segment->id) out.changes.push_back({true, {*o->key, r.offset_bytes, o->size_bytes}});
+        }
+      }
+      since = segment->version;
+    } else {
+      out.changes.assign(segment->log.begin() + static_cast<long>(since - segment->log_base), segment->log.end());
+    }
+    // The owner acknowledged `since`: forget the changes up to it.
+    while (segment->log_base < since && !segment->log.empty()) {
+      segment->log.pop_front();
+      ++segment->log_base;
+    }
+    segment->log_base = std::max(segment->log_base, since);
+    return out;
+  }
+
+  /// Appends a change to the feed of every segment holding one of `object`'s replicas.
+  void record(const Object& object, bool added) {
+    for (const Replica& r : object.replicas) {
+      Segment& segment = *segments_[r.segment_id];
+      segment.log.push_back({added, {*object.key, added ? r.offset_bytes : 0, added ? object.size_bytes : 0}});
+      ++segment.version;
+    }
   }
 
   Segment* find_segment(std::string_view name) {
@@ -270,6 +331,7 @@ class Master::Impl {
     object->state = ObjectState::kComplete;
     object->deadline = object->pin == PinKind::kSoft ? now() + to_nanos(options_.soft_pin_ttl) : 0;
     lru_.link_front(*object);
+    record(*object, true);
     ++stats_.puts_ended;
     return Status();
   }
@@ -480,6 +542,7 @@ class Master::Impl {
   /// Frees an object's space and forgets it.
   void drop(Object& object) {
     if (object.lease_until != 0) ++stats_.leases_expired;  // drop never happens under a live lease
+    if (object.state == ObjectState::kComplete) record(object, false);
     for (const Replica& r : object.replicas) {
       Segment& segment = *segments_[r.segment_id];
       segment.allocator.free(r.offset_bytes, object.size_bytes);
@@ -542,17 +605,17 @@ Master::~Master() = default;
 
 #define CRESCENT_LOCKED std::lock_guard<std::mutex> lock(impl_->mu)
 
-Status Master::mount_segment(const SegmentMount& mount) {
+Status Master::mount_segment(const SegmentMount& mount, std::span<const HeldObject> held) {
   CRESCENT_LOCKED;
-  return impl_->mount(mount);
+  return impl_->mount(mount, held);
 }
 Status Master::unmount_segment(std::string_view segment) {
   CRESCENT_LOCKED;
   return impl_->unmount(segment);
 }
-Status Master::renew_segment(std::string_view segment) {
+Result<SegmentChanges> Master::renew_segment(std::string_view segment, uint64_t since_version) {
   CRESCENT_LOCKED;
-  return impl_->renew(segment);
+  return impl_->renew(segment, since_version);
 }
 Result<std::vector<ReplicaLocation>> Master::put_start(std::string_view key, uint64_t size_bytes,
                                                        const ReplicateConfig& config,

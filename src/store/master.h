@@ -57,6 +57,30 @@ struct SegmentMount {
   uint64_t capacity_bytes = 0;
 };
 
+/// A complete object as the owner of the segment holding it records it in its own index, so that a master that
+/// restarts or takes over rebuilds its metadata from the owners' re-mounts (store-notes "High availability").
+struct HeldObject {
+  std::string key;
+  uint64_t offset_bytes = 0;
+  uint64_t size_bytes = 0;
+};
+
+/// One change to a segment's complete objects: added (key, offset, size) or removed (key alone).
+struct SegmentChange {
+  bool added = false;
+  HeldObject object;
+};
+
+/// What a segment's owner learns when it renews: the changes since the version it acknowledged, in order.
+struct SegmentChanges {
+  uint64_t version = 0;  // the segment's version after these changes (acknowledge it in the next renew)
+  bool full = false;     // the acknowledged version was unknown: `changes` adds everything the segment holds
+  std::vector<SegmentChange> changes;
+};
+
+/// renew_segment's since_version when the owner knows nothing yet: the answer is a full list.
+inline constexpr uint64_t kUnknownSegmentVersion = ~uint64_t{0};
+
 /// A mounted segment as the master sees it.
 struct SegmentInfo {
   std::string segment;
@@ -97,6 +121,8 @@ struct MasterStats {
   uint64_t evicted_bytes = 0;
   uint64_t removes = 0;
   uint64_t segments_expired = 0;  // unmounted because their owner stopped renewing
+  uint64_t objects_restored = 0;  // complete objects rebuilt from re-mounting owners' indexes
+  uint64_t objects_rejected = 0;  // ... refused (overlapping ranges, size mismatch with another replica)
 };
 
 /// Every MasterStats field as (name, value), in declaration order: the one list the RPC reply, `store stat`
@@ -112,15 +138,20 @@ class Master {
   Master(const Master&) = delete;
   Master& operator=(const Master&) = delete;
 
-  /// Adds a DRAM segment with an empty allocator; its lease starts now. kInvalidArgument for an empty name or
-  /// owner or zero capacity; kAlreadyExists when a segment of that name is mounted.
-  Status mount_segment(const SegmentMount& mount);
+  /// Adds a DRAM segment; its lease starts now. `held` are the complete objects its owner already holds there
+  /// (a re-mount after the master restarted or failed over): each becomes a complete object, or one more
+  /// replica of an object of the same key and size, unless its range overlaps another (then it is counted in
+  /// objects_rejected and its bytes will be overwritten). kInvalidArgument for an empty name or owner or zero
+  /// capacity; kAlreadyExists when a segment of that name is mounted.
+  Status mount_segment(const SegmentMount& mount, std::span<const HeldObject> held = {});
   /// Removes a segment; every replica on it disappears, and objects left without replicas are dropped
   /// (processing ones too: their put_end then fails). kNotFound when not mounted.
   Status unmount_segment(std::string_view segment);
-  /// Renews a segment's lease (the owner's heartbeat). kNotFound when not mounted (expired or never mounted:
-  /// the owner should mount again).
-  Status renew_segment(std::string_view segment);
+  /// Renews a segment's lease (the owner's heartbeat) and returns the changes to its complete objects since
+  /// `since_version`, which the owner thereby acknowledges (the master forgets changes up to it). A version
+  /// the master does not know (kUnknownSegmentVersion, or one from a previous master) gets a full list.
+  /// kNotFound when not mounted (expired or never mounted: the owner should mount again).
+  Result<SegmentChanges> renew_segment(std::string_view segment, uint64_t since_version = kUnknownSegmentVersion);
 
   /// Phase 1 of a put: allocates `size_bytes` on config.replica_num distinct segments (evicting first when
   /// there is no room) and records the object as processing. `writer_host_id` serves kLocalFirst.

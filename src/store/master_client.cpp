@@ -138,6 +138,7 @@ Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions 
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own, not shared with the others
+    args.SetMaxReceiveMessageSize(-1);  // a full renew lists every object of a segment
     impl->stubs.push_back(rpc::StoreMaster::NewStub(
         grpc::CreateCustomChannel(impl->options.address, grpc::InsecureChannelCredentials(), args)));
   }
@@ -154,12 +155,18 @@ MasterClient::~MasterClient() = default;
 const MasterInfo& MasterClient::info() const { return impl_->info; }
 const std::string& MasterClient::address() const { return impl_->options.address; }
 
-Status MasterClient::mount_segment(const SegmentMount& mount) {
+Status MasterClient::mount_segment(const SegmentMount& mount, std::span<const HeldObject> held) {
   rpc::MountSegmentRequest request;
   request.set_segment(mount.segment);
   request.set_owner(mount.owner);
   request.set_host_id(mount.host_id);
   request.set_capacity_bytes(mount.capacity_bytes);
+  for (const HeldObject& h : held) {
+    rpc::HeldObject* out = request.add_held();
+    out->set_key(h.key);
+    out->set_offset_bytes(h.offset_bytes);
+    out->set_size_bytes(h.size_bytes);
+  }
   rpc::StatusReply reply;
   CRESCENT_RETURN_IF_ERROR(impl_->call("mount_segment", &rpc::StoreMaster::Stub::MountSegment, request, &reply));
   return from_proto(reply.status());
@@ -173,12 +180,19 @@ Status MasterClient::unmount_segment(std::string_view segment) {
   return from_proto(reply.status());
 }
 
-Status MasterClient::renew_segment(std::string_view segment) {
-  rpc::SegmentRequest request;
+Result<SegmentChanges> MasterClient::renew_segment(std::string_view segment, uint64_t since_version) {
+  rpc::RenewSegmentRequest request;
   request.set_segment(std::string(segment));
-  rpc::StatusReply reply;
+  request.set_since_version(since_version);
+  rpc::RenewSegmentReply reply;
   CRESCENT_RETURN_IF_ERROR(impl_->call("renew_segment", &rpc::StoreMaster::Stub::RenewSegment, request, &reply));
-  return from_proto(reply.status());
+  CRESCENT_RETURN_IF_ERROR(from_proto(reply.status()));
+  SegmentChanges changes{reply.version(), reply.full(), {}};
+  changes.changes.reserve(static_cast<size_t>(reply.changes_size()));
+  for (const rpc::SegmentChange& c : reply.changes()) {
+    changes.changes.push_back({c.added(), {c.object().key(), c.object().offset_bytes(), c.object().size_bytes()}});
+  }
+  return changes;
 }
 
 Result<std::vector<Result<std::vector<ReplicaLocation>>>> MasterClient::put_start(

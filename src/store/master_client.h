@@ -55,9 +55,9 @@ class MasterClient {
   const MasterInfo& info() const;
   const std::string& address() const;
 
-  Status mount_segment(const SegmentMount& mount);
+  Status mount_segment(const SegmentMount& mount, std::span<const HeldObject> held = {});
   Status unmount_segment(std::string_view segment);
-  Status renew_segment(std::string_view segment);
+  Result<SegmentChanges> renew_segment(std::string_view segment, uint64_t since_version);
   Result<std::vector<Result<std::vector<ReplicaLocation>>>> put_start(std::span<const std::string_view> keys,
                                                                       std::span<const uint64_t> sizes_bytes,
                                                                       const ReplicateConfig& config,

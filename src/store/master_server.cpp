@@ -54,8 +54,12 @@ class Service final : public rpc::StoreMaster::CallbackService {
                                          const rpc::MountSegmentRequest* request,
                                          rpc::StatusReply* reply) override {
     return handle(context, "mount_segment", [&] {
+      std::vector<HeldObject> held;
+      held.reserve(static_cast<size_t>(request->held_size()));
+      for (const rpc::HeldObject& h : request->held()) held.push_back({h.key(), h.offset_bytes(), h.size_bytes()});
       to_proto(master_.mount_segment({request->segment(), request->owner(), request->host_id(),
-                                      request->capacity_bytes()}),
+                                      request->capacity_bytes()},
+                                     held),
                reply->mutable_status());
     });
   }
@@ -64,10 +68,23 @@ class Service final : public rpc::StoreMaster::CallbackService {
     return handle(context, "unmount_segment",
                   [&] { to_proto(master_.unmount_segment(request->segment()), reply->mutable_status()); });
   }
-  grpc::ServerUnaryReactor* RenewSegment(grpc::CallbackServerContext* context, const rpc::SegmentRequest* request,
-                                         rpc::StatusReply* reply) override {
-    return handle(context, "renew_segment",
-                  [&] { to_proto(master_.renew_segment(request->segment()), reply->mutable_status()); });
+  grpc::ServerUnaryReactor* RenewSegment(grpc::CallbackServerContext* context,
+                                         const rpc::RenewSegmentRequest* request,
+                                         rpc::RenewSegmentReply* reply) override {
+    return handle(context, "renew_segment", [&] {
+      Result<SegmentChanges> changes = master_.renew_segment(request->segment(), request->since_version());
+      to_proto(changes.status(), reply->mutable_status());
+      if (!changes.ok()) return;
+      reply->set_version(changes->version);
+      reply->set_full(changes->full);
+      for (const SegmentChange& c : changes->changes) {
+        rpc::SegmentChange* out = reply->add_changes();
+        out->set_added(c.added);
+        out->mutable_object()->set_key(c.object.key);
+        out->mutable_object()->set_offset_bytes(c.object.offset_bytes);
+        out->mutable_object()->set_size_bytes(c.object.size_bytes);
+      }
+    });
   }
   grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* context, const rpc::PutStartRequest* request,
                                      rpc::ReplicaListsReply* reply) override {
@@ -243,6 +260,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
   int port = 0;
   builder.AddListeningPort(impl->options.listen_address, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(impl->service.get());
+  builder.SetMaxReceiveMessageSize(-1);  // a re-mount lists every object its segment holds
   impl->server = builder.BuildAndStart();
   if (!impl->server || port == 0) {
     return Status::unavailable(fmt::format("cannot serve the store master on {} (address in use or invalid?)",

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 namespace crescent::store {
 
@@ -26,13 +27,42 @@ class MountedSegment::Impl {
   }
 
   void renew_loop() {
-    const auto period = std::max(std::chrono::milliseconds(10), master.info().segment_ttl / 3);
+    const auto period =
+        std::max(std::chrono::milliseconds(10), std::min(sync_interval, master.info().segment_ttl / 3));
     std::unique_lock<std::mutex> lock(mu);
     while (!cv.wait_for(lock, period, [this] { return stopping; })) {
       lock.unlock();
-      Status renewed = master.renew_segment(mount.segment);
-      if (renewed.code() == StatusCode::kNotFound && master.mount_segment(mount).ok()) ++remounts;
+      sync();
       lock.lock();
+    }
+  }
+
+  /// One renewal: apply the master's changes to the index, or mount again with the index when it forgot us.
+  void sync() {
+    Result<SegmentChanges> changes = master.renew_segment(mount.segment, version);
+    if (changes.ok()) {
+      std::lock_guard<std::mutex> lock(index_mu);
+      if (changes->full) index.clear();
+      for (const SegmentChange& c : changes->changes) {
+        if (c.added) {
+          index[c.object.key] = {c.object.offset_bytes, c.object.size_bytes};
+        } else {
+          index.erase(c.object.key);
+        }
+      }
+      version = changes->version;
+      return;
+    }
+    if (changes.status().code() != StatusCode::kNotFound) return;  // unreachable: try again next period
+    std::vector<HeldObject> held;
+    {
+      std::lock_guard<std::mutex> lock(index_mu);
+      held.reserve(index.size());
+      for (const auto& [key, where] : index) held.push_back({key, where.first, where.second});
+    }
+    if (master.mount_segment(mount, held).ok()) {
+      ++remounts;
+      version = kUnknownSegmentVersion;  // the next renewal brings the new master's view in full
     }
   }
 
@@ -42,7 +72,11 @@ class MountedSegment::Impl {
   void* memory = nullptr;
   bool exposed = false;
   bool mounted = false;
+  std::chrono::milliseconds sync_interval{100};
   std::atomic<uint64_t> remounts{0};
+  uint64_t version = kUnknownSegmentVersion;  // of the index; renewal thread only
+  mutable std::mutex index_mu;
+  std::unordered_map<std::string, std::pair<uint64_t, uint64_t>> index;  // key -> (offset, size)
   std::thread renewer;
   std::mutex mu;
   std::condition_variable cv;
@@ -51,8 +85,10 @@ class MountedSegment::Impl {
 
 Result<std::unique_ptr<MountedSegment>> MountedSegment::mount(transfer::TransferEngine& engine,
                                                               MasterClient& master, std::string name,
-                                                              std::string owner, uint64_t capacity_bytes) {
+                                                              std::string owner, uint64_t capacity_bytes,
+                                                              std::chrono::milliseconds sync_interval) {
   auto impl = std::make_unique<Impl>(engine, master);
+  impl->sync_interval = sync_interval;
   impl->mount = {std::move(name), std::move(owner), transfer::local_host_id(), capacity_bytes};
   Result<void*> memory = engine.allocate_memory(capacity_bytes);
   if (!memory.ok()) return memory.status();
@@ -71,5 +107,9 @@ MountedSegment::~MountedSegment() = default;
 const std::string& MountedSegment::name() const { return impl_->mount.segment; }
 uint64_t MountedSegment::capacity_bytes() const { return impl_->mount.capacity_bytes; }
 uint64_t MountedSegment::remounts() const { return impl_->remounts.load(); }
+uint64_t MountedSegment::indexed_objects() const {
+  std::lock_guard<std::mutex> lock(impl_->index_mu);
+  return impl_->index.size();
+}
 
 }  // namespace crescent::store

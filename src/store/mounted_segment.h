@@ -1,8 +1,12 @@
 // A DRAM segment offered to the pool by a storage node or by a client (as Mooncake's inference instances do):
 // memory from the transfer engine (shareable, so same-host peers reach it over shm), exposed under a name,
-// mounted on the master and kept mounted by a renewal thread.
+// mounted on the master and kept mounted by a renewal thread, which also keeps the owner's own index of the
+// complete objects in the segment (from the master's change feed). When the master forgets the segment (it
+// restarted, or a standby took over), the segment is mounted again with that index, so the objects whose bytes
+// are still here become readable again.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,13 +20,13 @@ namespace crescent::store {
 class MountedSegment {
  public:
   /// Allocates `capacity_bytes` from `engine`, exposes it as segment `name` and mounts it on the master as
-  /// owned by `owner`. A thread renews the mount every segment_ttl / 3 and mounts it again (empty) when the
-  /// master no longer knows it (it expired, or the master restarted). Errors: the engine's (kIoError when
-  /// memory cannot be had, kAlreadyExists for a taken name) or the master's. `engine` and `master` must
-  /// outlive the segment.
-  static Result<std::unique_ptr<MountedSegment>> mount(transfer::TransferEngine& engine, MasterClient& master,
-                                                       std::string name, std::string owner,
-                                                       uint64_t capacity_bytes);
+  /// owned by `owner`. A thread renews the mount every `sync_interval` (at most segment_ttl / 3), applying the
+  /// changes to the index, and mounts it again with the index when the master no longer knows it. Errors: the
+  /// engine's (kIoError when memory cannot be had, kAlreadyExists for a taken name) or the master's. `engine`
+  /// and `master` must outlive the segment.
+  static Result<std::unique_ptr<MountedSegment>> mount(
+      transfer::TransferEngine& engine, MasterClient& master, std::string name, std::string owner,
+      uint64_t capacity_bytes, std::chrono::milliseconds sync_interval = std::chrono::milliseconds(100));
   /// Stops renewing, unmounts from the master (best effort: an unreachable master lets the lease run out),
   /// withdraws the segment and frees its memory.
   ~MountedSegment();
@@ -33,6 +37,8 @@ class MountedSegment {
   uint64_t capacity_bytes() const;
   /// Times the segment was mounted again after the master had lost it.
   uint64_t remounts() const;
+  /// Complete objects in the owner's index now.
+  uint64_t indexed_objects() const;
 
   class Impl;
 

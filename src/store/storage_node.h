@@ -39,6 +39,8 @@ class StorageNode {
   const std::string& segment() const;
   /// "host:PORT" of /metrics, or "".
   const std::string& metrics_address() const;
+  /// Complete objects in the node's own index (what a re-mount would restore).
+  uint64_t indexed_objects() const;
 
   class Impl;
 

@@ -235,6 +235,50 @@ TEST(StoreClient, ReadsFinishedAfterTheLeaseFailOnEveryPath) {
   }
 }
 
+TEST(StoreClient, ARestartedMasterIsRebuiltFromTheNodesAndTheBytesAreReadAgain) {
+  StoreCluster cluster(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto client = Client::create(cluster.client_options());
+  ASSERT_TRUE(client.ok());
+  std::vector<std::vector<std::byte>> values;
+  for (int i = 0; i < 10; ++i) {
+    values.push_back(pattern_bytes(5000 + static_cast<uint64_t>(i), static_cast<uint64_t>(i) + 100));
+    ConstBuffer in = cview(values.back());
+    ASSERT_TRUE((*client)->put("survivor-" + std::to_string(i), {&in, 1}, {.replica_num = 1u + static_cast<uint32_t>(i % 2)}).ok());
+  }
+  // The nodes learn what they hold from the master's feed (every 100 ms).
+  auto indexed = [&] {
+    uint64_t n = 0;
+    for (auto& node : cluster.nodes()) n += node->indexed_objects();
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (indexed() < 15 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_EQ(indexed(), 15u);  // 5 objects with 1 replica, 5 with 2
+  ASSERT_TRUE(cluster.restart_master().ok());
+  EXPECT_EQ(cluster.master().master().stats().objects, 0u);
+  const auto rebuilt_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (cluster.master().master().stats().objects < 10 && std::chrono::steady_clock::now() < rebuilt_by) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(cluster.master().master().stats().objects_restored, 15u);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<std::byte> out(values[i].size());
+    Buffer o = view(out);
+    Result<uint64_t> got = (*client)->get("survivor-" + std::to_string(i), {&o, 1});
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(out, values[i]) << i;
+  }
+  // New puts do not land on restored bytes.
+  std::vector<std::byte> fresh = pattern_bytes(60000, 7);
+  ConstBuffer in = cview(fresh);
+  ASSERT_TRUE((*client)->put("fresh", {&in, 1}, {.replica_num = 2}).ok());
+  std::vector<std::byte> out(values[0].size());
+  Buffer o = view(out);
+  ASSERT_TRUE((*client)->get("survivor-0", {&o, 1}).ok());
+  EXPECT_EQ(out, values[0]);
+}
+
 TEST(StoreClient, MetricsEndpointsServePrometheusText) {
   StoreCluster cluster(1);
   ASSERT_TRUE(cluster.ok()) << cluster.error();

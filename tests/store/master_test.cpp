@@ -152,7 +152,70 @@ TEST_F(MasterTest, SegmentThatStopsRenewingIsUnmountedWithItsReplicas) {
   ASSERT_TRUE(grant.ok());
   ASSERT_EQ(grant->replicas.size(), 1u);
   EXPECT_EQ(grant->replicas[0].segment, "seg1");
-  EXPECT_EQ(master_->renew_segment("seg0").code(), StatusCode::kNotFound);
+  EXPECT_EQ(master_->renew_segment("seg0").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(MasterTest, OwnersFollowTheirSegmentsChangesAndRebuildARestartedMaster) {
+  start(2, 1 << 20);
+  auto full = master_->renew_segment("seg0", kUnknownSegmentVersion);
+  ASSERT_TRUE(full.ok());
+  EXPECT_TRUE(full->full);
+  EXPECT_TRUE(full->changes.empty());
+  uint64_t seen = full->version;
+  ASSERT_TRUE(put("a", 100, {.replica_num = 2}).ok());
+  ASSERT_TRUE(put("b", 200, {.preferred_segment = "seg0"}).ok());
+  ASSERT_TRUE(master_->put_start("processing", 10, {.preferred_segment = "seg0"}).ok());  // not in any index
+  ASSERT_TRUE(master_->remove("a").ok());
+  auto changes = master_->renew_segment("seg0", seen);
+  ASSERT_TRUE(changes.ok());
+  EXPECT_FALSE(changes->full);
+  ASSERT_EQ(changes->changes.size(), 3u);  // a added, b added, a removed: in order
+  EXPECT_TRUE(changes->changes[0].added);
+  EXPECT_EQ(changes->changes[0].object.key, "a");
+  EXPECT_EQ(changes->changes[1].object.key, "b");
+  EXPECT_EQ(changes->changes[1].object.size_bytes, 200u);
+  EXPECT_FALSE(changes->changes[2].added);
+  EXPECT_EQ(changes->changes[2].object.key, "a");
+  const uint64_t b_offset = changes->changes[1].object.offset_bytes;
+  seen = changes->version;
+  auto none = master_->renew_segment("seg0", seen);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->changes.empty());  // acknowledged changes are not sent again
+
+  // A new master (restart or failover) rebuilt from the owners' re-mounts.
+  ASSERT_TRUE(put("c", 300, {.replica_num = 2}).ok());
+  auto seg0 = master_->renew_segment("seg0", kUnknownSegmentVersion);
+  auto seg1 = master_->renew_segment("seg1", kUnknownSegmentVersion);
+  ASSERT_TRUE(seg0.ok() && seg1.ok());
+  auto held = [](const SegmentChanges& c) {
+    std::vector<HeldObject> out;
+    for (const SegmentChange& change : c.changes) out.push_back(change.object);
+    return out;
+  };
+  std::vector<HeldObject> held0 = held(*seg0), held1 = held(*seg1);
+  EXPECT_EQ(held0.size(), 2u);  // b, c
+  EXPECT_EQ(held1.size(), 1u);  // c
+  held1.push_back({"elsewhere", 1 << 19, 200});  // free on seg1: restored
+  held1.push_back({"overlap", 64, 64});          // inside c's range on seg1: rejected
+  held1.push_back({"c", 0, 999});                // size differs from seg0's c: rejected
+  MasterOptions options;
+  options.clock = [this] { return now_; };
+  master_ = std::make_unique<Master>(options);
+  ASSERT_TRUE(master_->mount_segment({"seg0", "node0", "host0", 1 << 20}, held0).ok());
+  ASSERT_TRUE(master_->mount_segment({"seg1", "node1", "host1", 1 << 20}, held1).ok());
+  auto c = master_->get_replica_list("c");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->replicas.size(), 2u);
+  auto b = master_->get_replica_list("b");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->replicas[0].offset_bytes, b_offset);
+  EXPECT_EQ(master_->stats().objects_restored, 4u);  // b, c twice, elsewhere
+  EXPECT_EQ(master_->stats().objects_rejected, 2u);  // overlap, and c of another size
+  EXPECT_FALSE(master_->exists("overlap"));
+  // Restored space is taken: a new value cannot land on b's bytes.
+  auto fresh = master_->put_start("fresh", 200, {.preferred_segment = "seg0"});
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE((*fresh)[0].offset_bytes, b_offset);
 }
 
 TEST_F(MasterTest, BadInputGetsOneClearErrorEach) {

@@ -23,6 +23,7 @@ class StoreCluster {
     options.listen_address = "127.0.0.1:0";
     options.metrics_address = "127.0.0.1:0";
     options.transfer_metadata = "dir:" + dir_.file("metadata");
+    options_ = options;
     auto master = MasterServer::start(options);
     if (!master.ok()) {
       error_ = master.status().to_string();
@@ -36,6 +37,18 @@ class StoreCluster {
         return;
       }
     }
+  }
+
+  /// Stops the master and starts a new one with the same options on the same address (an empty master: the
+  /// nodes' re-mounts rebuild it).
+  Status restart_master() {
+    MasterServerOptions options = options_;
+    options.listen_address = master_->address();
+    master_.reset();
+    auto master = MasterServer::start(options);
+    if (!master.ok()) return master.status();
+    master_ = std::move(*master);
+    return Status();
   }
 
   bool ok() const { return error_.empty(); }
@@ -74,6 +87,7 @@ class StoreCluster {
 
  private:
   crescent::test::TempDir dir_{"crescent-store"};
+  MasterServerOptions options_;
   std::unique_ptr<MasterServer> master_;
   std::vector<std::unique_ptr<StorageNode>> nodes_;
   std::string error_;

@@ -1,0 +1,205 @@
+// Faults and stress (issue 9 section 7): a storage node SIGKILLed mid-run, and many threads putting, getting
+// and removing at once. Nodes run as `crescent store node` processes where a crash must be real.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "common/child_process.h"
+#include "store/client.h"
+#include "store_cluster.h"
+
+namespace crescent::store {
+namespace {
+
+using std::chrono::milliseconds;
+using test::pattern_bytes;
+using test::StoreCluster;
+
+/// A `crescent store node` process mounted on `master`; null (with a test failure) when it did not start.
+std::unique_ptr<ChildProcess> start_node_process(const std::string& master, const std::string& name,
+                                                 const std::string& log) {
+  auto node = ChildProcess::start({CRESCENT_BINARY, "store", "node", "--master", master, "--dram", "16MiB",
+                                   "--name", name, "--metrics", "", "--transports", "tcp"},
+                                  log);
+  if (!node.ok()) {
+    ADD_FAILURE() << node.status().to_string();
+    return nullptr;
+  }
+  auto ready = (*node)->wait_for_line("store node: segment", std::chrono::seconds(30));
+  if (!ready.ok()) {
+    ADD_FAILURE() << ready.status().to_string();
+    return nullptr;
+  }
+  return std::move(*node);
+}
+
+TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
+  MasterServerOptions options;
+  options.master.segment_ttl = milliseconds(1000);
+  options.tick_interval = milliseconds(50);
+  StoreCluster cluster(0, 0, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string tag = std::to_string(::getpid());
+  auto doomed = start_node_process(cluster.master().address(), "doomed-" + tag, cluster.dir() + "/doomed.log");
+  auto survivor = start_node_process(cluster.master().address(), "survivor-" + tag, cluster.dir() + "/survivor.log");
+  ASSERT_TRUE(doomed && survivor);
+  ClientOptions client_options = cluster.client_options();
+  client_options.transports = {transfer::TransportKind::kTcp};
+  client_options.transfer_timeout = milliseconds(2000);
+  auto client = Client::create(client_options);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  Client& c = **client;
+
+  const std::string doomed_segment = "doomed-" + tag + "/dram";
+  std::vector<std::vector<std::byte>> values;
+  for (int i = 0; i < 20; ++i) {
+    values.push_back(pattern_bytes(100000 + static_cast<uint64_t>(i), static_cast<uint64_t>(i)));
+    ConstBuffer in{values[i].data(), values[i].size()};
+    ASSERT_TRUE(c.put("both-" + std::to_string(i), {&in, 1}, {.replica_num = 2}).ok());
+    ASSERT_TRUE(c.put("only-" + std::to_string(i), {&in, 1},
+                      {.replica_num = 1, .preferred_segment = doomed_segment, .pin = PinKind::kNone})
+                    .ok());
+  }
+  doomed->kill();  // SIGKILL: no unmount, the master learns from the missing renewals
+  const auto killed = std::chrono::steady_clock::now();
+
+  // Before the master notices, objects with a live replica read correctly (a failed transfer falls back).
+  std::vector<std::byte> out(200000);
+  Buffer o{out.data(), out.size()};
+  for (int i = 0; i < 20; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    Result<uint64_t> got = c.get("both-" + std::to_string(i), {&o, 1});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "a read hung";
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().to_string();
+    ASSERT_EQ(*got, values[i].size());
+    EXPECT_TRUE(std::equal(values[i].begin(), values[i].end(), out.begin())) << i;
+    // The object only on the dead node fails (transfer failed, or not found once the segment is gone) in time.
+    const auto only_start = std::chrono::steady_clock::now();
+    Result<uint64_t> lost = c.get("only-" + std::to_string(i), {&o, 1});
+    EXPECT_LT(std::chrono::steady_clock::now() - only_start, std::chrono::seconds(5)) << "a read hung";
+    EXPECT_FALSE(lost.ok());
+  }
+  EXPECT_GT(c.stats().replica_fallbacks, 0u);
+
+  // Within segment_ttl + 1 s the segment is unmounted and its replicas dropped.
+  bool unmounted = false;
+  while (std::chrono::steady_clock::now() - killed < milliseconds(2000)) {
+    const auto segments = cluster.master().master().segments();
+    if (std::none_of(segments.begin(), segments.end(),
+                     [&](const SegmentInfo& s) { return s.segment == doomed_segment; })) {
+      unmounted = true;
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_TRUE(unmounted) << "segment still mounted 2 s after its node was killed";
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(c.get("only-" + std::to_string(i), {&o, 1}).status().code(), StatusCode::kNotFound);
+    Result<uint64_t> got = c.get("both-" + std::to_string(i), {&o, 1});
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_TRUE(std::equal(values[i].begin(), values[i].end(), out.begin())) << i;
+  }
+  EXPECT_EQ(cluster.master().master().stats().segments_expired, 1u);
+}
+
+/// Value of `size` bytes for (key id, version): 16-byte header (id, version) then a pattern from both, so a
+/// reader can check every byte without knowing what was written last.
+std::vector<std::byte> stress_value(uint64_t id, uint64_t version, uint64_t size) {
+  std::vector<std::byte> v = pattern_bytes(size, id * 1000003 + version);
+  std::memcpy(v.data(), &id, 8);
+  std::memcpy(v.data() + 8, &version, 8);
+  return v;
+}
+
+TEST(StoreStress, ManyThreadsPutGetRemoveWithoutWrongBytesOrLeaks) {
+  const char* env = std::getenv("CRESCENT_STORE_STRESS_SECONDS");
+  const int seconds = env != nullptr ? std::atoi(env) : 30;
+  MasterServerOptions options;
+  options.master.lease_ttl = milliseconds(200);
+  StoreCluster cluster(2, 32 << 20, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  constexpr int kThreads = 8;
+  constexpr uint64_t kKeys = 64;
+  std::atomic<uint64_t> wrong{0}, reads{0}, puts{0}, removes{0}, unexpected{0};
+  std::atomic<bool> stop{false};
+  std::string first_unexpected;
+  std::mutex mu;
+  auto note = [&](const std::string& what) {
+    ++unexpected;
+    std::lock_guard<std::mutex> lock(mu);
+    if (first_unexpected.empty()) first_unexpected = what;
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ClientOptions client_options = cluster.client_options();
+      client_options.staging_bytes = t % 2 == 0 ? (4 << 20) : 0;  // odd threads register buffers per call
+      auto client = Client::create(client_options);
+      if (!client.ok()) {
+        note(client.status().to_string());
+        return;
+      }
+      std::mt19937_64 rng(static_cast<uint64_t>(t) + 1);
+      std::vector<std::byte> out(1 << 20);
+      uint64_t version = 0;
+      while (!stop) {
+        const uint64_t id = rng() % kKeys;
+        const std::string key = "stress-" + std::to_string(id);
+        switch (rng() % 3) {
+          case 0: {
+            const uint64_t size = 1 + rng() % (1 << 20);
+            std::vector<std::byte> value = stress_value(id, static_cast<uint64_t>(t) << 32 | version++, size);
+            ConstBuffer in{value.data(), value.size()};
+            Status s = (*client)->put(key, {&in, 1}, {.replica_num = 1 + static_cast<uint32_t>(rng() % 2)});
+            if (s.ok()) ++puts;
+            else if (s.code() != StatusCode::kAlreadyExists) note("put: " + s.to_string());
+            break;
+          }
+          case 1: {
+            Buffer o{out.data(), out.size()};
+            Result<uint64_t> got = (*client)->get(key, {&o, 1});
+            if (got.ok()) {
+              ++reads;
+              uint64_t got_id = 0, got_version = 0;
+              std::memcpy(&got_id, out.data(), 8);
+              std::memcpy(&got_version, out.data() + 8, 8);
+              std::vector<std::byte> expected = stress_value(got_id, got_version, *got);
+              if (*got < 16 || got_id != id || !std::equal(expected.begin(), expected.end(), out.begin())) ++wrong;
+            } else if (got.status().code() != StatusCode::kNotFound) {
+              note("get: " + got.status().to_string());
+            }
+            break;
+          }
+          default: {
+            Status s = (*client)->remove(key);
+            if (s.ok()) ++removes;
+            else if (s.code() != StatusCode::kNotFound && s.code() != StatusCode::kFailedPrecondition) {
+              note("remove: " + s.to_string());
+            }
+          }
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(seconds));
+  stop = true;
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0u);
+  EXPECT_EQ(unexpected.load(), 0u) << first_unexpected;
+  EXPECT_GT(reads.load(), 0u);
+  EXPECT_GT(puts.load(), 0u);
+  EXPECT_GT(removes.load(), 0u);
+  std::this_thread::sleep_for(milliseconds(300));  // the last leases run out
+  cluster.master().master().remove_all();
+  for (const SegmentInfo& s : cluster.master().master().segments()) {
+    EXPECT_EQ(s.used_bytes, 0u) << s.segment;
+    EXPECT_EQ(s.replicas, 0u) << s.segment;
+  }
+  EXPECT_EQ(cluster.master().master().stats().objects, 0u);
+  EXPECT_EQ(cluster.master().master().stats().processing_objects, 0u);
+}
+
+}  // namespace
+}  // namespace crescent::store
