@@ -38,6 +38,25 @@ Result<std::vector<Status>> statuses(const rpc::StatusesReply& reply, size_t exp
   return out;
 }
 
+/// One result per key from a ReplicaListsReply: the key's error, or `convert` of its list.
+template <typename T, typename Convert>
+Result<std::vector<Result<T>>> replica_lists(const rpc::ReplicaListsReply& reply, size_t keys, Convert&& convert) {
+  if (static_cast<size_t>(reply.results_size()) != keys) {
+    return Status::internal(fmt::format("master answered {} results for {} keys", reply.results_size(), keys));
+  }
+  std::vector<Result<T>> out;
+  out.reserve(keys);
+  for (const rpc::ReplicaList& list : reply.results()) {
+    Status status = from_proto(list.status());
+    if (status.ok()) {
+      out.emplace_back(convert(list));
+    } else {
+      out.emplace_back(std::move(status));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 class MasterClient::Impl {
@@ -92,22 +111,11 @@ class MasterClient::Impl {
     request.set_writer_host_id(std::string(writer_host_id));
     rpc::ReplicaListsReply reply;
     CRESCENT_RETURN_IF_ERROR(call("put_start", &rpc::StoreMaster::Stub::PutStart, request, &reply));
-    if (static_cast<size_t>(reply.results_size()) != keys.size()) {
-      return Status::internal(fmt::format("master answered {} results for {} keys", reply.results_size(), keys.size()));
-    }
-    std::vector<Result<std::vector<ReplicaLocation>>> out;
-    out.reserve(keys.size());
-    for (const rpc::ReplicaList& list : reply.results()) {
-      Status status = from_proto(list.status());
-      if (!status.ok()) {
-        out.emplace_back(std::move(status));
-        continue;
-      }
+    return replica_lists<std::vector<ReplicaLocation>>(reply, keys.size(), [](const rpc::ReplicaList& list) {
       std::vector<ReplicaLocation> replicas;
       for (const rpc::Replica& r : list.replicas()) replicas.push_back(from_proto(r));
-      out.emplace_back(std::move(replicas));
-    }
-    return out;
+      return replicas;
+    });
   }
 
   template <auto Method>
@@ -216,22 +224,11 @@ Result<std::vector<Result<ReadGrant>>> MasterClient::get_replica_list(std::span<
   add_keys(request.mutable_keys(), keys);
   rpc::ReplicaListsReply reply;
   CRESCENT_RETURN_IF_ERROR(impl_->call("get_replica_list", &rpc::StoreMaster::Stub::GetReplicaList, request, &reply));
-  if (static_cast<size_t>(reply.results_size()) != keys.size()) {
-    return Status::internal(fmt::format("master answered {} results for {} keys", reply.results_size(), keys.size()));
-  }
-  std::vector<Result<ReadGrant>> out;
-  out.reserve(keys.size());
-  for (const rpc::ReplicaList& list : reply.results()) {
-    Status status = from_proto(list.status());
-    if (!status.ok()) {
-      out.emplace_back(std::move(status));
-      continue;
-    }
+  return replica_lists<ReadGrant>(reply, keys.size(), [](const rpc::ReplicaList& list) {
     ReadGrant grant{list.size_bytes(), {}, std::chrono::milliseconds(list.lease_ttl_ms())};
     for (const rpc::Replica& r : list.replicas()) grant.replicas.push_back(from_proto(r));
-    out.emplace_back(std::move(grant));
-  }
-  return out;
+    return grant;
+  });
 }
 
 Result<std::vector<bool>> MasterClient::exists(std::span<const std::string_view> keys) {
