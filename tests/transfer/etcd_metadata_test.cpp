@@ -1,30 +1,25 @@
-// The etcd-backed MetadataService against a real etcd: one server per test suite (started from
+// The etcd-backed MetadataService against a real etcd: one server per test suite (test_support/etcd_server.h:
 // /usr/bin/etcd on free ports in a temporary directory), one key prefix per test. The tests reach etcd
 // directly through a minimal HTTP client of their own to set up what the service must cope with (revoked
 // leases, corrupt values) without trusting the code under test.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
+#include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "test_support/etcd_server.h"
 #include "transfer/metadata.h"
 
 namespace crescent {
@@ -44,55 +39,8 @@ using ::testing::IsEmpty;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kEtcdBinary = "/usr/bin/etcd";
-
-/// `count` distinct ports that are free right now: bound to port 0 together, then released for etcd.
-std::vector<int> free_ports(int count) {
-  std::vector<int> fds;
-  std::vector<int> ports;
-  for (int i = 0; i < count; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      ADD_FAILURE() << "cannot bind a port on 127.0.0.1: " << std::strerror(errno);
-    }
-    fds.push_back(fd);
-    ports.push_back(ntohs(addr.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  return ports;
-}
-
-/// One HTTP/1.0 request to 127.0.0.1:`port`; the response body, or "" when the server cannot be reached.
-std::string http_request(int port, const std::string& method, const std::string& path,
-                         const std::string& body) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  timeval timeout{.tv_sec = 2, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    std::string request = method + " " + path +
-                          " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
-                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
-    }
-  }
-  close(fd);
-  size_t body_start = response.find("\r\n\r\n");
-  return body_start == std::string::npos ? "" : response.substr(body_start + 4);
-}
+using test::free_ports;
+using test::http_request;
 
 std::string base64(std::string_view bytes) {
   static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -142,95 +90,17 @@ double seconds(Clock::duration d) {
 
 class EtcdMetadataTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    if (access(kEtcdBinary, X_OK) != 0) {
-      skip_reason_ = std::string(kEtcdBinary) + " is not installed (Debian package etcd-server)";
-      return;
-    }
-    dir_ = std::filesystem::temp_directory_path() / ("crescent-etcd-test-" + std::to_string(getpid()));
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    // Another process may take a port between free_ports and etcd's bind; then etcd exits and we retry.
-    for (int attempt = 0; attempt < 3 && etcd_pid_ < 0; ++attempt) start_etcd();
-    if (etcd_pid_ < 0) {
-      std::ifstream log(dir_ / "etcd.log");
-      std::stringstream text;
-      text << log.rdbuf();
-      start_error_ = "etcd did not come up within 10 s; its log:\n" + text.str();
-    }
-  }
-
-  static void TearDownTestSuite() {
-    if (etcd_pid_ > 0) {
-      kill(-etcd_pid_, SIGKILL);  // its process group: etcd and anything it started
-      waitpid(etcd_pid_, nullptr, 0);
-      etcd_pid_ = -1;
-    }
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-
-  static void start_etcd() {
-    std::vector<int> ports = free_ports(2);
-    client_port_ = ports[0];
-    const std::string client_url = "http://127.0.0.1:" + std::to_string(ports[0]);
-    const std::string peer_url = "http://127.0.0.1:" + std::to_string(ports[1]);
-    const std::string data_dir = (dir_ / "data").string();
-    const std::string log_path = (dir_ / "etcd.log").string();
-    std::filesystem::remove_all(data_dir);
-    // Built before fork: the child only calls async-signal-safe functions.
-    // A single-member cluster elects itself in ~0.3 s with these timings instead of ~0.7 s with the
-    // defaults; they also lower etcd's minimum lease TTL from 2 s to 1 s, below the 2 s the tests use.
-    std::vector<std::string> args = {
-        kEtcdBinary,
-        "--name=test",
-        "--data-dir=" + data_dir,
-        "--listen-client-urls=" + client_url,
-        "--advertise-client-urls=" + client_url,
-        "--listen-peer-urls=" + peer_url,
-        "--initial-advertise-peer-urls=" + peer_url,
-        "--initial-cluster=test=" + peer_url,
-        "--heartbeat-interval=25",
-        "--election-timeout=250",
-        "--logger=zap",
-        "--log-level=warn",
-    };
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned etcd if the test binary crashes
-      int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      dup2(log, STDOUT_FILENO);
-      dup2(log, STDERR_FILENO);
-      execv(kEtcdBinary, argv.data());
-      _exit(127);
-    }
-    if (pid < 0) return;
-    setpgid(pid, pid);  // also here: kill(-pid) must work even if the child has not run yet
-    auto up = wait_until(
-        [&] {
-          if (waitpid(pid, nullptr, WNOHANG) == pid) return true;  // exited: port taken?
-          return http_request(client_port_, "GET", "/health", "").find("\"true\"") != std::string::npos;
-        },
-        10s);
-    if (up && waitpid(pid, nullptr, WNOHANG) == 0) {
-      etcd_pid_ = pid;
-      return;
-    }
-    kill(-pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-  }
+  static void SetUpTestSuite() { etcd_ = std::make_unique<test::EtcdServer>(); }
+  static void TearDownTestSuite() { etcd_.reset(); }
 
   void SetUp() override {
-    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
-    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    if (!etcd_->skip_reason().empty()) GTEST_SKIP() << etcd_->skip_reason();
+    ASSERT_TRUE(etcd_->error().empty()) << etcd_->error();
     prefix_ =
         std::string("/crescent-test/") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
   }
 
-  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(client_port_); }
+  std::string endpoint() const { return etcd_->endpoint(); }
 
   EtcdOptions options(std::chrono::seconds ttl = 2s) const {
     return {.endpoint = endpoint(), .prefix = prefix_, .lease_ttl = ttl, .request_timeout = 2000ms};
@@ -245,7 +115,7 @@ class EtcdMetadataTest : public ::testing::Test {
 
   /// Calls etcd's gateway directly.
   json etcd(const std::string& path, const json& body) const {
-    return json::parse(http_request(client_port_, "POST", path, body.dump()), nullptr, false);
+    return json::parse(http_request(etcd_->client_port(), "POST", path, body.dump()), nullptr, false);
   }
   void raw_put(const std::string& key, const std::string& value) const {
     etcd("/v3/kv/put", {{"key", base64(key)}, {"value", base64(value)}});
@@ -258,11 +128,7 @@ class EtcdMetadataTest : public ::testing::Test {
   }
   void raw_revoke(int64_t lease) const { etcd("/v3/lease/revoke", {{"ID", std::to_string(lease)}}); }
 
-  static inline std::string skip_reason_;
-  static inline std::string start_error_;
-  static inline std::filesystem::path dir_;
-  static inline pid_t etcd_pid_ = -1;
-  static inline int client_port_ = 0;
+  static inline std::unique_ptr<test::EtcdServer> etcd_;
 
   std::string prefix_;
 };
