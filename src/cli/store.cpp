@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <atomic>
 #include <fstream>
+#include <thread>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -56,7 +58,13 @@ struct MasterArgs {
   double high_watermark = 0.95;
   double eviction_fraction = 0.05;
   std::string strategy = "random";
+  std::string etcd;
+  long leader_ttl_s = 5;
+  std::string etcd_prefix = "/crescent-store";
 };
+
+/// Set from the election thread when this master is deposed; run_master then exits 1.
+std::atomic<bool> g_deposed{false};
 
 int run_master(const MasterArgs& args) {
   MasterServerOptions options;
@@ -71,20 +79,44 @@ int run_master(const MasterArgs& args) {
   Result<AllocationStrategy> strategy = parse_strategy(args.strategy);
   if (!strategy.ok()) return store_fail(Status::invalid_argument("--strategy: " + strategy.status().message()));
   options.master.strategy = *strategy;
+  options.etcd.endpoint = args.etcd;
+  options.etcd.prefix = args.etcd_prefix;
+  options.etcd.leader_ttl = std::chrono::seconds(args.leader_ttl_s);
+  options.on_leadership_lost = [] {
+    g_deposed = true;
+    ::kill(::getpid(), SIGTERM);  // wakes the sigwait below
+  };
   const sigset_t signals = block_stop_signals();
   auto server = MasterServer::start(options);
   if (!server.ok()) return store_fail(server.status());
-  fmt::print("store master on {} (metrics {}, transfer metadata {})\n", (*server)->address(),
+  fmt::print("store master on {} (metrics {}, transfer metadata {}{})\n", (*server)->address(),
              (*server)->metrics_address().empty() ? "off" : (*server)->metrics_address(),
-             (*server)->transfer_metadata());
+             (*server)->transfer_metadata(),
+             args.etcd.empty() ? "" : fmt::format(", campaigning in etcd {} under {}", args.etcd, args.etcd_prefix));
   std::fflush(stdout);
+  if (!args.etcd.empty()) {
+    // Say when this master starts leading (tests and operators read it); stop waiting on a signal.
+    std::thread([server = server->get()] {
+      while (!server->is_leader() && !g_deposed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (server->is_leader()) {
+        fmt::print("store master: leading\n");
+        std::fflush(stdout);
+      }
+    }).detach();
+  }
   const int signal = wait_for_stop_signal(signals);
+  if (g_deposed) {
+    fmt::print(stderr, "error: store master lost its leadership in etcd (lease expired); stopping\n");
+    return 1;
+  }
   fmt::print("store master: signal {}, stopping\n", signal);
   return 0;
 }
 
 struct NodeArgs {
   std::string master = default_master_address();
+  std::string etcd;
+  std::string etcd_prefix = "/crescent-store";
   std::string dram = "1GiB";
   std::string name;
   std::string tcp_host = "127.0.0.1";
@@ -107,6 +139,8 @@ Result<std::vector<transfer::TransportKind>> parse_transports(const std::string&
 int run_node(const NodeArgs& args) {
   StorageNodeOptions options;
   options.master.address = args.master;
+  options.master.etcd.endpoint = args.etcd;
+  options.master.etcd.prefix = args.etcd_prefix;
   Result<uint64_t> dram = parse_size("--dram", args.dram);
   if (!dram.ok()) return store_fail(dram.status());
   if (*dram == 0) return store_fail(Status::invalid_argument("--dram: must be more than 0 bytes"));
@@ -121,30 +155,46 @@ int run_node(const NodeArgs& args) {
   auto node = StorageNode::start(options);
   if (!node.ok()) return store_fail(node.status());
   fmt::print("store node: segment {} ({} bytes of DRAM), master {} (metrics {})\n", (*node)->segment(), *dram,
-             args.master, (*node)->metrics_address().empty() ? "off" : (*node)->metrics_address());
+             args.etcd.empty() ? args.master : "led in etcd " + args.etcd,
+             (*node)->metrics_address().empty() ? "off" : (*node)->metrics_address());
   std::fflush(stdout);
   const int signal = wait_for_stop_signal(signals);
   fmt::print("store node: signal {}, unmounting\n", signal);
   return 0;
 }
 
-Result<std::unique_ptr<Client>> connect_client(const std::string& master) {
+/// Where the shell commands find the master: an address, or the leader in etcd.
+struct MasterTarget {
+  std::string address;
+  std::string etcd;
+  std::string etcd_prefix;
+
+  MasterClientOptions options() const {
+    MasterClientOptions o;
+    o.address = address;
+    o.etcd.endpoint = etcd;
+    o.etcd.prefix = etcd_prefix;
+    o.failover_budget = std::chrono::milliseconds(3000);
+    return o;
+  }
+  std::string name() const { return etcd.empty() ? address : "led in etcd " + etcd; }
+};
+
+Result<std::unique_ptr<Client>> connect_client(const MasterTarget& master) {
   ClientOptions options;
-  options.master.address = master;
+  options.master = master.options();
   options.staging_bytes = 4 << 20;
   return Client::create(options);
 }
 
-int run_stat(const std::string& master_address, bool json) {
-  MasterClientOptions options;
-  options.address = master_address;
-  auto master = MasterClient::connect(options);
+int run_stat(const MasterTarget& target, bool json) {
+  auto master = MasterClient::connect(target.options());
   if (!master.ok()) return store_fail(master.status());
   auto snapshot = (*master)->stats();
   if (!snapshot.ok()) return store_fail(snapshot.status());
   if (json) {
     nlohmann::ordered_json out;
-    out["master"] = master_address;
+    out["master"] = (*master)->address();
     for (const auto& [name, value] : stats_fields(snapshot->stats)) out["stats"][std::string(name)] = value;
     out["segments"] = nlohmann::ordered_json::array();
     for (const SegmentInfo& s : snapshot->segments) {
@@ -159,7 +209,7 @@ int run_stat(const std::string& master_address, bool json) {
     fmt::print("{}\n", dump_json(out, 2));
     return 0;
   }
-  fmt::print("store master {}: {} segment{}\n", master_address, snapshot->segments.size(),
+  fmt::print("store master {}: {} segment{}\n", (*master)->address(), snapshot->segments.size(),
              snapshot->segments.size() == 1 ? "" : "s");
   fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>6} {:>9}  {}\n", "segment", "tier", "capacity B", "used B", "used",
              "replicas", "owner");
@@ -173,7 +223,7 @@ int run_stat(const std::string& master_address, bool json) {
   return 0;
 }
 
-int run_put(const std::string& master, const std::string& key, const std::string& file, long replicas,
+int run_put(const MasterTarget& master, const std::string& key, const std::string& file, long replicas,
             const std::string& pin_name) {
   Result<PinKind> pin = parse_pin(pin_name);
   if (!pin.ok()) return store_fail(Status::invalid_argument("--pin: " + pin.status().message()));
@@ -191,7 +241,7 @@ int run_put(const std::string& master, const std::string& key, const std::string
   return 0;
 }
 
-int run_get(const std::string& master, const std::string& key, const std::string& file) {
+int run_get(const MasterTarget& master, const std::string& key, const std::string& file) {
   auto client = connect_client(master);
   if (!client.ok()) return store_fail(client.status());
   auto value = (*client)->get_value(key);
@@ -203,7 +253,7 @@ int run_get(const std::string& master, const std::string& key, const std::string
   return 0;
 }
 
-int run_rm(const std::string& master, const std::string& key, bool all) {
+int run_rm(const MasterTarget& master, const std::string& key, bool all) {
   auto client = connect_client(master);
   if (!client.ok()) return store_fail(client.status());
   if (all) {
@@ -241,12 +291,22 @@ void register_store(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   master->add_option("--strategy", master_args->strategy, "replica placement: random, most-free, local-first")
       ->capture_default_str();
+  master->add_option("--etcd", master_args->etcd,
+                     "campaign for leadership in this etcd (http://HOST:PORT); several masters: one leads, the others "
+                     "stand by");
+  master->add_option("--leader-ttl-s", master_args->leader_ttl_s, "the leader's etcd lease: a standby takes over "
+                                                                  "this long after the leader dies")
+      ->check(CLI::Range(1, 600))
+      ->capture_default_str();
+  master->add_option("--etcd-prefix", master_args->etcd_prefix, "key prefix of this store in etcd")->capture_default_str();
   master->callback([master_args, &exit_code] { run_guarded(exit_code, [&] { return run_master(*master_args); }); });
 
   auto node_args = std::make_shared<NodeArgs>();
   CLI::App* node = store->add_subcommand("node", "Run a storage node contributing DRAM until SIGINT/SIGTERM");
   node->add_option("--master", node_args->master, "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)")
       ->capture_default_str();
+  node->add_option("--etcd", node_args->etcd, "find the leading master in this etcd instead of --master");
+  node->add_option("--etcd-prefix", node_args->etcd_prefix, "key prefix of this store in etcd")->capture_default_str();
   node->add_option("--dram", node_args->dram, "DRAM segment size, e.g. 4GiB")->capture_default_str();
   node->add_option("--name", node_args->name, "engine name, unique in the cluster (default store-node-HOST-PID)");
   node->add_option("--tcp-host", node_args->tcp_host, "address clients reach this node on")->capture_default_str();
@@ -256,6 +316,8 @@ void register_store(CLI::App& app, int& exit_code) {
 
   struct ShellArgs {
     std::string master = default_master_address();
+    std::string etcd;
+    std::string etcd_prefix = "/crescent-store";
     std::string key;
     std::string file;
     long replicas = 1;
@@ -266,11 +328,14 @@ void register_store(CLI::App& app, int& exit_code) {
   auto shell = std::make_shared<ShellArgs>();
   auto add_master = [&](CLI::App* cmd) {
     cmd->add_option("--master", shell->master, "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)");
+    cmd->add_option("--etcd", shell->etcd, "find the leading master in this etcd instead of --master");
+    cmd->add_option("--etcd-prefix", shell->etcd_prefix, "key prefix of this store in etcd");
   };
+  auto target = [shell] { return MasterTarget{shell->master, shell->etcd, shell->etcd_prefix}; };
   CLI::App* stat = store->add_subcommand("stat", "Segments, objects, hits and misses, evictions, leases");
   add_master(stat);
   stat->add_flag("--json", shell->json, "JSON instead of a table");
-  stat->callback([shell, &exit_code] { run_guarded(exit_code, [&] { return run_stat(shell->master, shell->json); }); });
+  stat->callback([shell, target, &exit_code] { run_guarded(exit_code, [&] { return run_stat(target(), shell->json); }); });
 
   CLI::App* put = store->add_subcommand("put", "Store a file's bytes under KEY");
   add_master(put);
@@ -278,21 +343,25 @@ void register_store(CLI::App& app, int& exit_code) {
   put->add_option("--file", shell->file, "the value")->required();
   put->add_option("--replicas", shell->replicas, "replicas on distinct segments")->check(CLI::Range(1, 64));
   put->add_option("--pin", shell->pin, "none, soft or hard");
-  put->callback([shell, &exit_code] {
-    run_guarded(exit_code, [&] { return run_put(shell->master, shell->key, shell->file, shell->replicas, shell->pin); });
+  put->callback([shell, target, &exit_code] {
+    run_guarded(exit_code, [&] { return run_put(target(), shell->key, shell->file, shell->replicas, shell->pin); });
   });
 
   CLI::App* get = store->add_subcommand("get", "Write KEY's value to a file");
   add_master(get);
   get->add_option("KEY", shell->key, "key")->required();
   get->add_option("--file", shell->file, "where to write the value")->required();
-  get->callback([shell, &exit_code] { run_guarded(exit_code, [&] { return run_get(shell->master, shell->key, shell->file); }); });
+  get->callback([shell, target, &exit_code] {
+    run_guarded(exit_code, [&] { return run_get(target(), shell->key, shell->file); });
+  });
 
   CLI::App* rm = store->add_subcommand("rm", "Remove KEY (or --all: every object not being read)");
   add_master(rm);
   rm->add_option("KEY", shell->key, "key");
   rm->add_flag("--all", shell->all, "remove everything not under a read lease");
-  rm->callback([shell, &exit_code] { run_guarded(exit_code, [&] { return run_rm(shell->master, shell->key, shell->all); }); });
+  rm->callback([shell, target, &exit_code] {
+    run_guarded(exit_code, [&] { return run_rm(target(), shell->key, shell->all); });
+  });
 }
 
 }  // namespace crescent::cli

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "store.grpc.pb.h"
@@ -61,12 +62,50 @@ Result<std::vector<Result<T>>> replica_lists(const rpc::ReplicaListsReply& reply
 
 class MasterClient::Impl {
  public:
+  /// The channels to one master address; replaced as a whole when the leader changes.
+  struct Channels {
+    std::string address;
+    std::vector<std::unique_ptr<rpc::StoreMaster::Stub>> stubs;  // one per channel (own TCP connection)
+    std::atomic<size_t> next{0};
+
+    rpc::StoreMaster::Stub& stub() { return *stubs[next.fetch_add(1, std::memory_order_relaxed) % stubs.size()]; }
+  };
+
   MasterClientOptions options;
-  std::vector<std::unique_ptr<rpc::StoreMaster::Stub>> stubs;  // one per channel (own TCP connection)
-  std::atomic<size_t> next_stub{0};
+  mutable std::mutex mu;
+  std::shared_ptr<Channels> channels;  // guarded by mu
   MasterInfo info;
 
-  rpc::StoreMaster::Stub& stub() { return *stubs[next_stub.fetch_add(1, std::memory_order_relaxed) % stubs.size()]; }
+  bool uses_etcd() const { return !options.etcd.endpoint.empty(); }
+
+  std::shared_ptr<Channels> current() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return channels;
+  }
+
+  void connect_to(const std::string& address) {
+    auto fresh = std::make_shared<Channels>();
+    fresh->address = address;
+    for (int i = 0; i < options.channels; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own, not shared with the others
+      args.SetMaxReceiveMessageSize(-1);                    // a full renew lists every object of a segment
+      fresh->stubs.push_back(rpc::StoreMaster::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    channels = std::move(fresh);
+  }
+
+  /// With etcd: follows the leader to its current address (kept when etcd names none, or cannot be reached).
+  void follow_leader() {
+    if (!uses_etcd()) return;
+    Result<std::string> leader = find_leader(options.etcd);
+    std::shared_ptr<Channels> now = current();
+    if (leader.ok() && (now == nullptr || *leader != now->address)) connect_to(*leader);
+  }
 
   /// One RPC with a deadline per attempt, retried with back-off while the master is unreachable.
   template <typename Request, typename Reply>
@@ -75,28 +114,39 @@ class MasterClient::Impl {
               const Request& request, Reply* reply) {
     std::chrono::milliseconds backoff = options.initial_backoff;
     grpc::Status status;
-    for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
-      status = (stub().*method)(&context, request, reply);
-      if (status.ok()) return Status();
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-      if (attempt < options.max_attempts) {
-        std::this_thread::sleep_for(backoff);
-        backoff *= 2;
+    const auto budget_end = std::chrono::steady_clock::now() + options.failover_budget;
+    int attempt = 1;
+    std::string address;
+    for (;; ++attempt) {
+      std::shared_ptr<Channels> target = current();
+      if (target == nullptr) {
+        status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no leader found in etcd");
+      } else {
+        address = target->address;
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
+        status = (target->stub().*method)(&context, request, reply);
+        if (status.ok()) return Status();
+        if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
       }
+      const bool more = attempt < options.max_attempts ||
+                        (uses_etcd() && std::chrono::steady_clock::now() < budget_end);
+      if (!more) break;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+      follow_leader();
     }
+    if (address.empty()) address = uses_etcd() ? "(leader in etcd " + options.etcd.endpoint + ")" : options.address;
     switch (status.error_code()) {
       case grpc::StatusCode::UNAVAILABLE:
-        return Status::unavailable(fmt::format("store master at {} unreachable after {} attempt{} ({}): {}",
-                                               options.address, options.max_attempts,
-                                               options.max_attempts == 1 ? "" : "s", what, status.error_message()));
+        return Status::unavailable(fmt::format("store master at {} unreachable after {} attempt{} ({}): {}", address,
+                                               attempt, attempt == 1 ? "" : "s", what, status.error_message()));
       case grpc::StatusCode::DEADLINE_EXCEEDED:
-        return Status::deadline_exceeded(fmt::format("store master at {} did not answer {} within {} ms",
-                                                     options.address, what, options.rpc_timeout.count()));
+        return Status::deadline_exceeded(fmt::format("store master at {} did not answer {} within {} ms", address,
+                                                     what, options.rpc_timeout.count()));
       default:
-        return Status::internal(fmt::format("store master at {} failed {}: {} (grpc code {})", options.address,
-                                            what, status.error_message(), static_cast<int>(status.error_code())));
+        return Status::internal(fmt::format("store master at {} failed {}: {} (grpc code {})", address, what,
+                                            status.error_message(), static_cast<int>(status.error_code())));
     }
   }
 
@@ -129,7 +179,9 @@ class MasterClient::Impl {
 };
 
 Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions options) {
-  if (options.address.empty()) return Status::invalid_argument("store master address is empty");
+  if (options.address.empty() && options.etcd.endpoint.empty()) {
+    return Status::invalid_argument("store master address is empty");
+  }
   if (options.max_attempts < 1) {
     return Status::invalid_argument(fmt::format("max_attempts must be >= 1, got {}", options.max_attempts));
   }
@@ -141,14 +193,10 @@ Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions 
   }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
-  for (int i = 0; i < impl->options.channels; ++i) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own, not shared with the others
-    args.SetMaxReceiveMessageSize(-1);  // a full renew lists every object of a segment
-    impl->stubs.push_back(rpc::StoreMaster::NewStub(
-        grpc::CreateCustomChannel(impl->options.address, grpc::InsecureChannelCredentials(), args)));
+  if (impl->uses_etcd()) {
+    impl->follow_leader();  // no leader yet: call() keeps looking within failover_budget
+  } else {
+    impl->connect_to(impl->options.address);
   }
   rpc::HelloRequest request;
   rpc::HelloReply reply;
@@ -161,7 +209,10 @@ Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions 
 MasterClient::MasterClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MasterClient::~MasterClient() = default;
 const MasterInfo& MasterClient::info() const { return impl_->info; }
-const std::string& MasterClient::address() const { return impl_->options.address; }
+std::string MasterClient::address() const {
+  auto target = impl_->current();
+  return target ? target->address : std::string();
+}
 
 Status MasterClient::mount_segment(const SegmentMount& mount, std::span<const HeldObject> held) {
   rpc::MountSegmentRequest request;

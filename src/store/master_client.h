@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "store/leader_election.h"
 #include "store/master.h"
 #include "store/types.h"
 
@@ -21,7 +22,11 @@ std::string default_master_address();
 
 /// Settings of the connection to a master.
 struct MasterClientOptions {
-  std::string address = default_master_address();  // host:port
+  std::string address = default_master_address();  // host:port; unused when etcd.endpoint is set
+  /// With an etcd endpoint: the address is the leading master's, found in etcd, and found again whenever the
+  /// master cannot be reached (a failover); unreachable calls are then retried for failover_budget.
+  EtcdStoreOptions etcd = {};
+  std::chrono::milliseconds failover_budget{12000};
   std::chrono::milliseconds rpc_timeout{2000};      // deadline of each attempt
   int max_attempts = 4;                             // attempts while the master is unreachable, >= 1
   std::chrono::milliseconds initial_backoff{50};    // wait before the 2nd attempt; doubles after each
@@ -42,7 +47,7 @@ struct MasterSnapshot {
 };
 
 /// Every call returns kUnavailable ("store master at ADDR unreachable after N attempts: ...") when the master
-/// cannot be reached, kDeadlineExceeded when it does not answer in time, and otherwise the master's answer
+/// cannot be reached (with etcd: when no leader answers within failover_budget), kDeadlineExceeded when it does not answer in time, and otherwise the master's answer
 /// (Master's per-key results, in key order). Thread-safe.
 class MasterClient {
  public:
@@ -53,7 +58,8 @@ class MasterClient {
   MasterClient& operator=(const MasterClient&) = delete;
 
   const MasterInfo& info() const;
-  const std::string& address() const;
+  /// The master's address now (with etcd: the leader's, as last found).
+  std::string address() const;
 
   Status mount_segment(const SegmentMount& mount, std::span<const HeldObject> held = {});
   Status unmount_segment(std::string_view segment);

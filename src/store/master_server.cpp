@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <prometheus/histogram.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -39,8 +40,9 @@ void to_proto(const Result<ReadGrant>& result, rpc::ReplicaList* out) {
 /// its lock briefly) and records its latency.
 class Service final : public rpc::StoreMaster::CallbackService {
  public:
-  Service(Master& master, std::string transfer_metadata, prometheus::Family<prometheus::Histogram>& latency)
-      : master_(master), transfer_metadata_(std::move(transfer_metadata)), latency_(latency) {}
+  Service(Master& master, std::string transfer_metadata, prometheus::Family<prometheus::Histogram>& latency,
+          const std::atomic<bool>& leading)
+      : master_(master), transfer_metadata_(std::move(transfer_metadata)), latency_(latency), leading_(leading) {}
 
   grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context, const rpc::HelloRequest*,
                                   rpc::HelloReply* reply) override {
@@ -165,10 +167,14 @@ class Service final : public rpc::StoreMaster::CallbackService {
  private:
   template <typename F>
   grpc::ServerUnaryReactor* handle(grpc::CallbackServerContext* context, const char* method, F&& body) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (!leading_.load()) {  // clients find the leader in etcd and retry there
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "this store master is a standby, not the leader"));
+      return reactor;
+    }
     const auto start = std::chrono::steady_clock::now();
     body();
     latency(method).Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -185,6 +191,7 @@ class Service final : public rpc::StoreMaster::CallbackService {
   Master& master_;
   std::string transfer_metadata_;
   prometheus::Family<prometheus::Histogram>& latency_;
+  const std::atomic<bool>& leading_;
 };
 
 /// The gauges and counters of Master::stats, computed at each scrape.
@@ -221,6 +228,7 @@ class MasterServer::Impl {
   explicit Impl(MasterServerOptions options) : options(std::move(options)), master(this->options.master) {}
 
   ~Impl() {
+    election.reset();  // resign first: a standby takes over while this one shuts down
     {
       std::lock_guard<std::mutex> lock(mu);
       stopping = true;
@@ -238,6 +246,8 @@ class MasterServer::Impl {
   std::unique_ptr<MetricsEndpoint> metrics;
   std::string address;
   std::string metrics_address;
+  std::atomic<bool> leading{false};
+  std::unique_ptr<LeaderElection> election;
   std::thread ticker;
   std::mutex mu;
   std::condition_variable cv;
@@ -249,13 +259,17 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
   if (options.tick_interval.count() <= 0) {
     return Status::invalid_argument(fmt::format("tick_interval must be > 0 ms, got {}", options.tick_interval.count()));
   }
-  if (options.transfer_metadata.empty()) options.transfer_metadata = default_transfer_metadata_spec();
+  if (options.transfer_metadata.empty()) {
+    options.transfer_metadata =
+        options.etcd.endpoint.empty() ? default_transfer_metadata_spec() : "etcd:" + options.etcd.endpoint;
+  }
   auto impl = std::make_unique<Impl>(std::move(options));
+  impl->leading = impl->options.etcd.endpoint.empty();
   auto& latency = prometheus::BuildHistogram()
                       .Name("crescent_store_rpc_latency_seconds")
                       .Help("Time the master spends on one RPC, by method")
                       .Register(*impl->registry);
-  impl->service = std::make_unique<Service>(impl->master, impl->options.transfer_metadata, latency);
+  impl->service = std::make_unique<Service>(impl->master, impl->options.transfer_metadata, latency, impl->leading);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(impl->options.listen_address, grpc::InsecureServerCredentials(), &port);
@@ -277,6 +291,16 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
     impl->metrics_address = impl->metrics->address();
   }
   Impl* raw = impl.get();
+  if (!impl->options.etcd.endpoint.empty()) {
+    auto election = LeaderElection::start(
+        impl->options.etcd, impl->address, [raw] { raw->leading = true; },
+        [raw] {
+          raw->leading = false;
+          if (raw->options.on_leadership_lost) raw->options.on_leadership_lost();
+        });
+    if (!election.ok()) return election.status();
+    impl->election = std::move(*election);
+  }
   impl->ticker = std::thread([raw] {
     std::unique_lock<std::mutex> lock(raw->mu);
     while (!raw->cv.wait_for(lock, raw->options.tick_interval, [raw] { return raw->stopping; })) {
@@ -294,5 +318,6 @@ const std::string& MasterServer::address() const { return impl_->address; }
 const std::string& MasterServer::metrics_address() const { return impl_->metrics_address; }
 const std::string& MasterServer::transfer_metadata() const { return impl_->options.transfer_metadata; }
 Master& MasterServer::master() { return impl_->master; }
+bool MasterServer::is_leader() const { return impl_->leading.load(); }
 
 }  // namespace crescent::store

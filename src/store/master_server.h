@@ -4,10 +4,12 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "common/status.h"
+#include "store/leader_election.h"
 #include "store/master.h"
 
 namespace crescent::store {
@@ -21,6 +23,11 @@ struct MasterServerOptions {
   std::string transfer_metadata = "";
   MasterOptions master = {};
   std::chrono::milliseconds tick_interval{100};  // how often Master::tick runs
+  /// With an etcd endpoint: campaign for leadership (leader_election.h) and answer every call with UNAVAILABLE
+  /// ("standby") until elected; the transfer metadata then defaults to the same etcd. Without: lead at once.
+  EtcdStoreOptions etcd = {};
+  /// Called (from the election thread) when this master loses its leadership; it stops serving at once.
+  std::function<void()> on_leadership_lost = nullptr;
 };
 
 class MasterServer {
@@ -39,6 +46,8 @@ class MasterServer {
   const std::string& metrics_address() const;
   /// The transfer metadata spec handed to nodes and clients.
   const std::string& transfer_metadata() const;
+  /// Whether this master leads (always, without etcd).
+  bool is_leader() const;
   Master& master();
 
   class Impl;

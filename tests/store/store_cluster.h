@@ -19,7 +19,10 @@ class StoreCluster {
  public:
   /// Starts a master with `options` (addresses and metadata replaced by private ones) and `nodes` nodes of
   /// `node_bytes` each. Check ok() afterwards.
-  explicit StoreCluster(size_t nodes = 2, uint64_t node_bytes = 16 << 20, MasterServerOptions options = {}) {
+  explicit StoreCluster(size_t nodes = 2, uint64_t node_bytes = 16 << 20)
+      : StoreCluster(nodes, node_bytes, MasterServerOptions()) {}
+  StoreCluster(size_t nodes, uint64_t node_bytes, const MasterServerOptions& given) {
+    MasterServerOptions options = given;
     options.listen_address = "127.0.0.1:0";
     options.metrics_address = "127.0.0.1:0";
     options.transfer_metadata = "dir:" + dir_.file("metadata");
