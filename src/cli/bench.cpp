@@ -386,8 +386,8 @@ void print_human(const BenchReport& report, const bench::BenchOptions& options) 
     if (previous_block != 0 && run.spec.block_bytes != previous_block) fmt::print("\n");
     previous_block = run.spec.block_bytes;
     const std::string head = fmt::format("  {:<{}} {:>7} {:>6} {:>4} {:<5}", run.spec.path.label(), width,
-                                         format_size(run.spec.block_bytes), run.spec.batch,
-                                         run.spec.threads, bench::op_name(run.spec.op));
+                                         format_size(run.spec.block_bytes), run.spec.batch, run.spec.threads,
+                                         bench::op_name(run.spec.op));
     if (!run.error.empty()) {
       fmt::print("{} error: {}\n", head, run.error);
       continue;

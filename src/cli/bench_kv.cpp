@@ -26,7 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 }  // namespace
 
 KvRunResult drive_kv_load(const KvRunSpec& spec,
@@ -157,9 +156,10 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
   for (int attempt = 0; attempt < 5; ++attempt) {  // another process may take the port before redis does
     const uint16_t port = free_port();
     const std::string port_text = std::to_string(port);
-    auto process = ChildProcess::start({kBinary, "--port", port_text, "--bind", "127.0.0.1", "--protected-mode",
-                                        "no", "--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no"},
-                                       log);
+    auto process =
+        ChildProcess::start({kBinary, "--port", port_text, "--bind", "127.0.0.1", "--protected-mode", "no",
+                             "--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no"},
+                            log);
     if (!process.ok()) {
       std::filesystem::remove_all(dir, ec);
       return process.status();
@@ -167,7 +167,8 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
     for (;;) {
       if (!(*process)->running()) {
-        why = fmt::format("{} exited before answering; its log ends:\n{}", kBinary, (*process)->log_tail(600));
+        why =
+            fmt::format("{} exited before answering; its log ends:\n{}", kBinary, (*process)->log_tail(600));
         break;
       }
       if (answers_as(port, (*process)->pid())) {
@@ -177,8 +178,8 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
         const std::string tail = (*process)->log_tail(600);
         process->reset();
         std::filesystem::remove_all(dir, ec);
-        return Status::unavailable(
-            fmt::format("{} did not answer on 127.0.0.1:{} within 5 s; its log ends:\n{}", kBinary, port, tail));
+        return Status::unavailable(fmt::format(
+            "{} did not answer on 127.0.0.1:{} within 5 s; its log ends:\n{}", kBinary, port, tail));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

@@ -41,7 +41,8 @@ struct StoreProcesses {
 Result<std::unique_ptr<StoreProcesses>> start_store(const StoreBenchOptions& options) {
   auto p = std::make_unique<StoreProcesses>();
   std::string dir = (std::filesystem::temp_directory_path() / "crescent-bench-store-XXXXXX").string();
-  if (::mkdtemp(dir.data()) == nullptr) return Status::io_error(fmt::format("mkdtemp: {}", std::strerror(errno)));
+  if (::mkdtemp(dir.data()) == nullptr)
+    return Status::io_error(fmt::format("mkdtemp: {}", std::strerror(errno)));
   p->dir = dir;
   auto master = ChildProcess::start({options.crescent_binary, "store", "master", "--listen", "127.0.0.1:0",
                                      "--metrics", "", "--transfer-metadata", "dir:" + dir + "/metadata"},
@@ -159,7 +160,8 @@ KvRunResult run_crescent(const std::string& master, const KvRunSpec& spec, int r
   store::ClientOptions options;
   options.master.address = master;
   options.staging_bytes = 8 << 20;
-  options.transports = {spec.system == "crescent-shm" ? transfer::TransportKind::kShm : transfer::TransportKind::kTcp};
+  options.transports = {spec.system == "crescent-shm" ? transfer::TransportKind::kShm
+                                                      : transfer::TransportKind::kTcp};
   auto client = Client::create(options);
   if (!client.ok()) {
     KvRunResult failed;
@@ -205,7 +207,8 @@ Status run_metadata(const StoreBenchOptions& options, StoreProcesses& store, Sto
     report.metadata_runs.push_back({threads, r.ops_per_s, r.p50_us, r.p99_us});
   }
   if (options.metadata_objects == 0) return Status();
-  // Metadata only: a segment that exists for the master alone (no bytes are moved), large enough for every object.
+  // Metadata only: a segment that exists for the master alone (no bytes are moved), large enough for every
+  // object.
   CRESCENT_RETURN_IF_ERROR((*master)->mount_segment({"bench-metadata-only", "bench", "none", 1ull << 40}));
   // Acknowledge the segment's change feed as a node would, so the master does not keep it for us.
   auto feed = (*master)->renew_segment("bench-metadata-only", store::kUnknownSegmentVersion);
@@ -222,7 +225,8 @@ Status run_metadata(const StoreBenchOptions& options, StoreProcesses& store, Sto
       names[i] = fmt::format("kv/{:016x}", start + i);
       keys[i] = names[i];
     }
-    store::ReplicateConfig config{.replica_num = 1, .preferred_segment = "bench-metadata-only", .pin = store::PinKind::kNone};
+    store::ReplicateConfig config{
+        .replica_num = 1, .preferred_segment = "bench-metadata-only", .pin = store::PinKind::kNone};
     auto started = (*master)->put_start(std::span(keys).first(n), std::span(sizes).first(n), config, "");
     if (!started.ok()) return started.status();
     for (const auto& s : *started) CRESCENT_RETURN_IF_ERROR(s.status());
@@ -234,8 +238,8 @@ Status run_metadata(const StoreBenchOptions& options, StoreProcesses& store, Sto
   }
   const uint64_t after = rss_bytes(store.master->pid());
   report.master_objects = options.metadata_objects;
-  report.master_rss_bytes_per_object =
-      static_cast<double>(after > before ? after - before : 0) / static_cast<double>(options.metadata_objects);
+  report.master_rss_bytes_per_object = static_cast<double>(after > before ? after - before : 0) /
+                                       static_cast<double>(options.metadata_objects);
   std::mt19937_64 rng(1);
   std::vector<double> latencies_us;
   const auto end = Clock::now() + options.duration * 2;
@@ -266,7 +270,8 @@ Result<StoreBenchReport> run_store_bench(const StoreBenchOptions& options,
     }
   }
   for (const std::string& op : options.ops) {
-    if (op != "put" && op != "get") return Status::invalid_argument(fmt::format("--ops: unknown op '{}' (put, get)", op));
+    if (op != "put" && op != "get")
+      return Status::invalid_argument(fmt::format("--ops: unknown op '{}' (put, get)", op));
   }
   auto store = start_store(options);
   if (!store.ok()) return store.status();
@@ -290,7 +295,8 @@ Result<StoreBenchReport> run_store_bench(const StoreBenchOptions& options,
             KvRunResult result;
             if (system == "redis") {
               if (!redis) continue;
-              result = drive_kv_load(spec, [&](int thread) { return make_redis_worker(redis->port(), spec, thread); });
+              result = drive_kv_load(
+                  spec, [&](int thread) { return make_redis_worker(redis->port(), spec, thread); });
             } else {
               result = run_crescent((*store)->address, spec, run++);
             }
@@ -353,7 +359,8 @@ Result<StoreBenchOptions> store_bench_options(const StoreBenchArgs& args) {
   for (const std::string& v : *values) {
     auto size = parse_size("--values", v);
     if (!size.ok()) return size.status();
-    if (*size == 0 || *size > 64 * kMiB) return Status::invalid_argument(fmt::format("--values: '{}' is outside 1B..64MiB", v));
+    if (*size == 0 || *size > 64 * kMiB)
+      return Status::invalid_argument(fmt::format("--values: '{}' is outside 1B..64MiB", v));
     options.value_bytes.push_back(*size);
   }
   auto threads = parse_list("--threads", args.threads);
@@ -407,7 +414,9 @@ struct Goal {
 std::vector<Goal> goals(const StoreBenchReport& report) {
   std::vector<Goal> out;
   for (const KvRunResult& r : report.runs) {
-    if (r.spec.system != "crescent-tcp" || r.spec.value_bytes != (512u << 10) || r.spec.threads != 4 || !r.error.empty()) continue;
+    if (r.spec.system != "crescent-tcp" || r.spec.value_bytes != (512u << 10) || r.spec.threads != 4 ||
+        !r.error.empty())
+      continue;
     const KvRunResult* redis = redis_twin(report, r);
     Goal g{fmt::format("{} 512 KiB, 4 threads, batch {} (tcp vs redis)", r.spec.op, r.spec.batch), 0,
            r.spec.op == "get" ? 2.0 : 1.5, redis != nullptr && redis->gbps > 0};
@@ -421,11 +430,13 @@ nlohmann::ordered_json store_report_json(const StoreBenchReport& report) {
   nlohmann::ordered_json out;
   out["runs"] = nlohmann::ordered_json::array();
   for (const KvRunResult& r : report.runs) {
-    nlohmann::ordered_json j{{"system", r.spec.system}, {"op", r.spec.op},       {"value_bytes", r.spec.value_bytes},
-                             {"threads", r.spec.threads}, {"batch", r.spec.batch}, {"gbps", r.gbps},
-                             {"ops_per_s", r.ops_per_s}, {"p50_us", r.p50_us},    {"p99_us", r.p99_us},
-                             {"seconds", r.seconds},     {"ops", r.ops}};
-    if (const KvRunResult* redis = redis_twin(report, r); redis != nullptr && r.spec.system != "redis" && redis->gbps > 0) {
+    nlohmann::ordered_json j{
+        {"system", r.spec.system},   {"op", r.spec.op},       {"value_bytes", r.spec.value_bytes},
+        {"threads", r.spec.threads}, {"batch", r.spec.batch}, {"gbps", r.gbps},
+        {"ops_per_s", r.ops_per_s},  {"p50_us", r.p50_us},    {"p99_us", r.p99_us},
+        {"seconds", r.seconds},      {"ops", r.ops}};
+    if (const KvRunResult* redis = redis_twin(report, r);
+        redis != nullptr && r.spec.system != "redis" && redis->gbps > 0) {
       j["vs_redis"] = r.gbps / redis->gbps;
     }
     if (!r.error.empty()) j["error"] = r.error;
@@ -435,8 +446,11 @@ nlohmann::ordered_json store_report_json(const StoreBenchReport& report) {
   out["metadata_runs"] = nlohmann::ordered_json::array();
   for (const auto& m : report.metadata_runs) {
     best = std::max(best, m.ops_per_s);
-    out["metadata_runs"].push_back({{"op", "batch_exists(1 key)"}, {"threads", m.threads}, {"ops_per_s", m.ops_per_s},
-                                    {"p50_us", m.p50_us}, {"p99_us", m.p99_us}});
+    out["metadata_runs"].push_back({{"op", "batch_exists(1 key)"},
+                                    {"threads", m.threads},
+                                    {"ops_per_s", m.ops_per_s},
+                                    {"p50_us", m.p50_us},
+                                    {"p99_us", m.p99_us}});
   }
   out["metadata_ops_per_s"] = best;
   out["master_objects"] = report.master_objects;
@@ -445,14 +459,20 @@ nlohmann::ordered_json store_report_json(const StoreBenchReport& report) {
   out["get_replica_list_p99_us"] = report.get_replica_list_p99_us;
   out["goals"] = nlohmann::ordered_json::array();
   for (const Goal& g : goals(report)) {
-    out["goals"].push_back({{"what", g.what}, {"ratio", g.measured ? nlohmann::ordered_json(g.ratio) : nullptr},
-                            {"goal", g.goal}, {"met", g.measured && g.ratio >= g.goal}});
+    out["goals"].push_back({{"what", g.what},
+                            {"ratio", g.measured ? nlohmann::ordered_json(g.ratio) : nullptr},
+                            {"goal", g.goal},
+                            {"met", g.measured && g.ratio >= g.goal}});
   }
-  out["goals"].push_back({{"what", "metadata ops/s (batch_exists of 1 key)"}, {"value", best}, {"goal", 50000},
+  out["goals"].push_back({{"what", "metadata ops/s (batch_exists of 1 key)"},
+                          {"value", best},
+                          {"goal", 50000},
                           {"met", best >= 50000}});
   if (report.master_objects > 0) {
-    out["goals"].push_back({{"what", "master RSS bytes per object"}, {"value", report.master_rss_bytes_per_object},
-                            {"goal", 256}, {"met", report.master_rss_bytes_per_object <= 256}});
+    out["goals"].push_back({{"what", "master RSS bytes per object"},
+                            {"value", report.master_rss_bytes_per_object},
+                            {"goal", 256},
+                            {"met", report.master_rss_bytes_per_object <= 256}});
   }
   out["warnings"] = report.warnings;
   return out;
@@ -469,31 +489,35 @@ std::string run_line(const KvRunResult& r, const StoreBenchReport* report) {
       ratio = fmt::format("{:.2f}x", r.gbps / redis->gbps);
     }
   }
-  return fmt::format("  {:<13} {:<4} {:>8} {:>3} {:>5} {:>8.2f} {:>11.0f} {:>9.0f} {:>9.0f} {:>9}", r.spec.system,
-                     r.spec.op, format_size(r.spec.value_bytes), r.spec.threads, r.spec.batch, r.gbps,
-                     r.ops_per_s, r.p50_us, r.p99_us, ratio);
+  return fmt::format("  {:<13} {:<4} {:>8} {:>3} {:>5} {:>8.2f} {:>11.0f} {:>9.0f} {:>9.0f} {:>9}",
+                     r.spec.system, r.spec.op, format_size(r.spec.value_bytes), r.spec.threads, r.spec.batch,
+                     r.gbps, r.ops_per_s, r.p50_us, r.p99_us, ratio);
 }
 
 void print_store_report(const StoreBenchReport& report) {
-  fmt::print("crescent bench store: client threads in this process; master, node and redis-server in their own\n");
-  fmt::print("  {:<13} {:<4} {:>8} {:>3} {:>5} {:>8} {:>11} {:>9} {:>9} {:>9}\n", "system", "op", "value", "thr",
-             "batch", "GB/s", "ops/s", "p50 us", "p99 us", "vs redis");
+  fmt::print(
+      "crescent bench store: client threads in this process; master, node and redis-server in their own\n");
+  fmt::print("  {:<13} {:<4} {:>8} {:>3} {:>5} {:>8} {:>11} {:>9} {:>9} {:>9}\n", "system", "op", "value",
+             "thr", "batch", "GB/s", "ops/s", "p50 us", "p99 us", "vs redis");
   for (const KvRunResult& r : report.runs) fmt::print("{}\n", run_line(r, &report));
   fmt::print("\nmetadata: batch_exists of 1 key per RPC\n");
   for (const auto& m : report.metadata_runs) {
-    fmt::print("  {:>2} threads: {:>9.0f} ops/s  p50 {:.0f} us  p99 {:.0f} us\n", m.threads, m.ops_per_s, m.p50_us,
-               m.p99_us);
+    fmt::print("  {:>2} threads: {:>9.0f} ops/s  p50 {:.0f} us  p99 {:.0f} us\n", m.threads, m.ops_per_s,
+               m.p50_us, m.p99_us);
   }
   if (report.master_objects > 0) {
-    fmt::print("master with {} objects: {:.0f} bytes of RSS per object; get_replica_list (1 key, 1 thread) p50 {:.0f} us, "
-               "p99 {:.0f} us\n",
-               report.master_objects, report.master_rss_bytes_per_object, report.get_replica_list_p50_us,
-               report.get_replica_list_p99_us);
+    fmt::print(
+        "master with {} objects: {:.0f} bytes of RSS per object; get_replica_list (1 key, 1 thread) p50 "
+        "{:.0f} us, "
+        "p99 {:.0f} us\n",
+        report.master_objects, report.master_rss_bytes_per_object, report.get_replica_list_p50_us,
+        report.get_replica_list_p99_us);
   }
   fmt::print("\ngoals (issue 9 section 6):\n");
   for (const Goal& g : goals(report)) {
-    fmt::print("  {:<55} {:>6} (goal {:.1f}x) {}\n", g.what, g.measured ? fmt::format("{:.2f}x", g.ratio) : "n/a",
-               g.goal, g.measured && g.ratio >= g.goal ? "met" : "NOT met");
+    fmt::print("  {:<55} {:>6} (goal {:.1f}x) {}\n", g.what,
+               g.measured ? fmt::format("{:.2f}x", g.ratio) : "n/a", g.goal,
+               g.measured && g.ratio >= g.goal ? "met" : "NOT met");
   }
   for (const std::string& w : report.warnings) fmt::print(stderr, "warning: {}\n", w);
 }

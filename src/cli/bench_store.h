@@ -25,7 +25,7 @@ struct StoreBenchOptions {
   std::vector<size_t> batches = {1, 16};
   std::chrono::milliseconds duration{1000};  // timed window of each run
   uint64_t node_dram_bytes = 1ull << 30;     // the storage node's segment
-  uint64_t metadata_objects = 1000000;       // objects the master holds for the RSS and latency figures; 0 = skip
+  uint64_t metadata_objects = 1000000;  // objects the master holds for the RSS and latency figures; 0 = skip
   std::vector<int> metadata_threads = {1, 4, 16};  // threads for the batch_exists(1 key) rate
 };
 
@@ -40,10 +40,10 @@ struct MetadataRun {
 /// Everything one bench measured.
 struct StoreBenchReport {
   std::vector<KvRunResult> runs;
-  std::vector<MetadataRun> metadata_runs;   // batch_exists of 1 key
-  uint64_t master_objects = 0;              // objects in the master when its RSS was read
-  double master_rss_bytes_per_object = 0;   // (RSS with the objects - RSS before) / objects
-  double get_replica_list_p50_us = 0;       // one key per RPC, 1 thread, random keys of master_objects
+  std::vector<MetadataRun> metadata_runs;  // batch_exists of 1 key
+  uint64_t master_objects = 0;             // objects in the master when its RSS was read
+  double master_rss_bytes_per_object = 0;  // (RSS with the objects - RSS before) / objects
+  double get_replica_list_p50_us = 0;      // one key per RPC, 1 thread, random keys of master_objects
   double get_replica_list_p99_us = 0;
   std::vector<std::string> warnings;
 };

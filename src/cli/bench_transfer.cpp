@@ -1,5 +1,4 @@
 #include "cli/bench_transfer.h"
-#include "common/child_process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -27,6 +26,8 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+
+#include "common/child_process.h"
 
 namespace crescent::cli::bench {
 namespace {
@@ -264,7 +265,6 @@ Result<double> measure_tcp_loopback_gbps(const std::byte* src, std::byte* dst, u
 
 // ---------------------------------------------------------------------------------------------------------
 // The target process.
-
 
 // Points file descriptor 1 at stderr while alive, so what libraries print on stdout (UCX's log lines) does
 // not mix with the report (or, in the target, with the control channel); restores it on destruction.

@@ -21,7 +21,6 @@
 
 namespace crescent::cli::bench {
 
-
 /// "read" or "write".
 std::string_view op_name(transfer::TransferOp op);
 

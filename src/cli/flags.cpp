@@ -27,7 +27,6 @@ Result<std::vector<std::string>> parse_list(std::string_view flag, const std::st
   return items;
 }
 
-
 Result<uint64_t> parse_size(std::string_view flag, const std::string& text) {
   const auto bad = [&] {
     return Status::invalid_argument(

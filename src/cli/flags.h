@@ -1,5 +1,5 @@
-// Parsing of flag values shared by the subcommands: sizes with binary suffixes, comma lists, bounded integers.
-// Errors name the flag and the value.
+// Parsing of flag values shared by the subcommands: sizes with binary suffixes, comma lists, bounded
+// integers. Errors name the flag and the value.
 #pragma once
 
 #include <cstdint>
@@ -19,11 +19,11 @@ inline constexpr uint64_t kGiB = 1024 * kMiB;
 std::vector<std::string> split(const std::string& text, char separator);
 /// A comma-separated list; kInvalidArgument naming `flag` for an empty item.
 Result<std::vector<std::string>> parse_list(std::string_view flag, const std::string& text);
-/// Plain bytes or a binary suffix: 4096, 4KiB, 4K, 64MiB, 1GiB (case-insensitive, optional "B"), at most 1 TiB.
-/// kInvalidArgument naming `flag` and `text` otherwise.
+/// Plain bytes or a binary suffix: 4096, 4KiB, 4K, 64MiB, 1GiB (case-insensitive, optional "B"), at most 1
+/// TiB. kInvalidArgument naming `flag` and `text` otherwise.
 Result<uint64_t> parse_size(std::string_view flag, const std::string& text);
-/// `bytes` as "4 KiB", "64 MiB" when a whole number of KiB/MiB, else "1000 B" (parse_size reads it back without
-/// the space).
+/// `bytes` as "4 KiB", "64 MiB" when a whole number of KiB/MiB, else "1000 B" (parse_size reads it back
+/// without the space).
 std::string format_size(uint64_t bytes);
 /// An integer in [min, max]; kInvalidArgument naming `flag` and `text` otherwise.
 Result<long> parse_int(std::string_view flag, const std::string& text, long min, long max);

@@ -4,7 +4,9 @@
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"crescent: KV-cache-centric LLM serving (Mooncake) — trace analysis, cluster simulation, KV cache pool"};
+  CLI::App app{
+      "crescent: KV-cache-centric LLM serving (Mooncake) — trace analysis, cluster simulation, KV cache "
+      "pool"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "crescent 0.1.0");
   int exit_code = 0;

@@ -1,16 +1,16 @@
-// `crescent store master|node|stat|put|get|rm`: run the KV cache pool's master and storage nodes, and look at or
-// change its contents from a shell (docs/store.md). Exit codes: 0 ok, 2 bad input, 1 anything else (not found,
-// master unreachable, no space).
+// `crescent store master|node|stat|put|get|rm`: run the KV cache pool's master and storage nodes, and look at
+// or change its contents from a shell (docs/store.md). Exit codes: 0 ok, 2 bad input, 1 anything else (not
+// found, master unreachable, no space).
 #include <fmt/format.h>
 #include <signal.h>
 
 #include <atomic>
 #include <fstream>
-#include <thread>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -77,7 +77,8 @@ int run_master(const MasterArgs& args) {
   options.master.high_watermark = args.high_watermark;
   options.master.eviction_fraction = args.eviction_fraction;
   Result<AllocationStrategy> strategy = parse_strategy(args.strategy);
-  if (!strategy.ok()) return store_fail(Status::invalid_argument("--strategy: " + strategy.status().message()));
+  if (!strategy.ok())
+    return store_fail(Status::invalid_argument("--strategy: " + strategy.status().message()));
   options.master.strategy = *strategy;
   options.etcd.endpoint = args.etcd;
   options.etcd.prefix = args.etcd_prefix;
@@ -89,10 +90,11 @@ int run_master(const MasterArgs& args) {
   const sigset_t signals = block_stop_signals();
   auto server = MasterServer::start(options);
   if (!server.ok()) return store_fail(server.status());
-  fmt::print("store master on {} (metrics {}, transfer metadata {}{})\n", (*server)->address(),
-             (*server)->metrics_address().empty() ? "off" : (*server)->metrics_address(),
-             (*server)->transfer_metadata(),
-             args.etcd.empty() ? "" : fmt::format(", campaigning in etcd {} under {}", args.etcd, args.etcd_prefix));
+  fmt::print(
+      "store master on {} (metrics {}, transfer metadata {}{})\n", (*server)->address(),
+      (*server)->metrics_address().empty() ? "off" : (*server)->metrics_address(),
+      (*server)->transfer_metadata(),
+      args.etcd.empty() ? "" : fmt::format(", campaigning in etcd {} under {}", args.etcd, args.etcd_prefix));
   std::fflush(stdout);
   if (!args.etcd.empty()) {
     // Say when this master starts leading (tests and operators read it); stop waiting on a signal.
@@ -211,12 +213,14 @@ int run_stat(const MasterTarget& target, bool json) {
   }
   fmt::print("store master {}: {} segment{}\n", (*master)->address(), snapshot->segments.size(),
              snapshot->segments.size() == 1 ? "" : "s");
-  fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>6} {:>9}  {}\n", "segment", "tier", "capacity B", "used B", "used",
-             "replicas", "owner");
+  fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>6} {:>9}  {}\n", "segment", "tier", "capacity B", "used B",
+             "used", "replicas", "owner");
   for (const SegmentInfo& s : snapshot->segments) {
-    fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>5.1f}% {:>9}  {}\n", s.segment, tier_name(s.tier), s.capacity_bytes,
-               s.used_bytes, s.capacity_bytes == 0 ? 0.0 : 100.0 * static_cast<double>(s.used_bytes) /
-                                                            static_cast<double>(s.capacity_bytes),
+    fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>5.1f}% {:>9}  {}\n", s.segment, tier_name(s.tier),
+               s.capacity_bytes, s.used_bytes,
+               s.capacity_bytes == 0
+                   ? 0.0
+                   : 100.0 * static_cast<double>(s.used_bytes) / static_cast<double>(s.capacity_bytes),
                s.replicas, s.owner);
   }
   for (const auto& [name, value] : stats_fields(snapshot->stats)) fmt::print("  {:<22} {}\n", name, value);
@@ -234,10 +238,12 @@ int run_put(const MasterTarget& master, const std::string& key, const std::strin
   auto client = connect_client(master);
   if (!client.ok()) return store_fail(client.status());
   ConstBuffer buffer{value.data(), value.size()};
-  Status put = (*client)->put(key, {&buffer, 1},
-                              {.replica_num = static_cast<uint32_t>(replicas), .preferred_segment = "", .pin = *pin});
+  Status put =
+      (*client)->put(key, {&buffer, 1},
+                     {.replica_num = static_cast<uint32_t>(replicas), .preferred_segment = "", .pin = *pin});
   if (!put.ok()) return store_fail(put);
-  fmt::print("stored {} bytes under {} ({} replica{})\n", value.size(), key, replicas, replicas == 1 ? "" : "s");
+  fmt::print("stored {} bytes under {} ({} replica{})\n", value.size(), key, replicas,
+             replicas == 1 ? "" : "s");
   return 0;
 }
 
@@ -275,43 +281,63 @@ void register_store(CLI::App& app, int& exit_code) {
   store->require_subcommand(1);
 
   auto master_args = std::make_shared<MasterArgs>();
-  CLI::App* master = store->add_subcommand("master", "Run the store's master (metadata only) until SIGINT/SIGTERM");
-  master->add_option("--listen", master_args->listen, "gRPC address host:port (port 0 picks one)")->capture_default_str();
-  master->add_option("--metrics", master_args->metrics, "/metrics address host:port ('' = off)")->capture_default_str();
-  master->add_option("--transfer-metadata", master_args->transfer_metadata,
-                     "where segments are published: dir:PATH or etcd:URL (default: dir:/tmp/crescent-store-UID/metadata)");
+  CLI::App* master =
+      store->add_subcommand("master", "Run the store's master (metadata only) until SIGINT/SIGTERM");
+  master->add_option("--listen", master_args->listen, "gRPC address host:port (port 0 picks one)")
+      ->capture_default_str();
+  master->add_option("--metrics", master_args->metrics, "/metrics address host:port ('' = off)")
+      ->capture_default_str();
+  master->add_option(
+      "--transfer-metadata", master_args->transfer_metadata,
+      "where segments are published: dir:PATH or etcd:URL (default: dir:/tmp/crescent-store-UID/metadata)");
   master->add_option("--lease-ttl-ms", master_args->lease_ttl_ms, "read lease")->capture_default_str();
-  master->add_option("--segment-ttl-ms", master_args->segment_ttl_ms, "a segment not renewed this long is unmounted")
+  master
+      ->add_option("--segment-ttl-ms", master_args->segment_ttl_ms,
+                   "a segment not renewed this long is unmounted")
       ->capture_default_str();
   master->add_option("--put-timeout-ms", master_args->put_timeout_ms, "a put not ended by then is reclaimed")
       ->capture_default_str();
-  master->add_option("--high-watermark", master_args->high_watermark, "evict above this fraction of DRAM used")
+  master
+      ->add_option("--high-watermark", master_args->high_watermark, "evict above this fraction of DRAM used")
       ->capture_default_str();
-  master->add_option("--eviction-fraction", master_args->eviction_fraction, "fraction of capacity one eviction frees")
+  master
+      ->add_option("--eviction-fraction", master_args->eviction_fraction,
+                   "fraction of capacity one eviction frees")
       ->capture_default_str();
   master->add_option("--strategy", master_args->strategy, "replica placement: random, most-free, local-first")
       ->capture_default_str();
-  master->add_option("--etcd", master_args->etcd,
-                     "campaign for leadership in this etcd (http://HOST:PORT); several masters: one leads, the others "
-                     "stand by");
-  master->add_option("--leader-ttl-s", master_args->leader_ttl_s, "the leader's etcd lease: a standby takes over "
-                                                                  "this long after the leader dies")
+  master->add_option(
+      "--etcd", master_args->etcd,
+      "campaign for leadership in this etcd (http://HOST:PORT); several masters: one leads, the others "
+      "stand by");
+  master
+      ->add_option("--leader-ttl-s", master_args->leader_ttl_s,
+                   "the leader's etcd lease: a standby takes over "
+                   "this long after the leader dies")
       ->check(CLI::Range(1, 600))
       ->capture_default_str();
-  master->add_option("--etcd-prefix", master_args->etcd_prefix, "key prefix of this store in etcd")->capture_default_str();
-  master->callback([master_args, &exit_code] { run_guarded(exit_code, [&] { return run_master(*master_args); }); });
+  master->add_option("--etcd-prefix", master_args->etcd_prefix, "key prefix of this store in etcd")
+      ->capture_default_str();
+  master->callback(
+      [master_args, &exit_code] { run_guarded(exit_code, [&] { return run_master(*master_args); }); });
 
   auto node_args = std::make_shared<NodeArgs>();
   CLI::App* node = store->add_subcommand("node", "Run a storage node contributing DRAM until SIGINT/SIGTERM");
-  node->add_option("--master", node_args->master, "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)")
+  node->add_option("--master", node_args->master,
+                   "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)")
       ->capture_default_str();
   node->add_option("--etcd", node_args->etcd, "find the leading master in this etcd instead of --master");
-  node->add_option("--etcd-prefix", node_args->etcd_prefix, "key prefix of this store in etcd")->capture_default_str();
+  node->add_option("--etcd-prefix", node_args->etcd_prefix, "key prefix of this store in etcd")
+      ->capture_default_str();
   node->add_option("--dram", node_args->dram, "DRAM segment size, e.g. 4GiB")->capture_default_str();
-  node->add_option("--name", node_args->name, "engine name, unique in the cluster (default store-node-HOST-PID)");
-  node->add_option("--tcp-host", node_args->tcp_host, "address clients reach this node on")->capture_default_str();
-  node->add_option("--metrics", node_args->metrics, "/metrics address host:port ('' = off)")->capture_default_str();
-  node->add_option("--transports", node_args->transports, "comma list of shm, tcp, ucx")->capture_default_str();
+  node->add_option("--name", node_args->name,
+                   "engine name, unique in the cluster (default store-node-HOST-PID)");
+  node->add_option("--tcp-host", node_args->tcp_host, "address clients reach this node on")
+      ->capture_default_str();
+  node->add_option("--metrics", node_args->metrics, "/metrics address host:port ('' = off)")
+      ->capture_default_str();
+  node->add_option("--transports", node_args->transports, "comma list of shm, tcp, ucx")
+      ->capture_default_str();
   node->callback([node_args, &exit_code] { run_guarded(exit_code, [&] { return run_node(*node_args); }); });
 
   struct ShellArgs {
@@ -327,7 +353,8 @@ void register_store(CLI::App& app, int& exit_code) {
   };
   auto shell = std::make_shared<ShellArgs>();
   auto add_master = [&](CLI::App* cmd) {
-    cmd->add_option("--master", shell->master, "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)");
+    cmd->add_option("--master", shell->master,
+                    "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)");
     cmd->add_option("--etcd", shell->etcd, "find the leading master in this etcd instead of --master");
     cmd->add_option("--etcd-prefix", shell->etcd_prefix, "key prefix of this store in etcd");
   };
@@ -335,7 +362,9 @@ void register_store(CLI::App& app, int& exit_code) {
   CLI::App* stat = store->add_subcommand("stat", "Segments, objects, hits and misses, evictions, leases");
   add_master(stat);
   stat->add_flag("--json", shell->json, "JSON instead of a table");
-  stat->callback([shell, target, &exit_code] { run_guarded(exit_code, [&] { return run_stat(target(), shell->json); }); });
+  stat->callback([shell, target, &exit_code] {
+    run_guarded(exit_code, [&] { return run_stat(target(), shell->json); });
+  });
 
   CLI::App* put = store->add_subcommand("put", "Store a file's bytes under KEY");
   add_master(put);
@@ -344,7 +373,8 @@ void register_store(CLI::App& app, int& exit_code) {
   put->add_option("--replicas", shell->replicas, "replicas on distinct segments")->check(CLI::Range(1, 64));
   put->add_option("--pin", shell->pin, "none, soft or hard");
   put->callback([shell, target, &exit_code] {
-    run_guarded(exit_code, [&] { return run_put(target(), shell->key, shell->file, shell->replicas, shell->pin); });
+    run_guarded(exit_code,
+                [&] { return run_put(target(), shell->key, shell->file, shell->replicas, shell->pin); });
   });
 
   CLI::App* get = store->add_subcommand("get", "Write KEY's value to a file");

@@ -70,12 +70,12 @@ Result<std::string> ChildProcess::wait_for_line(const std::string& text, std::ch
       if (line.find(text) != std::string::npos) return line;
     }
     if (!running()) {
-      return Status::unavailable(fmt::format("{} exited before printing '{}'; its log ends:\n{}", pid_, text,
-                                             log_tail()));
+      return Status::unavailable(
+          fmt::format("{} exited before printing '{}'; its log ends:\n{}", pid_, text, log_tail()));
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return Status::unavailable(fmt::format("process {} did not print '{}' within {} ms; its log ends:\n{}", pid_,
-                                             text, timeout.count(), log_tail()));
+      return Status::unavailable(fmt::format("process {} did not print '{}' within {} ms; its log ends:\n{}",
+                                             pid_, text, timeout.count(), log_tail()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -48,8 +48,8 @@ class Client::Impl {
   /// Where one value's bytes sit locally during a transfer: the caller's registered memory, a staging range
   /// (copied in before a write, out after a read), or caller memory registered for this call only.
   struct Local {
-    std::vector<Piece> transfer_pieces;     // what the transfer requests use
-    std::vector<Piece> user_pieces;         // the caller's buffers
+    std::vector<Piece> transfer_pieces;      // what the transfer requests use
+    std::vector<Piece> user_pieces;          // the caller's buffers
     std::optional<uint64_t> staging_offset;  // set when staged
     uint64_t staging_size = 0;
     std::vector<void*> temporarily_registered;
@@ -62,14 +62,14 @@ class Client::Impl {
   std::string host_id = transfer::local_host_id();
   std::unique_ptr<MountedSegment> segment;
 
-  std::mutex mu;  // guards the members below
+  std::mutex mu;                             // guards the members below
   std::map<uintptr_t, uint64_t> registered;  // caller regions: start -> length
   std::byte* staging = nullptr;
   std::unique_ptr<SegmentAllocator> staging_allocator;
   std::unordered_map<std::string, transfer::SegmentHandle> handles;
 
-  std::atomic<uint64_t> puts{0}, gets{0}, bytes_written{0}, bytes_read{0}, staged_bytes{0}, replica_fallbacks{0},
-      leases_expired{0};
+  std::atomic<uint64_t> puts{0}, gets{0}, bytes_written{0}, bytes_read{0}, staged_bytes{0},
+      replica_fallbacks{0}, leases_expired{0};
 
   ~Impl() {
     segment.reset();
@@ -90,7 +90,8 @@ class Client::Impl {
   Result<Local> prepare(std::span<const Piece> user, uint64_t size, bool copy_in) {
     Local local;
     local.user_pieces.assign(user.begin(), user.end());
-    if (std::all_of(user.begin(), user.end(), [&](const Piece& p) { return is_registered(p.data, p.size_bytes); })) {
+    if (std::all_of(user.begin(), user.end(),
+                    [&](const Piece& p) { return is_registered(p.data, p.size_bytes); })) {
       local.transfer_pieces = local.user_pieces;
       return local;
     }
@@ -118,7 +119,8 @@ class Client::Impl {
       Status st = engine->register_memory(p.data, p.size_bytes);
       if (!st.ok()) {
         release(local);
-        return Status(st.code(), "staging pool full, and the buffer could not be registered: " + st.message());
+        return Status(st.code(),
+                      "staging pool full, and the buffer could not be registered: " + st.message());
       }
       local.temporarily_registered.push_back(p.data);
     }
@@ -209,14 +211,16 @@ class Client::Impl {
 
   /// Phase 2 and 3 of puts whose put_start succeeded: one transfer batch writing every replica of every key,
   /// then put_end for the keys fully written and put_revoke for the others.
-  Result<std::vector<Status>> write(std::span<const std::string_view> keys, std::span<const std::vector<Piece>> values,
+  Result<std::vector<Status>> write(std::span<const std::string_view> keys,
+                                    std::span<const std::vector<Piece>> values,
                                     const ReplicateConfig& config) {
     const size_t n = keys.size();
     std::vector<Status> results(n);
     std::vector<uint64_t> sizes(n);
     for (size_t i = 0; i < n; ++i) {
       sizes[i] = total_bytes(values[i]);
-      if (sizes[i] == 0) results[i] = Status::invalid_argument(fmt::format("put: the value of key #{} is empty", i));
+      if (sizes[i] == 0)
+        results[i] = Status::invalid_argument(fmt::format("put: the value of key #{} is empty", i));
     }
     std::vector<std::string_view> asked;
     std::vector<uint64_t> asked_sizes;
@@ -271,7 +275,8 @@ class Client::Impl {
           if (!done.ok()) {
             results[i] = done.status();
           } else if ((*done)[r].state != transfer::TransferState::kCompleted) {
-            results[i] = Status::transfer_failed(fmt::format("writing a replica failed: {}", (*done)[r].error));
+            results[i] =
+                Status::transfer_failed(fmt::format("writing a replica failed: {}", (*done)[r].error));
             forget(replicas[i][0].segment);
             for (const ReplicaLocation& replica : replicas[i]) forget(replica.segment);
             break;
@@ -287,7 +292,8 @@ class Client::Impl {
       }
     }
     for (Local& l : locals) release(l);
-    if (!to_revoke.empty()) (void)master->put_revoke(to_revoke);  // best effort: put_timeout reclaims otherwise
+    if (!to_revoke.empty())
+      (void)master->put_revoke(to_revoke);  // best effort: put_timeout reclaims otherwise
     if (!to_end.empty()) {
       auto ended = master->put_end(to_end);
       for (size_t e = 0; e < end_index.size(); ++e) {
@@ -303,8 +309,8 @@ class Client::Impl {
   }
 
   /// Reads granted objects into `outs` (one piece list per key): one transfer batch for the first replica of
-  /// every key (same-host replicas first), further batches only for keys whose transfer failed, then the lease
-  /// check per key against `sent` + its lease.
+  /// every key (same-host replicas first), further batches only for keys whose transfer failed, then the
+  /// lease check per key against `sent` + its lease.
   std::vector<Result<uint64_t>> read(std::span<const std::string_view> keys,
                                      std::vector<Result<ReadGrant>>& grants,
                                      std::span<const std::vector<Piece>> outs, Clock::time_point sent) {
@@ -343,14 +349,14 @@ class Client::Impl {
         if (!pending[i]) continue;
         const ReadGrant& grant = *grants[i];
         if (next_replica[i] >= grant.replicas.size()) {
-          results[i] = Status::transfer_failed(fmt::format("reading every replica of key #{} failed; last: {}", i,
-                                                           last_error[i]));
+          results[i] = Status::transfer_failed(
+              fmt::format("reading every replica of key #{} failed; last: {}", i, last_error[i]));
           pending[i] = false;
           continue;
         }
         range[i].first = requests.size();
-        Status added = add_requests(TransferOp::kRead, locals[i], grant.replicas[next_replica[i]], grant.size_bytes,
-                                    requests);
+        Status added = add_requests(TransferOp::kRead, locals[i], grant.replicas[next_replica[i]],
+                                    grant.size_bytes, requests);
         if (!added.ok()) {
           requests.resize(range[i].first);
           last_error[i] = added.message();
@@ -402,7 +408,8 @@ class Client::Impl {
 
   Result<std::vector<Result<uint64_t>>> get(std::span<const std::string_view> keys,
                                             std::span<const std::vector<Piece>> outs) {
-    const Clock::time_point sent = Clock::now();  // the lease is counted from here: never later than the master
+    const Clock::time_point sent =
+        Clock::now();  // the lease is counted from here: never later than the master
     auto grants = master->get_replica_list(keys);
     if (!grants.ok()) return grants.status();
     return read(keys, *grants, outs, sent);
@@ -420,7 +427,8 @@ std::vector<Piece> pieces_of(std::span<const Buffer> buffers) {
 std::vector<Piece> pieces_of(std::span<const ConstBuffer> buffers) {
   std::vector<Piece> out;
   // Writes only read from these; Piece is shared with reads, hence the const_cast.
-  for (const ConstBuffer& b : buffers) out.push_back({static_cast<std::byte*>(const_cast<void*>(b.data)), b.size_bytes});
+  for (const ConstBuffer& b : buffers)
+    out.push_back({static_cast<std::byte*>(const_cast<void*>(b.data)), b.size_bytes});
   return out;
 }
 
@@ -434,8 +442,8 @@ Result<std::unique_ptr<Client>> Client::create(ClientOptions options) {
   impl->master = std::move(*master);
   auto metadata = open_transfer_metadata(impl->master->info().transfer_metadata);
   if (!metadata.ok()) {
-    return Status(metadata.status().code(), "opening the transfer metadata the master named: " +
-                                                metadata.status().message());
+    return Status(metadata.status().code(),
+                  "opening the transfer metadata the master named: " + metadata.status().message());
   }
   impl->metadata = *metadata;
   transfer::EngineOptions engine_options;
@@ -522,12 +530,16 @@ Status Client::remove(std::string_view key) {
   return (*results)[0];
 }
 
-Result<uint64_t> Client::remove_all() { return impl_->master->remove_all(); }
+Result<uint64_t> Client::remove_all() {
+  return impl_->master->remove_all();
+}
 
 Result<std::vector<Status>> Client::batch_put(std::span<const std::string_view> keys,
-                                              std::span<const ConstBuffer> values, const ReplicateConfig& config) {
+                                              std::span<const ConstBuffer> values,
+                                              const ReplicateConfig& config) {
   if (keys.size() != values.size()) {
-    return Status::invalid_argument(fmt::format("batch_put: {} keys but {} values", keys.size(), values.size()));
+    return Status::invalid_argument(
+        fmt::format("batch_put: {} keys but {} values", keys.size(), values.size()));
   }
   std::vector<std::vector<Piece>> pieces;
   pieces.reserve(values.size());
@@ -538,7 +550,8 @@ Result<std::vector<Status>> Client::batch_put(std::span<const std::string_view> 
 Result<std::vector<Result<uint64_t>>> Client::batch_get(std::span<const std::string_view> keys,
                                                         std::span<const Buffer> out) {
   if (keys.size() != out.size()) {
-    return Status::invalid_argument(fmt::format("batch_get: {} keys but {} buffers", keys.size(), out.size()));
+    return Status::invalid_argument(
+        fmt::format("batch_get: {} keys but {} buffers", keys.size(), out.size()));
   }
   std::vector<std::vector<Piece>> pieces;
   pieces.reserve(out.size());
@@ -554,7 +567,8 @@ std::string Client::block_key(BlockKey key) const {
   return fmt::format("{}{:016x}", impl_->options.block_key_prefix, key);
 }
 
-Result<std::vector<Status>> Client::put_blocks(std::span<const BlockKey> keys, std::span<const ConstBuffer> blocks,
+Result<std::vector<Status>> Client::put_blocks(std::span<const BlockKey> keys,
+                                               std::span<const ConstBuffer> blocks,
                                                const ReplicateConfig& config) {
   std::vector<std::string> names;
   names.reserve(keys.size());
@@ -570,7 +584,8 @@ Result<std::vector<Status>> Client::put_blocks(std::span<const BlockKey> keys, s
 
 Result<size_t> Client::get_prefix(std::span<const BlockKey> keys, std::span<const Buffer> blocks) {
   if (keys.size() != blocks.size()) {
-    return Status::invalid_argument(fmt::format("get_prefix: {} keys but {} buffers", keys.size(), blocks.size()));
+    return Status::invalid_argument(
+        fmt::format("get_prefix: {} keys but {} buffers", keys.size(), blocks.size()));
   }
   std::vector<std::string> names;
   names.reserve(keys.size());
@@ -584,21 +599,23 @@ Result<size_t> Client::get_prefix(std::span<const BlockKey> keys, std::span<cons
   grants->erase(grants->begin() + static_cast<long>(found), grants->end());
   std::vector<std::vector<Piece>> pieces;
   for (size_t i = 0; i < found; ++i) pieces.push_back(pieces_of(blocks.subspan(i, 1)));
-  std::vector<Result<uint64_t>> read =
-      impl_->read(std::span(views).first(found), *grants, pieces, sent);
+  std::vector<Result<uint64_t>> read = impl_->read(std::span(views).first(found), *grants, pieces, sent);
   size_t leading = 0;
   while (leading < read.size() && read[leading].ok()) ++leading;
   return leading;
 }
 
 ClientStats Client::stats() const {
-  return {impl_->puts.load(),          impl_->gets.load(),
-          impl_->bytes_written.load(), impl_->bytes_read.load(),
-          impl_->staged_bytes.load(),  impl_->replica_fallbacks.load(),
+  return {impl_->puts.load(),          impl_->gets.load(),         impl_->bytes_written.load(),
+          impl_->bytes_read.load(),    impl_->staged_bytes.load(), impl_->replica_fallbacks.load(),
           impl_->leases_expired.load()};
 }
 
-MasterClient& Client::master() { return *impl_->master; }
-transfer::TransferEngine& Client::engine() { return *impl_->engine; }
+MasterClient& Client::master() {
+  return *impl_->master;
+}
+transfer::TransferEngine& Client::engine() {
+  return *impl_->engine;
+}
 
 }  // namespace crescent::store

@@ -1,7 +1,7 @@
 // The store's client library (paper §3.2; ../shared/reference/store-notes.md), what prefill and decode
-// instances link: put, get, exists, remove and their batch forms. Metadata goes through the master (one RPC per
-// call, whatever the number of keys); value bytes move between this process's memory and the segments holding
-// the replicas through the transfer engine (one transfer batch per call), never through the master.
+// instances link: put, get, exists, remove and their batch forms. Metadata goes through the master (one RPC
+// per call, whatever the number of keys); value bytes move between this process's memory and the segments
+// holding the replicas through the transfer engine (one transfer batch per call), never through the master.
 //
 //   auto client = Client::create({}).value();            // finds the master at default_master_address()
 //   client->put("doc-17/block-0", {{data, size}});
@@ -53,12 +53,13 @@ struct ConstBuffer {
 struct ClientOptions {
   MasterClientOptions master = {};
   std::string name = "";  // transfer-engine name, unique in the cluster; "" = store-client-HOST-PID-N
-  std::vector<transfer::TransportKind> transports = {transfer::TransportKind::kShm, transfer::TransportKind::kTcp};
-  std::string tcp_host = "127.0.0.1";      // address segment owners connect back to (tcp serves both ways)
-  uint64_t staging_bytes = 64ull << 20;    // registered pool for unregistered buffers
-  uint64_t segment_bytes = 0;              // > 0: also mount a DRAM segment of this size from this client
+  std::vector<transfer::TransportKind> transports = {transfer::TransportKind::kShm,
+                                                     transfer::TransportKind::kTcp};
+  std::string tcp_host = "127.0.0.1";    // address segment owners connect back to (tcp serves both ways)
+  uint64_t staging_bytes = 64ull << 20;  // registered pool for unregistered buffers
+  uint64_t segment_bytes = 0;            // > 0: also mount a DRAM segment of this size from this client
   std::chrono::milliseconds transfer_timeout{10000};  // per transfer batch
-  std::string block_key_prefix = "kv/";    // put_blocks/get_prefix keys: PREFIX + 16 hex digits
+  std::string block_key_prefix = "kv/";               // put_blocks/get_prefix keys: PREFIX + 16 hex digits
   /// Tests only: called for each key after its bytes arrived and before its lease is checked.
   std::function<void(std::string_view key)> before_lease_check_for_testing = nullptr;
 };
@@ -69,9 +70,9 @@ struct ClientStats {
   uint64_t gets = 0;
   uint64_t bytes_written = 0;
   uint64_t bytes_read = 0;
-  uint64_t staged_bytes = 0;    // bytes copied through the staging pool
+  uint64_t staged_bytes = 0;       // bytes copied through the staging pool
   uint64_t replica_fallbacks = 0;  // reads retried on another replica after a transfer failed
-  uint64_t leases_expired = 0;  // reads refused because their lease ran out
+  uint64_t leases_expired = 0;     // reads refused because their lease ran out
 };
 
 class Client {
@@ -106,9 +107,11 @@ class Client {
 
   /// N keys, one value buffer each: one put_start RPC, one transfer batch, one put_end (and one put_revoke)
   /// RPC. One Status per key; the call fails as a whole only when the master cannot be reached.
-  Result<std::vector<Status>> batch_put(std::span<const std::string_view> keys, std::span<const ConstBuffer> values,
+  Result<std::vector<Status>> batch_put(std::span<const std::string_view> keys,
+                                        std::span<const ConstBuffer> values,
                                         const ReplicateConfig& config = {});
-  /// N keys into N buffers: one get_replica_list RPC, one transfer batch (more only to retry failed replicas).
+  /// N keys into N buffers: one get_replica_list RPC, one transfer batch (more only to retry failed
+  /// replicas).
   Result<std::vector<Result<uint64_t>>> batch_get(std::span<const std::string_view> keys,
                                                   std::span<const Buffer> out);
   Result<std::vector<bool>> batch_exists(std::span<const std::string_view> keys);
@@ -119,8 +122,8 @@ class Client {
   /// as success (another instance computed the same prefix).
   Result<std::vector<Status>> put_blocks(std::span<const BlockKey> keys, std::span<const ConstBuffer> blocks,
                                          const ReplicateConfig& config = {});
-  /// Reads the longest stored prefix of `keys` (chained prefix hashes) into `blocks`; returns how many leading
-  /// blocks were read. Blocks after the first missing or unreadable one are not read.
+  /// Reads the longest stored prefix of `keys` (chained prefix hashes) into `blocks`; returns how many
+  /// leading blocks were read. Blocks after the first missing or unreadable one are not read.
   Result<size_t> get_prefix(std::span<const BlockKey> keys, std::span<const Buffer> blocks);
 
   ClientStats stats() const;

@@ -34,8 +34,8 @@ Result<std::string> find_leader(const EtcdStoreOptions& options) {
 
 class LeaderElection::Impl {
  public:
-  Impl(const EtcdStoreOptions& options, EtcdClient client, std::string address, std::function<void()> on_elected,
-       std::function<void()> on_lost)
+  Impl(const EtcdStoreOptions& options, EtcdClient client, std::string address,
+       std::function<void()> on_elected, std::function<void()> on_lost)
       : options(options),
         client(std::move(client)),
         address(std::move(address)),
@@ -109,11 +109,13 @@ class LeaderElection::Impl {
   bool stopping = false;
 };
 
-Result<std::unique_ptr<LeaderElection>> LeaderElection::start(const EtcdStoreOptions& options, std::string address,
+Result<std::unique_ptr<LeaderElection>> LeaderElection::start(const EtcdStoreOptions& options,
+                                                              std::string address,
                                                               std::function<void()> on_elected,
                                                               std::function<void()> on_lost) {
   if (options.leader_ttl < std::chrono::seconds(1)) {
-    return Status::invalid_argument(fmt::format("leader_ttl must be at least 1 s, got {} s", options.leader_ttl.count()));
+    return Status::invalid_argument(
+        fmt::format("leader_ttl must be at least 1 s, got {} s", options.leader_ttl.count()));
   }
   if (address.empty()) return Status::invalid_argument("leader election: the master's address is empty");
   auto client = EtcdClient::create(options.endpoint, options.request_timeout);
@@ -127,6 +129,8 @@ Result<std::unique_ptr<LeaderElection>> LeaderElection::start(const EtcdStoreOpt
 
 LeaderElection::LeaderElection(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LeaderElection::~LeaderElection() = default;
-bool LeaderElection::is_leader() const { return impl_->leader.load(); }
+bool LeaderElection::is_leader() const {
+  return impl_->leader.load();
+}
 
 }  // namespace crescent::store

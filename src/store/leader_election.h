@@ -16,16 +16,17 @@ namespace crescent::store {
 
 /// Where the store's masters meet in etcd.
 struct EtcdStoreOptions {
-  std::string endpoint;                          // etcd's client URL, http://HOST:PORT ("" = no etcd)
-  std::string prefix = "/crescent-store";        // the leader key is PREFIX/master/leader
-  std::chrono::seconds leader_ttl{5};            // the leader's etcd lease (whole seconds, >= 1)
+  std::string endpoint;                             // etcd's client URL, http://HOST:PORT ("" = no etcd)
+  std::string prefix = "/crescent-store";           // the leader key is PREFIX/master/leader
+  std::chrono::seconds leader_ttl{5};               // the leader's etcd lease (whole seconds, >= 1)
   std::chrono::milliseconds request_timeout{1000};  // per etcd request
 };
 
 /// PREFIX/master/leader.
 std::string leader_key(const EtcdStoreOptions& options);
 
-/// The address ("host:port") of the leading master. kUnavailable when no master leads or etcd cannot be reached.
+/// The address ("host:port") of the leading master. kUnavailable when no master leads or etcd cannot be
+/// reached.
 Result<std::string> find_leader(const EtcdStoreOptions& options);
 
 /// One master's campaign.
@@ -33,9 +34,9 @@ class LeaderElection {
  public:
   /// Starts campaigning for `address` in a thread: it tries to create the leader key under a lease of
   /// leader_ttl every leader_ttl / 10 while another master holds it; once elected it calls `on_elected` and
-  /// keeps the lease alive every leader_ttl / 3. When the lease is lost (etcd says it expired, or no keepalive
-  /// succeeded for leader_ttl) it calls `on_lost` once and stops: a deposed leader must stop serving.
-  /// kInvalidArgument for bad options (naming them).
+  /// keeps the lease alive every leader_ttl / 3. When the lease is lost (etcd says it expired, or no
+  /// keepalive succeeded for leader_ttl) it calls `on_lost` once and stops: a deposed leader must stop
+  /// serving. kInvalidArgument for bad options (naming them).
   static Result<std::unique_ptr<LeaderElection>> start(const EtcdStoreOptions& options, std::string address,
                                                        std::function<void()> on_elected,
                                                        std::function<void()> on_lost);

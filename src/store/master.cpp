@@ -23,12 +23,14 @@ Status validate(const MasterOptions& options) {
     return Status::invalid_argument(
         fmt::format("eviction_fraction must be in (0, 1], got {}", options.eviction_fraction));
   }
-  const std::pair<const char*, std::chrono::milliseconds> durations[] = {{"lease_ttl", options.lease_ttl},
-                                                                          {"segment_ttl", options.segment_ttl},
-                                                                          {"put_timeout", options.put_timeout},
-                                                                          {"soft_pin_ttl", options.soft_pin_ttl}};
+  const std::pair<const char*, std::chrono::milliseconds> durations[] = {
+      {"lease_ttl", options.lease_ttl},
+      {"segment_ttl", options.segment_ttl},
+      {"put_timeout", options.put_timeout},
+      {"soft_pin_ttl", options.soft_pin_ttl}};
   for (const auto& [name, value] : durations) {
-    if (value.count() <= 0) return Status::invalid_argument(fmt::format("{} must be > 0 ms, got {}", name, value.count()));
+    if (value.count() <= 0)
+      return Status::invalid_argument(fmt::format("{} must be > 0 ms, got {}", name, value.count()));
   }
   return Status();
 }
@@ -59,7 +61,8 @@ constexpr std::pair<std::string_view, uint64_t MasterStats::*> kStatsFields[] = 
     {"objects_restored", &MasterStats::objects_restored},
     {"objects_rejected", &MasterStats::objects_rejected},
 };
-static_assert(sizeof(MasterStats) == std::size(kStatsFields) * sizeof(uint64_t), "a MasterStats field has no name");
+static_assert(sizeof(MasterStats) == std::size(kStatsFields) * sizeof(uint64_t),
+              "a MasterStats field has no name");
 
 }  // namespace
 
@@ -83,7 +86,9 @@ namespace {
 
 using Nanos = int64_t;
 
-Nanos to_nanos(std::chrono::milliseconds d) { return std::chrono::nanoseconds(d).count(); }
+Nanos to_nanos(std::chrono::milliseconds d) {
+  return std::chrono::nanoseconds(d).count();
+}
 
 /// A key as it appears in messages: printable bytes kept, others as \xNN, cut at 80 characters.
 std::string printable_key(std::string_view key) {
@@ -154,7 +159,8 @@ class Master::Impl {
 
   Status mount(const SegmentMount& mount, std::span<const HeldObject> held) {
     if (mount.segment.empty()) return Status::invalid_argument("mount: segment name is empty");
-    if (mount.owner.empty()) return Status::invalid_argument(fmt::format("mount {}: owner is empty", mount.segment));
+    if (mount.owner.empty())
+      return Status::invalid_argument(fmt::format("mount {}: owner is empty", mount.segment));
     if (mount.capacity_bytes == 0) {
       return Status::invalid_argument(fmt::format("mount {}: capacity is 0 bytes", mount.segment));
     }
@@ -196,7 +202,8 @@ class Master::Impl {
 
   Status unmount(std::string_view name) {
     auto it = segment_by_name_.find(name);
-    if (it == segment_by_name_.end()) return Status::not_found(fmt::format("segment {} is not mounted", name));
+    if (it == segment_by_name_.end())
+      return Status::not_found(fmt::format("segment {} is not mounted", name));
     const uint32_t id = it->second;
     segment_by_name_.erase(it);
     std::erase(live_segments_, id);
@@ -226,12 +233,14 @@ class Master::Impl {
       out.full = true;  // everything the segment holds now
       for (Object* o = lru_.head; o != nullptr; o = o->lru_next) {
         for (const Replica& r : o->replicas) {
-          if (r.segment_id == segment->id) out.changes.push_back({true, {*o->key, r.offset_bytes, o->size_bytes}});
+          if (r.segment_id == segment->id)
+            out.changes.push_back({true, {*o->key, r.offset_bytes, o->size_bytes}});
         }
       }
       since = segment->version;
     } else {
-      out.changes.assign(segment->log.begin() + static_cast<long>(since - segment->log_base), segment->log.end());
+      out.changes.assign(segment->log.begin() + static_cast<long>(since - segment->log_base),
+                         segment->log.end());
     }
     // The owner acknowledged `since`: forget the changes up to it.
     while (segment->log_base < since && !segment->log.empty()) {
@@ -246,7 +255,8 @@ class Master::Impl {
   void record(const Object& object, bool added) {
     for (const Replica& r : object.replicas) {
       Segment& segment = *segments_[r.segment_id];
-      segment.log.push_back({added, {*object.key, added ? r.offset_bytes : 0, added ? object.size_bytes : 0}});
+      segment.log.push_back(
+          {added, {*object.key, added ? r.offset_bytes : 0, added ? object.size_bytes : 0}});
       ++segment.version;
     }
   }
@@ -259,16 +269,18 @@ class Master::Impl {
   // ---- puts ----
 
   Result<std::vector<ReplicaLocation>> put_start(std::string_view key, uint64_t size_bytes,
-                                                 const ReplicateConfig& config, std::string_view writer_host) {
+                                                 const ReplicateConfig& config,
+                                                 std::string_view writer_host) {
     CRESCENT_RETURN_IF_ERROR(validate_key(key));
-    if (size_bytes == 0) return Status::invalid_argument(fmt::format("put {}: size is 0 bytes", printable_key(key)));
+    if (size_bytes == 0)
+      return Status::invalid_argument(fmt::format("put {}: size is 0 bytes", printable_key(key)));
     if (config.replica_num == 0) {
       return Status::invalid_argument(fmt::format("put {}: replica_num is 0", printable_key(key)));
     }
     if (config.replica_num > live_segments_.size()) {
-      return Status::invalid_argument(fmt::format("put {}: replica_num {} is more than the {} segment{} mounted",
-                                                  printable_key(key), config.replica_num, live_segments_.size(),
-                                                  live_segments_.size() == 1 ? "" : "s"));
+      return Status::invalid_argument(
+          fmt::format("put {}: replica_num {} is more than the {} segment{} mounted", printable_key(key),
+                      config.replica_num, live_segments_.size(), live_segments_.size() == 1 ? "" : "s"));
     }
     const uint64_t aligned = aligned_size_bytes(size_bytes);
     size_t large_enough = 0;
@@ -278,15 +290,16 @@ class Master::Impl {
       if (segments_[id]->mount.capacity_bytes >= aligned) ++large_enough;
     }
     if (large_enough < config.replica_num) {
-      return Status::invalid_argument(fmt::format(
-          "put {}: a value of {} bytes needs {} segment{} of at least that size; {} mounted (largest {} bytes)",
-          printable_key(key), size_bytes, config.replica_num, config.replica_num == 1 ? "" : "s", large_enough,
-          largest));
+      return Status::invalid_argument(
+          fmt::format("put {}: a value of {} bytes needs {} segment{} of at least that size; {} mounted "
+                      "(largest {} bytes)",
+                      printable_key(key), size_bytes, config.replica_num, config.replica_num == 1 ? "" : "s",
+                      large_enough, largest));
     }
     if (auto it = objects_.find(key); it != objects_.end()) {
-      return Status::already_exists(fmt::format("key {} {}", printable_key(key),
-                                                it->second.state == ObjectState::kComplete ? "already exists"
-                                                                                           : "is being written"));
+      return Status::already_exists(
+          fmt::format("key {} {}", printable_key(key),
+                      it->second.state == ObjectState::kComplete ? "already exists" : "is being written"));
     }
     const Nanos t = now();
     std::optional<std::vector<Replica>> replicas = allocate(size_bytes, config, writer_host);
@@ -303,11 +316,12 @@ class Master::Impl {
     }
     if (!replicas) {
       ++stats_.puts_no_space;
-      return Status::no_space(fmt::format(
-          "no space for key {}: {} bytes x {} replica{}, and nothing more can be evicted ({} bytes of {} used; "
-          "the rest is leased, pinned or being written)",
-          printable_key(key), size_bytes, config.replica_num, config.replica_num == 1 ? "" : "s", used_bytes(),
-          capacity_bytes()));
+      return Status::no_space(
+          fmt::format("no space for key {}: {} bytes x {} replica{}, and nothing more can be evicted ({} "
+                      "bytes of {} used; "
+                      "the rest is leased, pinned or being written)",
+                      printable_key(key), size_bytes, config.replica_num, config.replica_num == 1 ? "" : "s",
+                      used_bytes(), capacity_bytes()));
     }
     auto [it, inserted] = objects_.try_emplace(std::string(key));
     Object& object = it->second;
@@ -351,10 +365,11 @@ class Master::Impl {
 
   Status no_put_in_progress(std::string_view key) const {
     CRESCENT_RETURN_IF_ERROR(validate_key(key));
-    return Status::not_found(fmt::format(
-        "no put of key {} is in progress (never started, already ended, revoked, reclaimed after {} ms, or its "
-        "segments were unmounted)",
-        printable_key(key), options_.put_timeout.count()));
+    return Status::not_found(
+        fmt::format("no put of key {} is in progress (never started, already ended, revoked, reclaimed after "
+                    "{} ms, or its "
+                    "segments were unmounted)",
+                    printable_key(key), options_.put_timeout.count()));
   }
 
   // ---- reads and removal ----
@@ -370,7 +385,8 @@ class Master::Impl {
     ++stats_.hits;
     ++stats_.leases_granted;
     const Nanos t = now();
-    if (object->lease_until != 0 && object->lease_until <= t) ++stats_.leases_expired;  // the previous one ran out
+    if (object->lease_until != 0 && object->lease_until <= t)
+      ++stats_.leases_expired;  // the previous one ran out
     object->lease_until = std::max(object->lease_until, t + to_nanos(options_.lease_ttl));
     lru_.unlink(*object);
     lru_.link_front(*object);
@@ -391,7 +407,8 @@ class Master::Impl {
     const Nanos t = now();
     if (object->lease_until > t) {
       return Status::failed_precondition(fmt::format("key {} is being read (its lease ends in {} ms)",
-                                                     printable_key(key), (object->lease_until - t) / 1000000));
+                                                     printable_key(key),
+                                                     (object->lease_until - t) / 1000000));
     }
     drop(*object);
     ++stats_.removes;
@@ -445,8 +462,8 @@ class Master::Impl {
     std::vector<SegmentInfo> out;
     for (const auto& [name, id] : segment_by_name_) {
       const Segment& s = *segments_[id];
-      out.push_back({s.mount.segment, s.mount.owner, s.mount.host_id, ReplicaTier::kDram, s.mount.capacity_bytes,
-                     s.allocator.used_bytes(), s.replicas});
+      out.push_back({s.mount.segment, s.mount.owner, s.mount.host_id, ReplicaTier::kDram,
+                     s.mount.capacity_bytes, s.allocator.used_bytes(), s.replicas});
     }
     return out;
   }
@@ -488,13 +505,15 @@ class Master::Impl {
         break;
     }
     if (!config.preferred_segment.empty()) {
-      std::stable_partition(order.begin(), order.end(),
-                            [&](uint32_t id) { return segments_[id]->mount.segment == config.preferred_segment; });
+      std::stable_partition(order.begin(), order.end(), [&](uint32_t id) {
+        return segments_[id]->mount.segment == config.preferred_segment;
+      });
     }
     return order;
   }
 
-  /// One range on each of config.replica_num distinct segments, or nullopt (nothing kept) when they do not fit.
+  /// One range on each of config.replica_num distinct segments, or nullopt (nothing kept) when they do not
+  /// fit.
   std::optional<std::vector<Replica>> allocate(uint64_t size_bytes, const ReplicateConfig& config,
                                                std::string_view writer_host) {
     std::vector<Replica> replicas;
@@ -511,9 +530,12 @@ class Master::Impl {
   bool evictable(const Object& object, Nanos t, bool allow_soft_pins) const {
     if (object.state != ObjectState::kComplete || object.lease_until > t) return false;
     switch (object.pin) {
-      case PinKind::kNone: return true;
-      case PinKind::kHard: return false;
-      case PinKind::kSoft: return allow_soft_pins || object.deadline <= t;
+      case PinKind::kNone:
+        return true;
+      case PinKind::kHard:
+        return false;
+      case PinKind::kSoft:
+        return allow_soft_pins || object.deadline <= t;
     }
     return false;
   }
@@ -521,8 +543,10 @@ class Master::Impl {
   void evict_above_watermark(Nanos t) {
     const uint64_t capacity = capacity_bytes();
     uint64_t used = used_bytes();
-    if (capacity == 0 || static_cast<double>(used) <= options_.high_watermark * static_cast<double>(capacity)) return;
-    const double target = static_cast<double>(used) - options_.eviction_fraction * static_cast<double>(capacity);
+    if (capacity == 0 || static_cast<double>(used) <= options_.high_watermark * static_cast<double>(capacity))
+      return;
+    const double target =
+        static_cast<double>(used) - options_.eviction_fraction * static_cast<double>(capacity);
     for (Object* victim = lru_.tail; victim != nullptr && static_cast<double>(used) > target;) {
       Object* next = victim->lru_prev;
       if (evictable(*victim, t, false)) {
@@ -648,10 +672,9 @@ uint64_t Master::remove_all() {
   return impl_->remove_all();
 }
 
-std::vector<Result<std::vector<ReplicaLocation>>> Master::put_start_batch(std::span<const std::string_view> keys,
-                                                                          std::span<const uint64_t> sizes_bytes,
-                                                                          const ReplicateConfig& config,
-                                                                          std::string_view writer_host_id) {
+std::vector<Result<std::vector<ReplicaLocation>>> Master::put_start_batch(
+    std::span<const std::string_view> keys, std::span<const uint64_t> sizes_bytes,
+    const ReplicateConfig& config, std::string_view writer_host_id) {
   CRESCENT_LOCKED;
   std::vector<Result<std::vector<ReplicaLocation>>> out;
   out.reserve(keys.size());
@@ -708,7 +731,9 @@ std::vector<SegmentInfo> Master::segments() const {
   CRESCENT_LOCKED;
   return impl_->segment_infos();
 }
-const MasterOptions& Master::options() const { return impl_->options(); }
+const MasterOptions& Master::options() const {
+  return impl_->options();
+}
 
 #undef CRESCENT_LOCKED
 

@@ -1,6 +1,6 @@
 // The store's master (paper §3.2; ../shared/reference/store-notes.md): metadata only. It knows the mounted
-// segments and, for every key, where its replicas lie and whether they are written yet; it never touches value
-// bytes, which clients move to and from segments through the transfer engine.
+// segments and, for every key, where its replicas lie and whether they are written yet; it never touches
+// value bytes, which clients move to and from segments through the transfer engine.
 //
 // Life of an object: put_start allocates one range per replica on distinct segments and records the object as
 // processing (invisible to readers); the client writes the bytes; put_end makes it complete, put_revoke frees
@@ -42,8 +42,8 @@ struct MasterOptions {
   double high_watermark = 0.95;     // fraction of DRAM capacity above which eviction runs, (0, 1]
   double eviction_fraction = 0.05;  // fraction of DRAM capacity one eviction round frees, (0, 1]
   AllocationStrategy strategy = AllocationStrategy::kRandom;
-  uint64_t seed = 1;                // for kRandom
-  MasterClock clock = nullptr;      // nullptr: steady_clock::now
+  uint64_t seed = 1;            // for kRandom
+  MasterClock clock = nullptr;  // nullptr: steady_clock::now
 };
 
 /// kInvalidArgument naming the first field out of range (watermark or fraction outside (0, 1], a zero TTL).
@@ -51,14 +51,15 @@ Status validate(const MasterOptions& options);
 
 /// A segment a node or client offers to the pool.
 struct SegmentMount {
-  std::string segment;      // transfer-engine segment name (unique)
-  std::string owner;        // who mounted it (a node or client id); its lease renewals keep the segment
-  std::string host_id;      // the owner's machine (transfer::SegmentDescriptor::host_id), for local reads
+  std::string segment;  // transfer-engine segment name (unique)
+  std::string owner;    // who mounted it (a node or client id); its lease renewals keep the segment
+  std::string host_id;  // the owner's machine (transfer::SegmentDescriptor::host_id), for local reads
   uint64_t capacity_bytes = 0;
 };
 
-/// A complete object as the owner of the segment holding it records it in its own index, so that a master that
-/// restarts or takes over rebuilds its metadata from the owners' re-mounts (store-notes "High availability").
+/// A complete object as the owner of the segment holding it records it in its own index, so that a master
+/// that restarts or takes over rebuilds its metadata from the owners' re-mounts (store-notes "High
+/// availability").
 struct HeldObject {
   std::string key;
   uint64_t offset_bytes = 0;
@@ -112,8 +113,8 @@ struct MasterStats {
   uint64_t puts_revoked = 0;
   uint64_t puts_reclaimed = 0;  // processing puts dropped after put_timeout
   uint64_t puts_no_space = 0;
-  uint64_t gets = 0;            // get_replica_list calls (per key)
-  uint64_t hits = 0;            // ... that found a complete object
+  uint64_t gets = 0;  // get_replica_list calls (per key)
+  uint64_t hits = 0;  // ... that found a complete object
   uint64_t misses = 0;
   uint64_t leases_granted = 0;
   uint64_t leases_expired = 0;  // leases that ran out (a lease extended before it ran out ends once)
@@ -151,13 +152,14 @@ class Master {
   /// `since_version`, which the owner thereby acknowledges (the master forgets changes up to it). A version
   /// the master does not know (kUnknownSegmentVersion, or one from a previous master) gets a full list.
   /// kNotFound when not mounted (expired or never mounted: the owner should mount again).
-  Result<SegmentChanges> renew_segment(std::string_view segment, uint64_t since_version = kUnknownSegmentVersion);
+  Result<SegmentChanges> renew_segment(std::string_view segment,
+                                       uint64_t since_version = kUnknownSegmentVersion);
 
   /// Phase 1 of a put: allocates `size_bytes` on config.replica_num distinct segments (evicting first when
   /// there is no room) and records the object as processing. `writer_host_id` serves kLocalFirst.
-  /// Errors: kInvalidArgument (bad key, size 0, replica_num 0 or more than the segments mounted, a value larger
-  /// than every segment); kAlreadyExists (the key is complete or being written); kNoSpace (nothing evictable
-  /// makes room).
+  /// Errors: kInvalidArgument (bad key, size 0, replica_num 0 or more than the segments mounted, a value
+  /// larger than every segment); kAlreadyExists (the key is complete or being written); kNoSpace (nothing
+  /// evictable makes room).
   Result<std::vector<ReplicaLocation>> put_start(std::string_view key, uint64_t size_bytes,
                                                  const ReplicateConfig& config,
                                                  std::string_view writer_host_id = "");

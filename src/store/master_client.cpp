@@ -31,7 +31,8 @@ void add_keys(Repeated* out, std::span<const std::string_view> keys) {
 
 Result<std::vector<Status>> statuses(const rpc::StatusesReply& reply, size_t expected) {
   if (static_cast<size_t>(reply.statuses_size()) != expected) {
-    return Status::internal(fmt::format("master answered {} statuses for {} keys", reply.statuses_size(), expected));
+    return Status::internal(
+        fmt::format("master answered {} statuses for {} keys", reply.statuses_size(), expected));
   }
   std::vector<Status> out;
   out.reserve(expected);
@@ -41,9 +42,11 @@ Result<std::vector<Status>> statuses(const rpc::StatusesReply& reply, size_t exp
 
 /// One result per key from a ReplicaListsReply: the key's error, or `convert` of its list.
 template <typename T, typename Convert>
-Result<std::vector<Result<T>>> replica_lists(const rpc::ReplicaListsReply& reply, size_t keys, Convert&& convert) {
+Result<std::vector<Result<T>>> replica_lists(const rpc::ReplicaListsReply& reply, size_t keys,
+                                             Convert&& convert) {
   if (static_cast<size_t>(reply.results_size()) != keys) {
-    return Status::internal(fmt::format("master answered {} results for {} keys", reply.results_size(), keys));
+    return Status::internal(
+        fmt::format("master answered {} results for {} keys", reply.results_size(), keys));
   }
   std::vector<Result<T>> out;
   out.reserve(keys);
@@ -68,7 +71,9 @@ class MasterClient::Impl {
     std::vector<std::unique_ptr<rpc::StoreMaster::Stub>> stubs;  // one per channel (own TCP connection)
     std::atomic<size_t> next{0};
 
-    rpc::StoreMaster::Stub& stub() { return *stubs[next.fetch_add(1, std::memory_order_relaxed) % stubs.size()]; }
+    rpc::StoreMaster::Stub& stub() {
+      return *stubs[next.fetch_add(1, std::memory_order_relaxed) % stubs.size()];
+    }
   };
 
   MasterClientOptions options;
@@ -90,8 +95,9 @@ class MasterClient::Impl {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own, not shared with the others
-      args.SetMaxReceiveMessageSize(-1);                    // a full renew lists every object of a segment
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
+                  1);                     // a connection of its own, not shared with the others
+      args.SetMaxReceiveMessageSize(-1);  // a full renew lists every object of a segment
       fresh->stubs.push_back(rpc::StoreMaster::NewStub(
           grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
     }
@@ -129,21 +135,23 @@ class MasterClient::Impl {
         if (status.ok()) return Status();
         if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
       }
-      const bool more = attempt < options.max_attempts ||
-                        (uses_etcd() && std::chrono::steady_clock::now() < budget_end);
+      const bool more =
+          attempt < options.max_attempts || (uses_etcd() && std::chrono::steady_clock::now() < budget_end);
       if (!more) break;
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
       follow_leader();
     }
-    if (address.empty()) address = uses_etcd() ? "(leader in etcd " + options.etcd.endpoint + ")" : options.address;
+    if (address.empty())
+      address = uses_etcd() ? "(leader in etcd " + options.etcd.endpoint + ")" : options.address;
     switch (status.error_code()) {
       case grpc::StatusCode::UNAVAILABLE:
-        return Status::unavailable(fmt::format("store master at {} unreachable after {} attempt{} ({}): {}", address,
-                                               attempt, attempt == 1 ? "" : "s", what, status.error_message()));
+        return Status::unavailable(fmt::format("store master at {} unreachable after {} attempt{} ({}): {}",
+                                               address, attempt, attempt == 1 ? "" : "s", what,
+                                               status.error_message()));
       case grpc::StatusCode::DEADLINE_EXCEEDED:
-        return Status::deadline_exceeded(fmt::format("store master at {} did not answer {} within {} ms", address,
-                                                     what, options.rpc_timeout.count()));
+        return Status::deadline_exceeded(fmt::format("store master at {} did not answer {} within {} ms",
+                                                     address, what, options.rpc_timeout.count()));
       default:
         return Status::internal(fmt::format("store master at {} failed {}: {} (grpc code {})", address, what,
                                             status.error_message(), static_cast<int>(status.error_code())));
@@ -189,7 +197,8 @@ Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions 
     return Status::invalid_argument(fmt::format("channels must be in 1..64, got {}", options.channels));
   }
   if (options.rpc_timeout.count() <= 0) {
-    return Status::invalid_argument(fmt::format("rpc_timeout must be > 0 ms, got {}", options.rpc_timeout.count()));
+    return Status::invalid_argument(
+        fmt::format("rpc_timeout must be > 0 ms, got {}", options.rpc_timeout.count()));
   }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
@@ -208,7 +217,9 @@ Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions 
 
 MasterClient::MasterClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MasterClient::~MasterClient() = default;
-const MasterInfo& MasterClient::info() const { return impl_->info; }
+const MasterInfo& MasterClient::info() const {
+  return impl_->info;
+}
 std::string MasterClient::address() const {
   auto target = impl_->current();
   return target ? target->address : std::string();
@@ -227,7 +238,8 @@ Status MasterClient::mount_segment(const SegmentMount& mount, std::span<const He
     out->set_size_bytes(h.size_bytes);
   }
   rpc::StatusReply reply;
-  CRESCENT_RETURN_IF_ERROR(impl_->call("mount_segment", &rpc::StoreMaster::Stub::MountSegment, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(
+      impl_->call("mount_segment", &rpc::StoreMaster::Stub::MountSegment, request, &reply));
   return from_proto(reply.status());
 }
 
@@ -235,7 +247,8 @@ Status MasterClient::unmount_segment(std::string_view segment) {
   rpc::SegmentRequest request;
   request.set_segment(std::string(segment));
   rpc::StatusReply reply;
-  CRESCENT_RETURN_IF_ERROR(impl_->call("unmount_segment", &rpc::StoreMaster::Stub::UnmountSegment, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(
+      impl_->call("unmount_segment", &rpc::StoreMaster::Stub::UnmountSegment, request, &reply));
   return from_proto(reply.status());
 }
 
@@ -244,19 +257,21 @@ Result<SegmentChanges> MasterClient::renew_segment(std::string_view segment, uin
   request.set_segment(std::string(segment));
   request.set_since_version(since_version);
   rpc::RenewSegmentReply reply;
-  CRESCENT_RETURN_IF_ERROR(impl_->call("renew_segment", &rpc::StoreMaster::Stub::RenewSegment, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(
+      impl_->call("renew_segment", &rpc::StoreMaster::Stub::RenewSegment, request, &reply));
   CRESCENT_RETURN_IF_ERROR(from_proto(reply.status()));
   SegmentChanges changes{reply.version(), reply.full(), {}};
   changes.changes.reserve(static_cast<size_t>(reply.changes_size()));
   for (const rpc::SegmentChange& c : reply.changes()) {
-    changes.changes.push_back({c.added(), {c.object().key(), c.object().offset_bytes(), c.object().size_bytes()}});
+    changes.changes.push_back(
+        {c.added(), {c.object().key(), c.object().offset_bytes(), c.object().size_bytes()}});
   }
   return changes;
 }
 
 Result<std::vector<Result<std::vector<ReplicaLocation>>>> MasterClient::put_start(
-    std::span<const std::string_view> keys, std::span<const uint64_t> sizes_bytes, const ReplicateConfig& config,
-    std::string_view writer_host_id) {
+    std::span<const std::string_view> keys, std::span<const uint64_t> sizes_bytes,
+    const ReplicateConfig& config, std::string_view writer_host_id) {
   return impl_->put_start(keys, sizes_bytes, config, writer_host_id);
 }
 
@@ -270,11 +285,13 @@ Result<std::vector<Status>> MasterClient::remove(std::span<const std::string_vie
   return impl_->keys_call<&rpc::StoreMaster::Stub::Remove>("remove", keys);
 }
 
-Result<std::vector<Result<ReadGrant>>> MasterClient::get_replica_list(std::span<const std::string_view> keys) {
+Result<std::vector<Result<ReadGrant>>> MasterClient::get_replica_list(
+    std::span<const std::string_view> keys) {
   rpc::KeysRequest request;
   add_keys(request.mutable_keys(), keys);
   rpc::ReplicaListsReply reply;
-  CRESCENT_RETURN_IF_ERROR(impl_->call("get_replica_list", &rpc::StoreMaster::Stub::GetReplicaList, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(
+      impl_->call("get_replica_list", &rpc::StoreMaster::Stub::GetReplicaList, request, &reply));
   return replica_lists<ReadGrant>(reply, keys.size(), [](const rpc::ReplicaList& list) {
     ReadGrant grant{list.size_bytes(), {}, std::chrono::milliseconds(list.lease_ttl_ms())};
     for (const rpc::Replica& r : list.replicas()) grant.replicas.push_back(from_proto(r));
@@ -288,7 +305,8 @@ Result<std::vector<bool>> MasterClient::exists(std::span<const std::string_view>
   rpc::ExistsReply reply;
   CRESCENT_RETURN_IF_ERROR(impl_->call("exists", &rpc::StoreMaster::Stub::Exists, request, &reply));
   if (static_cast<size_t>(reply.exists_size()) != keys.size()) {
-    return Status::internal(fmt::format("master answered {} results for {} keys", reply.exists_size(), keys.size()));
+    return Status::internal(
+        fmt::format("master answered {} results for {} keys", reply.exists_size(), keys.size()));
   }
   return std::vector<bool>(reply.exists().begin(), reply.exists().end());
 }

@@ -27,9 +27,9 @@ struct MasterClientOptions {
   /// master cannot be reached (a failover); unreachable calls are then retried for failover_budget.
   EtcdStoreOptions etcd = {};
   std::chrono::milliseconds failover_budget{12000};
-  std::chrono::milliseconds rpc_timeout{2000};      // deadline of each attempt
-  int max_attempts = 4;                             // attempts while the master is unreachable, >= 1
-  std::chrono::milliseconds initial_backoff{50};    // wait before the 2nd attempt; doubles after each
+  std::chrono::milliseconds rpc_timeout{2000};    // deadline of each attempt
+  int max_attempts = 4;                           // attempts while the master is unreachable, >= 1
+  std::chrono::milliseconds initial_backoff{50};  // wait before the 2nd attempt; doubles after each
   int channels = 4;  // gRPC channels (TCP connections) calls are spread over, round robin, 1..64
 };
 
@@ -47,8 +47,9 @@ struct MasterSnapshot {
 };
 
 /// Every call returns kUnavailable ("store master at ADDR unreachable after N attempts: ...") when the master
-/// cannot be reached (with etcd: when no leader answers within failover_budget), kDeadlineExceeded when it does not answer in time, and otherwise the master's answer
-/// (Master's per-key results, in key order). Thread-safe.
+/// cannot be reached (with etcd: when no leader answers within failover_budget), kDeadlineExceeded when it
+/// does not answer in time, and otherwise the master's answer (Master's per-key results, in key order).
+/// Thread-safe.
 class MasterClient {
  public:
   /// Connects and says Hello. kInvalidArgument for bad options; kUnavailable as above.

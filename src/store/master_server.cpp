@@ -42,7 +42,10 @@ class Service final : public rpc::StoreMaster::CallbackService {
  public:
   Service(Master& master, std::string transfer_metadata, prometheus::Family<prometheus::Histogram>& latency,
           const std::atomic<bool>& leading)
-      : master_(master), transfer_metadata_(std::move(transfer_metadata)), latency_(latency), leading_(leading) {}
+      : master_(master),
+        transfer_metadata_(std::move(transfer_metadata)),
+        latency_(latency),
+        leading_(leading) {}
 
   grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context, const rpc::HelloRequest*,
                                   rpc::HelloReply* reply) override {
@@ -58,15 +61,17 @@ class Service final : public rpc::StoreMaster::CallbackService {
     return handle(context, "mount_segment", [&] {
       std::vector<HeldObject> held;
       held.reserve(static_cast<size_t>(request->held_size()));
-      for (const rpc::HeldObject& h : request->held()) held.push_back({h.key(), h.offset_bytes(), h.size_bytes()});
-      to_proto(master_.mount_segment({request->segment(), request->owner(), request->host_id(),
-                                      request->capacity_bytes()},
-                                     held),
-               reply->mutable_status());
+      for (const rpc::HeldObject& h : request->held())
+        held.push_back({h.key(), h.offset_bytes(), h.size_bytes()});
+      to_proto(
+          master_.mount_segment(
+              {request->segment(), request->owner(), request->host_id(), request->capacity_bytes()}, held),
+          reply->mutable_status());
     });
   }
   grpc::ServerUnaryReactor* UnmountSegment(grpc::CallbackServerContext* context,
-                                           const rpc::SegmentRequest* request, rpc::StatusReply* reply) override {
+                                           const rpc::SegmentRequest* request,
+                                           rpc::StatusReply* reply) override {
     return handle(context, "unmount_segment",
                   [&] { to_proto(master_.unmount_segment(request->segment()), reply->mutable_status()); });
   }
@@ -88,17 +93,19 @@ class Service final : public rpc::StoreMaster::CallbackService {
       }
     });
   }
-  grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* context, const rpc::PutStartRequest* request,
+  grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* context,
+                                     const rpc::PutStartRequest* request,
                                      rpc::ReplicaListsReply* reply) override {
     return handle(context, "put_start", [&] {
       Result<ReplicateConfig> config = rpc_convert::from_proto(request->config());
       std::vector<uint64_t> sizes(request->sizes_bytes().begin(), request->sizes_bytes().end());
       if (config.ok() && sizes.size() != static_cast<size_t>(request->keys_size())) {
-        config = Status::invalid_argument(fmt::format("put_start: {} keys but {} sizes", request->keys_size(),
-                                                      sizes.size()));
+        config = Status::invalid_argument(
+            fmt::format("put_start: {} keys but {} sizes", request->keys_size(), sizes.size()));
       }
       if (!config.ok()) {
-        for (int i = 0; i < request->keys_size(); ++i) to_proto(config.status(), reply->add_results()->mutable_status());
+        for (int i = 0; i < request->keys_size(); ++i)
+          to_proto(config.status(), reply->add_results()->mutable_status());
         return;
       }
       for (const auto& result :
@@ -110,7 +117,8 @@ class Service final : public rpc::StoreMaster::CallbackService {
   grpc::ServerUnaryReactor* PutEnd(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
                                    rpc::StatusesReply* reply) override {
     return handle(context, "put_end", [&] {
-      for (const Status& s : master_.put_end_batch(key_views(request->keys()))) to_proto(s, reply->add_statuses());
+      for (const Status& s : master_.put_end_batch(key_views(request->keys())))
+        to_proto(s, reply->add_statuses());
     });
   }
   grpc::ServerUnaryReactor* PutRevoke(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
@@ -121,7 +129,8 @@ class Service final : public rpc::StoreMaster::CallbackService {
       }
     });
   }
-  grpc::ServerUnaryReactor* GetReplicaList(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
+  grpc::ServerUnaryReactor* GetReplicaList(grpc::CallbackServerContext* context,
+                                           const rpc::KeysRequest* request,
                                            rpc::ReplicaListsReply* reply) override {
     return handle(context, "get_replica_list", [&] {
       for (const auto& result : master_.get_replica_list_batch(key_views(request->keys()))) {
@@ -138,7 +147,8 @@ class Service final : public rpc::StoreMaster::CallbackService {
   grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
                                    rpc::StatusesReply* reply) override {
     return handle(context, "remove", [&] {
-      for (const Status& s : master_.remove_batch(key_views(request->keys()))) to_proto(s, reply->add_statuses());
+      for (const Status& s : master_.remove_batch(key_views(request->keys())))
+        to_proto(s, reply->add_statuses());
     });
   }
   grpc::ServerUnaryReactor* RemoveAll(grpc::CallbackServerContext* context, const rpc::RemoveAllRequest*,
@@ -169,7 +179,8 @@ class Service final : public rpc::StoreMaster::CallbackService {
   grpc::ServerUnaryReactor* handle(grpc::CallbackServerContext* context, const char* method, F&& body) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     if (!leading_.load()) {  // clients find the leader in etcd and retry there
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "this store master is a standby, not the leader"));
+      reactor->Finish(
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, "this store master is a standby, not the leader"));
       return reactor;
     }
     const auto start = std::chrono::steady_clock::now();
@@ -180,11 +191,12 @@ class Service final : public rpc::StoreMaster::CallbackService {
   }
 
   prometheus::Histogram& latency(const char* method) {
-    static const prometheus::Histogram::BucketBoundaries kBuckets = {1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4,
-                                                                      2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 1e-1};
+    static const prometheus::Histogram::BucketBoundaries kBuckets = {
+        1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 1e-1};
     thread_local std::map<const char*, prometheus::Histogram*> cache;  // method names are literals
     prometheus::Histogram*& histogram = cache[method];
-    if (histogram == nullptr) histogram = &latency_.Add({{"method", method}}, kBuckets);  // thread-safe, idempotent
+    if (histogram == nullptr)
+      histogram = &latency_.Add({{"method", method}}, kBuckets);  // thread-safe, idempotent
     return *histogram;
   }
 
@@ -206,14 +218,20 @@ std::vector<prometheus::MetricFamily> collect_master_metrics(const Master& maste
             static_cast<double>(stats.dram_capacity_bytes), {{"tier", "dram"}});
   add_gauge(out, "crescent_store_used_bytes", "Bytes allocated in mounted segments, by tier",
             static_cast<double>(stats.dram_used_bytes), {{"tier", "dram"}});
-  const std::pair<const char*, uint64_t> counters[] = {
-      {"puts_started", stats.puts_started},       {"puts_ended", stats.puts_ended},
-      {"puts_revoked", stats.puts_revoked},       {"puts_reclaimed", stats.puts_reclaimed},
-      {"puts_no_space", stats.puts_no_space},     {"gets", stats.gets},
-      {"hits", stats.hits},                       {"misses", stats.misses},
-      {"leases_granted", stats.leases_granted},   {"leases_expired", stats.leases_expired},
-      {"evictions", stats.evictions},             {"evicted_bytes", stats.evicted_bytes},
-      {"removes", stats.removes},                 {"segments_expired", stats.segments_expired}};
+  const std::pair<const char*, uint64_t> counters[] = {{"puts_started", stats.puts_started},
+                                                       {"puts_ended", stats.puts_ended},
+                                                       {"puts_revoked", stats.puts_revoked},
+                                                       {"puts_reclaimed", stats.puts_reclaimed},
+                                                       {"puts_no_space", stats.puts_no_space},
+                                                       {"gets", stats.gets},
+                                                       {"hits", stats.hits},
+                                                       {"misses", stats.misses},
+                                                       {"leases_granted", stats.leases_granted},
+                                                       {"leases_expired", stats.leases_expired},
+                                                       {"evictions", stats.evictions},
+                                                       {"evicted_bytes", stats.evicted_bytes},
+                                                       {"removes", stats.removes},
+                                                       {"segments_expired", stats.segments_expired}};
   for (const auto& [name, value] : counters) {
     add_counter(out, fmt::format("crescent_store_{}_total", name), fmt::format("MasterStats::{}", name),
                 static_cast<double>(value));
@@ -257,7 +275,8 @@ class MasterServer::Impl {
 Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions options) {
   CRESCENT_RETURN_IF_ERROR(validate(options.master));
   if (options.tick_interval.count() <= 0) {
-    return Status::invalid_argument(fmt::format("tick_interval must be > 0 ms, got {}", options.tick_interval.count()));
+    return Status::invalid_argument(
+        fmt::format("tick_interval must be > 0 ms, got {}", options.tick_interval.count()));
   }
   if (options.transfer_metadata.empty()) {
     options.transfer_metadata =
@@ -269,7 +288,8 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
                       .Name("crescent_store_rpc_latency_seconds")
                       .Help("Time the master spends on one RPC, by method")
                       .Register(*impl->registry);
-  impl->service = std::make_unique<Service>(impl->master, impl->options.transfer_metadata, latency, impl->leading);
+  impl->service =
+      std::make_unique<Service>(impl->master, impl->options.transfer_metadata, latency, impl->leading);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(impl->options.listen_address, grpc::InsecureServerCredentials(), &port);
@@ -314,10 +334,20 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
 
 MasterServer::MasterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MasterServer::~MasterServer() = default;
-const std::string& MasterServer::address() const { return impl_->address; }
-const std::string& MasterServer::metrics_address() const { return impl_->metrics_address; }
-const std::string& MasterServer::transfer_metadata() const { return impl_->options.transfer_metadata; }
-Master& MasterServer::master() { return impl_->master; }
-bool MasterServer::is_leader() const { return impl_->leading.load(); }
+const std::string& MasterServer::address() const {
+  return impl_->address;
+}
+const std::string& MasterServer::metrics_address() const {
+  return impl_->metrics_address;
+}
+const std::string& MasterServer::transfer_metadata() const {
+  return impl_->options.transfer_metadata;
+}
+Master& MasterServer::master() {
+  return impl_->master;
+}
+bool MasterServer::is_leader() const {
+  return impl_->leading.load();
+}
 
 }  // namespace crescent::store

@@ -1,5 +1,5 @@
-// The master as a gRPC service (store.proto's StoreMaster, callback API: handlers run on gRPC's thread pool and
-// call Master, whose lock they share), its background ticks, and its /metrics endpoint (Prometheus text,
+// The master as a gRPC service (store.proto's StoreMaster, callback API: handlers run on gRPC's thread pool
+// and call Master, whose lock they share), its background ticks, and its /metrics endpoint (Prometheus text,
 // crescent_store_ prefix, docs/store.md lists the metrics).
 #pragma once
 
@@ -23,7 +23,8 @@ struct MasterServerOptions {
   std::string transfer_metadata = "";
   MasterOptions master = {};
   std::chrono::milliseconds tick_interval{100};  // how often Master::tick runs
-  /// With an etcd endpoint: campaign for leadership (leader_election.h) and answer every call with UNAVAILABLE
+  /// With an etcd endpoint: campaign for leadership (leader_election.h) and answer every call with
+  /// UNAVAILABLE
   /// ("standby") until elected; the transfer metadata then defaults to the same etcd. Without: lead at once.
   EtcdStoreOptions etcd = {};
   /// Called (from the election thread) when this master loses its leadership; it stops serving at once.

@@ -17,7 +17,8 @@ void add_gauge(std::vector<prometheus::MetricFamily>& out, std::string name, std
   out.push_back({std::move(name), std::move(help), prometheus::MetricType::Gauge, {metric}});
 }
 
-void add_counter(std::vector<prometheus::MetricFamily>& out, std::string name, std::string help, double value) {
+void add_counter(std::vector<prometheus::MetricFamily>& out, std::string name, std::string help,
+                 double value) {
   prometheus::ClientMetric metric;
   metric.counter.value = value;
   out.push_back({std::move(name), std::move(help), prometheus::MetricType::Counter, {metric}});
@@ -31,7 +32,8 @@ class MetricsEndpoint::Impl {
   }
 
   std::string body() const {
-    std::vector<prometheus::MetricFamily> families = registry ? registry->Collect() : std::vector<prometheus::MetricFamily>{};
+    std::vector<prometheus::MetricFamily> families =
+        registry ? registry->Collect() : std::vector<prometheus::MetricFamily>{};
     for (prometheus::MetricFamily& f : collector()) families.push_back(std::move(f));
     return prometheus::TextSerializer().Serialize(families);
   }
@@ -43,9 +45,8 @@ class MetricsEndpoint::Impl {
   std::string address;
 };
 
-Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(const std::string& address,
-                                                                 std::shared_ptr<prometheus::Registry> registry,
-                                                                 MetricsCollector collector) {
+Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(
+    const std::string& address, std::shared_ptr<prometheus::Registry> registry, MetricsCollector collector) {
   auto impl = std::make_unique<Impl>();
   impl->registry = std::move(registry);
   impl->collector = std::move(collector);
@@ -66,14 +67,18 @@ Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::start(const std::strin
   impl->server.Get("/metrics", [raw](const httplib::Request&, httplib::Response& response) {
     response.set_content(raw->body(), "text/plain; version=0.0.4");
   });
-  const int bound = port == 0 ? impl->server.bind_to_any_port(host) : (impl->server.bind_to_port(host, port) ? port : -1);
-  if (bound <= 0) return Status::unavailable(fmt::format("cannot serve /metrics on {} (address in use?)", address));
+  const int bound =
+      port == 0 ? impl->server.bind_to_any_port(host) : (impl->server.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0)
+    return Status::unavailable(fmt::format("cannot serve /metrics on {} (address in use?)", address));
   impl->address = fmt::format("{}:{}", host, bound);
   impl->thread = std::thread([raw] { raw->server.listen_after_bind(); });
   return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(std::move(impl)));
 }
 MetricsEndpoint::MetricsEndpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MetricsEndpoint::~MetricsEndpoint() = default;
-const std::string& MetricsEndpoint::address() const { return impl_->address; }
+const std::string& MetricsEndpoint::address() const {
+  return impl_->address;
+}
 
 }  // namespace crescent::store

@@ -21,7 +21,8 @@ using MetricsCollector = std::function<std::vector<prometheus::MetricFamily>()>;
 /// Appends a one-sample gauge or counter family (counters: `name` should end in _total).
 void add_gauge(std::vector<prometheus::MetricFamily>& out, std::string name, std::string help, double value,
                std::vector<prometheus::ClientMetric::Label> labels = {});
-void add_counter(std::vector<prometheus::MetricFamily>& out, std::string name, std::string help, double value);
+void add_counter(std::vector<prometheus::MetricFamily>& out, std::string name, std::string help,
+                 double value);
 
 /// An HTTP endpoint (cpp-httplib; prometheus-cpp's civetweb exposer takes ~2 s to stop) serving GET /metrics
 /// until destroyed.

@@ -104,9 +104,15 @@ Result<std::unique_ptr<MountedSegment>> MountedSegment::mount(transfer::Transfer
 
 MountedSegment::MountedSegment(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MountedSegment::~MountedSegment() = default;
-const std::string& MountedSegment::name() const { return impl_->mount.segment; }
-uint64_t MountedSegment::capacity_bytes() const { return impl_->mount.capacity_bytes; }
-uint64_t MountedSegment::remounts() const { return impl_->remounts.load(); }
+const std::string& MountedSegment::name() const {
+  return impl_->mount.segment;
+}
+uint64_t MountedSegment::capacity_bytes() const {
+  return impl_->mount.capacity_bytes;
+}
+uint64_t MountedSegment::remounts() const {
+  return impl_->remounts.load();
+}
 uint64_t MountedSegment::indexed_objects() const {
   std::lock_guard<std::mutex> lock(impl_->index_mu);
   return impl_->index.size();

@@ -2,8 +2,8 @@
 // memory from the transfer engine (shareable, so same-host peers reach it over shm), exposed under a name,
 // mounted on the master and kept mounted by a renewal thread, which also keeps the owner's own index of the
 // complete objects in the segment (from the master's change feed). When the master forgets the segment (it
-// restarted, or a standby took over), the segment is mounted again with that index, so the objects whose bytes
-// are still here become readable again.
+// restarted, or a standby took over), the segment is mounted again with that index, so the objects whose
+// bytes are still here become readable again.
 #pragma once
 
 #include <chrono>
@@ -20,10 +20,10 @@ namespace crescent::store {
 class MountedSegment {
  public:
   /// Allocates `capacity_bytes` from `engine`, exposes it as segment `name` and mounts it on the master as
-  /// owned by `owner`. A thread renews the mount every `sync_interval` (at most segment_ttl / 3), applying the
-  /// changes to the index, and mounts it again with the index when the master no longer knows it. Errors: the
-  /// engine's (kIoError when memory cannot be had, kAlreadyExists for a taken name) or the master's. `engine`
-  /// and `master` must outlive the segment.
+  /// owned by `owner`. A thread renews the mount every `sync_interval` (at most segment_ttl / 3), applying
+  /// the changes to the index, and mounts it again with the index when the master no longer knows it. Errors:
+  /// the engine's (kIoError when memory cannot be had, kAlreadyExists for a taken name) or the master's.
+  /// `engine` and `master` must outlive the segment.
   static Result<std::unique_ptr<MountedSegment>> mount(
       transfer::TransferEngine& engine, MasterClient& master, std::string name, std::string owner,
       uint64_t capacity_bytes, std::chrono::milliseconds sync_interval = std::chrono::milliseconds(100));

@@ -36,8 +36,9 @@ inline void to_proto(const ReplicaLocation& replica, rpc::Replica* out) {
 }
 
 inline ReplicaLocation from_proto(const rpc::Replica& replica) {
-  return {replica.segment(), replica.host_id(), replica.offset_bytes(), replica.size_bytes(),
-          replica.tier() == static_cast<uint32_t>(ReplicaTier::kSsd) ? ReplicaTier::kSsd : ReplicaTier::kDram};
+  return {
+      replica.segment(), replica.host_id(), replica.offset_bytes(), replica.size_bytes(),
+      replica.tier() == static_cast<uint32_t>(ReplicaTier::kSsd) ? ReplicaTier::kSsd : ReplicaTier::kDram};
 }
 
 inline void to_proto(const ReplicateConfig& config, rpc::ReplicateConfig* out) {
@@ -51,7 +52,8 @@ inline Result<ReplicateConfig> from_proto(const rpc::ReplicateConfig& config) {
   if (config.pin() > static_cast<uint32_t>(PinKind::kHard)) {
     return Status::invalid_argument("replicate config: unknown pin value " + std::to_string(config.pin()));
   }
-  return ReplicateConfig{config.replica_num(), config.preferred_segment(), static_cast<PinKind>(config.pin())};
+  return ReplicateConfig{config.replica_num(), config.preferred_segment(),
+                         static_cast<PinKind>(config.pin())};
 }
 
 /// The keys of a request as views into it.

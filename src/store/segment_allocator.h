@@ -1,9 +1,9 @@
 // Space inside one mounted segment, run by the master (the segment's bytes live on its node; the master only
 // decides offsets). Best fit over free ranges, with neighbours coalesced on free.
 //
-// KV cache blocks are mostly one size. With every value of size S, each free range is a whole number of S-sized
-// slots (allocation takes the front of a range, so ranges start and end on slot boundaries), best fit takes an
-// exact slot in O(log n), and the segment holds capacity / S values whatever the order of frees: no
+// KV cache blocks are mostly one size. With every value of size S, each free range is a whole number of
+// S-sized slots (allocation takes the front of a range, so ranges start and end on slot boundaries), best fit
+// takes an exact slot in O(log n), and the segment holds capacity / S values whatever the order of frees: no
 // fragmentation. Mixed sizes work as in any best-fit allocator.
 #pragma once
 
@@ -28,11 +28,11 @@ class SegmentAllocator {
  public:
   explicit SegmentAllocator(uint64_t capacity_bytes);
 
-  /// The offset of a free range of aligned_size_bytes(size_bytes), or nullopt when no free range is that large.
-  /// REQUIRES: size_bytes > 0.
+  /// The offset of a free range of aligned_size_bytes(size_bytes), or nullopt when no free range is that
+  /// large. REQUIRES: size_bytes > 0.
   std::optional<uint64_t> allocate(uint64_t size_bytes);
-  /// Marks [offset, offset + aligned_size_bytes(size_bytes)) used, as a re-mounting node reports it. False (and
-  /// nothing changed) when any byte of it is not free or it does not fit the segment.
+  /// Marks [offset, offset + aligned_size_bytes(size_bytes)) used, as a re-mounting node reports it. False
+  /// (and nothing changed) when any byte of it is not free or it does not fit the segment.
   bool allocate_at(uint64_t offset, uint64_t size_bytes);
   /// Returns a range from allocate or allocate_at (same size_bytes). REQUIRES: it is allocated.
   void free(uint64_t offset, uint64_t size_bytes);

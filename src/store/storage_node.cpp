@@ -31,13 +31,14 @@ std::vector<prometheus::MetricFamily> collect_node_metrics(const transfer::Trans
   std::vector<prometheus::MetricFamily> out;
   add_gauge(out, "crescent_store_node_capacity_bytes", "Bytes this node contributes, by tier",
             static_cast<double>(segment.capacity_bytes()), {{"tier", "dram"}});
-  add_counter(out, "crescent_store_node_remounts_total", "Times the segment was mounted again after the master lost it",
+  add_counter(out, "crescent_store_node_remounts_total",
+              "Times the segment was mounted again after the master lost it",
               static_cast<double>(segment.remounts()));
   add_gauge(out, "crescent_store_node_indexed_objects", "Complete objects in the node's own index",
             static_cast<double>(segment.indexed_objects()));
   const transfer::EngineStats stats = engine.stats();
-  add_counter(out, "crescent_store_node_transfer_bytes_total", "Payload bytes the node's transfer engine moved",
-              static_cast<double>(stats.bytes_transferred));
+  add_counter(out, "crescent_store_node_transfer_bytes_total",
+              "Payload bytes the node's transfer engine moved", static_cast<double>(stats.bytes_transferred));
   add_counter(out, "crescent_store_node_remote_accesses_refused_total",
               "Peer accesses refused (unknown segment, out of bounds)",
               static_cast<double>(stats.remote_accesses_refused));
@@ -86,8 +87,14 @@ Result<std::unique_ptr<StorageNode>> StorageNode::start(StorageNodeOptions optio
 
 StorageNode::StorageNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StorageNode::~StorageNode() = default;
-const std::string& StorageNode::segment() const { return impl_->segment->name(); }
-const std::string& StorageNode::metrics_address() const { return impl_->metrics_address; }
-uint64_t StorageNode::indexed_objects() const { return impl_->segment->indexed_objects(); }
+const std::string& StorageNode::segment() const {
+  return impl_->segment->name();
+}
+const std::string& StorageNode::metrics_address() const {
+  return impl_->metrics_address;
+}
+uint64_t StorageNode::indexed_objects() const {
+  return impl_->segment->indexed_objects();
+}
 
 }  // namespace crescent::store

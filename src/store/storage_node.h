@@ -21,7 +21,7 @@ struct StorageNodeOptions {
   uint64_t dram_bytes = 1ull << 30;  // size of the DRAM segment
   std::vector<transfer::TransportKind> transports = {transfer::TransportKind::kShm,
                                                      transfer::TransportKind::kTcp};
-  std::string tcp_host = "127.0.0.1";             // address clients connect to
+  std::string tcp_host = "127.0.0.1";           // address clients connect to
   std::string metrics_address = "127.0.0.1:0";  // /metrics; port 0 picks one; "" = none
 };
 

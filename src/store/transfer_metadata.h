@@ -1,5 +1,5 @@
-// The transfer-engine metadata service every member of one store shares (store nodes, clients), named by a spec
-// the master hands out in its Hello reply.
+// The transfer-engine metadata service every member of one store shares (store nodes, clients), named by a
+// spec the master hands out in its Hello reply.
 #pragma once
 
 #include <memory>

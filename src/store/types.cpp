@@ -15,7 +15,9 @@ Status validate_key(std::string_view key) {
   return Status();
 }
 
-std::string_view tier_name(ReplicaTier tier) { return tier == ReplicaTier::kDram ? "dram" : "ssd"; }
+std::string_view tier_name(ReplicaTier tier) {
+  return tier == ReplicaTier::kDram ? "dram" : "ssd";
+}
 
 namespace {
 constexpr NameTable<PinKind, 3> kPins{
@@ -26,9 +28,17 @@ constexpr NameTable<AllocationStrategy, 3> kStrategies{"allocation strategy",
                                                          {"local-first", AllocationStrategy::kLocalFirst}}}};
 }  // namespace
 
-std::string_view pin_name(PinKind pin) { return kPins.name(pin); }
-Result<PinKind> parse_pin(std::string_view name) { return kPins.parse(name); }
-std::string_view strategy_name(AllocationStrategy strategy) { return kStrategies.name(strategy); }
-Result<AllocationStrategy> parse_strategy(std::string_view name) { return kStrategies.parse(name); }
+std::string_view pin_name(PinKind pin) {
+  return kPins.name(pin);
+}
+Result<PinKind> parse_pin(std::string_view name) {
+  return kPins.parse(name);
+}
+std::string_view strategy_name(AllocationStrategy strategy) {
+  return kStrategies.name(strategy);
+}
+Result<AllocationStrategy> parse_strategy(std::string_view name) {
+  return kStrategies.parse(name);
+}
 
 }  // namespace crescent::store

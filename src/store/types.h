@@ -1,5 +1,5 @@
-// Vocabulary shared by the store's master, nodes and clients (paper §3.2; ../shared/reference/store-notes.md):
-// keys, replica locations, how a put is replicated and pinned.
+// Vocabulary shared by the store's master, nodes and clients (paper §3.2;
+// ../shared/reference/store-notes.md): keys, replica locations, how a put is replicated and pinned.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,7 @@ Result<AllocationStrategy> parse_strategy(std::string_view name);
 
 /// How one put is stored.
 struct ReplicateConfig {
-  uint32_t replica_num = 1;       // replicas on distinct segments, >= 1
+  uint32_t replica_num = 1;            // replicas on distinct segments, >= 1
   std::string preferred_segment = "";  // segment for the first replica when it has room ("" = none)
   PinKind pin = PinKind::kNone;
 };

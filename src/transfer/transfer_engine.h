@@ -68,8 +68,8 @@ struct FailureOptions {
   int max_endpoints = 256;
 };
 
-/// This machine's identity as segment descriptors carry it (SegmentDescriptor::host_id): hostname + kernel boot
-/// id, equal for every process of one machine and boot, different across machines.
+/// This machine's identity as segment descriptors carry it (SegmentDescriptor::host_id): hostname + kernel
+/// boot id, equal for every process of one machine and boot, different across machines.
 std::string local_host_id();
 
 /// Settings of one engine.

@@ -11,12 +11,16 @@
 namespace crescent::store {
 namespace {
 
+using std::chrono::milliseconds;
 using test::pattern_bytes;
 using test::StoreCluster;
-using std::chrono::milliseconds;
 
-ConstBuffer cview(const std::vector<std::byte>& v) { return {v.data(), v.size()}; }
-Buffer view(std::vector<std::byte>& v) { return {v.data(), v.size()}; }
+ConstBuffer cview(const std::vector<std::byte>& v) {
+  return {v.data(), v.size()};
+}
+Buffer view(std::vector<std::byte>& v) {
+  return {v.data(), v.size()};
+}
 
 TEST(StoreClient, PutThenGetReturnsTheSameBytesFromEveryReplica) {
   StoreCluster cluster(2);
@@ -191,11 +195,13 @@ TEST(StoreClient, ReadsFinishedAfterTheLeaseFailOnEveryPath) {
       auto client = Client::create(options);
       ASSERT_TRUE(client.ok()) << client.status().to_string();
       Client& c = **client;
-      const std::string prefix = std::string(transfer::transport_name(transport)) + (registered ? "-r-" : "-s-");
+      const std::string prefix =
+          std::string(transfer::transport_name(transport)) + (registered ? "-r-" : "-s-");
       std::vector<std::byte> value = pattern_bytes(8192, 5);
       ConstBuffer in = cview(value);
       ASSERT_TRUE(c.put(prefix + "k", {&in, 1}).ok());
-      std::vector<BlockKey> block = {registered ? 7u : 8u, transport == transfer::TransportKind::kShm ? 1u : 2u};
+      std::vector<BlockKey> block = {registered ? 7u : 8u,
+                                     transport == transfer::TransportKind::kShm ? 1u : 2u};
       std::vector<ConstBuffer> blocks = {in, in};
       ASSERT_TRUE(c.put_blocks(block, blocks).ok());
       std::vector<std::byte> out(8192), out2(8192);
@@ -244,7 +250,10 @@ TEST(StoreClient, ARestartedMasterIsRebuiltFromTheNodesAndTheBytesAreReadAgain) 
   for (int i = 0; i < 10; ++i) {
     values.push_back(pattern_bytes(5000 + static_cast<uint64_t>(i), static_cast<uint64_t>(i) + 100));
     ConstBuffer in = cview(values.back());
-    ASSERT_TRUE((*client)->put("survivor-" + std::to_string(i), {&in, 1}, {.replica_num = 1u + static_cast<uint32_t>(i % 2)}).ok());
+    ASSERT_TRUE((*client)
+                    ->put("survivor-" + std::to_string(i), {&in, 1},
+                          {.replica_num = 1u + static_cast<uint32_t>(i % 2)})
+                    .ok());
   }
   // The nodes learn what they hold from the master's feed (every 100 ms).
   auto indexed = [&] {
@@ -253,7 +262,8 @@ TEST(StoreClient, ARestartedMasterIsRebuiltFromTheNodesAndTheBytesAreReadAgain) 
     return n;
   };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (indexed() < 15 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
+  while (indexed() < 15 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(20));
   ASSERT_EQ(indexed(), 15u);  // 5 objects with 1 replica, 5 with 2
   ASSERT_TRUE(cluster.restart_master().ok());
   EXPECT_EQ(cluster.master().master().stats().objects, 0u);
@@ -295,9 +305,10 @@ TEST(StoreClient, MetricsEndpointsServePrometheusText) {
   auto response = http.Get("/metrics");
   ASSERT_TRUE(response);
   EXPECT_EQ(response->status, 200);
-  for (const char* line : {"crescent_store_objects 1", "crescent_store_hits_total 1", "crescent_store_misses_total 1",
-                           "crescent_store_puts_ended_total 1", "crescent_store_used_bytes{tier=\"dram\"} 1024",
-                           "crescent_store_rpc_latency_seconds_bucket{method=\"put_start\""}) {
+  for (const char* line :
+       {"crescent_store_objects 1", "crescent_store_hits_total 1", "crescent_store_misses_total 1",
+        "crescent_store_puts_ended_total 1", "crescent_store_used_bytes{tier=\"dram\"} 1024",
+        "crescent_store_rpc_latency_seconds_bucket{method=\"put_start\""}) {
     EXPECT_NE(response->body.find(line), std::string::npos) << line << "\n" << response->body;
   }
   httplib::Client node_http("http://" + cluster.nodes()[0]->metrics_address());

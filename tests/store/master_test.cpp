@@ -20,8 +20,9 @@ class MasterTest : public ::testing::Test {
     options.clock = [this] { return now_; };
     master_ = std::make_unique<Master>(options);
     for (size_t i = 0; i < segments; ++i) {
-      ASSERT_TRUE(master_->mount_segment({fmt::format("seg{}", i), fmt::format("node{}", i),
-                                          fmt::format("host{}", i), capacity_bytes})
+      ASSERT_TRUE(master_
+                      ->mount_segment({fmt::format("seg{}", i), fmt::format("node{}", i),
+                                       fmt::format("host{}", i), capacity_bytes})
                       .ok());
     }
   }
@@ -93,7 +94,7 @@ TEST_F(MasterTest, PutEvictsLeastRecentlyUsedFirst) {
   start(1, 64 * 4, {.high_watermark = 1.0});
   for (const char* key : {"a", "b", "c", "d"}) ASSERT_TRUE(put(key, 64).ok());
   ASSERT_TRUE(master_->get_replica_list("a").ok());  // a becomes most recent; b is now the oldest
-  advance(milliseconds(10000));                       // past the lease
+  advance(milliseconds(10000));                      // past the lease
   ASSERT_TRUE(put("e", 64).ok());
   EXPECT_FALSE(master_->exists("b"));
   for (const char* key : {"a", "c", "d", "e"}) EXPECT_TRUE(master_->exists(key)) << key;
@@ -193,8 +194,8 @@ TEST_F(MasterTest, OwnersFollowTheirSegmentsChangesAndRebuildARestartedMaster) {
     return out;
   };
   std::vector<HeldObject> held0 = held(*seg0), held1 = held(*seg1);
-  EXPECT_EQ(held0.size(), 2u);  // b, c
-  EXPECT_EQ(held1.size(), 1u);  // c
+  EXPECT_EQ(held0.size(), 2u);                   // b, c
+  EXPECT_EQ(held1.size(), 1u);                   // c
   held1.push_back({"elsewhere", 1 << 19, 200});  // free on seg1: restored
   held1.push_back({"overlap", 64, 64});          // inside c's range on seg1: rejected
   held1.push_back({"c", 0, 999});                // size differs from seg0's c: rejected

@@ -26,10 +26,10 @@ TEST(StoreFailover, AStandbyLeadsAfterTheLeaderIsKilledAndTheObjectsAreReadableA
   EtcdStoreOptions etcd_options{etcd.endpoint(), prefix, std::chrono::seconds(1), milliseconds(1000)};
 
   auto start_master = [&](const std::string& name) {
-    auto master = ChildProcess::start({CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "",
-                                       "--etcd", etcd.endpoint(), "--etcd-prefix", prefix, "--leader-ttl-s", "1",
-                                       "--segment-ttl-ms", "3000"},
-                                      dir.file(name + ".log"));
+    auto master = ChildProcess::start(
+        {CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "", "--etcd",
+         etcd.endpoint(), "--etcd-prefix", prefix, "--leader-ttl-s", "1", "--segment-ttl-ms", "3000"},
+        dir.file(name + ".log"));
     EXPECT_TRUE(master.ok()) << master.status().to_string();
     return master.ok() ? std::move(*master) : nullptr;
   };
@@ -53,13 +53,14 @@ TEST(StoreFailover, AStandbyLeadsAfterTheLeaderIsKilledAndTheObjectsAreReadableA
   ASSERT_TRUE(leader.ok()) << leader.status().to_string();
   EXPECT_EQ(*leader, first);
 
-  auto node = ChildProcess::start({CRESCENT_BINARY, "store", "node", "--etcd", etcd.endpoint(), "--etcd-prefix",
-                                   prefix, "--dram", "16MiB",
-                                   "--name", "failover-node-" + std::to_string(::getpid()), "--metrics", "",
-                                   "--transports", "tcp"},
-                                  dir.file("node.log"));
+  auto node =
+      ChildProcess::start({CRESCENT_BINARY, "store", "node", "--etcd", etcd.endpoint(), "--etcd-prefix",
+                           prefix, "--dram", "16MiB", "--name", "failover-node-" + std::to_string(::getpid()),
+                           "--metrics", "", "--transports", "tcp"},
+                          dir.file("node.log"));
   ASSERT_TRUE(node.ok());
-  ASSERT_TRUE((*node)->wait_for_line("store node: segment", std::chrono::seconds(20)).ok()) << (*node)->log_tail();
+  ASSERT_TRUE((*node)->wait_for_line("store node: segment", std::chrono::seconds(20)).ok())
+      << (*node)->log_tail();
   ClientOptions client_options;
   client_options.master.etcd = etcd_options;
   client_options.transports = {transfer::TransportKind::kTcp};

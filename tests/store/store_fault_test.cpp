@@ -42,8 +42,10 @@ TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
   StoreCluster cluster(0, 0, options);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string tag = std::to_string(::getpid());
-  auto doomed = start_node_process(cluster.master().address(), "doomed-" + tag, cluster.dir() + "/doomed.log");
-  auto survivor = start_node_process(cluster.master().address(), "survivor-" + tag, cluster.dir() + "/survivor.log");
+  auto doomed =
+      start_node_process(cluster.master().address(), "doomed-" + tag, cluster.dir() + "/doomed.log");
+  auto survivor =
+      start_node_process(cluster.master().address(), "survivor-" + tag, cluster.dir() + "/survivor.log");
   ASSERT_TRUE(doomed && survivor);
   ClientOptions client_options = cluster.client_options();
   client_options.transports = {transfer::TransportKind::kTcp};
@@ -75,7 +77,8 @@ TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
     ASSERT_TRUE(got.ok()) << i << ": " << got.status().to_string();
     ASSERT_EQ(*got, values[i].size());
     EXPECT_TRUE(std::equal(values[i].begin(), values[i].end(), out.begin())) << i;
-    // The object only on the dead node fails (transfer failed, or not found once the segment is gone) in time.
+    // The object only on the dead node fails (transfer failed, or not found once the segment is gone) in
+    // time.
     const auto only_start = std::chrono::steady_clock::now();
     Result<uint64_t> lost = c.get("only-" + std::to_string(i), {&o, 1});
     EXPECT_LT(std::chrono::steady_clock::now() - only_start, std::chrono::seconds(5)) << "a read hung";
@@ -153,8 +156,10 @@ TEST(StoreStress, ManyThreadsPutGetRemoveWithoutWrongBytesOrLeaks) {
             std::vector<std::byte> value = stress_value(id, static_cast<uint64_t>(t) << 32 | version++, size);
             ConstBuffer in{value.data(), value.size()};
             Status s = (*client)->put(key, {&in, 1}, {.replica_num = 1 + static_cast<uint32_t>(rng() % 2)});
-            if (s.ok()) ++puts;
-            else if (s.code() != StatusCode::kAlreadyExists) note("put: " + s.to_string());
+            if (s.ok())
+              ++puts;
+            else if (s.code() != StatusCode::kAlreadyExists)
+              note("put: " + s.to_string());
             break;
           }
           case 1: {
@@ -166,7 +171,8 @@ TEST(StoreStress, ManyThreadsPutGetRemoveWithoutWrongBytesOrLeaks) {
               std::memcpy(&got_id, out.data(), 8);
               std::memcpy(&got_version, out.data() + 8, 8);
               std::vector<std::byte> expected = stress_value(got_id, got_version, *got);
-              if (*got < 16 || got_id != id || !std::equal(expected.begin(), expected.end(), out.begin())) ++wrong;
+              if (*got < 16 || got_id != id || !std::equal(expected.begin(), expected.end(), out.begin()))
+                ++wrong;
             } else if (got.status().code() != StatusCode::kNotFound) {
               note("get: " + got.status().to_string());
             }
@@ -174,7 +180,8 @@ TEST(StoreStress, ManyThreadsPutGetRemoveWithoutWrongBytesOrLeaks) {
           }
           default: {
             Status s = (*client)->remove(key);
-            if (s.ok()) ++removes;
+            if (s.ok())
+              ++removes;
             else if (s.code() != StatusCode::kNotFound && s.code() != StatusCode::kFailedPrecondition) {
               note("remove: " + s.to_string());
             }
