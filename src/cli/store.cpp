@@ -120,6 +120,8 @@ struct NodeArgs {
   std::string etcd;
   std::string etcd_prefix = "/crescent-store";
   std::string dram = "1GiB";
+  std::string ssd;
+  std::string ssd_capacity;
   std::string name;
   std::string tcp_host = "127.0.0.1";
   std::string metrics = "127.0.0.1:0";
@@ -147,6 +149,17 @@ int run_node(const NodeArgs& args) {
   if (!dram.ok()) return store_fail(dram.status());
   if (*dram == 0) return store_fail(Status::invalid_argument("--dram: must be more than 0 bytes"));
   options.dram_bytes = *dram;
+  if (!args.ssd.empty() || !args.ssd_capacity.empty()) {
+    if (args.ssd.empty() || args.ssd_capacity.empty()) {
+      return store_fail(Status::invalid_argument("--ssd and --ssd-capacity go together"));
+    }
+    Result<uint64_t> ssd_capacity = parse_size("--ssd-capacity", args.ssd_capacity);
+    if (!ssd_capacity.ok()) return store_fail(ssd_capacity.status());
+    if (*ssd_capacity == 0)
+      return store_fail(Status::invalid_argument("--ssd-capacity: must be more than 0 bytes"));
+    options.ssd_dir = args.ssd;
+    options.ssd_capacity_bytes = *ssd_capacity;
+  }
   options.name = args.name;
   options.tcp_host = args.tcp_host;
   options.metrics_address = args.metrics;
@@ -156,7 +169,11 @@ int run_node(const NodeArgs& args) {
   const sigset_t signals = block_stop_signals();
   auto node = StorageNode::start(options);
   if (!node.ok()) return store_fail(node.status());
-  fmt::print("store node: segment {} ({} bytes of DRAM), master {} (metrics {})\n", (*node)->segment(), *dram,
+  fmt::print("store node: segment {} ({} bytes of DRAM{}), master {} (metrics {})\n", (*node)->segment(),
+             *dram,
+             options.ssd_dir.empty()
+                 ? ""
+                 : fmt::format(", {} bytes of SSD in {}", options.ssd_capacity_bytes, options.ssd_dir),
              args.etcd.empty() ? args.master : "led in etcd " + args.etcd,
              (*node)->metrics_address().empty() ? "off" : (*node)->metrics_address());
   std::fflush(stdout);
@@ -206,22 +223,23 @@ int run_stat(const MasterTarget& target, bool json) {
                                  {"tier", tier_name(s.tier)},
                                  {"capacity_bytes", s.capacity_bytes},
                                  {"used_bytes", s.used_bytes},
-                                 {"replicas", s.replicas}});
+                                 {"replicas", s.replicas},
+                                 {"ssd_capacity_bytes", s.ssd_capacity_bytes},
+                                 {"ssd_used_bytes", s.ssd_used_bytes}});
     }
     fmt::print("{}\n", dump_json(out, 2));
     return 0;
   }
   fmt::print("store master {}: {} segment{}\n", (*master)->address(), snapshot->segments.size(),
              snapshot->segments.size() == 1 ? "" : "s");
-  fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>6} {:>9}  {}\n", "segment", "tier", "capacity B", "used B",
-             "used", "replicas", "owner");
+  fmt::print("  {:<40} {:>14} {:>14} {:>6} {:>14} {:>14} {:>9}  {}\n", "segment", "DRAM B", "used B", "used",
+             "SSD B", "SSD used B", "replicas", "owner");
   for (const SegmentInfo& s : snapshot->segments) {
-    fmt::print("  {:<40} {:<6} {:>14} {:>14} {:>5.1f}% {:>9}  {}\n", s.segment, tier_name(s.tier),
-               s.capacity_bytes, s.used_bytes,
-               s.capacity_bytes == 0
-                   ? 0.0
-                   : 100.0 * static_cast<double>(s.used_bytes) / static_cast<double>(s.capacity_bytes),
-               s.replicas, s.owner);
+    const double used = s.capacity_bytes == 0 ? 0.0
+                                              : 100.0 * static_cast<double>(s.used_bytes) /
+                                                    static_cast<double>(s.capacity_bytes);
+    fmt::print("  {:<40} {:>14} {:>14} {:>5.1f}% {:>14} {:>14} {:>9}  {}\n", s.segment, s.capacity_bytes,
+               s.used_bytes, used, s.ssd_capacity_bytes, s.ssd_used_bytes, s.replicas, s.owner);
   }
   for (const auto& [name, value] : stats_fields(snapshot->stats)) fmt::print("  {:<22} {}\n", name, value);
   return 0;
@@ -330,6 +348,9 @@ void register_store(CLI::App& app, int& exit_code) {
   node->add_option("--etcd-prefix", node_args->etcd_prefix, "key prefix of this store in etcd")
       ->capture_default_str();
   node->add_option("--dram", node_args->dram, "DRAM segment size, e.g. 4GiB")->capture_default_str();
+  node->add_option("--ssd", node_args->ssd,
+                   "directory of an SSD tier: objects evicted from DRAM are kept there");
+  node->add_option("--ssd-capacity", node_args->ssd_capacity, "size of the SSD tier, e.g. 64GiB");
   node->add_option("--name", node_args->name,
                    "engine name, unique in the cluster (default store-node-HOST-PID)");
   node->add_option("--tcp-host", node_args->tcp_host, "address clients reach this node on")

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include "store/mounted_segment.h"
@@ -243,6 +244,28 @@ class Client::Impl {
       }
     }
     auto started = master->put_start(asked, asked_sizes, config, host_id);
+    // Keys the master is making room for (spilling to SSD) are asked again, within ssd_wait.
+    const Clock::time_point give_up = Clock::now() + options.ssd_wait;
+    while (started.ok() && Clock::now() < give_up) {
+      std::vector<size_t> again;
+      for (size_t a = 0; a < started->size(); ++a) {
+        if ((*started)[a].status().code() == StatusCode::kUnavailable) again.push_back(a);
+      }
+      if (again.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::vector<std::string_view> retry_keys;
+      std::vector<uint64_t> retry_sizes;
+      for (size_t a : again) {
+        retry_keys.push_back(asked[a]);
+        retry_sizes.push_back(asked_sizes[a]);
+      }
+      auto retried = master->put_start(retry_keys, retry_sizes, config, host_id);
+      if (!retried.ok()) {
+        started = retried.status();
+        break;
+      }
+      for (size_t r = 0; r < again.size(); ++r) (*started)[again[r]] = std::move((*retried)[r]);
+    }
     if (!started.ok()) {
       for (Local& l : locals) release(l);
       return started.status();
@@ -313,7 +336,8 @@ class Client::Impl {
   /// lease check per key against `sent` + its lease.
   std::vector<Result<uint64_t>> read(std::span<const std::string_view> keys,
                                      std::vector<Result<ReadGrant>>& grants,
-                                     std::span<const std::vector<Piece>> outs, Clock::time_point sent) {
+                                     std::span<const std::vector<Piece>> outs,
+                                     const std::vector<Clock::time_point>& sent) {
     const size_t n = keys.size();
     std::vector<Result<uint64_t>> results(n, Status::internal("not read"));
     std::vector<Local> locals(n);
@@ -389,7 +413,7 @@ class Client::Impl {
         // The lease check, after the bytes arrived: a read finished past its lease may hold another object's
         // bytes (store-notes "Reads, leases, eviction").
         if (options.before_lease_check_for_testing) options.before_lease_check_for_testing(keys[i]);
-        const Clock::time_point lease_end = sent + grants[i]->lease_ttl;
+        const Clock::time_point lease_end = sent[i] + grants[i]->lease_ttl;
         if (Clock::now() >= lease_end) {
           results[i] = Status::lease_expired(fmt::format(
               "the read of key #{} finished after its {} ms lease ran out; its bytes are not valid", i,
@@ -406,11 +430,37 @@ class Client::Impl {
     return results;
   }
 
+  /// get_replica_list for `keys`, asking again within ssd_wait for keys being loaded from SSD. `sent` gets
+  /// each key's send time: its lease counts from there (never later than the master's count).
+  Result<std::vector<Result<ReadGrant>>> grant(std::span<const std::string_view> keys,
+                                               std::vector<Clock::time_point>& sent) {
+    sent.assign(keys.size(), Clock::now());
+    auto grants = master->get_replica_list(keys);
+    const Clock::time_point give_up = Clock::now() + options.ssd_wait;
+    while (grants.ok() && Clock::now() < give_up) {
+      std::vector<size_t> again;
+      for (size_t i = 0; i < grants->size(); ++i) {
+        if ((*grants)[i].status().code() == StatusCode::kUnavailable) again.push_back(i);
+      }
+      if (again.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::vector<std::string_view> retry_keys;
+      for (size_t i : again) retry_keys.push_back(keys[i]);
+      const Clock::time_point now = Clock::now();
+      auto retried = master->get_replica_list(retry_keys);
+      if (!retried.ok()) return retried.status();
+      for (size_t r = 0; r < again.size(); ++r) {
+        (*grants)[again[r]] = std::move((*retried)[r]);
+        sent[again[r]] = now;
+      }
+    }
+    return grants;
+  }
+
   Result<std::vector<Result<uint64_t>>> get(std::span<const std::string_view> keys,
                                             std::span<const std::vector<Piece>> outs) {
-    const Clock::time_point sent =
-        Clock::now();  // the lease is counted from here: never later than the master
-    auto grants = master->get_replica_list(keys);
+    std::vector<Clock::time_point> sent;
+    auto grants = grant(keys, sent);
     if (!grants.ok()) return grants.status();
     return read(keys, *grants, outs, sent);
   }
@@ -462,8 +512,9 @@ Result<std::unique_ptr<Client>> Client::create(ClientOptions options) {
     impl->staging_allocator = std::make_unique<SegmentAllocator>(impl->options.staging_bytes);
   }
   if (impl->options.segment_bytes > 0) {
-    auto segment = MountedSegment::mount(*impl->engine, *impl->master, impl->engine->name() + "/dram",
-                                         impl->engine->name(), impl->options.segment_bytes);
+    auto segment =
+        MountedSegment::mount(*impl->engine, *impl->master, impl->engine->name() + "/dram",
+                              impl->engine->name(), impl->options.segment_bytes, MountedSegment::Options{});
     if (!segment.ok()) return segment.status();
     impl->segment = std::move(*segment);
   }
@@ -505,8 +556,8 @@ Result<uint64_t> Client::get(std::string_view key, std::span<const Buffer> out) 
 
 Result<std::vector<std::byte>> Client::get_value(std::string_view key) {
   CRESCENT_RETURN_IF_ERROR(validate_key(key));
-  const auto sent = std::chrono::steady_clock::now();
-  auto grants = impl_->master->get_replica_list({&key, 1});
+  std::vector<Clock::time_point> sent;
+  auto grants = impl_->grant({&key, 1}, sent);
   if (!grants.ok()) return grants.status();
   if (!(*grants)[0].ok()) return (*grants)[0].status();
   std::vector<std::byte> value((*grants)[0]->size_bytes);
@@ -591,8 +642,8 @@ Result<size_t> Client::get_prefix(std::span<const BlockKey> keys, std::span<cons
   names.reserve(keys.size());
   for (BlockKey k : keys) names.push_back(block_key(k));
   std::vector<std::string_view> views(names.begin(), names.end());
-  const Clock::time_point sent = Clock::now();
-  auto grants = impl_->master->get_replica_list(views);
+  std::vector<Clock::time_point> sent;
+  auto grants = impl_->grant(views, sent);
   if (!grants.ok()) return grants.status();
   size_t found = 0;
   while (found < grants->size() && (*grants)[found].ok()) ++found;

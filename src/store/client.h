@@ -59,7 +59,10 @@ struct ClientOptions {
   uint64_t staging_bytes = 64ull << 20;  // registered pool for unregistered buffers
   uint64_t segment_bytes = 0;            // > 0: also mount a DRAM segment of this size from this client
   std::chrono::milliseconds transfer_timeout{10000};  // per transfer batch
-  std::string block_key_prefix = "kv/";               // put_blocks/get_prefix keys: PREFIX + 16 hex digits
+  /// How long a get waits for an object being loaded from an SSD tier, and a put for room being made by
+  /// spills to SSD (the master answers kUnavailable for such keys meanwhile).
+  std::chrono::milliseconds ssd_wait{5000};
+  std::string block_key_prefix = "kv/";  // put_blocks/get_prefix keys: PREFIX + 16 hex digits
   /// Tests only: called for each key after its bytes arrived and before its lease is checked.
   std::function<void(std::string_view key)> before_lease_check_for_testing = nullptr;
 };

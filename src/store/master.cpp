@@ -60,6 +60,10 @@ constexpr std::pair<std::string_view, uint64_t MasterStats::*> kStatsFields[] = 
     {"segments_expired", &MasterStats::segments_expired},
     {"objects_restored", &MasterStats::objects_restored},
     {"objects_rejected", &MasterStats::objects_rejected},
+    {"ssd_capacity_bytes", &MasterStats::ssd_capacity_bytes},
+    {"ssd_used_bytes", &MasterStats::ssd_used_bytes},
+    {"spills", &MasterStats::spills},
+    {"loads", &MasterStats::loads},
 };
 static_assert(sizeof(MasterStats) == std::size(kStatsFields) * sizeof(uint64_t),
               "a MasterStats field has no name");
@@ -104,9 +108,19 @@ std::string printable_key(std::string_view key) {
   return out;
 }
 
+/// A DRAM replica is kReady, kSpilling (being written to its segment's SSD tier; still readable, its range
+/// held until the owner reports the file written) or kLoading (its range holds nothing valid until the owner
+/// reports the SSD file read in). An SSD replica is always kReady and has no range.
+enum class ReplicaState : uint8_t { kReady, kSpilling, kLoading };
+
 struct Replica {
   uint32_t segment_id = 0;
   uint64_t offset_bytes = 0;
+  ReplicaTier tier = ReplicaTier::kDram;
+  ReplicaState state = ReplicaState::kReady;
+
+  bool holds_range() const { return tier == ReplicaTier::kDram; }
+  bool readable() const { return tier == ReplicaTier::kDram && state != ReplicaState::kLoading; }
 };
 
 enum class ObjectState : uint8_t { kProcessing, kComplete };
@@ -135,6 +149,10 @@ struct Segment {
   uint64_t version = 0;
   uint64_t log_base = 0;
   std::deque<SegmentChange> log;
+  uint64_t ssd_used_bytes = 0;  // value bytes of SSD replicas on this owner
+  uint64_t spilling_bytes = 0;  // aligned DRAM bytes ordered spilled, not yet reported
+
+  bool has_ssd() const { return mount.ssd_capacity_bytes > 0; }
 
   Segment(uint32_t id_, SegmentMount mount_, Nanos lease_until_)
       : id(id_), mount(std::move(mount_)), allocator(mount.capacity_bytes), lease_until(lease_until_) {}
@@ -179,23 +197,26 @@ class Master::Impl {
   void restore(Segment& segment, const HeldObject& held) {
     auto it = objects_.find(held.key);
     const bool joins = it != objects_.end();
-    if (!validate_key(held.key).ok() || held.size_bytes == 0 ||
+    const bool ssd = held.tier == ReplicaTier::kSsd;
+    if (!validate_key(held.key).ok() || held.size_bytes == 0 || (ssd && !segment.has_ssd()) ||
         (joins && (it->second.state != ObjectState::kComplete || it->second.size_bytes != held.size_bytes)) ||
-        !segment.allocator.allocate_at(held.offset_bytes, held.size_bytes)) {
+        (!ssd && !segment.allocator.allocate_at(held.offset_bytes, held.size_bytes))) {
       ++stats_.objects_rejected;
       return;
     }
     ++segment.replicas;
     ++stats_.objects_restored;
+    Replica replica{segment.id, ssd ? 0 : held.offset_bytes, held.tier, ReplicaState::kReady};
+    if (ssd) segment.ssd_used_bytes += held.size_bytes;
     if (joins) {
-      it->second.replicas.push_back({segment.id, held.offset_bytes});
+      it->second.replicas.push_back(replica);
       return;
     }
     auto [inserted, ok] = objects_.try_emplace(held.key);
     Object& object = inserted->second;
     object.key = &inserted->first;
     object.size_bytes = held.size_bytes;
-    object.replicas = {{segment.id, held.offset_bytes}};
+    object.replicas = {replica};
     object.state = ObjectState::kComplete;
     lru_.link_front(object);
   }
@@ -221,20 +242,24 @@ class Master::Impl {
     return Status();
   }
 
-  Result<SegmentChanges> renew(std::string_view name, uint64_t since) {
+  Result<SegmentChanges> renew(std::string_view name, uint64_t since, const SegmentReport& report) {
     Segment* segment = find_segment(name);
     if (segment == nullptr) {
       return Status::not_found(fmt::format("segment {} is not mounted (its lease may have expired)", name));
     }
     segment->lease_until = now() + to_nanos(options_.segment_ttl);
+    apply(*segment, report);
     SegmentChanges out;
     out.version = segment->version;
     if (since < segment->log_base || since > segment->version) {
-      out.full = true;  // everything the segment holds now
+      out.full = true;  // everything the segment's owner holds now, both tiers, and the orders still open
       for (Object* o = lru_.head; o != nullptr; o = o->lru_next) {
         for (const Replica& r : o->replicas) {
-          if (r.segment_id == segment->id)
-            out.changes.push_back({true, {*o->key, r.offset_bytes, o->size_bytes}});
+          if (r.segment_id != segment->id) continue;
+          const HeldObject held{*o->key, r.offset_bytes, o->size_bytes, r.tier};
+          if (r.state != ReplicaState::kLoading) out.changes.push_back({ChangeKind::kAdded, held});
+          if (r.state == ReplicaState::kSpilling) out.changes.push_back({ChangeKind::kSpill, held});
+          if (r.state == ReplicaState::kLoading) out.changes.push_back({ChangeKind::kLoad, held});
         }
       }
       since = segment->version;
@@ -251,14 +276,81 @@ class Master::Impl {
     return out;
   }
 
-  /// Appends a change to the feed of every segment holding one of `object`'s replicas.
-  void record(const Object& object, bool added) {
-    for (const Replica& r : object.replicas) {
-      Segment& segment = *segments_[r.segment_id];
-      segment.log.push_back(
-          {added, {*object.key, added ? r.offset_bytes : 0, added ? object.size_bytes : 0}});
-      ++segment.version;
+  /// The owner's report of spills and loads done, SSD files dropped and orders failed (SegmentReport).
+  void apply(Segment& segment, const SegmentReport& report) {
+    // The replica of `key` on this segment in `state` at `offset` (a report about an older object of the same
+    // key, or one removed meanwhile, finds none and is ignored).
+    auto find = [&](const std::string& key, ReplicaState state,
+                    uint64_t offset) -> std::pair<Object*, Replica*> {
+      auto it = objects_.find(key);
+      if (it == objects_.end()) return {nullptr, nullptr};
+      for (Replica& r : it->second.replicas) {
+        if (r.segment_id == segment.id && r.tier == ReplicaTier::kDram && r.state == state &&
+            r.offset_bytes == offset) {
+          return {&it->second, &r};
+        }
+      }
+      return {nullptr, nullptr};
+    };
+    for (const HeldObject& h : report.spilled) {
+      auto [object, replica] = find(h.key, ReplicaState::kSpilling, h.offset_bytes);
+      if (object == nullptr) continue;
+      segment.allocator.free(replica->offset_bytes, object->size_bytes);
+      segment.spilling_bytes -= aligned_size_bytes(object->size_bytes);
+      segment.ssd_used_bytes += object->size_bytes;
+      *replica = {segment.id, 0, ReplicaTier::kSsd, ReplicaState::kReady};
     }
+    for (const HeldObject& h : report.loaded) {
+      auto [object, replica] = find(h.key, ReplicaState::kLoading, h.offset_bytes);
+      if (object != nullptr) replica->state = ReplicaState::kReady;
+    }
+    for (const HeldObject& h : report.failed) {
+      for (ReplicaState state : {ReplicaState::kSpilling, ReplicaState::kLoading}) {
+        auto [object, replica] = find(h.key, state, h.offset_bytes);
+        if (object == nullptr) continue;
+        if (state == ReplicaState::kSpilling)
+          segment.spilling_bytes -= aligned_size_bytes(object->size_bytes);
+        remove_replica(*object, static_cast<size_t>(replica - object->replicas.data()));
+        break;
+      }
+    }
+    for (const std::string& key : report.ssd_dropped) {
+      auto it = objects_.find(key);
+      if (it == objects_.end()) continue;
+      auto& replicas = it->second.replicas;
+      for (size_t i = 0; i < replicas.size(); ++i) {
+        if (replicas[i].segment_id == segment.id && replicas[i].tier == ReplicaTier::kSsd) {
+          remove_replica(it->second, i);
+          break;
+        }
+      }
+    }
+  }
+
+  /// Frees replica `i` of `object` and forgets it; forgets the object too when it was the last.
+  /// REQUIRES: object is complete.
+  void remove_replica(Object& object, size_t i) {
+    const Replica r = object.replicas[i];
+    Segment& segment = *segments_[r.segment_id];
+    if (r.holds_range()) {
+      segment.allocator.free(r.offset_bytes, object.size_bytes);
+    } else {
+      segment.ssd_used_bytes -= object.size_bytes;
+    }
+    --segment.replicas;
+    object.replicas.erase(object.replicas.begin() + static_cast<long>(i));
+    if (object.replicas.empty()) {
+      if (object.lease_until != 0) ++stats_.leases_expired;
+      list_of(object).unlink(object);
+      objects_.erase(objects_.find(*object.key));
+    }
+  }
+
+  /// Appends a change to the feed of every segment holding one of `object`'s replicas.
+  void record(uint32_t segment_id, ChangeKind kind, HeldObject object) {
+    Segment& segment = *segments_[segment_id];
+    segment.log.push_back({kind, std::move(object)});
+    ++segment.version;
   }
 
   Segment* find_segment(std::string_view name) {
@@ -303,11 +395,12 @@ class Master::Impl {
     }
     const Nanos t = now();
     std::optional<std::vector<Replica>> replicas = allocate(size_bytes, config, writer_host);
+    // Make room with what frees space at once (dropping, or evicting a DRAM copy that has an SSD copy)...
     for (bool allow_soft_pins : {false, true}) {
       if (replicas) break;
       for (Object* victim = lru_.tail; victim != nullptr && !replicas;) {
         Object* next = victim->lru_prev;
-        if (evictable(*victim, t, allow_soft_pins)) {
+        if (evictable(*victim, t, allow_soft_pins) && frees_at_once(*victim)) {
           evict(*victim);
           replicas = allocate(size_bytes, config, writer_host);
         }
@@ -315,6 +408,19 @@ class Master::Impl {
       }
     }
     if (!replicas) {
+      // ... else order spills to SSD tiers: the room comes when the owners report them written.
+      const uint64_t needed = aligned_size_bytes(size_bytes) * config.replica_num;
+      uint64_t ordered = spilling_bytes();
+      for (Object* victim = lru_.tail; victim != nullptr && ordered < needed;) {
+        Object* next = victim->lru_prev;
+        if (evictable(*victim, t, false)) ordered += evict(*victim);
+        victim = next;
+      }
+      if (ordered > 0) {
+        return Status::unavailable(fmt::format(
+            "no room for key {} yet: {} bytes are being spilled to SSD to make room; retry shortly",
+            printable_key(key), ordered));
+      }
       ++stats_.puts_no_space;
       return Status::no_space(
           fmt::format("no space for key {}: {} bytes x {} replica{}, and nothing more can be evicted ({} "
@@ -345,7 +451,9 @@ class Master::Impl {
     object->state = ObjectState::kComplete;
     object->deadline = object->pin == PinKind::kSoft ? now() + to_nanos(options_.soft_pin_ttl) : 0;
     lru_.link_front(*object);
-    record(*object, true);
+    for (const Replica& r : object->replicas) {
+      record(r.segment_id, ChangeKind::kAdded, {*object->key, r.offset_bytes, object->size_bytes});
+    }
     ++stats_.puts_ended;
     return Status();
   }
@@ -382,15 +490,70 @@ class Master::Impl {
       CRESCENT_RETURN_IF_ERROR(validate_key(key));
       return Status::not_found(fmt::format("key {} not found", printable_key(key)));
     }
+    const Nanos t = now();
+    lru_.unlink(*object);
+    lru_.link_front(*object);
+    const bool readable = std::any_of(object->replicas.begin(), object->replicas.end(),
+                                      [](const Replica& r) { return r.readable(); });
+    if (!readable) return load_from_ssd(*object, t);
     ++stats_.hits;
     ++stats_.leases_granted;
-    const Nanos t = now();
     if (object->lease_until != 0 && object->lease_until <= t)
       ++stats_.leases_expired;  // the previous one ran out
     object->lease_until = std::max(object->lease_until, t + to_nanos(options_.lease_ttl));
-    lru_.unlink(*object);
-    lru_.link_front(*object);
     return ReadGrant{object->size_bytes, locations(*object), options_.lease_ttl};
+  }
+
+  /// An object held only on SSD tiers: orders its owner to load it into its segment (once) and answers
+  /// kUnavailable until the owner reports it loaded; kNoSpace when the segment has no room even after
+  /// evicting what frees space at once.
+  Status load_from_ssd(Object& object, Nanos t) {
+    if (std::any_of(object.replicas.begin(), object.replicas.end(),
+                    [](const Replica& r) { return r.state == ReplicaState::kLoading; })) {
+      return Status::unavailable(
+          fmt::format("key {} is being loaded from SSD; retry shortly", printable_key(*object.key)));
+    }
+    const Replica source = object.replicas.front();  // an SSD replica: there is no readable DRAM one
+    Segment& segment = *segments_[source.segment_id];
+    std::optional<uint64_t> offset = segment.allocator.allocate(object.size_bytes);
+    for (Object* victim = lru_.tail; victim != nullptr && !offset;) {
+      Object* next = victim->lru_prev;
+      if (victim != &object && evictable(*victim, t, false) && frees_at_once(*victim) &&
+          std::any_of(victim->replicas.begin(), victim->replicas.end(),
+                      [&](const Replica& r) { return r.segment_id == segment.id && r.holds_range(); })) {
+        evict(*victim);
+        offset = segment.allocator.allocate(object.size_bytes);
+      }
+      victim = next;
+    }
+    if (!offset) {
+      // Order spills of what holds the segment; the load is ordered once the room is there.
+      uint64_t ordered = segment.spilling_bytes;
+      for (Object* victim = lru_.tail;
+           victim != nullptr && ordered < aligned_size_bytes(object.size_bytes);) {
+        Object* next = victim->lru_prev;
+        if (victim != &object && evictable(*victim, t, false) &&
+            std::any_of(victim->replicas.begin(), victim->replicas.end(),
+                        [&](const Replica& r) { return r.segment_id == segment.id && r.holds_range(); })) {
+          ordered += evict(*victim);
+        }
+        victim = next;
+      }
+      if (ordered > 0) {
+        return Status::unavailable(
+            fmt::format("key {} is on SSD; making room in {} to load it; retry shortly",
+                        printable_key(*object.key), segment.mount.segment));
+      }
+      return Status::no_space(
+          fmt::format("key {} is on the SSD tier of {} and its segment has no room to load it",
+                      printable_key(*object.key), segment.mount.segment));
+    }
+    object.replicas.push_back({segment.id, *offset, ReplicaTier::kDram, ReplicaState::kLoading});
+    ++segment.replicas;
+    ++stats_.loads;
+    record(segment.id, ChangeKind::kLoad, {*object.key, *offset, object.size_bytes});
+    return Status::unavailable(
+        fmt::format("key {} is being loaded from SSD; retry shortly", printable_key(*object.key)));
   }
 
   Object* find_complete(std::string_view key) {
@@ -455,6 +618,10 @@ class Master::Impl {
     s.dram_used_bytes = used_bytes();
     s.objects = lru_.size;
     s.processing_objects = processing_.size;
+    for (uint32_t id : live_segments_) {
+      s.ssd_capacity_bytes += segments_[id]->mount.ssd_capacity_bytes;
+      s.ssd_used_bytes += segments_[id]->ssd_used_bytes;
+    }
     return s;
   }
 
@@ -463,7 +630,8 @@ class Master::Impl {
     for (const auto& [name, id] : segment_by_name_) {
       const Segment& s = *segments_[id];
       out.push_back({s.mount.segment, s.mount.owner, s.mount.host_id, ReplicaTier::kDram,
-                     s.mount.capacity_bytes, s.allocator.used_bytes(), s.replicas});
+                     s.mount.capacity_bytes, s.allocator.used_bytes(), s.replicas, s.mount.ssd_capacity_bytes,
+                     s.ssd_used_bytes});
     }
     return out;
   }
@@ -529,6 +697,13 @@ class Master::Impl {
 
   bool evictable(const Object& object, Nanos t, bool allow_soft_pins) const {
     if (object.state != ObjectState::kComplete || object.lease_until > t) return false;
+    // Something to free, and no spill or load under way.
+    bool has_ready_range = false;
+    for (const Replica& r : object.replicas) {
+      if (r.state != ReplicaState::kReady) return false;
+      has_ready_range |= r.holds_range();
+    }
+    if (!has_ready_range) return false;
     switch (object.pin) {
       case PinKind::kNone:
         return true;
@@ -540,46 +715,100 @@ class Master::Impl {
     return false;
   }
 
+  /// Whether evicting `object` frees all its DRAM now: none of its DRAM replicas needs a spill first.
+  bool frees_at_once(const Object& object) const {
+    for (const Replica& r : object.replicas) {
+      if (r.holds_range() && needs_spill(object, r)) return false;
+    }
+    return true;
+  }
+
+  /// A DRAM replica on a segment with an SSD tier where the object has no SSD copy yet.
+  bool needs_spill(const Object& object, const Replica& dram) const {
+    if (!segments_[dram.segment_id]->has_ssd()) return false;
+    return std::none_of(object.replicas.begin(), object.replicas.end(), [&](const Replica& r) {
+      return r.segment_id == dram.segment_id && r.tier == ReplicaTier::kSsd;
+    });
+  }
+
+  uint64_t spilling_bytes() const {
+    uint64_t n = 0;
+    for (uint32_t id : live_segments_) n += segments_[id]->spilling_bytes;
+    return n;
+  }
+
   void evict_above_watermark(Nanos t) {
     const uint64_t capacity = capacity_bytes();
-    uint64_t used = used_bytes();
+    // Bytes ordered spilled are as good as freed: counting them again would spill more than the fraction.
+    uint64_t used = used_bytes() - std::min(used_bytes(), spilling_bytes());
     if (capacity == 0 || static_cast<double>(used) <= options_.high_watermark * static_cast<double>(capacity))
       return;
     const double target =
         static_cast<double>(used) - options_.eviction_fraction * static_cast<double>(capacity);
     for (Object* victim = lru_.tail; victim != nullptr && static_cast<double>(used) > target;) {
       Object* next = victim->lru_prev;
-      if (evictable(*victim, t, false)) {
-        used -= aligned_size_bytes(victim->size_bytes) * victim->replicas.size();
-        evict(*victim);
-      }
+      if (evictable(*victim, t, false)) used -= std::min(used, evict(*victim));
       victim = next;
     }
   }
 
-  void evict(Object& object) {
+  /// Evicts an object's DRAM replicas: a replica on a segment with an SSD tier is spilled there (its range is
+  /// freed when the owner reports the file written) or, when an SSD copy exists, just freed; elsewhere it is
+  /// dropped. The object is forgotten when no replica is left. Returns the DRAM bytes freed or ordered
+  /// spilled. REQUIRES: evictable(object).
+  uint64_t evict(Object& object) {
     ++stats_.evictions;
-    stats_.evicted_bytes += aligned_size_bytes(object.size_bytes) * object.replicas.size();
-    drop(object);
+    const uint64_t aligned = aligned_size_bytes(object.size_bytes);
+    uint64_t freed = 0;
+    for (size_t i = object.replicas.size(); i-- > 0;) {
+      Replica& r = object.replicas[i];
+      if (!r.holds_range()) continue;
+      Segment& segment = *segments_[r.segment_id];
+      freed += aligned;
+      if (needs_spill(object, r)) {
+        r.state = ReplicaState::kSpilling;
+        segment.spilling_bytes += aligned;
+        ++stats_.spills;
+        record(segment.id, ChangeKind::kSpill, {*object.key, r.offset_bytes, object.size_bytes});
+        continue;
+      }
+      // Dropped here; an SSD copy on this owner (if any) stays.
+      const bool keeps_ssd_copy = segment.has_ssd();
+      record(segment.id, keeps_ssd_copy ? ChangeKind::kEvicted : ChangeKind::kRemoved, {*object.key, 0, 0});
+      const bool last = object.replicas.size() == 1;
+      remove_replica(object, i);
+      if (last) break;  // the object is forgotten: do not touch it again
+    }
+    stats_.evicted_bytes += freed;
+    return freed;
   }
 
   /// Frees an object's space and forgets it.
   void drop(Object& object) {
     if (object.lease_until != 0) ++stats_.leases_expired;  // drop never happens under a live lease
-    if (object.state == ObjectState::kComplete) record(object, false);
     for (const Replica& r : object.replicas) {
       Segment& segment = *segments_[r.segment_id];
-      segment.allocator.free(r.offset_bytes, object.size_bytes);
+      if (object.state == ObjectState::kComplete)
+        record(segment.id, ChangeKind::kRemoved, {*object.key, 0, 0});
+      if (r.holds_range()) {
+        segment.allocator.free(r.offset_bytes, object.size_bytes);
+        if (r.state == ReplicaState::kSpilling)
+          segment.spilling_bytes -= aligned_size_bytes(object.size_bytes);
+      } else {
+        segment.ssd_used_bytes -= object.size_bytes;
+      }
       --segment.replicas;
     }
     list_of(object).unlink(object);
     objects_.erase(objects_.find(*object.key));
   }
 
+  /// The readable DRAM replicas (all of them for a processing object: where to write).
   std::vector<ReplicaLocation> locations(const Object& object) const {
     std::vector<ReplicaLocation> out;
     out.reserve(object.replicas.size());
     for (const Replica& r : object.replicas) {
+      if (!r.readable()) continue;
       const Segment& segment = *segments_[r.segment_id];
       out.push_back({segment.mount.segment, segment.mount.host_id, r.offset_bytes, object.size_bytes,
                      ReplicaTier::kDram});
@@ -637,9 +866,10 @@ Status Master::unmount_segment(std::string_view segment) {
   CRESCENT_LOCKED;
   return impl_->unmount(segment);
 }
-Result<SegmentChanges> Master::renew_segment(std::string_view segment, uint64_t since_version) {
+Result<SegmentChanges> Master::renew_segment(std::string_view segment, uint64_t since_version,
+                                             const SegmentReport& report) {
   CRESCENT_LOCKED;
-  return impl_->renew(segment, since_version);
+  return impl_->renew(segment, since_version, report);
 }
 Result<std::vector<ReplicaLocation>> Master::put_start(std::string_view key, uint64_t size_bytes,
                                                        const ReplicateConfig& config,

@@ -55,6 +55,9 @@ struct SegmentMount {
   std::string owner;    // who mounted it (a node or client id); its lease renewals keep the segment
   std::string host_id;  // the owner's machine (transfer::SegmentDescriptor::host_id), for local reads
   uint64_t capacity_bytes = 0;
+  /// > 0: the owner keeps an SSD tier of this many bytes behind the segment. Objects evicted from the segment
+  /// are then spilled to it (written to files by the owner) instead of dropped, and read back on demand.
+  uint64_t ssd_capacity_bytes = 0;
 };
 
 /// A complete object as the owner of the segment holding it records it in its own index, so that a master
@@ -62,14 +65,32 @@ struct SegmentMount {
 /// availability").
 struct HeldObject {
   std::string key;
-  uint64_t offset_bytes = 0;
+  uint64_t offset_bytes = 0;  // in the segment (DRAM tier); unused for the SSD tier
   uint64_t size_bytes = 0;
+  ReplicaTier tier = ReplicaTier::kDram;
 };
 
-/// One change to a segment's complete objects: added (key, offset, size) or removed (key alone).
+/// What a change in a segment's feed tells its owner.
+enum class ChangeKind : uint8_t {
+  kAdded,    // a complete object now lies at (offset, size) in the segment
+  kRemoved,  // the object is gone from this owner, both tiers (key alone): delete its SSD file too
+  kEvicted,  // the object's DRAM copy here is gone (key alone); its SSD file here, if any, stays
+  kSpill,    // order: write the bytes at (offset, size) to the SSD tier, then report it spilled
+  kLoad,     // order: read the object's SSD file into (offset, size), then report it loaded
+};
+
+/// One change to a segment's objects, in feed order.
 struct SegmentChange {
-  bool added = false;
+  ChangeKind kind = ChangeKind::kAdded;
   HeldObject object;
+};
+
+/// What the owner of a segment with an SSD tier reports when it renews: orders done and files dropped.
+struct SegmentReport {
+  std::vector<HeldObject> spilled = {};       // kSpill done (key, offset): the DRAM range may be freed
+  std::vector<HeldObject> loaded = {};        // kLoad done (key, offset): the DRAM copy is readable
+  std::vector<std::string> ssd_dropped = {};  // SSD files deleted to stay within the SSD capacity
+  std::vector<HeldObject> failed = {};  // orders that failed (key, offset): a spill is dropped, a load undone
 };
 
 /// What a segment's owner learns when it renews: the changes since the version it acknowledged, in order.
@@ -89,8 +110,10 @@ struct SegmentInfo {
   std::string host_id;
   ReplicaTier tier = ReplicaTier::kDram;
   uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;  // allocated (aligned sizes), processing objects included
-  uint64_t replicas = 0;    // replicas placed on it
+  uint64_t used_bytes = 0;          // allocated (aligned sizes), processing objects included
+  uint64_t replicas = 0;            // replicas placed on it, both tiers
+  uint64_t ssd_capacity_bytes = 0;  // the owner's SSD tier (0: none)
+  uint64_t ssd_used_bytes = 0;      // value bytes of SSD replicas there
 };
 
 /// What a reader gets: the complete replicas of one object and how long its lease lasts, counted from when
@@ -124,6 +147,10 @@ struct MasterStats {
   uint64_t segments_expired = 0;  // unmounted because their owner stopped renewing
   uint64_t objects_restored = 0;  // complete objects rebuilt from re-mounting owners' indexes
   uint64_t objects_rejected = 0;  // ... refused (overlapping ranges, size mismatch with another replica)
+  uint64_t ssd_capacity_bytes = 0;
+  uint64_t ssd_used_bytes = 0;  // value bytes of SSD replicas
+  uint64_t spills = 0;          // DRAM replicas written to an SSD tier on eviction
+  uint64_t loads = 0;           // SSD replicas read back into DRAM for a reader
 };
 
 /// Every MasterStats field as (name, value), in declaration order: the one list the RPC reply, `store stat`
@@ -153,7 +180,8 @@ class Master {
   /// the master does not know (kUnknownSegmentVersion, or one from a previous master) gets a full list.
   /// kNotFound when not mounted (expired or never mounted: the owner should mount again).
   Result<SegmentChanges> renew_segment(std::string_view segment,
-                                       uint64_t since_version = kUnknownSegmentVersion);
+                                       uint64_t since_version = kUnknownSegmentVersion,
+                                       const SegmentReport& report = {});
 
   /// Phase 1 of a put: allocates `size_bytes` on config.replica_num distinct segments (evicting first when
   /// there is no room) and records the object as processing. `writer_host_id` serves kLocalFirst.
@@ -169,7 +197,9 @@ class Master {
   /// Abandons a put in progress and frees its space. kNotFound as for put_end.
   Status put_revoke(std::string_view key);
 
-  /// The replicas of a complete object, with a read lease. kNotFound when absent or still processing.
+  /// The readable DRAM replicas of a complete object, with a read lease. kNotFound when absent or still
+  /// processing. An object held only on an SSD tier is ordered loaded into its owner's segment and answers
+  /// kUnavailable ("loading from SSD", retry shortly), or kNoSpace when that segment has no room for it.
   Result<ReadGrant> get_replica_list(std::string_view key);
   /// Whether a complete object exists (no lease, no LRU touch).
   bool exists(std::string_view key);

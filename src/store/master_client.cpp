@@ -231,12 +231,8 @@ Status MasterClient::mount_segment(const SegmentMount& mount, std::span<const He
   request.set_owner(mount.owner);
   request.set_host_id(mount.host_id);
   request.set_capacity_bytes(mount.capacity_bytes);
-  for (const HeldObject& h : held) {
-    rpc::HeldObject* out = request.add_held();
-    out->set_key(h.key);
-    out->set_offset_bytes(h.offset_bytes);
-    out->set_size_bytes(h.size_bytes);
-  }
+  request.set_ssd_capacity_bytes(mount.ssd_capacity_bytes);
+  for (const HeldObject& h : held) to_proto(h, request.add_held());
   rpc::StatusReply reply;
   CRESCENT_RETURN_IF_ERROR(
       impl_->call("mount_segment", &rpc::StoreMaster::Stub::MountSegment, request, &reply));
@@ -252,10 +248,15 @@ Status MasterClient::unmount_segment(std::string_view segment) {
   return from_proto(reply.status());
 }
 
-Result<SegmentChanges> MasterClient::renew_segment(std::string_view segment, uint64_t since_version) {
+Result<SegmentChanges> MasterClient::renew_segment(std::string_view segment, uint64_t since_version,
+                                                   const SegmentReport& report) {
   rpc::RenewSegmentRequest request;
   request.set_segment(std::string(segment));
   request.set_since_version(since_version);
+  for (const HeldObject& h : report.spilled) to_proto(h, request.add_spilled());
+  for (const HeldObject& h : report.loaded) to_proto(h, request.add_loaded());
+  for (const HeldObject& h : report.failed) to_proto(h, request.add_failed());
+  for (const std::string& key : report.ssd_dropped) request.add_ssd_dropped(key);
   rpc::RenewSegmentReply reply;
   CRESCENT_RETURN_IF_ERROR(
       impl_->call("renew_segment", &rpc::StoreMaster::Stub::RenewSegment, request, &reply));
@@ -263,8 +264,10 @@ Result<SegmentChanges> MasterClient::renew_segment(std::string_view segment, uin
   SegmentChanges changes{reply.version(), reply.full(), {}};
   changes.changes.reserve(static_cast<size_t>(reply.changes_size()));
   for (const rpc::SegmentChange& c : reply.changes()) {
-    changes.changes.push_back(
-        {c.added(), {c.object().key(), c.object().offset_bytes(), c.object().size_bytes()}});
+    if (c.kind() > static_cast<uint32_t>(ChangeKind::kLoad)) {
+      return Status::internal(fmt::format("master sent an unknown change kind {}", c.kind()));
+    }
+    changes.changes.push_back({static_cast<ChangeKind>(c.kind()), from_proto(c.object())});
   }
   return changes;
 }
@@ -327,7 +330,7 @@ Result<MasterSnapshot> MasterClient::stats() {
   for (const rpc::SegmentInfo& s : reply.segments()) {
     snapshot.segments.push_back({s.segment(), s.owner(), s.host_id(),
                                  s.tier() == 1 ? ReplicaTier::kSsd : ReplicaTier::kDram, s.capacity_bytes(),
-                                 s.used_bytes(), s.replicas()});
+                                 s.used_bytes(), s.replicas(), s.ssd_capacity_bytes(), s.ssd_used_bytes()});
   }
   return snapshot;
 }

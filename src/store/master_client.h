@@ -64,7 +64,8 @@ class MasterClient {
 
   Status mount_segment(const SegmentMount& mount, std::span<const HeldObject> held = {});
   Status unmount_segment(std::string_view segment);
-  Result<SegmentChanges> renew_segment(std::string_view segment, uint64_t since_version);
+  Result<SegmentChanges> renew_segment(std::string_view segment, uint64_t since_version,
+                                       const SegmentReport& report = {});
   Result<std::vector<Result<std::vector<ReplicaLocation>>>> put_start(std::span<const std::string_view> keys,
                                                                       std::span<const uint64_t> sizes_bytes,
                                                                       const ReplicateConfig& config,

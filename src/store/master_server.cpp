@@ -61,12 +61,11 @@ class Service final : public rpc::StoreMaster::CallbackService {
     return handle(context, "mount_segment", [&] {
       std::vector<HeldObject> held;
       held.reserve(static_cast<size_t>(request->held_size()));
-      for (const rpc::HeldObject& h : request->held())
-        held.push_back({h.key(), h.offset_bytes(), h.size_bytes()});
-      to_proto(
-          master_.mount_segment(
-              {request->segment(), request->owner(), request->host_id(), request->capacity_bytes()}, held),
-          reply->mutable_status());
+      for (const rpc::HeldObject& h : request->held()) held.push_back(rpc_convert::from_proto(h));
+      to_proto(master_.mount_segment({request->segment(), request->owner(), request->host_id(),
+                                      request->capacity_bytes(), request->ssd_capacity_bytes()},
+                                     held),
+               reply->mutable_status());
     });
   }
   grpc::ServerUnaryReactor* UnmountSegment(grpc::CallbackServerContext* context,
@@ -79,17 +78,22 @@ class Service final : public rpc::StoreMaster::CallbackService {
                                          const rpc::RenewSegmentRequest* request,
                                          rpc::RenewSegmentReply* reply) override {
     return handle(context, "renew_segment", [&] {
-      Result<SegmentChanges> changes = master_.renew_segment(request->segment(), request->since_version());
+      SegmentReport report;
+      for (const rpc::HeldObject& h : request->spilled())
+        report.spilled.push_back(rpc_convert::from_proto(h));
+      for (const rpc::HeldObject& h : request->loaded()) report.loaded.push_back(rpc_convert::from_proto(h));
+      for (const rpc::HeldObject& h : request->failed()) report.failed.push_back(rpc_convert::from_proto(h));
+      report.ssd_dropped.assign(request->ssd_dropped().begin(), request->ssd_dropped().end());
+      Result<SegmentChanges> changes =
+          master_.renew_segment(request->segment(), request->since_version(), report);
       to_proto(changes.status(), reply->mutable_status());
       if (!changes.ok()) return;
       reply->set_version(changes->version);
       reply->set_full(changes->full);
       for (const SegmentChange& c : changes->changes) {
         rpc::SegmentChange* out = reply->add_changes();
-        out->set_added(c.added);
-        out->mutable_object()->set_key(c.object.key);
-        out->mutable_object()->set_offset_bytes(c.object.offset_bytes);
-        out->mutable_object()->set_size_bytes(c.object.size_bytes);
+        out->set_kind(static_cast<uint32_t>(c.kind));
+        rpc_convert::to_proto(c.object, out->mutable_object());
       }
     });
   }
@@ -170,6 +174,8 @@ class Service final : public rpc::StoreMaster::CallbackService {
         out->set_capacity_bytes(s.capacity_bytes);
         out->set_used_bytes(s.used_bytes);
         out->set_replicas(s.replicas);
+        out->set_ssd_capacity_bytes(s.ssd_capacity_bytes);
+        out->set_ssd_used_bytes(s.ssd_used_bytes);
       }
     });
   }
@@ -214,10 +220,12 @@ std::vector<prometheus::MetricFamily> collect_master_metrics(const Master& maste
   add_gauge(out, "crescent_store_processing_objects", "Puts started and not yet ended",
             static_cast<double>(stats.processing_objects));
   add_gauge(out, "crescent_store_segments", "Mounted segments", static_cast<double>(stats.segments));
-  add_gauge(out, "crescent_store_capacity_bytes", "Bytes of mounted segments, by tier",
+  add_gauge(out, "crescent_store_capacity_bytes", "Bytes of mounted segments and their owners' SSD tiers",
             static_cast<double>(stats.dram_capacity_bytes), {{"tier", "dram"}});
-  add_gauge(out, "crescent_store_used_bytes", "Bytes allocated in mounted segments, by tier",
+  add_sample(out.back(), static_cast<double>(stats.ssd_capacity_bytes), {{"tier", "ssd"}});
+  add_gauge(out, "crescent_store_used_bytes", "Bytes allocated in mounted segments, and held on SSD tiers",
             static_cast<double>(stats.dram_used_bytes), {{"tier", "dram"}});
+  add_sample(out.back(), static_cast<double>(stats.ssd_used_bytes), {{"tier", "ssd"}});
   const std::pair<const char*, uint64_t> counters[] = {{"puts_started", stats.puts_started},
                                                        {"puts_ended", stats.puts_ended},
                                                        {"puts_revoked", stats.puts_revoked},
@@ -231,7 +239,11 @@ std::vector<prometheus::MetricFamily> collect_master_metrics(const Master& maste
                                                        {"evictions", stats.evictions},
                                                        {"evicted_bytes", stats.evicted_bytes},
                                                        {"removes", stats.removes},
-                                                       {"segments_expired", stats.segments_expired}};
+                                                       {"segments_expired", stats.segments_expired},
+                                                       {"objects_restored", stats.objects_restored},
+                                                       {"objects_rejected", stats.objects_rejected},
+                                                       {"spills", stats.spills},
+                                                       {"loads", stats.loads}};
   for (const auto& [name, value] : counters) {
     add_counter(out, fmt::format("crescent_store_{}_total", name), fmt::format("MasterStats::{}", name),
                 static_cast<double>(value));

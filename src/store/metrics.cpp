@@ -17,6 +17,14 @@ void add_gauge(std::vector<prometheus::MetricFamily>& out, std::string name, std
   out.push_back({std::move(name), std::move(help), prometheus::MetricType::Gauge, {metric}});
 }
 
+void add_sample(prometheus::MetricFamily& family, double value,
+                std::vector<prometheus::ClientMetric::Label> labels) {
+  prometheus::ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.gauge.value = value;
+  family.metric.push_back(std::move(metric));
+}
+
 void add_counter(std::vector<prometheus::MetricFamily>& out, std::string name, std::string help,
                  double value) {
   prometheus::ClientMetric metric;

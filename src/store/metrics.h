@@ -21,6 +21,9 @@ using MetricsCollector = std::function<std::vector<prometheus::MetricFamily>()>;
 /// Appends a one-sample gauge or counter family (counters: `name` should end in _total).
 void add_gauge(std::vector<prometheus::MetricFamily>& out, std::string name, std::string help, double value,
                std::vector<prometheus::ClientMetric::Label> labels = {});
+/// Adds one more gauge sample (other labels) to `family`.
+void add_sample(prometheus::MetricFamily& family, double value,
+                std::vector<prometheus::ClientMetric::Label> labels);
 void add_counter(std::vector<prometheus::MetricFamily>& out, std::string name, std::string help,
                  double value);
 

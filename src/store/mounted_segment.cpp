@@ -8,6 +8,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "store/ssd_tier.h"
+
 namespace crescent::store {
 
 class MountedSegment::Impl {
@@ -32,6 +34,7 @@ class MountedSegment::Impl {
     std::unique_lock<std::mutex> lock(mu);
     while (!cv.wait_for(lock, period, [this] { return stopping; })) {
       lock.unlock();
+      cleared_for_full = false;
       sync();
       lock.lock();
     }
@@ -39,30 +42,89 @@ class MountedSegment::Impl {
 
   /// One renewal: apply the master's changes to the index, or mount again with the index when it forgot us.
   void sync() {
-    Result<SegmentChanges> changes = master.renew_segment(mount.segment, version);
-    if (changes.ok()) {
-      std::lock_guard<std::mutex> lock(index_mu);
-      if (changes->full) index.clear();
-      for (const SegmentChange& c : changes->changes) {
-        if (c.added) {
-          index[c.object.key] = {c.object.offset_bytes, c.object.size_bytes};
-        } else {
-          index.erase(c.object.key);
-        }
-      }
-      version = changes->version;
-      return;
+    // Reports of orders carried out go with the renewal; orders carried out now are reported at once.
+    for (int round = 0; round < 2; ++round) {
+      if (!sync_once() || !has_reports()) return;
     }
-    if (changes.status().code() != StatusCode::kNotFound) return;  // unreachable: try again next period
+  }
+
+  bool has_reports() const {
+    return !report.spilled.empty() || !report.loaded.empty() || !report.failed.empty() ||
+           !report.ssd_dropped.empty();
+  }
+
+  /// One renewal; false when the master could not be reached or did not know the segment.
+  bool sync_once() {
+    Result<SegmentChanges> changes = master.renew_segment(mount.segment, version, report);
+    if (changes.ok()) {
+      report = {};  // delivered
+      for (const SegmentChange& c : changes->changes) apply(c, changes->full);
+      version = changes->version;
+      return true;
+    }
+    if (changes.status().code() != StatusCode::kNotFound) return false;  // unreachable: again next period
     std::vector<HeldObject> held;
     {
       std::lock_guard<std::mutex> lock(index_mu);
       held.reserve(index.size());
       for (const auto& [key, where] : index) held.push_back({key, where.first, where.second});
+      if (ssd) {
+        for (const auto& [key, size] : ssd->held()) held.push_back({key, 0, size, ReplicaTier::kSsd});
+      }
     }
     if (master.mount_segment(mount, held).ok()) {
       ++remounts;
+      report = {};                       // the new master knows nothing of the old orders
       version = kUnknownSegmentVersion;  // the next renewal brings the new master's view in full
+    }
+    return false;
+  }
+
+  /// One change of the feed, in order (`full`: the first of a full list clears the DRAM index).
+  void apply(const SegmentChange& c, bool full) {
+    std::lock_guard<std::mutex> lock(index_mu);
+    if (full && !cleared_for_full) {
+      index.clear();
+      cleared_for_full = true;
+    }
+    const HeldObject& o = c.object;
+    std::byte* range = static_cast<std::byte*>(memory) + o.offset_bytes;
+    switch (c.kind) {
+      case ChangeKind::kAdded:
+        if (o.tier == ReplicaTier::kDram) index[o.key] = {o.offset_bytes, o.size_bytes};
+        break;
+      case ChangeKind::kRemoved:
+        index.erase(o.key);
+        if (ssd) ssd->remove(o.key);
+        break;
+      case ChangeKind::kEvicted:
+        index.erase(o.key);
+        break;
+      case ChangeKind::kSpill: {
+        if (!ssd || o.offset_bytes + o.size_bytes > mount.capacity_bytes) {
+          report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
+          break;
+        }
+        Result<std::vector<std::string>> dropped = ssd->write(o.key, range, o.size_bytes);
+        if (!dropped.ok()) {
+          report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
+          break;
+        }
+        for (std::string& key : *dropped) report.ssd_dropped.push_back(std::move(key));
+        report.spilled.push_back({o.key, o.offset_bytes, o.size_bytes});
+        index.erase(o.key);
+        break;
+      }
+      case ChangeKind::kLoad: {
+        if (!ssd || o.offset_bytes + o.size_bytes > mount.capacity_bytes ||
+            !ssd->read(o.key, range, o.size_bytes).ok()) {
+          report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
+          break;
+        }
+        report.loaded.push_back({o.key, o.offset_bytes, o.size_bytes});
+        index[o.key] = {o.offset_bytes, o.size_bytes};
+        break;
+      }
     }
   }
 
@@ -75,6 +137,9 @@ class MountedSegment::Impl {
   std::chrono::milliseconds sync_interval{100};
   std::atomic<uint64_t> remounts{0};
   uint64_t version = kUnknownSegmentVersion;  // of the index; renewal thread only
+  SegmentReport report;                       // to send with the next renewal; renewal thread only
+  bool cleared_for_full = false;              // renewal thread only
+  std::unique_ptr<SsdTier> ssd;               // used by the renewal thread; sizes read under index_mu
   mutable std::mutex index_mu;
   std::unordered_map<std::string, std::pair<uint64_t, uint64_t>> index;  // key -> (offset, size)
   std::thread renewer;
@@ -86,10 +151,16 @@ class MountedSegment::Impl {
 Result<std::unique_ptr<MountedSegment>> MountedSegment::mount(transfer::TransferEngine& engine,
                                                               MasterClient& master, std::string name,
                                                               std::string owner, uint64_t capacity_bytes,
-                                                              std::chrono::milliseconds sync_interval) {
+                                                              const Options& options) {
   auto impl = std::make_unique<Impl>(engine, master);
-  impl->sync_interval = sync_interval;
+  impl->sync_interval = options.sync_interval;
   impl->mount = {std::move(name), std::move(owner), transfer::local_host_id(), capacity_bytes};
+  if (!options.ssd_dir.empty()) {
+    auto ssd = SsdTier::open(options.ssd_dir, options.ssd_capacity_bytes);
+    if (!ssd.ok()) return ssd.status();
+    impl->ssd = std::move(*ssd);
+    impl->mount.ssd_capacity_bytes = options.ssd_capacity_bytes;
+  }
   Result<void*> memory = engine.allocate_memory(capacity_bytes);
   if (!memory.ok()) return memory.status();
   impl->memory = *memory;
@@ -116,6 +187,17 @@ uint64_t MountedSegment::remounts() const {
 uint64_t MountedSegment::indexed_objects() const {
   std::lock_guard<std::mutex> lock(impl_->index_mu);
   return impl_->index.size();
+}
+uint64_t MountedSegment::ssd_objects() const {
+  std::lock_guard<std::mutex> lock(impl_->index_mu);
+  return impl_->ssd ? impl_->ssd->held().size() : 0;
+}
+uint64_t MountedSegment::ssd_used_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->index_mu);
+  return impl_->ssd ? impl_->ssd->used_bytes() : 0;
+}
+uint64_t MountedSegment::ssd_capacity_bytes() const {
+  return impl_->mount.ssd_capacity_bytes;
 }
 
 }  // namespace crescent::store

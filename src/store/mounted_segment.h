@@ -19,14 +19,22 @@ namespace crescent::store {
 
 class MountedSegment {
  public:
+  /// How the segment is kept.
+  struct Options {
+    std::chrono::milliseconds sync_interval{100};  // renewals (and index updates), at most segment_ttl / 3
+    std::string ssd_dir = "";                      // "" = no SSD tier
+    uint64_t ssd_capacity_bytes = 0;               // required with ssd_dir
+  };
+
   /// Allocates `capacity_bytes` from `engine`, exposes it as segment `name` and mounts it on the master as
-  /// owned by `owner`. A thread renews the mount every `sync_interval` (at most segment_ttl / 3), applying
-  /// the changes to the index, and mounts it again with the index when the master no longer knows it. Errors:
-  /// the engine's (kIoError when memory cannot be had, kAlreadyExists for a taken name) or the master's.
-  /// `engine` and `master` must outlive the segment.
-  static Result<std::unique_ptr<MountedSegment>> mount(
-      transfer::TransferEngine& engine, MasterClient& master, std::string name, std::string owner,
-      uint64_t capacity_bytes, std::chrono::milliseconds sync_interval = std::chrono::milliseconds(100));
+  /// owned by `owner`. A thread renews the mount every `options.sync_interval` (at most segment_ttl / 3),
+  /// applying the changes to the index and carrying out spill and load orders on the SSD tier (when
+  /// options.ssd_dir is set), and mounts it again with the index when the master no longer knows it. Errors:
+  /// the engine's (kIoError when memory cannot be had, kAlreadyExists for a taken name), the SSD tier's, or
+  /// the master's. `engine` and `master` must outlive the segment.
+  static Result<std::unique_ptr<MountedSegment>> mount(transfer::TransferEngine& engine, MasterClient& master,
+                                                       std::string name, std::string owner,
+                                                       uint64_t capacity_bytes, const Options& options);
   /// Stops renewing, unmounts from the master (best effort: an unreachable master lets the lease run out),
   /// withdraws the segment and frees its memory.
   ~MountedSegment();
@@ -37,8 +45,12 @@ class MountedSegment {
   uint64_t capacity_bytes() const;
   /// Times the segment was mounted again after the master had lost it.
   uint64_t remounts() const;
-  /// Complete objects in the owner's index now.
+  /// Complete objects in the owner's index now (DRAM tier).
   uint64_t indexed_objects() const;
+  /// Objects and bytes on the SSD tier now (0 without one).
+  uint64_t ssd_objects() const;
+  uint64_t ssd_used_bytes() const;
+  uint64_t ssd_capacity_bytes() const;
 
   class Impl;
 

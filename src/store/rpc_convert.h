@@ -56,6 +56,18 @@ inline Result<ReplicateConfig> from_proto(const rpc::ReplicateConfig& config) {
                          static_cast<PinKind>(config.pin())};
 }
 
+inline void to_proto(const HeldObject& held, rpc::HeldObject* out) {
+  out->set_key(held.key);
+  out->set_offset_bytes(held.offset_bytes);
+  out->set_size_bytes(held.size_bytes);
+  out->set_tier(static_cast<uint32_t>(held.tier));
+}
+
+inline HeldObject from_proto(const rpc::HeldObject& held) {
+  return {held.key(), held.offset_bytes(), held.size_bytes(),
+          held.tier() == static_cast<uint32_t>(ReplicaTier::kSsd) ? ReplicaTier::kSsd : ReplicaTier::kDram};
+}
+
 /// The keys of a request as views into it.
 template <typename Repeated>
 std::vector<std::string_view> key_views(const Repeated& keys) {

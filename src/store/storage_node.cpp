@@ -29,13 +29,17 @@ namespace {
 std::vector<prometheus::MetricFamily> collect_node_metrics(const transfer::TransferEngine& engine,
                                                            const MountedSegment& segment) {
   std::vector<prometheus::MetricFamily> out;
-  add_gauge(out, "crescent_store_node_capacity_bytes", "Bytes this node contributes, by tier",
-            static_cast<double>(segment.capacity_bytes()), {{"tier", "dram"}});
   add_counter(out, "crescent_store_node_remounts_total",
               "Times the segment was mounted again after the master lost it",
               static_cast<double>(segment.remounts()));
-  add_gauge(out, "crescent_store_node_indexed_objects", "Complete objects in the node's own index",
-            static_cast<double>(segment.indexed_objects()));
+  add_gauge(out, "crescent_store_node_capacity_bytes", "Bytes this node contributes, by tier",
+            static_cast<double>(segment.capacity_bytes()), {{"tier", "dram"}});
+  add_sample(out.back(), static_cast<double>(segment.ssd_capacity_bytes()), {{"tier", "ssd"}});
+  add_gauge(out, "crescent_store_node_ssd_used_bytes", "Bytes of objects in this node's SSD tier",
+            static_cast<double>(segment.ssd_used_bytes()));
+  add_gauge(out, "crescent_store_node_objects", "Objects this node holds, by tier",
+            static_cast<double>(segment.indexed_objects()), {{"tier", "dram"}});
+  add_sample(out.back(), static_cast<double>(segment.ssd_objects()), {{"tier", "ssd"}});
   const transfer::EngineStats stats = engine.stats();
   add_counter(out, "crescent_store_node_transfer_bytes_total",
               "Payload bytes the node's transfer engine moved", static_cast<double>(stats.bytes_transferred));
@@ -49,6 +53,9 @@ std::vector<prometheus::MetricFamily> collect_node_metrics(const transfer::Trans
 
 Result<std::unique_ptr<StorageNode>> StorageNode::start(StorageNodeOptions options) {
   if (options.dram_bytes == 0) return Status::invalid_argument("store node: --dram is 0 bytes");
+  if (!options.ssd_dir.empty() && options.ssd_capacity_bytes == 0) {
+    return Status::invalid_argument("store node: --ssd needs --ssd-capacity of more than 0 bytes");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   if (impl->options.name.empty()) {
@@ -70,7 +77,10 @@ Result<std::unique_ptr<StorageNode>> StorageNode::start(StorageNodeOptions optio
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(*engine);
   auto segment = MountedSegment::mount(*impl->engine, *impl->master, impl->options.name + "/dram",
-                                       impl->options.name, impl->options.dram_bytes);
+                                       impl->options.name, impl->options.dram_bytes,
+                                       {.sync_interval = impl->options.sync_interval,
+                                        .ssd_dir = impl->options.ssd_dir,
+                                        .ssd_capacity_bytes = impl->options.ssd_capacity_bytes});
   if (!segment.ok()) return segment.status();
   impl->segment = std::move(*segment);
   if (!impl->options.metrics_address.empty()) {

@@ -3,6 +3,7 @@
 // ucx); the node itself moves none of them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,6 +24,11 @@ struct StorageNodeOptions {
                                                      transfer::TransportKind::kTcp};
   std::string tcp_host = "127.0.0.1";           // address clients connect to
   std::string metrics_address = "127.0.0.1:0";  // /metrics; port 0 picks one; "" = none
+  std::string ssd_dir = "";         // "" = no SSD tier; else objects evicted from DRAM are spilled here
+  uint64_t ssd_capacity_bytes = 0;  // the SSD tier's size (least recently used files go beyond it)
+  /// Renewals: index updates, and spill and load orders carried out (a reader of an SSD-only object waits
+  /// about one interval).
+  std::chrono::milliseconds sync_interval{100};
 };
 
 class StorageNode {

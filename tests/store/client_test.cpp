@@ -289,6 +289,57 @@ TEST(StoreClient, ARestartedMasterIsRebuiltFromTheNodesAndTheBytesAreReadAgain) 
   EXPECT_EQ(out, values[0]);
 }
 
+TEST(StoreClient, ObjectsEvictedFromDramLiveOnTheSsdTierAndReadBackIdentical) {
+  MasterServerOptions master;
+  master.master.lease_ttl = milliseconds(100);  // a read lease keeps a value in DRAM: keep them short here
+  StoreCluster cluster(0, 0, master);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  StorageNodeOptions node_options = cluster.node_options(1 << 20);  // 1 MiB of DRAM
+  node_options.ssd_dir = cluster.dir() + "/ssd";
+  node_options.ssd_capacity_bytes = 64 << 20;
+  node_options.sync_interval = milliseconds(10);  // spill and load orders are carried out within ~10 ms
+  auto node = StorageNode::start(node_options);
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  auto client = Client::create(cluster.client_options());
+  ASSERT_TRUE(client.ok());
+  constexpr int kValues = 40;  // 40 x 64 KiB = 2.5 MiB through 1 MiB of DRAM
+  std::vector<std::vector<std::byte>> values;
+  for (int i = 0; i < kValues; ++i) {
+    values.push_back(pattern_bytes(64 << 10, static_cast<uint64_t>(i) + 1000));
+    ConstBuffer in = cview(values.back());
+    Status put = (*client)->put("tiered-" + std::to_string(i), {&in, 1});
+    ASSERT_TRUE(put.ok()) << i << ": " << put.to_string();
+  }
+  MasterStats stats = cluster.master().master().stats();
+  EXPECT_GT(stats.spills, 0u);
+  EXPECT_GT(stats.ssd_used_bytes, 0u);
+  EXPECT_EQ(stats.objects, static_cast<uint64_t>(kValues));  // none lost
+  for (int i = 0; i < kValues; ++i) {  // oldest first: those were spilled, and are loaded back
+    std::vector<std::byte> out(64 << 10);
+    Buffer o = view(out);
+    Result<uint64_t> got = (*client)->get("tiered-" + std::to_string(i), {&o, 1});
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().to_string();
+    EXPECT_EQ(out, values[i]) << i;
+  }
+  EXPECT_GT(cluster.master().master().stats().loads, 0u);
+
+  // A restarted master learns both tiers from the node's re-mount: every value is still there.
+  ASSERT_TRUE(cluster.restart_master().ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (cluster.master().master().stats().objects < kValues && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(cluster.master().master().stats().objects, static_cast<uint64_t>(kValues));
+  EXPECT_GT(cluster.master().master().stats().ssd_used_bytes, 0u);
+  for (int i = 0; i < kValues; i += 7) {
+    std::vector<std::byte> out(64 << 10);
+    Buffer o = view(out);
+    Result<uint64_t> got = (*client)->get("tiered-" + std::to_string(i), {&o, 1});
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().to_string();
+    EXPECT_EQ(out, values[i]) << i;
+  }
+}
+
 TEST(StoreClient, MetricsEndpointsServePrometheusText) {
   StoreCluster cluster(1);
   ASSERT_TRUE(cluster.ok()) << cluster.error();

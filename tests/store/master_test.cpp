@@ -171,11 +171,11 @@ TEST_F(MasterTest, OwnersFollowTheirSegmentsChangesAndRebuildARestartedMaster) {
   ASSERT_TRUE(changes.ok());
   EXPECT_FALSE(changes->full);
   ASSERT_EQ(changes->changes.size(), 3u);  // a added, b added, a removed: in order
-  EXPECT_TRUE(changes->changes[0].added);
+  EXPECT_EQ(changes->changes[0].kind, ChangeKind::kAdded);
   EXPECT_EQ(changes->changes[0].object.key, "a");
   EXPECT_EQ(changes->changes[1].object.key, "b");
   EXPECT_EQ(changes->changes[1].object.size_bytes, 200u);
-  EXPECT_FALSE(changes->changes[2].added);
+  EXPECT_EQ(changes->changes[2].kind, ChangeKind::kRemoved);
   EXPECT_EQ(changes->changes[2].object.key, "a");
   const uint64_t b_offset = changes->changes[1].object.offset_bytes;
   seen = changes->version;
@@ -217,6 +217,82 @@ TEST_F(MasterTest, OwnersFollowTheirSegmentsChangesAndRebuildARestartedMaster) {
   auto fresh = master_->put_start("fresh", 200, {.preferred_segment = "seg0"});
   ASSERT_TRUE(fresh.ok());
   EXPECT_NE((*fresh)[0].offset_bytes, b_offset);
+}
+
+TEST_F(MasterTest, EvictionSpillsToTheSsdTierAndAReadLoadsItBack) {
+  MasterOptions options{.high_watermark = 1.0};
+  options.clock = [this] { return now_; };
+  master_ = std::make_unique<Master>(options);
+  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 4, /*ssd_capacity_bytes=*/1 << 20}).ok());
+  uint64_t seen = master_->renew_segment("seg").value().version;
+  for (const char* key : {"a", "b", "c", "d"}) ASSERT_TRUE(put(key, 64).ok());
+  seen = master_->renew_segment("seg", seen).value().version;  // the four kAdded
+  // No room, and every object needs a spill first: the put is told to come back; "a" is ordered spilled.
+  auto waiting = master_->put_start("e", 64, {});
+  EXPECT_EQ(waiting.status().code(), StatusCode::kUnavailable) << waiting.status().to_string();
+  auto orders = master_->renew_segment("seg", seen);
+  ASSERT_TRUE(orders.ok());
+  ASSERT_EQ(orders->changes.size(), 1u);
+  EXPECT_EQ(orders->changes[0].kind, ChangeKind::kSpill);
+  EXPECT_EQ(orders->changes[0].object.key, "a");
+  const HeldObject spilled = orders->changes[0].object;
+  EXPECT_TRUE(master_->get_replica_list("a").ok());  // still readable from DRAM while being written out
+  advance(milliseconds(6000));                       // past that lease
+  // The owner reports the file written: the range is freed and the put goes through.
+  seen = master_->renew_segment("seg", orders->version, {.spilled = {spilled}}).value().version;
+  ASSERT_TRUE(put("e", 64).ok());
+  EXPECT_EQ(master_->stats().ssd_used_bytes, 64u);
+  EXPECT_TRUE(master_->exists("a"));
+  // A read of the SSD-only object orders a load into free room (made here by removing "c").
+  ASSERT_TRUE(master_->remove("c").ok());
+  auto loading = master_->get_replica_list("a");
+  EXPECT_EQ(loading.status().code(), StatusCode::kUnavailable) << loading.status().to_string();
+  auto load = master_->renew_segment("seg", seen);
+  ASSERT_TRUE(load.ok());
+  ASSERT_FALSE(load->changes.empty());
+  const SegmentChange& order = load->changes.back();
+  EXPECT_EQ(order.kind, ChangeKind::kLoad);
+  EXPECT_EQ(order.object.key, "a");
+  EXPECT_EQ(master_->get_replica_list("a").status().code(), StatusCode::kUnavailable);  // not loaded yet
+  seen = master_->renew_segment("seg", load->version, {.loaded = {order.object}}).value().version;
+  auto grant = master_->get_replica_list("a");
+  ASSERT_TRUE(grant.ok()) << grant.status().to_string();
+  ASSERT_EQ(grant->replicas.size(), 1u);
+  EXPECT_EQ(grant->replicas[0].offset_bytes, order.object.offset_bytes);
+  EXPECT_EQ(master_->stats().loads, 1u);
+  // The SSD file being dropped by the owner leaves the DRAM copy; removing the object tells the owner.
+  ASSERT_TRUE(master_->renew_segment("seg", seen, {.ssd_dropped = {"a"}}).ok());
+  EXPECT_EQ(master_->stats().ssd_used_bytes, 0u);
+  advance(milliseconds(6000));
+  ASSERT_TRUE(master_->remove("a").ok());
+  auto removed = master_->renew_segment("seg", seen);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(removed->changes.back().kind, ChangeKind::kRemoved);
+}
+
+TEST_F(MasterTest, AFailedSpillDropsTheCopyAndAnSsdOnlyObjectGoesWithItsFile) {
+  MasterOptions options{.high_watermark = 1.0};
+  options.clock = [this] { return now_; };
+  master_ = std::make_unique<Master>(options);
+  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 2, 1 << 20}).ok());
+  uint64_t seen = master_->renew_segment("seg").value().version;
+  ASSERT_TRUE(put("a", 64).ok());
+  ASSERT_TRUE(put("b", 64).ok());
+  EXPECT_EQ(master_->put_start("c", 64, {}).status().code(), StatusCode::kUnavailable);
+  auto orders = master_->renew_segment("seg", seen);
+  ASSERT_TRUE(orders.ok());
+  const HeldObject a = orders->changes.back().object;
+  seen = master_->renew_segment("seg", orders->version, {.failed = {a}}).value().version;
+  EXPECT_FALSE(master_->exists("a"));  // its only copy could not be written out
+  EXPECT_EQ(master_->segments()[0].used_bytes, 64u);
+  ASSERT_TRUE(put("c", 64).ok());
+  EXPECT_EQ(master_->put_start("d", 64, {}).status().code(), StatusCode::kUnavailable);  // "b" spills
+  orders = master_->renew_segment("seg", seen);
+  const HeldObject b = orders->changes.back().object;
+  seen = master_->renew_segment("seg", orders->version, {.spilled = {b}}).value().version;
+  ASSERT_TRUE(master_->renew_segment("seg", seen, {.ssd_dropped = {"b"}}).ok());
+  EXPECT_FALSE(master_->exists("b"));  // its file was its last copy
+  for (const SegmentInfo& info : master_->segments()) EXPECT_EQ(info.ssd_used_bytes, 0u);
 }
 
 TEST_F(MasterTest, BadInputGetsOneClearErrorEach) {
