@@ -278,6 +278,7 @@ class Master::Impl {
 
   /// The owner's report of spills and loads done, SSD files dropped and orders failed (SegmentReport).
   void apply(Segment& segment, const SegmentReport& report) {
+    const Nanos t = now();
     // The replica of `key` on this segment in `state` at `offset` (a report about an older object of the same
     // key, or one removed meanwhile, finds none and is ignored).
     auto find = [&](const std::string& key, ReplicaState state,
@@ -295,9 +296,17 @@ class Master::Impl {
     for (const HeldObject& h : report.spilled) {
       auto [object, replica] = find(h.key, ReplicaState::kSpilling, h.offset_bytes);
       if (object == nullptr) continue;
-      segment.allocator.free(replica->offset_bytes, object->size_bytes);
       segment.spilling_bytes -= aligned_size_bytes(object->size_bytes);
       segment.ssd_used_bytes += object->size_bytes;
+      if (object->lease_until > t) {
+        // A reader took a lease while the file was written: the DRAM copy stays until a later eviction (which
+        // then frees it at once, the SSD copy existing).
+        replica->state = ReplicaState::kReady;
+        ++segment.replicas;
+        object->replicas.push_back({segment.id, 0, ReplicaTier::kSsd, ReplicaState::kReady});
+        continue;
+      }
+      segment.allocator.free(replica->offset_bytes, object->size_bytes);
       *replica = {segment.id, 0, ReplicaTier::kSsd, ReplicaState::kReady};
     }
     for (const HeldObject& h : report.loaded) {

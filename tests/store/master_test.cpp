@@ -270,6 +270,32 @@ TEST_F(MasterTest, EvictionSpillsToTheSsdTierAndAReadLoadsItBack) {
   EXPECT_EQ(removed->changes.back().kind, ChangeKind::kRemoved);
 }
 
+TEST_F(MasterTest, ASpillFinishedUnderAReadLeaseKeepsTheDramCopy) {
+  MasterOptions options{.high_watermark = 1.0};
+  options.clock = [this] { return now_; };
+  master_ = std::make_unique<Master>(options);
+  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 2, 1 << 20}).ok());
+  uint64_t seen = master_->renew_segment("seg").value().version;
+  ASSERT_TRUE(put("a", 64).ok());
+  ASSERT_TRUE(put("b", 64).ok());
+  EXPECT_EQ(master_->put_start("c", 64, {}).status().code(), StatusCode::kUnavailable);  // "a" spills
+  auto orders = master_->renew_segment("seg", seen);
+  ASSERT_TRUE(orders.ok());
+  const HeldObject a = orders->changes.back().object;
+  auto lease = master_->get_replica_list("a");  // a reader, while the file is written
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(master_->renew_segment("seg", orders->version, {.spilled = {a}}).ok());
+  // The leased range was not freed under the reader; both copies now exist.
+  EXPECT_EQ(master_->segments()[0].used_bytes, 128u);
+  EXPECT_EQ(master_->segments()[0].ssd_used_bytes, 64u);
+  auto again = master_->get_replica_list("a");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->replicas[0].offset_bytes, a.offset_bytes);
+  advance(milliseconds(6000));
+  ASSERT_TRUE(put("c", 64).ok());  // evicting "a" now frees its DRAM at once: the SSD copy exists
+  EXPECT_TRUE(master_->exists("a"));
+}
+
 TEST_F(MasterTest, AFailedSpillDropsTheCopyAndAnSsdOnlyObjectGoesWithItsFile) {
   MasterOptions options{.high_watermark = 1.0};
   options.clock = [this] { return now_; };
