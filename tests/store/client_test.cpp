@@ -1,7 +1,11 @@
 #include "store/client.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -338,6 +342,44 @@ TEST(StoreClient, ObjectsEvictedFromDramLiveOnTheSsdTierAndReadBackIdentical) {
     ASSERT_TRUE(got.ok()) << i << ": " << got.status().to_string();
     EXPECT_EQ(out, values[i]) << i;
   }
+}
+
+TEST(StoreClient, MalformedRequestsToTheMasterAreRefusedAndItKeepsServing) {
+  StoreCluster cluster(1);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string& address = cluster.master().address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  for (const std::string& junk : {std::string("GET / HTTP/1.1\r\n\r\n"), std::string(4096, '\xff'),
+                                  std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + std::string(100, '\0')}) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+    (void)::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    ::close(fd);
+  }
+  // A well-formed call with a value the protocol cannot hold: one clear error, nothing written.
+  auto master = MasterClient::connect(cluster.master_options());
+  ASSERT_TRUE(master.ok());
+  std::vector<std::string_view> keys = {"k"};
+  std::vector<uint64_t> sizes = {};  // no size for the key
+  auto started = (*master)->put_start(keys, sizes, {}, "");
+  ASSERT_TRUE(started.ok());
+  EXPECT_EQ((*started)[0].status().code(), StatusCode::kInvalidArgument)
+      << (*started)[0].status().to_string();
+  EXPECT_EQ(cluster.master().master().stats().puts_started, 0u);
+  // And it still serves.
+  auto client = Client::create(cluster.client_options());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  std::vector<std::byte> value = pattern_bytes(100, 3), out(100);
+  ConstBuffer in = cview(value);
+  Buffer o = view(out);
+  ASSERT_TRUE((*client)->put("after-junk", {&in, 1}).ok());
+  ASSERT_TRUE((*client)->get("after-junk", {&o, 1}).ok());
+  EXPECT_EQ(out, value);
 }
 
 TEST(StoreClient, MetricsEndpointsServePrometheusText) {
