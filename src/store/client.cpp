@@ -393,11 +393,15 @@ class Client::Impl {
       Result<std::vector<transfer::TransferStatus>> done = run(requests);
       for (size_t i = 0; i < n; ++i) {
         if (!pending[i] || range[i].first == range[i].second) continue;
+        bool failed = !done.ok();
         std::string error = done.ok() ? "" : done.status().message();
         for (size_t r = range[i].first; done.ok() && r < range[i].second; ++r) {
-          if ((*done)[r].state != transfer::TransferState::kCompleted) error = (*done)[r].error;
+          if ((*done)[r].state != transfer::TransferState::kCompleted) {
+            failed = true;
+            error = (*done)[r].error;
+          }
         }
-        if (error.empty()) {
+        if (!failed) {
           pending[i] = false;
           results[i] = grants[i]->size_bytes;
         } else {

@@ -126,7 +126,9 @@ class Client {
   Result<std::vector<Status>> put_blocks(std::span<const BlockKey> keys, std::span<const ConstBuffer> blocks,
                                          const ReplicateConfig& config = {});
   /// Reads the longest stored prefix of `keys` (chained prefix hashes) into `blocks`; returns how many
-  /// leading blocks were read. Blocks after the first missing or unreadable one are not read.
+  /// leading blocks were read. Blocks after the first missing one are not read; the stored ones before it are
+  /// read in one batch, and one that fails (transfer, lease) ends the count there (later buffers may then
+  /// hold bytes all the same).
   Result<size_t> get_prefix(std::span<const BlockKey> keys, std::span<const Buffer> blocks);
 
   ClientStats stats() const;

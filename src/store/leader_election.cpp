@@ -79,21 +79,26 @@ class LeaderElection::Impl {
       }
       if (!pause(std::max(std::chrono::milliseconds(50), ttl / 10))) return;
     }
-    // Lead: keep the lease alive; lose it and step down.
-    Clock::time_point last_alive = Clock::now();
-    while (pause(std::max(std::chrono::milliseconds(50), ttl / 3))) {
+    // Lead: keep the lease alive. etcd counts the TTL from when it receives a keepalive, so the lease lasts
+    // at least until `sent + ttl` of the last one that succeeded. Step down at 3/4 of that, whatever happens
+    // to later keepalives (each bounded by ttl / 4): a deposed leader never serves past its lease.
+    Clock::time_point deadline = Clock::now() + ttl * 3 / 4;
+    for (;;) {
+      const auto until_deadline =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (!pause(std::max(std::chrono::milliseconds(1), std::min(ttl / 3, until_deadline)))) return;
+      if (Clock::now() >= deadline) break;
+      const Clock::time_point sent = Clock::now();
       auto alive = client.keep_alive(lease);
       if (alive.ok() && *alive) {
-        last_alive = Clock::now();
-        continue;
-      }
-      if ((alive.ok() && !*alive) || Clock::now() - last_alive >= ttl) {
-        leader = false;
-        lease = 0;
-        if (on_lost) on_lost();
-        return;
+        deadline = sent + ttl * 3 / 4;
+      } else if (alive.ok()) {
+        break;  // etcd no longer has the lease
       }
     }
+    leader = false;
+    lease = 0;
+    if (on_lost) on_lost();
   }
 
   EtcdStoreOptions options;
@@ -118,7 +123,11 @@ Result<std::unique_ptr<LeaderElection>> LeaderElection::start(const EtcdStoreOpt
         fmt::format("leader_ttl must be at least 1 s, got {} s", options.leader_ttl.count()));
   }
   if (address.empty()) return Status::invalid_argument("leader election: the master's address is empty");
-  auto client = EtcdClient::create(options.endpoint, options.request_timeout);
+  // Requests end within a quarter of the TTL, so a leader notices a lost etcd in time to step down.
+  auto client = EtcdClient::create(
+      options.endpoint,
+      std::min(options.request_timeout,
+               std::chrono::duration_cast<std::chrono::milliseconds>(options.leader_ttl) / 4));
   if (!client.ok()) return client.status();
   auto impl = std::make_unique<Impl>(options, std::move(*client), std::move(address), std::move(on_elected),
                                      std::move(on_lost));

@@ -34,9 +34,9 @@ class LeaderElection {
  public:
   /// Starts campaigning for `address` in a thread: it tries to create the leader key under a lease of
   /// leader_ttl every leader_ttl / 10 while another master holds it; once elected it calls `on_elected` and
-  /// keeps the lease alive every leader_ttl / 3. When the lease is lost (etcd says it expired, or no
-  /// keepalive succeeded for leader_ttl) it calls `on_lost` once and stops: a deposed leader must stop
-  /// serving. kInvalidArgument for bad options (naming them).
+  /// keeps the lease alive every leader_ttl / 3. When the lease may be lost (etcd says it expired, or no
+  /// keepalive succeeded for 3/4 of leader_ttl, so before etcd can expire it) it calls `on_lost` once and
+  /// stops: a deposed leader must stop serving. kInvalidArgument for bad options (naming them).
   static Result<std::unique_ptr<LeaderElection>> start(const EtcdStoreOptions& options, std::string address,
                                                        std::function<void()> on_elected,
                                                        std::function<void()> on_lost);

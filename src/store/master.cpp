@@ -208,8 +208,11 @@ class Master::Impl {
     ++stats_.objects_restored;
     Replica replica{segment.id, ssd ? 0 : held.offset_bytes, held.tier, ReplicaState::kReady};
     if (ssd) segment.ssd_used_bytes += held.size_bytes;
+    // Readers may hold leases from the previous master: nothing restored is freed before they could end.
+    const Nanos leased_until = now() + to_nanos(options_.lease_ttl);
     if (joins) {
       it->second.replicas.push_back(replica);
+      it->second.lease_until = std::max(it->second.lease_until, leased_until);
       return;
     }
     auto [inserted, ok] = objects_.try_emplace(held.key);
@@ -218,6 +221,7 @@ class Master::Impl {
     object.size_bytes = held.size_bytes;
     object.replicas = {replica};
     object.state = ObjectState::kComplete;
+    object.lease_until = leased_until;
     lru_.link_front(object);
   }
 
@@ -317,8 +321,14 @@ class Master::Impl {
       for (ReplicaState state : {ReplicaState::kSpilling, ReplicaState::kLoading}) {
         auto [object, replica] = find(h.key, state, h.offset_bytes);
         if (object == nullptr) continue;
-        if (state == ReplicaState::kSpilling)
+        if (state == ReplicaState::kSpilling) {
           segment.spilling_bytes -= aligned_size_bytes(object->size_bytes);
+          if (object->lease_until > t) {  // a reader holds the range: keep the copy, evict it again later
+            replica->state = ReplicaState::kReady;
+            break;
+          }
+          record(segment.id, ChangeKind::kEvicted, {h.key, 0, 0});  // the owner's index drops it too
+        }
         remove_replica(*object, static_cast<size_t>(replica - object->replicas.data()));
         break;
       }
@@ -383,7 +393,8 @@ class Master::Impl {
           fmt::format("put {}: replica_num {} is more than the {} segment{} mounted", printable_key(key),
                       config.replica_num, live_segments_.size(), live_segments_.size() == 1 ? "" : "s"));
     }
-    const uint64_t aligned = aligned_size_bytes(size_bytes);
+    // Compared before aligning: a size near 2^64 would wrap to 0 when aligned.
+    const uint64_t aligned = size_bytes > (uint64_t{1} << 62) ? ~uint64_t{0} : aligned_size_bytes(size_bytes);
     size_t large_enough = 0;
     uint64_t largest = 0;
     for (uint32_t id : live_segments_) {
@@ -553,6 +564,16 @@ class Master::Impl {
             fmt::format("key {} is on SSD; making room in {} to load it; retry shortly",
                         printable_key(*object.key), segment.mount.segment));
       }
+      // Room held only by read leases comes back when they end: worth waiting for, unlike pins.
+      for (Object* o = lru_.tail; o != nullptr; o = o->lru_prev) {
+        if (o->lease_until > t && evictable(*o, o->lease_until, false) &&
+            std::any_of(o->replicas.begin(), o->replicas.end(),
+                        [&](const Replica& r) { return r.segment_id == segment.id && r.holds_range(); })) {
+          return Status::unavailable(
+              fmt::format("key {} is on SSD; its segment {} is held by read leases; retry",
+                          printable_key(*object.key), segment.mount.segment));
+        }
+      }
       return Status::no_space(
           fmt::format("key {} is on the SSD tier of {} and its segment has no room to load it",
                       printable_key(*object.key), segment.mount.segment));
@@ -563,6 +584,12 @@ class Master::Impl {
     record(segment.id, ChangeKind::kLoad, {*object.key, *offset, object.size_bytes});
     return Status::unavailable(
         fmt::format("key {} is being loaded from SSD; retry shortly", printable_key(*object.key)));
+  }
+
+  /// Whether a load from SSD into one of the object's ranges is under way (the owner will write that range).
+  static bool loading(const Object& object) {
+    return std::any_of(object.replicas.begin(), object.replicas.end(),
+                       [](const Replica& r) { return r.state == ReplicaState::kLoading; });
   }
 
   Object* find_complete(std::string_view key) {
@@ -577,6 +604,10 @@ class Master::Impl {
       return Status::not_found(fmt::format("key {} not found", printable_key(key)));
     }
     const Nanos t = now();
+    if (loading(*object)) {
+      return Status::failed_precondition(
+          fmt::format("key {} is being loaded from SSD for a reader; retry shortly", printable_key(key)));
+    }
     if (object->lease_until > t) {
       return Status::failed_precondition(fmt::format("key {} is being read (its lease ends in {} ms)",
                                                      printable_key(key),
@@ -592,7 +623,7 @@ class Master::Impl {
     uint64_t removed = 0;
     for (Object* object = lru_.tail; object != nullptr;) {
       Object* next = object->lru_prev;
-      if (object->lease_until <= t) {
+      if (object->lease_until <= t && !loading(*object)) {
         drop(*object);
         ++removed;
       }

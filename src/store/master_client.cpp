@@ -133,6 +133,10 @@ class MasterClient::Impl {
         context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
         status = (target->stub().*method)(&context, request, reply);
         if (status.ok()) return Status();
+        if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+          follow_leader();  // a leader that stopped answering may have been replaced: the next call finds out
+          break;            // not retried: the call may have taken effect
+        }
         if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
       }
       const bool more =

@@ -258,7 +258,8 @@ class MasterServer::Impl {
   explicit Impl(MasterServerOptions options) : options(std::move(options)), master(this->options.master) {}
 
   ~Impl() {
-    election.reset();  // resign first: a standby takes over while this one shuts down
+    leading = false;   // stop answering before resigning: never two leaders serving
+    election.reset();  // resign: a standby takes over while this one shuts down
     {
       std::lock_guard<std::mutex> lock(mu);
       stopping = true;

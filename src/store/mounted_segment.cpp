@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "store/ssd_tier.h"
 
@@ -34,7 +35,6 @@ class MountedSegment::Impl {
     std::unique_lock<std::mutex> lock(mu);
     while (!cv.wait_for(lock, period, [this] { return stopping; })) {
       lock.unlock();
-      cleared_for_full = false;
       sync();
       lock.lock();
     }
@@ -58,7 +58,8 @@ class MountedSegment::Impl {
     Result<SegmentChanges> changes = master.renew_segment(mount.segment, version, report);
     if (changes.ok()) {
       report = {};  // delivered
-      for (const SegmentChange& c : changes->changes) apply(c, changes->full);
+      if (changes->full) reset_to(*changes);
+      for (const SegmentChange& c : changes->changes) apply(c);
       version = changes->version;
       return true;
     }
@@ -72,7 +73,9 @@ class MountedSegment::Impl {
         for (const auto& [key, size] : ssd->held()) held.push_back({key, 0, size, ReplicaTier::kSsd});
       }
     }
-    if (master.mount_segment(mount, held).ok()) {
+    Status mounted_again = master.mount_segment(mount, held);
+    // kAlreadyExists: a retried mount the master had already taken.
+    if (mounted_again.ok() || mounted_again.code() == StatusCode::kAlreadyExists) {
       ++remounts;
       report = {};                       // the new master knows nothing of the old orders
       version = kUnknownSegmentVersion;  // the next renewal brings the new master's view in full
@@ -81,12 +84,24 @@ class MountedSegment::Impl {
   }
 
   /// One change of the feed, in order (`full`: the first of a full list clears the DRAM index).
-  void apply(const SegmentChange& c, bool full) {
+  /// A full list replaces what the owner believes it holds: the DRAM index is rebuilt from it, and SSD files
+  /// it does not list are deleted (removed while the list was being made, or refused at a re-mount).
+  void reset_to(const SegmentChanges& full) {
     std::lock_guard<std::mutex> lock(index_mu);
-    if (full && !cleared_for_full) {
-      index.clear();
-      cleared_for_full = true;
+    index.clear();
+    if (!ssd) return;
+    std::unordered_set<std::string> listed;
+    for (const SegmentChange& c : full.changes) {
+      if (c.kind == ChangeKind::kAdded && c.object.tier == ReplicaTier::kSsd) listed.insert(c.object.key);
     }
+    for (const auto& [key, size] : ssd->held()) {
+      if (!listed.contains(key)) ssd->remove(key);
+    }
+  }
+
+  /// One change of the feed, in order.
+  void apply(const SegmentChange& c) {
+    std::lock_guard<std::mutex> lock(index_mu);
     const HeldObject& o = c.object;
     std::byte* range = static_cast<std::byte*>(memory) + o.offset_bytes;
     switch (c.kind) {
@@ -105,20 +120,24 @@ class MountedSegment::Impl {
           report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
           break;
         }
-        Result<std::vector<std::string>> dropped = ssd->write(o.key, range, o.size_bytes);
-        if (!dropped.ok()) {
+        const Status written = ssd->write(o.key, range, o.size_bytes, report.ssd_dropped);
+        if (!written.ok()) {
           report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
           break;
         }
-        for (std::string& key : *dropped) report.ssd_dropped.push_back(std::move(key));
         report.spilled.push_back({o.key, o.offset_bytes, o.size_bytes});
         index.erase(o.key);
         break;
       }
       case ChangeKind::kLoad: {
-        if (!ssd || o.offset_bytes + o.size_bytes > mount.capacity_bytes ||
-            !ssd->read(o.key, range, o.size_bytes).ok()) {
+        const Status read = !ssd || o.offset_bytes + o.size_bytes > mount.capacity_bytes
+                                ? Status::invalid_argument("no SSD tier, or a range outside the segment")
+                                : ssd->read(o.key, range, o.size_bytes);
+        if (!read.ok()) {
           report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
+          // No file, or an unreadable one: the master must forget this SSD copy, or readers wait on it.
+          if (ssd) ssd->remove(o.key);
+          report.ssd_dropped.push_back(o.key);
           break;
         }
         report.loaded.push_back({o.key, o.offset_bytes, o.size_bytes});
@@ -138,7 +157,6 @@ class MountedSegment::Impl {
   std::atomic<uint64_t> remounts{0};
   uint64_t version = kUnknownSegmentVersion;  // of the index; renewal thread only
   SegmentReport report;                       // to send with the next renewal; renewal thread only
-  bool cleared_for_full = false;              // renewal thread only
   std::unique_ptr<SsdTier> ssd;               // used by the renewal thread; sizes read under index_mu
   mutable std::mutex index_mu;
   std::unordered_map<std::string, std::pair<uint64_t, uint64_t>> index;  // key -> (offset, size)

@@ -31,14 +31,13 @@ Result<std::unique_ptr<SsdTier>> SsdTier::open(const std::string& dir, uint64_t 
   return std::unique_ptr<SsdTier>(new SsdTier(dir, capacity_bytes));
 }
 
-Result<std::vector<std::string>> SsdTier::write(const std::string& key, const void* data,
-                                                uint64_t size_bytes) {
+Status SsdTier::write(const std::string& key, const void* data, uint64_t size_bytes,
+                      std::vector<std::string>& dropped) {
   if (size_bytes > capacity_bytes_) {
     return Status::no_space(fmt::format("ssd tier: a value of {} bytes is larger than the tier ({} bytes)",
                                         size_bytes, capacity_bytes_));
   }
   remove(key);
-  std::vector<std::string> dropped;
   while (used_bytes_ + size_bytes > capacity_bytes_ && !lru_.empty()) {
     std::string victim = lru_.back();
     remove(victim);
@@ -62,7 +61,7 @@ Result<std::vector<std::string>> SsdTier::write(const std::string& key, const vo
   lru_.push_front(key);
   files_[key] = {path, size_bytes, lru_.begin()};
   used_bytes_ += size_bytes;
-  return dropped;
+  return Status();
 }
 
 Status SsdTier::read(const std::string& key, void* out, uint64_t size_bytes) {

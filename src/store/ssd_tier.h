@@ -22,9 +22,11 @@ class SsdTier {
   static Result<std::unique_ptr<SsdTier>> open(const std::string& dir, uint64_t capacity_bytes);
 
   /// Writes `size_bytes` from `data` as `key`'s file (replacing an older one), first deleting least recently
-  /// used files until it fits; returns the keys deleted. kNoSpace when it is larger than the capacity;
-  /// kIoError when the write fails (nothing is kept then).
-  Result<std::vector<std::string>> write(const std::string& key, const void* data, uint64_t size_bytes);
+  /// used files until it fits. Appends the keys whose files were deleted to `dropped` (also when the write
+  /// then fails). kNoSpace when it is larger than the capacity; kIoError when the write fails (no file is
+  /// kept for `key` then, an older one included).
+  Status write(const std::string& key, const void* data, uint64_t size_bytes,
+               std::vector<std::string>& dropped);
   /// Reads `key`'s file (exactly `size_bytes`) into `out` and makes it the most recently used. kNotFound;
   /// kIoError (also for a size that differs).
   Status read(const std::string& key, void* out, uint64_t size_bytes);

@@ -296,6 +296,56 @@ TEST_F(MasterTest, ASpillFinishedUnderAReadLeaseKeepsTheDramCopy) {
   EXPECT_TRUE(master_->exists("a"));
 }
 
+TEST_F(MasterTest, NoRangeIsFreedUnderALeaseOrALoadWhateverTheOwnerReports) {
+  MasterOptions options{.high_watermark = 1.0};
+  options.clock = [this] { return now_; };
+  master_ = std::make_unique<Master>(options);
+  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 2, 1 << 20}).ok());
+  uint64_t seen = master_->renew_segment("seg").value().version;
+  ASSERT_TRUE(put("a", 64).ok());
+  ASSERT_TRUE(put("b", 64).ok());
+  EXPECT_EQ(master_->put_start("c", 64, {}).status().code(), StatusCode::kUnavailable);  // "a" spills
+  auto orders = master_->renew_segment("seg", seen);
+  const HeldObject a = orders->changes.back().object;
+  ASSERT_TRUE(master_->get_replica_list("a").ok());  // a reader takes a lease on the spilling copy
+  seen = master_->renew_segment("seg", orders->version, {.failed = {a}}).value().version;  // the write failed
+  EXPECT_TRUE(master_->exists("a"));  // kept: the reader's range is not freed
+  EXPECT_EQ(master_->segments()[0].used_bytes, 128u);
+}
+
+TEST_F(MasterTest, AnObjectBeingLoadedFromSsdCannotBeRemoved) {
+  MasterOptions options{.high_watermark = 1.0};
+  options.clock = [this] { return now_; };
+  master_ = std::make_unique<Master>(options);
+  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 2, 1 << 20}).ok());
+  uint64_t seen = master_->renew_segment("seg").value().version;
+  // Spill everything reported written as soon as it is ordered; return the load order if one comes.
+  auto serve_orders = [&]() -> std::optional<HeldObject> {
+    auto changes = master_->renew_segment("seg", seen);
+    SegmentReport report;
+    std::optional<HeldObject> load;
+    for (const SegmentChange& c : changes->changes) {
+      if (c.kind == ChangeKind::kSpill) report.spilled.push_back(c.object);
+      if (c.kind == ChangeKind::kLoad) load = c.object;
+    }
+    seen = master_->renew_segment("seg", changes->version, report).value().version;
+    return load;
+  };
+  ASSERT_TRUE(put("a", 64).ok());
+  ASSERT_TRUE(put("b", 64).ok());
+  EXPECT_EQ(master_->put_start("c", 64, {}).status().code(), StatusCode::kUnavailable);  // "a" spills
+  serve_orders();
+  ASSERT_TRUE(put("c", 64).ok());  // the segment holds b and c; a is on SSD only
+  EXPECT_EQ(master_->get_replica_list("a").status().code(), StatusCode::kUnavailable);  // "b" spills for room
+  serve_orders();
+  EXPECT_EQ(master_->get_replica_list("a").status().code(), StatusCode::kUnavailable);  // load ordered
+  EXPECT_TRUE(serve_orders().has_value());  // the owner has the load order, and has not reported it done:
+  // a remove must wait, or the owner would write the file over whatever took the range.
+  EXPECT_EQ(master_->remove("a").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(master_->remove_all(), 2u);  // b (on SSD) and c
+  EXPECT_TRUE(master_->exists("a"));
+}
+
 TEST_F(MasterTest, AFailedSpillDropsTheCopyAndAnSsdOnlyObjectGoesWithItsFile) {
   MasterOptions options{.high_watermark = 1.0};
   options.clock = [this] { return now_; };

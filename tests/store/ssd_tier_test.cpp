@@ -32,22 +32,22 @@ TEST(SsdTier, KeepsBytesAndDropsTheLeastRecentlyUsedFilesBeyondItsCapacity) {
   SsdTier& t = **tier;
   std::vector<char> a = bytes(1000, 1), b = bytes(1000, 2), c = bytes(1000, 3), d = bytes(1500, 4);
   for (auto [key, value] : {std::pair{"a", &a}, {"b", &b}, {"c", &c}}) {
-    auto dropped = t.write(key, value->data(), value->size());
-    ASSERT_TRUE(dropped.ok());
-    EXPECT_TRUE(dropped->empty());
+    std::vector<std::string> dropped;
+    ASSERT_TRUE(t.write(key, value->data(), value->size(), dropped).ok());
+    EXPECT_TRUE(dropped.empty());
   }
   std::vector<char> out(1000);
   ASSERT_TRUE(t.read("a", out.data(), out.size()).ok());  // a becomes the most recent; b is the oldest
   EXPECT_EQ(out, a);
-  auto dropped = t.write("d", d.data(), d.size());  // needs 1500 of 3000: b and c go
-  ASSERT_TRUE(dropped.ok());
-  EXPECT_EQ(*dropped, (std::vector<std::string>{"b", "c"}));
+  std::vector<std::string> dropped;
+  ASSERT_TRUE(t.write("d", d.data(), d.size(), dropped).ok());  // needs 1500 of 3000: b and c go
+  EXPECT_EQ(dropped, (std::vector<std::string>{"b", "c"}));
   EXPECT_EQ(t.used_bytes(), 2500u);
   EXPECT_EQ(files_in(dir.path()), 2u);
   EXPECT_EQ(t.read("b", out.data(), out.size()).code(), StatusCode::kNotFound);
   EXPECT_EQ(t.read("a", out.data(), 999).code(), StatusCode::kIoError);  // wrong size
   std::vector<char> big(3001);
-  EXPECT_EQ(t.write("big", big.data(), big.size()).status().code(), StatusCode::kNoSpace);
+  EXPECT_EQ(t.write("big", big.data(), big.size(), dropped).code(), StatusCode::kNoSpace);
   t.remove("a");
   t.remove("d");
   EXPECT_EQ(t.used_bytes(), 0u);
