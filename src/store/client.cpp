@@ -243,28 +243,19 @@ class Client::Impl {
         locals[i] = std::move(*local);
       }
     }
+    // Keys the master is making room for (spilling to SSD) answer kUnavailable and are asked again.
     auto started = master->put_start(asked, asked_sizes, config, host_id);
-    // Keys the master is making room for (spilling to SSD) are asked again, within ssd_wait.
-    const Clock::time_point give_up = Clock::now() + options.ssd_wait;
-    while (started.ok() && Clock::now() < give_up) {
-      std::vector<size_t> again;
-      for (size_t a = 0; a < started->size(); ++a) {
-        if ((*started)[a].status().code() == StatusCode::kUnavailable) again.push_back(a);
-      }
-      if (again.empty()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      std::vector<std::string_view> retry_keys;
-      std::vector<uint64_t> retry_sizes;
-      for (size_t a : again) {
-        retry_keys.push_back(asked[a]);
-        retry_sizes.push_back(asked_sizes[a]);
-      }
-      auto retried = master->put_start(retry_keys, retry_sizes, config, host_id);
-      if (!retried.ok()) {
-        started = retried.status();
-        break;
-      }
-      for (size_t r = 0; r < again.size(); ++r) (*started)[again[r]] = std::move((*retried)[r]);
+    if (started.ok()) {
+      Status retried = ask_again(*started, [&](const std::vector<size_t>& again) {
+        std::vector<std::string_view> retry_keys;
+        std::vector<uint64_t> retry_sizes;
+        for (size_t a : again) {
+          retry_keys.push_back(asked[a]);
+          retry_sizes.push_back(asked_sizes[a]);
+        }
+        return master->put_start(retry_keys, retry_sizes, config, host_id);
+      });
+      if (!retried.ok()) started = retried;
     }
     if (!started.ok()) {
       for (Local& l : locals) release(l);
@@ -434,30 +425,41 @@ class Client::Impl {
     return results;
   }
 
+  /// Asks again, every 20 ms within ssd_wait, for the keys whose result is kUnavailable (a load from SSD or
+  /// room being made for a put): `ask(indexes)` answers for those keys, in order. The call's error when the
+  /// master cannot be reached.
+  template <typename T, typename Ask>
+  Status ask_again(std::vector<Result<T>>& results, Ask&& ask) {
+    const Clock::time_point give_up = Clock::now() + options.ssd_wait;
+    while (Clock::now() < give_up) {
+      std::vector<size_t> again;
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (results[i].status().code() == StatusCode::kUnavailable) again.push_back(i);
+      }
+      if (again.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      auto answers = ask(again);
+      if (!answers.ok()) return answers.status();
+      for (size_t r = 0; r < again.size(); ++r) results[again[r]] = std::move((*answers)[r]);
+    }
+    return Status();
+  }
+
   /// get_replica_list for `keys`, asking again within ssd_wait for keys being loaded from SSD. `sent` gets
   /// each key's send time: its lease counts from there (never later than the master's count).
   Result<std::vector<Result<ReadGrant>>> grant(std::span<const std::string_view> keys,
                                                std::vector<Clock::time_point>& sent) {
     sent.assign(keys.size(), Clock::now());
     auto grants = master->get_replica_list(keys);
-    const Clock::time_point give_up = Clock::now() + options.ssd_wait;
-    while (grants.ok() && Clock::now() < give_up) {
-      std::vector<size_t> again;
-      for (size_t i = 0; i < grants->size(); ++i) {
-        if ((*grants)[i].status().code() == StatusCode::kUnavailable) again.push_back(i);
-      }
-      if (again.empty()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!grants.ok()) return grants;
+    Status retried = ask_again(*grants, [&](const std::vector<size_t>& again) {
       std::vector<std::string_view> retry_keys;
       for (size_t i : again) retry_keys.push_back(keys[i]);
       const Clock::time_point now = Clock::now();
-      auto retried = master->get_replica_list(retry_keys);
-      if (!retried.ok()) return retried.status();
-      for (size_t r = 0; r < again.size(); ++r) {
-        (*grants)[again[r]] = std::move((*retried)[r]);
-        sent[again[r]] = now;
-      }
-    }
+      for (size_t i : again) sent[i] = now;
+      return master->get_replica_list(retry_keys);
+    });
+    if (!retried.ok()) return retried;
     return grants;
   }
 

@@ -27,6 +27,16 @@ class MasterTest : public ::testing::Test {
     }
   }
   void advance(milliseconds d) { now_ += d; }
+  /// One segment "seg" of `dram_bytes` with a 1 MiB SSD tier behind it, eviction only when full; returns the
+  /// version its owner starts from (the first, full renewal).
+  uint64_t start_with_ssd(uint64_t dram_bytes) {
+    MasterOptions options{.high_watermark = 1.0};
+    options.clock = [this] { return now_; };
+    master_ = std::make_unique<Master>(options);
+    EXPECT_TRUE(
+        master_->mount_segment({"seg", "node", "host", dram_bytes, /*ssd_capacity_bytes=*/1 << 20}).ok());
+    return master_->renew_segment("seg").value().version;
+  }
   /// put_start + put_end; the status of whichever failed.
   Status put(const std::string& key, uint64_t size, ReplicateConfig config = {}) {
     auto replicas = master_->put_start(key, size, config);
@@ -220,11 +230,7 @@ TEST_F(MasterTest, OwnersFollowTheirSegmentsChangesAndRebuildARestartedMaster) {
 }
 
 TEST_F(MasterTest, EvictionSpillsToTheSsdTierAndAReadLoadsItBack) {
-  MasterOptions options{.high_watermark = 1.0};
-  options.clock = [this] { return now_; };
-  master_ = std::make_unique<Master>(options);
-  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 4, /*ssd_capacity_bytes=*/1 << 20}).ok());
-  uint64_t seen = master_->renew_segment("seg").value().version;
+  uint64_t seen = start_with_ssd(64 * 4);
   for (const char* key : {"a", "b", "c", "d"}) ASSERT_TRUE(put(key, 64).ok());
   seen = master_->renew_segment("seg", seen).value().version;  // the four kAdded
   // No room, and every object needs a spill first: the put is told to come back; "a" is ordered spilled.
@@ -271,11 +277,7 @@ TEST_F(MasterTest, EvictionSpillsToTheSsdTierAndAReadLoadsItBack) {
 }
 
 TEST_F(MasterTest, ASpillFinishedUnderAReadLeaseKeepsTheDramCopy) {
-  MasterOptions options{.high_watermark = 1.0};
-  options.clock = [this] { return now_; };
-  master_ = std::make_unique<Master>(options);
-  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 2, 1 << 20}).ok());
-  uint64_t seen = master_->renew_segment("seg").value().version;
+  uint64_t seen = start_with_ssd(64 * 2);
   ASSERT_TRUE(put("a", 64).ok());
   ASSERT_TRUE(put("b", 64).ok());
   EXPECT_EQ(master_->put_start("c", 64, {}).status().code(), StatusCode::kUnavailable);  // "a" spills
@@ -297,11 +299,7 @@ TEST_F(MasterTest, ASpillFinishedUnderAReadLeaseKeepsTheDramCopy) {
 }
 
 TEST_F(MasterTest, NoRangeIsFreedUnderALeaseOrALoadWhateverTheOwnerReports) {
-  MasterOptions options{.high_watermark = 1.0};
-  options.clock = [this] { return now_; };
-  master_ = std::make_unique<Master>(options);
-  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 2, 1 << 20}).ok());
-  uint64_t seen = master_->renew_segment("seg").value().version;
+  uint64_t seen = start_with_ssd(64 * 2);
   ASSERT_TRUE(put("a", 64).ok());
   ASSERT_TRUE(put("b", 64).ok());
   EXPECT_EQ(master_->put_start("c", 64, {}).status().code(), StatusCode::kUnavailable);  // "a" spills
@@ -314,11 +312,7 @@ TEST_F(MasterTest, NoRangeIsFreedUnderALeaseOrALoadWhateverTheOwnerReports) {
 }
 
 TEST_F(MasterTest, AnObjectBeingLoadedFromSsdCannotBeRemoved) {
-  MasterOptions options{.high_watermark = 1.0};
-  options.clock = [this] { return now_; };
-  master_ = std::make_unique<Master>(options);
-  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 2, 1 << 20}).ok());
-  uint64_t seen = master_->renew_segment("seg").value().version;
+  uint64_t seen = start_with_ssd(64 * 2);
   // Spill everything reported written as soon as it is ordered; return the load order if one comes.
   auto serve_orders = [&]() -> std::optional<HeldObject> {
     auto changes = master_->renew_segment("seg", seen);
@@ -347,11 +341,7 @@ TEST_F(MasterTest, AnObjectBeingLoadedFromSsdCannotBeRemoved) {
 }
 
 TEST_F(MasterTest, AFailedSpillDropsTheCopyAndAnSsdOnlyObjectGoesWithItsFile) {
-  MasterOptions options{.high_watermark = 1.0};
-  options.clock = [this] { return now_; };
-  master_ = std::make_unique<Master>(options);
-  ASSERT_TRUE(master_->mount_segment({"seg", "node", "host", 64 * 2, 1 << 20}).ok());
-  uint64_t seen = master_->renew_segment("seg").value().version;
+  uint64_t seen = start_with_ssd(64 * 2);
   ASSERT_TRUE(put("a", 64).ok());
   ASSERT_TRUE(put("b", 64).ok());
   EXPECT_EQ(master_->put_start("c", 64, {}).status().code(), StatusCode::kUnavailable);
