@@ -8,7 +8,7 @@ packages=(
   nlohmann-json3-dev libsimdjson-dev libcli11-dev libfmt-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev libcpp-httplib-dev libssl-dev libxxhash-dev etcd-server redis-server libhiredis-dev
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   gnuplot-nox
 )
 

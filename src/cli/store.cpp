@@ -301,7 +301,7 @@ void register_store(CLI::App& app, int& exit_code) {
   auto master_args = std::make_shared<MasterArgs>();
   CLI::App* master =
       store->add_subcommand("master", "Run the store's master (metadata only) until SIGINT/SIGTERM");
-  master->add_option("--listen", master_args->listen, "gRPC address host:port (port 0 picks one)")
+  master->add_option("--listen", master_args->listen, "control-protocol address host:port (port 0 picks one)")
       ->capture_default_str();
   master->add_option("--metrics", master_args->metrics, "/metrics address host:port ('' = off)")
       ->capture_default_str();

@@ -1,14 +1,14 @@
 #include "store/master_client.h"
 
 #include <fmt/format.h>
-#include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
 
-#include "store.grpc.pb.h"
+#include "store.pb.h"
+#include "store/control_rpc.h"
 #include "store/rpc_convert.h"
 
 namespace crescent::store {
@@ -65,79 +65,60 @@ Result<std::vector<Result<T>>> replica_lists(const rpc::ReplicaListsReply& reply
 
 class MasterClient::Impl {
  public:
-  /// The channels to one master address; replaced as a whole when the leader changes.
-  struct Channels {
-    std::string address;
-    std::vector<std::unique_ptr<rpc::StoreMaster::Stub>> stubs;  // one per channel (own TCP connection)
-    std::atomic<size_t> next{0};
-
-    rpc::StoreMaster::Stub& stub() {
-      return *stubs[next.fetch_add(1, std::memory_order_relaxed) % stubs.size()];
-    }
-  };
-
   MasterClientOptions options;
   mutable std::mutex mu;
-  std::shared_ptr<Channels> channels;  // guarded by mu
+  std::shared_ptr<ControlChannel> channel;  // to the master (with etcd: the leader) now; guarded by mu
   MasterInfo info;
 
   bool uses_etcd() const { return !options.etcd.endpoint.empty(); }
 
-  std::shared_ptr<Channels> current() const {
+  std::shared_ptr<ControlChannel> current() const {
     std::lock_guard<std::mutex> lock(mu);
-    return channels;
+    return channel;
   }
 
   void connect_to(const std::string& address) {
-    auto fresh = std::make_shared<Channels>();
-    fresh->address = address;
-    for (int i = 0; i < options.channels; ++i) {
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
-                  1);                     // a connection of its own, not shared with the others
-      args.SetMaxReceiveMessageSize(-1);  // a full renew lists every object of a segment
-      fresh->stubs.push_back(rpc::StoreMaster::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
-    }
+    auto fresh = std::make_shared<ControlChannel>(address, options.idle_connections);
     std::lock_guard<std::mutex> lock(mu);
-    channels = std::move(fresh);
+    channel = std::move(fresh);
   }
 
   /// With etcd: follows the leader to its current address (kept when etcd names none, or cannot be reached).
   void follow_leader() {
     if (!uses_etcd()) return;
     Result<std::string> leader = find_leader(options.etcd);
-    std::shared_ptr<Channels> now = current();
-    if (leader.ok() && (now == nullptr || *leader != now->address)) connect_to(*leader);
+    std::shared_ptr<ControlChannel> now = current();
+    if (leader.ok() && (now == nullptr || *leader != now->address())) connect_to(*leader);
   }
 
   /// One RPC with a deadline per attempt, retried with back-off while the master is unreachable.
   template <typename Request, typename Reply>
-  Status call(const char* what,
-              grpc::Status (rpc::StoreMaster::Stub::*method)(grpc::ClientContext*, const Request&, Reply*),
-              const Request& request, Reply* reply) {
+  Status call(const char* what, MasterMethod method, const Request& request, Reply* reply) {
+    const std::string request_bytes = request.SerializeAsString();
     std::chrono::milliseconds backoff = options.initial_backoff;
-    grpc::Status status;
+    Status status;
     const auto budget_end = std::chrono::steady_clock::now() + options.failover_budget;
     int attempt = 1;
     std::string address;
     for (;; ++attempt) {
-      std::shared_ptr<Channels> target = current();
+      std::shared_ptr<ControlChannel> target = current();
       if (target == nullptr) {
-        status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no leader found in etcd");
+        status = Status::unavailable("no leader found in etcd");
       } else {
-        address = target->address;
-        grpc::ClientContext context;
-        context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
-        status = (target->stub().*method)(&context, request, reply);
-        if (status.ok()) return Status();
-        if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        address = target->address();
+        Result<std::string> answer = target->call(static_cast<uint16_t>(method), request_bytes,
+                                                  std::chrono::steady_clock::now() + options.rpc_timeout);
+        if (answer.ok()) {
+          if (reply->ParseFromString(*answer)) return Status();
+          return Status::internal(fmt::format("store master at {} sent a malformed {} reply ({} bytes)",
+                                              address, what, answer->size()));
+        }
+        status = answer.status();
+        if (status.code() == StatusCode::kDeadlineExceeded) {
           follow_leader();  // a leader that stopped answering may have been replaced: the next call finds out
           break;            // not retried: the call may have taken effect
         }
-        if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+        if (status.code() != StatusCode::kUnavailable) break;
       }
       const bool more =
           attempt < options.max_attempts || (uses_etcd() && std::chrono::steady_clock::now() < budget_end);
@@ -148,17 +129,17 @@ class MasterClient::Impl {
     }
     if (address.empty())
       address = uses_etcd() ? "(leader in etcd " + options.etcd.endpoint + ")" : options.address;
-    switch (status.error_code()) {
-      case grpc::StatusCode::UNAVAILABLE:
+    switch (status.code()) {
+      case StatusCode::kUnavailable:
         return Status::unavailable(fmt::format("store master at {} unreachable after {} attempt{} ({}): {}",
                                                address, attempt, attempt == 1 ? "" : "s", what,
-                                               status.error_message()));
-      case grpc::StatusCode::DEADLINE_EXCEEDED:
+                                               status.message()));
+      case StatusCode::kDeadlineExceeded:
         return Status::deadline_exceeded(fmt::format("store master at {} did not answer {} within {} ms",
                                                      address, what, options.rpc_timeout.count()));
       default:
-        return Status::internal(fmt::format("store master at {} failed {}: {} (grpc code {})", address, what,
-                                            status.error_message(), static_cast<int>(status.error_code())));
+        return Status(status.code(),
+                      fmt::format("store master at {} refused {}: {}", address, what, status.message()));
     }
   }
 
@@ -172,7 +153,7 @@ class MasterClient::Impl {
     to_proto(config, request.mutable_config());
     request.set_writer_host_id(std::string(writer_host_id));
     rpc::ReplicaListsReply reply;
-    CRESCENT_RETURN_IF_ERROR(call("put_start", &rpc::StoreMaster::Stub::PutStart, request, &reply));
+    CRESCENT_RETURN_IF_ERROR(call("put_start", MasterMethod::kPutStart, request, &reply));
     return replica_lists<std::vector<ReplicaLocation>>(reply, keys.size(), [](const rpc::ReplicaList& list) {
       std::vector<ReplicaLocation> replicas;
       for (const rpc::Replica& r : list.replicas()) replicas.push_back(from_proto(r));
@@ -180,7 +161,7 @@ class MasterClient::Impl {
     });
   }
 
-  template <auto Method>
+  template <MasterMethod Method>
   Result<std::vector<Status>> keys_call(const char* what, std::span<const std::string_view> keys) {
     rpc::KeysRequest request;
     add_keys(request.mutable_keys(), keys);
@@ -197,8 +178,9 @@ Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions 
   if (options.max_attempts < 1) {
     return Status::invalid_argument(fmt::format("max_attempts must be >= 1, got {}", options.max_attempts));
   }
-  if (options.channels < 1 || options.channels > 64) {
-    return Status::invalid_argument(fmt::format("channels must be in 1..64, got {}", options.channels));
+  if (options.idle_connections < 1 || options.idle_connections > 1024) {
+    return Status::invalid_argument(
+        fmt::format("idle_connections must be in 1..1024, got {}", options.idle_connections));
   }
   if (options.rpc_timeout.count() <= 0) {
     return Status::invalid_argument(
@@ -213,7 +195,7 @@ Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions 
   }
   rpc::HelloRequest request;
   rpc::HelloReply reply;
-  CRESCENT_RETURN_IF_ERROR(impl->call("hello", &rpc::StoreMaster::Stub::Hello, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(impl->call("hello", MasterMethod::kHello, request, &reply));
   impl->info = {reply.transfer_metadata(), std::chrono::milliseconds(reply.lease_ttl_ms()),
                 std::chrono::milliseconds(reply.segment_ttl_ms())};
   return std::unique_ptr<MasterClient>(new MasterClient(std::move(impl)));
@@ -226,7 +208,7 @@ const MasterInfo& MasterClient::info() const {
 }
 std::string MasterClient::address() const {
   auto target = impl_->current();
-  return target ? target->address : std::string();
+  return target ? target->address() : std::string();
 }
 
 Status MasterClient::mount_segment(const SegmentMount& mount, std::span<const HeldObject> held) {
@@ -238,8 +220,7 @@ Status MasterClient::mount_segment(const SegmentMount& mount, std::span<const He
   request.set_ssd_capacity_bytes(mount.ssd_capacity_bytes);
   for (const HeldObject& h : held) to_proto(h, request.add_held());
   rpc::StatusReply reply;
-  CRESCENT_RETURN_IF_ERROR(
-      impl_->call("mount_segment", &rpc::StoreMaster::Stub::MountSegment, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(impl_->call("mount_segment", MasterMethod::kMountSegment, request, &reply));
   return from_proto(reply.status());
 }
 
@@ -247,8 +228,7 @@ Status MasterClient::unmount_segment(std::string_view segment) {
   rpc::SegmentRequest request;
   request.set_segment(std::string(segment));
   rpc::StatusReply reply;
-  CRESCENT_RETURN_IF_ERROR(
-      impl_->call("unmount_segment", &rpc::StoreMaster::Stub::UnmountSegment, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(impl_->call("unmount_segment", MasterMethod::kUnmountSegment, request, &reply));
   return from_proto(reply.status());
 }
 
@@ -262,8 +242,7 @@ Result<SegmentChanges> MasterClient::renew_segment(std::string_view segment, uin
   for (const HeldObject& h : report.failed) to_proto(h, request.add_failed());
   for (const std::string& key : report.ssd_dropped) request.add_ssd_dropped(key);
   rpc::RenewSegmentReply reply;
-  CRESCENT_RETURN_IF_ERROR(
-      impl_->call("renew_segment", &rpc::StoreMaster::Stub::RenewSegment, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(impl_->call("renew_segment", MasterMethod::kRenewSegment, request, &reply));
   CRESCENT_RETURN_IF_ERROR(from_proto(reply.status()));
   SegmentChanges changes{reply.version(), reply.full(), {}};
   changes.changes.reserve(static_cast<size_t>(reply.changes_size()));
@@ -283,13 +262,13 @@ Result<std::vector<Result<std::vector<ReplicaLocation>>>> MasterClient::put_star
 }
 
 Result<std::vector<Status>> MasterClient::put_end(std::span<const std::string_view> keys) {
-  return impl_->keys_call<&rpc::StoreMaster::Stub::PutEnd>("put_end", keys);
+  return impl_->keys_call<MasterMethod::kPutEnd>("put_end", keys);
 }
 Result<std::vector<Status>> MasterClient::put_revoke(std::span<const std::string_view> keys) {
-  return impl_->keys_call<&rpc::StoreMaster::Stub::PutRevoke>("put_revoke", keys);
+  return impl_->keys_call<MasterMethod::kPutRevoke>("put_revoke", keys);
 }
 Result<std::vector<Status>> MasterClient::remove(std::span<const std::string_view> keys) {
-  return impl_->keys_call<&rpc::StoreMaster::Stub::Remove>("remove", keys);
+  return impl_->keys_call<MasterMethod::kRemove>("remove", keys);
 }
 
 Result<std::vector<Result<ReadGrant>>> MasterClient::get_replica_list(
@@ -297,8 +276,7 @@ Result<std::vector<Result<ReadGrant>>> MasterClient::get_replica_list(
   rpc::KeysRequest request;
   add_keys(request.mutable_keys(), keys);
   rpc::ReplicaListsReply reply;
-  CRESCENT_RETURN_IF_ERROR(
-      impl_->call("get_replica_list", &rpc::StoreMaster::Stub::GetReplicaList, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(impl_->call("get_replica_list", MasterMethod::kGetReplicaList, request, &reply));
   return replica_lists<ReadGrant>(reply, keys.size(), [](const rpc::ReplicaList& list) {
     ReadGrant grant{list.size_bytes(), {}, std::chrono::milliseconds(list.lease_ttl_ms())};
     for (const rpc::Replica& r : list.replicas()) grant.replicas.push_back(from_proto(r));
@@ -310,7 +288,7 @@ Result<std::vector<bool>> MasterClient::exists(std::span<const std::string_view>
   rpc::KeysRequest request;
   add_keys(request.mutable_keys(), keys);
   rpc::ExistsReply reply;
-  CRESCENT_RETURN_IF_ERROR(impl_->call("exists", &rpc::StoreMaster::Stub::Exists, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(impl_->call("exists", MasterMethod::kExists, request, &reply));
   if (static_cast<size_t>(reply.exists_size()) != keys.size()) {
     return Status::internal(
         fmt::format("master answered {} results for {} keys", reply.exists_size(), keys.size()));
@@ -321,14 +299,14 @@ Result<std::vector<bool>> MasterClient::exists(std::span<const std::string_view>
 Result<uint64_t> MasterClient::remove_all() {
   rpc::RemoveAllRequest request;
   rpc::RemoveAllReply reply;
-  CRESCENT_RETURN_IF_ERROR(impl_->call("remove_all", &rpc::StoreMaster::Stub::RemoveAll, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(impl_->call("remove_all", MasterMethod::kRemoveAll, request, &reply));
   return reply.removed();
 }
 
 Result<MasterSnapshot> MasterClient::stats() {
   rpc::StatsRequest request;
   rpc::StatsReply reply;
-  CRESCENT_RETURN_IF_ERROR(impl_->call("stats", &rpc::StoreMaster::Stub::Stats, request, &reply));
+  CRESCENT_RETURN_IF_ERROR(impl_->call("stats", MasterMethod::kStats, request, &reply));
   std::vector<std::pair<std::string, uint64_t>> fields(reply.counters().begin(), reply.counters().end());
   MasterSnapshot snapshot{from_stats_fields(fields), {}};
   for (const rpc::SegmentInfo& s : reply.segments()) {

@@ -1,5 +1,6 @@
-// The RPC client of the store's master, shared by storage nodes and the client library: one gRPC channel, a
-// deadline on every call, bounded retries with exponential back-off while the master is unreachable.
+// The RPC client of the store's master, shared by storage nodes and the client library: the control protocol
+// (store/control_rpc.h) over a pool of connections, a deadline on every call, bounded retries with
+// exponential back-off while the master is unreachable.
 #pragma once
 
 #include <chrono>
@@ -30,7 +31,9 @@ struct MasterClientOptions {
   std::chrono::milliseconds rpc_timeout{2000};    // deadline of each attempt
   int max_attempts = 4;                           // attempts while the master is unreachable, >= 1
   std::chrono::milliseconds initial_backoff{50};  // wait before the 2nd attempt; doubles after each
-  int channels = 4;  // gRPC channels (TCP connections) calls are spread over, round robin, 1..64
+  /// Connections kept open between calls, 1..1024: a call takes an idle one or opens another, so as many
+  /// are open as calls run at once, and at most this many stay open after them.
+  int idle_connections = 16;
 };
 
 /// What the master tells its members at connect (Hello).

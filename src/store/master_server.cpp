@@ -1,16 +1,17 @@
 #include "store/master_server.h"
 
 #include <fmt/format.h>
-#include <grpcpp/grpcpp.h>
 #include <prometheus/histogram.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
 
-#include "store.grpc.pb.h"
+#include "store.pb.h"
+#include "store/control_rpc.h"
 #include "store/metrics.h"
 #include "store/rpc_convert.h"
 #include "store/transfer_metadata.h"
@@ -36,180 +37,179 @@ void to_proto(const Result<ReadGrant>& result, rpc::ReplicaList* out) {
   out->set_lease_ttl_ms(static_cast<uint64_t>(result->lease_ttl.count()));
 }
 
-/// StoreMaster on the callback API: each handler runs to completion on a gRPC thread (Master calls only take
-/// its lock briefly) and records its latency.
-class Service final : public rpc::StoreMaster::CallbackService {
+/// The master's control-protocol methods: each handler parses its request, runs to completion on the
+/// connection's thread (Master calls only take its lock briefly) and records its latency.
+class Service {
  public:
   Service(Master& master, std::string transfer_metadata, prometheus::Family<prometheus::Histogram>& latency,
           const std::atomic<bool>& leading)
       : master_(master),
         transfer_metadata_(std::move(transfer_metadata)),
         latency_(latency),
-        leading_(leading) {}
+        leading_(leading) {
+    on<rpc::HelloRequest, rpc::HelloReply>(
+        MasterMethod::kHello, "hello", [this](const rpc::HelloRequest*, rpc::HelloReply* reply) {
+          reply->set_transfer_metadata(transfer_metadata_);
+          reply->set_lease_ttl_ms(static_cast<uint64_t>(master_.options().lease_ttl.count()));
+          reply->set_segment_ttl_ms(static_cast<uint64_t>(master_.options().segment_ttl.count()));
+        });
+    on<rpc::MountSegmentRequest, rpc::StatusReply>(
+        MasterMethod::kMountSegment, "mount_segment",
+        [this](const rpc::MountSegmentRequest* request, rpc::StatusReply* reply) {
+          std::vector<HeldObject> held;
+          held.reserve(static_cast<size_t>(request->held_size()));
+          for (const rpc::HeldObject& h : request->held()) held.push_back(rpc_convert::from_proto(h));
+          to_proto(master_.mount_segment({request->segment(), request->owner(), request->host_id(),
+                                          request->capacity_bytes(), request->ssd_capacity_bytes()},
+                                         held),
+                   reply->mutable_status());
+        });
+    on<rpc::SegmentRequest, rpc::StatusReply>(
+        MasterMethod::kUnmountSegment, "unmount_segment",
+        [this](const rpc::SegmentRequest* request, rpc::StatusReply* reply) {
+          to_proto(master_.unmount_segment(request->segment()), reply->mutable_status());
+        });
+    on<rpc::RenewSegmentRequest, rpc::RenewSegmentReply>(
+        MasterMethod::kRenewSegment, "renew_segment",
+        [this](const rpc::RenewSegmentRequest* request, rpc::RenewSegmentReply* reply) {
+          SegmentReport report;
+          for (const rpc::HeldObject& h : request->spilled())
+            report.spilled.push_back(rpc_convert::from_proto(h));
+          for (const rpc::HeldObject& h : request->loaded())
+            report.loaded.push_back(rpc_convert::from_proto(h));
+          for (const rpc::HeldObject& h : request->failed())
+            report.failed.push_back(rpc_convert::from_proto(h));
+          report.ssd_dropped.assign(request->ssd_dropped().begin(), request->ssd_dropped().end());
+          Result<SegmentChanges> changes =
+              master_.renew_segment(request->segment(), request->since_version(), report);
+          to_proto(changes.status(), reply->mutable_status());
+          if (!changes.ok()) return;
+          reply->set_version(changes->version);
+          reply->set_full(changes->full);
+          for (const SegmentChange& c : changes->changes) {
+            rpc::SegmentChange* out = reply->add_changes();
+            out->set_kind(static_cast<uint32_t>(c.kind));
+            rpc_convert::to_proto(c.object, out->mutable_object());
+          }
+        });
+    on<rpc::PutStartRequest, rpc::ReplicaListsReply>(
+        MasterMethod::kPutStart, "put_start",
+        [this](const rpc::PutStartRequest* request, rpc::ReplicaListsReply* reply) {
+          Result<ReplicateConfig> config = rpc_convert::from_proto(request->config());
+          std::vector<uint64_t> sizes(request->sizes_bytes().begin(), request->sizes_bytes().end());
+          if (config.ok() && sizes.size() != static_cast<size_t>(request->keys_size())) {
+            config = Status::invalid_argument(
+                fmt::format("put_start: {} keys but {} sizes", request->keys_size(), sizes.size()));
+          }
+          if (!config.ok()) {
+            for (int i = 0; i < request->keys_size(); ++i)
+              to_proto(config.status(), reply->add_results()->mutable_status());
+            return;
+          }
+          for (const auto& result : master_.put_start_batch(key_views(request->keys()), sizes, *config,
+                                                            request->writer_host_id())) {
+            to_proto(result, reply->add_results());
+          }
+        });
+    on<rpc::KeysRequest, rpc::StatusesReply>(
+        MasterMethod::kPutEnd, "put_end", [this](const rpc::KeysRequest* request, rpc::StatusesReply* reply) {
+          for (const Status& s : master_.put_end_batch(key_views(request->keys())))
+            to_proto(s, reply->add_statuses());
+        });
+    on<rpc::KeysRequest, rpc::StatusesReply>(
+        MasterMethod::kPutRevoke, "put_revoke",
+        [this](const rpc::KeysRequest* request, rpc::StatusesReply* reply) {
+          for (const Status& s : master_.put_revoke_batch(key_views(request->keys()))) {
+            to_proto(s, reply->add_statuses());
+          }
+        });
+    on<rpc::KeysRequest, rpc::ReplicaListsReply>(
+        MasterMethod::kGetReplicaList, "get_replica_list",
+        [this](const rpc::KeysRequest* request, rpc::ReplicaListsReply* reply) {
+          for (const auto& result : master_.get_replica_list_batch(key_views(request->keys()))) {
+            to_proto(result, reply->add_results());
+          }
+        });
+    on<rpc::KeysRequest, rpc::ExistsReply>(MasterMethod::kExists, "exists",
+                                           [this](const rpc::KeysRequest* request, rpc::ExistsReply* reply) {
+                                             for (bool e : master_.exists_batch(key_views(request->keys())))
+                                               reply->add_exists(e);
+                                           });
+    on<rpc::KeysRequest, rpc::StatusesReply>(
+        MasterMethod::kRemove, "remove", [this](const rpc::KeysRequest* request, rpc::StatusesReply* reply) {
+          for (const Status& s : master_.remove_batch(key_views(request->keys())))
+            to_proto(s, reply->add_statuses());
+        });
+    on<rpc::RemoveAllRequest, rpc::RemoveAllReply>(
+        MasterMethod::kRemoveAll, "remove_all",
+        [this](const rpc::RemoveAllRequest*, rpc::RemoveAllReply* reply) {
+          reply->set_removed(master_.remove_all());
+        });
+    on<rpc::StatsRequest, rpc::StatsReply>(MasterMethod::kStats, "stats",
+                                           [this](const rpc::StatsRequest*, rpc::StatsReply* reply) {
+                                             for (const auto& [name, value] : stats_fields(master_.stats())) {
+                                               (*reply->mutable_counters())[std::string(name)] = value;
+                                             }
+                                             for (const SegmentInfo& s : master_.segments()) {
+                                               rpc::SegmentInfo* out = reply->add_segments();
+                                               out->set_segment(s.segment);
+                                               out->set_owner(s.owner);
+                                               out->set_host_id(s.host_id);
+                                               out->set_tier(static_cast<uint32_t>(s.tier));
+                                               out->set_capacity_bytes(s.capacity_bytes);
+                                               out->set_used_bytes(s.used_bytes);
+                                               out->set_replicas(s.replicas);
+                                               out->set_ssd_capacity_bytes(s.ssd_capacity_bytes);
+                                               out->set_ssd_used_bytes(s.ssd_used_bytes);
+                                             }
+                                           });
+  }
 
-  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context, const rpc::HelloRequest*,
-                                  rpc::HelloReply* reply) override {
-    return handle(context, "hello", [&] {
-      reply->set_transfer_metadata(transfer_metadata_);
-      reply->set_lease_ttl_ms(static_cast<uint64_t>(master_.options().lease_ttl.count()));
-      reply->set_segment_ttl_ms(static_cast<uint64_t>(master_.options().segment_ttl.count()));
-    });
-  }
-  grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* context,
-                                         const rpc::MountSegmentRequest* request,
-                                         rpc::StatusReply* reply) override {
-    return handle(context, "mount_segment", [&] {
-      std::vector<HeldObject> held;
-      held.reserve(static_cast<size_t>(request->held_size()));
-      for (const rpc::HeldObject& h : request->held()) held.push_back(rpc_convert::from_proto(h));
-      to_proto(master_.mount_segment({request->segment(), request->owner(), request->host_id(),
-                                      request->capacity_bytes(), request->ssd_capacity_bytes()},
-                                     held),
-               reply->mutable_status());
-    });
-  }
-  grpc::ServerUnaryReactor* UnmountSegment(grpc::CallbackServerContext* context,
-                                           const rpc::SegmentRequest* request,
-                                           rpc::StatusReply* reply) override {
-    return handle(context, "unmount_segment",
-                  [&] { to_proto(master_.unmount_segment(request->segment()), reply->mutable_status()); });
-  }
-  grpc::ServerUnaryReactor* RenewSegment(grpc::CallbackServerContext* context,
-                                         const rpc::RenewSegmentRequest* request,
-                                         rpc::RenewSegmentReply* reply) override {
-    return handle(context, "renew_segment", [&] {
-      SegmentReport report;
-      for (const rpc::HeldObject& h : request->spilled())
-        report.spilled.push_back(rpc_convert::from_proto(h));
-      for (const rpc::HeldObject& h : request->loaded()) report.loaded.push_back(rpc_convert::from_proto(h));
-      for (const rpc::HeldObject& h : request->failed()) report.failed.push_back(rpc_convert::from_proto(h));
-      report.ssd_dropped.assign(request->ssd_dropped().begin(), request->ssd_dropped().end());
-      Result<SegmentChanges> changes =
-          master_.renew_segment(request->segment(), request->since_version(), report);
-      to_proto(changes.status(), reply->mutable_status());
-      if (!changes.ok()) return;
-      reply->set_version(changes->version);
-      reply->set_full(changes->full);
-      for (const SegmentChange& c : changes->changes) {
-        rpc::SegmentChange* out = reply->add_changes();
-        out->set_kind(static_cast<uint32_t>(c.kind));
-        rpc_convert::to_proto(c.object, out->mutable_object());
-      }
-    });
-  }
-  grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* context,
-                                     const rpc::PutStartRequest* request,
-                                     rpc::ReplicaListsReply* reply) override {
-    return handle(context, "put_start", [&] {
-      Result<ReplicateConfig> config = rpc_convert::from_proto(request->config());
-      std::vector<uint64_t> sizes(request->sizes_bytes().begin(), request->sizes_bytes().end());
-      if (config.ok() && sizes.size() != static_cast<size_t>(request->keys_size())) {
-        config = Status::invalid_argument(
-            fmt::format("put_start: {} keys but {} sizes", request->keys_size(), sizes.size()));
-      }
-      if (!config.ok()) {
-        for (int i = 0; i < request->keys_size(); ++i)
-          to_proto(config.status(), reply->add_results()->mutable_status());
-        return;
-      }
-      for (const auto& result :
-           master_.put_start_batch(key_views(request->keys()), sizes, *config, request->writer_host_id())) {
-        to_proto(result, reply->add_results());
-      }
-    });
-  }
-  grpc::ServerUnaryReactor* PutEnd(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
-                                   rpc::StatusesReply* reply) override {
-    return handle(context, "put_end", [&] {
-      for (const Status& s : master_.put_end_batch(key_views(request->keys())))
-        to_proto(s, reply->add_statuses());
-    });
-  }
-  grpc::ServerUnaryReactor* PutRevoke(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
-                                      rpc::StatusesReply* reply) override {
-    return handle(context, "put_revoke", [&] {
-      for (const Status& s : master_.put_revoke_batch(key_views(request->keys()))) {
-        to_proto(s, reply->add_statuses());
-      }
-    });
-  }
-  grpc::ServerUnaryReactor* GetReplicaList(grpc::CallbackServerContext* context,
-                                           const rpc::KeysRequest* request,
-                                           rpc::ReplicaListsReply* reply) override {
-    return handle(context, "get_replica_list", [&] {
-      for (const auto& result : master_.get_replica_list_batch(key_views(request->keys()))) {
-        to_proto(result, reply->add_results());
-      }
-    });
-  }
-  grpc::ServerUnaryReactor* Exists(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
-                                   rpc::ExistsReply* reply) override {
-    return handle(context, "exists", [&] {
-      for (bool e : master_.exists_batch(key_views(request->keys()))) reply->add_exists(e);
-    });
-  }
-  grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* context, const rpc::KeysRequest* request,
-                                   rpc::StatusesReply* reply) override {
-    return handle(context, "remove", [&] {
-      for (const Status& s : master_.remove_batch(key_views(request->keys())))
-        to_proto(s, reply->add_statuses());
-    });
-  }
-  grpc::ServerUnaryReactor* RemoveAll(grpc::CallbackServerContext* context, const rpc::RemoveAllRequest*,
-                                      rpc::RemoveAllReply* reply) override {
-    return handle(context, "remove_all", [&] { reply->set_removed(master_.remove_all()); });
-  }
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const rpc::StatsRequest*,
-                                  rpc::StatsReply* reply) override {
-    return handle(context, "stats", [&] {
-      for (const auto& [name, value] : stats_fields(master_.stats())) {
-        (*reply->mutable_counters())[std::string(name)] = value;
-      }
-      for (const SegmentInfo& s : master_.segments()) {
-        rpc::SegmentInfo* out = reply->add_segments();
-        out->set_segment(s.segment);
-        out->set_owner(s.owner);
-        out->set_host_id(s.host_id);
-        out->set_tier(static_cast<uint32_t>(s.tier));
-        out->set_capacity_bytes(s.capacity_bytes);
-        out->set_used_bytes(s.used_bytes);
-        out->set_replicas(s.replicas);
-        out->set_ssd_capacity_bytes(s.ssd_capacity_bytes);
-        out->set_ssd_used_bytes(s.ssd_used_bytes);
-      }
-    });
+  /// ControlHandler: the reply body of `method` for `body`.
+  Result<std::string> handle(uint16_t method, std::string_view body) {
+    if (method >= methods_.size() || !methods_[method].run) {
+      return Status::invalid_argument(fmt::format("unknown store master method {}", method));
+    }
+    if (!leading_.load()) {  // clients find the leader in etcd and retry there
+      return Status::unavailable("this store master is a standby, not the leader");
+    }
+    const Method& m = methods_[method];
+    const auto start = std::chrono::steady_clock::now();
+    Result<std::string> reply = m.run(body);
+    m.latency->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return reply;
   }
 
  private:
-  template <typename F>
-  grpc::ServerUnaryReactor* handle(grpc::CallbackServerContext* context, const char* method, F&& body) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    if (!leading_.load()) {  // clients find the leader in etcd and retry there
-      reactor->Finish(
-          grpc::Status(grpc::StatusCode::UNAVAILABLE, "this store master is a standby, not the leader"));
-      return reactor;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    body();
-    latency(method).Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
+  struct Method {
+    std::function<Result<std::string>(std::string_view)> run;
+    prometheus::Histogram* latency = nullptr;
+  };
 
-  prometheus::Histogram& latency(const char* method) {
+  /// Registers `method` named `name`: parse a Request, run `body`, serialize the Reply.
+  template <typename Request, typename Reply, typename Body>
+  void on(MasterMethod method, const char* name, Body body) {
     static const prometheus::Histogram::BucketBoundaries kBuckets = {
         1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 1e-1};
-    thread_local std::map<const char*, prometheus::Histogram*> cache;  // method names are literals
-    prometheus::Histogram*& histogram = cache[method];
-    if (histogram == nullptr)
-      histogram = &latency_.Add({{"method", method}}, kBuckets);  // thread-safe, idempotent
-    return *histogram;
+    const auto id = static_cast<size_t>(method);
+    if (methods_.size() <= id) methods_.resize(id + 1);
+    methods_[id].latency = &latency_.Add({{"method", name}}, kBuckets);
+    methods_[id].run = [name, body](std::string_view bytes) -> Result<std::string> {
+      Request request;
+      if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+        return Status::invalid_argument(fmt::format("malformed {} request ({} bytes)", name, bytes.size()));
+      }
+      Reply reply;
+      body(&request, &reply);
+      return reply.SerializeAsString();
+    };
   }
 
   Master& master_;
   std::string transfer_metadata_;
   prometheus::Family<prometheus::Histogram>& latency_;
   const std::atomic<bool>& leading_;
+  std::vector<Method> methods_;  // by MasterMethod id
 };
 
 /// The gauges and counters of Master::stats, computed at each scrape.
@@ -266,14 +266,14 @@ class MasterServer::Impl {
     }
     cv.notify_all();
     if (ticker.joinable()) ticker.join();
-    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server.reset();
   }
 
   MasterServerOptions options;
   Master master;
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<Service> service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<ControlServer> server;
   std::unique_ptr<MetricsEndpoint> metrics;
   std::string address;
   std::string metrics_address;
@@ -303,16 +303,17 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
                       .Register(*impl->registry);
   impl->service =
       std::make_unique<Service>(impl->master, impl->options.transfer_metadata, latency, impl->leading);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(impl->options.listen_address, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(impl->service.get());
-  builder.SetMaxReceiveMessageSize(-1);  // a re-mount lists every object its segment holds
-  impl->server = builder.BuildAndStart();
-  if (!impl->server || port == 0) {
-    return Status::unavailable(fmt::format("cannot serve the store master on {} (address in use or invalid?)",
-                                           impl->options.listen_address));
+  Service* service = impl->service.get();
+  auto server = ControlServer::start(
+      impl->options.listen_address,
+      [service](uint16_t method, std::string_view body) { return service->handle(method, body); });
+  if (!server.ok()) {
+    return Status(server.status().code(),
+                  fmt::format("cannot serve the store master on {}: {}", impl->options.listen_address,
+                              server.status().message()));
   }
+  impl->server = std::move(*server);
+  const int port = impl->server->port();
   const std::string& listen = impl->options.listen_address;
   impl->address = fmt::format("{}:{}", listen.substr(0, listen.rfind(':')), port);
   if (!impl->options.metrics_address.empty()) {

@@ -1,5 +1,5 @@
-// The master as a gRPC service (store.proto's StoreMaster, callback API: handlers run on gRPC's thread pool
-// and call Master, whose lock they share), its background ticks, and its /metrics endpoint (Prometheus text,
+// The master as a control-protocol server (store/control_rpc.h: a thread per connection; handlers call
+// Master, whose lock they share), its background ticks, and its /metrics endpoint (Prometheus text,
 // crescent_store_ prefix, docs/store.md lists the metrics).
 #pragma once
 
@@ -16,7 +16,7 @@ namespace crescent::store {
 
 /// Settings of a master process.
 struct MasterServerOptions {
-  std::string listen_address = "127.0.0.1:50051";  // host:port for gRPC; port 0 picks a free one
+  std::string listen_address = "127.0.0.1:50051";  // host:port of the control protocol; port 0: a free one
   std::string metrics_address = "127.0.0.1:9151";  // host:port serving /metrics; port 0 picks one; "" = none
   /// Where nodes and clients publish and find transfer-engine segments, handed to them by Hello:
   /// "dir:PATH" (one machine, no service; store/transfer_metadata.h) or "etcd:URL". "" = the default dir.

@@ -2,6 +2,7 @@
 // server and the client. Internal to src/store.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -9,6 +10,27 @@
 #include "store.pb.h"
 #include "store/master.h"
 #include "store/types.h"
+
+namespace crescent::store {
+
+/// The master's control-protocol methods (control_rpc.h), with their request and reply messages in
+/// store.proto. The numbers are on the wire: never reuse one.
+enum class MasterMethod : uint16_t {
+  kHello = 1,           // HelloRequest -> HelloReply
+  kMountSegment = 2,    // MountSegmentRequest -> StatusReply
+  kUnmountSegment = 3,  // SegmentRequest -> StatusReply
+  kRenewSegment = 4,    // RenewSegmentRequest -> RenewSegmentReply
+  kPutStart = 5,        // PutStartRequest -> ReplicaListsReply
+  kPutEnd = 6,          // KeysRequest -> StatusesReply
+  kPutRevoke = 7,       // KeysRequest -> StatusesReply
+  kGetReplicaList = 8,  // KeysRequest -> ReplicaListsReply
+  kExists = 9,          // KeysRequest -> ExistsReply
+  kRemove = 10,         // KeysRequest -> StatusesReply
+  kRemoveAll = 11,      // RemoveAllRequest -> RemoveAllReply
+  kStats = 12,          // StatsRequest -> StatsReply
+};
+
+}  // namespace crescent::store
 
 namespace crescent::store::rpc_convert {
 

@@ -52,10 +52,23 @@
 #include <thread>
 #include <vector>
 
+#include "common/socket_io.h"
 #include "transfer/transport.h"
 
 namespace crescent::transfer::internal {
 namespace {
+
+using net::describe;
+using net::endpoint_key;
+using net::get_le;
+using net::Io;
+using net::kNoDeadline;
+using net::put_le;
+using net::recv_all;
+using net::recv_frame_start;
+using net::send_all;
+using net::send_bytes;
+using net::wait_fd;
 
 constexpr uint32_t kMagic = 0x50545243;  // bytes "CRTP" on the wire
 constexpr uint16_t kVersion = 1;
@@ -70,21 +83,6 @@ constexpr uint32_t kMaxErrorBytes = 4096;
 constexpr size_t kDrainBytes = 64 << 10;
 // Socket buffers: big enough that one 1 MiB slice fits the pipe, so a sender's sendmsg seldom waits.
 constexpr int kSocketBufferBytes = 4 << 20;
-
-constexpr Clock::time_point kNoDeadline = Clock::time_point::max();
-
-template <typename T>
-void put_le(std::byte* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i)
-    out[i] = static_cast<std::byte>(static_cast<uint64_t>(value) >> (8 * i));
-}
-
-template <typename T>
-T get_le(const std::byte* in) {
-  uint64_t value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<uint64_t>(in[i]) << (8 * i);
-  return static_cast<T>(value);
-}
 
 struct RequestHeader {
   uint16_t op = 0;
@@ -156,133 +154,12 @@ struct UntrackedSegmentAccess {
 };
 #endif
 
-// How a blocking socket operation ended.
-struct Io {
-  enum Code { kOk, kClosed, kError, kTimeout, kStopped };
-  Code code = kOk;
-  int error = 0;  // errno for kError
-  bool ok() const { return code == kOk; }
-};
-
-// Waits until `fd` is ready for `events` (or has an error: the next syscall reports it), `deadline`
-// passes, or `stop_fd` becomes readable.
-Io wait_fd(int fd, short events, Clock::time_point deadline, int stop_fd) {
-  for (;;) {
-    int timeout_ms = -1;
-    if (deadline != kNoDeadline) {
-      const auto left = deadline - Clock::now();
-      if (left <= Clock::duration::zero()) return {Io::kTimeout};
-      // Rounded up: a 0 ms poll before the deadline would spin.
-      const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-      timeout_ms = static_cast<int>(std::min<int64_t>(ms, INT_MAX));
-    }
-    pollfd fds[2] = {{.fd = fd, .events = events, .revents = 0},
-                     {.fd = stop_fd, .events = POLLIN, .revents = 0}};
-    const int n = ::poll(fds, stop_fd >= 0 ? 2 : 1, timeout_ms);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return {Io::kError, errno};
-    }
-    if (stop_fd >= 0 && (fds[1].revents & POLLIN) != 0) return {Io::kStopped};
-    if (n > 0) return {};
-  }
-}
-
-// Sends every byte of `iov` (modified in place).
-Io send_all(int fd, iovec* iov, int iov_count, Clock::time_point deadline, int stop_fd) {
-  while (iov_count > 0) {
-    msghdr message{};
-    message.msg_iov = iov;
-    message.msg_iovlen = static_cast<size_t>(iov_count);
-    const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return {Io::kError, errno};
-      if (Io waited = wait_fd(fd, POLLOUT, deadline, stop_fd); !waited.ok()) return waited;
-      continue;
-    }
-    auto sent = static_cast<size_t>(n);
-    while (iov_count > 0 && sent >= iov->iov_len) {
-      sent -= iov->iov_len;
-      ++iov;
-      --iov_count;
-    }
-    if (iov_count > 0) {
-      iov->iov_base = static_cast<std::byte*>(iov->iov_base) + sent;
-      iov->iov_len -= sent;
-    }
-  }
-  return {};
-}
-
-Io send_bytes(int fd, const void* data, size_t length, Clock::time_point deadline, int stop_fd) {
-  iovec iov{.iov_base = const_cast<void*>(data), .iov_len = length};
-  return send_all(fd, &iov, 1, deadline, stop_fd);
-}
-
-// Receives exactly `length` bytes into `data`.
-Io recv_all(int fd, void* data, size_t length, Clock::time_point deadline, int stop_fd) {
-  auto* out = static_cast<std::byte*>(data);
-  while (length > 0) {
-    const ssize_t n = ::recv(fd, out, length, MSG_DONTWAIT);
-    if (n > 0) {
-      out += n;
-      length -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) return {Io::kClosed};
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return {Io::kError, errno};
-    if (Io waited = wait_fd(fd, POLLIN, deadline, stop_fd); !waited.ok()) return waited;
-  }
-  return {};
-}
-
-// Receives the `length` bytes of a frame's start on a server connection: waits for the first byte without a
-// deadline (the connection may idle between requests), for the rest at most `stall`.
-Io recv_frame_start(int fd, std::byte* data, size_t length, std::chrono::milliseconds stall, int stop_fd) {
-  for (;;) {
-    const ssize_t n = ::recv(fd, data, length, MSG_DONTWAIT);
-    if (n > 0) {
-      const auto got = static_cast<size_t>(n);
-      return got == length ? Io{} : recv_all(fd, data + got, length - got, Clock::now() + stall, stop_fd);
-    }
-    if (n == 0) return {Io::kClosed};
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return {Io::kError, errno};
-    if (Io waited = wait_fd(fd, POLLIN, kNoDeadline, stop_fd); !waited.ok()) return waited;
-  }
-}
-
-// What went wrong, for error messages ("connection closed by the peer during X").
-std::string describe(const Io& io, std::string_view during, std::chrono::milliseconds stall) {
-  switch (io.code) {
-    case Io::kOk:
-      return "ok";
-    case Io::kClosed:
-      return fmt::format("connection closed by the peer during {}", during);
-    case Io::kError:
-      return fmt::format("{}: {}", during, std::strerror(io.error));
-    case Io::kTimeout:
-      return fmt::format("no progress during {} before the request deadline ({} ms timeout)", during,
-                         stall.count());
-    case Io::kStopped:
-      return "engine shutting down";
-  }
-  return "?";
-}
-
 void configure_socket(int fd) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // headers must not wait for Nagle
   const int buffer = kSocketBufferBytes;
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
-}
-
-std::string endpoint_key(const std::string& host, int port) {
-  return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
-                                             : fmt::format("{}:{}", host, port);
 }
 
 // ---- Initiator side ---------------------------------------------------------------------------------
@@ -339,13 +216,12 @@ struct Outcome {
 
 class Peer {
  public:
-  Peer(TcpTransport* transport, std::string key, std::string name, sockaddr_storage address,
-       socklen_t address_length, int lanes, uint64_t slice_bytes)
+  Peer(TcpTransport* transport, std::string key, std::string name, net::SocketAddress address, int lanes,
+       uint64_t slice_bytes)
       : transport_(transport),
         key_(std::move(key)),
         name_(std::move(name)),
         address_(address),
-        address_length_(address_length),
         slice_bytes_(slice_bytes),
         lanes_(static_cast<size_t>(lanes)) {}
 
@@ -399,8 +275,7 @@ class Peer {
   TcpTransport* const transport_;  // valid while lane threads run (they are joined by its shutdown)
   const std::string key_;
   const std::string name_;
-  const sockaddr_storage address_;
-  const socklen_t address_length_;
+  const net::SocketAddress address_;
   const uint64_t slice_bytes_;
   std::atomic<uint64_t> next_tag_{1};
 
@@ -772,40 +647,13 @@ void Peer::connect_lane(std::unique_lock<std::mutex>& lock, int index) {
   lock.unlock();
 
   const uint64_t epoch = transport_->admit(this);
-  std::string error;
-  bool timed_out = false;
-  bool stopped = false;
-  int fd = ::socket(address_.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    error = fmt::format("socket: {}", std::strerror(errno));
-  } else {
-    configure_socket(fd);  // before connect: the window scale is negotiated in the handshake
-    int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&address_), address_length_);
-    if (rc != 0 && errno == EINPROGRESS) {
-      const Io waited = wait_fd(fd, POLLOUT, deadline, transport_->stop_fd());
-      if (waited.code == Io::kTimeout) {
-        timed_out = true;
-        error = fmt::format("connect: no answer within {} ms",
-                            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count());
-      } else if (waited.code == Io::kStopped) {
-        stopped = true;
-        error = "engine shutting down";
-      } else if (waited.code == Io::kError) {
-        error = fmt::format("connect: poll: {}", std::strerror(waited.error));
-      } else {
-        int so_error = 0;
-        socklen_t length = sizeof(so_error);
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &length);
-        if (so_error != 0) error = fmt::format("connect: {}", std::strerror(so_error));
-      }
-    } else if (rc != 0) {
-      error = fmt::format("connect: {}", std::strerror(errno));
-    }
-    if (!error.empty()) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
+  // configure before connect: the window scale is negotiated in the handshake
+  net::Connected connected = net::connect_tcp(address_, deadline, transport_->stop_fd(), configure_socket);
+  const int fd = connected.fd;
+  std::string error = std::move(connected.error);
+  const bool timed_out = connected.io.code == Io::kTimeout;
+  const bool stopped = connected.io.code == Io::kStopped;
+  if (stopped) error = "engine shutting down";
   if (fd < 0) transport_->release(this, epoch);
 
   lock.lock();
@@ -905,47 +753,12 @@ Outcome Peer::transfer(int fd, const Slice& slice) {
 Status TcpTransport::start() {
   stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop_fd_ < 0) return Status::unavailable(fmt::format("tcp: eventfd: {}", std::strerror(errno)));
-  const std::string& host = options_.tcp.listen_host;
-  const std::string where = endpoint_key(host, options_.tcp.listen_port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string port_text = std::to_string(options_.tcp.listen_port);
-  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &found);
-      rc != 0) {
-    return Status::unavailable(fmt::format("tcp: cannot listen on {}: {}", where, ::gai_strerror(rc)));
-  }
-  std::string error;
-  for (addrinfo* a = found; a != nullptr && listen_fd_ < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) {
-      error = fmt::format("socket: {}", std::strerror(errno));
-      continue;
-    }
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    configure_socket(fd);  // accepted sockets inherit the buffer sizes
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      error = fmt::format("bind: {}", std::strerror(errno));
-      ::close(fd);
-      continue;
-    }
-    if (::listen(fd, SOMAXCONN) != 0) {
-      error = fmt::format("listen: {}", std::strerror(errno));
-      ::close(fd);
-      continue;
-    }
-    listen_fd_ = fd;
-  }
-  ::freeaddrinfo(found);
-  if (listen_fd_ < 0) return Status::unavailable(fmt::format("tcp: cannot listen on {}: {}", where, error));
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &length);
-  port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  // configure_socket on the listener: accepted sockets inherit the buffer sizes
+  Result<net::Listener> listener =
+      net::listen_tcp(options_.tcp.listen_host, options_.tcp.listen_port, configure_socket);
+  if (!listener.ok()) return Status::unavailable("tcp: " + listener.status().message());
+  listen_fd_ = listener->fd;
+  port_ = listener->port;
   listener_ = std::thread([this] { accept_loop(); });
   return Status();
 }
@@ -976,26 +789,17 @@ Result<std::shared_ptr<RemoteSegment>> TcpTransport::open(const SegmentDescripto
   }
   if (!peer) {
     // Resolved once here (numeric hosts need no DNS): the lanes then connect without lookups.
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    const std::string port_text = std::to_string(port);
-    if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found); rc != 0) {
-      return Status::unavailable(fmt::format("peer {} {}: segment '{}': cannot resolve host: {}",
-                                             descriptor.engine, key, descriptor.name, ::gai_strerror(rc)));
+    Result<net::SocketAddress> address = net::resolve_tcp(host, static_cast<int>(port));
+    if (!address.ok()) {
+      return Status::unavailable(fmt::format("peer {} {}: segment '{}': {}", descriptor.engine, key,
+                                             descriptor.name, address.status().message()));
     }
-    sockaddr_storage address{};
-    std::memcpy(&address, found->ai_addr, found->ai_addrlen);
-    const auto address_length = static_cast<socklen_t>(found->ai_addrlen);
-    ::freeaddrinfo(found);
     std::lock_guard lock(peers_mu_);
     if (stopped_.load()) return Status::unavailable("engine shutting down");
     auto& slot = peers_[key];
     if (!slot) {
-      slot = std::make_shared<Peer>(this, key, descriptor.engine, address, address_length,
-                                    options_.tcp.lanes_per_peer, options_.tcp.slice_bytes);
+      slot = std::make_shared<Peer>(this, key, descriptor.engine, *address, options_.tcp.lanes_per_peer,
+                                    options_.tcp.slice_bytes);
     }
     peer = slot;
   }

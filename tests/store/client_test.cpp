@@ -9,6 +9,7 @@
 
 #include <thread>
 
+#include "store/control_rpc.h"
 #include "store/master_client.h"
 #include "store_cluster.h"
 
@@ -361,6 +362,17 @@ TEST(StoreClient, MalformedRequestsToTheMasterAreRefusedAndItKeepsServing) {
     (void)::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
     ::close(fd);
   }
+  // Frames of the control protocol with a method the master does not have, or a body that is not the
+  // method's request: an error each, and the connection stays usable.
+  ControlChannel channel(address, 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  Result<std::string> unknown = channel.call(99, "", deadline);
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.status().message(), "unknown store master method 99");
+  const uint16_t put_start = 5;  // MasterMethod::kPutStart (store/rpc_convert.h)
+  Result<std::string> garbage = channel.call(put_start, std::string(64, '\xff'), deadline);
+  EXPECT_EQ(garbage.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(garbage.status().message(), "malformed put_start request (64 bytes)");
   // A well-formed call with a value the protocol cannot hold: one clear error, nothing written.
   auto master = MasterClient::connect(cluster.master_options());
   ASSERT_TRUE(master.ok());

@@ -1,0 +1,101 @@
+// Blocking TCP socket I/O with deadlines, shared by the transfer engine's tcp transport and the store's
+// control RPC: every wait is a poll() bounded by a deadline and woken by a stop eventfd, so a hung peer is
+// noticed at the deadline and a shutting-down server never waits on the network. Sockets are non-blocking;
+// these calls loop over partial sends and receives.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace crescent::net {
+
+using Clock = std::chrono::steady_clock;
+/// A deadline that never passes.
+inline constexpr Clock::time_point kNoDeadline = Clock::time_point::max();
+
+/// Writes `value` little-endian into out[0, sizeof(T)).
+template <typename T>
+void put_le(std::byte* out, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i)
+    out[i] = static_cast<std::byte>(static_cast<uint64_t>(value) >> (8 * i));
+}
+
+/// Reads a little-endian T from in[0, sizeof(T)).
+template <typename T>
+T get_le(const std::byte* in) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<uint64_t>(in[i]) << (8 * i);
+  return static_cast<T>(value);
+}
+
+/// How a blocking socket operation ended.
+struct Io {
+  enum Code { kOk, kClosed, kError, kTimeout, kStopped };
+  Code code = kOk;
+  int error = 0;  // errno for kError
+  bool ok() const { return code == kOk; }
+};
+
+/// Waits until `fd` is ready for `events` (or has an error: the next syscall reports it), `deadline` passes
+/// (kTimeout), or `stop_fd` (an eventfd, -1 for none) becomes readable (kStopped).
+Io wait_fd(int fd, short events, Clock::time_point deadline, int stop_fd);
+/// Sends every byte of `iov` (modified in place), MSG_NOSIGNAL.
+Io send_all(int fd, iovec* iov, int iov_count, Clock::time_point deadline, int stop_fd);
+/// Sends data[0, length).
+Io send_bytes(int fd, const void* data, size_t length, Clock::time_point deadline, int stop_fd);
+/// Receives exactly `length` bytes into `data`; kClosed when the peer closes first.
+Io recv_all(int fd, void* data, size_t length, Clock::time_point deadline, int stop_fd);
+/// Receives the `length` bytes of a frame's start on a server connection: waits for the first byte without a
+/// deadline (the connection may idle between requests), for the rest at most `stall`.
+Io recv_frame_start(int fd, std::byte* data, size_t length, std::chrono::milliseconds stall, int stop_fd);
+/// What went wrong, for error messages: "connection closed by the peer during <during>", "<during>: <errno
+/// text>", "no progress during <during> before the request deadline (<stall> ms timeout)".
+std::string describe(const Io& io, std::string_view during, std::chrono::milliseconds stall);
+
+/// "host:port", or "[host]:port" for an IPv6 literal.
+std::string endpoint_key(const std::string& host, int port);
+
+/// Splits "host:port" or "[v6]:port"; kInvalidArgument naming `address` when there is no port or it is not
+/// in 0..65535.
+Result<std::pair<std::string, int>> split_host_port(std::string_view address);
+
+/// A resolved socket address.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+};
+/// Resolves host:port (numeric port) for connecting; kUnavailable with the resolver's message.
+Result<SocketAddress> resolve_tcp(const std::string& host, int port);
+
+/// A listening socket (non-blocking, close-on-exec, SO_REUSEADDR) and the port it bound.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+};
+/// Binds and listens on host:port (empty host: every address; port 0: a free port). `configure` runs on the
+/// socket before bind (accepted sockets inherit its options). kUnavailable naming the endpoint on failure.
+Result<Listener> listen_tcp(const std::string& host, int port,
+                            const std::function<void(int)>& configure = {});
+
+/// The outcome of connect_tcp: fd >= 0 on success; otherwise `io` says how it ended (kTimeout, kStopped,
+/// kError) and `error` says why ("connect: Connection refused").
+struct Connected {
+  int fd = -1;
+  Io io;
+  std::string error;
+};
+/// Opens a non-blocking, close-on-exec TCP connection to `address` by `deadline`. `configure` runs on the
+/// socket before connect (window scaling is negotiated in the handshake).
+Connected connect_tcp(const SocketAddress& address, Clock::time_point deadline, int stop_fd,
+                      const std::function<void(int)>& configure = {});
+
+}  // namespace crescent::net

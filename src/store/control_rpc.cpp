@@ -1,0 +1,321 @@
+#include "store/control_rpc.h"
+
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "common/socket_io.h"
+
+namespace crescent::store {
+namespace {
+
+using net::Clock;
+using net::Io;
+
+constexpr uint32_t kMagic = 0x4d535243;  // bytes "CRSM" on the wire
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHeaderBytes = 16;
+// A body is received in pieces of at most this much, so a header claiming a huge body costs memory only as
+// its bytes actually arrive.
+constexpr size_t kBodyChunkBytes = 1 << 20;
+
+/// A request or reply header; `kind` is the method of a request and the status code of a reply.
+struct Header {
+  uint16_t kind = 0;
+  uint32_t call_id = 0;
+  uint32_t body_bytes = 0;
+
+  void encode(std::byte* out) const {
+    net::put_le<uint32_t>(out, kMagic);
+    net::put_le<uint16_t>(out + 4, kVersion);
+    net::put_le<uint16_t>(out + 6, kind);
+    net::put_le<uint32_t>(out + 8, call_id);
+    net::put_le<uint32_t>(out + 12, body_bytes);
+  }
+  /// False when the frame is not ours: the stream cannot be trusted.
+  bool decode(const std::byte* in) {
+    if (net::get_le<uint32_t>(in) != kMagic || net::get_le<uint16_t>(in + 4) != kVersion) return false;
+    kind = net::get_le<uint16_t>(in + 6);
+    call_id = net::get_le<uint32_t>(in + 8);
+    body_bytes = net::get_le<uint32_t>(in + 12);
+    return body_bytes <= kMaxControlBodyBytes;
+  }
+};
+
+void set_nodelay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // a frame must not wait for Nagle
+}
+
+/// Receives a body of `bytes` into `out`, growing it as the bytes arrive.
+Io recv_body(int fd, uint32_t bytes, std::string& out, Clock::time_point deadline, int stop_fd) {
+  out.clear();
+  while (out.size() < bytes) {
+    const size_t have = out.size();
+    const size_t next = std::min<size_t>(bytes - have, kBodyChunkBytes);
+    out.resize(have + next);
+    if (Io io = net::recv_all(fd, out.data() + have, next, deadline, stop_fd); !io.ok()) return io;
+  }
+  return {};
+}
+
+/// Sends a header and its body in one sendmsg.
+Io send_frame(int fd, const Header& header, std::string_view body, Clock::time_point deadline, int stop_fd) {
+  std::byte bytes[kHeaderBytes];
+  header.encode(bytes);
+  iovec iov[2] = {{.iov_base = bytes, .iov_len = sizeof(bytes)},
+                  {.iov_base = const_cast<char*>(body.data()), .iov_len = body.size()}};
+  return net::send_all(fd, iov, body.empty() ? 1 : 2, deadline, stop_fd);
+}
+
+}  // namespace
+
+// ---- Server ---------------------------------------------------------------------------------------------
+
+class ControlServer::Impl {
+ public:
+  struct Connection {
+    int fd = -1;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+
+  ControlHandler handler;
+  std::chrono::milliseconds stall{0};
+  int listen_fd = -1;
+  int stop_fd = -1;
+  int port = 0;
+  std::thread listener;
+  std::mutex mu;
+  std::list<Connection> connections;  // guarded by mu
+
+  ~Impl() {
+    if (stop_fd >= 0) {
+      const uint64_t one = 1;
+      (void)!::write(stop_fd, &one, sizeof(one));  // wakes every poll of every thread, for good
+    }
+    if (listener.joinable()) listener.join();
+    {
+      std::lock_guard lock(mu);
+      for (Connection& c : connections) {
+        if (c.thread.joinable()) c.thread.join();
+      }
+      connections.clear();
+    }
+    if (listen_fd >= 0) ::close(listen_fd);
+    if (stop_fd >= 0) ::close(stop_fd);
+  }
+
+  void accept_loop() {
+    for (;;) {
+      const Io waited = net::wait_fd(listen_fd, POLLIN, net::kNoDeadline, stop_fd);
+      if (waited.code == Io::kStopped) return;
+      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          pollfd p{.fd = stop_fd, .events = POLLIN, .revents = 0};  // out of descriptors: back off
+          ::poll(&p, 1, 100);
+        }
+        continue;
+      }
+      set_nodelay(fd);
+      std::lock_guard lock(mu);
+      for (auto it = connections.begin(); it != connections.end();) {  // reap the ones that ended
+        if (it->finished.load(std::memory_order_acquire)) {
+          it->thread.join();
+          it = connections.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Connection& connection = connections.emplace_back();
+      connection.fd = fd;
+      connection.thread = std::thread([this, &connection] { serve(connection); });
+    }
+  }
+
+  void serve(Connection& connection) {
+    const int fd = connection.fd;
+    std::byte header_bytes[kHeaderBytes];
+    std::string body;
+    for (;;) {
+      // An idle connection waits for its next request without a deadline; a started frame must complete.
+      if (!net::recv_frame_start(fd, header_bytes, sizeof(header_bytes), stall, stop_fd).ok()) break;
+      Header request;
+      if (!request.decode(header_bytes)) break;  // not our protocol
+      const auto deadline = Clock::now() + stall;
+      if (!recv_body(fd, request.body_bytes, body, deadline, stop_fd).ok()) break;
+      Result<std::string> answer = handler(request.kind, body);
+      Header reply{.kind = 0, .call_id = request.call_id, .body_bytes = 0};
+      const Status error = answer.status();  // a copy: the reply body may point into it
+      std::string_view reply_body;
+      if (answer.ok()) {
+        reply_body = *answer;
+      } else {
+        reply.kind = static_cast<uint16_t>(error.code());
+        reply_body = error.message();
+      }
+      if (reply_body.size() > kMaxControlBodyBytes) {
+        reply.kind = static_cast<uint16_t>(StatusCode::kInternal);
+        reply_body = "reply larger than the control protocol's 1 GiB frame limit";
+      }
+      reply.body_bytes = static_cast<uint32_t>(reply_body.size());
+      if (!send_frame(fd, reply, reply_body, Clock::now() + stall, stop_fd).ok()) break;
+    }
+    ::close(fd);
+    connection.finished.store(true, std::memory_order_release);
+  }
+};
+
+Result<std::unique_ptr<ControlServer>> ControlServer::start(std::string_view listen_address,
+                                                            ControlHandler handler,
+                                                            std::chrono::milliseconds stall) {
+  auto host_port = net::split_host_port(listen_address);
+  if (!host_port.ok()) return host_port.status();
+  auto impl = std::make_unique<Impl>();
+  impl->handler = std::move(handler);
+  impl->stall = stall;
+  impl->stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (impl->stop_fd < 0) return Status::unavailable(fmt::format("eventfd: {}", std::strerror(errno)));
+  Result<net::Listener> listener = net::listen_tcp(host_port->first, host_port->second);
+  if (!listener.ok()) return listener.status();
+  impl->listen_fd = listener->fd;
+  impl->port = listener->port;
+  Impl* raw = impl.get();
+  impl->listener = std::thread([raw] { raw->accept_loop(); });
+  return std::unique_ptr<ControlServer>(new ControlServer(std::move(impl)));
+}
+
+ControlServer::ControlServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ControlServer::~ControlServer() = default;
+int ControlServer::port() const {
+  return impl_->port;
+}
+
+// ---- Client ---------------------------------------------------------------------------------------------
+
+class ControlChannel::Pool {
+ public:
+  Pool(std::string address, int max_idle) : address_(std::move(address)), max_idle_(max_idle) {}
+  ~Pool() {
+    for (int fd : idle_) ::close(fd);
+  }
+
+  const std::string& address() const { return address_; }
+
+  /// An idle connection the server has not closed, or a new one.
+  Result<int> take(Clock::time_point deadline) {
+    {
+      std::lock_guard lock(mu_);
+      while (!idle_.empty()) {
+        const int fd = idle_.back();
+        idle_.pop_back();
+        char byte = 0;
+        const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return fd;  // open and quiet: usable
+        ::close(fd);  // closed by the server (restart, failover) or out of step
+      }
+    }
+    std::optional<net::SocketAddress> resolved;
+    {
+      std::lock_guard lock(mu_);
+      resolved = resolved_;
+    }
+    if (!resolved) {
+      auto host_port = net::split_host_port(address_);
+      if (!host_port.ok()) return host_port.status();
+      Result<net::SocketAddress> found = net::resolve_tcp(host_port->first, host_port->second);
+      if (!found.ok()) return found.status();
+      resolved = *found;
+      std::lock_guard lock(mu_);
+      resolved_ = resolved;
+    }
+    net::Connected connected = net::connect_tcp(*resolved, deadline, -1, set_nodelay);
+    if (connected.fd >= 0) return connected.fd;
+    if (connected.io.code == Io::kTimeout) return Status::deadline_exceeded(connected.error);
+    return Status::unavailable(connected.error);
+  }
+
+  /// Keeps `fd` for the next call, or closes it when enough are idle.
+  void give_back(int fd) {
+    {
+      std::lock_guard lock(mu_);
+      if (idle_.size() < static_cast<size_t>(max_idle_)) {
+        idle_.push_back(fd);
+        return;
+      }
+    }
+    ::close(fd);
+  }
+
+  uint32_t next_call_id() { return call_ids_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  const std::string address_;
+  const int max_idle_;
+  std::mutex mu_;
+  std::vector<int> idle_;                       // guarded by mu_
+  std::optional<net::SocketAddress> resolved_;  // guarded by mu_
+  std::atomic<uint32_t> call_ids_{1};
+};
+
+ControlChannel::ControlChannel(std::string address, int max_idle_connections)
+    : pool_(std::make_unique<Pool>(std::move(address), std::max(1, max_idle_connections))) {}
+ControlChannel::~ControlChannel() = default;
+const std::string& ControlChannel::address() const {
+  return pool_->address();
+}
+
+Result<std::string> ControlChannel::call(uint16_t method, std::string_view request,
+                                         std::chrono::steady_clock::time_point deadline) {
+  if (request.size() > kMaxControlBodyBytes) {
+    return Status::invalid_argument(
+        fmt::format("request of {} bytes exceeds the control protocol's 1 GiB frame limit", request.size()));
+  }
+  Result<int> taken = pool_->take(deadline);
+  if (!taken.ok()) return taken.status();
+  const int fd = *taken;
+  const std::chrono::milliseconds no_stall{0};  // describe() only names a stall for kTimeout
+  auto fail = [&](const Io& io, std::string_view during) -> Status {
+    ::close(fd);
+    if (io.code == Io::kTimeout) return Status::deadline_exceeded(fmt::format("no reply by the deadline"));
+    return Status::unavailable(net::describe(io, during, no_stall));
+  };
+  const Header header{
+      .kind = method, .call_id = pool_->next_call_id(), .body_bytes = static_cast<uint32_t>(request.size())};
+  if (Io io = send_frame(fd, header, request, deadline, -1); !io.ok()) return fail(io, "sending the request");
+  std::byte reply_bytes[kHeaderBytes];
+  if (Io io = net::recv_all(fd, reply_bytes, sizeof(reply_bytes), deadline, -1); !io.ok()) {
+    return fail(io, "waiting for the reply");
+  }
+  Header reply;
+  if (!reply.decode(reply_bytes) || reply.call_id != header.call_id) {
+    ::close(fd);
+    return Status::internal("the reply is not a control-protocol frame for this call");
+  }
+  std::string body;
+  if (Io io = recv_body(fd, reply.body_bytes, body, deadline, -1); !io.ok()) {
+    return fail(io, "receiving the reply");
+  }
+  pool_->give_back(fd);
+  if (reply.kind == 0) return body;
+  if (reply.kind > static_cast<uint16_t>(StatusCode::kTransferFailed)) {
+    return Status::internal(fmt::format("unknown status code {} in a reply: {}", reply.kind, body));
+  }
+  return Status(static_cast<StatusCode>(reply.kind), std::move(body));
+}
+
+}  // namespace crescent::store
