@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -254,6 +255,65 @@ Connected connect_tcp(const SocketAddress& address, Clock::time_point deadline, 
   }
   out.fd = fd;
   return out;
+}
+
+ConnectionServer::~ConnectionServer() {
+  join();
+}
+
+void ConnectionServer::start(int listen_fd, int stop_fd, Serve serve) {
+  listen_fd_ = listen_fd;
+  stop_fd_ = stop_fd;
+  serve_ = std::move(serve);
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+void ConnectionServer::join() {
+  if (acceptor_.joinable()) acceptor_.join();
+  std::list<Connection> ending;
+  {
+    std::lock_guard lock(mu_);
+    ending.splice(ending.end(), connections_);  // the nodes stay where their threads see them
+  }
+  for (Connection& connection : ending) {  // joined unlocked: each thread takes mu_ as it ends
+    if (connection.thread.joinable()) connection.thread.join();
+  }
+}
+
+void ConnectionServer::accept_loop() {
+  for (;;) {
+    const Io waited = wait_fd(listen_fd_, POLLIN, kNoDeadline, stop_fd_);
+    if (waited.code == Io::kStopped) return;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: back off instead of spinning on the pending connection.
+        pollfd p{.fd = stop_fd_, .events = POLLIN, .revents = 0};
+        ::poll(&p, 1, 100);
+      }
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // frames must not wait for Nagle
+    std::lock_guard lock(mu_);
+    // Reap connections that ended, so a long-lived server does not accumulate finished threads.
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if (it->finished) {
+        it->thread.join();
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    Connection& connection = connections_.emplace_back();
+    connection.fd = fd;
+    connection.thread = std::thread([this, &connection] {
+      serve_(connection.fd);
+      ::close(connection.fd);
+      std::lock_guard lock(mu_);
+      connection.finished = true;
+    });
+  }
 }
 
 }  // namespace crescent::net

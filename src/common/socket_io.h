@@ -11,8 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <list>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "common/status.h"
 
@@ -97,5 +100,41 @@ struct Connected {
 /// socket before connect (window scaling is negotiated in the handshake).
 Connected connect_tcp(const SocketAddress& address, Clock::time_point deadline, int stop_fd,
                       const std::function<void(int)>& configure = {});
+
+/// Accepts connections on a listening socket and serves each on a thread of its own (servers with few,
+/// long-lived connections: the transfer engine's tcp target, the store's control RPC). Accepted sockets are
+/// non-blocking, close-on-exec, TCP_NODELAY.
+class ConnectionServer {
+ public:
+  /// Serves one connection until it ends or `stop_fd` fires; the server closes `fd` afterwards.
+  using Serve = std::function<void(int fd)>;
+
+  ConnectionServer() = default;
+  /// join() if still running.
+  ~ConnectionServer();
+  ConnectionServer(const ConnectionServer&) = delete;
+  ConnectionServer& operator=(const ConnectionServer&) = delete;
+
+  /// Starts the accepting thread on `listen_fd` (not owned). `stop_fd` (an eventfd, not owned) stops it when
+  /// readable; `serve` must return when it does too.
+  void start(int listen_fd, int stop_fd, Serve serve);
+  /// Waits for the accepting thread and every connection's thread. Call after making stop_fd readable.
+  void join();
+
+ private:
+  struct Connection {
+    int fd = -1;
+    std::thread thread;
+    bool finished = false;  // guarded by mu_
+  };
+  void accept_loop();
+
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;
+  Serve serve_;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::list<Connection> connections_;  // guarded by mu_
+};
 
 }  // namespace crescent::net

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <list>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -87,68 +86,24 @@ Io send_frame(int fd, const Header& header, std::string_view body, Clock::time_p
 
 class ControlServer::Impl {
  public:
-  struct Connection {
-    int fd = -1;
-    std::thread thread;
-    std::atomic<bool> finished{false};
-  };
-
   ControlHandler handler;
   std::chrono::milliseconds stall{0};
   int listen_fd = -1;
   int stop_fd = -1;
   int port = 0;
-  std::thread listener;
-  std::mutex mu;
-  std::list<Connection> connections;  // guarded by mu
+  net::ConnectionServer server;  // a thread per connection
 
   ~Impl() {
     if (stop_fd >= 0) {
       const uint64_t one = 1;
       (void)!::write(stop_fd, &one, sizeof(one));  // wakes every poll of every thread, for good
     }
-    if (listener.joinable()) listener.join();
-    {
-      std::lock_guard lock(mu);
-      for (Connection& c : connections) {
-        if (c.thread.joinable()) c.thread.join();
-      }
-      connections.clear();
-    }
+    server.join();
     if (listen_fd >= 0) ::close(listen_fd);
     if (stop_fd >= 0) ::close(stop_fd);
   }
 
-  void accept_loop() {
-    for (;;) {
-      const Io waited = net::wait_fd(listen_fd, POLLIN, net::kNoDeadline, stop_fd);
-      if (waited.code == Io::kStopped) return;
-      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          pollfd p{.fd = stop_fd, .events = POLLIN, .revents = 0};  // out of descriptors: back off
-          ::poll(&p, 1, 100);
-        }
-        continue;
-      }
-      set_nodelay(fd);
-      std::lock_guard lock(mu);
-      for (auto it = connections.begin(); it != connections.end();) {  // reap the ones that ended
-        if (it->finished.load(std::memory_order_acquire)) {
-          it->thread.join();
-          it = connections.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      Connection& connection = connections.emplace_back();
-      connection.fd = fd;
-      connection.thread = std::thread([this, &connection] { serve(connection); });
-    }
-  }
-
-  void serve(Connection& connection) {
-    const int fd = connection.fd;
+  void serve(int fd) {
     std::byte header_bytes[kHeaderBytes];
     std::string body;
     for (;;) {
@@ -175,8 +130,6 @@ class ControlServer::Impl {
       reply.body_bytes = static_cast<uint32_t>(reply_body.size());
       if (!send_frame(fd, reply, reply_body, Clock::now() + stall, stop_fd).ok()) break;
     }
-    ::close(fd);
-    connection.finished.store(true, std::memory_order_release);
   }
 };
 
@@ -195,7 +148,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::start(std::string_view lis
   impl->listen_fd = listener->fd;
   impl->port = listener->port;
   Impl* raw = impl.get();
-  impl->listener = std::thread([raw] { raw->accept_loop(); });
+  impl->server.start(impl->listen_fd, impl->stop_fd, [raw](int fd) { raw->serve(fd); });
   return std::unique_ptr<ControlServer>(new ControlServer(std::move(impl)));
 }
 

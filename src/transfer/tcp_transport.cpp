@@ -344,14 +344,7 @@ class TcpTransport final : public Transport {
   void release(Peer* peer, uint64_t epoch);
 
  private:
-  struct ServerConnection {
-    int fd = -1;
-    std::thread thread;
-    std::atomic<bool> finished{false};
-  };
-
-  void accept_loop();
-  void serve(ServerConnection* connection);
+  void serve(int fd);
   Status refuse(int fd, uint64_t tag, const Status& why, Clock::time_point deadline);
 
   const TransportContext context_;
@@ -360,7 +353,7 @@ class TcpTransport final : public Transport {
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd: readable once shutdown starts
   int port_ = 0;
-  std::thread listener_;
+  net::ConnectionServer server_;  // accepts peers' connections, a thread each
   std::atomic<bool> stopped_{false};
 
   std::mutex peers_mu_;
@@ -368,9 +361,6 @@ class TcpTransport final : public Transport {
 
   std::mutex endpoints_mu_;  // order: endpoints_mu_ before any Peer::mu_
   std::vector<Peer*> endpoints_;
-
-  std::mutex connections_mu_;
-  std::list<ServerConnection> connections_;
 };
 
 // ---- Peer --------------------------------------------------------------------------------------------
@@ -759,7 +749,7 @@ Status TcpTransport::start() {
   if (!listener.ok()) return Status::unavailable("tcp: " + listener.status().message());
   listen_fd_ = listener->fd;
   port_ = listener->port;
-  listener_ = std::thread([this] { accept_loop(); });
+  server_.start(listen_fd_, stop_fd_, [this](int fd) { serve(fd); });
   return Status();
 }
 
@@ -854,14 +844,7 @@ void TcpTransport::shutdown() {
     for (auto& [key, peer] : peers_) peers.push_back(peer);
   }
   for (auto& peer : peers) peer->stop();
-  if (listener_.joinable()) listener_.join();
-  {
-    std::lock_guard lock(connections_mu_);
-    for (ServerConnection& connection : connections_) {
-      if (connection.thread.joinable()) connection.thread.join();
-    }
-    connections_.clear();
-  }
+  server_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
   if (stop_fd_ >= 0) ::close(stop_fd_);
@@ -869,37 +852,6 @@ void TcpTransport::shutdown() {
 }
 
 // ---- Target side -------------------------------------------------------------------------------------
-
-void TcpTransport::accept_loop() {
-  for (;;) {
-    const Io waited = wait_fd(listen_fd_, POLLIN, kNoDeadline, stop_fd_);
-    if (waited.code == Io::kStopped) return;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // Out of descriptors: back off instead of spinning on the pending connection.
-        pollfd p{.fd = stop_fd_, .events = POLLIN, .revents = 0};
-        ::poll(&p, 1, 100);
-      }
-      continue;
-    }
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    std::lock_guard lock(connections_mu_);
-    // Reap connections that ended, so a long-lived engine does not accumulate finished threads.
-    for (auto it = connections_.begin(); it != connections_.end();) {
-      if (it->finished.load(std::memory_order_acquire)) {
-        it->thread.join();
-        it = connections_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    ServerConnection& connection = connections_.emplace_back();
-    connection.fd = fd;
-    connection.thread = std::thread([this, &connection] { serve(&connection); });
-  }
-}
 
 Status TcpTransport::refuse(int fd, uint64_t tag, const Status& why, Clock::time_point deadline) {
   context_.counters->remote_accesses_refused.fetch_add(1, std::memory_order_relaxed);
@@ -915,8 +867,7 @@ Status TcpTransport::refuse(int fd, uint64_t tag, const Status& why, Clock::time
   return io.ok() ? Status() : Status::unavailable("send failed");
 }
 
-void TcpTransport::serve(ServerConnection* connection) {
-  const int fd = connection->fd;
+void TcpTransport::serve(int fd) {
   // A peer that stops mid-frame holds this thread (and, mid-payload, the segment) at most this long.
   const auto stall = failure_.request_timeout;
   std::unique_ptr<std::byte[]> drain;  // for payloads of refused writes; allocated on first use
@@ -963,8 +914,6 @@ void TcpTransport::serve(ServerConnection* connection) {
     }
     if (!io.ok()) break;
   }
-  ::close(fd);
-  connection->finished.store(true, std::memory_order_release);
 }
 
 }  // namespace
