@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -15,6 +16,12 @@ namespace crescent::store {
 
 class MountedSegment::Impl {
  public:
+  /// An order for the SSD worker.
+  struct Order {
+    ChangeKind kind = ChangeKind::kSpill;  // kSpill, kLoad, or kRemoved (delete the file)
+    HeldObject object;
+  };
+
   Impl(transfer::TransferEngine& engine, MasterClient& master) : engine(engine), master(master) {}
 
   ~Impl() {
@@ -24,37 +31,38 @@ class MountedSegment::Impl {
     }
     cv.notify_all();
     if (renewer.joinable()) renewer.join();
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      ssd_stopping = true;  // orders still queued are dropped: the node is leaving
+    }
+    queue_cv.notify_all();
+    if (ssd_worker.joinable()) ssd_worker.join();
     if (mounted) (void)master.unmount_segment(mount.segment);
     if (exposed) (void)engine.withdraw_segment(mount.segment);
     if (memory != nullptr) (void)engine.free_memory(memory);
   }
 
+  /// Renews every period, and at once when the SSD worker has carried out orders (a reader may be waiting for
+  /// a load).
   void renew_loop() {
     const auto period =
         std::max(std::chrono::milliseconds(10), std::min(sync_interval, master.info().segment_ttl / 3));
     std::unique_lock<std::mutex> lock(mu);
-    while (!cv.wait_for(lock, period, [this] { return stopping; })) {
+    for (;;) {
+      cv.wait_for(lock, period, [this] { return stopping || reports_ready; });
+      if (stopping) return;
+      reports_ready = false;
       lock.unlock();
       sync();
       lock.lock();
     }
   }
 
-  /// One renewal: apply the master's changes to the index, or mount again with the index when it forgot us.
-  void sync() {
-    // Reports of orders carried out go with the renewal; orders carried out now are reported at once.
-    for (int round = 0; round < 2; ++round) {
-      if (!sync_once() || !has_reports()) return;
-    }
-  }
-
-  bool has_reports() const {
-    return !report.spilled.empty() || !report.loaded.empty() || !report.failed.empty() ||
-           !report.ssd_dropped.empty();
-  }
-
-  /// One renewal; false when the master could not be reached or did not know the segment.
-  bool sync_once() {
+  /// One renewal with the reports of orders carried out so far: apply the master's changes to the index, or
+  /// mount again with the index when it forgot us. False when the master could not be reached or did not
+  /// know the segment.
+  bool sync() {
+    take_done_reports();
     Result<SegmentChanges> changes = master.renew_segment(mount.segment, version, report);
     if (changes.ok()) {
       report = {};  // delivered
@@ -64,32 +72,158 @@ class MountedSegment::Impl {
       return true;
     }
     if (changes.status().code() != StatusCode::kNotFound) return false;  // unreachable: again next period
+    // The master forgot the segment. Orders of the old one are dropped and the one under way finishes first:
+    // a load still to come would write into a range the new master may hand to a new object.
+    settle_ssd(/*drop_queued=*/true);
     std::vector<HeldObject> held;
     {
       std::lock_guard<std::mutex> lock(index_mu);
       held.reserve(index.size());
       for (const auto& [key, where] : index) held.push_back({key, where.first, where.second});
-      if (ssd) {
-        for (const auto& [key, size] : ssd->held()) held.push_back({key, 0, size, ReplicaTier::kSsd});
-      }
+    }
+    if (ssd) {
+      std::lock_guard<std::mutex> lock(tier_mu);
+      for (const auto& [key, size] : ssd->held()) held.push_back({key, 0, size, ReplicaTier::kSsd});
     }
     Status mounted_again = master.mount_segment(mount, held);
     // kAlreadyExists: a retried mount the master had already taken.
     if (mounted_again.ok() || mounted_again.code() == StatusCode::kAlreadyExists) {
       ++remounts;
-      report = {};                       // the new master knows nothing of the old orders
+      report = {};  // the new master knows nothing of the old orders
+      {
+        std::lock_guard<std::mutex> lock(queue_mu);
+        done = {};
+      }
       version = kUnknownSegmentVersion;  // the next renewal brings the new master's view in full
     }
     return false;
+  }
+
+  /// Moves the SSD worker's reports into the next renewal's.
+  void take_done_reports() {
+    std::lock_guard<std::mutex> lock(queue_mu);
+    auto move_all = [](auto& from, auto& to) {
+      to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+      from.clear();
+    };
+    move_all(done.spilled, report.spilled);
+    move_all(done.loaded, report.loaded);
+    move_all(done.failed, report.failed);
+    move_all(done.ssd_dropped, report.ssd_dropped);
+  }
+
+  /// Waits until the SSD worker is idle: with `drop_queued`, after the order under way; else after every
+  /// queued order.
+  void settle_ssd(bool drop_queued) {
+    std::unique_lock<std::mutex> lock(queue_mu);
+    if (drop_queued) orders.clear();
+    queue_cv.wait(lock, [this] { return (orders.empty() && !ssd_busy) || ssd_stopping; });
+  }
+
+  /// Queues an order for the SSD worker (spill, load, or the removal of a file), carried out in feed order.
+  void queue_order(ChangeKind kind, const HeldObject& object) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      orders.push_back({kind, object});
+    }
+    queue_cv.notify_all();
+  }
+
+  /// The SSD worker: carries out orders one at a time, off the renewal thread, so that file I/O never delays
+  /// a renewal (past segment_ttl the master would drop the segment).
+  void ssd_loop() {
+    std::unique_lock<std::mutex> lock(queue_mu);
+    for (;;) {
+      queue_cv.wait(lock, [this] { return ssd_stopping || !orders.empty(); });
+      if (ssd_stopping) return;
+      const Order order = std::move(orders.front());
+      orders.pop_front();
+      ssd_busy = true;
+      lock.unlock();
+      SegmentReport outcome;
+      if (ssd_delay.count() > 0) std::this_thread::sleep_for(ssd_delay);
+      carry_out(order, outcome);
+      lock.lock();
+      ssd_busy = false;
+      const bool any = !outcome.spilled.empty() || !outcome.loaded.empty() || !outcome.failed.empty() ||
+                       !outcome.ssd_dropped.empty();
+      for (HeldObject& h : outcome.spilled) done.spilled.push_back(std::move(h));
+      for (HeldObject& h : outcome.loaded) done.loaded.push_back(std::move(h));
+      for (HeldObject& h : outcome.failed) done.failed.push_back(std::move(h));
+      for (std::string& k : outcome.ssd_dropped) done.ssd_dropped.push_back(std::move(k));
+      queue_cv.notify_all();  // settle_ssd
+      if (any) {
+        lock.unlock();
+        {
+          std::lock_guard<std::mutex> renew_lock(mu);
+          reports_ready = true;
+        }
+        cv.notify_all();
+        lock.lock();
+      }
+    }
+  }
+
+  /// One order on the SSD tier; what the master must hear goes to `outcome`.
+  void carry_out(const Order& order, SegmentReport& outcome) {
+    const HeldObject& o = order.object;
+    std::byte* range = static_cast<std::byte*>(memory) + o.offset_bytes;
+    const bool in_segment = o.offset_bytes + o.size_bytes <= mount.capacity_bytes;
+    switch (order.kind) {
+      case ChangeKind::kRemoved: {
+        std::lock_guard<std::mutex> lock(tier_mu);
+        ssd->remove(o.key);
+        break;
+      }
+      case ChangeKind::kSpill: {
+        Status written = Status::invalid_argument("a range outside the segment");
+        if (in_segment) {
+          std::lock_guard<std::mutex> lock(tier_mu);
+          written = ssd->write(o.key, range, o.size_bytes, outcome.ssd_dropped);
+        }
+        if (!written.ok()) {
+          outcome.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
+          break;
+        }
+        outcome.spilled.push_back({o.key, o.offset_bytes, o.size_bytes});
+        std::lock_guard<std::mutex> lock(index_mu);
+        index.erase(o.key);
+        break;
+      }
+      case ChangeKind::kLoad: {
+        Status read = Status::invalid_argument("a range outside the segment");
+        {
+          std::lock_guard<std::mutex> lock(tier_mu);
+          if (in_segment) read = ssd->read(o.key, range, o.size_bytes);
+          // No file, or an unreadable one: the master must forget this SSD copy, or readers wait on it.
+          if (!read.ok()) ssd->remove(o.key);
+        }
+        if (!read.ok()) {
+          outcome.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
+          outcome.ssd_dropped.push_back(o.key);
+          break;
+        }
+        outcome.loaded.push_back({o.key, o.offset_bytes, o.size_bytes});
+        std::lock_guard<std::mutex> lock(index_mu);
+        index[o.key] = {o.offset_bytes, o.size_bytes};
+        break;
+      }
+      default:
+        break;
+    }
   }
 
   /// One change of the feed, in order (`full`: the first of a full list clears the DRAM index).
   /// A full list replaces what the owner believes it holds: the DRAM index is rebuilt from it, and SSD files
   /// it does not list are deleted (removed while the list was being made, or refused at a re-mount).
   void reset_to(const SegmentChanges& full) {
-    std::lock_guard<std::mutex> lock(index_mu);
-    index.clear();
+    {
+      std::lock_guard<std::mutex> lock(index_mu);
+      index.clear();
+    }
     if (!ssd) return;
+    settle_ssd(/*drop_queued=*/false);  // files of orders still queued are not listed yet
+    std::lock_guard<std::mutex> lock(tier_mu);
     std::unordered_set<std::string> listed;
     for (const SegmentChange& c : full.changes) {
       if (c.kind == ChangeKind::kAdded && c.object.tier == ReplicaTier::kSsd) listed.insert(c.object.key);
@@ -99,51 +233,38 @@ class MountedSegment::Impl {
     }
   }
 
-  /// One change of the feed, in order.
+  /// One change of the feed, in order. SSD work goes to the SSD worker, in the same order.
   void apply(const SegmentChange& c) {
-    std::lock_guard<std::mutex> lock(index_mu);
     const HeldObject& o = c.object;
-    std::byte* range = static_cast<std::byte*>(memory) + o.offset_bytes;
     switch (c.kind) {
       case ChangeKind::kAdded:
-        if (o.tier == ReplicaTier::kDram) index[o.key] = {o.offset_bytes, o.size_bytes};
-        break;
-      case ChangeKind::kRemoved:
-        index.erase(o.key);
-        if (ssd) ssd->remove(o.key);
-        break;
-      case ChangeKind::kEvicted:
-        index.erase(o.key);
-        break;
-      case ChangeKind::kSpill: {
-        if (!ssd || o.offset_bytes + o.size_bytes > mount.capacity_bytes) {
-          report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
-          break;
+        if (o.tier == ReplicaTier::kDram) {
+          std::lock_guard<std::mutex> lock(index_mu);
+          index[o.key] = {o.offset_bytes, o.size_bytes};
         }
-        const Status written = ssd->write(o.key, range, o.size_bytes, report.ssd_dropped);
-        if (!written.ok()) {
-          report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
-          break;
+        break;
+      case ChangeKind::kRemoved: {
+        {
+          std::lock_guard<std::mutex> lock(index_mu);
+          index.erase(o.key);
         }
-        report.spilled.push_back({o.key, o.offset_bytes, o.size_bytes});
+        if (ssd) queue_order(ChangeKind::kRemoved, o);
+        break;
+      }
+      case ChangeKind::kEvicted: {
+        std::lock_guard<std::mutex> lock(index_mu);
         index.erase(o.key);
         break;
       }
-      case ChangeKind::kLoad: {
-        const Status read = !ssd || o.offset_bytes + o.size_bytes > mount.capacity_bytes
-                                ? Status::invalid_argument("no SSD tier, or a range outside the segment")
-                                : ssd->read(o.key, range, o.size_bytes);
-        if (!read.ok()) {
+      case ChangeKind::kSpill:
+      case ChangeKind::kLoad:
+        if (ssd) {
+          queue_order(c.kind, o);
+        } else {
           report.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
-          // No file, or an unreadable one: the master must forget this SSD copy, or readers wait on it.
-          if (ssd) ssd->remove(o.key);
-          report.ssd_dropped.push_back(o.key);
-          break;
+          if (c.kind == ChangeKind::kLoad) report.ssd_dropped.push_back(o.key);
         }
-        report.loaded.push_back({o.key, o.offset_bytes, o.size_bytes});
-        index[o.key] = {o.offset_bytes, o.size_bytes};
         break;
-      }
     }
   }
 
@@ -154,16 +275,28 @@ class MountedSegment::Impl {
   bool exposed = false;
   bool mounted = false;
   std::chrono::milliseconds sync_interval{100};
+  std::chrono::milliseconds ssd_delay{0};  // Options::ssd_delay_for_testing
   std::atomic<uint64_t> remounts{0};
   uint64_t version = kUnknownSegmentVersion;  // of the index; renewal thread only
   SegmentReport report;                       // to send with the next renewal; renewal thread only
-  std::unique_ptr<SsdTier> ssd;               // used by the renewal thread; sizes read under index_mu
   mutable std::mutex index_mu;
   std::unordered_map<std::string, std::pair<uint64_t, uint64_t>> index;  // key -> (offset, size)
   std::thread renewer;
-  std::mutex mu;
+  std::mutex mu;  // renewer's wake-ups
   std::condition_variable cv;
-  bool stopping = false;
+  bool stopping = false;       // guarded by mu
+  bool reports_ready = false;  // guarded by mu: the SSD worker has news for the master
+
+  // The SSD tier and its worker. Lock order: queue_mu is never held with tier_mu or index_mu.
+  std::unique_ptr<SsdTier> ssd;  // null without an SSD tier; used under tier_mu
+  mutable std::mutex tier_mu;
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  std::deque<Order> orders;   // guarded by queue_mu
+  SegmentReport done;         // guarded by queue_mu: outcomes not yet taken into `report`
+  bool ssd_busy = false;      // guarded by queue_mu: an order is being carried out
+  bool ssd_stopping = false;  // guarded by queue_mu
+  std::thread ssd_worker;
 };
 
 Result<std::unique_ptr<MountedSegment>> MountedSegment::mount(transfer::TransferEngine& engine,
@@ -172,6 +305,7 @@ Result<std::unique_ptr<MountedSegment>> MountedSegment::mount(transfer::Transfer
                                                               const Options& options) {
   auto impl = std::make_unique<Impl>(engine, master);
   impl->sync_interval = options.sync_interval;
+  impl->ssd_delay = options.ssd_delay_for_testing;
   impl->mount = {std::move(name), std::move(owner), transfer::local_host_id(), capacity_bytes};
   if (!options.ssd_dir.empty()) {
     auto ssd = SsdTier::open(options.ssd_dir, options.ssd_capacity_bytes);
@@ -187,6 +321,7 @@ Result<std::unique_ptr<MountedSegment>> MountedSegment::mount(transfer::Transfer
   CRESCENT_RETURN_IF_ERROR(master.mount_segment(impl->mount));
   impl->mounted = true;
   Impl* raw = impl.get();
+  if (impl->ssd) impl->ssd_worker = std::thread([raw] { raw->ssd_loop(); });
   impl->renewer = std::thread([raw] { raw->renew_loop(); });
   return std::unique_ptr<MountedSegment>(new MountedSegment(std::move(impl)));
 }
@@ -207,11 +342,11 @@ uint64_t MountedSegment::indexed_objects() const {
   return impl_->index.size();
 }
 uint64_t MountedSegment::ssd_objects() const {
-  std::lock_guard<std::mutex> lock(impl_->index_mu);
+  std::lock_guard<std::mutex> lock(impl_->tier_mu);
   return impl_->ssd ? impl_->ssd->held().size() : 0;
 }
 uint64_t MountedSegment::ssd_used_bytes() const {
-  std::lock_guard<std::mutex> lock(impl_->index_mu);
+  std::lock_guard<std::mutex> lock(impl_->tier_mu);
   return impl_->ssd ? impl_->ssd->used_bytes() : 0;
 }
 uint64_t MountedSegment::ssd_capacity_bytes() const {

@@ -24,12 +24,15 @@ class MountedSegment {
     std::chrono::milliseconds sync_interval{100};  // renewals (and index updates), at most segment_ttl / 3
     std::string ssd_dir = "";                      // "" = no SSD tier
     uint64_t ssd_capacity_bytes = 0;               // required with ssd_dir
+    /// Tests: every SSD order waits this long before its I/O (a slow disk).
+    std::chrono::milliseconds ssd_delay_for_testing{0};
   };
 
   /// Allocates `capacity_bytes` from `engine`, exposes it as segment `name` and mounts it on the master as
   /// owned by `owner`. A thread renews the mount every `options.sync_interval` (at most segment_ttl / 3),
-  /// applying the changes to the index and carrying out spill and load orders on the SSD tier (when
-  /// options.ssd_dir is set), and mounts it again with the index when the master no longer knows it. Errors:
+  /// applying the changes to the index, and mounts it again with the index when the master no longer knows
+  /// it. With options.ssd_dir, a second thread carries out the spill and load orders on the SSD tier, in feed
+  /// order, so that file I/O never delays a renewal; their outcomes go out with a renewal at once. Errors:
   /// the engine's (kIoError when memory cannot be had, kAlreadyExists for a taken name), the SSD tier's, or
   /// the master's. `engine` and `master` must outlive the segment.
   static Result<std::unique_ptr<MountedSegment>> mount(transfer::TransferEngine& engine, MasterClient& master,

@@ -80,7 +80,8 @@ Result<std::unique_ptr<StorageNode>> StorageNode::start(StorageNodeOptions optio
                                        impl->options.name, impl->options.dram_bytes,
                                        {.sync_interval = impl->options.sync_interval,
                                         .ssd_dir = impl->options.ssd_dir,
-                                        .ssd_capacity_bytes = impl->options.ssd_capacity_bytes});
+                                        .ssd_capacity_bytes = impl->options.ssd_capacity_bytes,
+                                        .ssd_delay_for_testing = impl->options.ssd_delay_for_testing});
   if (!segment.ok()) return segment.status();
   impl->segment = std::move(*segment);
   if (!impl->options.metrics_address.empty()) {

@@ -26,9 +26,10 @@ struct StorageNodeOptions {
   std::string metrics_address = "127.0.0.1:0";  // /metrics; port 0 picks one; "" = none
   std::string ssd_dir = "";         // "" = no SSD tier; else objects evicted from DRAM are spilled here
   uint64_t ssd_capacity_bytes = 0;  // the SSD tier's size (least recently used files go beyond it)
-  /// Renewals: index updates, and spill and load orders carried out (a reader of an SSD-only object waits
-  /// about one interval).
+  /// Renewals (index updates). Spill and load orders run on an SSD thread of their own, and their outcome is
+  /// reported at once.
   std::chrono::milliseconds sync_interval{100};
+  std::chrono::milliseconds ssd_delay_for_testing{0};  // MountedSegment::Options
 };
 
 class StorageNode {

@@ -345,6 +345,48 @@ TEST(StoreClient, ObjectsEvictedFromDramLiveOnTheSsdTierAndReadBackIdentical) {
   }
 }
 
+TEST(StoreClient, SlowSsdOrdersDoNotHoldUpRenewals) {
+  MasterServerOptions master;
+  master.master.lease_ttl = milliseconds(100);
+  master.master.segment_ttl = milliseconds(400);  // shorter than one SSD order below
+  StoreCluster cluster(0, 0, master);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  StorageNodeOptions node_options = cluster.node_options(1 << 20);  // 1 MiB of DRAM
+  node_options.ssd_dir = cluster.dir() + "/ssd";
+  node_options.ssd_capacity_bytes = 64 << 20;
+  node_options.sync_interval = milliseconds(20);
+  node_options.ssd_delay_for_testing = milliseconds(700);  // a disk slower than segment_ttl
+  auto node = StorageNode::start(node_options);
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  auto client = Client::create(cluster.client_options());
+  ASSERT_TRUE(client.ok());
+  constexpr int kValues = 20;  // 20 x 64 KiB: past the 95% watermark, so spills are ordered
+  std::vector<std::vector<std::byte>> values;
+  for (int i = 0; i < kValues; ++i) {
+    values.push_back(pattern_bytes(64 << 10, static_cast<uint64_t>(i) + 7000));
+    ConstBuffer in = cview(values.back());
+    Status put = (*client)->put("slow-" + std::to_string(i), {&in, 1});
+    ASSERT_TRUE(put.ok()) << i << ": " << put.to_string();
+  }
+  // Spills take 700 ms each; meanwhile the segment keeps being renewed.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (cluster.master().master().stats().spills < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  const MasterStats stats = cluster.master().master().stats();
+  EXPECT_GE(stats.spills, 2u);
+  EXPECT_EQ(stats.segments_expired, 0u);
+  EXPECT_EQ(stats.segments, 1u);
+  EXPECT_EQ(stats.objects, static_cast<uint64_t>(kValues));
+  for (int i : {0, kValues - 1}) {  // the oldest was spilled (read back through a load), the newest was not
+    std::vector<std::byte> out(64 << 10);
+    Buffer o = view(out);
+    Result<uint64_t> got = (*client)->get("slow-" + std::to_string(i), {&o, 1});
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().to_string();
+    EXPECT_EQ(out, values[i]) << i;
+  }
+}
+
 TEST(StoreClient, MalformedRequestsToTheMasterAreRefusedAndItKeepsServing) {
   StoreCluster cluster(1);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
