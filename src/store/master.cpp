@@ -416,16 +416,34 @@ class Master::Impl {
     const Nanos t = now();
     std::optional<std::vector<Replica>> replicas = allocate(size_bytes, config, writer_host);
     // Make room with what frees space at once (dropping, or evicting a DRAM copy that has an SSD copy)...
+    // After a few evictions that did not make room, check that evicting everything evictable could (ranges
+    // must be contiguous): a value that can never fit must not empty the pool on its way to "no space".
+    constexpr int kEvictionsBeforeFeasibilityCheck = 8;
+    int evicted = 0;
+    bool feasible = true;
     for (bool allow_soft_pins : {false, true}) {
-      if (replicas) break;
+      if (replicas || !feasible) break;
       for (Object* victim = lru_.tail; victim != nullptr && !replicas;) {
         Object* next = victim->lru_prev;
         if (evictable(*victim, t, allow_soft_pins) && frees_at_once(*victim)) {
+          if (++evicted == kEvictionsBeforeFeasibilityCheck &&
+              !eviction_can_fit(size_bytes, config.replica_num, t)) {
+            feasible = false;
+            break;
+          }
           evict(*victim);
           replicas = allocate(size_bytes, config, writer_host);
         }
         victim = next;
       }
+    }
+    if (!feasible) {
+      ++stats_.puts_no_space;
+      return Status::no_space(fmt::format(
+          "no space for key {}: {} bytes x {} replica{} cannot fit even if every evictable object "
+          "were evicted (what is left is leased, pinned or being written, and free ranges must be "
+          "contiguous)",
+          printable_key(key), size_bytes, config.replica_num, config.replica_num == 1 ? "" : "s"));
     }
     if (!replicas) {
       // ... else order spills to SSD tiers: the room comes when the owners report them written.
@@ -753,6 +771,28 @@ class Master::Impl {
         return allow_soft_pins || object.deadline <= t;
     }
     return false;
+  }
+
+  /// Whether evicting every object evictable at `t` (soft pins included) would leave a contiguous free range
+  /// of `size_bytes` on `replica_num` distinct segments. O(objects): for puts that evicting has not helped.
+  bool eviction_can_fit(uint64_t size_bytes, uint32_t replica_num, Nanos t) const {
+    std::unordered_map<uint32_t, std::vector<std::pair<uint64_t, uint64_t>>> freeable;  // segment -> ranges
+    for (const auto& [key, object] : objects_) {
+      if (!evictable(object, t, /*allow_soft_pins=*/true)) continue;
+      for (const Replica& r : object.replicas) {
+        if (r.holds_range()) freeable[r.segment_id].emplace_back(r.offset_bytes, object.size_bytes);
+      }
+    }
+    const uint64_t aligned = aligned_size_bytes(size_bytes);
+    uint32_t fitting = 0;
+    for (uint32_t id : live_segments_) {
+      auto it = freeable.find(id);
+      const uint64_t largest =
+          it == freeable.end() ? segments_[id]->allocator.largest_free_bytes()
+                               : segments_[id]->allocator.largest_free_bytes_if_freed(std::move(it->second));
+      if (largest >= aligned) ++fitting;
+    }
+    return fitting >= replica_num;
   }
 
   /// Whether evicting `object` frees all its DRAM now: none of its DRAM replicas needs a spill first.

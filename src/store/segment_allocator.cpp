@@ -1,5 +1,6 @@
 #include "store/segment_allocator.h"
 
+#include <algorithm>
 #include <cassert>
 #include <iterator>
 
@@ -71,6 +72,23 @@ void SegmentAllocator::free(uint64_t offset, uint64_t size_bytes) {
 
 uint64_t SegmentAllocator::largest_free_bytes() const {
   return free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+}
+
+uint64_t SegmentAllocator::largest_free_bytes_if_freed(
+    std::vector<std::pair<uint64_t, uint64_t>> freed) const {
+  for (auto& [offset, size_bytes] : freed) size_bytes = aligned_size_bytes(size_bytes);
+  freed.insert(freed.end(), free_by_offset_.begin(), free_by_offset_.end());
+  std::sort(freed.begin(), freed.end());
+  uint64_t largest = 0;
+  uint64_t run_start = 0;
+  uint64_t run_end = 0;  // [run_start, run_end): the contiguous run being merged
+  for (const auto& [offset, length] : freed) {
+    if (offset != run_end)
+      run_start = offset;  // a gap (ranges never overlap: each byte is free or used once)
+    run_end = offset + length;
+    largest = std::max(largest, run_end - run_start);
+  }
+  return largest;
 }
 
 }  // namespace crescent::store

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace crescent::store {
 
@@ -43,6 +44,10 @@ class SegmentAllocator {
   uint64_t free_bytes() const { return capacity_bytes_ - used_bytes_; }
   /// The largest value allocate would place now (0 when full).
   uint64_t largest_free_bytes() const;
+  /// The largest value allocate would place if the allocated ranges `freed` ((offset, size_bytes), as given
+  /// to allocate or allocate_at) were freed as well. For checking that evicting can make room before
+  /// evicting; O((free ranges + freed) log).
+  uint64_t largest_free_bytes_if_freed(std::vector<std::pair<uint64_t, uint64_t>> freed) const;
 
  private:
   void insert_free(uint64_t offset, uint64_t length);

@@ -135,6 +135,27 @@ TEST_F(MasterTest, EvictionSkipsPinnedAndProcessingObjects) {
   EXPECT_EQ(master_->stats().puts_no_space, 1u);
 }
 
+TEST_F(MasterTest, AValueThatCanNeverFitDoesNotEmptyThePool) {
+  start(1, 64 * 64, {.high_watermark = 1.0});
+  // Hard pins at every other 64-byte slot: evicting all the rest never leaves 128 contiguous bytes.
+  for (int i = 0; i < 64; ++i) {
+    const PinKind pin = i % 2 == 0 ? PinKind::kHard : PinKind::kNone;
+    ASSERT_TRUE(put(fmt::format("k{}", i), 64, {.pin = pin}).ok()) << i;
+  }
+  auto refused = master_->put_start("wide", 128, {});
+  EXPECT_EQ(refused.status().code(), StatusCode::kNoSpace) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("cannot fit even if every evictable object were evicted"),
+            std::string::npos)
+      << refused.status().to_string();
+  // The check runs after a few evictions failed to make room, not after all 32.
+  EXPECT_LT(master_->stats().evictions, 8u);
+  int plain_left = 0;
+  for (int i = 1; i < 64; i += 2) plain_left += master_->exists(fmt::format("k{}", i)) ? 1 : 0;
+  EXPECT_GT(plain_left, 24);
+  // A value that fits once one object goes still evicts that one and succeeds.
+  EXPECT_TRUE(put("narrow", 64).ok());
+}
+
 TEST_F(MasterTest, WatermarkEvictionFreesTheFraction) {
   // 100 slots of 64 bytes; above 90% used, evict 20% of capacity.
   start(1, 64 * 100, {.high_watermark = 0.9, .eviction_fraction = 0.2});

@@ -80,5 +80,16 @@ TEST(SegmentAllocator, RefusesWhatDoesNotFit) {
   EXPECT_FALSE(allocator.allocate(1));
 }
 
+TEST(SegmentAllocator, LargestFreeIfFreedMergesFreedRangesWithFreeOnes) {
+  SegmentAllocator allocator(64 * 8);
+  std::vector<uint64_t> offsets;
+  for (int i = 0; i < 8; ++i) offsets.push_back(allocator.allocate(64).value());
+  allocator.free(offsets[3], 64);
+  EXPECT_EQ(allocator.largest_free_bytes(), 64u);
+  EXPECT_EQ(allocator.largest_free_bytes_if_freed({{offsets[2], 64}, {offsets[4], 10}}), 64u * 3);
+  EXPECT_EQ(allocator.largest_free_bytes_if_freed({{offsets[0], 64}, {offsets[1], 64}}), 64u * 2);
+  EXPECT_EQ(allocator.largest_free_bytes_if_freed({}), 64u);
+}
+
 }  // namespace
 }  // namespace crescent::store
