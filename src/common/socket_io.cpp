@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <system_error>
 
 namespace crescent::net {
 
@@ -117,9 +118,14 @@ std::string describe(const Io& io, std::string_view during, std::chrono::millise
       return fmt::format("no progress during {} before the request deadline ({} ms timeout)", during,
                          stall.count());
     case Io::kStopped:
-      return "engine shutting down";
+      return "shutting down";
   }
   return "?";
+}
+
+void set_nodelay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 std::string endpoint_key(const std::string& host, int port) {
@@ -293,8 +299,7 @@ void ConnectionServer::accept_loop() {
       }
       continue;
     }
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // frames must not wait for Nagle
+    set_nodelay(fd);
     std::lock_guard lock(mu_);
     // Reap connections that ended, so a long-lived server does not accumulate finished threads.
     for (auto it = connections_.begin(); it != connections_.end();) {
@@ -305,14 +310,23 @@ void ConnectionServer::accept_loop() {
         ++it;
       }
     }
+    if (connections_.size() >= kMaxConnections) {
+      ::close(fd);
+      continue;
+    }
     Connection& connection = connections_.emplace_back();
     connection.fd = fd;
-    connection.thread = std::thread([this, &connection] {
-      serve_(connection.fd);
-      ::close(connection.fd);
-      std::lock_guard lock(mu_);
-      connection.finished = true;
-    });
+    try {
+      connection.thread = std::thread([this, &connection] {
+        serve_(connection.fd);
+        ::close(connection.fd);
+        std::lock_guard lock(mu_);
+        connection.finished = true;
+      });
+    } catch (const std::system_error&) {  // out of threads: refuse this one rather than end the process
+      ::close(fd);
+      connections_.pop_back();
+    }
   }
 }
 

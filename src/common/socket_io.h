@@ -64,6 +64,9 @@ Io recv_frame_start(int fd, std::byte* data, size_t length, std::chrono::millise
 /// text>", "no progress during <during> before the request deadline (<stall> ms timeout)".
 std::string describe(const Io& io, std::string_view during, std::chrono::milliseconds stall);
 
+/// Sets TCP_NODELAY: a small frame must not wait for Nagle's algorithm.
+void set_nodelay(int fd);
+
 /// "host:port", or "[host]:port" for an IPv6 literal.
 std::string endpoint_key(const std::string& host, int port);
 
@@ -103,11 +106,13 @@ Connected connect_tcp(const SocketAddress& address, Clock::time_point deadline, 
 
 /// Accepts connections on a listening socket and serves each on a thread of its own (servers with few,
 /// long-lived connections: the transfer engine's tcp target, the store's control RPC). Accepted sockets are
-/// non-blocking, close-on-exec, TCP_NODELAY.
+/// non-blocking, close-on-exec, TCP_NODELAY. Beyond kMaxConnections open at once, or when a thread cannot be
+/// started, a new connection is closed at once (its peer sees the connection end).
 class ConnectionServer {
  public:
   /// Serves one connection until it ends or `stop_fd` fires; the server closes `fd` afterwards.
   using Serve = std::function<void(int fd)>;
+  static constexpr size_t kMaxConnections = 4096;
 
   ConnectionServer() = default;
   /// join() if still running.

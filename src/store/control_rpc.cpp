@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -53,11 +54,6 @@ struct Header {
     return body_bytes <= kMaxControlBodyBytes;
   }
 };
-
-void set_nodelay(int fd) {
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // a frame must not wait for Nagle
-}
 
 /// Receives a body of `bytes` into `out`, growing it as the bytes arrive.
 Io recv_body(int fd, uint32_t bytes, std::string& out, Clock::time_point deadline, int stop_fd) {
@@ -129,6 +125,7 @@ class ControlServer::Impl {
       }
       reply.body_bytes = static_cast<uint32_t>(reply_body.size());
       if (!send_frame(fd, reply, reply_body, Clock::now() + stall, stop_fd).ok()) break;
+      if (body.capacity() > kBodyChunkBytes) std::string().swap(body);  // a large one-off (a re-mount's list)
     }
   }
 };
@@ -196,9 +193,11 @@ class ControlChannel::Pool {
       std::lock_guard lock(mu_);
       resolved_ = resolved;
     }
-    net::Connected connected = net::connect_tcp(*resolved, deadline, -1, set_nodelay);
+    net::Connected connected = net::connect_tcp(*resolved, deadline, -1, net::set_nodelay);
     if (connected.fd >= 0) return connected.fd;
-    if (connected.io.code == Io::kTimeout) return Status::deadline_exceeded(connected.error);
+    std::lock_guard lock(mu_);
+    resolved_.reset();  // resolved again next time: the name may point elsewhere now
+    // Nothing was sent: unavailable (worth retrying), also when the connect timed out.
     return Status::unavailable(connected.error);
   }
 
@@ -233,7 +232,8 @@ const std::string& ControlChannel::address() const {
 }
 
 Result<std::string> ControlChannel::call(uint16_t method, std::string_view request,
-                                         std::chrono::steady_clock::time_point deadline) {
+                                         std::chrono::steady_clock::time_point deadline, bool* may_have_run) {
+  if (may_have_run != nullptr) *may_have_run = false;
   if (request.size() > kMaxControlBodyBytes) {
     return Status::invalid_argument(
         fmt::format("request of {} bytes exceeds the control protocol's 1 GiB frame limit", request.size()));
@@ -249,7 +249,9 @@ Result<std::string> ControlChannel::call(uint16_t method, std::string_view reque
   };
   const Header header{
       .kind = method, .call_id = pool_->next_call_id(), .body_bytes = static_cast<uint32_t>(request.size())};
+  // A frame that did not arrive whole is never carried out: the server waits for all of it.
   if (Io io = send_frame(fd, header, request, deadline, -1); !io.ok()) return fail(io, "sending the request");
+  if (may_have_run != nullptr) *may_have_run = true;
   std::byte reply_bytes[kHeaderBytes];
   if (Io io = net::recv_all(fd, reply_bytes, sizeof(reply_bytes), deadline, -1); !io.ok()) {
     return fail(io, "waiting for the reply");
@@ -264,6 +266,7 @@ Result<std::string> ControlChannel::call(uint16_t method, std::string_view reque
     return fail(io, "receiving the reply");
   }
   pool_->give_back(fd);
+  if (may_have_run != nullptr) *may_have_run = false;  // it answered
   if (reply.kind == 0) return body;
   if (reply.kind > static_cast<uint16_t>(StatusCode::kTransferFailed)) {
     return Status::internal(fmt::format("unknown status code {} in a reply: {}", reply.kind, body));

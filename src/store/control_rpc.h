@@ -70,11 +70,13 @@ class ControlChannel {
   const std::string& address() const;
 
   /// Sends `request` as `method` and returns the reply body by `deadline`. Errors: kUnavailable when the
-  /// server cannot be reached or the connection fails before the reply (the request may have taken effect),
-  /// kDeadlineExceeded when no complete reply came in time, kInternal for a reply that is not ours, and any
-  /// error the server answered (with its message).
+  /// server cannot be reached (connect refused or timed out) or the connection fails before the reply,
+  /// kDeadlineExceeded when the request was sent and no complete reply came in time, kInternal for a reply
+  /// that is not ours, and any error the server answered (with its message). `may_have_run` (optional) is set
+  /// when the whole request reached the connection and no reply came back: the server may have carried it
+  /// out, so only a call that is safe to repeat should be retried.
   Result<std::string> call(uint16_t method, std::string_view request,
-                           std::chrono::steady_clock::time_point deadline);
+                           std::chrono::steady_clock::time_point deadline, bool* may_have_run = nullptr);
 
  private:
   class Pool;

@@ -610,6 +610,14 @@ class Master::Impl {
                        [](const Replica& r) { return r.state == ReplicaState::kLoading; });
   }
 
+  /// Whether a spill or a load of one of the object's ranges is under way. Its range must stay allocated
+  /// until the owner reports: freed and handed to another object, a late spill of it would write the new
+  /// object's bytes into this key's file, and its report could be taken for the new object's spill.
+  static bool moving(const Object& object) {
+    return std::any_of(object.replicas.begin(), object.replicas.end(),
+                       [](const Replica& r) { return r.state != ReplicaState::kReady; });
+  }
+
   Object* find_complete(std::string_view key) {
     auto it = objects_.find(key);
     return it == objects_.end() || it->second.state != ObjectState::kComplete ? nullptr : &it->second;
@@ -622,9 +630,10 @@ class Master::Impl {
       return Status::not_found(fmt::format("key {} not found", printable_key(key)));
     }
     const Nanos t = now();
-    if (loading(*object)) {
-      return Status::failed_precondition(
-          fmt::format("key {} is being loaded from SSD for a reader; retry shortly", printable_key(key)));
+    if (moving(*object)) {
+      return Status::failed_precondition(fmt::format("key {} is being {} SSD; retry shortly",
+                                                     printable_key(key),
+                                                     loading(*object) ? "loaded from" : "spilled to"));
     }
     if (object->lease_until > t) {
       return Status::failed_precondition(fmt::format("key {} is being read (its lease ends in {} ms)",
@@ -641,7 +650,7 @@ class Master::Impl {
     uint64_t removed = 0;
     for (Object* object = lru_.tail; object != nullptr;) {
       Object* next = object->lru_prev;
-      if (object->lease_until <= t && !loading(*object)) {
+      if (object->lease_until <= t && !moving(*object)) {
         drop(*object);
         ++removed;
       }

@@ -204,9 +204,9 @@ class Master {
   /// Whether a complete object exists (no lease, no LRU touch).
   bool exists(std::string_view key);
   /// Removes a complete object and frees its space. kNotFound when absent or processing; kFailedPrecondition
-  /// while a read lease is live.
+  /// while a read lease is live or a spill to or load from SSD is under way ("retry shortly").
   Status remove(std::string_view key);
-  /// Removes every complete object without a live lease; returns how many.
+  /// Removes every complete object without a live lease or a spill or load under way; returns how many.
   uint64_t remove_all();
 
   /// The batch forms: one lock for all keys, one result per key in order.

@@ -61,6 +61,19 @@ Result<std::vector<Result<T>>> replica_lists(const rpc::ReplicaListsReply& reply
   return out;
 }
 
+/// Calls that may run twice with the same effect: retried even when the first attempt may have run.
+bool safe_to_repeat(MasterMethod method) {
+  switch (method) {
+    case MasterMethod::kHello:
+    case MasterMethod::kGetReplicaList:  // a second lease on the same object
+    case MasterMethod::kExists:
+    case MasterMethod::kStats:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 class MasterClient::Impl {
@@ -91,7 +104,8 @@ class MasterClient::Impl {
     if (leader.ok() && (now == nullptr || *leader != now->address())) connect_to(*leader);
   }
 
-  /// One RPC with a deadline per attempt, retried with back-off while the master is unreachable.
+  /// One RPC with a deadline per attempt, retried with back-off while the master is unreachable; a call that
+  /// may already have run is retried only when safe_to_repeat.
   template <typename Request, typename Reply>
   Status call(const char* what, MasterMethod method, const Request& request, Reply* reply) {
     const std::string request_bytes = request.SerializeAsString();
@@ -106,8 +120,10 @@ class MasterClient::Impl {
         status = Status::unavailable("no leader found in etcd");
       } else {
         address = target->address();
-        Result<std::string> answer = target->call(static_cast<uint16_t>(method), request_bytes,
-                                                  std::chrono::steady_clock::now() + options.rpc_timeout);
+        bool may_have_run = false;
+        Result<std::string> answer =
+            target->call(static_cast<uint16_t>(method), request_bytes,
+                         std::chrono::steady_clock::now() + options.rpc_timeout, &may_have_run);
         if (answer.ok()) {
           if (reply->ParseFromString(*answer)) return Status();
           return Status::internal(fmt::format("store master at {} sent a malformed {} reply ({} bytes)",
@@ -119,6 +135,11 @@ class MasterClient::Impl {
           break;            // not retried: the call may have taken effect
         }
         if (status.code() != StatusCode::kUnavailable) break;
+        if (may_have_run && !safe_to_repeat(method)) {  // a put or a remove must not be carried out twice
+          follow_leader();
+          status = Status::unavailable(status.message() + " (the master may have carried the call out)");
+          break;
+        }
       }
       const bool more =
           attempt < options.max_attempts || (uses_etcd() && std::chrono::steady_clock::now() < budget_end);

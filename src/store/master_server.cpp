@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/socket_io.h"
 #include "store.pb.h"
 #include "store/control_rpc.h"
 #include "store/metrics.h"
@@ -171,7 +172,7 @@ class Service {
       return Status::invalid_argument(fmt::format("unknown store master method {}", method));
     }
     if (!leading_.load()) {  // clients find the leader in etcd and retry there
-      return Status::unavailable("this store master is a standby, not the leader");
+      return Status::unavailable("this store master is not serving (a standby, or shutting down)");
     }
     const Method& m = methods_[method];
     const auto start = std::chrono::steady_clock::now();
@@ -313,9 +314,9 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
                               server.status().message()));
   }
   impl->server = std::move(*server);
-  const int port = impl->server->port();
-  const std::string& listen = impl->options.listen_address;
-  impl->address = fmt::format("{}:{}", listen.substr(0, listen.rfind(':')), port);
+  // The listen address parsed when the server started, so this cannot fail.
+  const auto host_port = net::split_host_port(impl->options.listen_address).value();
+  impl->address = net::endpoint_key(host_port.first, impl->server->port());
   if (!impl->options.metrics_address.empty()) {
     Master* master = &impl->master;
     auto metrics = MetricsEndpoint::start(impl->options.metrics_address, impl->registry,

@@ -29,13 +29,14 @@ class MountedSegment::Impl {
       std::lock_guard<std::mutex> lock(mu);
       stopping = true;
     }
-    cv.notify_all();
-    if (renewer.joinable()) renewer.join();
     {
       std::lock_guard<std::mutex> lock(queue_mu);
-      ssd_stopping = true;  // orders still queued are dropped: the node is leaving
+      ssd_stopping =
+          true;  // orders still queued are dropped (the node is leaving); a settling renewer returns
     }
+    cv.notify_all();
     queue_cv.notify_all();
+    if (renewer.joinable()) renewer.join();
     if (ssd_worker.joinable()) ssd_worker.join();
     if (mounted) (void)master.unmount_segment(mount.segment);
     if (exposed) (void)engine.withdraw_segment(mount.segment);
@@ -72,9 +73,10 @@ class MountedSegment::Impl {
       return true;
     }
     if (changes.status().code() != StatusCode::kNotFound) return false;  // unreachable: again next period
-    // The master forgot the segment. Orders of the old one are dropped and the one under way finishes first:
-    // a load still to come would write into a range the new master may hand to a new object.
-    settle_ssd(/*drop_queued=*/true);
+    // The master forgot the segment. Its spill and load orders are dropped (a load still to come would write
+    // into a range the new master may hand to a new object); the one under way and file deletions finish
+    // first, so the list below has neither half-done work nor removed objects.
+    settle_ssd(/*drop_spills_and_loads=*/true);
     std::vector<HeldObject> held;
     {
       std::lock_guard<std::mutex> lock(index_mu);
@@ -112,11 +114,13 @@ class MountedSegment::Impl {
     move_all(done.ssd_dropped, report.ssd_dropped);
   }
 
-  /// Waits until the SSD worker is idle: with `drop_queued`, after the order under way; else after every
-  /// queued order.
-  void settle_ssd(bool drop_queued) {
+  /// Waits until the SSD worker is idle, all queued orders carried out, or with `drop_spills_and_loads` only
+  /// the file deletions among them. Returns early when the segment is being destroyed.
+  void settle_ssd(bool drop_spills_and_loads) {
     std::unique_lock<std::mutex> lock(queue_mu);
-    if (drop_queued) orders.clear();
+    if (drop_spills_and_loads) {
+      std::erase_if(orders, [](const Order& o) { return o.kind != ChangeKind::kRemoved; });
+    }
     queue_cv.wait(lock, [this] { return (orders.empty() && !ssd_busy) || ssd_stopping; });
   }
 
@@ -145,14 +149,20 @@ class MountedSegment::Impl {
       carry_out(order, outcome);
       lock.lock();
       ssd_busy = false;
+      // Reported at once when a reader may wait (a load) or the queue is done; a burst of spills is reported
+      // every 10 ms, not once per file.
+      const auto now = std::chrono::steady_clock::now();
       const bool any = !outcome.spilled.empty() || !outcome.loaded.empty() || !outcome.failed.empty() ||
                        !outcome.ssd_dropped.empty();
+      const bool urgent = !outcome.loaded.empty() || orders.empty() ||
+                          now - last_report_signal >= std::chrono::milliseconds(10);
       for (HeldObject& h : outcome.spilled) done.spilled.push_back(std::move(h));
       for (HeldObject& h : outcome.loaded) done.loaded.push_back(std::move(h));
       for (HeldObject& h : outcome.failed) done.failed.push_back(std::move(h));
       for (std::string& k : outcome.ssd_dropped) done.ssd_dropped.push_back(std::move(k));
       queue_cv.notify_all();  // settle_ssd
-      if (any) {
+      if (any && urgent) {
+        last_report_signal = now;
         lock.unlock();
         {
           std::lock_guard<std::mutex> renew_lock(mu);
@@ -164,15 +174,23 @@ class MountedSegment::Impl {
     }
   }
 
+  /// Publishes the SSD tier's size for metrics. REQUIRES: tier_mu held.
+  void note_ssd_size() {
+    ssd_objects_now = ssd->objects();
+    ssd_used_bytes_now = ssd->used_bytes();
+  }
+
   /// One order on the SSD tier; what the master must hear goes to `outcome`.
   void carry_out(const Order& order, SegmentReport& outcome) {
     const HeldObject& o = order.object;
     std::byte* range = static_cast<std::byte*>(memory) + o.offset_bytes;
-    const bool in_segment = o.offset_bytes + o.size_bytes <= mount.capacity_bytes;
+    const bool in_segment =
+        o.size_bytes <= mount.capacity_bytes && o.offset_bytes <= mount.capacity_bytes - o.size_bytes;
     switch (order.kind) {
       case ChangeKind::kRemoved: {
         std::lock_guard<std::mutex> lock(tier_mu);
         ssd->remove(o.key);
+        note_ssd_size();
         break;
       }
       case ChangeKind::kSpill: {
@@ -180,6 +198,7 @@ class MountedSegment::Impl {
         if (in_segment) {
           std::lock_guard<std::mutex> lock(tier_mu);
           written = ssd->write(o.key, range, o.size_bytes, outcome.ssd_dropped);
+          note_ssd_size();
         }
         if (!written.ok()) {
           outcome.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
@@ -187,7 +206,11 @@ class MountedSegment::Impl {
         }
         outcome.spilled.push_back({o.key, o.offset_bytes, o.size_bytes});
         std::lock_guard<std::mutex> lock(index_mu);
-        index.erase(o.key);
+        // Only this range's entry: the feed may have brought a newer object of the key meanwhile.
+        if (auto it = index.find(o.key);
+            it != index.end() && it->second == std::make_pair(o.offset_bytes, o.size_bytes)) {
+          index.erase(it);
+        }
         break;
       }
       case ChangeKind::kLoad: {
@@ -197,6 +220,7 @@ class MountedSegment::Impl {
           if (in_segment) read = ssd->read(o.key, range, o.size_bytes);
           // No file, or an unreadable one: the master must forget this SSD copy, or readers wait on it.
           if (!read.ok()) ssd->remove(o.key);
+          note_ssd_size();
         }
         if (!read.ok()) {
           outcome.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
@@ -217,12 +241,13 @@ class MountedSegment::Impl {
   /// A full list replaces what the owner believes it holds: the DRAM index is rebuilt from it, and SSD files
   /// it does not list are deleted (removed while the list was being made, or refused at a re-mount).
   void reset_to(const SegmentChanges& full) {
+    // Settled first: an order finishing later would change the index or the files after the reset.
+    if (ssd) settle_ssd(/*drop_spills_and_loads=*/false);
     {
       std::lock_guard<std::mutex> lock(index_mu);
       index.clear();
     }
     if (!ssd) return;
-    settle_ssd(/*drop_queued=*/false);  // files of orders still queued are not listed yet
     std::lock_guard<std::mutex> lock(tier_mu);
     std::unordered_set<std::string> listed;
     for (const SegmentChange& c : full.changes) {
@@ -231,6 +256,7 @@ class MountedSegment::Impl {
     for (const auto& [key, size] : ssd->held()) {
       if (!listed.contains(key)) ssd->remove(key);
     }
+    note_ssd_size();
   }
 
   /// One change of the feed, in order. SSD work goes to the SSD worker, in the same order.
@@ -296,6 +322,10 @@ class MountedSegment::Impl {
   SegmentReport done;         // guarded by queue_mu: outcomes not yet taken into `report`
   bool ssd_busy = false;      // guarded by queue_mu: an order is being carried out
   bool ssd_stopping = false;  // guarded by queue_mu
+  std::chrono::steady_clock::time_point last_report_signal{};  // guarded by queue_mu
+  // The SSD tier's size, for metrics without waiting for file I/O under tier_mu.
+  std::atomic<uint64_t> ssd_objects_now{0};
+  std::atomic<uint64_t> ssd_used_bytes_now{0};
   std::thread ssd_worker;
 };
 
@@ -342,12 +372,10 @@ uint64_t MountedSegment::indexed_objects() const {
   return impl_->index.size();
 }
 uint64_t MountedSegment::ssd_objects() const {
-  std::lock_guard<std::mutex> lock(impl_->tier_mu);
-  return impl_->ssd ? impl_->ssd->held().size() : 0;
+  return impl_->ssd_objects_now.load();
 }
 uint64_t MountedSegment::ssd_used_bytes() const {
-  std::lock_guard<std::mutex> lock(impl_->tier_mu);
-  return impl_->ssd ? impl_->ssd->used_bytes() : 0;
+  return impl_->ssd_used_bytes_now.load();
 }
 uint64_t MountedSegment::ssd_capacity_bytes() const {
   return impl_->mount.ssd_capacity_bytes;

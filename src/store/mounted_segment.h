@@ -1,9 +1,10 @@
 // A DRAM segment offered to the pool by a storage node or by a client (as Mooncake's inference instances do):
 // memory from the transfer engine (shareable, so same-host peers reach it over shm), exposed under a name,
 // mounted on the master and kept mounted by a renewal thread, which also keeps the owner's own index of the
-// complete objects in the segment (from the master's change feed). When the master forgets the segment (it
-// restarted, or a standby took over), the segment is mounted again with that index, so the objects whose
-// bytes are still here become readable again.
+// complete objects in the segment (from the master's change feed; with an SSD tier, an SSD thread carries out
+// the feed's spill and load orders and updates the index as they complete). When the master forgets the
+// segment (it restarted, or a standby took over), the segment is mounted again with that index, so the
+// objects whose bytes are still here become readable again.
 #pragma once
 
 #include <chrono>

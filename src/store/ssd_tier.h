@@ -14,7 +14,7 @@
 
 namespace crescent::store {
 
-/// Not thread-safe (the node's renewal thread owns it); size_bytes()/used_bytes() may be read from others.
+/// Not thread-safe: a node's MountedSegment uses it under a lock of its own.
 class SsdTier {
  public:
   /// Uses `dir` (created if missing; files of a previous run in it are deleted: their index died with that
@@ -36,6 +36,7 @@ class SsdTier {
   /// Keys held, with their sizes.
   std::vector<std::pair<std::string, uint64_t>> held() const;
   uint64_t used_bytes() const { return used_bytes_; }
+  size_t objects() const { return files_.size(); }
   uint64_t capacity_bytes() const { return capacity_bytes_; }
 
  private:

@@ -155,8 +155,7 @@ struct UntrackedSegmentAccess {
 #endif
 
 void configure_socket(int fd) {
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // headers must not wait for Nagle
+  net::set_nodelay(fd);  // headers must not wait for Nagle
   const int buffer = kSocketBufferBytes;
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));

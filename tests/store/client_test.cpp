@@ -368,16 +368,19 @@ TEST(StoreClient, SlowSsdOrdersDoNotHoldUpRenewals) {
     Status put = (*client)->put("slow-" + std::to_string(i), {&in, 1});
     ASSERT_TRUE(put.ok()) << i << ": " << put.to_string();
   }
-  // Spills take 700 ms each; meanwhile the segment keeps being renewed.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (cluster.master().master().stats().spills < 2 && std::chrono::steady_clock::now() < deadline) {
+  // Spills take 700 ms each; meanwhile the segment keeps being renewed. Wait for two spills reported written
+  // (their SSD copies recorded): that is 1.4 s of file I/O, three and a half segment_ttls.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+  while (cluster.master().master().stats().ssd_used_bytes < 2 * (64 << 10) &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(20));
   }
   const MasterStats stats = cluster.master().master().stats();
-  EXPECT_GE(stats.spills, 2u);
+  EXPECT_GE(stats.ssd_used_bytes, 2u * (64 << 10));
   EXPECT_EQ(stats.segments_expired, 0u);
   EXPECT_EQ(stats.segments, 1u);
   EXPECT_EQ(stats.objects, static_cast<uint64_t>(kValues));
+  const uint64_t loads_before = stats.loads;
   for (int i : {0, kValues - 1}) {  // the oldest was spilled (read back through a load), the newest was not
     std::vector<std::byte> out(64 << 10);
     Buffer o = view(out);
@@ -385,6 +388,7 @@ TEST(StoreClient, SlowSsdOrdersDoNotHoldUpRenewals) {
     ASSERT_TRUE(got.ok()) << i << ": " << got.status().to_string();
     EXPECT_EQ(out, values[i]) << i;
   }
+  EXPECT_GT(cluster.master().master().stats().loads, loads_before);
 }
 
 TEST(StoreClient, MalformedRequestsToTheMasterAreRefusedAndItKeepsServing) {

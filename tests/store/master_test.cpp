@@ -265,8 +265,15 @@ TEST_F(MasterTest, EvictionSpillsToTheSsdTierAndAReadLoadsItBack) {
   const HeldObject spilled = orders->changes[0].object;
   EXPECT_TRUE(master_->get_replica_list("a").ok());  // still readable from DRAM while being written out
   advance(milliseconds(6000));                       // past that lease
+  // Not removable until the owner reports: its range must not be handed to another object meanwhile.
+  Status remove_while_spilling = master_->remove("a");
+  EXPECT_EQ(remove_while_spilling.code(), StatusCode::kFailedPrecondition)
+      << remove_while_spilling.to_string();
+  EXPECT_EQ(master_->remove_all(), 3u);  // b, c and d; not a
+  for (const char* key : {"b", "c", "d"}) ASSERT_TRUE(put(key, 64).ok());
+  seen = master_->renew_segment("seg", orders->version).value().version;
   // The owner reports the file written: the range is freed and the put goes through.
-  seen = master_->renew_segment("seg", orders->version, {.spilled = {spilled}}).value().version;
+  seen = master_->renew_segment("seg", seen, {.spilled = {spilled}}).value().version;
   ASSERT_TRUE(put("e", 64).ok());
   EXPECT_EQ(master_->stats().ssd_used_bytes, 64u);
   EXPECT_TRUE(master_->exists("a"));
