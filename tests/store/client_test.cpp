@@ -27,6 +27,32 @@ Buffer view(std::vector<std::byte>& v) {
   return {v.data(), v.size()};
 }
 
+/// A node with 1 MiB of DRAM and a 64 MiB SSD tier in the cluster's directory.
+StorageNodeOptions ssd_node_options(StoreCluster& cluster, milliseconds sync_interval) {
+  StorageNodeOptions options = cluster.node_options(1 << 20);
+  options.ssd_dir = cluster.dir() + "/ssd";
+  options.ssd_capacity_bytes = 64 << 20;
+  options.sync_interval = sync_interval;
+  return options;
+}
+
+/// Puts `count` values of 64 KiB as PREFIX-0.. (pattern seeds from `seed`) and returns them; fails the test
+/// at the first put that fails (check HasFailure()).
+std::vector<std::vector<std::byte>> put_64k_values(Client& client, const std::string& prefix, int count,
+                                                   uint64_t seed) {
+  std::vector<std::vector<std::byte>> values;
+  for (int i = 0; i < count; ++i) {
+    values.push_back(pattern_bytes(64 << 10, static_cast<uint64_t>(i) + seed));
+    ConstBuffer in = cview(values.back());
+    Status put = client.put(prefix + std::to_string(i), {&in, 1});
+    if (!put.ok()) {
+      ADD_FAILURE() << prefix << i << ": " << put.to_string();
+      break;
+    }
+  }
+  return values;
+}
+
 TEST(StoreClient, PutThenGetReturnsTheSameBytesFromEveryReplica) {
   StoreCluster cluster(2);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
@@ -299,22 +325,14 @@ TEST(StoreClient, ObjectsEvictedFromDramLiveOnTheSsdTierAndReadBackIdentical) {
   master.master.lease_ttl = milliseconds(100);  // a read lease keeps a value in DRAM: keep them short here
   StoreCluster cluster(0, 0, master);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  StorageNodeOptions node_options = cluster.node_options(1 << 20);  // 1 MiB of DRAM
-  node_options.ssd_dir = cluster.dir() + "/ssd";
-  node_options.ssd_capacity_bytes = 64 << 20;
-  node_options.sync_interval = milliseconds(10);  // spill and load orders are carried out within ~10 ms
-  auto node = StorageNode::start(node_options);
+  // Orders reach the node within ~10 ms.
+  auto node = StorageNode::start(ssd_node_options(cluster, milliseconds(10)));
   ASSERT_TRUE(node.ok()) << node.status().to_string();
   auto client = Client::create(cluster.client_options());
   ASSERT_TRUE(client.ok());
   constexpr int kValues = 40;  // 40 x 64 KiB = 2.5 MiB through 1 MiB of DRAM
-  std::vector<std::vector<std::byte>> values;
-  for (int i = 0; i < kValues; ++i) {
-    values.push_back(pattern_bytes(64 << 10, static_cast<uint64_t>(i) + 1000));
-    ConstBuffer in = cview(values.back());
-    Status put = (*client)->put("tiered-" + std::to_string(i), {&in, 1});
-    ASSERT_TRUE(put.ok()) << i << ": " << put.to_string();
-  }
+  const auto values = put_64k_values(**client, "tiered-", kValues, 1000);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   MasterStats stats = cluster.master().master().stats();
   EXPECT_GT(stats.spills, 0u);
   EXPECT_GT(stats.ssd_used_bytes, 0u);
@@ -351,23 +369,15 @@ TEST(StoreClient, SlowSsdOrdersDoNotHoldUpRenewals) {
   master.master.segment_ttl = milliseconds(400);  // shorter than one SSD order below
   StoreCluster cluster(0, 0, master);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
-  StorageNodeOptions node_options = cluster.node_options(1 << 20);  // 1 MiB of DRAM
-  node_options.ssd_dir = cluster.dir() + "/ssd";
-  node_options.ssd_capacity_bytes = 64 << 20;
-  node_options.sync_interval = milliseconds(20);
+  StorageNodeOptions node_options = ssd_node_options(cluster, milliseconds(20));
   node_options.ssd_delay_for_testing = milliseconds(700);  // a disk slower than segment_ttl
   auto node = StorageNode::start(node_options);
   ASSERT_TRUE(node.ok()) << node.status().to_string();
   auto client = Client::create(cluster.client_options());
   ASSERT_TRUE(client.ok());
   constexpr int kValues = 20;  // 20 x 64 KiB: past the 95% watermark, so spills are ordered
-  std::vector<std::vector<std::byte>> values;
-  for (int i = 0; i < kValues; ++i) {
-    values.push_back(pattern_bytes(64 << 10, static_cast<uint64_t>(i) + 7000));
-    ConstBuffer in = cview(values.back());
-    Status put = (*client)->put("slow-" + std::to_string(i), {&in, 1});
-    ASSERT_TRUE(put.ok()) << i << ": " << put.to_string();
-  }
+  const auto values = put_64k_values(**client, "slow-", kValues, 7000);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   // Spills take 700 ms each; meanwhile the segment keeps being renewed. Wait for two spills reported written
   // (their SSD copies recorded): that is 1.4 s of file I/O, three and a half segment_ttls.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
