@@ -31,8 +31,8 @@ class MountedSegment::Impl {
     }
     {
       std::lock_guard<std::mutex> lock(queue_mu);
-      ssd_stopping =
-          true;  // orders still queued are dropped (the node is leaving); a settling renewer returns
+      // Orders still queued are dropped (the node is leaving); a renewer waiting in settle_ssd returns.
+      ssd_stopping = true;
     }
     cv.notify_all();
     queue_cv.notify_all();
@@ -60,9 +60,8 @@ class MountedSegment::Impl {
   }
 
   /// One renewal with the reports of orders carried out so far: apply the master's changes to the index, or
-  /// mount again with the index when it forgot us. False when the master could not be reached or did not
-  /// know the segment.
-  bool sync() {
+  /// mount again with the index when it forgot us. An unreachable master is tried again next period.
+  void sync() {
     take_done_reports();
     Result<SegmentChanges> changes = master.renew_segment(mount.segment, version, report);
     if (changes.ok()) {
@@ -70,9 +69,9 @@ class MountedSegment::Impl {
       if (changes->full) reset_to(*changes);
       for (const SegmentChange& c : changes->changes) apply(c);
       version = changes->version;
-      return true;
+      return;
     }
-    if (changes.status().code() != StatusCode::kNotFound) return false;  // unreachable: again next period
+    if (changes.status().code() != StatusCode::kNotFound) return;  // unreachable: again next period
     // The master forgot the segment. Its spill and load orders are dropped (a load still to come would write
     // into a range the new master may hand to a new object); the one under way and file deletions finish
     // first, so the list below has neither half-done work nor removed objects.
@@ -98,7 +97,6 @@ class MountedSegment::Impl {
       }
       version = kUnknownSegmentVersion;  // the next renewal brings the new master's view in full
     }
-    return false;
   }
 
   /// Moves the SSD worker's reports into the next renewal's.
@@ -133,8 +131,8 @@ class MountedSegment::Impl {
     queue_cv.notify_all();
   }
 
-  /// The SSD worker: carries out orders one at a time, off the renewal thread, so that file I/O never delays
-  /// a renewal (past segment_ttl the master would drop the segment).
+  /// The SSD worker: carries out orders one at a time, off the renewal thread, so that file I/O does not delay
+  /// the periodic renewals (past segment_ttl the master would drop the segment).
   void ssd_loop() {
     std::unique_lock<std::mutex> lock(queue_mu);
     for (;;) {
