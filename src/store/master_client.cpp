@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/socket_io.h"
 #include "store.pb.h"
 #include "store/control_rpc.h"
 #include "store/rpc_convert.h"
@@ -195,6 +196,11 @@ class MasterClient::Impl {
 Result<std::unique_ptr<MasterClient>> MasterClient::connect(MasterClientOptions options) {
   if (options.address.empty() && options.etcd.endpoint.empty()) {
     return Status::invalid_argument("store master address is empty");
+  }
+  if (options.etcd.endpoint.empty()) {
+    if (auto host_port = net::split_host_port(options.address); !host_port.ok()) {
+      return Status::invalid_argument("store master " + host_port.status().message());
+    }
   }
   if (options.max_attempts < 1) {
     return Status::invalid_argument(fmt::format("max_attempts must be >= 1, got {}", options.max_attempts));
