@@ -146,23 +146,15 @@ Result<bench::BenchOptions> build_options(const Args& args) {
       }
     }
     if (!args.batch.empty()) {
-      Result<std::vector<std::string>> items = parse_list("--batch", args.batch);
-      if (!items.ok()) return items.status();
-      for (const std::string& item : *items) {
-        Result<long> value = parse_int("--batch", item, 1, 65536);
-        if (!value.ok()) return value.status();
-        batches.push_back(static_cast<size_t>(*value));
-      }
+      Result<std::vector<long>> values = parse_int_list("--batch", args.batch, 1, 65536);
+      if (!values.ok()) return values.status();
+      for (long value : *values) batches.push_back(static_cast<size_t>(value));
     }
     if (!args.threads.empty()) {
-      Result<std::vector<std::string>> items = parse_list("--threads", args.threads);
-      if (!items.ok()) return items.status();
+      Result<std::vector<long>> values = parse_int_list("--threads", args.threads, 1, 16);
+      if (!values.ok()) return values.status();
       thread_counts.clear();
-      for (const std::string& item : *items) {
-        Result<long> value = parse_int("--threads", item, 1, 16);
-        if (!value.ok()) return value.status();
-        thread_counts.push_back(static_cast<int>(*value));
-      }
+      for (long value : *values) thread_counts.push_back(static_cast<int>(value));
     }
     for (uint64_t block : blocks) {
       const std::vector<size_t> block_batches =

@@ -363,22 +363,12 @@ Result<StoreBenchOptions> store_bench_options(const StoreBenchArgs& args) {
       return Status::invalid_argument(fmt::format("--values: '{}' is outside 1B..64MiB", v));
     options.value_bytes.push_back(*size);
   }
-  auto threads = parse_list("--threads", args.threads);
+  auto threads = parse_int_list("--threads", args.threads, 1, 64);
   if (!threads.ok()) return threads.status();
-  options.threads.clear();
-  for (const std::string& t : *threads) {
-    auto v = parse_int("--threads", t, 1, 64);
-    if (!v.ok()) return v.status();
-    options.threads.push_back(static_cast<int>(*v));
-  }
-  auto batches = parse_list("--batch", args.batch);
+  options.threads.assign(threads->begin(), threads->end());
+  auto batches = parse_int_list("--batch", args.batch, 1, 1024);
   if (!batches.ok()) return batches.status();
-  options.batches.clear();
-  for (const std::string& b : *batches) {
-    auto v = parse_int("--batch", b, 1, 1024);
-    if (!v.ok()) return v.status();
-    options.batches.push_back(static_cast<size_t>(*v));
-  }
+  options.batches.assign(batches->begin(), batches->end());
   if (!(args.seconds >= 0.05 && args.seconds <= 600)) {
     return Status::invalid_argument(fmt::format("--seconds: {} is outside 0.05..600", args.seconds));
   }

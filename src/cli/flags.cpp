@@ -58,6 +58,18 @@ Result<long> parse_int(std::string_view flag, const std::string& text, long min,
   return value;
 }
 
+Result<std::vector<long>> parse_int_list(std::string_view flag, const std::string& text, long min, long max) {
+  Result<std::vector<std::string>> items = parse_list(flag, text);
+  if (!items.ok()) return items.status();
+  std::vector<long> out;
+  for (const std::string& item : *items) {
+    Result<long> value = parse_int(flag, item, min, max);
+    if (!value.ok()) return value.status();
+    out.push_back(*value);
+  }
+  return out;
+}
+
 std::string format_size(uint64_t bytes) {
   if (bytes >= kMiB && bytes % kMiB == 0) return fmt::format("{} MiB", bytes / kMiB);
   if (bytes >= kKiB && bytes % kKiB == 0) return fmt::format("{} KiB", bytes / kKiB);

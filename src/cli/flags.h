@@ -27,5 +27,7 @@ Result<uint64_t> parse_size(std::string_view flag, const std::string& text);
 std::string format_size(uint64_t bytes);
 /// An integer in [min, max]; kInvalidArgument naming `flag` and `text` otherwise.
 Result<long> parse_int(std::string_view flag, const std::string& text, long min, long max);
+/// A comma-separated list of integers in [min, max] (parse_list, then parse_int on each item).
+Result<std::vector<long>> parse_int_list(std::string_view flag, const std::string& text, long min, long max);
 
 }  // namespace crescent::cli
