@@ -1,6 +1,5 @@
-// What the Conductor may know about the cluster when it places a request. The simulator implements this over
-// its simulated instances (sim/simulator.cpp); the live server will implement it over instance reports and KV
-// events.
+// What the Conductor may know about the cluster when it places a request. ClusterState (cluster_state.h)
+// implements it from events, for the simulator and the live Conductor alike; tests may hand-set a fake.
 #pragma once
 
 #include <cstdint>

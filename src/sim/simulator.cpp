@@ -8,11 +8,10 @@
 #include <deque>
 #include <limits>
 #include <queue>
-#include <unordered_map>
 
 #include "common/name_table.h"
+#include "conductor/cluster_state.h"
 #include "kv/block_cache.h"
-#include "kv/block_index.h"
 #include "perf/cost_model.h"
 #include "sim/colocated.h"
 #include "sim/step_log.h"
@@ -167,12 +166,11 @@ class DecodeInstance {
       leaving_;
 };
 
+// A prefill instance's DRAM prefix cache; its queue is the Conductor's prediction (ClusterState), which the
+// simulator carries out exactly.
 struct PrefillInstance {
   explicit PrefillInstance(int64_t capacity_blocks) : cache(capacity_blocks) {}
   kv::BlockCache cache;
-  // When each cached block's KV is (or will be) computed: blocks are indexed when their request is scheduled,
-  // so a remote fetch must wait until the holder has actually produced them.
-  std::unordered_map<BlockKey, double> ready_s;
 };
 
 enum class EventKind : uint8_t { kPrefillDone, kDecodeArrive };
@@ -185,7 +183,7 @@ struct Event {
   bool operator>(const Event& o) const { return time_s != o.time_s ? time_s > o.time_s : seq > o.seq; }
 };
 
-class Simulation final : public conductor::ClusterView {
+class Simulation {
  public:
   Simulation(const ClusterConfig& config, std::span<const trace::Request> trace, const SimOptions& options)
       : config_(config),
@@ -194,7 +192,8 @@ class Simulation final : public conductor::ClusterView {
         cost_(config.model, config.hardware),
         conductor_(cost_,
                    conductor_options(config, options.policy, options.admission, options.block_size_tokens)),
-        busy_until_s_(config.prefill_instances, 0.0) {
+        state_(config.prefill_instances, config.decode_instances, options.block_size_tokens,
+               cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share)) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());
     const int64_t capacity_blocks = config.prefill_cache_capacity_tokens / options.block_size_tokens;
@@ -203,21 +202,6 @@ class Simulation final : public conductor::ClusterView {
     const int64_t kv_capacity = cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
     const RunState state{result_.requests, inflight_, result_.counters, conductor_};
     for (uint32_t d = 0; d < config.decode_instances; ++d) decode_.emplace_back(cost_, kv_capacity, state);
-  }
-
-  // ClusterView
-  uint32_t prefill_instance_count() const override { return config_.prefill_instances; }
-  uint32_t decode_instance_count() const override { return config_.decode_instances; }
-  std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
-  conductor::DecodeLoad decode_load(InstanceId d) const override { return decode_[d].load(); }
-  const kv::BlockIndex& block_index() const override { return index_; }
-  double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const override {
-    double ready_s = 0;
-    const auto& ready = prefill_[holder].ready_s;
-    for (BlockKey k : keys) {
-      if (auto it = ready.find(k); it != ready.end()) ready_s = std::max(ready_s, it->second);
-    }
-    return ready_s;
   }
 
   SimResult run() {
@@ -252,8 +236,9 @@ class Simulation final : public conductor::ClusterView {
  private:
   void sample_load(double now_s) {
     LoadSample sample{.time_s = now_s};
-    for (double busy_until_s : busy_until_s_) sample.prefill_queue_s += std::max(0.0, busy_until_s - now_s);
-    sample.prefill_queue_s /= static_cast<double>(busy_until_s_.size());
+    const std::span<const double> busy_until = state_.prefill_busy_until_s();
+    for (double busy_until_s : busy_until) sample.prefill_queue_s += std::max(0.0, busy_until_s - now_s);
+    sample.prefill_queue_s /= static_cast<double>(busy_until.size());
     int64_t reserved = 0, capacity = 0;
     for (auto& d : decode_) {
       d.advance_until(now_s);
@@ -284,14 +269,12 @@ class Simulation final : public conductor::ClusterView {
     }
   }
 
-  // Touches `keys` in prefill instance `i`'s cache (pinned) and keeps the index and ready times in step.
+  // Touches `keys` in prefill instance `i`'s cache (pinned); what it stored and evicted reaches the
+  // Conductor's state as a KV event, the stored blocks readable from `ready_s`.
   std::vector<BlockKey> touch_and_pin(InstanceId i, std::span<const BlockKey> keys, double ready_s) {
-    PrefillInstance& p = prefill_[i];
     events_scratch_.clear();
-    p.cache.touch(keys, /*pin=*/true, &events_scratch_);
-    index_.apply(i, events_scratch_);
-    for (BlockKey k : events_scratch_.evicted) p.ready_s.erase(k);
-    for (BlockKey k : events_scratch_.stored) p.ready_s[k] = ready_s;
+    prefill_[i].cache.touch(keys, /*pin=*/true, &events_scratch_);
+    state_.on_kv_event(i, events_scratch_.stored, events_scratch_.evicted, ready_s);
     return events_scratch_.pinned;
   }
 
@@ -304,10 +287,15 @@ class Simulation final : public conductor::ClusterView {
     o.output_tokens = r.output_tokens;
     ++result_.counters.events;
     ++result_.counters.decisions;
-    for (auto& d : decode_) d.advance_until(now_s);  // the Conductor sees current decode loads
+    // Every decode instance reports its current load (a live instance reports periodically; here the
+    // report is exact).
+    for (InstanceId d = 0; d < decode_.size(); ++d) {
+      decode_[d].advance_until(now_s);
+      state_.on_decode_report(d, decode_[d].load());
+    }
 
-    const conductor::Decision dec =
-        conductor_.schedule(*this, {r.input_tokens, r.block_keys, r.output_tokens}, now_s);
+    const conductor::RequestInfo info{r.input_tokens, r.block_keys, r.output_tokens};
+    const conductor::Decision dec = conductor_.schedule(state_, info, now_s);
     o.prefill_instance = dec.prefill_instance;
     o.decode_instance = dec.decode_instance;
     if (dec.rejected != conductor::RejectReason::kNone) {
@@ -318,24 +306,20 @@ class Simulation final : public conductor::ClusterView {
     InFlight& f = inflight_[req];
     const int64_t block = options_.block_size_tokens;
 
-    // A remote prefix is read from its holder once the holder has computed it; it stays pinned there
-    // meanwhile. The holder's whole matching prefix is touched (and pinned), not only the fetched blocks, so
-    // its cache keeps the prefix's head at least as recent as its tail (kv/block_cache.h).
-    double fetch_ready_s = 0;
-    if (dec.fetched_prefix_tokens > 0) {
-      const auto first = static_cast<size_t>(dec.local_prefix_tokens / block);
-      const auto end = static_cast<size_t>((dec.prefix_tokens() + block - 1) / block);
-      const auto keys = std::span<const BlockKey>(r.block_keys);
-      fetch_ready_s = prefix_ready_s(dec.fetch_from, keys.subspan(first, end - first));
-      f.fetch_source = dec.fetch_from;
-      f.pinned_at_source = touch_and_pin(dec.fetch_from, keys.first(end), now_s);
-    }
+    // The prefill runs exactly as the Conductor's queue model predicts.
+    const conductor::PrefillTimeline timeline = state_.on_request_placed(info, dec, now_s);
+    f.compute_start_s = timeline.compute_start_s;
+    const double done_s = timeline.done_s;
 
-    // FIFO with predicted service times: the start and end of this prefill are known now.
-    const double start_s = std::max({now_s, busy_until_s_[dec.prefill_instance], fetch_ready_s});
-    f.compute_start_s = start_s + dec.transfer_s;
-    const double done_s = f.compute_start_s + dec.prefill_s;
-    busy_until_s_[dec.prefill_instance] = done_s;
+    // A remote prefix stays pinned at its holder until the prefill is done. The holder's whole matching
+    // prefix is touched (and pinned), not only the fetched blocks, so its cache keeps the prefix's head at
+    // least as recent as its tail (kv/block_cache.h).
+    if (dec.fetched_prefix_tokens > 0) {
+      const auto end = static_cast<size_t>((dec.prefix_tokens() + block - 1) / block);
+      f.fetch_source = dec.fetch_from;
+      f.pinned_at_source =
+          touch_and_pin(dec.fetch_from, std::span<const BlockKey>(r.block_keys).first(end), now_s);
+    }
     f.prefill_tokens = dec.prefill_tokens;
     f.decode_steps = std::max<int64_t>(0, r.output_tokens - 1);
 
@@ -343,7 +327,7 @@ class Simulation final : public conductor::ClusterView {
     // chosen instance, computed (ready) when its prefill ends.
     f.pinned_at_prefill = touch_and_pin(dec.prefill_instance, r.block_keys, done_s);
 
-    o.queue_wait_s = start_s - now_s;
+    o.queue_wait_s = timeline.start_s - now_s;
     o.prefix_load_s = dec.transfer_s;
     o.prefix_hit_tokens = dec.prefix_tokens();
     o.fetched_tokens = dec.fetched_prefix_tokens;
@@ -356,6 +340,7 @@ class Simulation final : public conductor::ClusterView {
     RequestOutcome& o = result_.requests[req];
     InFlight& f = inflight_[req];
     o.ttft_s = now_s - o.arrival_s;
+    state_.on_prefill_done(o.prefill_instance, now_s);
     prefill_[o.prefill_instance].cache.unpin(f.pinned_at_prefill);
     prefill_[f.fetch_source].cache.unpin(f.pinned_at_source);
     std::vector<BlockKey>().swap(f.pinned_at_prefill);
@@ -380,10 +365,9 @@ class Simulation final : public conductor::ClusterView {
   SimOptions options_;
   perf::CostModel cost_;
   conductor::Conductor conductor_;
-  std::vector<double> busy_until_s_;
+  conductor::ClusterState state_;  // what the Conductor knows, fed by the instances' events
   std::vector<PrefillInstance> prefill_;
   std::vector<DecodeInstance> decode_;
-  kv::BlockIndex index_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   uint64_t next_seq_ = 0;
   std::vector<InFlight> inflight_;

@@ -1,0 +1,74 @@
+#include "conductor/cluster_state.h"
+
+#include <algorithm>
+
+namespace crescent::conductor {
+
+ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances, int64_t block_size_tokens,
+                           int64_t decode_kv_capacity_tokens)
+    : block_size_tokens_(block_size_tokens),
+      busy_until_s_(prefill_instances, 0.0),
+      decode_(decode_instances),
+      ready_s_(prefill_instances) {
+  for (DecodeLoad& d : decode_) d.kv_capacity_tokens = decode_kv_capacity_tokens;
+}
+
+double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const {
+  double ready_s = 0;
+  const auto& ready = ready_s_[holder];
+  for (BlockKey k : keys) {
+    if (auto it = ready.find(k); it != ready.end()) ready_s = std::max(ready_s, it->second);
+  }
+  return ready_s;
+}
+
+PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, const Decision& decision,
+                                                double now_s) {
+  // A remote prefix is read from its holder once the holder has computed it.
+  double fetch_ready_s = 0;
+  if (decision.fetched_prefix_tokens > 0) {
+    const int64_t block = block_size_tokens_;
+    const auto first = static_cast<size_t>(decision.local_prefix_tokens / block);
+    const auto end = static_cast<size_t>((decision.prefix_tokens() + block - 1) / block);
+    fetch_ready_s = prefix_ready_s(decision.fetch_from, request.block_keys.subspan(first, end - first));
+  }
+  // FIFO with predicted service times: the start and end of this prefill are known now.
+  PrefillTimeline t;
+  double& busy_until_s = busy_until_s_[decision.prefill_instance];
+  t.start_s = std::max({now_s, busy_until_s, fetch_ready_s});
+  t.compute_start_s = t.start_s + decision.transfer_s;
+  t.done_s = t.compute_start_s + decision.prefill_s;
+  busy_until_s = t.done_s;
+  if (request.max_output_tokens > 1) {
+    DecodeGroup& incoming = decode_[decision.decode_instance].incoming;
+    incoming.requests += 1;
+    incoming.context_tokens += request.input_tokens;
+    incoming.kv_tokens += request.input_tokens + request.max_output_tokens;
+  }
+  return t;
+}
+
+void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> stored,
+                               std::span<const BlockKey> removed, double ready_s) {
+  auto& ready = ready_s_[instance];
+  for (BlockKey k : removed) {
+    index_.remove(k, instance);
+    ready.erase(k);
+  }
+  for (BlockKey k : stored) {
+    index_.add(k, instance);
+    ready[k] = ready_s;
+  }
+}
+
+void ClusterState::on_kv_cleared(InstanceId instance) {
+  auto& ready = ready_s_[instance];
+  for (const auto& [key, ready_at_s] : ready) index_.remove(key, instance);
+  ready.clear();
+}
+
+void ClusterState::on_prefill_done(InstanceId instance, double now_s) {
+  busy_until_s_[instance] = std::max(busy_until_s_[instance], now_s);
+}
+
+}  // namespace crescent::conductor

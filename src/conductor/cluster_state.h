@@ -1,0 +1,77 @@
+// The Conductor's picture of the cluster (paper §4): which prefill instance caches which block and from when
+// it is readable, each prefill instance's predicted queue, each decode instance's load. The one ClusterView
+// of both the simulator (sim/simulator.cpp) and the live Conductor, changed only through the named events
+// below, so both learn about the cluster by the same rules.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/block_key.h"
+#include "conductor/cluster_view.h"
+#include "conductor/conductor.h"
+#include "kv/block_index.h"
+
+namespace crescent::conductor {
+
+/// When a placed request's prefill is predicted to run (seconds, the Conductor's clock).
+struct PrefillTimeline {
+  double start_s = 0;          // it reaches the head of the queue and its remote prefix is computed
+  double compute_start_s = 0;  // start_s + Decision::transfer_s: prefix fetched and loaded into HBM
+  double done_s = 0;           // compute_start_s + Decision::prefill_s: first token, KV complete
+};
+
+/// ClusterView kept current from events. Not thread-safe (the live Conductor serialises events and
+/// decisions on one thread, as the simulator does).
+class ClusterState final : public ClusterView {
+ public:
+  /// A cluster of `prefill_instances` and `decode_instances` (each >= 1) whose prompts are cut into blocks
+  /// of `block_size_tokens` (>= 1). Decode loads start empty with `decode_kv_capacity_tokens` of HBM each.
+  ClusterState(uint32_t prefill_instances, uint32_t decode_instances, int64_t block_size_tokens,
+               int64_t decode_kv_capacity_tokens);
+
+  // ClusterView
+  uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s_.size()); }
+  uint32_t decode_instance_count() const override { return static_cast<uint32_t>(decode_.size()); }
+  std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
+  DecodeLoad decode_load(InstanceId d) const override { return decode_[d]; }
+  const kv::BlockIndex& block_index() const override { return index_; }
+  double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const override;
+
+  /// Event "request placed": the Conductor accepted `decision` for `request` at `now_s`. Its prefill joins
+  /// the chosen instance's FIFO queue as predicted (Algorithm 1): it starts once the instance is free and,
+  /// for a fetched prefix, once the source has computed those blocks; then it loads the prefix
+  /// (decision.transfer_s) and computes (decision.prefill_s). A request that will decode (max_output_tokens
+  /// > 1) counts as incoming on its decode instance until that instance's next report. Returns the predicted
+  /// timeline. REQUIRES: decision.rejected == kNone, instances in range.
+  PrefillTimeline on_request_placed(const RequestInfo& request, const Decision& decision, double now_s);
+
+  /// Event "KV stored/removed" (vLLM's BlockStored / BlockRemoved, or a simulated cache's TouchEvents):
+  /// prefill instance `instance` now caches `stored` and no longer caches `removed`. Stored blocks are
+  /// readable by others from `ready_s` on (their prefill's predicted end, or now for computed blocks).
+  void on_kv_event(InstanceId instance, std::span<const BlockKey> stored, std::span<const BlockKey> removed,
+                   double ready_s);
+  /// Event "all blocks cleared" (vLLM's AllBlocksCleared, or an instance that restarted or left).
+  void on_kv_cleared(InstanceId instance);
+
+  /// Event "prefill done": a request's prefill on `instance` ended at `now_s`. A prefill that ran later than
+  /// predicted pushes the instance's queue estimate out to now.
+  void on_prefill_done(InstanceId instance, double now_s);
+
+  /// Event "decode report": decode instance `d` reports its load (running, waiting and incoming requests,
+  /// HBM capacity). Replaces what placements added since its last report.
+  void on_decode_report(InstanceId d, const DecodeLoad& load) { decode_[d] = load; }
+
+ private:
+  const int64_t block_size_tokens_;
+  std::vector<double> busy_until_s_;  // per prefill instance: predicted end of its queue
+  std::vector<DecodeLoad> decode_;
+  kv::BlockIndex index_;
+  // Per prefill instance: when each cached block is (or will be) computed. Blocks are indexed when their
+  // request is placed, so a remote fetch must wait until the holder has actually produced them.
+  std::vector<std::unordered_map<BlockKey, double>> ready_s_;
+};
+
+}  // namespace crescent::conductor

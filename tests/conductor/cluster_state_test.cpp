@@ -1,0 +1,101 @@
+#include "conductor/cluster_state.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace crescent::conductor {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr int64_t kBlock = 512;
+
+Decision placed_on(InstanceId prefill, InstanceId decode, double transfer_s, double prefill_s) {
+  Decision d;
+  d.prefill_instance = prefill;
+  d.decode_instance = decode;
+  d.transfer_s = transfer_s;
+  d.prefill_s = prefill_s;
+  return d;
+}
+
+TEST(ClusterState, PlacedPrefillsQueueFifoPerInstance) {
+  ClusterState state(2, 1, kBlock, 1000);
+  const std::vector<BlockKey> keys{1, 2};
+  const RequestInfo request{1024, keys, 10};
+  const PrefillTimeline first = state.on_request_placed(request, placed_on(0, 0, 0.5, 2.0), 1.0);
+  EXPECT_DOUBLE_EQ(first.start_s, 1.0);
+  EXPECT_DOUBLE_EQ(first.compute_start_s, 1.5);
+  EXPECT_DOUBLE_EQ(first.done_s, 3.5);
+  // The second waits for the first on instance 0; instance 1 stays idle.
+  const PrefillTimeline second = state.on_request_placed(request, placed_on(0, 0, 0, 1.0), 2.0);
+  EXPECT_DOUBLE_EQ(second.start_s, 3.5);
+  EXPECT_DOUBLE_EQ(second.done_s, 4.5);
+  EXPECT_THAT(state.prefill_busy_until_s(), ElementsAre(4.5, 0.0));
+}
+
+TEST(ClusterState, FetchedPrefixWaitsUntilTheSourceHasComputedIt) {
+  ClusterState state(2, 1, kBlock, 1000);
+  const std::vector<BlockKey> keys{1, 2, 3};
+  // Instance 1 will have computed blocks 1-2 at 7 s (their request was placed, its prefill not run yet).
+  state.on_kv_event(1, std::vector<BlockKey>{1, 2}, {}, 7.0);
+  EXPECT_DOUBLE_EQ(state.prefix_ready_s(1, std::vector<BlockKey>{1, 2}), 7.0);
+  Decision d = placed_on(0, 0, 0.25, 1.0);
+  d.fetched_prefix_tokens = 2 * kBlock;
+  d.fetch_from = 1;
+  const PrefillTimeline t = state.on_request_placed({3 * kBlock, keys, 10}, d, 2.0);
+  EXPECT_DOUBLE_EQ(t.start_s, 7.0);
+  EXPECT_DOUBLE_EQ(t.done_s, 8.25);
+}
+
+TEST(ClusterState, KvEventsKeepTheIndexAndReadyTimes) {
+  ClusterState state(2, 1, kBlock, 1000);
+  state.on_kv_event(0, std::vector<BlockKey>{1, 2, 3}, {}, 1.0);
+  state.on_kv_event(1, std::vector<BlockKey>{1}, {}, 2.0);
+  EXPECT_THAT(state.block_index().holders(1), ElementsAre(0u, 1u));
+  state.on_kv_event(0, std::vector<BlockKey>{4}, std::vector<BlockKey>{3}, 5.0);
+  EXPECT_THAT(state.block_index().holders(3), IsEmpty());
+  EXPECT_DOUBLE_EQ(state.prefix_ready_s(0, std::vector<BlockKey>{1, 4}), 5.0);
+  state.on_kv_cleared(0);
+  EXPECT_THAT(state.block_index().holders(1), ElementsAre(1u));
+  EXPECT_THAT(state.block_index().holders(4), IsEmpty());
+  EXPECT_EQ(state.block_index().blocks(), 1);
+  EXPECT_DOUBLE_EQ(state.prefix_ready_s(0, std::vector<BlockKey>{1, 2}), 0.0);
+}
+
+TEST(ClusterState, PlacementsCountAsIncomingUntilTheDecodeInstanceReports) {
+  ClusterState state(1, 2, kBlock, 1000);
+  EXPECT_EQ(state.decode_load(1).kv_capacity_tokens, 1000);
+  const std::vector<BlockKey> keys{1};
+  state.on_request_placed({300, keys, 50}, placed_on(0, 1, 0, 1), 0);
+  state.on_request_placed({200, keys, 1}, placed_on(0, 1, 0, 1), 0);  // one token: it never decodes
+  DecodeLoad load = state.decode_load(1);
+  EXPECT_EQ(load.incoming.requests, 1);
+  EXPECT_EQ(load.incoming.context_tokens, 300);
+  EXPECT_EQ(load.incoming.kv_tokens, 350);
+  EXPECT_EQ(state.decode_load(0).incoming.requests, 0);
+  // The instance's report is the truth from then on.
+  DecodeLoad report;
+  report.running = {.requests = 1, .context_tokens = 301, .kv_tokens = 350};
+  report.kv_capacity_tokens = 1000;
+  state.on_decode_report(1, report);
+  load = state.decode_load(1);
+  EXPECT_EQ(load.incoming.requests, 0);
+  EXPECT_EQ(load.running.requests, 1);
+}
+
+TEST(ClusterState, APrefillThatRanLateMovesTheQueueEstimate) {
+  ClusterState state(1, 1, kBlock, 1000);
+  const std::vector<BlockKey> keys{1};
+  state.on_request_placed({100, keys, 2}, placed_on(0, 0, 0, 1.0), 0);
+  state.on_prefill_done(0, 0.8);  // early: the estimate stands
+  EXPECT_THAT(state.prefill_busy_until_s(), ElementsAre(1.0));
+  state.on_prefill_done(0, 3.0);  // late: the queue is at least that far behind
+  EXPECT_THAT(state.prefill_busy_until_s(), ElementsAre(3.0));
+}
+
+}  // namespace
+}  // namespace crescent::conductor
