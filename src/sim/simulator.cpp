@@ -11,10 +11,10 @@
 
 #include "common/name_table.h"
 #include "conductor/cluster_state.h"
+#include "engine/engine_core.h"
 #include "kv/block_cache.h"
 #include "perf/cost_model.h"
 #include "sim/colocated.h"
-#include "sim/step_log.h"
 
 namespace crescent::sim {
 namespace {
@@ -42,128 +42,6 @@ struct InFlight {
   double compute_start_s = 0;  // after fetching and loading the prefix
   int64_t prefill_tokens = 0;
   int64_t decode_steps = 0;  // output tokens after the first (which prefill produces)
-  int64_t join_step = 0;     // index of its first decode step
-  bool left_decode = false;
-};
-
-// What decode instances update when requests join, leave and finish.
-struct RunState {
-  std::vector<RequestOutcome>& outcomes;
-  std::vector<InFlight>& inflight;
-  SimCounters& counters;
-  conductor::Conductor& conductor;  // learns finished requests' output lengths
-};
-
-// One decode instance: continuous batching. Between external events it advances step by step on its own;
-// every request in the batch gains one token per step, and a step takes CostModel::decode_step_time_s of the
-// batch. Requests join and leave at step boundaries. Step end times are logged (trimmed below the oldest
-// request still in the batch) so a leaving request's token gaps, and so its TBT, are read off without
-// touching every request at every step.
-class DecodeInstance {
- public:
-  DecodeInstance(const perf::CostModel& cost, int64_t kv_capacity_tokens, RunState state)
-      : cost_(&cost), kv_capacity_tokens_(kv_capacity_tokens), state_(state) {}
-
-  conductor::DecodeLoad load() const { return {running_, waiting_load_, incoming_, kv_capacity_tokens_}; }
-  // Whether it has requests running, waiting for HBM room, or on their way.
-  bool busy() const { return stepping_ || !waiting_.empty() || incoming_.requests > 0; }
-
-  // The Conductor placed request `req` here; its KV will arrive after prefill.
-  void expect(uint32_t req) { add(incoming_, req, +1); }
-
-  // The request's KV has arrived at `now_s`; it joins at the next step boundary (now, if idle).
-  void arrive(uint32_t req, double now_s) {
-    advance_until(now_s);
-    add(incoming_, req, -1);
-    add(waiting_load_, req, +1);
-    waiting_.push_back(req);
-    if (!stepping_) {
-      admit_waiting();
-      start_step(now_s);
-    }
-  }
-
-  // Runs every step that ends at or before `t_s`.
-  void advance_until(double t_s) {
-    while (stepping_ && step_end_s_ <= t_s) {
-      ++state_.counters.decode_steps;
-      ++state_.counters.events;
-      const int64_t step = steps_.next_step();
-      steps_.append(step_end_s_);
-      running_.context_tokens += running_.requests;
-      while (!leaving_.empty() && leaving_.top().first == step) {
-        const uint32_t req = leaving_.top().second;
-        leaving_.pop();
-        RequestOutcome& o = state_.outcomes[req];
-        InFlight& f = state_.inflight[req];
-        running_.requests -= 1;
-        running_.context_tokens -= o.input_tokens + f.decode_steps;
-        running_.kv_tokens -= o.input_tokens + o.output_tokens;
-        o.finish_s = step_end_s_;
-        const StepLog::Gaps gaps = steps_.gaps(o.arrival_s + o.ttft_s, f.join_step, step);
-        o.tbt_s = gaps.tbt_s;
-        o.max_token_gap_s = gaps.max_gap_s;
-        f.left_decode = true;
-        state_.conductor.observe_output(o.output_tokens);
-      }
-      trim_step_log();
-      admit_waiting();
-      start_step(step_end_s_);
-    }
-  }
-
- private:
-  void add(conductor::DecodeGroup& group, uint32_t req, int sign) {
-    const RequestOutcome& o = state_.outcomes[req];
-    group.requests += sign;
-    group.context_tokens += sign * o.input_tokens;
-    group.kv_tokens += sign * (o.input_tokens + o.output_tokens);
-  }
-
-  // Moves waiting requests into the batch while their KV (prompt + full output, so no request is ever
-  // preempted) fits in HBM. The Conductor refuses requests larger than the whole HBM, so one always fits
-  // alone.
-  void admit_waiting() {
-    const int64_t step = steps_.next_step();
-    while (!waiting_.empty()) {
-      const uint32_t req = waiting_.front();
-      const RequestOutcome& o = state_.outcomes[req];
-      const int64_t need = o.input_tokens + o.output_tokens;
-      if (running_.requests > 0 && running_.kv_tokens + need > kv_capacity_tokens_) break;
-      waiting_.pop_front();
-      add(waiting_load_, req, -1);
-      add(running_, req, +1);
-      InFlight& f = state_.inflight[req];
-      f.join_step = step;
-      leaving_.emplace(step + f.decode_steps - 1, req);
-      admitted_.push_back(req);
-    }
-  }
-
-  void start_step(double start_s) {
-    stepping_ = running_.requests > 0;
-    if (stepping_)
-      step_end_s_ = start_s + cost_->decode_step_time_s(running_.requests, running_.context_tokens);
-  }
-
-  // Drops logged steps that no request in the batch can still need.
-  void trim_step_log() {
-    while (!admitted_.empty() && state_.inflight[admitted_.front()].left_decode) admitted_.pop_front();
-    steps_.trim_before(admitted_.empty() ? steps_.next_step() : state_.inflight[admitted_.front()].join_step);
-  }
-
-  const perf::CostModel* cost_;
-  int64_t kv_capacity_tokens_;
-  RunState state_;
-  conductor::DecodeGroup running_, waiting_load_, incoming_;
-  bool stepping_ = false;
-  double step_end_s_ = 0;
-  StepLog steps_;
-  std::deque<uint32_t> waiting_;
-  std::deque<uint32_t> admitted_;  // in admission order, to find the oldest request still in the batch
-  // (last step, request): who leaves after which step.
-  std::priority_queue<std::pair<int64_t, uint32_t>, std::vector<std::pair<int64_t, uint32_t>>, std::greater<>>
-      leaving_;
 };
 
 // A prefill instance's DRAM prefix cache; its queue is the Conductor's prediction (ClusterState), which the
@@ -183,7 +61,9 @@ struct Event {
   bool operator>(const Event& o) const { return time_s != o.time_s ? time_s > o.time_s : seq > o.seq; }
 };
 
-class Simulation {
+// The disaggregated cluster. Decode instances are engine::EngineCore (continuous batching, HBM-bounded
+// admission) on the virtual clock; prefill instances run exactly as the Conductor's queue model predicts.
+class Simulation final : private engine::EngineListener {
  public:
   Simulation(const ClusterConfig& config, std::span<const trace::Request> trace, const SimOptions& options)
       : config_(config),
@@ -193,15 +73,19 @@ class Simulation {
         conductor_(cost_,
                    conductor_options(config, options.policy, options.admission, options.block_size_tokens)),
         state_(config.prefill_instances, config.decode_instances, options.block_size_tokens,
-               cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share)) {
+               cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share)),
+        executor_(cost_) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());
     const int64_t capacity_blocks = config.prefill_cache_capacity_tokens / options.block_size_tokens;
     prefill_.reserve(config.prefill_instances);
     for (uint32_t i = 0; i < config.prefill_instances; ++i) prefill_.emplace_back(capacity_blocks);
-    const int64_t kv_capacity = cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
-    const RunState state{result_.requests, inflight_, result_.counters, conductor_};
-    for (uint32_t d = 0; d < config.decode_instances; ++d) decode_.emplace_back(cost_, kv_capacity, state);
+    const engine::EngineOptions decode_options{
+        .kv_capacity_tokens = cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share)};
+    for (uint32_t d = 0; d < config.decode_instances; ++d) {
+      engine::EngineListener& listener = *this;
+      decode_.push_back(std::make_unique<engine::EngineCore>(decode_options, executor_, listener));
+    }
   }
 
   SimResult run() {
@@ -221,14 +105,18 @@ class Simulation {
     }
     // Keep sampling the loads until the cluster has drained, so short traces and overloaded runs show it.
     if (options_.load_sample_interval_s > 0) {
-      while (!events_.empty() || std::ranges::any_of(decode_, &DecodeInstance::busy)) {
+      while (!events_.empty() || std::ranges::any_of(decode_, [](const auto& d) { return d->busy(); })) {
         drain_events_until(next_sample_s);
         sample_load(next_sample_s);
         next_sample_s += options_.load_sample_interval_s;
       }
     }
     drain_events_until(kInf);
-    for (auto& d : decode_) d.advance_until(kInf);
+    for (auto& d : decode_) {
+      d->advance_until(kInf);
+      result_.counters.events += d->iterations();
+      result_.counters.decode_steps += d->decode_steps();
+    }
     for (const auto& o : result_.requests) result_.makespan_s = std::max(result_.makespan_s, o.finish_s);
     return std::move(result_);
   }
@@ -241,8 +129,8 @@ class Simulation {
     sample.prefill_queue_s /= static_cast<double>(busy_until.size());
     int64_t reserved = 0, capacity = 0;
     for (auto& d : decode_) {
-      d.advance_until(now_s);
-      const conductor::DecodeLoad load = d.load();
+      d->advance_until(now_s);
+      const conductor::DecodeLoad load = d->decode_load();
       reserved += load.running.kv_tokens + load.waiting.kv_tokens;
       capacity += load.kv_capacity_tokens;
       sample.decode_running += load.running.requests;
@@ -264,7 +152,10 @@ class Simulation {
       if (e.kind == EventKind::kPrefillDone) {
         on_prefill_done(e.req, e.time_s);
       } else {
-        decode_[result_.requests[e.req].decode_instance].arrive(e.req, e.time_s);
+        const RequestOutcome& o = result_.requests[e.req];
+        engine::EngineCore& d = *decode_[o.decode_instance];
+        d.advance_until(e.time_s);
+        d.submit_decode(e.req, o.arrival_s + o.ttft_s, e.time_s);
       }
     }
   }
@@ -290,8 +181,8 @@ class Simulation {
     // Every decode instance reports its current load (a live instance reports periodically; here the
     // report is exact).
     for (InstanceId d = 0; d < decode_.size(); ++d) {
-      decode_[d].advance_until(now_s);
-      state_.on_decode_report(d, decode_[d].load());
+      decode_[d]->advance_until(now_s);
+      state_.on_decode_report(d, decode_[d]->decode_load());
     }
 
     const conductor::RequestInfo info{r.input_tokens, r.block_keys, r.output_tokens};
@@ -332,7 +223,7 @@ class Simulation {
     o.prefix_hit_tokens = dec.prefix_tokens();
     o.fetched_tokens = dec.fetched_prefix_tokens;
     o.prefill_compute_s = dec.prefill_s;
-    if (f.decode_steps > 0) decode_[dec.decode_instance].expect(req);
+    if (f.decode_steps > 0) decode_[dec.decode_instance]->expect(req, r.input_tokens, r.output_tokens);
     push(done_s, EventKind::kPrefillDone, req);
   }
 
@@ -360,6 +251,20 @@ class Simulation {
     push(arrive_s, EventKind::kDecodeArrive, req);
   }
 
+  // engine::EngineListener, for the decode instances (which never prefill).
+  void on_prefill_start(engine::RequestId, double, const engine::PrefillStart&) override {}
+  void on_first_token(engine::RequestId, double) override {}
+  void on_finished(engine::RequestId id, double now_s,
+                   const std::optional<engine::StepLog::Gaps>& gaps) override {
+    RequestOutcome& o = result_.requests[id];
+    o.finish_s = now_s;
+    if (gaps) {
+      o.tbt_s = gaps->tbt_s;
+      o.max_token_gap_s = gaps->max_gap_s;
+    }
+    conductor_.observe_output(o.output_tokens);
+  }
+
   const ClusterConfig& config_;
   std::span<const trace::Request> trace_;
   SimOptions options_;
@@ -367,7 +272,8 @@ class Simulation {
   conductor::Conductor conductor_;
   conductor::ClusterState state_;  // what the Conductor knows, fed by the instances' events
   std::vector<PrefillInstance> prefill_;
-  std::vector<DecodeInstance> decode_;
+  engine::MockExecutor executor_;
+  std::vector<std::unique_ptr<engine::EngineCore>> decode_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   uint64_t next_seq_ = 0;
   std::vector<InFlight> inflight_;

@@ -1,5 +1,5 @@
-// End times of a decode engine's token-producing steps, and the TBT of a request read off them. Shared by the
-// disaggregated decode instances (simulator.cpp) and the colocated nodes (colocated.cpp). Internal to sim.
+// End times of a decode engine's token-producing steps, and the TBT of a request read off them (used by
+// EngineCore, engine_core.h).
 #pragma once
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-namespace crescent::sim {
+namespace crescent::engine {
 
 /// End times of one engine's decode steps (iterations in which every running request gains a token), numbered
 /// from 0, and the TBT of a request read off them, so no step has to touch every request in the batch. The
@@ -57,4 +57,4 @@ class StepLog {
   std::vector<double> gaps_;  // scratch for tbt_s
 };
 
-}  // namespace crescent::sim
+}  // namespace crescent::engine

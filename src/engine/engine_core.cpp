@@ -1,0 +1,197 @@
+#include "engine/engine_core.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace crescent::engine {
+
+EngineCore::EngineCore(const EngineOptions& options, Executor& executor, EngineListener& listener)
+    : options_(options), executor_(executor), listener_(listener) {
+  if (options.prefix_cache) {
+    cache_.emplace(std::max<int64_t>(1, options.kv_capacity_tokens / options.block_size_tokens));
+  }
+}
+
+void EngineCore::add(conductor::DecodeGroup& group, const Record& r, int sign) {
+  group.requests += sign;
+  group.context_tokens += sign * r.input_tokens;
+  group.kv_tokens += sign * (r.input_tokens + r.output_tokens);
+}
+
+void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
+                               std::span<const BlockKey> block_keys, double now_s) {
+  assert(input_tokens >= 1 && output_tokens >= 1 && !records_.contains(id));
+  Record& r = records_[id];
+  r.input_tokens = input_tokens;
+  r.output_tokens = output_tokens;
+  r.decode_steps = output_tokens - 1;
+  if (cache_) r.block_keys.assign(block_keys.begin(), block_keys.end());
+  waiting_prompts_.push_back(id);
+  ++outstanding_;
+  if (!busy_) start_iteration(now_s);
+}
+
+void EngineCore::expect(RequestId id, int64_t input_tokens, int64_t output_tokens) {
+  assert(output_tokens >= 2 && !records_.contains(id));
+  Record& r = records_[id];
+  r.input_tokens = input_tokens;
+  r.output_tokens = output_tokens;
+  r.decode_steps = output_tokens - 1;
+  add(incoming_, r, +1);
+}
+
+void EngineCore::submit_decode(RequestId id, double first_token_s, double now_s) {
+  Record& r = records_.at(id);
+  r.first_token_s = first_token_s;
+  add(incoming_, r, -1);
+  add(waiting_decode_load_, r, +1);
+  waiting_decode_.push_back(id);
+  ++outstanding_;
+  if (!busy_) start_iteration(now_s);
+}
+
+void EngineCore::advance_until(double t_s) {
+  while (busy_ && end_s_ <= t_s) {
+    finish_iteration(end_s_);
+    start_iteration(end_s_);
+  }
+}
+
+// Reserves HBM for a prompt and starts its prefill at `now_s` if it fits; false (nothing changed) if not.
+// HBM accounting: capacity = reserved KV of admitted requests, prompt + max output each, + with a prefix
+// cache, cached blocks no admitted request uses (unpinned). Those are evictable, so a request fits when
+// reserved + its need <= capacity; once it is admitted, unpinned blocks are evicted LRU first until
+// reserved + unpinned * block <= capacity. A cached block two admitted requests share is counted in both
+// reservations (conservative: vLLM shares it).
+bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
+  const int64_t need = r.input_tokens + r.output_tokens;
+  if (reserved_kv_tokens_ + need > options_.kv_capacity_tokens) return false;
+  reserved_kv_tokens_ += need;
+  int64_t hit_tokens = 0;
+  if (cache_) {
+    const int64_t block = options_.block_size_tokens;
+    hit_tokens = std::min(cache_->prefix_match_blocks(r.block_keys) * block, r.input_tokens);
+    touch_events_.clear();
+    cache_->touch(r.block_keys, /*pin=*/true, &touch_events_);
+    r.pinned = touch_events_.pinned;
+    const int64_t unpinned_blocks = cache_->size_blocks() - cache_->pinned_blocks();
+    const int64_t over_tokens = reserved_kv_tokens_ + unpinned_blocks * block - options_.kv_capacity_tokens;
+    if (over_tokens > 0) cache_->evict_unpinned((over_tokens + block - 1) / block);
+  }
+  // The last prompt token is always recomputed: its logits give the first output token (as the Conductor).
+  r.prefill_tokens = std::max<int64_t>(1, r.input_tokens - hit_tokens);
+  r.reused_tokens = std::max<int64_t>(0, r.input_tokens - r.prefill_tokens);
+  listener_.on_prefill_start(
+      id, now_s,
+      {.hit_tokens = hit_tokens, .prefill_tokens = r.prefill_tokens, .reused_tokens = r.reused_tokens});
+  return true;
+}
+
+// Moves requests whose KV arrived into the batch while their KV (prompt + full output) fits in HBM.
+void EngineCore::admit_decodes() {
+  while (!waiting_decode_.empty()) {
+    const RequestId id = waiting_decode_.front();
+    Record& r = records_.at(id);
+    const int64_t need = r.input_tokens + r.output_tokens;
+    if (reserved_kv_tokens_ + need > options_.kv_capacity_tokens) break;
+    waiting_decode_.pop_front();
+    reserved_kv_tokens_ += need;
+    add(waiting_decode_load_, r, -1);
+    join_batch(id, r);
+  }
+}
+
+void EngineCore::join_batch(RequestId id, Record& r) {
+  add(running_, r, +1);
+  r.join_step = log_.next_step();
+  leaving_.emplace(r.join_step + r.decode_steps - 1, id);
+  decoding_.push_back(id);
+}
+
+void EngineCore::start_iteration(double start_s) {
+  admit_decodes();
+  if (!prefilling_ && !waiting_prompts_.empty()) {
+    const RequestId id = waiting_prompts_.front();
+    Record& r = records_.at(id);
+    if (admit_prompt(id, r, start_s)) {
+      prefilling_ = id;
+      waiting_prompts_.pop_front();
+    }
+  }
+  const bool chunked = options_.chunk_tokens > 0;
+  plan_ = IterationPlan{};
+  if (prefilling_) {
+    const Record& r = records_.at(*prefilling_);
+    const int64_t left = r.prefill_tokens - r.prefill_done_tokens;
+    // Chunked prefill spends its token budget on decodes first, one token each; the prompt gets the rest.
+    plan_.prefill_request = prefilling_;
+    plan_.prefill_tokens =
+        chunked ? std::min(left, std::max<int64_t>(0, options_.chunk_tokens - running_.requests)) : left;
+    plan_.prefill_prefix_tokens = r.reused_tokens + r.prefill_done_tokens;
+  }
+  if (running_.requests > 0 && (chunked || plan_.prefill_tokens == 0)) {
+    plan_.decode_requests = running_.requests;
+    plan_.decode_context_tokens = running_.context_tokens;
+  }
+  busy_ = !plan_.empty();
+  if (busy_) end_s_ = start_s + executor_.run_iteration_s(plan_);
+}
+
+void EngineCore::finish_iteration(double end_s) {
+  ++iterations_;
+  if (plan_.decode_requests > 0) {
+    ++decode_steps_;
+    const int64_t step = log_.next_step();
+    log_.append(end_s);
+    running_.context_tokens += running_.requests;
+    while (!leaving_.empty() && leaving_.top().first == step) {
+      const RequestId id = leaving_.top().second;
+      leaving_.pop();
+      leave_batch(id, step, end_s);
+    }
+    while (!decoding_.empty() && records_.at(decoding_.front()).finished) {
+      records_.erase(decoding_.front());
+      decoding_.pop_front();
+    }
+    log_.trim_before(decoding_.empty() ? log_.next_step() : records_.at(decoding_.front()).join_step);
+  }
+  if (plan_.prefill_tokens > 0) {
+    const RequestId id = *prefilling_;
+    Record& r = records_.at(id);
+    r.prefill_done_tokens += plan_.prefill_tokens;
+    if (r.prefill_done_tokens == r.prefill_tokens) {
+      prefilling_.reset();
+      r.first_token_s = end_s;
+      listener_.on_first_token(id, end_s);
+      if (r.decode_steps == 0) {
+        finish(id, r, end_s, std::nullopt);
+      } else {
+        join_batch(id, r);
+      }
+    }
+  }
+}
+
+void EngineCore::leave_batch(RequestId id, int64_t step, double now_s) {
+  Record& r = records_.at(id);
+  running_.requests -= 1;
+  running_.context_tokens -= r.input_tokens + r.decode_steps;
+  running_.kv_tokens -= r.input_tokens + r.output_tokens;
+  finish(id, r, now_s, log_.gaps(r.first_token_s, r.join_step, step));
+}
+
+void EngineCore::finish(RequestId id, Record& r, double now_s, const std::optional<StepLog::Gaps>& gaps) {
+  reserved_kv_tokens_ -= r.input_tokens + r.output_tokens;
+  if (cache_) cache_->unpin(r.pinned);
+  --outstanding_;
+  listener_.on_finished(id, now_s, gaps);
+  if (r.decode_steps == 0) {
+    records_.erase(id);  // never in decoding_
+  } else {
+    r.finished = true;  // erased once it reaches the front of decoding_
+    std::vector<BlockKey>().swap(r.pinned);
+    std::vector<BlockKey>().swap(r.block_keys);
+  }
+}
+
+}  // namespace crescent::engine

@@ -1,0 +1,182 @@
+// One instance's engine (paper §2.1, §3.1), written once for the simulator and the live instances: a FIFO
+// queue of prompts prefilled whole or in chunks (with an optional prefix cache in HBM), and a continuous
+// decode batch whose KV reservations are bounded by HBM. Time is injected: the core plans an iteration, an
+// Executor runs it (on a virtual clock the MockExecutor only says how long it would take), and the core is
+// told when it ended. The simulator's disaggregated decode instances and its colocated nodes run it on a
+// virtual clock (advance_until); a live instance runs plan_iteration / Executor / finish_iteration on a
+// steady one.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <queue>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/block_key.h"
+#include "conductor/cluster_view.h"
+#include "engine/step_log.h"
+#include "kv/block_cache.h"
+#include "perf/cost_model.h"
+
+namespace crescent::engine {
+
+/// A request's id within one engine (the simulator uses trace indexes, live instances their request ids).
+using RequestId = uint64_t;
+
+/// What one iteration computes: one token for each running request, and/or a piece of one prompt.
+struct IterationPlan {
+  int64_t decode_requests = 0;               // running requests gaining a token (0: no decode this iteration)
+  int64_t decode_context_tokens = 0;         // KV tokens they attend to
+  std::optional<RequestId> prefill_request;  // whose prompt is being prefilled, if any
+  int64_t prefill_tokens = 0;                // prompt tokens computed this iteration
+  int64_t prefill_prefix_tokens = 0;         // tokens before them whose KV is already in HBM
+  bool empty() const { return decode_requests == 0 && prefill_tokens == 0; }
+};
+
+/// Runs iterations. The mock says how long an iteration would take from the cost model; a real executor
+/// (next issue) computes the transformer and returns the time it took.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  /// Runs `plan` (not empty); returns its duration in seconds.
+  virtual double run_iteration_s(const IterationPlan& plan) = 0;
+};
+
+/// Executor whose iterations take perf::CostModel::iteration_time_s and compute nothing.
+class MockExecutor final : public Executor {
+ public:
+  /// `cost` must outlive the executor.
+  explicit MockExecutor(const perf::CostModel& cost) : cost_(cost) {}
+  double run_iteration_s(const IterationPlan& plan) override {
+    return cost_.iteration_time_s(plan.decode_requests, plan.decode_context_tokens, plan.prefill_tokens,
+                                  plan.prefill_prefix_tokens);
+  }
+
+ private:
+  const perf::CostModel& cost_;
+};
+
+/// How an engine prefills and how much KV it holds.
+struct EngineOptions {
+  int64_t kv_capacity_tokens = 0;  // HBM for KV (perf::CostModel::decode_kv_capacity_tokens); >= 1
+  /// Chunked prefill (vLLM's max_num_batched_tokens): each iteration decodes every running request (one
+  /// token of budget each) and spends what is left of this budget on one prompt. 0: whole prompts, and an
+  /// iteration that prefills does not decode (the batch stalls: paper §5.2.2).
+  int64_t chunk_tokens = 0;
+  bool prefix_cache = false;        // automatic prefix caching in HBM, blocks of block_size_tokens
+  int64_t block_size_tokens = 512;  // >= 1
+};
+
+/// What admission decided for a prompt when its prefill starts.
+struct PrefillStart {
+  int64_t hit_tokens = 0;      // prompt tokens found in the prefix cache
+  int64_t prefill_tokens = 0;  // tokens to compute (>= 1: the last is always recomputed for its logits)
+  int64_t reused_tokens = 0;   // input - prefill_tokens: KV reused, not computed
+};
+
+/// Told what happens to requests, in time order. Called from inside the engine's calls; must not call back
+/// into the engine.
+class EngineListener {
+ public:
+  virtual ~EngineListener() = default;
+  /// `id`'s HBM is reserved and its prefill starts at `now_s`.
+  virtual void on_prefill_start(RequestId id, double now_s, const PrefillStart& start) = 0;
+  /// `id`'s prefill ended at `now_s` with its first token.
+  virtual void on_first_token(RequestId id, double now_s) = 0;
+  /// `id` produced its last token at `now_s` and left; `gaps` are its token gaps when it decoded (none for a
+  /// one-token output).
+  virtual void on_finished(RequestId id, double now_s, const std::optional<StepLog::Gaps>& gaps) = 0;
+};
+
+/// The engine of one instance. Nothing per iteration is proportional to the batch: the running batch is a
+/// few totals, a min-heap says who leaves after which decode step, and a StepLog gives a leaving request's
+/// TBT. No request is ever preempted: admission reserves KV for prompt + whole output. Not thread-safe.
+class EngineCore {
+ public:
+  /// `executor` and `listener` must outlive the engine.
+  EngineCore(const EngineOptions& options, Executor& executor, EngineListener& listener);
+
+  /// Queues a prompt (FIFO) to be prefilled here, then decoded for `output_tokens` - 1 steps (the first token
+  /// comes from the prefill). `block_keys` (one per block of the prompt) are kept for the prefix cache. An
+  /// idle engine starts an iteration at `now_s`. REQUIRES: advanced to now_s; input_tokens >= 1;
+  /// output_tokens >= 1; input + output <= kv_capacity_tokens; `id` not in the engine.
+  void submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
+                     std::span<const BlockKey> block_keys, double now_s);
+
+  /// Disaggregated decode: `id` was placed here; its KV is on its way (counted as incoming in decode_load()).
+  /// REQUIRES: output_tokens >= 2 (a one-token request never reaches decode); `id` not in the engine.
+  void expect(RequestId id, int64_t input_tokens, int64_t output_tokens);
+  /// The KV of expected request `id` arrived at `now_s` (its first token came at `first_token_s`); it joins
+  /// the batch at the next step boundary (now, if idle) once HBM has room. REQUIRES: advanced to now_s.
+  void submit_decode(RequestId id, double first_token_s, double now_s);
+
+  /// Virtual clock: runs (with the executor) every iteration that ends at or before `t_s`.
+  void advance_until(double t_s);
+
+  /// Requests here and not finished: queued, prefilling, waiting for HBM or decoding (not incoming).
+  int64_t outstanding() const { return outstanding_; }
+  /// Whether an iteration is under way or requests are waiting or on their way.
+  bool busy() const { return busy_ || !waiting_decode_.empty() || incoming_.requests > 0; }
+  /// The decode pool's view of this engine (ClusterState's "decode report").
+  conductor::DecodeLoad decode_load() const {
+    return {running_, waiting_decode_load_, incoming_, options_.kv_capacity_tokens};
+  }
+  /// Iterations run, and those that decoded (continuous-batching steps), since construction.
+  int64_t iterations() const { return iterations_; }
+  int64_t decode_steps() const { return decode_steps_; }
+
+ private:
+  struct Record {
+    int64_t input_tokens = 0;
+    int64_t output_tokens = 0;
+    int64_t decode_steps = 0;  // output tokens after the first
+    int64_t prefill_tokens = 0;
+    int64_t reused_tokens = 0;
+    int64_t prefill_done_tokens = 0;
+    int64_t join_step = 0;  // its first decode step
+    double first_token_s = 0;
+    bool finished = false;
+    std::vector<BlockKey> block_keys;  // with the prefix cache
+    std::vector<BlockKey> pinned;      // blocks pinned in the prefix cache while it runs
+  };
+
+  void start_iteration(double start_s);
+  void finish_iteration(double end_s);
+  bool admit_prompt(RequestId id, Record& r, double now_s);
+  void admit_decodes();
+  void join_batch(RequestId id, Record& r);
+  void leave_batch(RequestId id, int64_t step, double now_s);
+  void finish(RequestId id, Record& r, double now_s, const std::optional<StepLog::Gaps>& gaps);
+  static void add(conductor::DecodeGroup& group, const Record& r, int sign);
+
+  EngineOptions options_;
+  Executor& executor_;
+  EngineListener& listener_;
+  std::optional<kv::BlockCache> cache_;  // with EngineOptions::prefix_cache
+  std::unordered_map<RequestId, Record> records_;
+  int64_t outstanding_ = 0;
+  int64_t reserved_kv_tokens_ = 0;  // prompt + max output of every admitted, unfinished request
+  conductor::DecodeGroup running_, waiting_decode_load_, incoming_;
+  std::deque<RequestId> waiting_prompts_;  // FIFO, not yet admitted
+  std::optional<RequestId> prefilling_;    // admitted, prompt not done
+  std::deque<RequestId> waiting_decode_;   // KV arrived, waiting for HBM room
+  std::deque<RequestId> decoding_;         // in join order, to find the oldest request still decoding
+  bool busy_ = false;
+  IterationPlan plan_;
+  double end_s_ = 0;  // of the iteration under way
+  StepLog log_;
+  // (last decode step, request): who leaves after which step.
+  std::priority_queue<std::pair<int64_t, RequestId>, std::vector<std::pair<int64_t, RequestId>>,
+                      std::greater<>>
+      leaving_;
+  kv::TouchEvents touch_events_;  // scratch
+  int64_t iterations_ = 0;
+  int64_t decode_steps_ = 0;
+};
+
+}  // namespace crescent::engine

@@ -1,0 +1,173 @@
+#include "engine/engine_core.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+namespace crescent::engine {
+namespace {
+
+using ::testing::ElementsAre;
+
+// Every iteration takes 1 s; the plans are kept for the test to read.
+class OneSecondExecutor final : public Executor {
+ public:
+  double run_iteration_s(const IterationPlan& plan) override {
+    plans.push_back(plan);
+    return 1.0;
+  }
+  std::vector<IterationPlan> plans;
+};
+
+struct Seen {
+  double prefill_start_s = -1;
+  PrefillStart start;
+  double first_token_s = -1;
+  double finish_s = -1;
+  std::optional<StepLog::Gaps> gaps;
+};
+
+class Recorder final : public EngineListener {
+ public:
+  void on_prefill_start(RequestId id, double now_s, const PrefillStart& start) override {
+    seen[id].prefill_start_s = now_s;
+    seen[id].start = start;
+  }
+  void on_first_token(RequestId id, double now_s) override { seen[id].first_token_s = now_s; }
+  void on_finished(RequestId id, double now_s, const std::optional<StepLog::Gaps>& gaps) override {
+    seen[id].finish_s = now_s;
+    seen[id].gaps = gaps;
+    finished_order.push_back(id);
+  }
+  std::map<RequestId, Seen> seen;
+  std::vector<RequestId> finished_order;
+};
+
+class EngineCoreTest : public ::testing::Test {
+ protected:
+  EngineCore make(EngineOptions options) { return EngineCore(options, executor_, recorder_); }
+  OneSecondExecutor executor_;
+  Recorder recorder_;
+};
+
+TEST_F(EngineCoreTest, DecodeJoinsAtStepBoundariesAndLeavesAfterItsTokens) {
+  EngineCore engine = make({.kv_capacity_tokens = 10'000});
+  engine.expect(1, 100, 4);  // 3 decode steps
+  engine.expect(2, 50, 2);   // 1 decode step
+  EXPECT_EQ(engine.decode_load().incoming.requests, 2);
+  EXPECT_EQ(engine.decode_load().incoming.kv_tokens, 104 + 52);
+  engine.submit_decode(1, /*first_token_s=*/-0.5, /*now_s=*/0);  // idle: starts a step now, ending at 1
+  engine.advance_until(0.5);
+  engine.submit_decode(2, 0.2, 0.5);  // joins at the next boundary (1 s)
+  EXPECT_EQ(engine.decode_load().waiting.requests, 1);
+  EXPECT_EQ(engine.outstanding(), 2);
+  engine.advance_until(100);
+  EXPECT_FALSE(engine.busy());
+  EXPECT_EQ(engine.outstanding(), 0);
+  // Request 1 decodes in steps ending at 1, 2, 3; request 2 in the step ending at 2.
+  EXPECT_DOUBLE_EQ(recorder_.seen[1].finish_s, 3.0);
+  EXPECT_DOUBLE_EQ(recorder_.seen[2].finish_s, 2.0);
+  EXPECT_THAT(recorder_.finished_order, ElementsAre(2u, 1u));
+  // Request 2's only gap runs from its first token (0.2) to the end of its step (2.0).
+  ASSERT_TRUE(recorder_.seen[2].gaps.has_value());
+  EXPECT_DOUBLE_EQ(recorder_.seen[2].gaps->max_gap_s, 1.8);
+  // Batch sizes and contexts per step: [1: 100], [1+2: 101 + 50], [1: 102].
+  ASSERT_EQ(executor_.plans.size(), 3u);
+  EXPECT_EQ(executor_.plans[0].decode_requests, 1);
+  EXPECT_EQ(executor_.plans[0].decode_context_tokens, 100);
+  EXPECT_EQ(executor_.plans[1].decode_requests, 2);
+  EXPECT_EQ(executor_.plans[1].decode_context_tokens, 151);
+  EXPECT_EQ(executor_.plans[2].decode_context_tokens, 102);
+  EXPECT_EQ(engine.iterations(), 3);
+  EXPECT_EQ(engine.decode_steps(), 3);
+}
+
+TEST_F(EngineCoreTest, DecodeWaitsForHbmRoom) {
+  EngineCore engine = make({.kv_capacity_tokens = 1'000});
+  engine.expect(1, 500, 101);  // 601 tokens reserved
+  engine.expect(2, 300, 101);  // 401: does not fit beside the first
+  engine.submit_decode(1, 0, 0);
+  engine.submit_decode(2, 0, 0);
+  EXPECT_EQ(engine.decode_load().running.requests, 1);
+  EXPECT_EQ(engine.decode_load().waiting.requests, 1);
+  engine.advance_until(100);  // request 1 leaves after 100 steps, at 100 s
+  EXPECT_DOUBLE_EQ(recorder_.seen[1].finish_s, 100.0);
+  EXPECT_EQ(engine.decode_load().running.requests, 1);
+  EXPECT_EQ(engine.decode_load().running.kv_tokens, 401);
+  engine.advance_until(1'000);
+  EXPECT_DOUBLE_EQ(recorder_.seen[2].finish_s, 200.0);
+}
+
+TEST_F(EngineCoreTest, WholePromptPrefillStallsTheBatch) {
+  EngineCore engine = make({.kv_capacity_tokens = 10'000});
+  const std::vector<BlockKey> keys{1};
+  engine.submit_prompt(1, 100, 3, keys, 0);  // prefill [0, 1], decodes at 2 and ...
+  engine.advance_until(1.5);
+  EXPECT_DOUBLE_EQ(recorder_.seen[1].first_token_s, 1.0);
+  engine.submit_prompt(2, 200, 1, keys, 1.5);  // one token: finishes at its first token
+  engine.advance_until(100);
+  // Iterations: prefill 1, decode (1), prefill 2 alone (the batch stalls), decode (1).
+  ASSERT_EQ(executor_.plans.size(), 4u);
+  EXPECT_EQ(executor_.plans[0].prefill_tokens, 100);
+  EXPECT_EQ(executor_.plans[1].decode_requests, 1);
+  EXPECT_EQ(executor_.plans[2].prefill_tokens, 200);
+  EXPECT_EQ(executor_.plans[2].decode_requests, 0);
+  EXPECT_EQ(executor_.plans[3].decode_requests, 1);
+  EXPECT_DOUBLE_EQ(recorder_.seen[2].finish_s, 3.0);
+  EXPECT_FALSE(recorder_.seen[2].gaps.has_value());
+  EXPECT_DOUBLE_EQ(recorder_.seen[2].prefill_start_s, 2.0);
+  EXPECT_DOUBLE_EQ(recorder_.seen[1].finish_s, 4.0);
+  ASSERT_TRUE(recorder_.seen[1].gaps.has_value());
+  EXPECT_DOUBLE_EQ(recorder_.seen[1].gaps->max_gap_s, 2.0);  // the stalled step
+}
+
+TEST_F(EngineCoreTest, ChunkedPrefillSharesEachIterationWithDecodes) {
+  EngineCore engine = make({.kv_capacity_tokens = 10'000, .chunk_tokens = 64});
+  const std::vector<BlockKey> keys{1};
+  engine.submit_prompt(1, 10, 5, keys, 0);
+  engine.advance_until(1);  // first token at 1; decoding from then on (an iteration [1, 2] has started)
+  engine.submit_prompt(2, 150, 2, keys, 1);
+  engine.advance_until(100);
+  // From the next iteration on, with one request decoding, each iteration prefills what is left of the
+  // 64-token budget: 63, 63, 24 tokens of request 2.
+  ASSERT_GE(executor_.plans.size(), 5u);
+  EXPECT_EQ(executor_.plans[1].prefill_tokens, 0);
+  for (size_t i = 1; i <= 4; ++i) EXPECT_EQ(executor_.plans[i].decode_requests, 1) << i;
+  EXPECT_EQ(executor_.plans[2].prefill_tokens, 63);
+  EXPECT_EQ(executor_.plans[3].prefill_tokens, 63);
+  EXPECT_EQ(executor_.plans[3].prefill_prefix_tokens, 63);
+  EXPECT_EQ(executor_.plans[4].prefill_tokens, 24);
+  EXPECT_DOUBLE_EQ(recorder_.seen[2].first_token_s, 5.0);
+}
+
+TEST_F(EngineCoreTest, PrefixCacheReusesAPromptsBlocks) {
+  EngineCore engine = make({.kv_capacity_tokens = 10'000, .prefix_cache = true, .block_size_tokens = 16});
+  const std::vector<BlockKey> first{1, 2, 3};
+  const std::vector<BlockKey> second{1, 2, 4, 5};
+  engine.submit_prompt(1, 48, 1, first, 0);
+  engine.advance_until(10);
+  engine.submit_prompt(2, 64, 1, second, 10);
+  engine.advance_until(100);
+  EXPECT_EQ(recorder_.seen[1].start.hit_tokens, 0);
+  EXPECT_EQ(recorder_.seen[2].start.hit_tokens, 32);
+  EXPECT_EQ(recorder_.seen[2].start.prefill_tokens, 32);
+  EXPECT_EQ(recorder_.seen[2].start.reused_tokens, 32);
+  EXPECT_EQ(executor_.plans.back().prefill_prefix_tokens, 32);
+}
+
+TEST_F(EngineCoreTest, MockExecutorTakesTheCostModelsIterationTime) {
+  const perf::CostModel cost(*perf::model_preset("llama3-70b"), *perf::hardware_preset("8xA800"));
+  MockExecutor mock(cost);
+  IterationPlan plan;
+  plan.decode_requests = 8;
+  plan.decode_context_tokens = 80'000;
+  EXPECT_DOUBLE_EQ(mock.run_iteration_s(plan), cost.decode_step_time_s(8, 80'000));
+  plan.prefill_tokens = 512;
+  plan.prefill_prefix_tokens = 1024;
+  EXPECT_DOUBLE_EQ(mock.run_iteration_s(plan), cost.iteration_time_s(8, 80'000, 512, 1024));
+}
+
+}  // namespace
+}  // namespace crescent::engine
