@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <limits>
 
 namespace crescent::engine {
 
@@ -26,6 +27,7 @@ void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t outpu
   r.output_tokens = output_tokens;
   r.decode_steps = output_tokens - 1;
   if (cache_) r.block_keys.assign(block_keys.begin(), block_keys.end());
+  r.where = Record::Where::kQueued;
   waiting_prompts_.push_back(id);
   ++outstanding_;
   if (!busy_) start_iteration(now_s);
@@ -43,6 +45,7 @@ void EngineCore::expect(RequestId id, int64_t input_tokens, int64_t output_token
 void EngineCore::submit_decode(RequestId id, double first_token_s, double now_s) {
   Record& r = records_.at(id);
   r.first_token_s = first_token_s;
+  r.where = Record::Where::kWaitingDecode;
   add(incoming_, r, -1);
   add(waiting_decode_load_, r, +1);
   waiting_decode_.push_back(id);
@@ -76,11 +79,15 @@ bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
     r.pinned = touch_events_.pinned;
     const int64_t unpinned_blocks = cache_->size_blocks() - cache_->pinned_blocks();
     const int64_t over_tokens = reserved_kv_tokens_ + unpinned_blocks * block - options_.kv_capacity_tokens;
-    if (over_tokens > 0) cache_->evict_unpinned((over_tokens + block - 1) / block);
+    if (over_tokens > 0) cache_->evict_unpinned((over_tokens + block - 1) / block, &touch_events_);
+    if (!touch_events_.stored.empty() || !touch_events_.evicted.empty()) {
+      listener_.on_kv_event(touch_events_.stored, touch_events_.evicted, now_s);
+    }
   }
   // The last prompt token is always recomputed: its logits give the first output token (as the Conductor).
   r.prefill_tokens = std::max<int64_t>(1, r.input_tokens - hit_tokens);
   r.reused_tokens = std::max<int64_t>(0, r.input_tokens - r.prefill_tokens);
+  r.where = Record::Where::kPrefilling;
   listener_.on_prefill_start(
       id, now_s,
       {.hit_tokens = hit_tokens, .prefill_tokens = r.prefill_tokens, .reused_tokens = r.reused_tokens});
@@ -102,6 +109,7 @@ void EngineCore::admit_decodes() {
 }
 
 void EngineCore::join_batch(RequestId id, Record& r) {
+  r.where = Record::Where::kDecoding;
   add(running_, r, +1);
   r.join_step = log_.next_step();
   leaving_.emplace(r.join_step + r.decode_steps - 1, id);
@@ -144,9 +152,18 @@ void EngineCore::finish_iteration(double end_s) {
     const int64_t step = log_.next_step();
     log_.append(end_s);
     running_.context_tokens += running_.requests;
-    while (!leaving_.empty() && leaving_.top().first == step) {
+    if (options_.report_tokens) {
+      token_ids_.clear();
+      for (RequestId id : decoding_) {
+        if (!records_.at(id).finished) token_ids_.push_back(id);
+      }
+      listener_.on_tokens(token_ids_, end_s);
+    }
+    while (!leaving_.empty() && leaving_.top().first <= step) {
       const RequestId id = leaving_.top().second;
       leaving_.pop();
+      auto it = records_.find(id);
+      if (it == records_.end() || it->second.finished) continue;  // cancelled
       leave_batch(id, step, end_s);
     }
     while (!decoding_.empty() && records_.at(decoding_.front()).finished) {
@@ -155,7 +172,7 @@ void EngineCore::finish_iteration(double end_s) {
     }
     log_.trim_before(decoding_.empty() ? log_.next_step() : records_.at(decoding_.front()).join_step);
   }
-  if (plan_.prefill_tokens > 0) {
+  if (plan_.prefill_tokens > 0 && prefilling_ == plan_.prefill_request) {  // not cancelled meanwhile
     const RequestId id = *prefilling_;
     Record& r = records_.at(id);
     r.prefill_done_tokens += plan_.prefill_tokens;
@@ -169,6 +186,52 @@ void EngineCore::finish_iteration(double end_s) {
         join_batch(id, r);
       }
     }
+  }
+}
+
+double EngineCore::next_event_s() const {
+  return busy_ ? end_s_ : std::numeric_limits<double>::infinity();
+}
+
+void EngineCore::cancel(RequestId id) {
+  auto it = records_.find(id);
+  if (it == records_.end() || it->second.finished) return;
+  Record& r = it->second;
+  switch (r.where) {
+    case Record::Where::kIncoming:
+      add(incoming_, r, -1);
+      records_.erase(it);
+      return;
+    case Record::Where::kQueued:
+      std::erase(waiting_prompts_, id);
+      --outstanding_;
+      records_.erase(it);
+      return;
+    case Record::Where::kWaitingDecode:
+      std::erase(waiting_decode_, id);
+      add(waiting_decode_load_, r, -1);
+      --outstanding_;
+      records_.erase(it);
+      return;
+    case Record::Where::kPrefilling:
+      // The iteration under way may be computing its prompt: it finishes, and its result is dropped.
+      prefilling_.reset();
+      break;
+    case Record::Where::kDecoding:
+      running_.requests -= 1;
+      running_.context_tokens -= r.input_tokens + (log_.next_step() - r.join_step);
+      running_.kv_tokens -= r.input_tokens + r.output_tokens;
+      break;
+  }
+  reserved_kv_tokens_ -= r.input_tokens + r.output_tokens;
+  if (cache_) cache_->unpin(r.pinned);
+  --outstanding_;
+  if (r.where == Record::Where::kPrefilling) {
+    records_.erase(it);
+  } else {
+    r.finished = true;  // erased once it reaches the front of decoding_; its leaving_ entry is skipped
+    std::vector<BlockKey>().swap(r.pinned);
+    std::vector<BlockKey>().swap(r.block_keys);
   }
 }
 

@@ -70,6 +70,7 @@ struct EngineOptions {
   int64_t chunk_tokens = 0;
   bool prefix_cache = false;        // automatic prefix caching in HBM, blocks of block_size_tokens
   int64_t block_size_tokens = 512;  // >= 1
+  bool report_tokens = false;       // call EngineListener::on_tokens after every decode step
 };
 
 /// What admission decided for a prompt when its prefill starts.
@@ -91,6 +92,18 @@ class EngineListener {
   /// `id` produced its last token at `now_s` and left; `gaps` are its token gaps when it decoded (none for a
   /// one-token output).
   virtual void on_finished(RequestId id, double now_s, const std::optional<StepLog::Gaps>& gaps) = 0;
+  /// A decode step ended at `now_s`, giving each of `ids` one token (only with EngineOptions::report_tokens:
+  /// it costs O(batch) per step, which a live instance streaming tokens pays and the simulator does not).
+  virtual void on_tokens(std::span<const RequestId> ids, double now_s) {
+    (void)ids;
+    (void)now_s;
+  }
+  /// The prefix cache stored and evicted blocks (a KV event: ClusterState::on_kv_event).
+  virtual void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed, double now_s) {
+    (void)stored;
+    (void)removed;
+    (void)now_s;
+  }
 };
 
 /// The engine of one instance. Nothing per iteration is proportional to the batch: the running batch is a
@@ -117,6 +130,13 @@ class EngineCore {
 
   /// Virtual clock: runs (with the executor) every iteration that ends at or before `t_s`.
   void advance_until(double t_s);
+  /// When the iteration under way ends (infinity when idle): a steady-clock driver sleeps until then.
+  double next_event_s() const;
+
+  /// Drops request `id` wherever it is (queued, prefilling, waiting, decoding, incoming) and frees its HBM
+  /// reservation; the listener hears nothing more of it. A decoding request stops at once: the iteration
+  /// under way still counts it, the next does not. No-op for an unknown or finished id.
+  void cancel(RequestId id);
 
   /// Requests here and not finished: queued, prefilling, waiting for HBM or decoding (not incoming).
   int64_t outstanding() const { return outstanding_; }
@@ -141,6 +161,7 @@ class EngineCore {
     int64_t join_step = 0;  // its first decode step
     double first_token_s = 0;
     bool finished = false;
+    enum class Where { kIncoming, kQueued, kPrefilling, kWaitingDecode, kDecoding } where = Where::kIncoming;
     std::vector<BlockKey> block_keys;  // with the prefix cache
     std::vector<BlockKey> pinned;      // blocks pinned in the prefix cache while it runs
   };
@@ -175,6 +196,7 @@ class EngineCore {
                       std::greater<>>
       leaving_;
   kv::TouchEvents touch_events_;  // scratch
+  std::vector<RequestId> token_ids_;  // scratch for on_tokens
   int64_t iterations_ = 0;
   int64_t decode_steps_ = 0;
 };

@@ -29,7 +29,7 @@ struct Seen {
   std::optional<StepLog::Gaps> gaps;
 };
 
-class Recorder final : public EngineListener {
+class Recorder : public EngineListener {
  public:
   void on_prefill_start(RequestId id, double now_s, const PrefillStart& start) override {
     seen[id].prefill_start_s = now_s;
@@ -155,6 +155,45 @@ TEST_F(EngineCoreTest, PrefixCacheReusesAPromptsBlocks) {
   EXPECT_EQ(recorder_.seen[2].start.prefill_tokens, 32);
   EXPECT_EQ(recorder_.seen[2].start.reused_tokens, 32);
   EXPECT_EQ(executor_.plans.back().prefill_prefix_tokens, 32);
+}
+
+TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {
+  struct TokenRecorder : Recorder {
+    void on_tokens(std::span<const RequestId> ids, double now_s) override {
+      for (RequestId id : ids) tokens[id].push_back(now_s);
+    }
+    std::map<RequestId, std::vector<double>> tokens;
+  } recorder;
+  EngineCore engine({.kv_capacity_tokens = 1'000, .report_tokens = true}, executor_, recorder);
+  engine.expect(1, 100, 5);
+  engine.expect(2, 100, 5);
+  engine.expect(3, 100, 5);  // never arrives: cancelled while incoming
+  engine.submit_decode(1, 0, 0);
+  engine.submit_decode(2, 0, 0);
+  engine.advance_until(2);  // steps end at 1 and 2
+  EXPECT_THAT(recorder.tokens[1], ElementsAre(1.0, 2.0));
+  engine.cancel(2);  // mid-decode: the step under way (ending at 3) no longer counts it
+  engine.cancel(3);
+  EXPECT_EQ(engine.decode_load().running.requests, 1);
+  EXPECT_EQ(engine.decode_load().running.kv_tokens, 105);
+  EXPECT_EQ(engine.decode_load().incoming.requests, 0);
+  engine.advance_until(100);
+  EXPECT_THAT(recorder.tokens[1], ElementsAre(1.0, 2.0, 3.0, 4.0));
+  // It joined at the step boundary at 1 (request 1's first step was under way), then nothing after the cancel.
+  EXPECT_THAT(recorder.tokens[2], ElementsAre(2.0));
+  EXPECT_THAT(recorder.finished_order, ElementsAre(1u));
+  EXPECT_EQ(engine.outstanding(), 0);
+  EXPECT_FALSE(engine.busy());
+  // A queued prompt and one being prefilled can be cancelled too; the engine then idles.
+  const std::vector<BlockKey> keys{7};
+  engine.submit_prompt(4, 100, 3, keys, 100);
+  engine.submit_prompt(5, 100, 3, keys, 100);
+  engine.cancel(5);
+  engine.cancel(4);
+  engine.advance_until(1'000);
+  EXPECT_EQ(recorder.seen.count(4) ? recorder.seen[4].first_token_s : -1, -1);
+  EXPECT_EQ(engine.outstanding(), 0);
+  EXPECT_EQ(engine.decode_load().running.kv_tokens, 0);
 }
 
 TEST_F(EngineCoreTest, MockExecutorTakesTheCostModelsIterationTime) {

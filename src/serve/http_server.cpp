@@ -1,0 +1,400 @@
+// Beast parses requests; responses are written as plain HTTP/1.1 bytes (status line, headers, body, or
+// chunked encoding for streams) from a per-connection queue, so a stream's events can be queued from any
+// thread without a serializer per event. Every socket operation runs on the one event loop thread; other
+// threads reach a connection only by posting to it through a weak reference, so a connection that closed
+// is simply gone.
+#include "serve/http_server.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "serve/openai_api.h"
+
+namespace crescent::serve {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+namespace {
+
+// A connection that queues more than this (a client not reading its stream) is closed.
+constexpr size_t kMaxQueuedBytes = 8u << 20;
+constexpr uint32_t kHeaderLimitBytes = 16u << 10;
+
+std::string status_line(int status) {
+  const auto reason = http::obsolete_reason(static_cast<http::status>(status));
+  return fmt::format("HTTP/1.1 {} {}\r\n", status, std::string_view(reason.data(), reason.size()));
+}
+
+}  // namespace
+
+// What connections share with the server and with responders on other threads.
+struct HttpServerShared {
+  net::io_context io{1};
+  std::atomic<bool> stopped{false};
+  HttpServerOptions options;
+  HttpHandler handler;
+  std::atomic<size_t> connections{0};
+};
+
+class HttpResponder::Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, std::shared_ptr<HttpServerShared> shared)
+      : socket_(std::move(socket)), shared_(std::move(shared)), timer_(shared_->io) {
+    shared_->connections.fetch_add(1);
+  }
+  ~Session() { shared_->connections.fetch_sub(1); }
+
+  HttpServerShared& shared() { return *shared_; }
+
+  // Waits for the next request's first bytes, at most the idle timeout.
+  void await_request() {
+    state_ = State::kAwaiting;
+    arm_timer(shared_->options.idle_timeout_ms);
+    if (!reading_) read_some();
+  }
+
+  void close() {
+    if (state_ == State::kClosed) return;
+    const bool unfinished = state_ == State::kHandling || state_ == State::kStreaming;
+    state_ = State::kClosed;
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    timer_.cancel();
+    out_.clear();
+    if (unfinished && on_disconnect_) std::exchange(on_disconnect_, nullptr)();
+  }
+
+  // The responder's operations, on the event loop thread.
+  void respond(HttpResponse r) {
+    if (state_ != State::kHandling) return;
+    std::string head = status_line(r.status);
+    head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
+    for (const auto& [name, value] : r.headers) head += fmt::format("{}: {}\r\n", name, value);
+    head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    head += r.body;
+    state_ = State::kFinishing;
+    queue(std::move(head));
+  }
+  void start_stream() {
+    if (state_ != State::kHandling) return;
+    state_ = State::kStreaming;
+    queue(status_line(200) +
+          "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n" +
+          (keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n"));
+    if (!reading_) read_some();  // notices a client that goes away mid-stream
+  }
+  void write(std::string bytes) {
+    if (state_ != State::kStreaming || bytes.empty()) return;
+    queue(fmt::format("{:x}\r\n", bytes.size()) + bytes + "\r\n");
+  }
+  void end() {
+    if (state_ != State::kStreaming) return;
+    state_ = State::kFinishing;
+    queue("0\r\n\r\n");
+  }
+  void set_on_disconnect(std::function<void()> callback) {
+    if (state_ == State::kClosed) {
+      callback();
+      return;
+    }
+    on_disconnect_ = std::move(callback);
+  }
+
+ private:
+  enum class State { kAwaiting, kReading, kHandling, kStreaming, kFinishing, kClosed };
+
+  void arm_timer(int ms) {
+    timer_.expires_after(std::chrono::milliseconds(ms));
+    timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+      if (ec) return;
+      if (auto self = weak.lock()) self->close();  // idle, or a request too slow to arrive (slowloris)
+    });
+  }
+
+  // One read of whatever the client sends: the start of a request, or (mid-stream) nothing until it closes.
+  void read_some() {
+    reading_ = true;
+    auto space = buffer_.prepare(16u << 10);
+    socket_.async_read_some(space, [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->reading_ = false;
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->buffer_.commit(n);
+      self->on_bytes();
+    });
+  }
+
+  void on_bytes() {
+    if (state_ == State::kAwaiting) {
+      read_request();
+    } else if ((state_ == State::kStreaming || state_ == State::kFinishing) &&
+               buffer_.size() < kHeaderLimitBytes) {
+      read_some();  // a pipelined request: kept in the buffer for after this response
+    }
+  }
+
+  void read_request() {
+    state_ = State::kReading;
+    arm_timer(shared_->options.header_timeout_ms);
+    parser_.emplace();
+    parser_->body_limit(shared_->options.body_limit_bytes);
+    parser_->header_limit(kHeaderLimitBytes);
+    http::async_read(socket_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_request(ec); });
+  }
+
+  void on_request(beast::error_code ec) {
+    if (state_ == State::kClosed) return;
+    timer_.cancel();
+    if (ec == http::error::body_limit || ec == http::error::header_limit ||
+        ec == http::error::buffer_overflow) {
+      const bool body = ec == http::error::body_limit;
+      reject(body ? 413 : 431,
+             body ? fmt::format("request body larger than {} bytes", shared_->options.body_limit_bytes)
+                  : std::string("request headers too large"));
+      return;
+    }
+    if (ec) {
+      if (ec != http::error::end_of_stream && ec != net::error::eof && ec != net::error::operation_aborted &&
+          ec != net::error::connection_reset) {
+        reject(400, fmt::format("malformed HTTP request: {}", ec.message()));
+      } else {
+        close();
+      }
+      return;
+    }
+    auto message = parser_->release();
+    keep_alive_ = message.keep_alive();
+    HttpRequest request;
+    request.method = std::string(message.method_string());
+    const std::string_view target(message.target().data(), message.target().size());
+    request.path = std::string(target.substr(0, target.find('?')));
+    for (const auto& field : message) {
+      std::string name(field.name_string());
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      request.headers.emplace_back(std::move(name), std::string(field.value()));
+    }
+    request.body = std::move(message.body());
+    state_ = State::kHandling;
+    on_disconnect_ = nullptr;
+    shared_->handler(std::move(request), HttpResponder(shared_from_this()));
+  }
+
+  // Answers a request that could not be read with `status` and closes the connection.
+  void reject(int status, std::string message) {
+    keep_alive_ = false;
+    state_ = State::kHandling;
+    ApiError error;
+    error.http_status = status;
+    error.message = std::move(message);
+    HttpResponse response;
+    response.status = status;
+    response.body = to_json(error).dump();
+    respond(std::move(response));
+  }
+
+  void queue(std::string bytes) {
+    queued_bytes_ += bytes.size();
+    if (queued_bytes_ > kMaxQueuedBytes) {
+      close();  // the client does not read what it asked for
+      return;
+    }
+    out_.push_back(std::move(bytes));
+    if (!writing_) write_next();
+  }
+
+  void write_next() {
+    if (out_.empty() || state_ == State::kClosed) {
+      writing_ = false;
+      if (state_ == State::kFinishing) finished();
+      return;
+    }
+    writing_ = true;
+    net::async_write(socket_, net::buffer(out_.front()),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec) {
+                         self->writing_ = false;
+                         self->close();
+                         return;
+                       }
+                       self->queued_bytes_ -= self->out_.front().size();
+                       self->out_.pop_front();
+                       self->write_next();
+                     });
+  }
+
+  // The response is out: serve the next request, or close.
+  void finished() {
+    on_disconnect_ = nullptr;
+    if (!keep_alive_ || shared_->stopped) {
+      close();
+      return;
+    }
+    if (buffer_.size() > 0) {
+      read_request();  // pipelined
+    } else {
+      await_request();
+    }
+  }
+
+  tcp::socket socket_;
+  std::shared_ptr<HttpServerShared> shared_;
+  net::steady_timer timer_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  State state_ = State::kAwaiting;
+  bool reading_ = false;
+  bool writing_ = false;
+  bool keep_alive_ = true;
+  std::deque<std::string> out_;
+  size_t queued_bytes_ = 0;
+  std::function<void()> on_disconnect_;
+};
+
+namespace {
+
+// Runs `fn(session)` on the event loop if the connection still exists.
+template <typename Fn>
+void post_to(const std::shared_ptr<HttpResponder::Session>& session, Fn fn) {
+  if (!session || session->shared().stopped) return;
+  net::post(session->shared().io, [weak = std::weak_ptr(session), fn = std::move(fn)]() mutable {
+    if (auto s = weak.lock()) fn(*s);
+  });
+}
+
+}  // namespace
+
+std::string HttpRequest::header(std::string_view name) const {
+  for (const auto& [n, v] : headers) {
+    if (n == name) return v;
+  }
+  return "";
+}
+
+void HttpResponder::respond(HttpResponse response) const {
+  post_to(session_, [r = std::move(response)](Session& s) mutable { s.respond(std::move(r)); });
+}
+void HttpResponder::start_stream() const {
+  post_to(session_, [](Session& s) { s.start_stream(); });
+}
+void HttpResponder::write(std::string bytes) const {
+  post_to(session_, [b = std::move(bytes)](Session& s) mutable { s.write(std::move(b)); });
+}
+void HttpResponder::end() const {
+  post_to(session_, [](Session& s) { s.end(); });
+}
+void HttpResponder::on_disconnect(std::function<void()> callback) const {
+  post_to(session_, [c = std::move(callback)](Session& s) mutable { s.set_on_disconnect(std::move(c)); });
+}
+
+class HttpServer::Impl {
+ public:
+  explicit Impl(std::shared_ptr<HttpServerShared> shared)
+      : shared_(std::move(shared)), acceptor_(shared_->io) {}
+
+  Status listen() {
+    beast::error_code ec;
+    const auto address = net::ip::make_address(shared_->options.host, ec);
+    if (ec) {
+      return Status::invalid_argument(
+          fmt::format("--host '{}' is not an IP address: {}", shared_->options.host, ec.message()));
+    }
+    const tcp::endpoint endpoint(address, static_cast<unsigned short>(shared_->options.port));
+    const std::string where = fmt::format("{}:{}", shared_->options.host, shared_->options.port);
+    if (acceptor_.open(endpoint.protocol(), ec); ec)
+      return Status::unavailable(fmt::format("http: open {}: {}", where, ec.message()));
+    acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (acceptor_.bind(endpoint, ec); ec)
+      return Status::unavailable(fmt::format("http: bind {}: {}", where, ec.message()));
+    if (acceptor_.listen(net::socket_base::max_listen_connections, ec); ec)
+      return Status::unavailable(fmt::format("http: listen {}: {}", where, ec.message()));
+    port_ = acceptor_.local_endpoint().port();
+    accept();
+    thread_ = std::thread([this] { shared_->io.run(); });
+    return Status();
+  }
+
+  void stop() {
+    if (shared_->stopped.exchange(true)) return;
+    net::post(shared_->io, [this] {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+      for (auto& [raw, weak] : sessions_) {
+        if (auto s = weak.lock()) s->close();
+      }
+      sessions_.clear();
+    });
+    // Closing cancels every pending operation; the loop then runs out of work and returns.
+    if (thread_.joinable()) thread_.join();
+  }
+
+  int port() const { return port_; }
+  size_t connections() const { return shared_->connections.load(); }
+
+ private:
+  void accept() {
+    acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (ec) return;  // closed by stop()
+      if (shared_->connections.load() >= shared_->options.max_connections) {
+        beast::error_code ignored;
+        socket.close(ignored);
+      } else {
+        socket.set_option(tcp::no_delay(true));
+        auto session = std::make_shared<HttpResponder::Session>(std::move(socket), shared_);
+        // Forget closed sessions now and then, so the registry stays the size of the open ones.
+        if (sessions_.size() > 2 * shared_->connections.load() + 64) {
+          std::erase_if(sessions_, [](const auto& entry) { return entry.second.expired(); });
+        }
+        sessions_[session.get()] = session;
+        session->await_request();
+      }
+      accept();
+    });
+  }
+
+  std::shared_ptr<HttpServerShared> shared_;
+  tcp::acceptor acceptor_;
+  std::thread thread_;
+  int port_ = 0;
+  std::unordered_map<HttpResponder::Session*, std::weak_ptr<HttpResponder::Session>> sessions_;  // loop only
+};
+
+Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options, HttpHandler handler) {
+  auto shared = std::make_shared<HttpServerShared>();
+  shared->options = options;
+  shared->handler = std::move(handler);
+  auto impl = std::make_unique<Impl>(shared);
+  CRESCENT_RETURN_IF_ERROR(impl->listen());
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() {
+  stop();
+}
+int HttpServer::port() const {
+  return impl_->port();
+}
+void HttpServer::stop() {
+  impl_->stop();
+}
+size_t HttpServer::connections() const {
+  return impl_->connections();
+}
+
+}  // namespace crescent::serve

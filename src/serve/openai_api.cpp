@@ -1,0 +1,388 @@
+#include "serve/openai_api.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+namespace crescent::serve {
+namespace {
+
+using nlohmann::json;
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an integer";
+  }
+}
+
+// Reads optional field `name` of `body` with `read`; false (error set) when present with the wrong type or
+// value. A null value counts as absent, as the OpenAI API treats it.
+template <typename Read>
+bool optional_field(const json& body, const char* name, ApiError& error, Read read) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  return read(*it, error);
+}
+
+bool read_bool(const json& v, const char* name, bool& out, ApiError& error) {
+  if (!v.is_boolean()) {
+    error = ApiError::bad_field(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(v)));
+    return false;
+  }
+  out = v.get<bool>();
+  return true;
+}
+
+bool read_int(const json& v, const char* name, int64_t min, int64_t& out, ApiError& error) {
+  if (!v.is_number_integer()) {
+    error = ApiError::bad_field(name, fmt::format("'{}' must be an integer, got {}", name, type_name(v)));
+    return false;
+  }
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    error = ApiError::bad_field(name, fmt::format("'{}' is too large: {}", name, v.dump()));
+    return false;
+  }
+  out = v.get<int64_t>();
+  if (out < min) {
+    error = ApiError::bad_field(name, fmt::format("'{}' must be >= {}, got {}", name, min, out));
+    return false;
+  }
+  return true;
+}
+
+bool read_number(const json& v, const char* name, double lo, double hi, bool lo_open, double& out,
+                 ApiError& error) {
+  if (!v.is_number()) {
+    error = ApiError::bad_field(name, fmt::format("'{}' must be a number, got {}", name, type_name(v)));
+    return false;
+  }
+  out = v.get<double>();
+  if (!(lo_open ? out > lo : out >= lo) || !(out <= hi)) {
+    error = ApiError::bad_field(
+        name, fmt::format("'{}' must be in {}{}, {}], got {}", name, lo_open ? "(" : "[", lo, hi, out));
+    return false;
+  }
+  return true;
+}
+
+bool read_prompt(const json& v, CompletionRequest& r, ApiError& error) {
+  if (v.is_string()) {
+    r.prompt_text = v.get<std::string>();
+    return true;
+  }
+  if (v.is_array()) {
+    // One prompt as token ids, or a one-element list of prompts (text or ids).
+    if (v.size() == 1 && (v[0].is_string() || v[0].is_array())) return read_prompt(v[0], r, error);
+    if (!v.empty() && (v[0].is_string() || v[0].is_array())) {
+      error = ApiError::bad_field("prompt", fmt::format("several prompts in one request are not supported "
+                                                        "(got {}); send one request per prompt",
+                                                        v.size()));
+      return false;
+    }
+    r.prompt_is_token_ids = true;
+    r.prompt_token_ids.reserve(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_number_integer() || v[i].get<int64_t>() < 0) {
+        error = ApiError::bad_field(
+            "prompt", fmt::format("'prompt' as token ids must hold non-negative integers; element {} is {}",
+                                  i, v[i].dump()));
+        return false;
+      }
+      r.prompt_token_ids.push_back(v[i].get<int64_t>());
+    }
+    if (r.prompt_token_ids.empty()) {
+      error = ApiError::bad_field("prompt", "'prompt' is empty");
+      return false;
+    }
+    return true;
+  }
+  error = ApiError::bad_field(
+      "prompt", fmt::format("'prompt' must be a string or an array of token ids, got {}", type_name(v)));
+  return false;
+}
+
+bool read_messages(const json& v, CompletionRequest& r, ApiError& error) {
+  if (!v.is_array() || v.empty()) {
+    error = ApiError::bad_field("messages", "'messages' must be a non-empty array of {role, content}");
+    return false;
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& m = v[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      error = ApiError::bad_field(where, fmt::format("'{}' must be an object with a string 'role'", where));
+      return false;
+    }
+    ChatMessage message{m["role"].get<std::string>(), ""};
+    static constexpr std::string_view kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+    if (std::find(std::begin(kRoles), std::end(kRoles), message.role) == std::end(kRoles)) {
+      error = ApiError::bad_field(where + ".role",
+                                  fmt::format("'{}.role' must be system, developer, user, assistant or tool; "
+                                              "got '{}'",
+                                              where, message.role));
+      return false;
+    }
+    const json content = m.value("content", json());
+    if (content.is_string()) {
+      message.content = content.get<std::string>();
+    } else if (content.is_array()) {
+      for (const json& part : content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          error = ApiError::bad_field(
+              where + ".content", fmt::format("'{}.content' parts must be {{\"type\": \"text\", \"text\": "
+                                              "string}} (this model reads text only)",
+                                              where));
+          return false;
+        }
+        message.content += part["text"].get<std::string>();
+      }
+    } else if (!content.is_null()) {
+      error = ApiError::bad_field(
+          where + ".content", fmt::format("'{}.content' must be a string or an array of text parts, got {}",
+                                          where, type_name(content)));
+      return false;
+    }
+    r.messages.push_back(std::move(message));
+  }
+  return true;
+}
+
+json header_fields(const ResponseHeader& header, const char* object) {
+  return {{"id", header.id}, {"object", object}, {"created", header.created}, {"model", header.model}};
+}
+
+json finish_value(std::string_view finish_reason) {
+  return finish_reason.empty() ? json() : json(finish_reason);
+}
+
+}  // namespace
+
+ApiError ApiError::bad_field(std::string param, std::string message) {
+  ApiError e;
+  e.http_status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+json to_json(const ApiError& error) {
+  return {{"error",
+           {{"message", error.message},
+            {"type", error.type},
+            {"param", error.param.empty() ? json() : json(error.param)},
+            {"code", error.code.empty() ? json() : json(error.code)}}}};
+}
+
+std::optional<CompletionRequest> parse_completion_request(const json& body, Endpoint endpoint,
+                                                          ApiError& error) {
+  if (!body.is_object()) {
+    error = ApiError::bad_field(
+        "", fmt::format("the request body must be a JSON object, got {}", type_name(body)));
+    return std::nullopt;
+  }
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  auto model = body.find("model");
+  if (model == body.end() || !model->is_string()) {
+    error = ApiError::bad_field(
+        "model", model == body.end() ? "'model' is required"
+                                     : fmt::format("'model' must be a string, got {}", type_name(*model)));
+    return std::nullopt;
+  }
+  r.model = model->get<std::string>();
+  if (endpoint == Endpoint::kCompletions) {
+    auto prompt = body.find("prompt");
+    if (prompt == body.end() || prompt->is_null()) {
+      error = ApiError::bad_field("prompt", "'prompt' is required");
+      return std::nullopt;
+    }
+    if (!read_prompt(*prompt, r, error)) return std::nullopt;
+  } else {
+    auto messages = body.find("messages");
+    if (messages == body.end()) {
+      error = ApiError::bad_field("messages", "'messages' is required");
+      return std::nullopt;
+    }
+    if (!read_messages(*messages, r, error)) return std::nullopt;
+  }
+
+  int64_t value = 0;
+  // Chat's newer name for max_tokens; either may be given.
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    if (!optional_field(body, name, error, [&](const json& v, ApiError& e) {
+          if (!read_int(v, name, 1, value, e)) return false;
+          r.max_tokens = value;
+          return true;
+        })) {
+      return std::nullopt;
+    }
+  }
+  if (!optional_field(body, "min_tokens", error, [&](const json& v, ApiError& e) {
+        return read_int(v, "min_tokens", 0, r.min_tokens, e);
+      })) {
+    return std::nullopt;
+  }
+  if (r.max_tokens && r.min_tokens > *r.max_tokens) {
+    error = ApiError::bad_field(
+        "min_tokens",
+        fmt::format("'min_tokens' ({}) must not exceed 'max_tokens' ({})", r.min_tokens, *r.max_tokens));
+    return std::nullopt;
+  }
+  int64_t n = 1;
+  if (!optional_field(body, "n", error,
+                      [&](const json& v, ApiError& e) { return read_int(v, "n", 1, n, e); })) {
+    return std::nullopt;
+  }
+  if (n != 1) {
+    error = ApiError::bad_field("n", fmt::format("'n' must be 1 (one choice per request), got {}", n));
+    return std::nullopt;
+  }
+  if (!optional_field(
+          body, "ignore_eos", error,
+          [&](const json& v, ApiError& e) { return read_bool(v, "ignore_eos", r.ignore_eos, e); }) ||
+      !optional_field(body, "stream", error,
+                      [&](const json& v, ApiError& e) { return read_bool(v, "stream", r.stream, e); })) {
+    return std::nullopt;
+  }
+  auto options = body.find("stream_options");
+  if (options != body.end() && !options->is_null()) {
+    if (!r.stream) {
+      error = ApiError::bad_field("stream_options", "'stream_options' is only allowed when 'stream' is true");
+      return std::nullopt;
+    }
+    if (!options->is_object()) {
+      error = ApiError::bad_field(
+          "stream_options", fmt::format("'stream_options' must be an object, got {}", type_name(*options)));
+      return std::nullopt;
+    }
+    if (!optional_field(*options, "include_usage", error, [&](const json& v, ApiError& e) {
+          return read_bool(v, "stream_options.include_usage", r.include_usage, e);
+        })) {
+      return std::nullopt;
+    }
+  }
+  if (!optional_field(body, "seed", error, [&](const json& v, ApiError& e) {
+        if (!v.is_number_integer()) {
+          e = ApiError::bad_field("seed", fmt::format("'seed' must be an integer, got {}", type_name(v)));
+          return false;
+        }
+        r.seed = v.get<uint64_t>();  // negative seeds wrap, as a 64-bit seed
+        return true;
+      })) {
+    return std::nullopt;
+  }
+  if (!optional_field(body, "temperature", error,
+                      [&](const json& v, ApiError& e) {
+                        return read_number(v, "temperature", 0, 2, false, r.temperature, e);
+                      }) ||
+      !optional_field(body, "top_p", error, [&](const json& v, ApiError& e) {
+        return read_number(v, "top_p", 0, 1, true, r.top_p, e);
+      })) {
+    return std::nullopt;
+  }
+  if (!optional_field(body, "stop", error, [&](const json& v, ApiError& e) {
+        if (v.is_string()) {
+          r.stop.push_back(v.get<std::string>());
+        } else if (v.is_array() && v.size() <= 4 &&
+                   std::all_of(v.begin(), v.end(), [](const json& s) { return s.is_string(); })) {
+          for (const json& s : v) r.stop.push_back(s.get<std::string>());
+        } else {
+          e = ApiError::bad_field("stop", "'stop' must be a string or an array of at most 4 strings");
+          return false;
+        }
+        std::erase_if(r.stop, [](const std::string& s) { return s.empty(); });
+        return true;
+      })) {
+    return std::nullopt;
+  }
+  return r;
+}
+
+std::string render_chat_prompt(const std::vector<ChatMessage>& messages) {
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    out += "<|" + m.role + "|>\n";
+    out += m.content;
+    out += "\n";
+  }
+  out += "<|assistant|>\n";
+  return out;
+}
+
+json to_json(const Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+}
+
+json completion_response(Endpoint endpoint, const ResponseHeader& header, std::string_view text,
+                         std::string_view finish_reason, const Usage& usage) {
+  json out;
+  if (endpoint == Endpoint::kCompletions) {
+    out = header_fields(header, "text_completion");
+    out["choices"] = json::array({{{"index", 0},
+                                   {"text", text},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", finish_value(finish_reason)}}});
+  } else {
+    out = header_fields(header, "chat.completion");
+    out["choices"] = json::array({{{"index", 0},
+                                   {"message", {{"role", "assistant"}, {"content", text}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", finish_value(finish_reason)}}});
+  }
+  out["usage"] = to_json(usage);
+  return out;
+}
+
+json stream_chunk(Endpoint endpoint, const ResponseHeader& header, std::string_view text, bool first,
+                  std::string_view finish_reason) {
+  json out;
+  if (endpoint == Endpoint::kCompletions) {
+    out = header_fields(header, "text_completion");
+    out["choices"] = json::array({{{"index", 0},
+                                   {"text", text},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", finish_value(finish_reason)}}});
+  } else {
+    out = header_fields(header, "chat.completion.chunk");
+    json delta = {{"content", text}};
+    if (first) delta["role"] = "assistant";
+    out["choices"] = json::array({{{"index", 0},
+                                   {"delta", delta},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", finish_value(finish_reason)}}});
+  }
+  return out;
+}
+
+json usage_chunk(Endpoint endpoint, const ResponseHeader& header, const Usage& usage) {
+  json out =
+      header_fields(header, endpoint == Endpoint::kCompletions ? "text_completion" : "chat.completion.chunk");
+  out["choices"] = json::array();
+  out["usage"] = to_json(usage);
+  return out;
+}
+
+std::string sse_event(const json& chunk) {
+  // Invalid UTF-8 (a byte-level token cut inside a character) is replaced, never thrown on.
+  return "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace crescent::serve
