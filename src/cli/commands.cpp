@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <cstdio>
 #include <exception>
@@ -30,6 +31,21 @@ void run_guarded(int& exit_code, const std::function<int()>& body) {
     std::fprintf(stderr, "error: %s\n", e.what());
     exit_code = 1;
   }
+}
+
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int wait_for_stop_signal(const sigset_t& set) {
+  int signal = 0;
+  sigwait(&set, &signal);
+  return signal;
 }
 
 }  // namespace crescent::cli

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,6 +34,12 @@ std::string dump_json(const Json& j, int indent = -1) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+/// Blocks SIGINT and SIGTERM in this thread and every thread started after it, so wait_for_stop_signal can
+/// take them (servers: call before starting threads).
+sigset_t block_stop_signals();
+/// Waits for one of `set`'s signals; returns its number.
+int wait_for_stop_signal(const sigset_t& set);
+
 /// `crescent analyze TRACE...` (cli/analyze.cpp).
 void register_analyze(CLI::App& app, int& exit_code);
 /// `crescent simulate TRACE` (cli/simulate.cpp).
@@ -45,5 +52,7 @@ void register_bench(CLI::App& app, int& exit_code);
 void register_bench_store(CLI::App& bench_cmd, int& exit_code);
 /// `crescent store master|node|stat|put|get|rm` (cli/store.cpp).
 void register_store(CLI::App& app, int& exit_code);
+/// `crescent serve` (cli/serve.cpp).
+void register_serve(CLI::App& app, int& exit_code);
 
 }  // namespace crescent::cli

@@ -32,22 +32,6 @@ int store_fail(const Status& status) {
   return status.code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
 }
 
-/// Blocks SIGINT and SIGTERM in this thread and every thread started after it, so sigwait can take them.
-sigset_t block_stop_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
-}
-
-int wait_for_stop_signal(const sigset_t& set) {
-  int signal = 0;
-  sigwait(&set, &signal);
-  return signal;
-}
-
 struct MasterArgs {
   std::string listen = "127.0.0.1:50051";
   std::string metrics = "127.0.0.1:9151";

@@ -1,8 +1,7 @@
 // Beast parses requests; responses are written as plain HTTP/1.1 bytes (status line, headers, body, or
 // chunked encoding for streams) from a per-connection queue, so a stream's events can be queued from any
 // thread without a serializer per event. Every socket operation runs on the one event loop thread; other
-// threads reach a connection only by posting to it through a weak reference, so a connection that closed
-// is simply gone.
+// threads reach a connection only by posting to it, and a connection that closed ignores what arrives.
 #include "serve/http_server.h"
 
 #include <fmt/format.h>
@@ -73,13 +72,18 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
     timer_.cancel();
-    out_.clear();
+    if (!writing_) {  // else the write in flight owns out_.front(): its completion clears the queue
+      out_.clear();
+      queued_bytes_ = 0;
+    }
     if (unfinished && on_disconnect_) std::exchange(on_disconnect_, nullptr)();
   }
 
   // The responder's operations, on the event loop thread.
   void respond(HttpResponse r) {
-    if (state_ != State::kHandling) return;
+    // A stream whose headers have not gone out yet may still be answered whole (a refusal).
+    if (state_ != State::kHandling && !(state_ == State::kStreaming && stream_headers_pending_)) return;
+    stream_headers_pending_ = false;
     std::string head = status_line(r.status);
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
     for (const auto& [name, value] : r.headers) head += fmt::format("{}: {}\r\n", name, value);
@@ -91,19 +95,26 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   void start_stream() {
     if (state_ != State::kHandling) return;
     state_ = State::kStreaming;
-    queue(status_line(200) +
-          "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n" +
-          (keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n"));
-    if (!reading_) read_some();  // notices a client that goes away mid-stream
+    stream_headers_pending_ = true;  // sent with the first bytes, so a refusal can still be a whole response
+    if (!reading_) read_some();      // notices a client that goes away mid-stream
   }
   void write(std::string bytes) {
     if (state_ != State::kStreaming || bytes.empty()) return;
+    send_stream_headers();
     queue(fmt::format("{:x}\r\n", bytes.size()) + bytes + "\r\n");
   }
   void end() {
     if (state_ != State::kStreaming) return;
+    send_stream_headers();
     state_ = State::kFinishing;
     queue("0\r\n\r\n");
+  }
+  void send_stream_headers() {
+    if (!stream_headers_pending_) return;
+    stream_headers_pending_ = false;
+    queue(status_line(200) +
+          "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n" +
+          (keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n"));
   }
   void set_on_disconnect(std::function<void()> callback) {
     if (state_ == State::kClosed) {
@@ -209,6 +220,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   }
 
   void queue(std::string bytes) {
+    if (state_ == State::kClosed) return;
     queued_bytes_ += bytes.size();
     if (queued_bytes_ > kMaxQueuedBytes) {
       close();  // the client does not read what it asked for
@@ -227,8 +239,10 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     net::async_write(socket_, net::buffer(out_.front()),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
-                       if (ec) {
+                       if (ec || self->state_ == State::kClosed) {
                          self->writing_ = false;
+                         self->out_.clear();
+                         self->queued_bytes_ = 0;
                          self->close();
                          return;
                        }
@@ -261,6 +275,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   bool reading_ = false;
   bool writing_ = false;
   bool keep_alive_ = true;
+  bool stream_headers_pending_ = false;
   std::deque<std::string> out_;
   size_t queued_bytes_ = 0;
   std::function<void()> on_disconnect_;
@@ -268,13 +283,12 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
 
 namespace {
 
-// Runs `fn(session)` on the event loop if the connection still exists.
+// Runs `fn(session)` on the event loop (a closed session ignores it). The posted call holds the session, so
+// a response given before the handler returns outlives the handler's responder.
 template <typename Fn>
 void post_to(const std::shared_ptr<HttpResponder::Session>& session, Fn fn) {
   if (!session || session->shared().stopped) return;
-  net::post(session->shared().io, [weak = std::weak_ptr(session), fn = std::move(fn)]() mutable {
-    if (auto s = weak.lock()) fn(*s);
-  });
+  net::post(session->shared().io, [session, fn = std::move(fn)]() mutable { fn(*session); });
 }
 
 }  // namespace

@@ -44,7 +44,9 @@ class HttpResponder {
 
   /// Sends a whole response.
   void respond(HttpResponse response) const;
-  /// Starts a `text/event-stream` response (chunked); then write() events and end() it.
+  /// Starts a `text/event-stream` response (chunked); then write() events and end() it. The status line
+  /// and headers go out with the first write() or end(): until then respond() may still answer whole
+  /// (e.g. a 429 decided after the stream was opened).
   void start_stream() const;
   /// Sends bytes of the stream (e.g. one SSE event).
   void write(std::string bytes) const;

@@ -1,0 +1,219 @@
+#include "serve/frontend.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+
+#include "serve/openai_api.h"
+
+namespace crescent::serve {
+namespace {
+
+using nlohmann::json;
+
+HttpResponse json_response(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+HttpResponse error_response(const ApiError& error) {
+  HttpResponse r = json_response(error.http_status, to_json(error));
+  if (error.http_status == 429) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+ApiError make_error(int status, std::string type, std::string code, std::string message) {
+  ApiError e;
+  e.http_status = status;
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.message = std::move(message);
+  return e;
+}
+
+// What one request's callbacks share; touched only on the cluster's driver thread after submit.
+struct Exchange {
+  HttpResponder responder{nullptr};
+  Endpoint endpoint = Endpoint::kCompletions;
+  ResponseHeader header;
+  bool stream = false;
+  bool include_usage = false;
+  bool first_chunk = true;
+  std::string text;  // non-streamed: the answer so far
+};
+
+class Frontend {
+ public:
+  Frontend(LocalCluster& cluster, FrontendOptions options)
+      : cluster_(cluster), options_(std::move(options)) {}
+
+  void handle(HttpRequest request, HttpResponder responder) {
+    if (request.path == "/health") {
+      if (request.method != "GET") return responder.respond(method_not_allowed("GET"));
+      return responder.respond(json_response(200, {{"status", "ok"}}));
+    }
+    if (request.path == "/v1/models") {
+      if (!authorized(request)) return responder.respond(unauthorized());
+      if (request.method != "GET") return responder.respond(method_not_allowed("GET"));
+      return responder.respond(
+          json_response(200, {{"object", "list"},
+                              {"data", json::array({{{"id", options_.model_name},
+                                                     {"object", "model"},
+                                                     {"created", started_unix_s_},
+                                                     {"owned_by", "crescent"},
+                                                     {"max_model_len", cluster_.max_context_tokens()}}})}}));
+    }
+    Endpoint endpoint;
+    if (request.path == "/v1/completions") {
+      endpoint = Endpoint::kCompletions;
+    } else if (request.path == "/v1/chat/completions") {
+      endpoint = Endpoint::kChatCompletions;
+    } else {
+      return responder.respond(error_response(make_error(
+          404, "not_found_error", "", fmt::format("no route {} {}", request.method, request.path))));
+    }
+    if (!authorized(request)) return responder.respond(unauthorized());
+    if (request.method != "POST") return responder.respond(method_not_allowed("POST"));
+    complete(endpoint, request, std::move(responder));
+  }
+
+ private:
+  bool authorized(const HttpRequest& request) const {
+    return options_.api_key.empty() || request.header("authorization") == "Bearer " + options_.api_key;
+  }
+  static HttpResponse unauthorized() {
+    return error_response(make_error(401, "authentication_error", "invalid_api_key",
+                                     "missing or wrong API key (send \"Authorization: Bearer <key>\")"));
+  }
+  static HttpResponse method_not_allowed(const char* allowed) {
+    HttpResponse r = error_response(
+        make_error(405, "invalid_request_error", "method_not_allowed", fmt::format("use {}", allowed)));
+    r.headers.emplace_back("Allow", allowed);
+    return r;
+  }
+
+  void complete(Endpoint endpoint, const HttpRequest& http_request, HttpResponder responder) {
+    json body = json::parse(http_request.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded()) {
+      return responder.respond(error_response(ApiError::bad_field("", "the request body is not valid JSON")));
+    }
+    ApiError error;
+    std::optional<CompletionRequest> parsed = parse_completion_request(body, endpoint, error);
+    if (!parsed) return responder.respond(error_response(error));
+    CompletionRequest& r = *parsed;
+    if (r.model != options_.model_name) {
+      return responder.respond(error_response(make_error(
+          404, "invalid_request_error", "model_not_found",
+          fmt::format("model '{}' does not exist; this server serves '{}'", r.model, options_.model_name))));
+    }
+    ClusterRequest request;
+    if (r.prompt_is_token_ids) {
+      for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) {
+        if (r.prompt_token_ids[i] >= kByteVocabulary) {
+          return responder.respond(error_response(ApiError::bad_field(
+              "prompt", fmt::format("token id {} at position {} is outside the vocabulary (0..{})",
+                                    r.prompt_token_ids[i], i, kByteVocabulary - 1))));
+        }
+      }
+      request.prompt_token_ids = std::move(r.prompt_token_ids);
+    } else {
+      const std::string text =
+          endpoint == Endpoint::kChatCompletions ? render_chat_prompt(r.messages) : r.prompt_text;
+      request.prompt_token_ids.reserve(text.size());
+      for (unsigned char c : text) request.prompt_token_ids.push_back(c);
+    }
+    if (request.prompt_token_ids.empty()) {
+      return responder.respond(error_response(ApiError::bad_field("prompt", "the prompt is empty")));
+    }
+    const auto input = static_cast<int64_t>(request.prompt_token_ids.size());
+    const int64_t limit = cluster_.max_context_tokens();
+    request.max_tokens = r.max_tokens.value_or(
+        endpoint == Endpoint::kCompletions ? options_.default_max_tokens : options_.default_chat_max_tokens);
+    if (input + request.max_tokens > limit) {
+      ApiError e = ApiError::bad_field(
+          r.max_tokens ? "max_tokens" : "prompt",
+          fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceed the model's context of {} tokens",
+                      input, request.max_tokens, limit));
+      e.code = "context_length_exceeded";
+      return responder.respond(error_response(e));
+    }
+    request.seed = r.seed.value_or(next_id_.load());
+
+    auto exchange = std::make_shared<Exchange>();
+    exchange->responder = responder;
+    exchange->endpoint = endpoint;
+    exchange->stream = r.stream;
+    exchange->include_usage = r.include_usage;
+    const uint64_t serial = next_id_.fetch_add(1);
+    exchange->header.id =
+        fmt::format("{}-{:016x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl", serial);
+    exchange->header.created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    exchange->header.model = options_.model_name;
+    if (r.stream) responder.start_stream();
+
+    RequestCallbacks callbacks;
+    callbacks.on_tokens = [exchange](std::span<const int64_t> tokens) {
+      std::string piece;
+      for (int64_t t : tokens) piece.push_back(static_cast<char>(t));
+      if (exchange->stream) {
+        exchange->responder.write(
+            sse_event(stream_chunk(exchange->endpoint, exchange->header, piece, exchange->first_chunk, "")));
+        exchange->first_chunk = false;
+      } else {
+        exchange->text += piece;
+      }
+    };
+    callbacks.on_done = [exchange](const RequestSummary& s) {
+      const Usage usage{s.prompt_tokens, s.completion_tokens, s.cached_tokens};
+      if (exchange->stream) {
+        std::string tail = sse_event(stream_chunk(exchange->endpoint, exchange->header, "", false, "length"));
+        if (exchange->include_usage)
+          tail += sse_event(usage_chunk(exchange->endpoint, exchange->header, usage));
+        tail += kSseDone;
+        exchange->responder.write(std::move(tail));
+        exchange->responder.end();
+      } else {
+        exchange->responder.respond(json_response(
+            200, completion_response(exchange->endpoint, exchange->header, exchange->text, "length", usage)));
+      }
+    };
+    uint64_t id = 0;
+    const conductor::Decision decision = cluster_.submit(std::move(request), std::move(callbacks), id);
+    if (decision.rejected != conductor::RejectReason::kNone) {
+      const bool never = decision.rejected == conductor::RejectReason::kContextLength;
+      ApiError e =
+          make_error(never ? 400 : 429, never ? "invalid_request_error" : "rate_limit_error",
+                     std::string(conductor::to_string(decision.rejected)),
+                     never ? "the request can never fit a decode instance's KV cache"
+                           : fmt::format("the cluster is overloaded (admission refused it: {}); retry later",
+                                         conductor::to_string(decision.rejected)));
+      responder.respond(error_response(e));  // the stream's headers have not gone out yet
+      return;
+    }
+    responder.on_disconnect([this, id] { cluster_.cancel(id); });
+  }
+
+  LocalCluster& cluster_;
+  const FrontendOptions options_;
+  const int64_t started_unix_s_ =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::atomic<uint64_t> next_id_{1};
+};
+
+}  // namespace
+
+HttpHandler make_frontend(LocalCluster& cluster, FrontendOptions options) {
+  auto frontend = std::make_shared<Frontend>(cluster, std::move(options));
+  return [frontend](HttpRequest request, HttpResponder responder) {
+    frontend->handle(std::move(request), std::move(responder));
+  };
+}
+
+}  // namespace crescent::serve

@@ -1,0 +1,30 @@
+// The Conductor's HTTP front end: OpenAI-compatible routes over a LocalCluster (serving-notes.md).
+//   POST /v1/completions, POST /v1/chat/completions   (stream or not; 429 + Retry-After when admission
+//                                                       refuses, 400 for a prompt that can never fit)
+//   GET /v1/models, GET /health
+// Prompts are tokenized byte by byte (token id = byte value, vocabulary 256), the mock model's tokenizer;
+// token-id prompts are used as given.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "serve/http_server.h"
+#include "serve/local_cluster.h"
+
+namespace crescent::serve {
+
+struct FrontendOptions {
+  std::string model_name = "mock";        // what /v1/models lists and requests must name
+  std::string api_key;                    // non-empty: requests need "Authorization: Bearer <key>" (else 401)
+  int64_t default_max_tokens = 16;        // /v1/completions without max_tokens (the OpenAI default)
+  int64_t default_chat_max_tokens = 256;  // /v1/chat/completions without max_tokens (the mock never stops)
+};
+
+/// Vocabulary of the byte tokenizer: token ids 0..255.
+inline constexpr int64_t kByteVocabulary = 256;
+
+/// The handler serving the routes above with `cluster` (which must outlive every request it answers).
+HttpHandler make_frontend(LocalCluster& cluster, FrontendOptions options);
+
+}  // namespace crescent::serve

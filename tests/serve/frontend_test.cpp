@@ -1,0 +1,235 @@
+// The front end end to end over loopback: an in-process LocalCluster (mock engines of the bundled
+// paper-fig5 model, 2 prefill + 2 decode) behind the HTTP server on a free port.
+#include "serve/frontend.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "sim/cluster_config.h"
+
+namespace crescent::serve {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+class FrontendTest : public ::testing::Test {
+ protected:
+  void start(FrontendOptions frontend = {}, HttpServerOptions http = {}, const char* admission = "none",
+             double ttft_slo_s = 30) {
+    auto config = sim::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    config->prefill_instances = 2;
+    config->decode_instances = 2;
+    config->slo.ttft_s = ttft_slo_s;
+    auto cluster = LocalCluster::start({.config = *config,
+                                        .policy = conductor::PrefillPolicy::kGlobalCacheAware,
+                                        .admission = *conductor::parse_admission(admission),
+                                        .block_size_tokens = 512});
+    ASSERT_TRUE(cluster.ok()) << cluster.status().message();
+    cluster_ = std::move(*cluster);
+    http.port = 0;
+    auto server = HttpServer::start(http, make_frontend(*cluster_, frontend));
+    ASSERT_TRUE(server.ok()) << server.status().message();
+    server_ = std::move(*server);
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(10, 0);
+  }
+
+  void TearDown() override {
+    if (server_) server_->stop();
+  }
+
+  httplib::Result post(const std::string& path, const json& body, httplib::Headers headers = {}) {
+    return client_->Post(path.c_str(), headers, body.dump(), "application/json");
+  }
+
+  // Posts a streaming request; returns the SSE data payloads in order ("[DONE]" included).
+  std::vector<std::string> stream(const std::string& path, const json& body) {
+    std::string raw;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      raw.append(data, n);
+      return true;
+    };
+    auto res = client_->send(req);
+    EXPECT_TRUE(res) << httplib::to_string(res.error());
+    if (res) {
+      EXPECT_EQ(res->status, 200);
+      EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+    }
+    std::vector<std::string> events;
+    for (size_t at = 0; (at = raw.find("data: ", at)) != std::string::npos;) {
+      const size_t end = raw.find("\n\n", at);
+      events.push_back(raw.substr(at + 6, end - at - 6));
+      at = end;
+    }
+    return events;
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(FrontendTest, CompletesWholeAndReportsUsage) {
+  start();
+  auto res = post("/v1/completions", {{"model", "mock"}, {"prompt", "Hello"}, {"max_tokens", 5}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["choices"][0]["text"].get<std::string>().size(), 5u);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 5);
+  // Token-id prompts are used as given; the same seed gives the same text.
+  json ids = {{"model", "mock"}, {"prompt", {72, 105, 33}}, {"max_tokens", 6}, {"seed", 9}};
+  auto a = post("/v1/completions", ids);
+  auto b = post("/v1/completions", ids);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(json::parse(a->body)["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(json::parse(a->body)["choices"][0]["text"], json::parse(b->body)["choices"][0]["text"]);
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "mock");
+  auto health = client_->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST_F(FrontendTest, StreamsChatChunksThenUsageThenDone) {
+  start();
+  const auto events = stream("/v1/chat/completions", {{"model", "mock"},
+                                                      {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                                      {"max_tokens", 4},
+                                                      {"stream", true},
+                                                      {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(events.size(), 4u + 1 + 1 + 1);  // 4 tokens, the finish chunk, usage, [DONE]
+  std::string text;
+  for (size_t i = 0; i < 4; ++i) {
+    const json chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    EXPECT_EQ(chunk["choices"][0]["delta"].contains("role"), i == 0);
+    text += chunk["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(text.size(), 4u);
+  EXPECT_EQ(json::parse(events[4])["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(json::parse(events[5])["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(events[6], "[DONE]");
+}
+
+TEST_F(FrontendTest, ASharedPrefixIsAHit) {
+  start();
+  const std::string prompt(1100, 'x');  // two full 512-token blocks and a partial one
+  auto first = post("/v1/completions", {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 2}});
+  auto second = post("/v1/completions", {{"model", "mock"}, {"prompt", prompt + "more"}, {"max_tokens", 2}});
+  ASSERT_TRUE(first && second);
+  EXPECT_EQ(json::parse(first->body)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(json::parse(second->body)["usage"]["prompt_tokens_details"]["cached_tokens"], 1024);
+}
+
+TEST_F(FrontendTest, BadRequestsGetTheRightStatusAndAJsonError) {
+  start({.model_name = "mock", .api_key = "sesame"}, {.body_limit_bytes = 4096});
+  const httplib::Headers auth = {{"Authorization", "Bearer sesame"}};
+  struct Case {
+    int status;
+    httplib::Result res;
+    const char* says;
+  };
+  std::vector<Case> cases;
+  cases.push_back({401, post("/v1/completions", {{"model", "mock"}, {"prompt", "x"}}), "API key"});
+  cases.push_back({404, post("/v1/completions", {{"model", "gpt-9"}, {"prompt", "x"}}, auth), "'gpt-9'"});
+  cases.push_back(
+      {400, client_->Post("/v1/completions", auth, "{not json", "application/json"), "not valid JSON"});
+  cases.push_back({400,
+                   post("/v1/completions", {{"model", "mock"}, {"prompt", "x"}, {"max_tokens", -1}}, auth),
+                   "max_tokens"});
+  cases.push_back(
+      {400, post("/v1/completions", {{"model", "mock"}, {"prompt", {1, 300}}}, auth), "vocabulary"});
+  cases.push_back(
+      {400,
+       post("/v1/completions", {{"model", "mock"}, {"prompt", "x"}, {"max_tokens", 1'000'000'000}}, auth),
+       "context"});
+  cases.push_back({413,
+                   post("/v1/completions", {{"model", "mock"}, {"prompt", std::string(8192, 'x')}}, auth),
+                   "larger than 4096"});
+  cases.push_back({404, client_->Get("/v2/everything", auth), "no route"});
+  cases.push_back({405, client_->Get("/v1/completions", auth), "POST"});
+  for (Case& c : cases) {
+    ASSERT_TRUE(c.res) << c.says;
+    EXPECT_EQ(c.res->status, c.status) << c.says;
+    const json body = json::parse(c.res->body, nullptr, false);
+    ASSERT_TRUE(body.contains("error")) << c.res->body;
+    EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr(c.says));
+  }
+  // The server still serves after all that.
+  auto ok = post("/v1/completions", {{"model", "mock"}, {"prompt", "x"}, {"max_tokens", 1}}, auth);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(FrontendTest, OverloadIsA429WithRetryAfter) {
+  start({}, {}, "slo", /*ttft_slo_s=*/1e-6);  // every prefill takes longer than this
+  auto res =
+      post("/v1/completions", {{"model", "mock"}, {"prompt", "hello"}, {"max_tokens", 3}, {"stream", true}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429);
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(json::parse(res->body)["error"]["code"], "ttft");
+  EXPECT_EQ(cluster_->requests_in_flight(), 0u);
+}
+
+TEST_F(FrontendTest, AClientThatLeavesMidStreamCancelsItsRequest) {
+  start();
+  int chunks = 0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"model", "mock"}, {"prompt", "hi"}, {"max_tokens", 100000}, {"stream", true}}.dump();
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  client_->send(req);  // returns once the receiver says stop, closing the connection
+  EXPECT_GE(chunks, 3);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (cluster_->requests_in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(cluster_->requests_in_flight(), 0u);
+}
+
+TEST_F(FrontendTest, ASlowClientIsCutOffAndOthersAreServed) {
+  start({}, {.header_timeout_ms = 300});
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
+  ASSERT_EQ(::send(fd, partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
+  auto ok = post("/v1/completions", {{"model", "mock"}, {"prompt", "x"}, {"max_tokens", 1}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  char byte = 0;
+  timeval wait{.tv_sec = 3, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+  const auto begin = std::chrono::steady_clock::now();
+  EXPECT_EQ(::recv(fd, &byte, 1, 0), 0);  // closed by the server, without an answer
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(2));
+  ::close(fd);
+}
+
+}  // namespace
+}  // namespace crescent::serve
