@@ -20,11 +20,22 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The official OpenAI Node client, for the end-to-end test of `crescent serve` (the machine's node and npm;
+# versions pinned by the package-lock.json).
+client_dir="$(dirname "$0")/../tests/serve/openai_client"
+if [ ! -d "$client_dir/node_modules/openai" ]; then
+  if command -v npm > /dev/null; then
+    echo "install-deps: npm ci in tests/serve/openai_client"
+    npm ci --prefix "$client_dir" --no-audit --no-fund --loglevel=error
+  else
+    echo "install-deps: npm not found: the openai client test (serve label) will fail until Node.js and npm are installed" >&2
+  fi
+fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is needed, builds, and runs the tests: the whole suite in the release preset, then the transfer
-# engine's and the store's tests again under AddressSanitizer + UBSan (debug preset, those targets only). What
-# CI runs.
+# Installs what is needed, builds, and runs the tests: the whole suite in the release preset, then the tests of
+# the threaded and networked components (transfer engine, store, instance engine, serving front end) again
+# under AddressSanitizer + UBSan (debug preset, those targets only). What CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -9,5 +9,5 @@ cmake --preset release
 cmake --build --preset release
 ctest --preset release
 cmake --preset debug
-cmake --build --preset debug --target transfer_tests store_test_binaries
-ctest --preset debug -L 'transfer|store'
+cmake --build --preset debug --target transfer_tests store_test_binaries engine_test serve_test
+ctest --preset debug -L 'transfer|store|engine|serve'
