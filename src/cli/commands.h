@@ -54,5 +54,7 @@ void register_bench_store(CLI::App& bench_cmd, int& exit_code);
 void register_store(CLI::App& app, int& exit_code);
 /// `crescent serve` (cli/serve.cpp).
 void register_serve(CLI::App& app, int& exit_code);
+/// `crescent replay TRACE --url URL` (cli/replay.cpp).
+void register_replay(CLI::App& app, int& exit_code);
 
 }  // namespace crescent::cli

@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/replay.h"
 #include "common/bundled_files.h"
 #include "conductor/conductor.h"
 #include "serve/frontend.h"
@@ -29,6 +31,11 @@ struct ServeArgs {
   std::string admission = "none";
   int64_t block_size_tokens = 512;
   uint64_t body_limit_bytes = 16ull << 20;
+  // --replay: serve, replay this trace against it, print the report, stop.
+  std::string replay_trace;
+  int64_t replay_limit = 0;
+  double replay_time_scale = 1.0;
+  bool json = false;
 };
 
 int run_serve(const ServeArgs& args) {
@@ -45,6 +52,11 @@ int run_serve(const ServeArgs& args) {
   }
   auto config = sim::load_cluster_config(config_path, args.block_size_tokens);
   if (!config.ok()) return fail(config.status());
+  if (!args.replay_trace.empty() && !std::filesystem::is_regular_file(args.replay_trace)) {
+    return fail(with_bundled_trace_hint(
+        Status::not_found(fmt::format("cannot open '{}': no such file", args.replay_trace)),
+        args.replay_trace));
+  }
 
   const sigset_t signals = block_stop_signals();
   serve::LocalClusterOptions cluster_options{.config = *config,
@@ -61,12 +73,29 @@ int run_serve(const ServeArgs& args) {
     fmt::print(stderr, "error: {}\n", server.status().message());
     return server.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
   }
+  const std::string url = fmt::format("http://{}:{}", args.host, (*server)->port());
   fmt::print(
-      "crescent serve: model '{}' on http://{}:{} ({} prefill + {} decode mock instances of {} on {}, "
-      "policy {}, admission {}); Ctrl-C stops\n",
-      args.model_name, args.host, (*server)->port(), config->prefill_instances, config->decode_instances,
-      config->model.name, config->hardware.name, args.policy, args.admission);
+      args.json ? stderr : stdout,
+      "crescent serve: model '{}' on {} ({} prefill + {} decode mock instances of {} on {}, policy {}, "
+      "admission {}){}\n",
+      args.model_name, url, config->prefill_instances, config->decode_instances, config->model.name,
+      config->hardware.name, args.policy, args.admission,
+      args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
+  if (!args.replay_trace.empty()) {
+    ReplayArgs replay{.trace_path = args.replay_trace,
+                      .url = url,
+                      .model = args.model_name,
+                      .api_key = args.api_key,
+                      .config_path = config_path,
+                      .time_scale = args.replay_time_scale,
+                      .limit = args.replay_limit,
+                      .block_size_tokens = args.block_size_tokens,
+                      .json = args.json};
+    const int code = run_replay(replay);
+    (*server)->stop();
+    return code;
+  }
   const int signal = wait_for_stop_signal(signals);
   fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->stop();
@@ -95,6 +124,14 @@ void register_serve(CLI::App& app, int& exit_code) {
   cmd->add_option("--block-size", args->block_size_tokens, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--body-limit", args->body_limit_bytes, "Largest request body in bytes (else 413)")
       ->capture_default_str();
+  cmd->add_option("--replay", args->replay_trace,
+                  "Replay this trace against the cluster, print the report (as `crescent replay`) and stop");
+  cmd->add_option("--limit", args->replay_limit, "With --replay: only the first N valid requests (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--time-scale", args->replay_time_scale,
+                  "With --replay: send arrivals this many times faster")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "With --replay: print JSON instead of a table");
   cmd->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_serve(*args); }); });
 }
 

@@ -10,6 +10,23 @@
 
 namespace crescent::engine {
 
+/// A request's TBT from its token gaps (seconds, in any order; at least one): paper §5.1's mean of the longest
+/// 10% (at least one gap), and the longest gap. Reorders `gaps`.
+struct TokenGaps {
+  double tbt_s = 0;
+  double max_gap_s = 0;
+};
+inline TokenGaps tbt_of_gaps(std::vector<double>& gaps) {
+  const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, (gaps.size() + 9) / 10));
+  std::nth_element(gaps.begin(), gaps.begin() + (k - 1), gaps.end(), std::greater<>());
+  double sum = 0, longest = 0;
+  for (std::ptrdiff_t i = 0; i < k; ++i) {
+    sum += gaps[i];
+    longest = std::max(longest, gaps[i]);
+  }
+  return {sum / static_cast<double>(k), longest};
+}
+
 /// End times of one engine's decode steps (iterations in which every running request gains a token), numbered
 /// from 0, and the TBT of a request read off them, so no step has to touch every request in the batch. The
 /// owner trims it below the oldest request still decoding: memory stays proportional to the longest request.
@@ -31,22 +48,12 @@ class StepLog {
   // The token gaps of a request whose first token came at `first_token_s` and that decoded in steps
   // [join_step, last_step] (at least one gap): its TBT (paper §5.1: the mean of its longest 10% gaps) and
   // its longest gap.
-  struct Gaps {
-    double tbt_s = 0;
-    double max_gap_s = 0;
-  };
+  using Gaps = TokenGaps;
   Gaps gaps(double first_token_s, int64_t join_step, int64_t last_step) {
     gaps_.clear();
     gaps_.push_back(end_s(join_step) - first_token_s);
     for (int64_t s = join_step + 1; s <= last_step; ++s) gaps_.push_back(end_s(s) - end_s(s - 1));
-    const auto k = static_cast<std::ptrdiff_t>(std::max<size_t>(1, (gaps_.size() + 9) / 10));
-    std::nth_element(gaps_.begin(), gaps_.begin() + (k - 1), gaps_.end(), std::greater<>());
-    double sum = 0, longest = 0;
-    for (std::ptrdiff_t i = 0; i < k; ++i) {
-      sum += gaps_[i];
-      longest = std::max(longest, gaps_[i]);
-    }
-    return {sum / static_cast<double>(k), longest};
+    return tbt_of_gaps(gaps_);
   }
 
  private:

@@ -17,14 +17,17 @@ constexpr auto kMinRedraw = std::chrono::milliseconds(100);  // at most 10 updat
 }  // namespace
 
 std::string format_progress(std::string_view experiment, int run, int total_runs, std::string_view label,
-                            const sim::SimProgress& progress, double eta_s) {
-  return fmt::format("[{}] run {}/{} {}: {}/{} requests, {:.0f} s simulated, ETA {}", experiment, run,
-                     total_runs, label, grouped(progress.requests_arrived), grouped(progress.requests_total),
-                     progress.simulated_s, eta_s < 0 ? "?" : fmt::format("{:.0f} s", eta_s));
+                            const sim::SimProgress& progress, double eta_s, std::string_view time_word) {
+  return fmt::format("[{}] run {}/{} {}: {}/{} requests, {:.0f} s {}, ETA {}", experiment, run, total_runs,
+                     label, grouped(progress.requests_arrived), grouped(progress.requests_total),
+                     progress.simulated_s, time_word, eta_s < 0 ? "?" : fmt::format("{:.0f} s", eta_s));
 }
 
-ProgressLine::ProgressLine(std::string experiment, int total_runs)
-    : experiment_(std::move(experiment)), total_runs_(total_runs), enabled_(isatty(STDERR_FILENO) == 1) {}
+ProgressLine::ProgressLine(std::string experiment, int total_runs, std::string time_word)
+    : experiment_(std::move(experiment)),
+      total_runs_(total_runs),
+      time_word_(std::move(time_word)),
+      enabled_(isatty(STDERR_FILENO) == 1) {}
 
 ProgressLine::~ProgressLine() {
   if (drawn_) std::fputs("\r\033[K", stderr);
@@ -47,7 +50,8 @@ void ProgressLine::update(const sim::SimProgress& progress) {
   const double elapsed_s = std::chrono::duration<double>(now - started_).count();
   const double eta_s = done > 0 ? elapsed_s * (1 - done) / done : -1;
   // \033[K erases what a longer previous line left on the right.
-  fmt::print(stderr, "\r{}\033[K", format_progress(experiment_, run_, total_runs_, label_, progress, eta_s));
+  fmt::print(stderr, "\r{}\033[K",
+             format_progress(experiment_, run_, total_runs_, label_, progress, eta_s, time_word_));
   std::fflush(stderr);
   drawn_ = true;
   last_drawn_ = now;

@@ -12,15 +12,17 @@
 
 namespace crescent::experiment {
 
-/// The line's text. `run` is 1-based; `eta_s` < 0 means not known yet.
+/// The line's text. `run` is 1-based; `eta_s` < 0 means not known yet; `time_word` says what
+/// progress.simulated_s is ("simulated", or "elapsed" for a live replay).
 std::string format_progress(std::string_view experiment, int run, int total_runs, std::string_view label,
-                            const sim::SimProgress& progress, double eta_s);
+                            const sim::SimProgress& progress, double eta_s,
+                            std::string_view time_word = "simulated");
 
 /// Progress of one experiment made of `total_runs` simulation runs. The ETA extrapolates the wall time
 /// spent so far over the share of all runs done.
 class ProgressLine {
  public:
-  ProgressLine(std::string experiment, int total_runs);
+  ProgressLine(std::string experiment, int total_runs, std::string time_word = "simulated");
   /// Clears the line.
   ~ProgressLine();
   ProgressLine(const ProgressLine&) = delete;
@@ -36,6 +38,7 @@ class ProgressLine {
   using Clock = std::chrono::steady_clock;
   std::string experiment_;
   int total_runs_;
+  std::string time_word_;
   int run_ = 0;  // 1-based index of the current run
   std::string label_;
   bool enabled_;

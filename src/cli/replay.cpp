@@ -1,0 +1,131 @@
+// `crescent replay TRACE --url URL`: replays a trace against a live OpenAI-compatible server (crescent serve,
+// or e.g. a vLLM) and prints the simulator's table or JSON for what was measured.
+#include "serve/replay.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <regex>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/replay.h"
+#include "common/bundled_files.h"
+#include "experiment/progress.h"
+#include "sim/cluster_config.h"
+#include "sim/report.h"
+#include "trace/reader.h"
+
+namespace crescent::cli {
+namespace {
+
+constexpr std::string_view kDefaultConfig = "configs/paper-fig5.json";
+
+}  // namespace
+
+int run_replay(const ReplayArgs& args) {
+  if (args.limit < 0) return fail(Status::invalid_argument("--limit must be >= 0"));
+  std::smatch m;
+  if (!std::regex_match(args.url, m, std::regex(R"(http://([^:/]+):(\d{1,5})/?)"))) {
+    return fail(Status::invalid_argument(
+        fmt::format("--url '{}': expected http://HOST:PORT (e.g. http://127.0.0.1:8000)", args.url)));
+  }
+  const int port = std::stoi(m[2].str());
+  if (port < 1 || port > 65535)
+    return fail(Status::invalid_argument(fmt::format("--url: port {} out of range", port)));
+  std::string config_path = args.config_path;
+  if (config_path.empty()) {
+    auto bundled = bundled_file(kDefaultConfig);
+    if (!bundled.ok()) return fail(bundled.status());
+    config_path = *bundled;
+  }
+  auto config = sim::load_cluster_config(config_path, args.block_size_tokens);
+  if (!config.ok()) return fail(config.status());
+  trace::SkipReport skipped;
+  auto requests = trace::read_trace(args.trace_path,
+                                    {.block_size_tokens = args.block_size_tokens,
+                                     .skip_invalid = args.skip_invalid,
+                                     .max_requests = args.limit},
+                                    &skipped);
+  if (!requests.ok()) return fail(with_bundled_trace_hint(requests.status(), args.trace_path));
+  if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
+  if (requests->empty()) return fail(trace::empty_trace_error(args.trace_path, skipped));
+
+  experiment::ProgressLine progress_line("replay", 1, "elapsed");
+  auto report_progress = progress_line.start_run(args.url);
+  const auto started = std::chrono::steady_clock::now();
+  serve::ReplayOptions options{.host = m[1].str(),
+                               .port = port,
+                               .model = args.model,
+                               .api_key = args.api_key,
+                               .time_scale = args.time_scale,
+                               .block_size_tokens = args.block_size_tokens,
+                               .vocab_size = args.vocab_size};
+  if (report_progress) {
+    options.progress = [&](int64_t finished, int64_t total) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      report_progress({finished, total, elapsed});
+    };
+  }
+  auto replayed = serve::replay(*requests, options);
+  if (!replayed.ok()) {
+    fmt::print(stderr, "error: {}\n", replayed.status().message());
+    return replayed.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
+  }
+  sim::PolicyReport report = sim::summarize("live", replayed->result, config->slo);
+  // A client cannot see how long prefill computed, nor where a prefix hit came from.
+  report.prefill_compute_s_per_request.reset();
+  report.fetched_ratio.reset();
+  if (args.json) {
+    nlohmann::json out;
+    out["trace"] = args.trace_path;
+    out["requests"] = requests->size();
+    out["time_scale"] = args.time_scale;
+    out["url"] = args.url;
+    out["model"] = replayed->model;
+    out["failed"] = replayed->failed;
+    out["first_error"] =
+        replayed->first_error.empty() ? nlohmann::json() : nlohmann::json(replayed->first_error);
+    out["slo"] = sim::to_json(*config)["slo"];
+    out["policies"] = nlohmann::json::array({sim::to_json(report)});
+    fmt::print("{}\n", dump_json(out, 2));
+  } else {
+    fmt::print("replay {}: {} requests, time scale {:g}, against {} (model {})\n\n", args.trace_path,
+               requests->size(), args.time_scale, args.url, replayed->model);
+    fmt::print("{}", sim::format_table({report}, config->slo));
+  }
+  if (replayed->failed > 0) {
+    fmt::print(stderr, "warning: {} of {} requests failed (counted as rejected); first: {}\n",
+               replayed->failed, requests->size(), replayed->first_error);
+    return 1;
+  }
+  return 0;
+}
+
+void register_replay(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ReplayArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "replay", "Replay a trace against a live OpenAI-compatible server and report as `simulate` does");
+  cmd->add_option("trace", args->trace_path, "Mooncake JSONL trace (.jsonl or .jsonl.gz)")->required();
+  cmd->add_option("--url", args->url, "The server, http://HOST:PORT")->capture_default_str();
+  cmd->add_option("--model", args->model, "Model to request (default: the first the server lists)");
+  cmd->add_option("--api-key", args->api_key, "Sent as \"Authorization: Bearer KEY\"");
+  cmd->add_option(
+      "--config", args->config_path,
+      fmt::format("Cluster config whose SLOs the report uses (default: the bundled {})", kDefaultConfig));
+  cmd->add_option("--time-scale", args->time_scale, "Send arrivals this many times faster")
+      ->capture_default_str();
+  cmd->add_option("--limit", args->limit, "Replay only the first N valid requests (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--block-size", args->block_size_tokens, "Tokens per trace block (hash_id)")
+      ->capture_default_str();
+  cmd->add_option("--vocab-size", args->vocab_size,
+                  "Prompt token ids stay below this (the server's vocabulary)")
+      ->capture_default_str();
+  cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
+  cmd->add_flag("--json", args->json, "Print JSON instead of a table");
+  cmd->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_replay(*args); }); });
+}
+
+}  // namespace crescent::cli

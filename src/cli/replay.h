@@ -1,0 +1,28 @@
+// `crescent replay` as a function, for `crescent serve --replay` too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace crescent::cli {
+
+/// What `crescent replay` reads from its command line.
+struct ReplayArgs {
+  std::string trace_path;
+  std::string url = "http://127.0.0.1:8000";
+  std::string model;        // empty: the first the server lists
+  std::string api_key;      // sent as a Bearer token when set
+  std::string config_path;  // whose SLOs the report judges against; empty: the bundled default
+  double time_scale = 1.0;
+  int64_t limit = 0;
+  int64_t block_size_tokens = 512;
+  int64_t vocab_size = 256;
+  bool skip_invalid = false;
+  bool json = false;
+};
+
+/// Replays and prints the report (stdout; warnings on stderr). Returns the exit code: 0, 2 for bad input, 1
+/// when the server cannot be reached or requests failed.
+int run_replay(const ReplayArgs& args);
+
+}  // namespace crescent::cli

@@ -1,0 +1,209 @@
+#include "serve/replay.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/step_log.h"
+
+namespace crescent::serve {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+conductor::RejectReason reason_from_code(const std::string& code, int status) {
+  if (code == "tbt") return conductor::RejectReason::kTbt;
+  if (code == "decode-capacity") return conductor::RejectReason::kDecodeCapacity;
+  if (code == "context-length" || (status == 400)) return conductor::RejectReason::kContextLength;
+  return conductor::RejectReason::kTtft;
+}
+
+// One request's exchange: sends it, reads the stream, fills `o`. Returns a failure description, or empty.
+std::string run_one(const ReplayOptions& options, const std::string& model, const trace::Request& r,
+                    Clock::time_point start, sim::RequestOutcome& o) {
+  const json body = {{"model", model},
+                     {"prompt", trace_prompt_tokens(r, options.block_size_tokens, options.vocab_size)},
+                     {"max_tokens", r.output_tokens},
+                     {"ignore_eos", true},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  httplib::Client client(options.host, options.port);
+  client.set_connection_timeout(10, 0);
+  client.set_read_timeout(options.timeout_s, 0);
+  client.set_write_timeout(options.timeout_s, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  if (!options.api_key.empty()) req.set_header("Authorization", "Bearer " + options.api_key);
+
+  std::string raw, pending, stream_error;
+  std::vector<double> chunk_s;  // when each content chunk arrived (seconds since start)
+  int64_t completion_tokens = -1;
+  bool done = false;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    const double now = std::chrono::duration<double>(Clock::now() - start).count();
+    raw.append(data, n);
+    pending.append(data, n);
+    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;
+      const std::string payload = event.substr(6);
+      if (payload == "[DONE]") {
+        done = true;
+        continue;
+      }
+      const json chunk = json::parse(payload, nullptr, false);
+      if (chunk.is_discarded()) {
+        stream_error = "unparsable stream event: " + payload.substr(0, 200);
+        continue;
+      }
+      if (chunk.contains("error")) {
+        stream_error = "error event: " + chunk["error"].value("message", payload.substr(0, 200));
+        continue;
+      }
+      if (chunk.contains("usage") && chunk["usage"].is_object()) {
+        const json& usage = chunk["usage"];
+        completion_tokens = usage.value("completion_tokens", int64_t{-1});
+        if (usage.contains("prompt_tokens_details") && usage["prompt_tokens_details"].is_object()) {
+          o.prefix_hit_tokens = usage["prompt_tokens_details"].value("cached_tokens", int64_t{0});
+        }
+      }
+      if (chunk.contains("choices") && chunk["choices"].is_array() && !chunk["choices"].empty() &&
+          chunk["choices"][0].value("text", std::string()).size() > 0) {
+        chunk_s.push_back(now);
+      }
+    }
+    return true;
+  };
+  o.arrival_s = std::chrono::duration<double>(Clock::now() - start).count();
+  auto res = client.send(req);
+  const double end_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!res) return fmt::format("request line {}: {}", r.line, httplib::to_string(res.error()));
+  if (res->status == 429 || res->status == 400) {
+    const json error = json::parse(raw.empty() ? res->body : raw, nullptr, false);
+    std::string code;
+    if (!error.is_discarded() && error.contains("error") &&
+        error["error"].value("code", json()).is_string()) {
+      code = error["error"]["code"].get<std::string>();
+    }
+    if (res->status == 400 && code != "context-length" && code != "context_length_exceeded") {
+      return fmt::format("request line {}: HTTP 400: {}", r.line,
+                         (raw.empty() ? res->body : raw).substr(0, 300));
+    }
+    o.rejected = reason_from_code(code, res->status);
+    o.finish_s = o.arrival_s;
+    return "";
+  }
+  if (res->status != 200) {
+    return fmt::format("request line {}: HTTP {}: {}", r.line, res->status,
+                       (raw.empty() ? res->body : raw).substr(0, 300));
+  }
+  if (!stream_error.empty()) return fmt::format("request line {}: {}", r.line, stream_error);
+  if (!done || chunk_s.empty()) return fmt::format("request line {}: the stream ended early", r.line);
+  o.ttft_s = chunk_s.front() - o.arrival_s;
+  o.finish_s = end_s;
+  o.output_tokens = completion_tokens >= 0 ? completion_tokens : static_cast<int64_t>(chunk_s.size());
+  if (chunk_s.size() >= 2) {
+    std::vector<double> gaps;
+    for (size_t i = 1; i < chunk_s.size(); ++i) gaps.push_back(chunk_s[i] - chunk_s[i - 1]);
+    const engine::TokenGaps g = engine::tbt_of_gaps(gaps);
+    o.tbt_s = g.tbt_s;
+    o.max_token_gap_s = g.max_gap_s;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::vector<int64_t> trace_prompt_tokens(const trace::Request& request, int64_t block_size_tokens,
+                                         int64_t vocab_size) {
+  std::vector<int64_t> tokens;
+  tokens.reserve(static_cast<size_t>(request.input_tokens));
+  for (size_t b = 0; tokens.size() < static_cast<size_t>(request.input_tokens); ++b) {
+    // More tokens than hash ids cover (not in valid traces): the last id's block continues.
+    const BlockKey id =
+        request.block_keys.empty() ? 0 : request.block_keys[std::min(b, request.block_keys.size() - 1)];
+    const int64_t base = b < request.block_keys.size() ? 0 : static_cast<int64_t>(b) * block_size_tokens;
+    for (int64_t t = 0; t < block_size_tokens && tokens.size() < static_cast<size_t>(request.input_tokens);
+         ++t) {
+      const uint64_t h = XXH3_64bits_withSeed(&id, sizeof(id), static_cast<uint64_t>(base + t));
+      tokens.push_back(static_cast<int64_t>(h % static_cast<uint64_t>(vocab_size)));
+    }
+  }
+  return tokens;
+}
+
+Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayOptions& options) {
+  if (!(options.time_scale > 0)) {
+    return Status::invalid_argument(fmt::format("--time-scale must be > 0, got {}", options.time_scale));
+  }
+  if (options.vocab_size < 1) return Status::invalid_argument("--vocab-size must be >= 1");
+  if (options.block_size_tokens < 1) return Status::invalid_argument("--block-size must be >= 1");
+  ReplayResult out;
+  out.model = options.model;
+  if (out.model.empty()) {
+    httplib::Client client(options.host, options.port);
+    client.set_connection_timeout(5, 0);
+    httplib::Headers headers;
+    if (!options.api_key.empty()) headers.emplace("Authorization", "Bearer " + options.api_key);
+    auto res = client.Get("/v1/models", headers);
+    if (!res) {
+      return Status::unavailable(fmt::format("cannot reach http://{}:{}: {}", options.host, options.port,
+                                             httplib::to_string(res.error())));
+    }
+    const json models = json::parse(res->body, nullptr, false);
+    if (res->status != 200 || models.is_discarded() || !models.contains("data") ||
+        !models["data"].is_array() || models["data"].empty() ||
+        !models["data"][0].value("id", json()).is_string()) {
+      return Status::unavailable(fmt::format("http://{}:{}/v1/models lists no model (HTTP {}): {}",
+                                             options.host, options.port, res->status,
+                                             res->body.substr(0, 200)));
+    }
+    out.model = models["data"][0]["id"].get<std::string>();
+  }
+
+  out.result.requests.resize(trace.size());
+  std::mutex mu;
+  int64_t finished = 0;
+  std::vector<std::thread> threads;
+  threads.reserve(trace.size());
+  const auto start = Clock::now();
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const double at_s = sim::arrival_time_s(trace, i, options.time_scale);
+    std::this_thread::sleep_until(
+        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at_s)));
+    threads.emplace_back([&, i] {
+      sim::RequestOutcome& o = out.result.requests[i];
+      o.trace_line = trace[i].line;
+      o.input_tokens = trace[i].input_tokens;
+      o.output_tokens = trace[i].output_tokens;
+      const std::string error = run_one(options, out.model, trace[i], start, o);
+      std::lock_guard lock(mu);
+      if (!error.empty()) {
+        ++out.failed;
+        if (out.first_error.empty()) out.first_error = error;
+        // Counted as refused for the report's totals (the failure count says how many).
+        o.rejected = conductor::RejectReason::kTtft;
+        o.finish_s = o.arrival_s;
+      }
+      ++finished;
+      if (options.progress) options.progress(finished, static_cast<int64_t>(trace.size()));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const sim::RequestOutcome& o : out.result.requests) {
+    out.result.makespan_s = std::max(out.result.makespan_s, o.finish_s);
+  }
+  return out;
+}
+
+}  // namespace crescent::serve

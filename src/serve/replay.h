@@ -1,0 +1,52 @@
+// Trace replay against any OpenAI-compatible server (serving-notes.md, "Trace replay"): each request of a
+// Mooncake trace is sent at its timestamp / time_scale as a streamed /v1/completions with a token-id prompt
+// built from its hash_ids (same id → same tokens, exactly input_length of them), max_tokens = output_length
+// and ignore_eos; TTFT, token gaps, end-to-end latency, prefix hits (usage.prompt_tokens_details) and
+// refusals are measured per request, into the simulator's result type so the report is the simulator's.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "sim/simulator.h"
+#include "trace/request.h"
+
+namespace crescent::serve {
+
+/// The prompt of `request`: for each hash id, `block_size_tokens` token ids in [0, vocab_size) drawn from
+/// xxh3(id, position), joined and cut to exactly input_tokens. REQUIRES: vocab_size >= 1.
+std::vector<int64_t> trace_prompt_tokens(const trace::Request& request, int64_t block_size_tokens,
+                                         int64_t vocab_size);
+
+struct ReplayOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string model;    // the model to name; empty: the first one GET /v1/models lists
+  std::string api_key;  // sent as a Bearer token when set
+  double time_scale = 1.0;
+  int64_t block_size_tokens = 512;
+  int64_t vocab_size = 256;  // token ids stay below this (the server's vocabulary)
+  int timeout_s = 600;       // per request
+  /// Called as requests finish (from the replay's threads, serialized): finished so far, total.
+  std::function<void(int64_t finished, int64_t total)> progress = nullptr;
+};
+
+/// What a replay measured. `result` follows sim::SimResult: times in seconds from the first send; a refused
+/// request (HTTP 429, or 400 for a prompt that can never fit) is rejected with the server's reason when it
+/// names one (error.code "ttft", "tbt", "decode-capacity", "context-length"), else kTtft for a 429.
+struct ReplayResult {
+  sim::SimResult result;
+  std::string model;
+  int64_t failed = 0;       // requests that neither completed nor were refused (connection, 5xx, bad stream)
+  std::string first_error;  // the first such failure, for the report
+};
+
+/// Replays `trace`. Errors: kUnavailable when the server cannot be reached or lists no model (before any
+/// request is sent); kInvalidArgument for bad options. Individual request failures are counted, not errors.
+Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayOptions& options);
+
+}  // namespace crescent::serve

@@ -1,0 +1,48 @@
+// `crescent serve --replay` and `crescent replay` as a user runs them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "run_crescent.h"
+
+namespace crescent::cli_test {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ServeCli, ReplaysASliceOfTheBundledTraceAgainstTheLiveCluster) {
+  const CliRun run = run_crescent("serve --port 0 --replay " +
+                                  quote(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz") +
+                                  " --limit 6 --time-scale 100 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto out = nlohmann::json::parse(run.out);
+  EXPECT_EQ(out["requests"], 6);
+  EXPECT_EQ(out["failed"], 0);
+  EXPECT_EQ(out["model"], "mock");
+  const auto& live = out["policies"][0];
+  EXPECT_EQ(live["name"], "live");
+  EXPECT_EQ(live["completed"], 6);
+  EXPECT_GT(live["ttft_mean_s"].get<double>(), 0);
+  EXPECT_TRUE(live["prefill_compute_s_per_request"].is_null());  // a client cannot see it
+  EXPECT_THAT(run.err, HasSubstr("crescent serve: model 'mock' on http://127.0.0.1:"));
+}
+
+TEST(ServeCli, BadInputIsRefusedWithAClearMessage) {
+  CliRun run = run_crescent("replay nowhere.jsonl --url ftp://x");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("expected http://HOST:PORT"));
+  run = run_crescent("replay " + quote(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz") +
+                     " --url http://127.0.0.1:1 --limit 1");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.err, HasSubstr("cannot reach http://127.0.0.1:1"));
+  run = run_crescent("serve --port 0 --replay no-such-trace.jsonl");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("no-such-trace.jsonl"));
+  run = run_crescent("serve --port 0 --policy fastest");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("'fastest'"));
+}
+
+}  // namespace
+}  // namespace crescent::cli_test

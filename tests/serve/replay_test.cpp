@@ -1,0 +1,100 @@
+// Replay against an in-process `crescent serve` (LocalCluster behind the HTTP server on a free port).
+#include "serve/replay.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "serve/frontend.h"
+#include "sim/cluster_config.h"
+
+namespace crescent::serve {
+namespace {
+
+ReplayOptions at(int port, double time_scale = 1) {
+  ReplayOptions options;
+  options.port = port;
+  options.time_scale = time_scale;
+  return options;
+}
+
+trace::Request request(int64_t at_ms, int64_t input, int64_t output, std::vector<BlockKey> keys) {
+  return {
+      .timestamp_ms = at_ms, .input_tokens = input, .output_tokens = output, .block_keys = std::move(keys)};
+}
+
+TEST(TracePrompt, IsExactlyInputLengthAndTheSameForTheSameIds) {
+  const auto a = trace_prompt_tokens(request(0, 1000, 1, {7, 8}), 512, 256);
+  const auto b = trace_prompt_tokens(request(0, 600, 1, {7, 9}), 512, 256);
+  ASSERT_EQ(a.size(), 1000u);
+  ASSERT_EQ(b.size(), 600u);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 512, b.begin()));               // same first id, same block
+  EXPECT_FALSE(std::equal(a.begin() + 512, a.begin() + 600, b.begin() + 512));  // different second id
+  for (int64_t t : a) EXPECT_TRUE(t >= 0 && t < 256);
+  EXPECT_EQ(trace_prompt_tokens(request(0, 10, 1, {7}), 512, 3).size(), 10u);
+}
+
+class ReplayTest : public ::testing::Test {
+ protected:
+  void start(const char* admission, double ttft_slo_s) {
+    auto config = sim::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
+    ASSERT_TRUE(config.ok());
+    config->prefill_instances = 1;
+    config->decode_instances = 1;
+    config->slo.ttft_s = ttft_slo_s;
+    auto cluster = LocalCluster::start({.config = *config,
+                                        .policy = conductor::PrefillPolicy::kGlobalCacheAware,
+                                        .admission = *conductor::parse_admission(admission),
+                                        .block_size_tokens = 512});
+    ASSERT_TRUE(cluster.ok());
+    cluster_ = std::move(*cluster);
+    auto server = HttpServer::start({.port = 0}, make_frontend(*cluster_, {}));
+    ASSERT_TRUE(server.ok());
+    server_ = std::move(*server);
+  }
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST_F(ReplayTest, MeasuresEveryRequestAndSeesTheSharedPrefix) {
+  start("none", 30);
+  const std::vector<trace::Request> trace = {request(0, 1100, 6, {1, 2, 3}), request(300, 1100, 4, {1, 2, 4}),
+                                             request(310, 40, 1, {5})};
+  auto replayed = replay(trace, at(server_->port()));
+  ASSERT_TRUE(replayed.ok()) << replayed.status().message();
+  EXPECT_EQ(replayed->model, "mock");
+  EXPECT_EQ(replayed->failed, 0) << replayed->first_error;
+  const auto& r = replayed->result.requests;
+  ASSERT_EQ(r.size(), 3u);
+  for (const auto& o : r) {
+    EXPECT_EQ(o.rejected, conductor::RejectReason::kNone);
+    EXPECT_GT(o.ttft_s, 0);
+    EXPECT_GE(o.finish_s, o.arrival_s + o.ttft_s);
+  }
+  EXPECT_EQ(r[0].output_tokens, 6);
+  EXPECT_GT(r[0].tbt_s, 0);
+  EXPECT_NEAR(r[1].arrival_s, 0.3, 0.1);
+  EXPECT_EQ(r[0].prefix_hit_tokens, 0);
+  EXPECT_EQ(r[1].prefix_hit_tokens, 1024);  // blocks 1 and 2
+  EXPECT_EQ(r[2].output_tokens, 1);
+  EXPECT_EQ(r[2].tbt_s, 0);  // one token: no gap
+}
+
+TEST_F(ReplayTest, RefusalsAreRejectionsWithTheServersReason) {
+  start("slo", 1e-6);
+  const std::vector<trace::Request> trace = {request(0, 100, 3, {1}), request(0, 100, 3, {2})};
+  auto replayed = replay(trace, at(server_->port(), 10));
+  ASSERT_TRUE(replayed.ok());
+  EXPECT_EQ(replayed->failed, 0);
+  for (const auto& o : replayed->result.requests) EXPECT_EQ(o.rejected, conductor::RejectReason::kTtft);
+}
+
+TEST(Replay, AnUnreachableServerIsAnErrorBeforeAnythingIsSent) {
+  const std::vector<trace::Request> trace = {request(0, 10, 1, {1})};
+  auto replayed = replay(trace, at(1));
+  ASSERT_FALSE(replayed.ok());
+  EXPECT_EQ(replayed.status().code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(replay(trace, at(8000, 0)).ok());
+}
+
+}  // namespace
+}  // namespace crescent::serve
