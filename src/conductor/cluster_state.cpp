@@ -34,11 +34,18 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
   }
   // FIFO with predicted service times: the start and end of this prefill are known now.
   PrefillTimeline t;
+  t.prefix_ready_s = fetch_ready_s;
   double& busy_until_s = busy_until_s_[decision.prefill_instance];
   t.start_s = std::max({now_s, busy_until_s, fetch_ready_s});
   t.compute_start_s = t.start_s + decision.transfer_s;
   t.done_s = t.compute_start_s + decision.prefill_s;
   busy_until_s = t.done_s;
+  // Algorithm 1's "update the cache": the prompt's blocks will be on the chosen instance, readable once its
+  // prefill is done, and later requests may be placed on them before the instance's own KV events say so.
+  auto& ready = ready_s_[decision.prefill_instance];
+  for (BlockKey k : request.block_keys) {
+    if (ready.try_emplace(k, t.done_s).second) index_.add(k, decision.prefill_instance);
+  }
   if (request.max_output_tokens > 1) {
     DecodeGroup& incoming = decode_[decision.decode_instance].incoming;
     incoming.requests += 1;
@@ -57,7 +64,10 @@ void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> st
   }
   for (BlockKey k : stored) {
     index_.add(k, instance);
-    ready[k] = ready_s;
+    // A block placed earlier keeps its predicted ready time: an instance stores a block (and says so) when
+    // its prefill starts, before the block is computed.
+    auto [it, added] = ready.try_emplace(k, ready_s);
+    if (!added) it->second = std::max(it->second, ready_s);
   }
 }
 

@@ -18,7 +18,9 @@ namespace crescent::conductor {
 
 /// When a placed request's prefill is predicted to run (seconds, the Conductor's clock).
 struct PrefillTimeline {
-  double start_s = 0;          // it reaches the head of the queue and its remote prefix is computed
+  double prefix_ready_s =
+      0;               // when the source of a fetched prefix will have computed it (0: nothing fetched)
+  double start_s = 0;  // it reaches the head of the queue and its remote prefix is computed
   double compute_start_s = 0;  // start_s + Decision::transfer_s: prefix fetched and loaded into HBM
   double done_s = 0;           // compute_start_s + Decision::prefill_s: first token, KV complete
 };
@@ -44,13 +46,16 @@ class ClusterState final : public ClusterView {
   /// the chosen instance's FIFO queue as predicted (Algorithm 1): it starts once the instance is free and,
   /// for a fetched prefix, once the source has computed those blocks; then it loads the prefix
   /// (decision.transfer_s) and computes (decision.prefill_s). A request that will decode (max_output_tokens
-  /// > 1) counts as incoming on its decode instance until that instance's next report. Returns the predicted
-  /// timeline. REQUIRES: decision.rejected == kNone, instances in range.
+  /// > 1) counts as incoming on its decode instance until that instance's next report. The prompt's blocks
+  /// are indexed on the prefill instance at once, readable from the predicted end of its prefill (blocks it
+  /// already holds keep their time). Returns the predicted timeline. REQUIRES: decision.rejected == kNone,
+  /// instances in range.
   PrefillTimeline on_request_placed(const RequestInfo& request, const Decision& decision, double now_s);
 
   /// Event "KV stored/removed" (vLLM's BlockStored / BlockRemoved, or a simulated cache's TouchEvents):
   /// prefill instance `instance` now caches `stored` and no longer caches `removed`. Stored blocks are
-  /// readable by others from `ready_s` on (their prefill's predicted end, or now for computed blocks).
+  /// readable by others from `ready_s` on (their prefill's predicted end, or now for computed blocks), or
+  /// from the later time a placement predicted for them.
   void on_kv_event(InstanceId instance, std::span<const BlockKey> stored, std::span<const BlockKey> removed,
                    double ready_s);
   /// Event "all blocks cleared" (vLLM's AllBlocksCleared, or an instance that restarted or left).

@@ -21,8 +21,14 @@ void EngineCore::add(conductor::DecodeGroup& group, const Record& r, int sign) {
 
 void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
                                std::span<const BlockKey> block_keys, double now_s) {
+  submit_prompt(id, input_tokens, output_tokens, block_keys, now_s, ArrangedPrefix{});
+}
+
+void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
+                               std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix) {
   assert(input_tokens >= 1 && output_tokens >= 1 && !records_.contains(id));
   Record& r = records_[id];
+  r.arranged = prefix;
   r.input_tokens = input_tokens;
   r.output_tokens = output_tokens;
   r.decode_steps = output_tokens - 1;
@@ -84,9 +90,11 @@ bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
       listener_.on_kv_event(touch_events_.stored, touch_events_.evicted, now_s);
     }
   }
+  hit_tokens = std::min(std::max(hit_tokens, r.arranged.reused_tokens), r.input_tokens);
   // The last prompt token is always recomputed: its logits give the first output token (as the Conductor).
   r.prefill_tokens = std::max<int64_t>(1, r.input_tokens - hit_tokens);
   r.reused_tokens = std::max<int64_t>(0, r.input_tokens - r.prefill_tokens);
+  if (options_.prefix_in_dram) r.load_tokens = hit_tokens;
   r.where = Record::Where::kPrefilling;
   listener_.on_prefill_start(
       id, now_s,
@@ -121,7 +129,14 @@ void EngineCore::start_iteration(double start_s) {
   if (!prefilling_ && !waiting_prompts_.empty()) {
     const RequestId id = waiting_prompts_.front();
     Record& r = records_.at(id);
-    if (admit_prompt(id, r, start_s)) {
+    if (r.arranged.ready_s > start_s && running_.requests == 0) {
+      // Its fetched prefix is still being computed at the source: wait for it (FIFO: so does everyone).
+      plan_ = IterationPlan{};
+      busy_ = true;
+      end_s_ = r.arranged.ready_s;
+      return;
+    }
+    if (r.arranged.ready_s <= start_s && admit_prompt(id, r, start_s)) {
       prefilling_ = id;
       waiting_prompts_.pop_front();
     }
@@ -136,6 +151,10 @@ void EngineCore::start_iteration(double start_s) {
     plan_.prefill_tokens =
         chunked ? std::min(left, std::max<int64_t>(0, options_.chunk_tokens - running_.requests)) : left;
     plan_.prefill_prefix_tokens = r.reused_tokens + r.prefill_done_tokens;
+    if (r.prefill_done_tokens == 0) {
+      plan_.load_tokens = r.load_tokens;
+      plan_.fetch_tokens = std::min(r.arranged.fetched_tokens, r.load_tokens);
+    }
   }
   if (running_.requests > 0 && (chunked || plan_.prefill_tokens == 0)) {
     plan_.decode_requests = running_.requests;
@@ -146,6 +165,7 @@ void EngineCore::start_iteration(double start_s) {
 }
 
 void EngineCore::finish_iteration(double end_s) {
+  if (plan_.empty()) return;  // a wait for a fetched prefix, not an iteration
   ++iterations_;
   if (plan_.decode_requests > 0) {
     ++decode_steps_;

@@ -35,6 +35,11 @@ struct IterationPlan {
   std::optional<RequestId> prefill_request;  // whose prompt is being prefilled, if any
   int64_t prefill_tokens = 0;                // prompt tokens computed this iteration
   int64_t prefill_prefix_tokens = 0;         // tokens before them whose KV is already in HBM
+  /// Before computing, bring a reused prefix into HBM (paper §3.1 step 1; the prompt's first iteration on an
+  /// engine whose prefix lives in DRAM): `load_tokens` from DRAM, of which `fetch_tokens` first come over the
+  /// network from another instance or the pool.
+  int64_t load_tokens = 0;
+  int64_t fetch_tokens = 0;
   bool empty() const { return decode_requests == 0 && prefill_tokens == 0; }
 };
 
@@ -53,8 +58,11 @@ class MockExecutor final : public Executor {
   /// `cost` must outlive the executor.
   explicit MockExecutor(const perf::CostModel& cost) : cost_(cost) {}
   double run_iteration_s(const IterationPlan& plan) override {
-    return cost_.iteration_time_s(plan.decode_requests, plan.decode_context_tokens, plan.prefill_tokens,
-                                  plan.prefill_prefix_tokens);
+    const double compute_s = cost_.iteration_time_s(plan.decode_requests, plan.decode_context_tokens,
+                                                    plan.prefill_tokens, plan.prefill_prefix_tokens);
+    if (plan.load_tokens == 0) return compute_s;
+    // As the Conductor predicts a prefix's transfer (Decision::transfer_s), before the compute.
+    return cost_.kv_transfer_time_s(plan.fetch_tokens) + cost_.kv_load_time_s(plan.load_tokens) + compute_s;
   }
 
  private:
@@ -68,9 +76,12 @@ struct EngineOptions {
   /// token of budget each) and spends what is left of this budget on one prompt. 0: whole prompts, and an
   /// iteration that prefills does not decode (the batch stalls: paper §5.2.2).
   int64_t chunk_tokens = 0;
-  bool prefix_cache = false;        // automatic prefix caching in HBM, blocks of block_size_tokens
+  bool prefix_cache = false;        // automatic prefix caching, blocks of block_size_tokens
   int64_t block_size_tokens = 512;  // >= 1
-  bool report_tokens = false;       // call EngineListener::on_tokens after every decode step
+  /// The prefix cache is in DRAM (a disaggregated prefill instance's): a reused prefix is loaded into HBM
+  /// before its prompt is computed (IterationPlan::load_tokens). Otherwise it is in HBM already.
+  bool prefix_in_dram = false;
+  bool report_tokens = false;  // call EngineListener::on_tokens after every decode step
 };
 
 /// What admission decided for a prompt when its prefill starts.
@@ -99,7 +110,8 @@ class EngineListener {
     (void)now_s;
   }
   /// The prefix cache stored and evicted blocks (a KV event: ClusterState::on_kv_event).
-  virtual void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed, double now_s) {
+  virtual void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
+                           double now_s) {
     (void)stored;
     (void)removed;
     (void)now_s;
@@ -120,6 +132,17 @@ class EngineCore {
   /// output_tokens >= 1; input + output <= kv_capacity_tokens; `id` not in the engine.
   void submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
                      std::span<const BlockKey> block_keys, double now_s);
+  /// What the Conductor arranged for a prompt's prefix (Decision): its first `reused_tokens` are reused
+  /// rather than computed (at least what the engine's own cache holds), `fetched_tokens` of them brought from
+  /// another instance or the pool once they exist there (`ready_s`: the FIFO head waits for it). The
+  /// engine's cache then holds the whole prompt, as after a fetch.
+  struct ArrangedPrefix {
+    int64_t reused_tokens = 0;
+    int64_t fetched_tokens = 0;
+    double ready_s = 0;  // the fetched part exists (its source computed it) from then: the prompt waits
+  };
+  void submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
+                     std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix);
 
   /// Disaggregated decode: `id` was placed here; its KV is on its way (counted as incoming in decode_load()).
   /// REQUIRES: output_tokens >= 2 (a one-token request never reaches decode); `id` not in the engine.
@@ -158,7 +181,9 @@ class EngineCore {
     int64_t prefill_tokens = 0;
     int64_t reused_tokens = 0;
     int64_t prefill_done_tokens = 0;
-    int64_t join_step = 0;  // its first decode step
+    ArrangedPrefix arranged;
+    int64_t load_tokens = 0;  // prefix to load before the first iteration (prefix_in_dram)
+    int64_t join_step = 0;    // its first decode step
     double first_token_s = 0;
     bool finished = false;
     enum class Where { kIncoming, kQueued, kPrefilling, kWaitingDecode, kDecoding } where = Where::kIncoming;
@@ -195,7 +220,7 @@ class EngineCore {
   std::priority_queue<std::pair<int64_t, RequestId>, std::vector<std::pair<int64_t, RequestId>>,
                       std::greater<>>
       leaving_;
-  kv::TouchEvents touch_events_;  // scratch
+  kv::TouchEvents touch_events_;      // scratch
   std::vector<RequestId> token_ids_;  // scratch for on_tokens
   int64_t iterations_ = 0;
   int64_t decode_steps_ = 0;

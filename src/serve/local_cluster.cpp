@@ -58,7 +58,8 @@ class LocalCluster::Impl {
     const engine::EngineOptions prefill_options{
         .kv_capacity_tokens = options.config.prefill_cache_capacity_tokens,
         .prefix_cache = true,
-        .block_size_tokens = options.block_size_tokens};
+        .block_size_tokens = options.block_size_tokens,
+        .prefix_in_dram = true};
     for (InstanceId i = 0; i < options.config.prefill_instances; ++i) {
       prefill_listeners_.push_back(std::make_unique<PrefillListener>(*this, i));
       prefill_.push_back(
@@ -105,11 +106,16 @@ class LocalCluster::Impl {
     live.summary.prompt_tokens = input;
     live.summary.prefill_instance = decision.prefill_instance;
     live.summary.decode_instance = decision.decode_instance;
-    state_.on_request_placed(info, decision, now);
+    const conductor::PrefillTimeline timeline = state_.on_request_placed(info, decision, now);
     if (live.request.max_tokens > 1)
       decode_[decision.decode_instance]->expect(id, input, live.request.max_tokens);
     auto& entry = requests_.emplace(id, std::move(live)).first->second;
-    prefill_[decision.prefill_instance]->submit_prompt(id, input, 1, entry.block_keys, now);
+    // The prefix the Conductor found, fetched from another instance when it chose to: copying it is how a
+    // hot prefix gains replicas (in process there is one memory, so only its time is paid).
+    prefill_[decision.prefill_instance]->submit_prompt(id, input, 1, entry.block_keys, now,
+                                                       {.reused_tokens = decision.prefix_tokens(),
+                                                        .fetched_tokens = decision.fetched_prefix_tokens,
+                                                        .ready_s = timeline.prefix_ready_s});
     lock.unlock();
     cv_.notify_all();
     return decision;

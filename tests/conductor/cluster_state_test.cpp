@@ -87,6 +87,19 @@ TEST(ClusterState, PlacementsCountAsIncomingUntilTheDecodeInstanceReports) {
   EXPECT_EQ(load.running.requests, 1);
 }
 
+TEST(ClusterState, APlacedPromptsBlocksAreIndexedAtOnceAndReadyWhenItsPrefillEnds) {
+  ClusterState state(2, 1, kBlock, 1000);
+  state.on_kv_event(0, std::vector<BlockKey>{1}, {}, 0.5);  // already computed there
+  const std::vector<BlockKey> keys{1, 2};
+  const PrefillTimeline t = state.on_request_placed({2 * kBlock, keys, 2}, placed_on(0, 0, 0, 3.0), 1.0);
+  EXPECT_THAT(state.block_index().holders(2), ElementsAre(0u));
+  EXPECT_DOUBLE_EQ(state.prefix_ready_s(0, std::vector<BlockKey>{1}), 0.5);  // keeps its time
+  EXPECT_DOUBLE_EQ(state.prefix_ready_s(0, std::vector<BlockKey>{2}), t.done_s);
+  // The instance reports storing block 2 when the prefill starts: the block stays ready at the prediction.
+  state.on_kv_event(0, std::vector<BlockKey>{2}, {}, 1.0);
+  EXPECT_DOUBLE_EQ(state.prefix_ready_s(0, std::vector<BlockKey>{2}), t.done_s);
+}
+
 TEST(ClusterState, APrefillThatRanLateMovesTheQueueEstimate) {
   ClusterState state(1, 1, kBlock, 1000);
   const std::vector<BlockKey> keys{1};
