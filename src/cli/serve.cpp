@@ -62,7 +62,8 @@ int run_serve(const ServeArgs& args) {
   serve::LocalClusterOptions cluster_options{.config = *config,
                                              .policy = *policy,
                                              .admission = *admission,
-                                             .block_size_tokens = args.block_size_tokens};
+                                             .block_size_tokens = args.block_size_tokens,
+                                             .model_name = args.model_name};
   auto cluster = serve::LocalCluster::start(cluster_options);
   if (!cluster.ok()) return fail(cluster.status());
   serve::FrontendOptions frontend{.model_name = args.model_name, .api_key = args.api_key};

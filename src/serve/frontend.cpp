@@ -56,6 +56,13 @@ class Frontend {
       if (request.method != "GET") return responder.respond(method_not_allowed("GET"));
       return responder.respond(json_response(200, {{"status", "ok"}}));
     }
+    if (request.path == "/metrics") {
+      if (request.method != "GET") return responder.respond(method_not_allowed("GET"));
+      HttpResponse metrics;
+      metrics.content_type = "text/plain; version=0.0.4";
+      metrics.body = cluster_.metrics_text();
+      return responder.respond(std::move(metrics));
+    }
     if (request.path == "/v1/models") {
       if (!authorized(request)) return responder.respond(unauthorized());
       if (request.method != "GET") return responder.respond(method_not_allowed("GET"));

@@ -13,6 +13,7 @@
 #include "conductor/cluster_state.h"
 #include "engine/engine_core.h"
 #include "perf/cost_model.h"
+#include "serve/serve_metrics.h"
 #include "sim/simulator.h"
 
 namespace crescent::serve {
@@ -54,6 +55,7 @@ class LocalCluster::Impl {
         state_(options.config.prefill_instances, options.config.decode_instances, options.block_size_tokens,
                kv_capacity_tokens_),
         executor_(cost_),
+        metrics_(options.model_name),
         start_(Clock::now()) {
     const engine::EngineOptions prefill_options{
         .kv_capacity_tokens = options.config.prefill_cache_capacity_tokens,
@@ -89,6 +91,26 @@ class LocalCluster::Impl {
     return requests_.size();
   }
 
+  std::string metrics_text() {
+    LoadGauges gauges;
+    {
+      std::lock_guard lock(mu_);
+      advance_all(now_s());
+      int64_t reserved = 0, capacity = 0;
+      for (const auto& d : decode_) {
+        const conductor::DecodeLoad load = d->decode_load();
+        gauges.requests_running += load.running.requests;
+        gauges.requests_waiting += load.waiting.requests;
+        reserved += load.running.kv_tokens + load.waiting.kv_tokens;
+        capacity += load.kv_capacity_tokens;
+      }
+      for (const auto& p : prefill_) gauges.requests_waiting += p->outstanding();
+      gauges.kv_cache_usage =
+          capacity > 0 ? static_cast<double>(reserved) / static_cast<double>(capacity) : 0;
+    }
+    return metrics_.scrape(gauges);
+  }
+
   conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) {
     std::unique_lock lock(mu_);
     const double now = now_s();
@@ -100,8 +122,17 @@ class LocalCluster::Impl {
     live.block_keys = prompt_block_keys(live.request.prompt_token_ids, options_.block_size_tokens);
     const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
     const conductor::RequestInfo info{input, live.block_keys, live.request.max_tokens};
+    const auto decide_start = Clock::now();
     const conductor::Decision decision = conductor_.schedule(state_, info, now);
-    if (decision.rejected != conductor::RejectReason::kNone) return decision;
+    metrics_.observe_decision(std::chrono::duration<double>(Clock::now() - decide_start).count());
+    if (decision.rejected != conductor::RejectReason::kNone) {
+      metrics_.observe_rejection(conductor::to_string(decision.rejected));
+      return decision;
+    }
+    metrics_.observe_prefix(input, decision.local_prefix_tokens, decision.fetched_prefix_tokens);
+    metrics_.observe_kv_bytes(
+        "prefix_fetch", static_cast<double>(decision.fetched_prefix_tokens) * cost_.kv_bytes_per_token());
+    live.submitted_s = now;
     id = next_id_++;
     live.summary.prompt_tokens = input;
     live.summary.prefill_instance = decision.prefill_instance;
@@ -128,6 +159,7 @@ class LocalCluster::Impl {
     prefill_[it->second.summary.prefill_instance]->cancel(id);
     decode_[it->second.summary.decode_instance]->cancel(id);
     std::erase_if(kv_arrivals_, [id](const auto& entry) { return entry.second == id; });
+    metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
     requests_.erase(it);
   }
 
@@ -138,14 +170,16 @@ class LocalCluster::Impl {
     RequestCallbacks callbacks;
     std::vector<BlockKey> block_keys;
     RequestSummary summary;
+    double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // cluster clock
   };
 
   class PrefillListener final : public engine::EngineListener {
    public:
     PrefillListener(Impl& cluster, InstanceId instance) : cluster_(cluster), instance_(instance) {}
-    void on_prefill_start(engine::RequestId id, double, const engine::PrefillStart& start) override {
+    void on_prefill_start(engine::RequestId id, double now_s, const engine::PrefillStart& start) override {
       if (auto it = cluster_.requests_.find(id); it != cluster_.requests_.end()) {
         it->second.summary.cached_tokens = start.hit_tokens;
+        it->second.prefill_start_s = now_s;
       }
     }
     void on_first_token(engine::RequestId id, double now_s) override {
@@ -167,11 +201,12 @@ class LocalCluster::Impl {
     explicit DecodeListener(Impl& cluster) : cluster_(cluster) {}
     void on_prefill_start(engine::RequestId, double, const engine::PrefillStart&) override {}
     void on_first_token(engine::RequestId, double) override {}
-    void on_tokens(std::span<const engine::RequestId> ids, double) override {
-      for (engine::RequestId id : ids) cluster_.emit_token(id);
+    void on_tokens(std::span<const engine::RequestId> ids, double now_s) override {
+      for (engine::RequestId id : ids) cluster_.emit_token(id, now_s);
     }
-    void on_finished(engine::RequestId id, double, const std::optional<engine::StepLog::Gaps>&) override {
-      cluster_.finish(id);
+    void on_finished(engine::RequestId id, double now_s,
+                     const std::optional<engine::StepLog::Gaps>&) override {
+      cluster_.finish(id, now_s);
     }
 
    private:
@@ -201,33 +236,49 @@ class LocalCluster::Impl {
     state_.on_prefill_done(instance, now);
     auto it = requests_.find(id);
     if (it == requests_.end()) return;
-    emit_token(id);  // the first token comes from the prefill
+    emit_token(id, now);  // the first token comes from the prefill
     it = requests_.find(id);
     if (it == requests_.end()) return;
     const auto input = static_cast<int64_t>(it->second.request.prompt_token_ids.size());
     if (it->second.request.max_tokens <= 1) {
-      finish(id);
+      finish(id, now);
       return;
     }
+    metrics_.observe_kv_bytes("prefill_to_decode", static_cast<double>(input) * cost_.kv_bytes_per_token());
     // KV streams to decode chunk by chunk while prefill runs: after the last chunk only its KV is left.
     const int64_t chunk = options_.config.prefill_chunk_tokens;
     const int64_t last_chunk_tokens = input % chunk == 0 ? chunk : input % chunk;
     kv_arrivals_.emplace(now + cost_.kv_transfer_time_s(last_chunk_tokens), id);
   }
 
-  void emit_token(engine::RequestId id) {
+  void emit_token(engine::RequestId id, double now) {
     auto it = requests_.find(id);
     if (it == requests_.end()) return;
     Live& live = it->second;
+    if (live.summary.completion_tokens == 0) {
+      live.first_token_s = now;
+    } else {
+      metrics_.observe_token_gap(now - live.last_token_s);
+    }
+    live.last_token_s = now;
     const int64_t token = mock_token(live.request.seed, live.summary.completion_tokens);
     ++live.summary.completion_tokens;
     if (live.callbacks.on_tokens) live.callbacks.on_tokens(std::span<const int64_t>(&token, 1));
   }
 
-  void finish(engine::RequestId id) {
+  void finish(engine::RequestId id, double now) {
     auto it = requests_.find(id);
     if (it == requests_.end()) return;
-    conductor_.observe_output(it->second.summary.completion_tokens);
+    const Live& live = it->second;
+    conductor_.observe_output(live.summary.completion_tokens);
+    metrics_.observe_finished({.prompt_tokens = live.summary.prompt_tokens,
+                               .generation_tokens = live.summary.completion_tokens,
+                               .ttft_s = live.first_token_s - live.submitted_s,
+                               .e2e_s = now - live.submitted_s,
+                               .queue_s = live.prefill_start_s - live.submitted_s,
+                               .prefill_s = live.first_token_s - live.prefill_start_s,
+                               .decode_s = now - live.first_token_s},
+                              /*aborted=*/false);
     RequestCallbacks callbacks = std::move(it->second.callbacks);
     const RequestSummary summary = it->second.summary;
     requests_.erase(it);
@@ -261,6 +312,7 @@ class LocalCluster::Impl {
   const int64_t kv_capacity_tokens_;
   conductor::ClusterState state_;
   engine::MockExecutor executor_;
+  ServeMetrics metrics_;  // thread-safe
   const Clock::time_point start_;
 
   std::mutex mu_;  // everything below, and the engines
@@ -297,6 +349,9 @@ int64_t LocalCluster::max_context_tokens() const {
 }
 size_t LocalCluster::requests_in_flight() const {
   return impl_->requests_in_flight();
+}
+std::string LocalCluster::metrics_text() const {
+  return impl_->metrics_text();
 }
 
 }  // namespace crescent::serve

@@ -53,6 +53,7 @@ struct LocalClusterOptions {
   conductor::PrefillPolicy policy = conductor::PrefillPolicy::kGlobalCacheAware;
   conductor::Admission admission = conductor::Admission::kNone;
   int64_t block_size_tokens = 512;
+  std::string model_name = "mock";  // the model_name label of the metrics
 };
 
 /// The cluster. Thread-safe: submit() and cancel() from any thread; callbacks come from its driver thread.
@@ -71,6 +72,8 @@ class LocalCluster {
   int64_t max_context_tokens() const;
   /// Requests accepted and not yet finished or cancelled.
   size_t requests_in_flight() const;
+  /// GET /metrics: the Prometheus text format (serve_metrics.h), with the current loads.
+  std::string metrics_text() const;
 
   class Impl;
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <sstream>
 #include <thread>
 
 #include "sim/cluster_config.h"
@@ -79,6 +80,17 @@ class FrontendTest : public ::testing::Test {
     return events;
   }
 
+  // The value of the metric sample whose line starts with `series` (name and labels), or -1.
+  double metric(const std::string& series) {
+    auto res = client_->Get("/metrics");
+    if (!res || res->status != 200) return -1;
+    std::istringstream lines(res->body);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+    }
+    return -1;
+  }
+
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<HttpServer> server_;
   std::unique_ptr<httplib::Client> client_;
@@ -141,6 +153,26 @@ TEST_F(FrontendTest, ASharedPrefixIsAHit) {
   EXPECT_EQ(json::parse(second->body)["usage"]["prompt_tokens_details"]["cached_tokens"], 1024);
 }
 
+TEST_F(FrontendTest, MetricsFollowTheRequests) {
+  start();
+  const std::string prompt(1100, 'y');
+  ASSERT_TRUE(post("/v1/completions", {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 3}}));
+  ASSERT_TRUE(post("/v1/completions", {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 2}}));
+  EXPECT_EQ(metric(R"(vllm:request_success_total{finished_reason="length",model_name="mock"})"), 2);
+  EXPECT_EQ(metric(R"(vllm:prompt_tokens_total{model_name="mock"})"), 2200);
+  EXPECT_EQ(metric(R"(vllm:generation_tokens_total{model_name="mock"})"), 5);
+  EXPECT_EQ(metric(R"(vllm:prefix_cache_queries_total{model_name="mock"})"), 2200);
+  EXPECT_EQ(metric(R"(vllm:prefix_cache_hits_total{model_name="mock"})"), 1024);
+  EXPECT_EQ(metric(R"(crescent_prefix_tokens_total{source="local"})") +
+                metric(R"(crescent_prefix_tokens_total{source="pool"})"),
+            1024);
+  EXPECT_EQ(metric(R"(vllm:time_to_first_token_seconds_count{model_name="mock"})"), 2);
+  EXPECT_EQ(metric(R"(vllm:inter_token_latency_seconds_count{model_name="mock"})"), 3);  // 2 + 1 gaps
+  EXPECT_EQ(metric("crescent_conductor_decision_seconds_count"), 2);
+  EXPECT_EQ(metric(R"(vllm:num_requests_running{model_name="mock"})"), 0);
+  EXPECT_GT(metric(R"(crescent_kv_transfer_bytes_total{kind="prefill_to_decode"})"), 0);
+}
+
 TEST_F(FrontendTest, BadRequestsGetTheRightStatusAndAJsonError) {
   start({.model_name = "mock", .api_key = "sesame"}, {.body_limit_bytes = 4096});
   const httplib::Headers auth = {{"Authorization", "Bearer sesame"}};
@@ -190,6 +222,7 @@ TEST_F(FrontendTest, OverloadIsA429WithRetryAfter) {
   EXPECT_EQ(res->get_header_value("Retry-After"), "1");
   EXPECT_EQ(json::parse(res->body)["error"]["code"], "ttft");
   EXPECT_EQ(cluster_->requests_in_flight(), 0u);
+  EXPECT_EQ(metric(R"(crescent_requests_rejected_total{reason="ttft"})"), 1);
 }
 
 TEST_F(FrontendTest, AClientThatLeavesMidStreamCancelsItsRequest) {

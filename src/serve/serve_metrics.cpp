@@ -1,0 +1,123 @@
+#include "serve/serve_metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+namespace crescent::serve {
+namespace {
+
+using prometheus::Histogram;
+
+// Latency buckets (seconds) as vLLM's: milliseconds to minutes.
+const Histogram::BucketBoundaries kLatencyBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                                     0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10,
+                                                     20,    40,    80,   160,  640,  2560};
+const Histogram::BucketBoundaries kDecisionBuckets = {1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5,
+                                                      1e-4, 2e-4, 5e-4, 1e-3, 1e-2};
+
+Histogram& histogram(prometheus::Registry& registry, const std::string& name, const std::string& help,
+                     const prometheus::Labels& labels, const Histogram::BucketBoundaries& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(labels, buckets);
+}
+prometheus::Counter& counter(prometheus::Registry& registry, const std::string& name, const std::string& help,
+                             const prometheus::Labels& labels) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
+}
+prometheus::Gauge& gauge(prometheus::Registry& registry, const std::string& name, const std::string& help,
+                         const prometheus::Labels& labels) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+}  // namespace
+
+ServeMetrics::ServeMetrics(const std::string& model_name)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      model_name_(model_name),
+      rejected_(
+          prometheus::BuildCounter()
+              .Name("crescent_requests_rejected_total")
+              .Help("Requests refused before prefill, by reason (ttft, tbt, decode-capacity, context-length)")
+              .Register(*registry_)),
+      prefix_tokens_(
+          prometheus::BuildCounter()
+              .Name("crescent_prefix_tokens_total")
+              .Help("Prompt tokens of accepted requests by where their KV came from: local (the prefill "
+                    "instance's cache), pool (fetched from elsewhere), none (computed)")
+              .Register(*registry_)),
+      kv_bytes_(prometheus::BuildCounter()
+                    .Name("crescent_kv_transfer_bytes_total")
+                    .Help("KV cache bytes moved between instances (prefill_to_decode, prefix_fetch)")
+                    .Register(*registry_)),
+      success_(prometheus::BuildCounter()
+                   .Name("vllm:request_success_total")
+                   .Help("Finished requests by finish reason")
+                   .Register(*registry_)),
+      prefix_queries_(counter(*registry_, "vllm:prefix_cache_queries_total",
+                              "Prompt tokens looked up in the prefix cache", {{"model_name", model_name}})),
+      prefix_hits_(counter(*registry_, "vllm:prefix_cache_hits_total",
+                           "Prompt tokens found in the prefix cache", {{"model_name", model_name}})),
+      prompt_tokens_(counter(*registry_, "vllm:prompt_tokens_total", "Prompt tokens of finished requests",
+                             {{"model_name", model_name}})),
+      generation_tokens_(counter(*registry_, "vllm:generation_tokens_total", "Generated tokens",
+                                 {{"model_name", model_name}})),
+      decision_(histogram(*registry_, "crescent_conductor_decision_seconds",
+                          "Time the Conductor took to place a request", {}, kDecisionBuckets)),
+      ttft_(histogram(*registry_, "vllm:time_to_first_token_seconds", "Arrival to first token",
+                      {{"model_name", model_name}}, kLatencyBuckets)),
+      itl_(histogram(*registry_, "vllm:inter_token_latency_seconds", "Gap between two output tokens",
+                     {{"model_name", model_name}}, kLatencyBuckets)),
+      e2e_(histogram(*registry_, "vllm:e2e_request_latency_seconds", "Arrival to last token",
+                     {{"model_name", model_name}}, kLatencyBuckets)),
+      queue_(histogram(*registry_, "vllm:request_queue_time_seconds", "Arrival to the start of prefill",
+                       {{"model_name", model_name}}, kLatencyBuckets)),
+      prefill_(histogram(*registry_, "vllm:request_prefill_time_seconds", "Start of prefill to first token",
+                         {{"model_name", model_name}}, kLatencyBuckets)),
+      decode_(histogram(*registry_, "vllm:request_decode_time_seconds", "First token to last token",
+                        {{"model_name", model_name}}, kLatencyBuckets)),
+      running_(gauge(*registry_, "vllm:num_requests_running", "Requests in decode batches",
+                     {{"model_name", model_name}})),
+      waiting_(gauge(*registry_, "vllm:num_requests_waiting",
+                     "Requests queued for prefill or waiting for decode KV room",
+                     {{"model_name", model_name}})),
+      kv_usage_(gauge(*registry_, "vllm:kv_cache_usage_perc", "Decode KV cache reserved / capacity (0-1)",
+                      {{"model_name", model_name}})) {}
+
+void ServeMetrics::observe_decision(double seconds) {
+  decision_.Observe(seconds);
+}
+void ServeMetrics::observe_rejection(std::string_view reason) {
+  rejected_.Add({{"reason", std::string(reason)}}).Increment();
+}
+void ServeMetrics::observe_prefix(int64_t prompt_tokens, int64_t local_tokens, int64_t fetched_tokens) {
+  prefix_tokens_.Add({{"source", "local"}}).Increment(static_cast<double>(local_tokens));
+  prefix_tokens_.Add({{"source", "pool"}}).Increment(static_cast<double>(fetched_tokens));
+  prefix_tokens_.Add({{"source", "none"}})
+      .Increment(static_cast<double>(prompt_tokens - local_tokens - fetched_tokens));
+  prefix_queries_.Increment(static_cast<double>(prompt_tokens));
+  prefix_hits_.Increment(static_cast<double>(local_tokens + fetched_tokens));
+}
+void ServeMetrics::observe_kv_bytes(std::string_view kind, double bytes) {
+  kv_bytes_.Add({{"kind", std::string(kind)}}).Increment(bytes);
+}
+void ServeMetrics::observe_token_gap(double seconds) {
+  itl_.Observe(seconds);
+}
+void ServeMetrics::observe_finished(const FinishedRequest& r, bool aborted) {
+  success_.Add({{"model_name", model_name_}, {"finished_reason", aborted ? "abort" : "length"}}).Increment();
+  generation_tokens_.Increment(static_cast<double>(r.generation_tokens));
+  if (aborted) return;
+  prompt_tokens_.Increment(static_cast<double>(r.prompt_tokens));
+  ttft_.Observe(r.ttft_s);
+  e2e_.Observe(r.e2e_s);
+  queue_.Observe(r.queue_s);
+  prefill_.Observe(r.prefill_s);
+  decode_.Observe(r.decode_s);
+}
+
+std::string ServeMetrics::scrape(const LoadGauges& gauges) {
+  running_.Set(static_cast<double>(gauges.requests_running));
+  waiting_.Set(static_cast<double>(gauges.requests_waiting));
+  kv_usage_.Set(gauges.kv_cache_usage);
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace crescent::serve

@@ -1,0 +1,79 @@
+// The front end's Prometheus metrics (serving-notes.md): vLLM's names, so existing dashboards read them, plus
+// crescent_ ones for what vLLM lacks (refusals by reason, Conductor decision time, prefix hits by source, KV
+// bytes moved). Observations are thread-safe; scrape() renders the text exposition format.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace crescent::serve {
+
+/// Gauges read at scrape time from the cluster.
+struct LoadGauges {
+  int64_t requests_running = 0;  // in decode batches
+  int64_t requests_waiting = 0;  // queued for prefill, or waiting for decode HBM room
+  double kv_cache_usage = 0;     // decode KV reserved / HBM KV capacity, 0..1
+};
+
+/// What one finished request contributes. Times in seconds.
+struct FinishedRequest {
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;
+  double ttft_s = 0, e2e_s = 0, queue_s = 0, prefill_s = 0, decode_s = 0;
+};
+
+class ServeMetrics {
+ public:
+  /// Metrics labelled with model_name = `model_name`.
+  explicit ServeMetrics(const std::string& model_name);
+
+  /// Conductor::schedule took `seconds` (crescent_conductor_decision_seconds).
+  void observe_decision(double seconds);
+  /// A request refused for `reason` (crescent_requests_rejected_total{reason}).
+  void observe_rejection(std::string_view reason);
+  /// An accepted prompt's tokens by where their KV came from (crescent_prefix_tokens_total{source}: local
+  /// cache, pool (fetched from elsewhere), none (computed)) and the prefix cache counters vLLM has.
+  void observe_prefix(int64_t prompt_tokens, int64_t local_tokens, int64_t fetched_tokens);
+  /// KV bytes moved between instances (crescent_kv_transfer_bytes_total{kind}: "prefill_to_decode",
+  /// "prefix_fetch").
+  void observe_kv_bytes(std::string_view kind, double bytes);
+  /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).
+  void observe_token_gap(double seconds);
+  /// A request that produced all its tokens (finished_reason "length") or was cancelled ("abort").
+  void observe_finished(const FinishedRequest& request, bool aborted);
+
+  /// Everything, in the Prometheus text format, with `gauges`.
+  std::string scrape(const LoadGauges& gauges);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  const std::string model_name_;
+  prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Counter>& prefix_tokens_;
+  prometheus::Family<prometheus::Counter>& kv_bytes_;
+  prometheus::Family<prometheus::Counter>& success_;
+  prometheus::Counter& prefix_queries_;
+  prometheus::Counter& prefix_hits_;
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& generation_tokens_;
+  prometheus::Histogram& decision_;
+  prometheus::Histogram& ttft_;
+  prometheus::Histogram& itl_;
+  prometheus::Histogram& e2e_;
+  prometheus::Histogram& queue_;
+  prometheus::Histogram& prefill_;
+  prometheus::Histogram& decode_;
+  prometheus::Gauge& running_;
+  prometheus::Gauge& waiting_;
+  prometheus::Gauge& kv_usage_;
+};
+
+}  // namespace crescent::serve
