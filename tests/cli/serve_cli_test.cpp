@@ -28,6 +28,18 @@ TEST(ServeCli, ReplaysASliceOfTheBundledTraceAgainstTheLiveCluster) {
   EXPECT_THAT(run.err, HasSubstr("crescent serve: model 'mock' on http://127.0.0.1:"));
 }
 
+TEST(ServeCli, BenchServeMeasuresAdmissionAndStreams) {
+  const CliRun run = run_crescent("bench serve --rate 100 --seconds 0.5 --streams 40 --tokens 5 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto out = nlohmann::json::parse(run.out);
+  EXPECT_EQ(out["admission"]["requests"], 50);
+  EXPECT_EQ(out["admission"]["answered"], 50);
+  EXPECT_GT(out["admission"]["handler_p99_us"].get<double>(), 0);
+  EXPECT_EQ(out["streams"]["completed"], 40);
+  EXPECT_EQ(out["streams"]["tokens_delivered"], 40 * 5);
+  EXPECT_GE(out["streams"]["held_at_once"], 40);
+}
+
 TEST(ServeCli, BadInputIsRefusedWithAClearMessage) {
   CliRun run = run_crescent("replay nowhere.jsonl --url ftp://x");
   EXPECT_EQ(run.exit_code, 2);
