@@ -259,10 +259,10 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
       close();
       return;
     }
-    if (buffer_.size() > 0) {
+    if (buffer_.size() > 0 && !reading_) {
       read_request();  // pipelined
     } else {
-      await_request();
+      await_request();  // a read still pending from the stream continues as the wait for the next request
     }
   }
 

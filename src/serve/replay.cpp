@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -170,18 +171,19 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
     }
     out.model = models["data"][0]["id"].get<std::string>();
   }
-
   out.result.requests.resize(trace.size());
   std::mutex mu;
+  std::condition_variable all_done;
   int64_t finished = 0;
-  std::vector<std::thread> threads;
-  threads.reserve(trace.size());
   const auto start = Clock::now();
   for (size_t i = 0; i < trace.size(); ++i) {
     const double at_s = sim::arrival_time_s(trace, i, options.time_scale);
-    std::this_thread::sleep_until(
-        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at_s)));
-    threads.emplace_back([&, i] {
+    std::this_thread::sleep_until(start +
+                                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                                      at_s)));  // One detached thread per request in flight (open loop:
+                                                // arrivals never wait for answers); each frees its
+    // resources when it ends, however long the trace.
+    std::thread([&, i] {
       sim::RequestOutcome& o = out.result.requests[i];
       o.trace_line = trace[i].line;
       o.input_tokens = trace[i].input_tokens;
@@ -197,9 +199,13 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
       }
       ++finished;
       if (options.progress) options.progress(finished, static_cast<int64_t>(trace.size()));
-    });
+      if (finished == static_cast<int64_t>(trace.size())) all_done.notify_all();
+    }).detach();
   }
-  for (std::thread& t : threads) t.join();
+  {
+    std::unique_lock lock(mu);
+    all_done.wait(lock, [&] { return finished == static_cast<int64_t>(trace.size()); });
+  }
   for (const sim::RequestOutcome& o : out.result.requests) {
     out.result.makespan_s = std::max(out.result.makespan_s, o.finish_s);
   }
