@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "common/bundled_files.h"
 #include "common/percentile.h"
 #include "serve/frontend.h"
 #include "serve/http_server.h"
@@ -194,13 +193,7 @@ int run_bench_serve(const BenchServeArgs& args) {
   if (!(args.rate > 0) || !(args.seconds > 0) || args.streams < 1 || args.tokens < 2) {
     return fail(Status::invalid_argument("--rate and --seconds must be > 0, --streams >= 1, --tokens >= 2"));
   }
-  std::string config_path = args.config_path;
-  if (config_path.empty()) {
-    auto bundled = bundled_file("configs/paper-fig5.json");
-    if (!bundled.ok()) return fail(bundled.status());
-    config_path = *bundled;
-  }
-  auto config = sim::load_cluster_config(config_path, 512);
+  auto config = load_cluster_config_or_default(args.config_path, 512);
   if (!config.ok()) return fail(config.status());
   config->prefill_instances = args.prefill_instances;
   config->decode_instances = args.decode_instances;

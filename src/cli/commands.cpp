@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "common/bundled_files.h"
+#include "trace/reader.h"
 
 namespace crescent::cli {
 
@@ -46,6 +47,29 @@ int wait_for_stop_signal(const sigset_t& set) {
   int signal = 0;
   sigwait(&set, &signal);
   return signal;
+}
+
+Result<sim::ClusterConfig> load_cluster_config_or_default(const std::string& path,
+                                                          int64_t block_size_tokens) {
+  std::string config_path = path;
+  if (config_path.empty()) {
+    auto bundled = bundled_file(kDefaultClusterConfig);
+    if (!bundled.ok()) return bundled.status();
+    config_path = *bundled;
+  }
+  return sim::load_cluster_config(config_path, block_size_tokens);
+}
+
+Result<std::vector<trace::Request>> read_command_trace(const std::string& path, int64_t block_size_tokens,
+                                                       bool skip_invalid, int64_t limit) {
+  trace::SkipReport skipped;
+  auto requests = trace::read_trace(
+      path, {.block_size_tokens = block_size_tokens, .skip_invalid = skip_invalid, .max_requests = limit},
+      &skipped);
+  if (!requests.ok()) return with_bundled_trace_hint(requests.status(), path);
+  if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
+  if (requests->empty()) return trace::empty_trace_error(path, skipped);
+  return requests;
 }
 
 }  // namespace crescent::cli

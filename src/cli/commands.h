@@ -9,6 +9,8 @@
 #include <string>
 
 #include "common/status.h"
+#include "sim/cluster_config.h"
+#include "trace/request.h"
 
 namespace crescent::cli {
 
@@ -33,6 +35,17 @@ template <typename Json>
 std::string dump_json(const Json& j, int indent = -1) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
+
+/// The cluster config the subcommands use without --config.
+inline constexpr std::string_view kDefaultClusterConfig = "configs/paper-fig5.json";
+/// The cluster config at `path`, or the bundled kDefaultClusterConfig when `path` is empty. Errors as
+/// sim::load_cluster_config and bundled_file.
+Result<sim::ClusterConfig> load_cluster_config_or_default(const std::string& path, int64_t block_size_tokens);
+/// A subcommand's trace: the first `limit` valid requests (0: all) of `path`, invalid lines skipped and
+/// summarised on stderr when `skip_invalid`. Errors: the reader's (with the bundled-trace hint), and a trace
+/// with no valid request.
+Result<std::vector<trace::Request>> read_command_trace(const std::string& path, int64_t block_size_tokens,
+                                                       bool skip_invalid, int64_t limit);
 
 /// Blocks SIGINT and SIGTERM in this thread and every thread started after it, so wait_for_stop_signal can
 /// take them (servers: call before starting threads).

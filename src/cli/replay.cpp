@@ -10,19 +10,11 @@
 
 #include "cli/commands.h"
 #include "cli/replay.h"
-#include "common/bundled_files.h"
 #include "experiment/progress.h"
 #include "sim/cluster_config.h"
 #include "sim/report.h"
-#include "trace/reader.h"
 
 namespace crescent::cli {
-namespace {
-
-constexpr std::string_view kDefaultConfig = "configs/paper-fig5.json";
-
-}  // namespace
-
 int run_replay(const ReplayArgs& args) {
   if (args.limit < 0) return fail(Status::invalid_argument("--limit must be >= 0"));
   std::smatch m;
@@ -33,23 +25,10 @@ int run_replay(const ReplayArgs& args) {
   const int port = std::stoi(m[2].str());
   if (port < 1 || port > 65535)
     return fail(Status::invalid_argument(fmt::format("--url: port {} out of range", port)));
-  std::string config_path = args.config_path;
-  if (config_path.empty()) {
-    auto bundled = bundled_file(kDefaultConfig);
-    if (!bundled.ok()) return fail(bundled.status());
-    config_path = *bundled;
-  }
-  auto config = sim::load_cluster_config(config_path, args.block_size_tokens);
+  auto config = load_cluster_config_or_default(args.config_path, args.block_size_tokens);
   if (!config.ok()) return fail(config.status());
-  trace::SkipReport skipped;
-  auto requests = trace::read_trace(args.trace_path,
-                                    {.block_size_tokens = args.block_size_tokens,
-                                     .skip_invalid = args.skip_invalid,
-                                     .max_requests = args.limit},
-                                    &skipped);
-  if (!requests.ok()) return fail(with_bundled_trace_hint(requests.status(), args.trace_path));
-  if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
-  if (requests->empty()) return fail(trace::empty_trace_error(args.trace_path, skipped));
+  auto requests = read_command_trace(args.trace_path, args.block_size_tokens, args.skip_invalid, args.limit);
+  if (!requests.ok()) return fail(requests.status());
 
   experiment::ProgressLine progress_line("replay", 1, "elapsed");
   auto report_progress = progress_line.start_run(args.url);
@@ -111,9 +90,9 @@ void register_replay(CLI::App& app, int& exit_code) {
   cmd->add_option("--url", args->url, "The server, http://HOST:PORT")->capture_default_str();
   cmd->add_option("--model", args->model, "Model to request (default: the first the server lists)");
   cmd->add_option("--api-key", args->api_key, "Sent as \"Authorization: Bearer KEY\"");
-  cmd->add_option(
-      "--config", args->config_path,
-      fmt::format("Cluster config whose SLOs the report uses (default: the bundled {})", kDefaultConfig));
+  cmd->add_option("--config", args->config_path,
+                  fmt::format("Cluster config whose SLOs the report uses (default: the bundled {})",
+                              kDefaultClusterConfig));
   cmd->add_option("--time-scale", args->time_scale, "Send arrivals this many times faster")
       ->capture_default_str();
   cmd->add_option("--limit", args->limit, "Replay only the first N valid requests (0 = all)")

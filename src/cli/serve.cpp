@@ -9,7 +9,6 @@
 
 #include "cli/commands.h"
 #include "cli/replay.h"
-#include "common/bundled_files.h"
 #include "conductor/conductor.h"
 #include "serve/frontend.h"
 #include "serve/http_server.h"
@@ -19,10 +18,8 @@
 namespace crescent::cli {
 namespace {
 
-constexpr std::string_view kDefaultConfig = "configs/paper-fig5.json";
-
 struct ServeArgs {
-  std::string config_path;  // empty: the bundled kDefaultConfig
+  std::string config_path;  // empty: the bundled kDefaultClusterConfig
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;
@@ -44,13 +41,7 @@ int run_serve(const ServeArgs& args) {
   auto admission = conductor::parse_admission(args.admission);
   if (!admission.ok()) return fail(admission.status());
   if (args.block_size_tokens < 1) return fail(Status::invalid_argument("--block-size must be >= 1"));
-  std::string config_path = args.config_path;
-  if (config_path.empty()) {
-    auto bundled = bundled_file(kDefaultConfig);
-    if (!bundled.ok()) return fail(bundled.status());
-    config_path = *bundled;
-  }
-  auto config = sim::load_cluster_config(config_path, args.block_size_tokens);
+  auto config = load_cluster_config_or_default(args.config_path, args.block_size_tokens);
   if (!config.ok()) return fail(config.status());
   if (!args.replay_trace.empty() && !std::filesystem::is_regular_file(args.replay_trace)) {
     return fail(with_bundled_trace_hint(
@@ -88,7 +79,7 @@ int run_serve(const ServeArgs& args) {
                       .url = url,
                       .model = args.model_name,
                       .api_key = args.api_key,
-                      .config_path = config_path,
+                      .config_path = args.config_path,
                       .time_scale = args.replay_time_scale,
                       .limit = args.replay_limit,
                       .block_size_tokens = args.block_size_tokens,
@@ -108,9 +99,9 @@ int run_serve(const ServeArgs& args) {
 void register_serve(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible API over a disaggregated cluster");
-  cmd->add_option(
-      "--config", args->config_path,
-      fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)", kDefaultConfig));
+  cmd->add_option("--config", args->config_path,
+                  fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)",
+                              kDefaultClusterConfig));
   cmd->add_option("--host", args->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", args->port, "HTTP port (0: any free port)")
       ->capture_default_str()

@@ -13,22 +13,18 @@
 
 #include "cli/commands.h"
 #include "common/atomic_file.h"
-#include "common/bundled_files.h"
 #include "common/text_format.h"
 #include "conductor/conductor.h"
 #include "sim/cluster_config.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
-#include "trace/reader.h"
 
 namespace crescent::cli {
 namespace {
 
-constexpr std::string_view kDefaultConfig = "configs/paper-fig5.json";
-
 struct SimulateArgs {
   std::string trace_path;
-  std::string config_path;  // empty: the bundled kDefaultConfig
+  std::string config_path;  // empty: the bundled kDefaultClusterConfig
   std::string policy = "global-cache-aware";
   bool policy_given = false;
   std::string compare;
@@ -115,24 +111,10 @@ int run_simulate(const SimulateArgs& args) {
           fmt::format("--requests-out {}: is a directory; give a file name", args.requests_out)));
     }
   }
-  std::string config_path = args.config_path;
-  if (config_path.empty()) {
-    auto bundled = bundled_file(kDefaultConfig);
-    if (!bundled.ok()) return fail(bundled.status());
-    config_path = *bundled;
-  }
-  auto config = sim::load_cluster_config(config_path, args.block_size_tokens);
+  auto config = load_cluster_config_or_default(args.config_path, args.block_size_tokens);
   if (!config.ok()) return fail(config.status());
-
-  trace::SkipReport skipped;
-  auto requests = trace::read_trace(args.trace_path,
-                                    {.block_size_tokens = args.block_size_tokens,
-                                     .skip_invalid = args.skip_invalid,
-                                     .max_requests = args.limit},
-                                    &skipped);
-  if (!requests.ok()) return fail(with_bundled_trace_hint(requests.status(), args.trace_path));
-  if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
-  if (requests->empty()) return fail(trace::empty_trace_error(args.trace_path, skipped));
+  auto requests = read_command_trace(args.trace_path, args.block_size_tokens, args.skip_invalid, args.limit);
+  if (!requests.ok()) return fail(requests.status());
 
   sim::SimOptions options{.system = *system,
                           .policy = policies.front(),
@@ -200,9 +182,9 @@ void register_simulate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<SimulateArgs>();
   CLI::App* cmd = app.add_subcommand("simulate", "Replay a trace through a simulated prefill/decode cluster");
   cmd->add_option("trace", args->trace_path, "Mooncake JSONL trace (.jsonl or .jsonl.gz)")->required();
-  cmd->add_option(
-      "--config", args->config_path,
-      fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)", kDefaultConfig));
+  cmd->add_option("--config", args->config_path,
+                  fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)",
+                              kDefaultClusterConfig));
   CLI::Option* policy =
       cmd->add_option("--policy", args->policy,
                       "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
