@@ -170,6 +170,14 @@ json finish_value(std::string_view finish_reason) {
   return finish_reason.empty() ? json() : json(finish_reason);
 }
 
+// The one choice of an answer or chunk: {"index": 0, <field>: <content>, "logprobs": null, "finish_reason"}.
+json one_choice(const char* field, json content, std::string_view finish_reason) {
+  return {{"index", 0},
+          {field, std::move(content)},
+          {"logprobs", nullptr},
+          {"finish_reason", finish_value(finish_reason)}};
+}
+
 }  // namespace
 
 ApiError ApiError::bad_field(std::string param, std::string message) {
@@ -333,42 +341,25 @@ json to_json(const Usage& usage) {
 
 json completion_response(Endpoint endpoint, const ResponseHeader& header, std::string_view text,
                          std::string_view finish_reason, const Usage& usage) {
-  json out;
-  if (endpoint == Endpoint::kCompletions) {
-    out = header_fields(header, "text_completion");
-    out["choices"] = json::array({{{"index", 0},
-                                   {"text", text},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", finish_value(finish_reason)}}});
-  } else {
-    out = header_fields(header, "chat.completion");
-    out["choices"] = json::array({{{"index", 0},
-                                   {"message", {{"role", "assistant"}, {"content", text}}},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", finish_value(finish_reason)}}});
-  }
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  json out = header_fields(header, chat ? "chat.completion" : "text_completion");
+  out["choices"] = json::array(
+      {one_choice(chat ? "message" : "text",
+                  chat ? json{{"role", "assistant"}, {"content", text}} : json(text), finish_reason)});
   out["usage"] = to_json(usage);
   return out;
 }
 
 json stream_chunk(Endpoint endpoint, const ResponseHeader& header, std::string_view text, bool first,
                   std::string_view finish_reason) {
-  json out;
-  if (endpoint == Endpoint::kCompletions) {
-    out = header_fields(header, "text_completion");
-    out["choices"] = json::array({{{"index", 0},
-                                   {"text", text},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", finish_value(finish_reason)}}});
-  } else {
-    out = header_fields(header, "chat.completion.chunk");
-    json delta = {{"content", text}};
-    if (first) delta["role"] = "assistant";
-    out["choices"] = json::array({{{"index", 0},
-                                   {"delta", delta},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", finish_value(finish_reason)}}});
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  json out = header_fields(header, chat ? "chat.completion.chunk" : "text_completion");
+  json content = text;
+  if (chat) {
+    content = {{"content", text}};
+    if (first) content["role"] = "assistant";
   }
+  out["choices"] = json::array({one_choice(chat ? "delta" : "text", std::move(content), finish_reason)});
   return out;
 }
 
