@@ -2,6 +2,7 @@
 // this process (serve::LocalCluster: the real Conductor, mock prefill and decode engines on the steady
 // clock); the separate instance processes moving KV through the store come next (docs/serving.md).
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -86,6 +87,10 @@ int run_serve(const ServeArgs& args) {
                       .json = args.json};
     const int code = run_replay(replay);
     (*server)->stop();
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    fmt::print(stderr, "crescent serve: peak RSS {:.0f} MiB (server, cluster and replay client together)\n",
+               static_cast<double>(usage.ru_maxrss) / 1024);
     return code;
   }
   const int signal = wait_for_stop_signal(signals);
