@@ -39,17 +39,21 @@ void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t outpu
   if (!busy_) start_iteration(now_s);
 }
 
-void EngineCore::expect(RequestId id, int64_t input_tokens, int64_t output_tokens) {
+void EngineCore::expect(RequestId id, int64_t input_tokens, int64_t output_tokens, double now_s) {
   assert(output_tokens >= 2 && !records_.contains(id));
   Record& r = records_[id];
   r.input_tokens = input_tokens;
   r.output_tokens = output_tokens;
   r.decode_steps = output_tokens - 1;
   add(incoming_, r, +1);
+  if (options_.kv_transfer_timeout_s > 0)
+    kv_deadlines_.emplace_back(now_s + options_.kv_transfer_timeout_s, id);
 }
 
-void EngineCore::submit_decode(RequestId id, double first_token_s, double now_s) {
-  Record& r = records_.at(id);
+bool EngineCore::submit_decode(RequestId id, double first_token_s, double now_s) {
+  auto it = records_.find(id);
+  if (it == records_.end() || it->second.where != Record::Where::kIncoming) return false;
+  Record& r = it->second;
   r.first_token_s = first_token_s;
   r.where = Record::Where::kWaitingDecode;
   add(incoming_, r, -1);
@@ -57,9 +61,20 @@ void EngineCore::submit_decode(RequestId id, double first_token_s, double now_s)
   waiting_decode_.push_back(id);
   ++outstanding_;
   if (!busy_) start_iteration(now_s);
+  return true;
 }
 
 void EngineCore::advance_until(double t_s) {
+  // Reservations whose KV never came (their deadlines are in expect order, as the timeout is one value).
+  while (!kv_deadlines_.empty() && kv_deadlines_.front().first <= t_s) {
+    const auto [deadline_s, id] = kv_deadlines_.front();
+    kv_deadlines_.pop_front();
+    auto it = records_.find(id);
+    if (it == records_.end() || it->second.where != Record::Where::kIncoming) continue;
+    add(incoming_, it->second, -1);
+    records_.erase(it);
+    listener_.on_kv_timeout(id, deadline_s);
+  }
   while (busy_ && end_s_ <= t_s) {
     finish_iteration(end_s_);
     start_iteration(end_s_);
@@ -210,7 +225,9 @@ void EngineCore::finish_iteration(double end_s) {
 }
 
 double EngineCore::next_event_s() const {
-  return busy_ ? end_s_ : std::numeric_limits<double>::infinity();
+  double next = busy_ ? end_s_ : std::numeric_limits<double>::infinity();
+  if (!kv_deadlines_.empty()) next = std::min(next, kv_deadlines_.front().first);
+  return next;
 }
 
 void EngineCore::cancel(RequestId id) {

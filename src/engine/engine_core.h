@@ -82,6 +82,9 @@ struct EngineOptions {
   /// before its prompt is computed (IterationPlan::load_tokens). Otherwise it is in HBM already.
   bool prefix_in_dram = false;
   bool report_tokens = false;  // call EngineListener::on_tokens after every decode step
+  /// Disaggregated decode: an expected request whose KV has not arrived this many seconds after expect() is
+  /// dropped and its reservation freed (a dead prefill must not leak decode memory). 0: never.
+  double kv_transfer_timeout_s = 0;
 };
 
 /// What admission decided for a prompt when its prefill starts.
@@ -109,7 +112,12 @@ class EngineListener {
     (void)ids;
     (void)now_s;
   }
-  /// The prefix cache stored and evicted blocks (a KV event: ClusterState::on_kv_event).
+  /// The prefix cache stored and evicted blocks (a KV event: ClusterState::on_kv_event).  /// Expected
+  /// request `id` was dropped at `now_s`: its KV did not arrive within kv_transfer_timeout_s.
+  virtual void on_kv_timeout(RequestId id, double now_s) {
+    (void)id;
+    (void)now_s;
+  }
   virtual void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
                            double now_s) {
     (void)stored;
@@ -145,15 +153,19 @@ class EngineCore {
                      std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix);
 
   /// Disaggregated decode: `id` was placed here; its KV is on its way (counted as incoming in decode_load()).
-  /// REQUIRES: output_tokens >= 2 (a one-token request never reaches decode); `id` not in the engine.
-  void expect(RequestId id, int64_t input_tokens, int64_t output_tokens);
+  /// REQUIRES: output_tokens >= 2 (a one-token request never reaches decode); `id` not in the engine.  ///
+  /// `now_s` starts its kv_transfer_timeout_s.
+  void expect(RequestId id, int64_t input_tokens, int64_t output_tokens, double now_s = 0);
   /// The KV of expected request `id` arrived at `now_s` (its first token came at `first_token_s`); it joins
-  /// the batch at the next step boundary (now, if idle) once HBM has room. REQUIRES: advanced to now_s.
-  void submit_decode(RequestId id, double first_token_s, double now_s);
+  /// /// the batch at the next step boundary (now, if idle) once HBM has room. False (nothing changed) when
+  /// `id` is not expected here: cancelled, or dropped by the KV transfer timeout. REQUIRES: advanced to
+  /// now_s.
+  bool submit_decode(RequestId id, double first_token_s, double now_s);
 
   /// Virtual clock: runs (with the executor) every iteration that ends at or before `t_s`.
-  void advance_until(double t_s);
-  /// When the iteration under way ends (infinity when idle): a steady-clock driver sleeps until then.
+  void advance_until(double t_s);  /// When the iteration under way ends, or the next KV transfer deadline
+                                   /// passes (infinity when neither): a
+  /// steady-clock driver sleeps until then.
   double next_event_s() const;
 
   /// Drops request `id` wherever it is (queued, prefilling, waiting, decoding, incoming) and frees its HBM
@@ -220,8 +232,9 @@ class EngineCore {
   std::priority_queue<std::pair<int64_t, RequestId>, std::vector<std::pair<int64_t, RequestId>>,
                       std::greater<>>
       leaving_;
-  kv::TouchEvents touch_events_;      // scratch
-  std::vector<RequestId> token_ids_;  // scratch for on_tokens
+  std::deque<std::pair<double, RequestId>> kv_deadlines_;  // (expect time + timeout, id), in expect order
+  kv::TouchEvents touch_events_;                           // scratch
+  std::vector<RequestId> token_ids_;                       // scratch for on_tokens
   int64_t iterations_ = 0;
   int64_t decode_steps_ = 0;
 };

@@ -138,8 +138,9 @@ class LocalCluster::Impl {
     live.summary.prefill_instance = decision.prefill_instance;
     live.summary.decode_instance = decision.decode_instance;
     const conductor::PrefillTimeline timeline = state_.on_request_placed(info, decision, now);
-    if (live.request.max_tokens > 1)
-      decode_[decision.decode_instance]->expect(id, input, live.request.max_tokens);
+    if (live.request.max_tokens > 1) {
+      decode_[decision.decode_instance]->expect(id, input, live.request.max_tokens, now);
+    }
     auto& entry = requests_.emplace(id, std::move(live)).first->second;
     // The prefix the Conductor found, fetched from another instance when it chose to: copying it is how a
     // hot prefix gains replicas (in process there is one memory, so only its time is paid).

@@ -179,7 +179,8 @@ TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {
   EXPECT_EQ(engine.decode_load().incoming.requests, 0);
   engine.advance_until(100);
   EXPECT_THAT(recorder.tokens[1], ElementsAre(1.0, 2.0, 3.0, 4.0));
-  // It joined at the step boundary at 1 (request 1's first step was under way), then nothing after the cancel.
+  // It joined at the step boundary at 1 (request 1's first step was under way), then nothing after the
+  // cancel.
   EXPECT_THAT(recorder.tokens[2], ElementsAre(2.0));
   EXPECT_THAT(recorder.finished_order, ElementsAre(1u));
   EXPECT_EQ(engine.outstanding(), 0);
@@ -192,6 +193,26 @@ TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {
   engine.cancel(4);
   engine.advance_until(1'000);
   EXPECT_EQ(recorder.seen.count(4) ? recorder.seen[4].first_token_s : -1, -1);
+  EXPECT_EQ(engine.outstanding(), 0);
+  EXPECT_EQ(engine.decode_load().running.kv_tokens, 0);
+}
+
+TEST_F(EngineCoreTest, AReservationWhoseKvNeverCameIsFreedAfterTheTimeout) {
+  struct TimeoutRecorder : Recorder {
+    void on_kv_timeout(RequestId id, double now_s) override { timed_out.emplace_back(id, now_s); }
+    std::vector<std::pair<RequestId, double>> timed_out;
+  } recorder;
+  EngineCore engine({.kv_capacity_tokens = 1'000, .kv_transfer_timeout_s = 5}, executor_, recorder);
+  engine.expect(1, 100, 3, /*now_s=*/0);
+  engine.expect(2, 100, 3, /*now_s=*/1);
+  EXPECT_DOUBLE_EQ(engine.next_event_s(), 5);  // the driver wakes for the deadline
+  engine.submit_decode(2, 1.5, 2);             // request 2's KV arrives in time
+  engine.advance_until(5);
+  EXPECT_THAT(recorder.timed_out, ElementsAre(std::make_pair(RequestId{1}, 5.0)));
+  EXPECT_EQ(engine.decode_load().incoming.requests, 0);
+  EXPECT_FALSE(engine.submit_decode(1, 6, 6));  // too late: nothing changes
+  engine.advance_until(100);
+  EXPECT_THAT(recorder.finished_order, ElementsAre(2u));
   EXPECT_EQ(engine.outstanding(), 0);
   EXPECT_EQ(engine.decode_load().running.kv_tokens, 0);
 }
