@@ -165,6 +165,31 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(shared_->options.body_limit_bytes);
     parser_->header_limit(kHeaderLimitBytes);
+    http::async_read_header(
+        socket_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+          if (ec || self->parser_->is_done()) {
+            self->on_request(ec);
+            return;
+          }
+          // A client that sent "Expect: 100-continue" (curl does above 1 KiB) waits for this before the body.
+          const auto expect = self->parser_->get()[http::field::expect];
+          if (beast::iequals(expect, "100-continue") &&
+              self->parser_->content_length().value_or(0) <= self->shared_->options.body_limit_bytes) {
+            static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+            net::async_write(self->socket_, net::buffer(kContinue), [self](beast::error_code wec, size_t) {
+              if (wec) {
+                self->close();
+                return;
+              }
+              self->read_body();
+            });
+            return;
+          }
+          self->read_body();
+        });
+  }
+
+  void read_body() {
     http::async_read(socket_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_request(ec); });
   }

@@ -242,6 +242,33 @@ TEST_F(FrontendTest, AClientThatLeavesMidStreamCancelsItsRequest) {
   EXPECT_EQ(cluster_->requests_in_flight(), 0u);
 }
 
+TEST_F(FrontendTest, AClientThatExpects100ContinueGetsItThenItsAnswer) {
+  start();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body = R"({"model": "mock", "prompt": "hi", "max_tokens": 2})";
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+  timeval wait{.tv_sec = 3, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+  char buffer[4096];
+  ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buffer, static_cast<size_t>(n)), "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_EQ(::send(fd, body.data(), body.size(), 0), static_cast<ssize_t>(body.size()));
+  std::string answer;
+  while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) answer.append(buffer, static_cast<size_t>(n));
+  EXPECT_THAT(answer, HasSubstr("HTTP/1.1 200 OK"));
+  EXPECT_THAT(answer, HasSubstr("\"completion_tokens\":2"));
+  ::close(fd);
+}
+
 TEST_F(FrontendTest, ASlowClientIsCutOffAndOthersAreServed) {
   start({}, {.header_timeout_ms = 300});
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
