@@ -35,6 +35,42 @@ ApiError make_error(int status, std::string type, std::string code, std::string 
   return e;
 }
 
+// Bodies nesting deeper are refused before they are parsed into a tree: copying or printing a deep tree
+// recurses, and 200,000 levels would overflow the event loop's stack.
+constexpr int kMaxJsonDepth = 64;
+
+// A SAX pass that only counts nesting; false from a handler stops the parse.
+struct DepthCheck : nlohmann::json_sax<json> {
+  int depth = 0, limit = 0;
+  bool exceeded = false;
+  bool push() {
+    exceeded = ++depth > limit;
+    return !exceeded;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return push(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return push(); }
+  bool end_array() override { return --depth, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+};
+
+bool json_depth_exceeds(const std::string& text, int limit) {
+  DepthCheck check;
+  check.limit = limit;
+  json::sax_parse(text, &check, json::input_format_t::json, /*strict=*/true);
+  return check.exceeded;
+}
+
 // What one request's callbacks share; touched only on the cluster's driver thread after submit.
 struct Exchange {
   HttpResponder responder{nullptr};
@@ -104,6 +140,10 @@ class Frontend {
   }
 
   void complete(Endpoint endpoint, const HttpRequest& http_request, HttpResponder responder) {
+    if (json_depth_exceeds(http_request.body, kMaxJsonDepth)) {
+      return responder.respond(error_response(ApiError::bad_field(
+          "", fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth))));
+    }
     json body = json::parse(http_request.body, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded()) {
       return responder.respond(error_response(ApiError::bad_field("", "the request body is not valid JSON")));
@@ -140,7 +180,7 @@ class Frontend {
     const int64_t limit = cluster_.max_context_tokens();
     request.max_tokens = r.max_tokens.value_or(
         endpoint == Endpoint::kCompletions ? options_.default_max_tokens : options_.default_chat_max_tokens);
-    if (input + request.max_tokens > limit) {
+    if (request.max_tokens > limit - input) {  // (not input + max_tokens: it may overflow)
       ApiError e = ApiError::bad_field(
           r.max_tokens ? "max_tokens" : "prompt",
           fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceed the model's context of {} tokens",

@@ -50,7 +50,7 @@ struct HttpServerShared {
 class HttpResponder::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, std::shared_ptr<HttpServerShared> shared)
-      : socket_(std::move(socket)), shared_(std::move(shared)), timer_(shared_->io) {
+      : shared_(std::move(shared)), socket_(std::move(socket)), timer_(shared_->io) {
     shared_->connections.fetch_add(1);
   }
   ~Session() { shared_->connections.fetch_sub(1); }
@@ -88,30 +88,42 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", r.content_type, r.body.size());
     for (const auto& [name, value] : r.headers) head += fmt::format("{}: {}\r\n", name, value);
     head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-    head += r.body;
+    if (!head_request_) head += r.body;  // a HEAD answer has the headers only
     state_ = State::kFinishing;
     queue(std::move(head));
   }
   void start_stream() {
     if (state_ != State::kHandling) return;
     state_ = State::kStreaming;
+    if (http10_) keep_alive_ = false;  // the close ends an HTTP/1.0 stream
     stream_headers_pending_ = true;  // sent with the first bytes, so a refusal can still be a whole response
-    if (!reading_) read_some();      // notices a client that goes away mid-stream
+    // Notices a client that goes away mid-stream (not when it already sent its next request: that waits).
+    if (!reading_ && buffer_.size() == 0) read_some();
   }
   void write(std::string bytes) {
     if (state_ != State::kStreaming || bytes.empty()) return;
     send_stream_headers();
-    queue(fmt::format("{:x}\r\n", bytes.size()) + bytes + "\r\n");
+    // HTTP/1.0 has no chunked encoding: the bytes go as they are and the close ends the body.
+    queue(http10_ ? std::move(bytes) : fmt::format("{:x}\r\n", bytes.size()) + bytes + "\r\n");
   }
   void end() {
     if (state_ != State::kStreaming) return;
     send_stream_headers();
     state_ = State::kFinishing;
+    if (http10_) {
+      if (!writing_) write_next();  // nothing more to send: finishing closes the connection
+      return;
+    }
     queue("0\r\n\r\n");
   }
   void send_stream_headers() {
     if (!stream_headers_pending_) return;
     stream_headers_pending_ = false;
+    if (http10_) {
+      queue(status_line(200) +
+            "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n");
+      return;
+    }
     queue(status_line(200) +
           "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n" +
           (keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n"));
@@ -153,10 +165,9 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   void on_bytes() {
     if (state_ == State::kAwaiting) {
       read_request();
-    } else if ((state_ == State::kStreaming || state_ == State::kFinishing) &&
-               buffer_.size() < kHeaderLimitBytes) {
-      read_some();  // a pipelined request: kept in the buffer for after this response
     }
+    // Otherwise the bytes are a pipelined request, kept in the buffer for after this response; reading
+    // stops until then (a client that pipelines is not watched for a disconnect meanwhile).
   }
 
   void read_request() {
@@ -173,7 +184,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
           }
           // A client that sent "Expect: 100-continue" (curl does above 1 KiB) waits for this before the body.
           const auto expect = self->parser_->get()[http::field::expect];
-          if (beast::iequals(expect, "100-continue") &&
+          if (self->parser_->get().version() >= 11 && beast::iequals(expect, "100-continue") &&
               self->parser_->content_length().value_or(0) <= self->shared_->options.body_limit_bytes) {
             static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
             net::async_write(self->socket_, net::buffer(kContinue), [self](beast::error_code wec, size_t) {
@@ -216,6 +227,8 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     }
     auto message = parser_->release();
     keep_alive_ = message.keep_alive();
+    http10_ = message.version() < 11;
+    head_request_ = message.method() == http::verb::head;
     HttpRequest request;
     request.method = std::string(message.method_string());
     const std::string_view target(message.target().data(), message.target().size());
@@ -228,6 +241,9 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     request.body = std::move(message.body());
     state_ = State::kHandling;
     on_disconnect_ = nullptr;
+    // Watch the connection while the request is handled: a client that leaves before its answer (streamed or
+    // not) cancels its request.
+    if (!reading_ && buffer_.size() == 0) read_some();
     shared_->handler(std::move(request), HttpResponder(shared_from_this()));
   }
 
@@ -257,11 +273,14 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
 
   void write_next() {
     if (out_.empty() || state_ == State::kClosed) {
+      if (writing_) timer_.cancel();
       writing_ = false;
       if (state_ == State::kFinishing) finished();
       return;
     }
     writing_ = true;
+    // A client that does not read what it asked for is cut off after the idle timeout without progress.
+    arm_timer(shared_->options.idle_timeout_ms);
     net::async_write(socket_, net::buffer(out_.front()),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec || self->state_ == State::kClosed) {
@@ -291,8 +310,9 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  std::shared_ptr<HttpServerShared>
+      shared_;  // first: destroyed last, after the socket and timer using its loop
   tcp::socket socket_;
-  std::shared_ptr<HttpServerShared> shared_;
   net::steady_timer timer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -300,6 +320,8 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   bool reading_ = false;
   bool writing_ = false;
   bool keep_alive_ = true;
+  bool http10_ = false;        // the request was HTTP/1.0: no chunked streams, no 100 Continue
+  bool head_request_ = false;  // a HEAD request: headers only
   bool stream_headers_pending_ = false;
   std::deque<std::string> out_;
   size_t queued_bytes_ = 0;
@@ -373,6 +395,7 @@ class HttpServer::Impl {
     net::post(shared_->io, [this] {
       beast::error_code ignored;
       acceptor_.close(ignored);
+      accept_retry_.cancel();
       for (auto& [raw, weak] : sessions_) {
         if (auto s = weak.lock()) s->close();
       }
@@ -388,7 +411,15 @@ class HttpServer::Impl {
  private:
   void accept() {
     acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
-      if (ec) return;  // closed by stop()
+      if (ec == net::error::operation_aborted || shared_->stopped) return;  // closed by stop()
+      if (ec) {
+        // Out of file descriptors, say: try again shortly rather than never accept again.
+        accept_retry_.expires_after(std::chrono::milliseconds(100));
+        accept_retry_.async_wait([this](beast::error_code wait_ec) {
+          if (!wait_ec && !shared_->stopped) accept();
+        });
+        return;
+      }
       if (shared_->connections.load() >= shared_->options.max_connections) {
         beast::error_code ignored;
         socket.close(ignored);
@@ -408,6 +439,7 @@ class HttpServer::Impl {
 
   std::shared_ptr<HttpServerShared> shared_;
   tcp::acceptor acceptor_;
+  net::steady_timer accept_retry_{shared_->io};
   std::thread thread_;
   int port_ = 0;
   std::unordered_map<HttpResponder::Session*, std::weak_ptr<HttpResponder::Session>> sessions_;  // loop only

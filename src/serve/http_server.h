@@ -36,7 +36,7 @@ struct HttpResponse {
 
 /// How a handler answers one request. Copyable handle; every method may be called from any thread, and
 /// calls after the connection closed are ignored. Exactly one of respond() or start_stream() must be
-/// called (a handle dropped without either answers 500).
+/// called: a request never answered holds its connection until the client gives up.
 class HttpResponder {
  public:
   class Session;
@@ -70,7 +70,8 @@ struct HttpServerOptions {
   uint64_t body_limit_bytes = 16ull << 20;  // larger bodies: 413
   int header_timeout_ms = 10'000;           // a request's headers and body must arrive within this
   int idle_timeout_ms = 60'000;             // a keep-alive connection with no request is closed after this
-  size_t max_connections = 10'000;          // further connections are closed at once
+  size_t max_connections = 10'000;          // further connections are closed at once (also bounded by the
+                                            // process's file descriptor limit: accepts pause while it is hit)
 };
 
 /// The server. Starts listening in start(); stops (closing every connection) in stop() or the destructor.

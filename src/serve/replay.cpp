@@ -49,7 +49,8 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
   std::vector<double> chunk_s;  // when each content chunk arrived (seconds since start)
   int64_t completion_tokens = -1;
   bool done = false;
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+  // Consumes the stream's bytes: SSE events, each a chunk, the usage, "[DONE]" or an error.
+  const auto receive = [&](const char* data, size_t n) {
     const double now = std::chrono::duration<double>(Clock::now() - start).count();
     raw.append(data, n);
     pending.append(data, n);
@@ -82,6 +83,14 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
           chunk["choices"][0].value("text", std::string()).size() > 0) {
         chunk_s.push_back(now);
       }
+    }
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    try {
+      receive(data, n);
+    } catch (const std::exception& e) {  // a stream event of an unexpected shape (json type_error)
+      stream_error = fmt::format("unexpected stream event ({})", e.what());
+      return false;
     }
     return true;
   };

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -267,6 +268,108 @@ TEST_F(FrontendTest, AClientThatExpects100ContinueGetsItThenItsAnswer) {
   EXPECT_THAT(answer, HasSubstr("HTTP/1.1 200 OK"));
   EXPECT_THAT(answer, HasSubstr("\"completion_tokens\":2"));
   ::close(fd);
+}
+
+// A raw loopback connection to the server, for what HTTP client libraries will not send.
+int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  timeval wait{.tv_sec = 5, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+  return fd;
+}
+
+std::string post_bytes(const std::string& body, const std::string& version = "HTTP/1.1",
+                       const std::string& method = "POST", const std::string& path = "/v1/completions") {
+  return method + " " + path + " " + version +
+         "\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Reads until `done(text)` or the peer closes or 5 s pass.
+std::string read_until(int fd, const std::function<bool(const std::string&)>& done) {
+  std::string text;
+  char buffer[4096];
+  while (!done(text)) {
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(FrontendTest, HostileBodiesAndProtocolCornersAreHandled) {
+  start();
+  // 200,000 levels of nesting: refused before a tree is built (printing or copying it would overflow).
+  const std::string deep =
+      R"({"model":"mock","prompt":[1,)" + std::string(200000, '[') + "1" + std::string(200000, ']') + "]}";
+  auto res = client_->Post("/v1/completions", deep, "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_THAT(res->body, HasSubstr("nests deeper than 64"));
+
+  // A plain request pipelined behind a streamed one on one connection: both are answered.
+  int fd = raw_connect(server_->port());
+  ASSERT_GE(fd, 0);
+  const std::string both = post_bytes(R"({"model":"mock","prompt":"a","max_tokens":3,"stream":true})") +
+                           post_bytes(R"({"model":"mock","prompt":"b","max_tokens":2})");
+  ASSERT_EQ(::send(fd, both.data(), both.size(), 0), static_cast<ssize_t>(both.size()));
+  std::string text = read_until(fd, [](const std::string& t) {
+    return count(t, "HTTP/1.1 200 OK") == 2 && t.find("text_completion\",\"usage") != std::string::npos;
+  });
+  EXPECT_EQ(count(text, "HTTP/1.1 200 OK"), 2u) << text;
+  EXPECT_THAT(text, HasSubstr("[DONE]"));
+  ::close(fd);
+
+  // HTTP/1.0 gets its stream without chunk sizes, ended by the close.
+  fd = raw_connect(server_->port());
+  const std::string old =
+      post_bytes(R"({"model":"mock","prompt":"a","max_tokens":2,"stream":true})", "HTTP/1.0");
+  ASSERT_EQ(::send(fd, old.data(), old.size(), 0), static_cast<ssize_t>(old.size()));
+  text = read_until(fd, [](const std::string&) { return false; });
+  EXPECT_THAT(text, HasSubstr("Connection: close"));
+  EXPECT_EQ(text.find("Transfer-Encoding"), std::string::npos);
+  EXPECT_NE(text.find("\r\n\r\ndata: {"), std::string::npos) << text;  // no chunk size before the event
+  ::close(fd);
+
+  // HEAD: headers only, so the next answer on the connection is read right.
+  fd = raw_connect(server_->port());
+  const std::string heads =
+      post_bytes("", "HTTP/1.1", "HEAD", "/health") + post_bytes("", "HTTP/1.1", "GET", "/health");
+  ASSERT_EQ(::send(fd, heads.data(), heads.size(), 0), static_cast<ssize_t>(heads.size()));
+  text =
+      read_until(fd, [](const std::string& t) { return t.find("{\"status\":\"ok\"}") != std::string::npos; });
+  EXPECT_EQ(count(text, "HTTP/1.1 "), 2u) << text;
+  EXPECT_EQ(text.find("HTTP/1.1 ", text.find("HTTP/1.1 ") + 1) - text.find("\r\n\r\n") - 4, 0u)
+      << "the HEAD answer carried a body: " << text;
+  ::close(fd);
+}
+
+TEST_F(FrontendTest, AClientThatLeavesBeforeAWholeAnswerCancelsItsRequest) {
+  start();
+  const int fd = raw_connect(server_->port());
+  const std::string request = post_bytes(R"({"model":"mock","prompt":"hi","max_tokens":100000})");
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (cluster_->requests_in_flight() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(cluster_->requests_in_flight(), 1u);
+  ::close(fd);
+  while (cluster_->requests_in_flight() > 0 &&
+         std::chrono::steady_clock::now() < deadline + std::chrono::seconds(2)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(cluster_->requests_in_flight(), 0u);
 }
 
 TEST_F(FrontendTest, ASlowClientIsCutOffAndOthersAreServed) {
