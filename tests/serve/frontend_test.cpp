@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "sim/cluster_config.h"
+#include "test_cluster.h"
 
 namespace crescent::serve {
 namespace {
@@ -27,15 +27,7 @@ class FrontendTest : public ::testing::Test {
  protected:
   void start(FrontendOptions frontend = {}, HttpServerOptions http = {}, const char* admission = "none",
              double ttft_slo_s = 30) {
-    auto config = sim::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
-    ASSERT_TRUE(config.ok()) << config.status().message();
-    config->prefill_instances = 2;
-    config->decode_instances = 2;
-    config->slo.ttft_s = ttft_slo_s;
-    auto cluster = LocalCluster::start({.config = *config,
-                                        .policy = conductor::PrefillPolicy::kGlobalCacheAware,
-                                        .admission = *conductor::parse_admission(admission),
-                                        .block_size_tokens = 512});
+    auto cluster = start_test_cluster(2, admission, ttft_slo_s);
     ASSERT_TRUE(cluster.ok()) << cluster.status().message();
     cluster_ = std::move(*cluster);
     http.port = 0;

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "serve/frontend.h"
-#include "sim/cluster_config.h"
+#include "test_cluster.h"
 
 namespace crescent::serve {
 namespace {
@@ -36,16 +36,8 @@ TEST(TracePrompt, IsExactlyInputLengthAndTheSameForTheSameIds) {
 class ReplayTest : public ::testing::Test {
  protected:
   void start(const char* admission, double ttft_slo_s) {
-    auto config = sim::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
-    ASSERT_TRUE(config.ok());
-    config->prefill_instances = 1;
-    config->decode_instances = 1;
-    config->slo.ttft_s = ttft_slo_s;
-    auto cluster = LocalCluster::start({.config = *config,
-                                        .policy = conductor::PrefillPolicy::kGlobalCacheAware,
-                                        .admission = *conductor::parse_admission(admission),
-                                        .block_size_tokens = 512});
-    ASSERT_TRUE(cluster.ok());
+    auto cluster = start_test_cluster(1, admission, ttft_slo_s);
+    ASSERT_TRUE(cluster.ok()) << cluster.status().message();
     cluster_ = std::move(*cluster);
     auto server = HttpServer::start({.port = 0}, make_frontend(*cluster_, {}));
     ASSERT_TRUE(server.ok());

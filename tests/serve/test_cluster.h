@@ -1,0 +1,28 @@
+// The in-process cluster the serve tests run against: the bundled paper-fig5 config with `instances` prefill
+// and `instances` decode mock instances, global cache-aware placement, the given admission and TTFT SLO.
+#pragma once
+
+#include <memory>
+
+#include "serve/local_cluster.h"
+#include "sim/cluster_config.h"
+
+namespace crescent::serve {
+
+inline Result<std::unique_ptr<LocalCluster>> start_test_cluster(uint32_t instances,
+                                                                const char* admission = "none",
+                                                                double ttft_slo_s = 30) {
+  auto config = sim::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
+  if (!config.ok()) return config.status();
+  auto parsed_admission = conductor::parse_admission(admission);
+  if (!parsed_admission.ok()) return parsed_admission.status();
+  config->prefill_instances = instances;
+  config->decode_instances = instances;
+  config->slo.ttft_s = ttft_slo_s;
+  return LocalCluster::start({.config = *config,
+                              .policy = conductor::PrefillPolicy::kGlobalCacheAware,
+                              .admission = *parsed_admission,
+                              .block_size_tokens = 512});
+}
+
+}  // namespace crescent::serve
