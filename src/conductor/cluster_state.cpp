@@ -9,6 +9,8 @@ ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances
     : block_size_tokens_(block_size_tokens),
       busy_until_s_(prefill_instances, 0.0),
       decode_(decode_instances),
+      prefill_up_(prefill_instances, true),
+      decode_up_(decode_instances, true),
       ready_s_(prefill_instances) {
   for (DecodeLoad& d : decode_) d.kv_capacity_tokens = decode_kv_capacity_tokens;
 }
@@ -75,6 +77,19 @@ void ClusterState::on_kv_cleared(InstanceId instance) {
   auto& ready = ready_s_[instance];
   for (const auto& [key, ready_at_s] : ready) index_.remove(key, instance);
   ready.clear();
+}
+
+void ClusterState::on_prefill_down(InstanceId instance, double now_s) {
+  prefill_up_[instance] = false;
+  on_kv_cleared(instance);
+  busy_until_s_[instance] = now_s;
+}
+
+void ClusterState::on_decode_down(InstanceId d) {
+  decode_up_[d] = false;
+  const int64_t capacity = decode_[d].kv_capacity_tokens;
+  decode_[d] = DecodeLoad{};
+  decode_[d].kv_capacity_tokens = capacity;
 }
 
 void ClusterState::on_prefill_done(InstanceId instance, double now_s) {

@@ -69,10 +69,21 @@ class ClusterState final : public ClusterView {
   /// HBM capacity). Replaces what placements added since its last report.
   void on_decode_report(InstanceId d, const DecodeLoad& load) { decode_[d] = load; }
 
+  /// Event "instance down" (it stopped reporting, or restarted): nothing is placed there any more. A prefill
+  /// instance's cached blocks and queue are forgotten; a decode instance's load is zeroed.
+  void on_prefill_down(InstanceId instance, double now_s);
+  void on_decode_down(InstanceId d);
+  /// Event "instance up" (joined or rejoined): placements may go there again.
+  void on_prefill_up(InstanceId instance) { prefill_up_[instance] = true; }
+  void on_decode_up(InstanceId d) { decode_up_[d] = true; }
+  bool prefill_up(InstanceId i) const override { return prefill_up_[i]; }
+  bool decode_up(InstanceId d) const override { return decode_up_[d]; }
+
  private:
   const int64_t block_size_tokens_;
   std::vector<double> busy_until_s_;  // per prefill instance: predicted end of its queue
   std::vector<DecodeLoad> decode_;
+  std::vector<bool> prefill_up_, decode_up_;
   kv::BlockIndex index_;
   // Per prefill instance: when each cached block is (or will be) computed. Blocks are indexed when their
   // request is placed, so a remote fetch must wait until the holder has actually produced them.

@@ -52,6 +52,18 @@ class ClusterView {
   /// <= now means ready. Blocks enter the index when their request is placed, before its prefill has run, so
   /// a remote fetch may have to wait for them. REQUIRES: `holder` holds every key.
   virtual double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const = 0;
+
+  /// Whether prefill instance `i` (decode instance `d`) is up: the Conductor places nothing on an instance
+  /// that is down. A simulated cluster's instances are always up; a live one's go down when they stop
+  /// reporting.
+  virtual bool prefill_up(InstanceId i) const {
+    (void)i;
+    return true;
+  }
+  virtual bool decode_up(InstanceId d) const {
+    (void)d;
+    return true;
+  }
 };
 
 }  // namespace crescent::conductor

@@ -63,6 +63,8 @@ std::string_view to_string(RejectReason reason) {
       return "decode-capacity";
     case RejectReason::kContextLength:
       return "context-length";
+    case RejectReason::kNoInstance:
+      return "no-instance";
   }
   return "?";
 }
@@ -145,7 +147,11 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
                                                    double now_s) {
   const auto busy_until = cluster.prefill_busy_until_s();
   const auto instances = static_cast<uint32_t>(busy_until.size());
-  auto queue_s = [&](InstanceId i) { return std::max(0.0, busy_until[i] - now_s); };
+  // An instance that is down scores infinity, which pick_lowest skips.
+  auto queue_s = [&](InstanceId i) {
+    return cluster.prefill_up(i) ? std::max(0.0, busy_until[i] - now_s)
+                                 : std::numeric_limits<double>::infinity();
+  };
 
   // Each instance's local prefix (Algorithm 1's instance.prefix_len), dense for the loops below.
   cluster.block_index().match_prefix(request.block_keys, match_);
@@ -157,6 +163,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   switch (options_.policy) {
     case PrefillPolicy::kRandom: {
       auto i = static_cast<InstanceId>(next_random() % instances);
+      while (!cluster.prefill_up(i)) i = (i + 1) % instances;  // schedule() checked that one is up
       return evaluate(i, local_blocks_[i], local_blocks_[i], request, queue_s(i));
     }
     case PrefillPolicy::kLeastLoaded: {
@@ -216,7 +223,7 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   for (InstanceId d = 0; d < instances; ++d) {
     const DecodeLoad load = cluster.decode_load(d);
     const int64_t kv = load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens;
-    has_room_[d] = need <= load.kv_capacity_tokens - kv;
+    has_room_[d] = cluster.decode_up(d) && need <= load.kv_capacity_tokens - kv;
     fits |= has_room_[d] != 0;
     scores_[d] =
         cost_.decode_step_time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,
@@ -227,7 +234,8 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   const InstanceId best = *pick_lowest(
       instances,
       [&](InstanceId d) {
-        return fits && !has_room_[d] ? std::numeric_limits<double>::infinity() : scores_[d];
+        return !cluster.decode_up(d) || (fits && !has_room_[d]) ? std::numeric_limits<double>::infinity()
+                                                                : scores_[d];
       },
       decode_history_);
   predicted_tbt_s = scores_[best];
@@ -238,7 +246,7 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
 static int64_t max_decode_capacity_tokens(const ClusterView& cluster) {
   int64_t capacity = 0;
   for (InstanceId d = 0; d < cluster.decode_instance_count(); ++d) {
-    capacity = std::max(capacity, cluster.decode_load(d).kv_capacity_tokens);
+    if (cluster.decode_up(d)) capacity = std::max(capacity, cluster.decode_load(d).kv_capacity_tokens);
   }
   return capacity;
 }
@@ -264,6 +272,7 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
   const uint32_t instances = cluster.decode_instance_count();
   scores_.assign(instances, std::numeric_limits<double>::infinity());
   for (InstanceId i = 0; i < instances; ++i) {
+    if (!cluster.decode_up(i)) continue;
     const DecodeLoad load = cluster.decode_load(i);
     double stay = 1.0;  // share of the running requests still there at the horizon
     if (predictive && load.running.requests > 0) {
@@ -291,6 +300,15 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
 
 Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& request, double now_s) {
   Decision d;
+  bool any_prefill = false, any_decode = false;
+  for (InstanceId i = 0; i < cluster.prefill_instance_count() && !any_prefill; ++i)
+    any_prefill = cluster.prefill_up(i);
+  for (InstanceId i = 0; i < cluster.decode_instance_count() && !any_decode; ++i)
+    any_decode = cluster.decode_up(i);
+  if (!any_prefill || !any_decode) {
+    d.rejected = RejectReason::kNoInstance;
+    return d;
+  }
   const int64_t capacity = max_decode_capacity_tokens(cluster);
   if (request.input_tokens > capacity || request.max_output_tokens > capacity - request.input_tokens) {
     d.rejected = RejectReason::kContextLength;

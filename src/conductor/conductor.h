@@ -107,8 +107,9 @@ enum class RejectReason {
   kDecodeCapacity,  // admission judged the decode pool unable to take it now (429)
   kContextLength,   // prompt + max output exceed every decode instance's HBM KV capacity: it can never run,
                     // whatever the load (the live server answers HTTP 400, as for a too-long prompt)
+  kNoInstance,      // no prefill or no decode instance is up (a live cluster; the server answers HTTP 503)
 };
-/// "none", "ttft", "tbt", "decode-capacity", "context-length".
+/// "none", "ttft", "tbt", "decode-capacity", "context-length", "no-instance".
 std::string_view to_string(RejectReason reason);
 
 /// A placement: where the request runs and what the Conductor predicted for it.

@@ -63,6 +63,7 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
         case conductor::RejectReason::kContextLength:
           ++r.rejected_context_length;
           break;
+        case conductor::RejectReason::kNoInstance:  // only a live cluster's instances go down
         case conductor::RejectReason::kNone:
           break;
       }

@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "conductor/cluster_state.h"
 #include "perf/cost_model.h"
 
 namespace crescent::conductor {
@@ -403,6 +404,49 @@ TEST_F(ConductorTest, EarlyRejectionPlacesTheRequestWhereItFoundRoom) {
   EXPECT_EQ(d.rejected, RejectReason::kNone);
   EXPECT_EQ(d.decode_instance, 1u);
   EXPECT_DOUBLE_EQ(d.predicted_tbt_s, cost_.decode_step_time_s(31, 300'000 + 4096));
+}
+
+}  // namespace
+}  // namespace crescent::conductor
+
+namespace crescent::conductor {
+namespace {
+
+// A live cluster's instances go down and come back (ClusterState's instance events): nothing is placed on one
+// that is down, by any policy or admission, and with none up the answer is kNoInstance.
+TEST(ConductorInstancesDown, NothingIsPlacedOnAnInstanceThatIsDown) {
+  const perf::CostModel cost(*perf::model_preset("llama3-70b"), *perf::hardware_preset("8xA800"));
+  const std::vector<BlockKey> keys{1, 2, 3, 4};
+  for (PrefillPolicy policy : {PrefillPolicy::kRandom, PrefillPolicy::kLeastLoaded,
+                               PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
+    for (Admission admission : {Admission::kNone, Admission::kPredictive}) {
+      SCOPED_TRACE(std::string(to_string(policy)) + " " + std::string(to_string(admission)));
+      ClusterState state(3, 3, 512, 1'000'000);
+      Conductor conductor(cost,
+                          {.policy = policy, .admission = admission, .ttft_slo_s = 1e9, .tbt_slo_s = 1e9});
+      // Instance 0 holds the prompt's prefix, then goes down with its cache; decode 1 goes down too.
+      Decision first = conductor.schedule(state, {2048, keys, 10}, 0);
+      ASSERT_EQ(first.rejected, RejectReason::kNone);
+      state.on_request_placed({2048, keys, 10}, first, 0);
+      state.on_prefill_down(first.prefill_instance, 1);
+      state.on_decode_down(1);
+      for (int i = 0; i < 30; ++i) {
+        const Decision d = conductor.schedule(state, {2048, keys, 10}, 2 + i);
+        ASSERT_EQ(d.rejected, RejectReason::kNone);
+        EXPECT_NE(d.prefill_instance, first.prefill_instance);
+        EXPECT_NE(d.decode_instance, 1u);
+        if (d.fetched_prefix_tokens > 0) {
+          EXPECT_NE(d.fetch_from, first.prefill_instance) << "the cache of an instance that went down is gone";
+        }
+      }
+      for (InstanceId p = 0; p < 3; ++p) state.on_prefill_down(p, 40);
+      EXPECT_EQ(conductor.schedule(state, {2048, keys, 10}, 41).rejected, RejectReason::kNoInstance);
+      state.on_prefill_up(2);
+      EXPECT_EQ(conductor.schedule(state, {2048, keys, 10}, 42).prefill_instance, 2u);
+      for (InstanceId d = 0; d < 3; ++d) state.on_decode_down(d);
+      EXPECT_EQ(conductor.schedule(state, {2048, keys, 10}, 43).rejected, RejectReason::kNoInstance);
+    }
+  }
 }
 
 }  // namespace
