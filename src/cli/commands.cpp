@@ -49,15 +49,16 @@ int wait_for_stop_signal(const sigset_t& set) {
   return signal;
 }
 
-Result<sim::ClusterConfig> load_cluster_config_or_default(const std::string& path,
-                                                          int64_t block_size_tokens) {
-  std::string config_path = path;
-  if (config_path.empty()) {
-    auto bundled = bundled_file(kDefaultClusterConfig);
-    if (!bundled.ok()) return bundled.status();
-    config_path = *bundled;
-  }
-  return sim::load_cluster_config(config_path, block_size_tokens);
+Result<std::string> config_path_or_default(const std::string& path, std::string_view bundled_default) {
+  if (!path.empty()) return path;
+  return bundled_file(bundled_default);
+}
+
+Result<sim::ClusterConfig> load_cluster_config_or_default(const std::string& path, int64_t block_size_tokens,
+                                                          std::string_view bundled_default) {
+  auto config_path = config_path_or_default(path, bundled_default);
+  if (!config_path.ok()) return config_path.status();
+  return sim::load_cluster_config(*config_path, block_size_tokens);
 }
 
 Result<std::vector<trace::Request>> read_command_trace(const std::string& path, int64_t block_size_tokens,

@@ -38,9 +38,16 @@ std::string dump_json(const Json& j, int indent = -1) {
 
 /// The cluster config the subcommands use without --config.
 inline constexpr std::string_view kDefaultClusterConfig = "configs/paper-fig5.json";
-/// The cluster config at `path`, or the bundled kDefaultClusterConfig when `path` is empty. Errors as
+/// The cluster `crescent serve` starts without --config: 2 prefill + 2 decode processes and a store.
+inline constexpr std::string_view kServeClusterConfig = "configs/local.json";
+/// `path`, or the bundled `bundled_default` when `path` is empty (bundled_file's error when not found).
+Result<std::string> config_path_or_default(const std::string& path,
+                                           std::string_view bundled_default = kDefaultClusterConfig);
+/// The cluster config at `path`, or the bundled `bundled_default` when `path` is empty. Errors as
 /// sim::load_cluster_config and bundled_file.
-Result<sim::ClusterConfig> load_cluster_config_or_default(const std::string& path, int64_t block_size_tokens);
+Result<sim::ClusterConfig> load_cluster_config_or_default(
+    const std::string& path, int64_t block_size_tokens,
+    std::string_view bundled_default = kDefaultClusterConfig);
 /// A subcommand's trace: the first `limit` valid requests (0: all) of `path`, invalid lines skipped and
 /// summarised on stderr when `skip_invalid`. Errors: the reader's (with the bundled-trace hint), and a trace
 /// with no valid request.

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/replay.h"
+#include "common/atomic_file.h"
 #include "experiment/progress.h"
 #include "sim/cluster_config.h"
 #include "sim/report.h"
@@ -51,6 +52,15 @@ int run_replay(const ReplayArgs& args) {
   if (!replayed.ok()) {
     fmt::print(stderr, "error: {}\n", replayed.status().message());
     return replayed.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
+  }
+  if (!args.requests_out.empty()) {
+    if (Status written =
+            write_file_atomically(args.requests_out, sim::requests_jsonl(replayed->result, "live"));
+        !written.ok()) {
+      return fail(written);
+    }
+    fmt::print(stderr, "wrote {} per-request lines to {}\n", replayed->result.requests.size(),
+               args.requests_out);
   }
   sim::PolicyReport report = sim::summarize("live", replayed->result, config->slo);
   // A client cannot see how long prefill computed, nor where a prefix hit came from.
@@ -104,6 +114,8 @@ void register_replay(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
+  cmd->add_option("--requests-out", args->requests_out,
+                  "Write one JSON line per request (as `simulate --requests-out`) to this file");
   cmd->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_replay(*args); }); });
 }
 

@@ -19,6 +19,7 @@ struct ReplayArgs {
   int64_t vocab_size = 256;
   bool skip_invalid = false;
   bool json = false;
+  std::string requests_out;  // non-empty: one JSON line per request, as `simulate --requests-out`
 };
 
 /// Replays and prints the report (stdout; warnings on stderr). Returns the exit code: 0, 2 for bad input, 1

@@ -1,26 +1,37 @@
-// `crescent serve`: the OpenAI-compatible front end over a disaggregated cluster. Today the cluster runs in
-// this process (serve::LocalCluster: the real Conductor, mock prefill and decode engines on the steady
-// clock); the separate instance processes moving KV through the store come next (docs/serving.md).
+// `crescent serve`: the OpenAI-compatible front end over a disaggregated cluster.
+//   crescent serve                      the Conductor (this process) supervising a store master and node and
+//                                       the config's prefill and decode instances as child processes
+//   crescent serve --in-process         the same Conductor over mock instances inside this process
+//   crescent serve conductor|prefill|decode   one role alone, for clusters spread over several machines
 #include <fmt/format.h>
+#include <stdlib.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/replay.h"
+#include "cli/supervisor.h"
 #include "conductor/conductor.h"
+#include "perf/cost_model.h"
 #include "serve/frontend.h"
 #include "serve/http_server.h"
+#include "serve/instance_server.h"
+#include "serve/kv_blocks.h"
 #include "serve/local_cluster.h"
+#include "serve/remote_cluster.h"
 #include "sim/cluster_config.h"
 
 namespace crescent::cli {
 namespace {
 
 struct ServeArgs {
-  std::string config_path;  // empty: the bundled kDefaultClusterConfig
+  std::string config_path;  // empty: the bundled kServeClusterConfig
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;
@@ -29,51 +40,65 @@ struct ServeArgs {
   std::string admission = "none";
   int64_t block_size_tokens = 512;
   uint64_t body_limit_bytes = 16ull << 20;
+  bool in_process = false;
+  bool no_restart = false;
+  std::string run_dir;  // children's logs and transfer metadata; empty: a new /tmp/crescent-serve-XXXXXX
   // --replay: serve, replay this trace against it, print the report, stop.
   std::string replay_trace;
   int64_t replay_limit = 0;
   double replay_time_scale = 1.0;
   bool json = false;
+  std::string requests_out;
+  // Roles started alone.
+  std::string control = "tcp://127.0.0.1:5600";  // conductor: where instances connect
+  std::string conductor;                         // prefill/decode: the Conductor's control endpoint
+  std::string store_master;                      // prefill/decode: the store master's host:port
+  uint32_t index = 0;
+  std::string kv_events_host = "127.0.0.1";  // prefill: where its KV event sockets listen
 };
 
-int run_serve(const ServeArgs& args) {
-  auto policy = conductor::parse_prefill_policy(args.policy);
-  if (!policy.ok()) return fail(policy.status());
-  auto admission = conductor::parse_admission(args.admission);
-  if (!admission.ok()) return fail(admission.status());
-  if (args.block_size_tokens < 1) return fail(Status::invalid_argument("--block-size must be >= 1"));
-  auto config = load_cluster_config_or_default(args.config_path, args.block_size_tokens);
-  if (!config.ok()) return fail(config.status());
-  if (!args.replay_trace.empty() && !std::filesystem::is_regular_file(args.replay_trace)) {
-    return fail(with_bundled_trace_hint(
-        Status::not_found(fmt::format("cannot open '{}': no such file", args.replay_trace)),
-        args.replay_trace));
-  }
+/// The parsed parts every role shares.
+struct ServeSetup {
+  std::string config_path;
+  serve::ClusterOptions cluster;
+};
 
-  const sigset_t signals = block_stop_signals();
-  serve::LocalClusterOptions cluster_options{.config = *config,
-                                             .policy = *policy,
-                                             .admission = *admission,
-                                             .block_size_tokens = args.block_size_tokens,
-                                             .model_name = args.model_name};
-  auto cluster = serve::LocalCluster::start(cluster_options);
-  if (!cluster.ok()) return fail(cluster.status());
+Result<ServeSetup> setup(const ServeArgs& args) {
+  auto policy = conductor::parse_prefill_policy(args.policy);
+  if (!policy.ok()) return policy.status();
+  auto admission = conductor::parse_admission(args.admission);
+  if (!admission.ok()) return admission.status();
+  if (args.block_size_tokens < 1) return Status::invalid_argument("--block-size must be >= 1");
+  auto path = config_path_or_default(args.config_path, kServeClusterConfig);
+  if (!path.ok()) return path.status();
+  auto config = sim::load_cluster_config(*path, args.block_size_tokens);
+  if (!config.ok()) return config.status();
+  ServeSetup s;
+  s.config_path = std::filesystem::absolute(*path).string();
+  s.cluster.config = *config;
+  s.cluster.policy = *policy;
+  s.cluster.admission = *admission;
+  s.cluster.block_size_tokens = args.block_size_tokens;
+  s.cluster.model_name = args.model_name;
+  return s;
+}
+
+// Serves HTTP over `cluster` until a stop signal, or replays --replay against it; returns the exit code.
+int serve_http(const ServeArgs& args, serve::Cluster& cluster, const sigset_t& signals,
+               const std::string& what, const std::atomic<bool>* failed = nullptr) {
   serve::FrontendOptions frontend{.model_name = args.model_name, .api_key = args.api_key};
   serve::HttpServerOptions http{
       .host = args.host, .port = args.port, .body_limit_bytes = args.body_limit_bytes};
-  auto server = serve::HttpServer::start(http, serve::make_frontend(**cluster, frontend));
+  auto server = serve::HttpServer::start(http, serve::make_frontend(cluster, frontend));
   if (!server.ok()) {
     fmt::print(stderr, "error: {}\n", server.status().message());
     return server.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
   }
   const std::string url = fmt::format("http://{}:{}", args.host, (*server)->port());
-  fmt::print(
-      args.json ? stderr : stdout,
-      "crescent serve: model '{}' on {} ({} prefill + {} decode mock instances of {} on {}, policy {}, "
-      "admission {}){}\n",
-      args.model_name, url, config->prefill_instances, config->decode_instances, config->model.name,
-      config->hardware.name, args.policy, args.admission,
-      args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
+  fmt::print(args.json ? stderr : stdout,
+             "crescent serve: model '{}' on {} ({}, policy {}, admission {}){}\n", args.model_name, url, what,
+             args.policy, args.admission,
+             args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   if (!args.replay_trace.empty()) {
     ReplayArgs replay{.trace_path = args.replay_trace,
@@ -84,52 +109,267 @@ int run_serve(const ServeArgs& args) {
                       .time_scale = args.replay_time_scale,
                       .limit = args.replay_limit,
                       .block_size_tokens = args.block_size_tokens,
-                      .json = args.json};
+                      .json = args.json,
+                      .requests_out = args.requests_out};
     const int code = run_replay(replay);
     (*server)->stop();
     rusage usage{};
     ::getrusage(RUSAGE_SELF, &usage);
-    fmt::print(stderr, "crescent serve: peak RSS {:.0f} MiB (server, cluster and replay client together)\n",
+    fmt::print(stderr,
+               "crescent serve: peak RSS of this process {:.0f} MiB (the Conductor and the replay client)\n",
                static_cast<double>(usage.ru_maxrss) / 1024);
     return code;
   }
   const int signal = wait_for_stop_signal(signals);
-  fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->stop();
+  if (failed != nullptr && *failed) return 1;
+  fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   return 0;
+}
+
+Status check_replay_trace(const ServeArgs& args) {
+  if (!args.replay_trace.empty() && !std::filesystem::is_regular_file(args.replay_trace)) {
+    return with_bundled_trace_hint(
+        Status::not_found(fmt::format("cannot open '{}': no such file", args.replay_trace)),
+        args.replay_trace);
+  }
+  return Status();
+}
+
+int run_in_process(const ServeArgs& args, const ServeSetup& s) {
+  const sigset_t signals = block_stop_signals();
+  auto cluster = serve::LocalCluster::start(s.cluster);
+  if (!cluster.ok()) return fail(cluster.status());
+  const sim::ClusterConfig& c = s.cluster.config;
+  return serve_http(args, **cluster, signals,
+                    fmt::format("in process: {} prefill + {} decode mock instances of {} on {}",
+                                c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name));
+}
+
+std::string self_path() {
+  std::error_code ec;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "crescent" : path.string();
+}
+
+// The supervisor: store master and node, the Conductor here, and the instances as children.
+int run_cluster(const ServeArgs& args, const ServeSetup& s) {
+  std::string run_dir = args.run_dir;
+  if (run_dir.empty()) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "crescent-serve-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr)
+      return fail(Status::io_error("cannot create a run directory in /tmp"));
+    run_dir = pattern;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(run_dir, ec);
+    if (ec) return fail(Status::io_error(fmt::format("--run-dir {}: {}", run_dir, ec.message())));
+  }
+  const sigset_t signals = block_stop_signals();
+  std::atomic<bool> failed{false};
+  Supervisor supervisor(run_dir, !args.no_restart, 5, [&failed](const std::string&) {
+    failed = true;
+    ::kill(::getpid(), SIGTERM);  // wakes the wait for a stop signal
+  });
+  const std::string self = self_path();
+  const sim::ClusterConfig& c = s.cluster.config;
+  fmt::print(stderr, "crescent serve: starting a store, {} prefill and {} decode instances (logs in {})\n",
+             c.prefill_instances, c.decode_instances, run_dir);
+  constexpr auto kStartTimeout = std::chrono::seconds(20);
+  auto master = supervisor.start("store-master",
+                                 {self, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "",
+                                  "--transfer-metadata", "dir:" + run_dir + "/metadata"},
+                                 "store master on ", kStartTimeout);
+  if (!master.ok()) return fail(master.status());
+  // "store master on HOST:PORT (metrics ..."
+  const std::string master_address =
+      master->substr(master->find(" on ") + 4, master->find(" (") - master->find(" on ") - 4);
+  auto node = supervisor.start(
+      "store-node",
+      {self, "store", "node", "--master", master_address, "--dram", std::to_string(c.serve.store_dram_bytes),
+       "--metrics", "", "--name", fmt::format("serve-{}-node-0", ::getpid())},
+      "store node: segment", kStartTimeout);
+  if (!node.ok()) return fail(node.status());
+
+  serve::RemoteClusterOptions remote{.cluster = s.cluster, .control_endpoint = "tcp://127.0.0.1:0"};
+  auto cluster = serve::RemoteCluster::start(remote);
+  if (!cluster.ok()) return fail(cluster.status());
+  const std::string control = (*cluster)->control_endpoint();
+  auto instance_argv = [&](const char* role, uint32_t index) {
+    return std::vector<std::string>{self,
+                                    "serve",
+                                    role,
+                                    "--index",
+                                    std::to_string(index),
+                                    "--conductor",
+                                    control,
+                                    "--store-master",
+                                    master_address,
+                                    "--config",
+                                    s.config_path,
+                                    "--block-size",
+                                    std::to_string(args.block_size_tokens)};
+  };
+  for (uint32_t i = 0; i < c.prefill_instances; ++i) {
+    auto started =
+        supervisor.start(fmt::format("prefill-{}", i), instance_argv("prefill", i), "ready", kStartTimeout);
+    if (!started.ok()) return fail(started.status());
+  }
+  for (uint32_t i = 0; i < c.decode_instances; ++i) {
+    auto started =
+        supervisor.start(fmt::format("decode-{}", i), instance_argv("decode", i), "ready", kStartTimeout);
+    if (!started.ok()) return fail(started.status());
+  }
+  if (!(*cluster)->wait_until_all_up(kStartTimeout)) {
+    const auto [p, d] = (*cluster)->instances_up();
+    return fail(Status::unavailable(
+        fmt::format("only {} prefill and {} decode instances reached the Conductor", p, d)));
+  }
+  supervisor.watch();
+  const int code =
+      serve_http(args, **cluster, signals,
+                 fmt::format("{} prefill + {} decode processes of mock {} on {}, KV bytes scaled 1/{}",
+                             c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name,
+                             c.serve.kv_bytes_scale),
+                 &failed);
+  supervisor.stop_all();
+  if (failed) fmt::print(stderr, "error: a child process kept dying; logs in {}\n", run_dir);
+  return failed ? 1 : code;
+}
+
+int run_serve(const ServeArgs& args) {
+  auto s = setup(args);
+  if (!s.ok()) return fail(s.status());
+  if (Status trace = check_replay_trace(args); !trace.ok()) return fail(trace);
+  return args.in_process ? run_in_process(args, *s) : run_cluster(args, *s);
+}
+
+// `crescent serve conductor`: the Conductor and HTTP front end alone; instances connect to --control.
+int run_conductor_role(const ServeArgs& args) {
+  auto s = setup(args);
+  if (!s.ok()) return fail(s.status());
+  if (Status trace = check_replay_trace(args); !trace.ok()) return fail(trace);
+  const sigset_t signals = block_stop_signals();
+  auto cluster = serve::RemoteCluster::start({.cluster = s->cluster, .control_endpoint = args.control});
+  if (!cluster.ok()) return fail(cluster.status());
+  const sim::ClusterConfig& c = s->cluster.config;
+  return serve_http(args, **cluster, signals,
+                    fmt::format("Conductor of {} prefill + {} decode instances, which connect to {}",
+                                c.prefill_instances, c.decode_instances, (*cluster)->control_endpoint()));
+}
+
+// `crescent serve prefill|decode`: one instance.
+int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
+  auto s = setup(args);
+  if (!s.ok()) return fail(s.status());
+  if (args.conductor.empty())
+    return fail(Status::invalid_argument("--conductor is required (tcp://HOST:PORT)"));
+  if (args.store_master.empty())
+    return fail(Status::invalid_argument("--store-master is required (HOST:PORT)"));
+  const sigset_t signals = block_stop_signals();
+  serve::InstanceOptions options;
+  options.role = role;
+  options.index = args.index;
+  options.conductor_endpoint = args.conductor;
+  options.store_master = args.store_master;
+  options.cluster = s->cluster;
+  options.kv_events_host = args.kv_events_host;
+  auto instance = serve::InstanceServer::start(options);
+  if (!instance.ok()) return fail(instance.status());
+  const sim::ClusterConfig& c = s->cluster.config;
+  const perf::CostModel cost(c.model, c.hardware);
+  const uint64_t per_token =
+      serve::scaled_kv_bytes_per_token(cost.kv_bytes_per_token(), c.serve.kv_bytes_scale);
+  fmt::print(
+      "{}-{}: ready (mock {} on {}; KV {} bytes per token, the model's / {}; Conductor {}; store {})\n",
+      serve::to_string(role), args.index, c.model.name, c.hardware.name, per_token, c.serve.kv_bytes_scale,
+      args.conductor, args.store_master);
+  std::fflush(stdout);
+  const int signal = wait_for_stop_signal(signals);
+  fmt::print("{}-{}: stopping ({})\n", serve::to_string(role), args.index,
+             signal == SIGINT ? "SIGINT" : "SIGTERM");
+  return 0;
+}
+
+void add_cluster_flags(CLI::App* cmd, ServeArgs& args) {
+  cmd->add_option("--config", args.config_path,
+                  fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)",
+                              kServeClusterConfig));
+  cmd->add_option("--model-name", args.model_name, "The model id clients must name")->capture_default_str();
+  cmd->add_option("--policy", args.policy,
+                  "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
+      ->capture_default_str();
+  cmd->add_option("--admission", args.admission, "Admission: none, slo, early, predictive")
+      ->capture_default_str();
+  cmd->add_option("--block-size", args.block_size_tokens, "Tokens per KV block")->capture_default_str();
+}
+
+void add_http_flags(CLI::App* cmd, ServeArgs& args) {
+  cmd->add_option("--host", args.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", args.port, "HTTP port (0: any free port)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", args.api_key, "Require \"Authorization: Bearer KEY\" on /v1 routes");
+  cmd->add_option("--body-limit", args.body_limit_bytes, "Largest request body in bytes (else 413)")
+      ->capture_default_str();
+  cmd->add_option("--replay", args.replay_trace,
+                  "Replay this trace against the cluster, print the report (as `crescent replay`) and stop");
+  cmd->add_option("--limit", args.replay_limit, "With --replay: only the first N valid requests (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--time-scale", args.replay_time_scale,
+                  "With --replay: send arrivals this many times faster")
+      ->capture_default_str();
+  cmd->add_flag("--json", args.json, "With --replay: print JSON instead of a table");
+  cmd->add_option("--requests-out", args.requests_out, "With --replay: write one JSON line per request here");
 }
 
 }  // namespace
 
 void register_serve(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ServeArgs>();
-  CLI::App* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible API over a disaggregated cluster");
-  cmd->add_option("--config", args->config_path,
-                  fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)",
-                              kDefaultClusterConfig));
-  cmd->add_option("--host", args->host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", args->port, "HTTP port (0: any free port)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", args->api_key, "Require \"Authorization: Bearer KEY\" on /v1 routes");
-  cmd->add_option("--model-name", args->model_name, "The model id clients must name")->capture_default_str();
-  cmd->add_option("--policy", args->policy,
-                  "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
+  CLI::App* cmd = app.add_subcommand(
+      "serve",
+      "Serve an OpenAI-compatible API over a disaggregated cluster (store, prefill and decode processes)");
+  add_cluster_flags(cmd, *args);
+  add_http_flags(cmd, *args);
+  cmd->add_flag("--in-process", args->in_process,
+                "Run the instances as mock engines inside this process (no store, no KV bytes moved)");
+  cmd->add_flag("--no-restart", args->no_restart,
+                "Stop everything when a child process dies (default: restart it)");
+  cmd->add_option("--run-dir", args->run_dir,
+                  "Children's logs and transfer metadata (default: a new /tmp dir)");
+  cmd->require_subcommand(0, 1);
+
+  CLI::App* conductor = cmd->add_subcommand("conductor", "Run the Conductor and HTTP front end alone");
+  add_cluster_flags(conductor, *args);
+  add_http_flags(conductor, *args);
+  conductor->add_option("--control", args->control, "Where instances connect (ZeroMQ endpoint)")
       ->capture_default_str();
-  cmd->add_option("--admission", args->admission, "Admission: none, slo, early, predictive")
-      ->capture_default_str();
-  cmd->add_option("--block-size", args->block_size_tokens, "Tokens per KV block")->capture_default_str();
-  cmd->add_option("--body-limit", args->body_limit_bytes, "Largest request body in bytes (else 413)")
-      ->capture_default_str();
-  cmd->add_option("--replay", args->replay_trace,
-                  "Replay this trace against the cluster, print the report (as `crescent replay`) and stop");
-  cmd->add_option("--limit", args->replay_limit, "With --replay: only the first N valid requests (0 = all)")
-      ->capture_default_str();
-  cmd->add_option("--time-scale", args->replay_time_scale,
-                  "With --replay: send arrivals this many times faster")
-      ->capture_default_str();
-  cmd->add_flag("--json", args->json, "With --replay: print JSON instead of a table");
-  cmd->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_serve(*args); }); });
+  conductor->callback(
+      [args, &exit_code] { run_guarded(exit_code, [&] { return run_conductor_role(*args); }); });
+
+  for (const serve::InstanceRole role : {serve::InstanceRole::kPrefill, serve::InstanceRole::kDecode}) {
+    const std::string name(serve::to_string(role));
+    CLI::App* instance = cmd->add_subcommand(name, fmt::format("Run one {} instance", name));
+    add_cluster_flags(instance, *args);
+    instance
+        ->add_option("--index", args->index, fmt::format("Which {} instance of the config (from 0)", name))
+        ->required();
+    instance->add_option("--conductor", args->conductor, "The Conductor's control endpoint, tcp://HOST:PORT")
+        ->required();
+    instance->add_option("--store-master", args->store_master, "The store master's HOST:PORT")->required();
+    instance
+        ->add_option("--kv-events-host", args->kv_events_host,
+                     "Address a prefill instance's KV event sockets listen on (the Conductor subscribes)")
+        ->capture_default_str();
+    instance->callback(
+        [args, role, &exit_code] { run_guarded(exit_code, [&] { return run_instance_role(*args, role); }); });
+  }
+
+  cmd->callback([cmd, args, &exit_code] {
+    if (!cmd->get_subcommands().empty()) return;  // a role ran
+    run_guarded(exit_code, [&] { return run_serve(*args); });
+  });
 }
 
 }  // namespace crescent::cli

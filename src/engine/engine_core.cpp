@@ -46,8 +46,15 @@ void EngineCore::expect(RequestId id, int64_t input_tokens, int64_t output_token
   r.output_tokens = output_tokens;
   r.decode_steps = output_tokens - 1;
   add(incoming_, r, +1);
-  if (options_.kv_transfer_timeout_s > 0)
-    kv_deadlines_.emplace_back(now_s + options_.kv_transfer_timeout_s, id);
+  if (options_.kv_transfer_timeout_s > 0) set_kv_deadline(id, now_s + options_.kv_transfer_timeout_s);
+}
+
+bool EngineCore::set_kv_deadline(RequestId id, double deadline_s) {
+  auto it = records_.find(id);
+  if (it == records_.end() || it->second.where != Record::Where::kIncoming) return false;
+  it->second.kv_deadline_s = deadline_s;
+  if (deadline_s != std::numeric_limits<double>::infinity()) kv_deadlines_.emplace(deadline_s, id);
+  return true;
 }
 
 bool EngineCore::submit_decode(RequestId id, double first_token_s, double now_s) {
@@ -65,12 +72,15 @@ bool EngineCore::submit_decode(RequestId id, double first_token_s, double now_s)
 }
 
 void EngineCore::advance_until(double t_s) {
-  // Reservations whose KV never came (their deadlines are in expect order, as the timeout is one value).
-  while (!kv_deadlines_.empty() && kv_deadlines_.front().first <= t_s) {
-    const auto [deadline_s, id] = kv_deadlines_.front();
-    kv_deadlines_.pop_front();
+  // Reservations whose KV never came.
+  while (!kv_deadlines_.empty() && kv_deadlines_.top().first <= t_s) {
+    const auto [deadline_s, id] = kv_deadlines_.top();
+    kv_deadlines_.pop();
     auto it = records_.find(id);
-    if (it == records_.end() || it->second.where != Record::Where::kIncoming) continue;
+    if (it == records_.end() || it->second.where != Record::Where::kIncoming ||
+        it->second.kv_deadline_s != deadline_s) {
+      continue;  // arrived, cancelled, or its deadline moved
+    }
     add(incoming_, it->second, -1);
     records_.erase(it);
     listener_.on_kv_timeout(id, deadline_s);
@@ -92,9 +102,11 @@ bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
   if (reserved_kv_tokens_ + need > options_.kv_capacity_tokens) return false;
   reserved_kv_tokens_ += need;
   int64_t hit_tokens = 0;
+  int64_t local_hit_tokens = 0;
   if (cache_) {
     const int64_t block = options_.block_size_tokens;
     hit_tokens = std::min(cache_->prefix_match_blocks(r.block_keys) * block, r.input_tokens);
+    local_hit_tokens = hit_tokens;
     touch_events_.clear();
     cache_->touch(r.block_keys, /*pin=*/true, &touch_events_);
     r.pinned = touch_events_.pinned;
@@ -111,9 +123,11 @@ bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
   r.reused_tokens = std::max<int64_t>(0, r.input_tokens - r.prefill_tokens);
   if (options_.prefix_in_dram) r.load_tokens = hit_tokens;
   r.where = Record::Where::kPrefilling;
-  listener_.on_prefill_start(
-      id, now_s,
-      {.hit_tokens = hit_tokens, .prefill_tokens = r.prefill_tokens, .reused_tokens = r.reused_tokens});
+  listener_.on_prefill_start(id, now_s,
+                             {.hit_tokens = hit_tokens,
+                              .local_hit_tokens = local_hit_tokens,
+                              .prefill_tokens = r.prefill_tokens,
+                              .reused_tokens = r.reused_tokens});
   return true;
 }
 
@@ -226,7 +240,7 @@ void EngineCore::finish_iteration(double end_s) {
 
 double EngineCore::next_event_s() const {
   double next = busy_ ? end_s_ : std::numeric_limits<double>::infinity();
-  if (!kv_deadlines_.empty()) next = std::min(next, kv_deadlines_.front().first);
+  if (!kv_deadlines_.empty()) next = std::min(next, kv_deadlines_.top().first);  // maybe stale: wakes early
   return next;
 }
 

@@ -89,9 +89,10 @@ struct EngineOptions {
 
 /// What admission decided for a prompt when its prefill starts.
 struct PrefillStart {
-  int64_t hit_tokens = 0;      // prompt tokens found in the prefix cache
-  int64_t prefill_tokens = 0;  // tokens to compute (>= 1: the last is always recomputed for its logits)
-  int64_t reused_tokens = 0;   // input - prefill_tokens: KV reused, not computed
+  int64_t hit_tokens = 0;        // prompt tokens reused: the prefix cache's, or the arranged prefix if longer
+  int64_t local_hit_tokens = 0;  // of them, found in this engine's own prefix cache
+  int64_t prefill_tokens = 0;    // tokens to compute (>= 1: the last is always recomputed for its logits)
+  int64_t reused_tokens = 0;     // input - prefill_tokens: KV reused, not computed
 };
 
 /// Told what happens to requests, in time order. Called from inside the engine's calls; must not call back
@@ -156,6 +157,10 @@ class EngineCore {
   /// REQUIRES: output_tokens >= 2 (a one-token request never reaches decode); `id` not in the engine.  ///
   /// `now_s` starts its kv_transfer_timeout_s.
   void expect(RequestId id, int64_t input_tokens, int64_t output_tokens, double now_s = 0);
+  /// Moves expected request `id`'s KV deadline to `deadline_s` (infinity: none), e.g. to hold a reservation
+  /// while its prompt waits in a prefill queue and count the timeout once its prefill has started. False
+  /// (nothing changed) when `id` is not expected here.
+  bool set_kv_deadline(RequestId id, double deadline_s);
   /// The KV of expected request `id` arrived at `now_s` (its first token came at `first_token_s`); it joins
   /// /// the batch at the next step boundary (now, if idle) once HBM has room. False (nothing changed) when
   /// `id` is not expected here: cancelled, or dropped by the KV transfer timeout. REQUIRES: advanced to
@@ -197,6 +202,7 @@ class EngineCore {
     int64_t load_tokens = 0;  // prefix to load before the first iteration (prefix_in_dram)
     int64_t join_step = 0;    // its first decode step
     double first_token_s = 0;
+    double kv_deadline_s = 0;  // expected: drop it if its KV has not arrived by then
     bool finished = false;
     enum class Where { kIncoming, kQueued, kPrefilling, kWaitingDecode, kDecoding } where = Where::kIncoming;
     std::vector<BlockKey> block_keys;  // with the prefix cache
@@ -232,9 +238,11 @@ class EngineCore {
   std::priority_queue<std::pair<int64_t, RequestId>, std::vector<std::pair<int64_t, RequestId>>,
                       std::greater<>>
       leaving_;
-  std::deque<std::pair<double, RequestId>> kv_deadlines_;  // (expect time + timeout, id), in expect order
-  kv::TouchEvents touch_events_;                           // scratch
-  std::vector<RequestId> token_ids_;                       // scratch for on_tokens
+  // (KV deadline, id), earliest first; an entry whose deadline no longer matches its record's is stale.
+  std::priority_queue<std::pair<double, RequestId>, std::vector<std::pair<double, RequestId>>, std::greater<>>
+      kv_deadlines_;
+  kv::TouchEvents touch_events_;      // scratch
+  std::vector<RequestId> token_ids_;  // scratch for on_tokens
   int64_t iterations_ = 0;
   int64_t decode_steps_ = 0;
 };

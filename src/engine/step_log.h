@@ -10,8 +10,8 @@
 
 namespace crescent::engine {
 
-/// A request's TBT from its token gaps (seconds, in any order; at least one): paper §5.1's mean of the longest
-/// 10% (at least one gap), and the longest gap. Reorders `gaps`.
+/// A request's TBT from its token gaps (seconds, in any order; at least one): paper §5.1's mean of the
+/// longest 10% (at least one gap), and the longest gap. Reorders `gaps`.
 struct TokenGaps {
   double tbt_s = 0;
   double max_gap_s = 0;

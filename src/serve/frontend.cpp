@@ -22,7 +22,7 @@ HttpResponse json_response(int status, const json& body) {
 
 HttpResponse error_response(const ApiError& error) {
   HttpResponse r = json_response(error.http_status, to_json(error));
-  if (error.http_status == 429) r.headers.emplace_back("Retry-After", "1");
+  if (error.http_status == 429 || error.http_status == 503) r.headers.emplace_back("Retry-After", "1");
   return r;
 }
 
@@ -84,8 +84,7 @@ struct Exchange {
 
 class Frontend {
  public:
-  Frontend(LocalCluster& cluster, FrontendOptions options)
-      : cluster_(cluster), options_(std::move(options)) {}
+  Frontend(Cluster& cluster, FrontendOptions options) : cluster_(cluster), options_(std::move(options)) {}
 
   void handle(HttpRequest request, HttpResponder responder) {
     if (request.path == "/health") {
@@ -230,8 +229,23 @@ class Frontend {
             200, completion_response(exchange->endpoint, exchange->header, exchange->text, "length", usage)));
       }
     };
+    callbacks.on_error = [exchange](const std::string& message) {
+      const ApiError e = make_error(503, "server_error", "instance_down", message);
+      if (exchange->stream && !exchange->first_chunk) {
+        // The stream is under way: an error event, then [DONE] (how vLLM and OpenAI end a broken stream).
+        exchange->responder.write(fmt::format("data: {}\n\n{}", to_json(e).dump(), kSseDone));
+        exchange->responder.end();
+      } else {
+        exchange->responder.respond(error_response(e));  // nothing went out yet
+      }
+    };
     uint64_t id = 0;
     const conductor::Decision decision = cluster_.submit(std::move(request), std::move(callbacks), id);
+    if (decision.rejected == conductor::RejectReason::kNoInstance) {
+      responder.respond(error_response(make_error(503, "server_error", "no-instance",
+                                                  "no prefill or no decode instance is up; retry later")));
+      return;
+    }
     if (decision.rejected != conductor::RejectReason::kNone) {
       const bool never = decision.rejected == conductor::RejectReason::kContextLength;
       ApiError e =
@@ -246,7 +260,7 @@ class Frontend {
     responder.on_disconnect([this, id] { cluster_.cancel(id); });
   }
 
-  LocalCluster& cluster_;
+  Cluster& cluster_;
   const FrontendOptions options_;
   const int64_t started_unix_s_ =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -256,7 +270,7 @@ class Frontend {
 
 }  // namespace
 
-HttpHandler make_frontend(LocalCluster& cluster, FrontendOptions options) {
+HttpHandler make_frontend(Cluster& cluster, FrontendOptions options) {
   auto frontend = std::make_shared<Frontend>(cluster, std::move(options));
   return [frontend](HttpRequest request, HttpResponder responder) {
     frontend->handle(std::move(request), std::move(responder));

@@ -1,4 +1,4 @@
-// The Conductor's HTTP front end: OpenAI-compatible routes over a LocalCluster (serving-notes.md).
+// The Conductor's HTTP front end: OpenAI-compatible routes over a Cluster (serving-notes.md).
 //   POST /v1/completions, POST /v1/chat/completions   (stream or not; 429 + Retry-After when admission
 //                                                       refuses, 400 for a prompt that can never fit)
 //   GET /v1/models, GET /health
@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "serve/cluster.h"
 #include "serve/http_server.h"
-#include "serve/local_cluster.h"
 
 namespace crescent::serve {
 
@@ -25,6 +25,6 @@ struct FrontendOptions {
 inline constexpr int64_t kByteVocabulary = 256;
 
 /// The handler serving the routes above with `cluster` (which must outlive every request it answers).
-HttpHandler make_frontend(LocalCluster& cluster, FrontendOptions options);
+HttpHandler make_frontend(Cluster& cluster, FrontendOptions options);
 
 }  // namespace crescent::serve

@@ -202,8 +202,8 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
       if (!error.empty()) {
         ++out.failed;
         if (out.first_error.empty()) out.first_error = error;
-        // Counted as refused for the report's totals (the failure count says how many).
-        o.rejected = conductor::RejectReason::kTtft;
+        // Counted as refused for the report's totals, under no reason (the failure count says how many).
+        o.rejected = conductor::RejectReason::kNoInstance;
         o.finish_s = o.arrival_s;
       }
       ++finished;

@@ -45,8 +45,23 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
               .Register(*registry_)),
       kv_bytes_(prometheus::BuildCounter()
                     .Name("crescent_kv_transfer_bytes_total")
-                    .Help("KV cache bytes moved between instances (prefill_to_decode, prefix_fetch)")
+                    .Help("KV cache bytes the modelled cluster moves between instances, at the model's size "
+                          "(prefill_to_decode, prefix_fetch)")
                     .Register(*registry_)),
+      kv_bytes_moved_(prometheus::BuildCounter()
+                          .Name("crescent_kv_bytes_moved_total")
+                          .Help("KV bytes the instance processes really moved, scaled down by kv_bytes_scale "
+                                "(prefill_to_decode, pool_read, pool_write)")
+                          .Register(*registry_)),
+      pool_prefix_(
+          prometheus::BuildCounter()
+              .Name("crescent_pool_prefix_tokens_total")
+              .Help("Prefix tokens the Conductor arranged to fetch, found in the pool (hit) or not (miss)")
+              .Register(*registry_)),
+      kv_blocks_verified_(counter(*registry_, "crescent_kv_blocks_verified_total",
+                                  "KV blocks decode instances checked on arrival", {})),
+      kv_checksum_failures_(counter(*registry_, "crescent_kv_checksum_failures_total",
+                                    "KV blocks that failed their checksum on arrival", {})),
       success_(prometheus::BuildCounter()
                    .Name("vllm:request_success_total")
                    .Help("Finished requests by finish reason")
@@ -79,7 +94,11 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                      "Requests queued for prefill or waiting for decode KV room",
                      {{"model_name", model_name}})),
       kv_usage_(gauge(*registry_, "vllm:kv_cache_usage_perc", "Decode KV cache reserved / capacity (0-1)",
-                      {{"model_name", model_name}})) {}
+                      {{"model_name", model_name}})),
+      instances_up_(prometheus::BuildGauge()
+                        .Name("crescent_instances_up")
+                        .Help("Instances the Conductor may place requests on, by role")
+                        .Register(*registry_)) {}
 
 void ServeMetrics::observe_decision(double seconds) {
   decision_.Observe(seconds);
@@ -95,6 +114,20 @@ void ServeMetrics::observe_prefix(int64_t prompt_tokens, int64_t local_tokens, i
   prefix_queries_.Increment(static_cast<double>(prompt_tokens));
   prefix_hits_.Increment(static_cast<double>(local_tokens + fetched_tokens));
 }
+void ServeMetrics::observe_kv_bytes_moved(std::string_view path, uint64_t bytes) {
+  kv_bytes_moved_.Add({{"path", std::string(path)}}).Increment(static_cast<double>(bytes));
+}
+
+void ServeMetrics::observe_pool_prefix(int64_t hit_tokens, int64_t miss_tokens) {
+  pool_prefix_.Add({{"result", "hit"}}).Increment(static_cast<double>(hit_tokens));
+  pool_prefix_.Add({{"result", "miss"}}).Increment(static_cast<double>(miss_tokens));
+}
+
+void ServeMetrics::observe_kv_checks(uint64_t verified_blocks, uint64_t failed_blocks) {
+  kv_blocks_verified_.Increment(static_cast<double>(verified_blocks));
+  kv_checksum_failures_.Increment(static_cast<double>(failed_blocks));
+}
+
 void ServeMetrics::observe_kv_bytes(std::string_view kind, double bytes) {
   kv_bytes_.Add({{"kind", std::string(kind)}}).Increment(bytes);
 }
@@ -117,6 +150,8 @@ std::string ServeMetrics::scrape(const LoadGauges& gauges) {
   running_.Set(static_cast<double>(gauges.requests_running));
   waiting_.Set(static_cast<double>(gauges.requests_waiting));
   kv_usage_.Set(gauges.kv_cache_usage);
+  instances_up_.Add({{"role", "prefill"}}).Set(static_cast<double>(gauges.prefill_instances_up));
+  instances_up_.Add({{"role", "decode"}}).Set(static_cast<double>(gauges.decode_instances_up));
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

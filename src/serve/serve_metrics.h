@@ -18,9 +18,11 @@ namespace crescent::serve {
 
 /// Gauges read at scrape time from the cluster.
 struct LoadGauges {
-  int64_t requests_running = 0;  // in decode batches
-  int64_t requests_waiting = 0;  // queued for prefill, or waiting for decode HBM room
-  double kv_cache_usage = 0;     // decode KV reserved / HBM KV capacity, 0..1
+  int64_t requests_running = 0;      // in decode batches
+  int64_t requests_waiting = 0;      // queued for prefill, or waiting for decode HBM room
+  double kv_cache_usage = 0;         // decode KV reserved / HBM KV capacity, 0..1
+  int64_t prefill_instances_up = 0;  // instances the Conductor may place on (crescent_instances_up{role})
+  int64_t decode_instances_up = 0;
 };
 
 /// What one finished request contributes. Times in seconds.
@@ -45,6 +47,16 @@ class ServeMetrics {
   /// KV bytes moved between instances (crescent_kv_transfer_bytes_total{kind}: "prefill_to_decode",
   /// "prefix_fetch").
   void observe_kv_bytes(std::string_view kind, double bytes);
+  /// KV bytes the instance processes really moved (crescent_kv_bytes_moved_total{path}: "prefill_to_decode"
+  /// through the transfer engine, "pool_read" and "pool_write" to and from the store), scaled down by the
+  /// config's kv_bytes_scale from what the model would move.
+  void observe_kv_bytes_moved(std::string_view path, uint64_t bytes);
+  /// Prefix tokens the Conductor arranged to fetch, by whether the prefill instance found them in the pool
+  /// (crescent_pool_prefix_tokens_total{result="hit"|"miss"}).
+  void observe_pool_prefix(int64_t hit_tokens, int64_t miss_tokens);
+  /// KV blocks decode instances checked on arrival, and those that failed the check
+  /// (crescent_kv_blocks_verified_total, crescent_kv_checksum_failures_total).
+  void observe_kv_checks(uint64_t verified_blocks, uint64_t failed_blocks);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).
   void observe_token_gap(double seconds);
   /// A request that produced all its tokens (finished_reason "length") or was cancelled ("abort").
@@ -59,6 +71,10 @@ class ServeMetrics {
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Counter>& prefix_tokens_;
   prometheus::Family<prometheus::Counter>& kv_bytes_;
+  prometheus::Family<prometheus::Counter>& kv_bytes_moved_;
+  prometheus::Family<prometheus::Counter>& pool_prefix_;
+  prometheus::Counter& kv_blocks_verified_;
+  prometheus::Counter& kv_checksum_failures_;
   prometheus::Family<prometheus::Counter>& success_;
   prometheus::Counter& prefix_queries_;
   prometheus::Counter& prefix_hits_;
@@ -74,6 +90,7 @@ class ServeMetrics {
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;
   prometheus::Gauge& kv_usage_;
+  prometheus::Family<prometheus::Gauge>& instances_up_;
 };
 
 }  // namespace crescent::serve

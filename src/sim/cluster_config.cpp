@@ -35,7 +35,7 @@ nlohmann::json hardware_json(const perf::HardwareSpec& h) {
 }
 
 // Every field a config may have, and those it must have.
-constexpr std::array<std::string_view, 13> kFields{"name",
+constexpr std::array<std::string_view, 14> kFields{"name",
                                                    "description",
                                                    "model",
                                                    "hardware",
@@ -47,10 +47,14 @@ constexpr std::array<std::string_view, 13> kFields{"name",
                                                    "kvcache_balancing_threshold",
                                                    "expected_output_prior_tokens",
                                                    "slo",
-                                                   "seed"};
+                                                   "seed",
+                                                   "serve"};
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
+constexpr std::array<std::string_view, 5> kServeFields{"kv_bytes_scale", "kv_transfer_timeout_s",
+                                                       "heartbeat_timeout_s", "store_dram_bytes",
+                                                       "verify_kv_checksums"};
 
 }  // namespace
 
@@ -60,6 +64,10 @@ std::span<const std::string_view> cluster_config_fields() {
 
 std::span<const std::string_view> slo_config_fields() {
   return kSloFields;
+}
+
+std::span<const std::string_view> serve_config_fields() {
+  return kServeFields;
 }
 
 conductor::ConductorOptions conductor_options(const ClusterConfig& config, conductor::PrefillPolicy policy,
@@ -151,6 +159,24 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
         }
         c.slo.tbt_s.push_back(v.get<double>());
       }
+    }
+  }
+  if (auto it = j.find("serve"); it != j.end()) {
+    JsonFields s(*it, where + ": serve");
+    CRESCENT_RETURN_IF_ERROR(s.no_unknown_keys(kServeFields));
+    CRESCENT_RETURN_IF_ERROR(s.integer("kv_bytes_scale", c.serve.kv_bytes_scale, 1, /*required=*/false));
+    CRESCENT_RETURN_IF_ERROR(
+        s.positive_number("kv_transfer_timeout_s", c.serve.kv_transfer_timeout_s, /*required=*/false));
+    CRESCENT_RETURN_IF_ERROR(
+        s.positive_number("heartbeat_timeout_s", c.serve.heartbeat_timeout_s, /*required=*/false));
+    CRESCENT_RETURN_IF_ERROR(
+        s.integer("store_dram_bytes", c.serve.store_dram_bytes, 1 << 20, /*required=*/false));
+    if (auto v = it->find("verify_kv_checksums"); v != it->end()) {
+      if (!v->is_boolean()) {
+        return Status::invalid_argument(fmt::format(
+            "{}: serve: field 'verify_kv_checksums' must be true or false, got {}", where, v->dump()));
+      }
+      c.serve.verify_kv_checksums = v->get<bool>();
     }
   }
   return c;

@@ -22,6 +22,17 @@ struct SloConfig {
   std::vector<double> tbt_s{0.1, 0.2, 0.3};  // TBT thresholds; the first is the primary one
 };
 
+/// How `crescent serve` runs the config's instances as processes; the simulator ignores it.
+struct ServeConfig {
+  /// KV bytes really moved and stored = the model's KV bytes / this, so a run fits this machine's memory
+  /// (LLaMA3-70B's 320 KiB per token becomes 80 bytes at 4096).
+  int64_t kv_bytes_scale = 4096;
+  double kv_transfer_timeout_s = 5;        // decode frees a reservation whose KV has not arrived by then
+  double heartbeat_timeout_s = 1;          // an instance that sent nothing for this long is down
+  int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts
+  bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives
+};
+
 /// Everything the simulator needs to know about the cluster. docs/config.md describes every field (type,
 /// unit, default, range, source); cluster_config_fields() lists their JSON names.
 struct ClusterConfig {
@@ -40,6 +51,7 @@ struct ClusterConfig {
   double expected_output_prior_tokens = 256;
   SloConfig slo;
   uint64_t seed = 1;
+  ServeConfig serve;  // "serve": live runs only (not echoed by to_json, which reports what simulations use)
 };
 
 /// The JSON names of a config's top-level fields ("slo" holds "ttft_s" and "tbt_s"; "model" and "hardware"
@@ -47,6 +59,8 @@ struct ClusterConfig {
 std::span<const std::string_view> cluster_config_fields();
 /// The JSON names of the fields of "slo".
 std::span<const std::string_view> slo_config_fields();
+/// The JSON names of the fields of "serve".
+std::span<const std::string_view> serve_config_fields();
 
 /// The Conductor's options for `config` under the run's `policy`, `admission` and `block_size_tokens`: the
 /// one place a config's scheduling fields (kvcache_balancing_threshold, slo, seed,

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -197,11 +198,13 @@ TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {
   EXPECT_EQ(engine.decode_load().running.kv_tokens, 0);
 }
 
+struct TimeoutRecorder : Recorder {
+  void on_kv_timeout(RequestId id, double now_s) override { timed_out.emplace_back(id, now_s); }
+  std::vector<std::pair<RequestId, double>> timed_out;
+};
+
 TEST_F(EngineCoreTest, AReservationWhoseKvNeverCameIsFreedAfterTheTimeout) {
-  struct TimeoutRecorder : Recorder {
-    void on_kv_timeout(RequestId id, double now_s) override { timed_out.emplace_back(id, now_s); }
-    std::vector<std::pair<RequestId, double>> timed_out;
-  } recorder;
+  TimeoutRecorder recorder;
   EngineCore engine({.kv_capacity_tokens = 1'000, .kv_transfer_timeout_s = 5}, executor_, recorder);
   engine.expect(1, 100, 3, /*now_s=*/0);
   engine.expect(2, 100, 3, /*now_s=*/1);
@@ -215,6 +218,28 @@ TEST_F(EngineCoreTest, AReservationWhoseKvNeverCameIsFreedAfterTheTimeout) {
   EXPECT_THAT(recorder.finished_order, ElementsAre(2u));
   EXPECT_EQ(engine.outstanding(), 0);
   EXPECT_EQ(engine.decode_load().running.kv_tokens, 0);
+}
+
+// A live decode instance holds a reservation while its prompt is queued for prefill (no deadline), then
+// counts the timeout from the prefill's predicted end; deadlines that move leave no stale timeout behind.
+TEST_F(EngineCoreTest, AKvDeadlineCanBeHeldAndMoved) {
+  TimeoutRecorder recorder;
+  EngineCore engine({.kv_capacity_tokens = 1'000, .kv_transfer_timeout_s = 5}, executor_, recorder);
+  engine.expect(1, 100, 3, /*now_s=*/0);
+  engine.expect(2, 100, 3, /*now_s=*/0);
+  engine.set_kv_deadline(1, std::numeric_limits<double>::infinity());
+  engine.set_kv_deadline(2, 20);
+  engine.advance_until(19);
+  EXPECT_THAT(recorder.timed_out, ::testing::IsEmpty()) << "held and moved: neither times out at 5";
+  engine.set_kv_deadline(1, 30);
+  engine.advance_until(25);
+  EXPECT_THAT(recorder.timed_out, ElementsAre(std::make_pair(RequestId{2}, 20.0)));
+  engine.advance_until(30);
+  EXPECT_THAT(recorder.timed_out,
+              ElementsAre(std::make_pair(RequestId{2}, 20.0), std::make_pair(RequestId{1}, 30.0)));
+  EXPECT_EQ(engine.decode_load().incoming.requests, 0);
+  EXPECT_FALSE(engine.set_kv_deadline(1, 40));  // gone: nothing changes
+  EXPECT_EQ(engine.next_event_s(), std::numeric_limits<double>::infinity());
 }
 
 TEST_F(EngineCoreTest, MockExecutorTakesTheCostModelsIterationTime) {

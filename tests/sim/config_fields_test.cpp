@@ -2,11 +2,13 @@
 // differ from the baseline run in its per-request outcomes or its report; names and the description, which
 // only label results, must differ in the config the results record. A parsed field that no component reads
 // fails here, and a field added to the parser without a row below fails CoversEveryField.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "conductor/conductor.h"
@@ -153,13 +155,48 @@ TEST(ConfigFields, EveryFieldChangesWhatTheRunShows) {
 TEST(ConfigFields, CoversEveryField) {
   std::set<std::string> expected, covered;
   for (std::string_view f : cluster_config_fields()) {
-    if (f != "slo") expected.emplace(f);
+    if (f != "slo" && f != "serve") expected.emplace(f);  // "serve" is for live runs (ServeSection below)
   }
   for (std::string_view f : slo_config_fields()) expected.insert("slo." + std::string(f));
   for (std::string_view f : perf::model_spec_fields()) expected.insert("model." + std::string(f));
   for (std::string_view f : perf::hardware_spec_fields()) expected.insert("hardware." + std::string(f));
   for (const FieldCase& c : cases()) covered.insert(c.field);
   EXPECT_EQ(covered, expected);
+}
+
+// "serve" shapes live runs only (`crescent serve`), so no simulation can show it: it is parsed, defaulted and
+// checked here instead.
+TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
+  json j = base_config();
+  auto defaults = cluster_config_from_json(j, "fields.json", 512);
+  ASSERT_TRUE(defaults.ok()) << defaults.status().to_string();
+  EXPECT_EQ(defaults->serve.kv_bytes_scale, 4096);
+  EXPECT_TRUE(defaults->serve.verify_kv_checksums);
+  j["serve"] = {{"kv_bytes_scale", 512},
+                {"kv_transfer_timeout_s", 2.5},
+                {"heartbeat_timeout_s", 0.5},
+                {"store_dram_bytes", 1 << 26},
+                {"verify_kv_checksums", false}};
+  auto config = cluster_config_from_json(j, "fields.json", 512);
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  EXPECT_EQ(config->serve.kv_bytes_scale, 512);
+  EXPECT_EQ(config->serve.kv_transfer_timeout_s, 2.5);
+  EXPECT_EQ(config->serve.heartbeat_timeout_s, 0.5);
+  EXPECT_EQ(config->serve.store_dram_bytes, 1 << 26);
+  EXPECT_FALSE(config->serve.verify_kv_checksums);
+  EXPECT_EQ(to_json(*config), to_json(*defaults));  // results record what simulations use
+  for (const auto& [field, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"kv_bytes_scale", 0, "'kv_bytes_scale'"},
+           {"verify_kv_checksums", "yes", "'verify_kv_checksums' must be true or false"},
+           {"store_dram_bytes", 1000, "'store_dram_bytes'"},
+           {"heartbeat", 1, "heartbeat"}}) {
+    json bad = base_config();
+    bad["serve"] = {{field, value}};
+    auto refused = cluster_config_from_json(bad, "fields.json", 512);
+    ASSERT_FALSE(refused.ok()) << field;
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr(message));
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("fields.json: serve"));
+  }
 }
 
 // The scheduling fields reach the Conductor through conductor_options(), the one place that builds its

@@ -1,0 +1,115 @@
+#include "cli/supervisor.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace crescent::cli {
+
+Supervisor::Supervisor(std::string run_dir, bool restart, int max_restarts,
+                       std::function<void(const std::string&)> on_give_up)
+    : run_dir_(std::move(run_dir)),
+      restart_(restart),
+      max_restarts_(max_restarts),
+      on_give_up_(std::move(on_give_up)) {}
+
+Supervisor::~Supervisor() {
+  stop_all();
+}
+
+Result<std::string> Supervisor::start(const std::string& name, std::vector<std::string> argv,
+                                      const std::string& ready_text, std::chrono::milliseconds timeout) {
+  auto child = std::make_unique<Child>();
+  child->name = name;
+  child->argv = std::move(argv);
+  child->ready_text = ready_text;
+  const std::string log = fmt::format("{}/{}.log", run_dir_, name);
+  auto process = ChildProcess::start(child->argv, log);
+  if (!process.ok()) return process.status();
+  child->process = std::move(*process);
+  fmt::print(stderr, "crescent serve: started {} (pid {})\n", name, child->process->pid());
+  auto line = child->process->wait_for_line(ready_text, timeout);
+  echo_logs(*child);
+  if (!line.ok()) return Status::unavailable(fmt::format("{}: {}", name, line.status().message()));
+  std::lock_guard lock(mu_);
+  children_.push_back(std::move(child));
+  return line;
+}
+
+void Supervisor::watch() {
+  watcher_ = std::thread([this] {
+    while (!stopping_) {
+      {
+        std::lock_guard lock(mu_);
+        if (stopping_) break;
+        for (auto& child : children_) {
+          echo_logs(*child);
+          check(*child);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+}
+
+void Supervisor::check(Child& child) {
+  if (child.given_up || child.process->running()) return;
+  echo_logs(child);
+  if (!restart_ || child.restarts >= max_restarts_) {
+    fmt::print(stderr, "crescent serve: {} exited{}\n", child.name,
+               restart_ ? fmt::format(" after {} restarts; giving up", child.restarts) : "");
+    child.given_up = true;
+    on_give_up_(child.name);
+    return;
+  }
+  ++child.restarts;
+  fmt::print(stderr, "crescent serve: {} exited; restarting it ({} of {})\n", child.name, child.restarts,
+             max_restarts_);
+  // Started from the watcher thread: the new child gets SIGKILL if this thread ends without stopping it.
+  auto process = ChildProcess::start(child.argv, fmt::format("{}/{}.log", run_dir_, child.name));
+  if (!process.ok()) {
+    fmt::print(stderr, "crescent serve: cannot restart {}: {}\n", child.name, process.status().message());
+    child.given_up = true;
+    on_give_up_(child.name);
+    return;
+  }
+  child.process = std::move(*process);
+  fmt::print(stderr, "crescent serve: started {} (pid {})\n", child.name, child.process->pid());
+}
+
+void Supervisor::echo_logs(Child& child) {
+  std::ifstream in(fmt::format("{}/{}.log", run_dir_, child.name), std::ios::binary);
+  if (!in) return;
+  in.seekg(static_cast<std::streamoff>(child.log_offset));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a partial line: wait for its end
+    child.log_offset += line.size() + 1;
+    fmt::print(stderr, "[{}] {}\n", child.name, line);
+  }
+}
+
+void Supervisor::stop_all() {
+  {
+    // Children restarted by the watcher die with its thread: stop them all before it ends.
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
+      (*it)->process->stop();
+      echo_logs(**it);
+    }
+    children_.clear();
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+pid_t Supervisor::pid(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  for (const auto& child : children_) {
+    if (child->name == name) return child->process->pid();
+  }
+  return 0;
+}
+
+}  // namespace crescent::cli

@@ -1,0 +1,62 @@
+// The children `crescent serve` runs (store master and node, prefill and decode instances): each is this
+// binary in another role, logging to RUN_DIR/NAME.log; their lines are echoed to stderr as "[NAME] line",
+// and one that dies is reported and restarted (or, without restarts, the run is stopped).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/child_process.h"
+#include "common/status.h"
+
+namespace crescent::cli {
+
+class Supervisor {
+ public:
+  /// Logs go to `run_dir` (which must exist). `restart`: restart a child that dies (at most `max_restarts`
+  /// times each); otherwise, and when a child has used its restarts, `on_give_up(name)` is called.
+  Supervisor(std::string run_dir, bool restart, int max_restarts,
+             std::function<void(const std::string&)> on_give_up);
+  /// stop_all().
+  ~Supervisor();
+
+  /// Starts child `name` with `argv` and waits until its log has a line containing `ready_text` (up to
+  /// `timeout`); returns that line. kUnavailable with the log's tail when it exits or times out first.
+  Result<std::string> start(const std::string& name, std::vector<std::string> argv,
+                            const std::string& ready_text, std::chrono::milliseconds timeout);
+  /// Starts watching: echoing logs and restarting children that die.
+  void watch();
+  /// Stops watching, then stops the children in reverse start order (SIGTERM, SIGKILL after 2 s).
+  void stop_all();
+  /// The pid of child `name` (0 when unknown), for fault tests and operators.
+  pid_t pid(const std::string& name) const;
+
+ private:
+  struct Child {
+    std::string name;
+    std::vector<std::string> argv;
+    std::unique_ptr<ChildProcess> process;
+    std::string ready_text;
+    uint64_t log_offset = 0;
+    int restarts = 0;
+    bool given_up = false;
+  };
+  void echo_logs(Child& child);
+  void check(Child& child);
+
+  const std::string run_dir_;
+  const bool restart_;
+  const int max_restarts_;
+  const std::function<void(const std::string&)> on_give_up_;
+  mutable std::mutex mu_;  // children_
+  std::vector<std::unique_ptr<Child>> children_;
+  std::atomic<bool> stopping_{false};
+  std::thread watcher_;
+};
+
+}  // namespace crescent::cli

@@ -1,0 +1,66 @@
+// What the HTTP front end needs of a cluster, whether it runs in this process (LocalCluster) or as separate
+// prefill and decode processes (RemoteCluster): submit a tokenized request, hear its tokens, cancel it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/block_key.h"
+#include "conductor/conductor.h"
+
+namespace crescent::serve {
+
+/// The keys of a prompt's full blocks: key[i] = xxh3_64(token ids of block i, seed = key[i-1]), key[-1] = 0,
+/// so equal keys mean equal prefixes (paper §3.2.1). A trailing partial block has no key.
+std::vector<BlockKey> prompt_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens);
+
+/// The mock model's output: a deterministic token (a byte: 'a'..'z' or ' ') for output position `index` of a
+/// request with `seed`.
+int64_t mock_token(uint64_t seed, int64_t index);
+
+/// How a request ended, for its owner.
+struct RequestSummary {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose KV was reused (prefix hit)
+  InstanceId prefill_instance = 0;
+  InstanceId decode_instance = 0;
+};
+
+/// What the cluster tells a request's owner, from the cluster's thread (keep them short: post elsewhere).
+/// After on_done or on_error nothing more comes.
+struct RequestCallbacks {
+  std::function<void(std::span<const int64_t> tokens)> on_tokens;  // new output tokens, in order
+  std::function<void(const RequestSummary& summary)> on_done;      // the last token was delivered
+  /// The request failed after it was accepted (an instance serving it went down): `message` says why.
+  std::function<void(const std::string& message)> on_error;
+};
+
+/// The request as the cluster takes it.
+struct ClusterRequest {
+  std::vector<int64_t> prompt_token_ids;
+  int64_t max_tokens = 1;  // exactly this many are generated (the mock model never stops early)
+  uint64_t seed = 0;
+};
+
+/// A cluster behind the front end. Thread-safe.
+class Cluster {
+ public:
+  virtual ~Cluster() = default;
+  /// Places `request` (Conductor::schedule at the current time). Accepted: its tokens follow through
+  /// `callbacks` and `id` names it for cancel(). Refused: the decision says why; no callback comes.
+  virtual conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) = 0;
+  /// Stops request `id` wherever it is and frees its KV; no callback comes afterwards. No-op when finished.
+  virtual void cancel(uint64_t id) = 0;
+  /// KV tokens a request may hold at most (prompt + output): a decode instance's HBM.
+  virtual int64_t max_context_tokens() const = 0;
+  /// Requests accepted and not yet finished, failed or cancelled.
+  virtual size_t requests_in_flight() const = 0;
+  /// GET /metrics: the Prometheus text format (serve_metrics.h), with the current loads.
+  virtual std::string metrics_text() const = 0;
+};
+
+}  // namespace crescent::serve

@@ -1,0 +1,200 @@
+#include "serve/conductor_core.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <chrono>
+
+#include "sim/simulator.h"
+
+namespace crescent::serve {
+
+std::vector<BlockKey> prompt_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens) {
+  std::vector<BlockKey> keys;
+  const auto block = static_cast<size_t>(block_size_tokens);
+  BlockKey parent = 0;
+  for (size_t start = 0; start + block <= token_ids.size(); start += block) {
+    parent = XXH3_64bits_withSeed(token_ids.data() + start, block * sizeof(int64_t), parent);
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+int64_t mock_token(uint64_t seed, int64_t index) {
+  const uint64_t pair[2] = {seed, static_cast<uint64_t>(index)};
+  const uint64_t h = XXH3_64bits(pair, sizeof(pair));
+  const uint64_t letter = h % 32;
+  return letter < 26 ? 'a' + static_cast<int64_t>(letter) : ' ';
+}
+
+Status validate(const ClusterOptions& options) {
+  sim::SimOptions sim_options;
+  sim_options.block_size_tokens = options.block_size_tokens;
+  return sim::validate(options.config, sim_options);
+}
+
+ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links)
+    : options_(options),
+      links_(links),
+      cost_(options.config.model, options.config.hardware),
+      conductor_(cost_, sim::conductor_options(options.config, options.policy, options.admission,
+                                               options.block_size_tokens)),
+      kv_capacity_tokens_(cost_.decode_kv_capacity_tokens(options.config.decode_hbm_reserved_share)),
+      state_(options.config.prefill_instances, options.config.decode_instances, options.block_size_tokens,
+             kv_capacity_tokens_),
+      metrics_(options.model_name) {}
+
+conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id,
+                                         double now_s) {
+  Live live;
+  live.request = std::move(request);
+  live.callbacks = std::move(callbacks);
+  live.block_keys = prompt_block_keys(live.request.prompt_token_ids, options_.block_size_tokens);
+  const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
+  const conductor::RequestInfo info{input, live.block_keys, live.request.max_tokens};
+  const auto decide_start = std::chrono::steady_clock::now();
+  const conductor::Decision decision = conductor_.schedule(state_, info, now_s);
+  metrics_.observe_decision(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - decide_start).count());
+  if (decision.rejected != conductor::RejectReason::kNone) {
+    metrics_.observe_rejection(conductor::to_string(decision.rejected));
+    return decision;
+  }
+  metrics_.observe_prefix(input, decision.local_prefix_tokens, decision.fetched_prefix_tokens);
+  metrics_.observe_kv_bytes("prefix_fetch",
+                            static_cast<double>(decision.fetched_prefix_tokens) * cost_.kv_bytes_per_token());
+  live.submitted_s = now_s;
+  id = next_id_++;
+  live.summary.prompt_tokens = input;
+  live.summary.prefill_instance = decision.prefill_instance;
+  live.summary.decode_instance = decision.decode_instance;
+  live.predicted_prefill_s = decision.transfer_s + decision.prefill_s;
+  const conductor::PrefillTimeline timeline = state_.on_request_placed(info, decision, now_s);
+  if (live.request.max_tokens > 1) {
+    links_.send_expect(decision.decode_instance, id, input, live.request.max_tokens, now_s);
+  }
+  const Live& entry = requests_.emplace(id, std::move(live)).first->second;
+  // The prefix the Conductor found, fetched from another instance when it chose to: copying it is how a hot
+  // prefix gains replicas.
+  links_.send_prefill(decision.prefill_instance, id, entry.request, entry.block_keys,
+                      {.reused_tokens = decision.prefix_tokens(),
+                       .fetched_tokens = decision.fetched_prefix_tokens,
+                       .ready_s = timeline.prefix_ready_s},
+                      decision.decode_instance, now_s);
+  return decision;
+}
+
+void ConductorCore::cancel(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
+  metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
+  requests_.erase(it);
+}
+
+void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now_s) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Live& live = it->second;
+  live.summary.cached_tokens = hit_tokens;
+  live.prefill_start_s = now_s;
+  if (live.request.max_tokens > 1) {
+    links_.send_kv_coming(live.summary.decode_instance, id, live.summary.prompt_tokens,
+                          live.predicted_prefill_s);
+  }
+}
+
+void ConductorCore::on_prefill_done(InstanceId instance, uint64_t id, double now_s) {
+  state_.on_prefill_done(instance, now_s);
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  it->second.prefill_done = true;
+  emit_token(id, now_s);  // the first token comes from the prefill
+  it = requests_.find(id);
+  if (it == requests_.end()) return;
+  const Live& live = it->second;
+  if (live.request.max_tokens <= 1) {
+    finish(id, now_s);
+    return;
+  }
+  const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
+  metrics_.observe_kv_bytes("prefill_to_decode", static_cast<double>(input) * cost_.kv_bytes_per_token());
+  links_.send_kv_handoff(live.summary.decode_instance, id, input, now_s);
+}
+
+void ConductorCore::on_tokens(std::span<const uint64_t> ids, double now_s) {
+  for (uint64_t id : ids) {
+    emit_token(id, now_s);
+    auto it = requests_.find(id);
+    if (it != requests_.end() && it->second.summary.completion_tokens >= it->second.request.max_tokens) {
+      finish(id, now_s);
+    }
+  }
+}
+
+void ConductorCore::fail(uint64_t id, const std::string& message) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
+  metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
+  RequestCallbacks callbacks = std::move(it->second.callbacks);
+  requests_.erase(it);
+  if (callbacks.on_error) callbacks.on_error(message);
+}
+
+void ConductorCore::on_prefill_down(InstanceId p, double now_s) {
+  state_.on_prefill_down(p, now_s);
+  scratch_ids_.clear();
+  for (const auto& [id, live] : requests_) {
+    if (live.summary.prefill_instance == p && !live.prefill_done) scratch_ids_.push_back(id);
+  }
+  const std::vector<uint64_t> ids = scratch_ids_;
+  for (uint64_t id : ids)
+    fail(id, fmt::format("prefill instance {} went down before finishing the prompt", p));
+}
+
+void ConductorCore::on_decode_down(InstanceId d) {
+  state_.on_decode_down(d);
+  scratch_ids_.clear();
+  for (const auto& [id, live] : requests_) {
+    if (live.summary.decode_instance == d && live.request.max_tokens > 1) scratch_ids_.push_back(id);
+  }
+  const std::vector<uint64_t> ids = scratch_ids_;
+  for (uint64_t id : ids) fail(id, fmt::format("decode instance {} went down", d));
+}
+
+void ConductorCore::emit_token(uint64_t id, double now_s) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Live& live = it->second;
+  if (live.summary.completion_tokens == 0) {
+    live.first_token_s = now_s;
+  } else {
+    metrics_.observe_token_gap(now_s - live.last_token_s);
+  }
+  live.last_token_s = now_s;
+  const int64_t token = mock_token(live.request.seed, live.summary.completion_tokens);
+  ++live.summary.completion_tokens;
+  if (live.callbacks.on_tokens) live.callbacks.on_tokens(std::span<const int64_t>(&token, 1));
+}
+
+void ConductorCore::finish(uint64_t id, double now_s) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  const Live& live = it->second;
+  conductor_.observe_output(live.summary.completion_tokens);
+  metrics_.observe_finished({.prompt_tokens = live.summary.prompt_tokens,
+                             .generation_tokens = live.summary.completion_tokens,
+                             .ttft_s = live.first_token_s - live.submitted_s,
+                             .e2e_s = now_s - live.submitted_s,
+                             .queue_s = live.prefill_start_s - live.submitted_s,
+                             .prefill_s = live.first_token_s - live.prefill_start_s,
+                             .decode_s = now_s - live.first_token_s},
+                            /*aborted=*/false);
+  RequestCallbacks callbacks = std::move(it->second.callbacks);
+  const RequestSummary summary = it->second.summary;
+  requests_.erase(it);
+  if (callbacks.on_done) callbacks.on_done(summary);
+}
+
+}  // namespace crescent::serve

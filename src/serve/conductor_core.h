@@ -1,0 +1,126 @@
+// The Conductor's side of a live cluster, written once for the in-process cluster (LocalCluster) and the
+// multi-process one (RemoteCluster): it places requests with the real Conductor over a ClusterState, keeps
+// each accepted request until its last token, turns instance events into tokens for the request's owner and
+// into metrics, and fails the requests of an instance that went down. How orders reach instances is the
+// owner's InstanceLinks. Not thread-safe: the owner serializes every call (one mutex).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "conductor/cluster_state.h"
+#include "conductor/conductor.h"
+#include "engine/engine_core.h"
+#include "perf/cost_model.h"
+#include "serve/cluster.h"
+#include "serve/serve_metrics.h"
+#include "sim/cluster_config.h"
+
+namespace crescent::serve {
+
+/// How a cluster is run: its config (model, hardware, counts, cache sizes, SLOs) and the run's flags.
+struct ClusterOptions {
+  sim::ClusterConfig config;
+  conductor::PrefillPolicy policy = conductor::PrefillPolicy::kGlobalCacheAware;
+  conductor::Admission admission = conductor::Admission::kNone;
+  int64_t block_size_tokens = 512;
+  std::string model_name = "mock";  // the model_name label of the metrics
+};
+
+/// Checks `options` as the simulator checks a run (sim::validate: the config against the block size).
+Status validate(const ClusterOptions& options);
+
+/// How the core sends orders to instances. Called with the owner's lock held: queue, do not block.
+class InstanceLinks {
+ public:
+  virtual ~InstanceLinks() = default;
+  /// Queue request `id`'s prompt (FIFO) on prefill instance `p`, reusing the arranged prefix; its KV goes to
+  /// decode instance `d` when it decodes (max_tokens > 1). `prefix.ready_s` is on the core's clock.
+  virtual void send_prefill(InstanceId p, uint64_t id, const ClusterRequest& request,
+                            std::span<const BlockKey> block_keys,
+                            const engine::EngineCore::ArrangedPrefix& prefix, InstanceId d, double now_s) = 0;
+  /// Reserve HBM on decode instance `d` for `id` (prompt + max output); its KV comes later.
+  virtual void send_expect(InstanceId d, uint64_t id, int64_t input_tokens, int64_t output_tokens,
+                           double now_s) = 0;
+  /// `id`'s prefill (of `input_tokens`) started on its prefill instance and should end in `prefill_s`: decode
+  /// instance `d` takes room for its KV now and counts its KV transfer timeout from then (before, the prompt
+  /// may wait in a queue of any length).
+  virtual void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) = 0;
+  /// `id`'s prefill is done: its KV is (or is being) handed to decode instance `d`, which then joins it to
+  /// its batch.
+  virtual void send_kv_handoff(InstanceId d, uint64_t id, int64_t input_tokens, double now_s) = 0;
+  /// Drop `id` on prefill instance `p` and decode instance `d` and free its KV there.
+  virtual void send_cancel(InstanceId p, InstanceId d, uint64_t id) = 0;
+};
+
+class ConductorCore {
+ public:
+  /// `links` must outlive the core. REQUIRES: options.config validated (sim::validate).
+  ConductorCore(const ClusterOptions& options, InstanceLinks& links);
+
+  /// Decides `request` at `now_s` (the core's clock, seconds); accepted: records it, sends its orders, and
+  /// sets `id`. Decode loads must be current (on_decode_report) before the call.
+  conductor::Decision place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id, double now_s);
+  /// The owner's cancel: drops `id` everywhere (no callback). No-op when unknown.
+  void cancel(uint64_t id);
+
+  // Events from instances (the core's clock).
+  /// `id`'s prefill started with `hit_tokens` of its prompt reused.
+  void on_prefill_start(uint64_t id, int64_t hit_tokens, double now_s);
+  /// `id`'s prefill on `instance` ended: its first token goes out, its KV to decode.
+  void on_prefill_done(InstanceId instance, uint64_t id, double now_s);
+  /// A decode step gave each of `ids` one token; a request with all its tokens finishes.
+  void on_tokens(std::span<const uint64_t> ids, double now_s);
+  /// `id` cannot go on (e.g. its KV never reached decode): its owner hears on_error(message).
+  void fail(uint64_t id, const std::string& message);
+  /// Prefill instance `p` went down: it leaves the Conductor's view and the requests it had not finished
+  /// prefilling fail (their decode reservations are cancelled).
+  void on_prefill_down(InstanceId p, double now_s);
+  /// Decode instance `d` went down: it leaves the view and every request placed there fails.
+  void on_decode_down(InstanceId d);
+
+  /// The Conductor's state, fed directly with KV events, decode reports and instances coming up.
+  conductor::ClusterState& state() { return state_; }
+  const perf::CostModel& cost() const { return cost_; }
+  ServeMetrics& metrics() { return metrics_; }
+  int64_t kv_capacity_tokens() const { return kv_capacity_tokens_; }
+  size_t requests_in_flight() const { return requests_.size(); }
+  /// Whether `id` is in flight.
+  bool has_request(uint64_t id) const { return requests_.contains(id); }
+  /// Where `id` runs and how far it got; nullptr when it is not in flight.
+  const RequestSummary* summary(uint64_t id) const {
+    auto it = requests_.find(id);
+    return it == requests_.end() ? nullptr : &it->second.summary;
+  }
+
+ private:
+  struct Live {
+    ClusterRequest request;
+    RequestCallbacks callbacks;
+    std::vector<BlockKey> block_keys;
+    RequestSummary summary;
+    bool prefill_done = false;
+    double predicted_prefill_s = 0;  // the Conductor's prefix load + compute time (Decision)
+    double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // core's clock
+  };
+
+  void emit_token(uint64_t id, double now_s);
+  void finish(uint64_t id, double now_s);
+
+  const ClusterOptions options_;
+  InstanceLinks& links_;
+  const perf::CostModel cost_;
+  conductor::Conductor conductor_;
+  const int64_t kv_capacity_tokens_;
+  conductor::ClusterState state_;
+  ServeMetrics metrics_;  // thread-safe
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, Live> requests_;
+  std::vector<uint64_t> scratch_ids_;
+};
+
+}  // namespace crescent::serve

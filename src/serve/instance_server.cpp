@@ -1,0 +1,525 @@
+#include "serve/instance_server.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "engine/engine_core.h"
+#include "serve/kv_blocks.h"
+#include "serve/kv_events.h"
+#include "store/client.h"
+#include "store/segment_allocator.h"
+
+namespace crescent::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kLoadPeriodS = 0.05;  // load report / heartbeat
+constexpr auto kTransferTimeout = std::chrono::seconds(5);
+
+uint64_t make_incarnation() {
+  return (static_cast<uint64_t>(::getpid()) << 32) ^
+         static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+}
+
+}  // namespace
+
+class InstanceServer::Impl final : public engine::EngineListener {
+ public:
+  Impl(const InstanceOptions& options, std::unique_ptr<store::Client> store)
+      : options_(options),
+        config_(options.cluster.config),
+        block_tokens_(options.cluster.block_size_tokens),
+        cost_(config_.model, config_.hardware),
+        executor_(cost_),
+        store_(std::move(store)),
+        block_bytes_(kv_block_bytes(block_tokens_, scaled_kv_bytes_per_token(cost_.kv_bytes_per_token(),
+                                                                             config_.serve.kv_bytes_scale))),
+        max_prompt_blocks_(
+            (cost_.decode_kv_capacity_tokens(config_.decode_hbm_reserved_share) + block_tokens_ - 1) /
+            block_tokens_),
+        incarnation_(make_incarnation()),
+        identity_(fmt::format("{}-{}", to_string(options.role), options.index)),
+        control_(context_, zmq::socket_type::dealer),
+        start_(Clock::now()) {
+    engine::EngineOptions engine_options;
+    if (prefill()) {
+      engine_options.kv_capacity_tokens = config_.prefill_cache_capacity_tokens;
+      engine_options.prefix_cache = true;
+      engine_options.block_size_tokens = block_tokens_;
+      engine_options.prefix_in_dram = true;
+    } else {
+      engine_options.kv_capacity_tokens = cost_.decode_kv_capacity_tokens(config_.decode_hbm_reserved_share);
+      engine_options.report_tokens = true;
+      engine_options.kv_transfer_timeout_s = config_.serve.kv_transfer_timeout_s;
+    }
+    engine_ = std::make_unique<engine::EngineCore>(engine_options, executor_, *this);
+  }
+
+  Status init() {
+    // KV memory: a prefill instance's staging for one prompt; a decode instance's receive segment, sized for
+    // its whole HBM KV capacity plus a block of slack per possible request rounding.
+    if (prefill()) {
+      kv_memory_bytes_ = (max_prompt_blocks_ + 1) * block_bytes_;
+      auto publisher = KvEventPublisher::start(fmt::format("tcp://{}:0", options_.kv_events_host),
+                                               fmt::format("tcp://{}:0", options_.kv_events_host));
+      if (!publisher.ok()) return publisher.status();
+      kv_events_ = std::move(*publisher);
+    } else {
+      kv_memory_bytes_ = (max_prompt_blocks_ + 512) * block_bytes_;
+      allocator_.emplace(kv_memory_bytes_);
+    }
+    auto memory = store_->engine().allocate_memory(kv_memory_bytes_);
+    if (!memory.ok()) return memory.status();
+    kv_memory_ = static_cast<std::byte*>(*memory);
+    if (!prefill()) {
+      segment_ = fmt::format("{}-{}/kv", identity_, incarnation_);
+      CRESCENT_RETURN_IF_ERROR(store_->engine().expose_segment(segment_, kv_memory_, kv_memory_bytes_));
+    }
+    try {
+      control_.set(zmq::sockopt::routing_id, identity_);
+      control_.set(zmq::sockopt::linger, 0);
+      control_.set(zmq::sockopt::reconnect_ivl, 100);
+      control_.connect(options_.conductor_endpoint);
+    } catch (const zmq::error_t& e) {
+      return Status::invalid_argument(
+          fmt::format("cannot connect to the Conductor at '{}': {}", options_.conductor_endpoint, e.what()));
+    }
+    thread_ = std::thread([this] { run(); });
+    return Status();
+  }
+
+  ~Impl() override {
+    stopping_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (!segment_.empty()) (void)store_->engine().withdraw_segment(segment_);
+  }
+
+  // ---- EngineListener ----
+  void on_prefill_start(engine::RequestId id, double, const engine::PrefillStart& start) override {
+    auto it = orders_.find(id);
+    if (it == orders_.end()) return;
+    Order& order = it->second;
+    order.reused_blocks = std::min<int64_t>(start.hit_tokens / block_tokens_, std::ssize(order.keys));
+    // The part of the arranged prefix this instance does not hold comes from the pool.
+    const int64_t first = start.local_hit_tokens / block_tokens_;
+    if (order.reused_blocks > first) {
+      order.fetched_tokens_expected = (order.reused_blocks - first) * block_tokens_;
+      const int64_t read = read_from_pool(order, first) - first;
+      order.pool_hit_tokens = read * block_tokens_;
+      order.pool_read_bytes = static_cast<uint64_t>(read) * block_bytes_;
+    }
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kPrefillStart;
+    m.request_id = id;
+    m.hit_tokens = start.hit_tokens;
+    outbox_.push_back(std::move(m));
+  }
+
+  void on_first_token(engine::RequestId id, double) override {
+    auto it = orders_.find(id);
+    if (it == orders_.end()) return;
+    Order& order = it->second;
+    order.computed = true;
+    write_to_pool(order);
+    if (order.output_tokens <= 1 || order.target) finish_prefill(id, order);
+  }
+
+  void on_finished(engine::RequestId id, double, const std::optional<engine::StepLog::Gaps>&) override {
+    if (!prefill()) release(id);
+  }
+
+  void on_tokens(std::span<const engine::RequestId> ids, double) override {
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kTokens;
+    m.request_ids.assign(ids.begin(), ids.end());
+    outbox_.push_back(std::move(m));
+    load_dirty_ = true;
+  }
+
+  void on_kv_timeout(engine::RequestId id, double) override {
+    release(id);
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kKvTimeout;
+    m.request_id = id;
+    outbox_.push_back(std::move(m));
+  }
+
+  void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed, double) override {
+    KvEventBatch batch;
+    batch.timestamp_s =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (!removed.empty()) {
+      KvEvent e;
+      e.kind = KvEvent::Kind::kRemoved;
+      e.block_hashes.assign(removed.begin(), removed.end());
+      e.medium = "CPU";
+      batch.events.push_back(std::move(e));
+    }
+    if (!stored.empty()) {
+      KvEvent e;
+      e.kind = KvEvent::Kind::kStored;
+      e.block_hashes.assign(stored.begin(), stored.end());
+      e.block_size = block_tokens_;
+      e.medium = "CPU";
+      batch.events.push_back(std::move(e));
+    }
+    kv_events_->publish(batch);
+  }
+
+ private:
+  // A prompt this prefill instance was given.
+  struct Order {
+    std::vector<int64_t> token_ids;
+    std::vector<BlockKey> keys;  // full blocks
+    int64_t output_tokens = 1;
+    int64_t reused_blocks = 0;            // full blocks not computed here
+    int64_t fetched_tokens_expected = 0;  // of them, to be read from the pool
+    int64_t pool_hit_tokens = 0;          // of those, read from the pool intact
+    uint64_t pool_read_bytes = 0, pool_write_bytes = 0;
+    bool computed = false;                  // its prefill ended
+    std::optional<InstanceMessage> target;  // where its decode instance reserved room (kKvTarget)
+  };
+  // Room a decode instance reserved for a request's KV.
+  struct Reservation {
+    uint64_t offset = 0, length = 0;
+    int64_t blocks = 0;
+  };
+
+  bool prefill() const { return options_.role == InstanceRole::kPrefill; }
+  double now_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  std::span<std::byte> block_at(int64_t i) const {
+    return {kv_memory_ + static_cast<uint64_t>(i) * block_bytes_, block_bytes_};
+  }
+  int64_t blocks_of(int64_t tokens) const { return (tokens + block_tokens_ - 1) / block_tokens_; }
+
+  // Reads blocks [first, order.reused_blocks) of `order` from the pool into staging and checks them; returns
+  // how many blocks of the prefix are then here (first + the leading ones read intact).
+  int64_t read_from_pool(const Order& order, int64_t first) {
+    std::vector<std::string> names;
+    std::vector<std::string_view> keys;
+    std::vector<store::Buffer> out;
+    for (int64_t b = first; b < order.reused_blocks; ++b) {
+      names.push_back(store_->block_key(order.keys[static_cast<size_t>(b)]));
+      out.push_back({block_at(b).data(), block_bytes_});
+    }
+    for (const std::string& n : names) keys.push_back(n);
+    auto got = store_->batch_get(keys, out);
+    int64_t blocks = first;
+    if (got.ok()) {
+      for (size_t i = 0; i < got->size(); ++i) {
+        if (!(*got)[i].ok() || !kv_block_intact(block_at(first + static_cast<int64_t>(i)))) break;
+        ++blocks;
+      }
+    }
+    return blocks;
+  }
+
+  // Stores the full blocks this prefill computed in the pool, for other instances to reuse.
+  void write_to_pool(Order& order) {
+    const int64_t full = std::ssize(order.keys);
+    if (order.reused_blocks >= full || full > max_prompt_blocks_) return;
+    std::vector<store::ConstBuffer> blocks;
+    for (int64_t b = order.reused_blocks; b < full; ++b) {
+      fill_kv_block(order.keys[static_cast<size_t>(b)], block_at(b));
+      blocks.push_back({block_at(b).data(), block_bytes_});
+    }
+    auto stored =
+        store_->put_blocks(std::span(order.keys).subspan(static_cast<size_t>(order.reused_blocks)), blocks);
+    if (!stored.ok()) return;  // the pool is a cache: the request goes on without it
+    for (const Status& s : *stored) order.pool_write_bytes += s.ok() ? block_bytes_ : 0;
+  }
+
+  // Writes the prompt's KV into its decode instance's reservation (when it decodes) and reports the prefill
+  // done; a failed write is reported as the request's error.
+  void finish_prefill(uint64_t id, Order& order) {
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kPrefillDone;
+    m.request_id = id;
+    m.pool_hit_tokens = order.pool_hit_tokens;
+    m.fetched_tokens_expected = order.fetched_tokens_expected;
+    m.pool_read_bytes = order.pool_read_bytes;
+    m.pool_write_bytes = order.pool_write_bytes;
+    if (order.output_tokens > 1) {
+      Result<uint64_t> written = ship(order);
+      if (written.ok()) {
+        m.kv_bytes = *written;
+      } else {
+        m.error = written.status().message();
+      }
+    }
+    outbox_.push_back(std::move(m));
+    orders_.erase(id);
+  }
+
+  Result<uint64_t> ship(const Order& order) {
+    const auto input = std::ssize(order.token_ids);
+    const int64_t blocks = blocks_of(input);
+    const uint64_t bytes = static_cast<uint64_t>(blocks) * block_bytes_;
+    if (blocks > max_prompt_blocks_ + 1 || bytes != order.target->length_bytes) {
+      return Status::invalid_argument(fmt::format(
+          "KV of {} blocks does not match the reservation of {} bytes", blocks, order.target->length_bytes));
+    }
+    for (size_t b = 0; b < order.keys.size(); ++b)
+      fill_kv_block(order.keys[b], block_at(static_cast<int64_t>(b)));
+    if (blocks > std::ssize(order.keys)) {
+      const BlockKey parent = order.keys.empty() ? 0 : order.keys.back();
+      const auto tail =
+          std::span(order.token_ids).subspan(order.keys.size() * static_cast<size_t>(block_tokens_));
+      fill_kv_block(partial_block_key(tail, parent), block_at(blocks - 1));
+    }
+    auto segment = store_->engine().open_segment(order.target->segment);
+    if (!segment.ok()) return segment.status();
+    auto batch = store_->engine().allocate_batch(1);
+    if (!batch.ok()) return batch.status();
+    const transfer::TransferRequest request{.op = transfer::TransferOp::kWrite,
+                                            .local_address = kv_memory_,
+                                            .segment = *segment,
+                                            .offset_bytes = order.target->offset_bytes,
+                                            .length_bytes = bytes};
+    Status submitted = store_->engine().submit(*batch, std::span(&request, 1));
+    Result<transfer::BatchSummary> summary = submitted.ok() ? store_->engine().wait(*batch, kTransferTimeout)
+                                                            : Result<transfer::BatchSummary>(submitted);
+    Status outcome;
+    if (!summary.ok()) {
+      outcome = summary.status();
+    } else if (summary->completed != 1) {
+      auto status = store_->engine().status(*batch, 0);
+      outcome = Status::unavailable(fmt::format("writing KV to {} failed: {}", order.target->segment,
+                                                status.ok() ? status->error : "timed out"));
+    }
+    if (summary.ok() && summary->pending() == 0) (void)store_->engine().free_batch(*batch);
+    if (!outcome.ok()) return outcome;
+    return bytes;
+  }
+
+  void release(uint64_t id) {
+    auto it = reservations_.find(id);
+    if (it == reservations_.end()) return;
+    allocator_->free(it->second.offset, it->second.length);
+    reservations_.erase(it);
+    load_dirty_ = true;
+  }
+
+  void handle(const InstanceMessage& m) {
+    const double now = now_s();
+    engine_->advance_until(now);
+    switch (m.kind) {
+      case InstanceMessage::Kind::kPrefill: {
+        if (!prefill()) break;
+        const auto input = std::ssize(m.token_ids);
+        if (input < 1 || input + 1 > config_.prefill_cache_capacity_tokens ||
+            orders_.contains(m.request_id)) {
+          InstanceMessage done;
+          done.kind = InstanceMessage::Kind::kPrefillDone;
+          done.request_id = m.request_id;
+          done.error = fmt::format("{}: cannot prefill a prompt of {} tokens", identity_, input);
+          outbox_.push_back(std::move(done));
+          break;
+        }
+        Order& order = orders_[m.request_id];
+        order.token_ids = m.token_ids;
+        order.keys = prompt_block_keys(order.token_ids, block_tokens_);
+        order.output_tokens = m.output_tokens;
+        engine_->submit_prompt(m.request_id, input, 1, order.keys, now,
+                               {.reused_tokens = m.reused_tokens,
+                                .fetched_tokens = m.fetched_tokens,
+                                .ready_s = now + m.ready_in_s});
+        break;
+      }
+      case InstanceMessage::Kind::kKvTarget: {
+        auto it = orders_.find(m.request_id);
+        if (it == orders_.end()) break;
+        it->second.target = m;
+        if (it->second.computed) finish_prefill(m.request_id, it->second);
+        break;
+      }
+      case InstanceMessage::Kind::kExpect:
+        if (prefill() || m.output_tokens < 2 || m.input_tokens < 1) break;
+        engine_->expect(m.request_id, m.input_tokens, m.output_tokens, now);
+        // Held while its prompt waits for prefill (a queue of any length): the Conductor cancels it if its
+        // prefill instance goes down, and kKvComing starts the timeout once the prefill has started.
+        engine_->set_kv_deadline(m.request_id, std::numeric_limits<double>::infinity());
+        load_dirty_ = true;
+        break;
+      case InstanceMessage::Kind::kKvComing: {
+        // Its prefill started: room for its KV is taken now (not at placement, so prompts queued for prefill
+        // hold no memory here), and the KV must arrive within the timeout after the prefill's predicted end.
+        if (prefill() || reservations_.contains(m.request_id) ||
+            !engine_->set_kv_deadline(m.request_id,
+                                      now + m.ready_in_s + config_.serve.kv_transfer_timeout_s)) {
+          break;  // not expected here (cancelled meanwhile)
+        }
+        InstanceMessage reply;
+        reply.request_id = m.request_id;
+        const int64_t blocks = blocks_of(m.input_tokens);
+        const uint64_t length = static_cast<uint64_t>(blocks) * block_bytes_;
+        std::optional<uint64_t> offset = allocator_->allocate(length);
+        if (!offset) {
+          reply.kind = InstanceMessage::Kind::kKvError;
+          reply.error = fmt::format("{}: no room for {} KV bytes", identity_, length);
+        } else {
+          reservations_[m.request_id] = {*offset, length, blocks};
+          reply.kind = InstanceMessage::Kind::kReserved;
+          reply.segment = segment_;
+          reply.offset_bytes = *offset;
+          reply.length_bytes = length;
+        }
+        outbox_.push_back(std::move(reply));
+        break;
+      }
+      case InstanceMessage::Kind::kKvArrived: {
+        auto it = reservations_.find(m.request_id);
+        if (it == reservations_.end()) break;
+        if (config_.serve.verify_kv_checksums) {
+          for (int64_t b = 0; b < it->second.blocks; ++b) {
+            const std::span<const std::byte> block(
+                kv_memory_ + it->second.offset + static_cast<uint64_t>(b) * block_bytes_, block_bytes_);
+            if (!kv_block_intact(block)) {
+              ++checksum_failures_;
+              InstanceMessage error;
+              error.kind = InstanceMessage::Kind::kKvError;
+              error.request_id = m.request_id;
+              error.error = fmt::format("{}: KV block {} of request {} failed its checksum", identity_, b,
+                                        m.request_id);
+              outbox_.push_back(std::move(error));
+              engine_->cancel(m.request_id);
+              release(m.request_id);
+              return;
+            }
+            ++blocks_verified_;
+          }
+        }
+        engine_->submit_decode(m.request_id, now, now);
+        break;
+      }
+      case InstanceMessage::Kind::kCancel:
+        engine_->cancel(m.request_id);
+        orders_.erase(m.request_id);
+        release(m.request_id);
+        load_dirty_ = true;
+        break;
+      default:
+        break;  // instance → Conductor kinds: not for us
+    }
+  }
+
+  InstanceMessage load_report(InstanceMessage::Kind kind) const {
+    InstanceMessage m;
+    m.kind = kind;
+    m.role = options_.role;
+    m.index = options_.index;
+    m.incarnation = incarnation_;
+    if (kv_events_) {
+      m.kv_events_endpoint = kv_events_->endpoint();
+      m.kv_replay_endpoint = kv_events_->replay_endpoint();
+    }
+    m.load = engine_->decode_load();
+    m.kv_capacity_tokens = m.load.kv_capacity_tokens;
+    m.outstanding = engine_->outstanding();
+    m.blocks_verified = blocks_verified_;
+    m.checksum_failures = checksum_failures_;
+    return m;
+  }
+
+  void send(const InstanceMessage& m) {
+    const std::string bytes = encode(m);
+    // DEALER queues while the Conductor is away (up to the high-water mark, then drops: the heartbeat
+    // resends the state that matters).
+    (void)control_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+  }
+
+  void run() {
+    send(load_report(InstanceMessage::Kind::kHello));
+    double next_load_s = now_s() + kLoadPeriodS;
+    zmq::pollitem_t item{control_.handle(), 0, ZMQ_POLLIN, 0};
+    while (!stopping_) {
+      const double now = now_s();
+      engine_->advance_until(now);
+      for (const InstanceMessage& m : outbox_) send(m);
+      outbox_.clear();
+      if (load_dirty_ || now >= next_load_s) {
+        send(load_report(InstanceMessage::Kind::kLoad));
+        load_dirty_ = false;
+        next_load_s = now + kLoadPeriodS;
+      }
+      const double next = std::min(engine_->next_event_s(), next_load_s);
+      const double wait_ms = std::clamp((next - now_s()) * 1000, 0.0, 50.0);
+      zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(std::ceil(wait_ms))));
+      for (;;) {
+        zmq::message_t message;
+        if (!control_.recv(message, zmq::recv_flags::dontwait)) break;
+        auto decoded = decode_instance_message(message.to_string_view());
+        if (!decoded.ok()) {
+          fmt::print(stderr, "{}: dropped a malformed control message: {}\n", identity_,
+                     decoded.status().message());
+          continue;
+        }
+        handle(*decoded);
+      }
+    }
+  }
+
+  const InstanceOptions options_;
+  const sim::ClusterConfig config_;
+  const int64_t block_tokens_;
+  const perf::CostModel cost_;
+  engine::MockExecutor executor_;
+  std::unique_ptr<engine::EngineCore> engine_;
+  std::unique_ptr<store::Client> store_;
+  std::unique_ptr<KvEventPublisher> kv_events_;  // prefill
+  const uint64_t block_bytes_;
+  const int64_t max_prompt_blocks_;
+  const uint64_t incarnation_;
+  const std::string identity_;
+  std::byte* kv_memory_ = nullptr;  // prefill: staging for one prompt; decode: the receive segment
+  uint64_t kv_memory_bytes_ = 0;
+  std::string segment_;                               // decode: the receive segment's name
+  std::optional<store::SegmentAllocator> allocator_;  // decode: reservations within it
+  zmq::context_t context_;
+  zmq::socket_t control_;
+  const Clock::time_point start_;
+  std::unordered_map<uint64_t, Order> orders_;              // prefill
+  std::unordered_map<uint64_t, Reservation> reservations_;  // decode
+  std::vector<InstanceMessage> outbox_;
+  bool load_dirty_ = false;
+  uint64_t checksum_failures_ = 0, blocks_verified_ = 0;  // since this process started
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOptions& options) {
+  const sim::ClusterConfig& config = options.cluster.config;
+  const uint32_t count =
+      options.role == InstanceRole::kPrefill ? config.prefill_instances : config.decode_instances;
+  if (options.index >= count) {
+    return Status::invalid_argument(fmt::format("--index {} is out of range: the config has {} {} instances",
+                                                options.index, count, to_string(options.role)));
+  }
+  CRESCENT_RETURN_IF_ERROR(validate(options.cluster));
+  store::ClientOptions client_options;
+  client_options.master.address = options.store_master;
+  client_options.staging_bytes = 4 << 20;  // KV buffers are registered: staging is for nothing else
+  auto client = store::Client::create(client_options);
+  if (!client.ok()) {
+    return Status(client.status().code(), fmt::format("connecting to the store master at {}: {}",
+                                                      options.store_master, client.status().message()));
+  }
+  auto impl = std::make_unique<Impl>(options, std::move(*client));
+  CRESCENT_RETURN_IF_ERROR(impl->init());
+  return std::unique_ptr<InstanceServer>(new InstanceServer(std::move(impl)));
+}
+
+InstanceServer::InstanceServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+InstanceServer::~InstanceServer() = default;
+
+}  // namespace crescent::serve

@@ -1,0 +1,48 @@
+// One prefill or decode instance of the multi-process cluster (`crescent serve prefill|decode`): an
+// engine::EngineCore with the mock executor on the steady clock, taking orders from the Conductor over
+// instance_wire.h and moving real (scaled) KV bytes:
+//   prefill: reads the arranged prefix from the pool (store::Client batch_get, checksums verified), computes
+//            the rest (as long as the cost model says), writes its new full blocks to the pool (put_blocks),
+//            writes the prompt's KV into the memory its decode instance reserved (transfer engine), then says
+//            prefill done; publishes its prefix cache's KV events in vLLM's format (kv_events.h).
+//   decode:    reserves room in a registered segment when the Conductor places a request, checks every
+//            block's checksum when the KV has arrived, runs the continuous batch, reports each step's tokens;
+//            frees a reservation on cancel, on finish, or after kv_transfer_timeout_s without KV.
+// Both send a load report every 50 ms (the Conductor's heartbeat) and after each change.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "serve/conductor_core.h"
+#include "serve/instance_wire.h"
+
+namespace crescent::serve {
+
+struct InstanceOptions {
+  InstanceRole role = InstanceRole::kPrefill;
+  uint32_t index = 0;                        // within its pool, < the config's count
+  std::string conductor_endpoint;            // the Conductor's control socket, "tcp://HOST:PORT"
+  std::string store_master;                  // the store master's host:port (KV pool and transfer metadata)
+  ClusterOptions cluster;                    // model, hardware, capacities, "serve" section, block size
+  std::string kv_events_host = "127.0.0.1";  // where a prefill instance's KV event sockets listen
+};
+
+class InstanceServer {
+ public:
+  /// Connects to the store, allocates and registers KV memory, binds the KV event sockets and starts the
+  /// instance's thread (it says hello to the Conductor, reconnecting while the Conductor is away).
+  /// kInvalidArgument for an index out of range; the store's or ZeroMQ's error otherwise.
+  static Result<std::unique_ptr<InstanceServer>> start(const InstanceOptions& options);
+  /// Stops the thread and releases everything.
+  ~InstanceServer();
+
+  class Impl;
+
+ private:
+  explicit InstanceServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crescent::serve

@@ -1,0 +1,97 @@
+// The control messages between the Conductor and its prefill and decode instances (the multi-process
+// cluster): ZeroMQ multipart frames over DEALER (instance) ↔ ROUTER (Conductor), each one msgpack array
+// holding an InstanceMessage. KV events travel separately, in vLLM's format (kv_events.h); KV bytes travel
+// through the transfer engine, never here.
+//
+//   instance → Conductor                          Conductor → instance
+//   kHello       role, index, incarnation,        kPrefill    request_id, token_ids, output_tokens,
+//                kv_events endpoints, capacity                 reused/fetched_tokens, ready_in_s,
+//                decode_index
+//   kLoad        load (every 50 ms: heartbeat)     kKvTarget   request_id, segment, offset, length (prefill)
+//   kPrefillStart request_id, hit_tokens           kExpect     request_id, input/output_tokens (decode:
+//                                                             count it as incoming)
+//   kPrefillDone request_id, pool hits and bytes,  kKvArrived  request_id (decode: the KV is in place)
+//                KV bytes written, error           kCancel     request_id
+//                                                 kKvComing   request_id, input_tokens, ready_in_s
+//                                                             (decode: its prefill started: reserve room;
+//                                                             the KV timeout counts from its end)
+//   kReserved    request_id, segment, offset, length (decode: where the prefill writes the KV)
+//   kTokens      request_ids (one decode step: each gained a token)
+//   kKvTimeout   request_id (decode: its KV never came; the reservation is freed)
+//   kKvError     request_id, error (decode: a block failed its checksum)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "conductor/cluster_view.h"
+
+namespace crescent::serve {
+
+/// Which pool an instance serves.
+enum class InstanceRole : uint8_t { kPrefill, kDecode };
+/// "prefill", "decode".
+std::string_view to_string(InstanceRole role);
+
+/// One control message; each kind uses the fields listed above, the others stay empty.
+struct InstanceMessage {
+  enum class Kind : uint8_t {
+    kHello,
+    kLoad,
+    kPrefillStart,
+    kPrefillDone,
+    kReserved,
+    kTokens,
+    kKvTimeout,
+    kKvError,
+    kPrefill,
+    kKvTarget,
+    kExpect,
+    kKvArrived,
+    kCancel,
+    kKvComing,
+  };
+  Kind kind = Kind::kLoad;
+  uint64_t request_id = 0;
+  // kHello
+  InstanceRole role = InstanceRole::kPrefill;
+  uint32_t index = 0;
+  uint64_t incarnation = 0;  // differs each time an instance starts: a restart is seen even without a gap
+  std::string kv_events_endpoint, kv_replay_endpoint;
+  int64_t kv_capacity_tokens = 0;
+  // kLoad: a decode instance's conductor::DecodeLoad, and requests not finished (queued, prefilling, ...)
+  conductor::DecodeLoad load;
+  int64_t outstanding = 0;
+  // kPrefill, kExpect
+  std::vector<int64_t> token_ids;
+  int64_t input_tokens = 0, output_tokens = 0;
+  int64_t reused_tokens = 0, fetched_tokens = 0;
+  double ready_in_s = 0;  // the fetched prefix exists at its source from this many seconds after sending
+  uint32_t decode_index = 0;
+  // kPrefillStart, kPrefillDone
+  int64_t hit_tokens = 0;               // prompt tokens reused (prefill start)
+  int64_t pool_hit_tokens = 0;          // of them, read from the pool (prefill done)
+  int64_t fetched_tokens_expected = 0;  // of them, the arranged prefix to read from the pool (prefill done)
+  uint64_t kv_bytes = 0;                // KV bytes written to the decode instance (prefill done)
+  uint64_t pool_read_bytes = 0;         // KV bytes read from and written to the pool (prefill done)
+  uint64_t pool_write_bytes = 0;
+  // kLoad of a decode instance: KV blocks checked on arrival since it started, and those that failed
+  uint64_t blocks_verified = 0, checksum_failures = 0;
+  // kReserved, kKvTarget
+  std::string segment;
+  uint64_t offset_bytes = 0, length_bytes = 0;
+  // kTokens
+  std::vector<uint64_t> request_ids;
+  // kPrefillDone, kKvError: empty = fine
+  std::string error;
+};
+
+/// The msgpack encoding of `message`.
+std::string encode(const InstanceMessage& message);
+/// Parses encode's output; kInvalidArgument naming what is wrong (not msgpack, wrong shape, unknown kind).
+Result<InstanceMessage> decode_instance_message(std::string_view bytes);
+
+}  // namespace crescent::serve

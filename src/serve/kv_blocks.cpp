@@ -1,0 +1,48 @@
+#include "serve/kv_blocks.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace crescent::serve {
+
+uint64_t scaled_kv_bytes_per_token(double model_bytes_per_token, int64_t scale) {
+  return std::max<uint64_t>(
+      1, static_cast<uint64_t>(std::ceil(model_bytes_per_token / static_cast<double>(scale))));
+}
+
+uint64_t kv_block_bytes(int64_t block_size_tokens, uint64_t bytes_per_token) {
+  const uint64_t bytes = static_cast<uint64_t>(block_size_tokens) * bytes_per_token;
+  return std::max<uint64_t>(16, (bytes + 7) / 8 * 8);
+}
+
+void fill_kv_block(BlockKey key, std::span<std::byte> block) {
+  const size_t words = block.size() / 8 - 1;
+  // splitmix64 over the word index: cheap, and different for every key and position.
+  uint64_t state = key;
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    std::memcpy(block.data() + i * 8, &z, 8);
+  }
+  const uint64_t checksum = XXH3_64bits(block.data(), words * 8);
+  std::memcpy(block.data() + words * 8, &checksum, 8);
+}
+
+bool kv_block_intact(std::span<const std::byte> block) {
+  if (block.size() < 16 || block.size() % 8 != 0) return false;
+  const size_t payload = block.size() - 8;
+  uint64_t stored = 0;
+  std::memcpy(&stored, block.data() + payload, 8);
+  return XXH3_64bits(block.data(), payload) == stored;
+}
+
+BlockKey partial_block_key(std::span<const int64_t> tail_token_ids, BlockKey parent) {
+  return XXH3_64bits_withSeed(tail_token_ids.data(), tail_token_ids.size() * sizeof(int64_t), parent);
+}
+
+}  // namespace crescent::serve

@@ -1,0 +1,31 @@
+// The KV bytes the mock executor really produces, stores and ships (issue 10: "KV bytes really move"). A
+// block of `block_size_tokens` tokens holds tokens × scaled bytes per token: a payload that is a function of
+// the block's key, then the xxh3-64 checksum of that payload in its last 8 bytes, so whoever receives a block
+// (a decode instance, a prefill instance reading the pool) can verify every byte arrived.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "common/block_key.h"
+
+namespace crescent::serve {
+
+/// Bytes per token really moved: the model's `model_bytes_per_token` divided by `scale` (>= 1), at least 1.
+uint64_t scaled_kv_bytes_per_token(double model_bytes_per_token, int64_t scale);
+
+/// Bytes of one block: block_size_tokens × bytes_per_token, rounded up to a multiple of 8, at least 16.
+uint64_t kv_block_bytes(int64_t block_size_tokens, uint64_t bytes_per_token);
+
+/// Fills `block` (kv_block_bytes long, a multiple of 8) with the payload of block `key` and its checksum.
+void fill_kv_block(BlockKey key, std::span<std::byte> block);
+
+/// Whether `block`'s last 8 bytes are the xxh3-64 checksum of the rest (a multiple of 8 bytes, >= 16).
+bool kv_block_intact(std::span<const std::byte> block);
+
+/// The key of a prompt's trailing partial block (never shared, so never stored in the pool): xxh3-64 of its
+/// tokens seeded with the last full block's key (0 for none).
+BlockKey partial_block_key(std::span<const int64_t> tail_token_ids, BlockKey parent);
+
+}  // namespace crescent::serve

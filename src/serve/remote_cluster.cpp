@@ -1,0 +1,448 @@
+#include "serve/remote_cluster.h"
+
+#include <fmt/format.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "serve/instance_wire.h"
+#include "serve/kv_events.h"
+
+namespace crescent::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "tcp://host:0" → "tcp://host:*" (ZeroMQ's any-port form).
+std::string bindable(const std::string& endpoint) {
+  if (endpoint.ends_with(":0")) return endpoint.substr(0, endpoint.size() - 1) + "*";
+  return endpoint;
+}
+
+}  // namespace
+
+class RemoteCluster::Impl final : public InstanceLinks {
+ public:
+  explicit Impl(const RemoteClusterOptions& options)
+      : options_(options),
+        core_(options.cluster, *this),
+        router_(context_, zmq::socket_type::router),
+        wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        start_(Clock::now()) {
+    const sim::ClusterConfig& config = options.cluster.config;
+    for (uint32_t i = 0; i < config.prefill_instances + config.decode_instances; ++i) {
+      Slot& s = slots_.emplace_back();
+      s.role = i < config.prefill_instances ? InstanceRole::kPrefill : InstanceRole::kDecode;
+      s.index = i < config.prefill_instances ? i : i - config.prefill_instances;
+    }
+    // Nothing is up until it says hello.
+    for (uint32_t i = 0; i < config.prefill_instances; ++i) core_.state().on_prefill_down(i, 0);
+    for (uint32_t i = 0; i < config.decode_instances; ++i) core_.state().on_decode_down(i);
+  }
+
+  Status bind() {
+    try {
+      router_.set(zmq::sockopt::router_mandatory, 1);  // a send to an instance that left fails, not vanishes
+      router_.set(zmq::sockopt::router_handover, 1);   // a restarted instance takes over its identity
+      router_.set(zmq::sockopt::linger, 0);
+      router_.bind(bindable(options_.control_endpoint));
+      endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+    } catch (const zmq::error_t& e) {
+      return Status::unavailable(fmt::format("cannot bind the Conductor's control socket '{}': {}",
+                                             options_.control_endpoint, e.what()));
+    }
+    if (wake_fd_ < 0) return Status::io_error("eventfd failed");
+    control_thread_ = std::thread([this] { control_loop(); });
+    kv_thread_ = std::thread([this] { kv_event_loop(); });
+    return Status();
+  }
+
+  ~Impl() override {
+    stopping_ = true;
+    wake();
+    if (control_thread_.joinable()) control_thread_.join();
+    if (kv_thread_.joinable()) kv_thread_.join();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+  bool wait_until_all_up(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    return up_cv_.wait_for(lock, timeout, [&] { return up_count() == slots_.size(); });
+  }
+
+  std::pair<uint32_t, uint32_t> instances_up() {
+    std::lock_guard lock(mu_);
+    std::pair<uint32_t, uint32_t> up{0, 0};
+    for (const Slot& s : slots_) {
+      if (s.up) ++(s.role == InstanceRole::kPrefill ? up.first : up.second);
+    }
+    return up;
+  }
+
+  conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) {
+    std::lock_guard lock(mu_);
+    return core_.place(std::move(request), std::move(callbacks), id, now_s());
+  }
+  void cancel(uint64_t id) {
+    std::lock_guard lock(mu_);
+    core_.cancel(id);
+  }
+  int64_t max_context_tokens() const { return core_.kv_capacity_tokens(); }
+  size_t requests_in_flight() {
+    std::lock_guard lock(mu_);
+    return core_.requests_in_flight();
+  }
+  std::string metrics_text() {
+    LoadGauges gauges;
+    {
+      std::lock_guard lock(mu_);
+      int64_t reserved = 0, capacity = 0;
+      for (const Slot& s : slots_) {
+        if (!s.up) continue;
+        if (s.role == InstanceRole::kPrefill) {
+          gauges.requests_waiting += s.outstanding;
+          ++gauges.prefill_instances_up;
+          continue;
+        }
+        ++gauges.decode_instances_up;
+        gauges.requests_running += s.load.running.requests;
+        gauges.requests_waiting += s.load.waiting.requests;
+        reserved += s.load.running.kv_tokens + s.load.waiting.kv_tokens;
+        capacity += s.load.kv_capacity_tokens;
+      }
+      gauges.kv_cache_usage =
+          capacity > 0 ? static_cast<double>(reserved) / static_cast<double>(capacity) : 0;
+    }
+    return core_.metrics().scrape(gauges);
+  }
+
+  // ---- InstanceLinks (called with mu_ held) ----
+  void send_prefill(InstanceId p, uint64_t id, const ClusterRequest& request, std::span<const BlockKey>,
+                    const engine::EngineCore::ArrangedPrefix& prefix, InstanceId d, double now_s) override {
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kPrefill;
+    m.request_id = id;
+    m.token_ids = request.prompt_token_ids;
+    m.output_tokens = request.max_tokens;
+    m.reused_tokens = prefix.reused_tokens;
+    m.fetched_tokens = prefix.fetched_tokens;
+    m.ready_in_s = std::max(0.0, prefix.ready_s - now_s);
+    m.decode_index = d;
+    post(prefill_slot(p), m);
+  }
+  void send_expect(InstanceId d, uint64_t id, int64_t input_tokens, int64_t output_tokens, double) override {
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kExpect;
+    m.request_id = id;
+    m.input_tokens = input_tokens;
+    m.output_tokens = output_tokens;
+    post(decode_slot(d), m);
+  }
+  void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) override {
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kKvComing;
+    m.request_id = id;
+    m.input_tokens = input_tokens;
+    m.ready_in_s = prefill_s;
+    post(decode_slot(d), m);
+  }
+  void send_kv_handoff(InstanceId d, uint64_t id, int64_t, double) override {
+    // The prefill instance has written the KV into the decode instance's reservation before saying done.
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kKvArrived;
+    m.request_id = id;
+    post(decode_slot(d), m);
+  }
+  void send_cancel(InstanceId p, InstanceId d, uint64_t id) override {
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kCancel;
+    m.request_id = id;
+    post(prefill_slot(p), m);
+    post(decode_slot(d), m);
+  }
+
+ private:
+  struct Slot {
+    InstanceRole role = InstanceRole::kPrefill;
+    uint32_t index = 0;
+    bool up = false;
+    uint64_t incarnation = 0;
+    double last_seen_s = 0;
+    conductor::DecodeLoad load;
+    int64_t outstanding = 0;
+    uint64_t blocks_verified = 0, checksum_failures = 0;  // as the instance last reported them
+    std::string kv_events_endpoint, kv_replay_endpoint;
+    uint64_t kv_generation = 0;  // bumped when the KV event endpoints change (a new incarnation)
+    std::string identity() const { return fmt::format("{}-{}", to_string(role), index); }
+  };
+
+  double now_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  size_t prefill_count() const { return options_.cluster.config.prefill_instances; }
+  Slot& prefill_slot(InstanceId p) { return slots_[p]; }
+  Slot& decode_slot(InstanceId d) { return slots_[prefill_count() + d]; }
+  size_t up_count() const {
+    size_t n = 0;
+    for (const Slot& s : slots_) n += s.up ? 1 : 0;
+    return n;
+  }
+
+  void wake() {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+
+  void post(const Slot& slot, const InstanceMessage& m) {
+    if (!slot.up) return;  // its requests have failed already
+    outbox_.emplace_back(slot.identity(), encode(m));
+    wake();
+  }
+
+  void log(const std::string& line) {
+    if (options_.log_instances) fmt::print(stderr, "conductor: {}\n", line);
+  }
+
+  void instance_down(Slot& slot, const std::string& why) {
+    slot.up = false;
+    slot.load = {};
+    slot.outstanding = 0;
+    log(fmt::format("{} down ({})", slot.identity(), why));
+    if (slot.role == InstanceRole::kPrefill) {
+      core_.on_prefill_down(slot.index, now_s());
+    } else {
+      core_.on_decode_down(slot.index);
+    }
+  }
+
+  void handle(const std::string& identity, const InstanceMessage& m) {
+    const double now = now_s();
+    auto find_slot = [&]() -> Slot* {
+      for (Slot& s : slots_) {
+        if (s.identity() == identity) return &s;
+      }
+      return nullptr;
+    };
+    Slot* slot = find_slot();
+    if (slot == nullptr) {
+      log(fmt::format("ignored a message from '{}': no such instance in the config", identity));
+      return;
+    }
+    if (m.kind == InstanceMessage::Kind::kHello || m.kind == InstanceMessage::Kind::kLoad) {
+      if (slot->up && slot->incarnation != m.incarnation) instance_down(*slot, "restarted");
+      if (!slot->up) {
+        slot->up = true;
+        slot->incarnation = m.incarnation;
+        slot->blocks_verified = slot->checksum_failures = 0;
+        slot->kv_events_endpoint = m.kv_events_endpoint;
+        slot->kv_replay_endpoint = m.kv_replay_endpoint;
+        ++slot->kv_generation;
+        if (slot->role == InstanceRole::kPrefill) {
+          core_.state().on_prefill_up(slot->index);
+        } else {
+          core_.state().on_decode_up(slot->index);
+        }
+        log(fmt::format("{} up", identity));
+        up_cv_.notify_all();
+      }
+      slot->last_seen_s = now;
+      // Checks counted since the instance started: add what is new since its last report.
+      core_.metrics().observe_kv_checks(
+          m.blocks_verified - std::min(m.blocks_verified, slot->blocks_verified),
+          m.checksum_failures - std::min(m.checksum_failures, slot->checksum_failures));
+      slot->blocks_verified = m.blocks_verified;
+      slot->checksum_failures = m.checksum_failures;
+      slot->load = m.load;
+      slot->outstanding = m.outstanding;
+      if (slot->role == InstanceRole::kDecode) core_.state().on_decode_report(slot->index, m.load);
+      return;
+    }
+    if (!slot->up) return;  // a straggler from before it went down
+    slot->last_seen_s = now;
+    switch (m.kind) {
+      case InstanceMessage::Kind::kPrefillStart:
+        core_.on_prefill_start(m.request_id, m.hit_tokens, now);
+        break;
+      case InstanceMessage::Kind::kPrefillDone:
+        if (!m.error.empty()) {
+          core_.fail(m.request_id, m.error);
+        } else {
+          ServeMetrics& metrics = core_.metrics();
+          metrics.observe_kv_bytes_moved("prefill_to_decode", m.kv_bytes);
+          metrics.observe_kv_bytes_moved("pool_read", m.pool_read_bytes);
+          metrics.observe_kv_bytes_moved("pool_write", m.pool_write_bytes);
+          metrics.observe_pool_prefix(m.pool_hit_tokens, m.fetched_tokens_expected - m.pool_hit_tokens);
+          core_.on_prefill_done(slot->index, m.request_id, now);
+        }
+        break;
+      case InstanceMessage::Kind::kReserved:
+        if (const RequestSummary* s = core_.summary(m.request_id)) {
+          InstanceMessage target = m;
+          target.kind = InstanceMessage::Kind::kKvTarget;
+          post(prefill_slot(s->prefill_instance), target);
+        }
+        break;
+      case InstanceMessage::Kind::kTokens:
+        core_.on_tokens(m.request_ids, now);
+        break;
+      case InstanceMessage::Kind::kKvTimeout:
+        core_.fail(m.request_id,
+                   fmt::format("its KV did not reach {} within kv_transfer_timeout_s", identity));
+        break;
+      case InstanceMessage::Kind::kKvError:
+        core_.fail(m.request_id, m.error);
+        break;
+      default:
+        log(fmt::format("ignored a message of kind {} from {}", static_cast<int>(m.kind), identity));
+        break;
+    }
+  }
+
+  void control_loop() {
+    zmq::pollitem_t items[2] = {{router_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    const double heartbeat_s = options_.cluster.config.serve.heartbeat_timeout_s;
+    std::vector<std::pair<std::string, std::string>> sending;
+    while (!stopping_) {
+      zmq::poll(items, 2, std::chrono::milliseconds(20));
+      uint64_t drained = 0;
+      (void)!::read(wake_fd_, &drained, sizeof(drained));
+      for (;;) {
+        std::vector<zmq::message_t> frames;
+        if (!zmq::recv_multipart(router_, std::back_inserter(frames), zmq::recv_flags::dontwait)) break;
+        if (frames.size() != 2) continue;
+        auto m = decode_instance_message(frames[1].to_string_view());
+        std::lock_guard lock(mu_);
+        if (!m.ok()) {
+          log(fmt::format("dropped a malformed message from '{}': {}", frames[0].to_string(),
+                          m.status().message()));
+          continue;
+        }
+        handle(frames[0].to_string(), *m);
+      }
+      {
+        std::lock_guard lock(mu_);
+        const double now = now_s();
+        for (Slot& s : slots_) {
+          if (s.up && now - s.last_seen_s > heartbeat_s) {
+            instance_down(s, fmt::format("silent for {:.1f} s", now - s.last_seen_s));
+          }
+        }
+        sending.swap(outbox_);
+      }
+      for (auto& [identity, bytes] : sending) {
+        try {
+          std::array<zmq::const_buffer, 2> frames{zmq::buffer(identity), zmq::buffer(bytes)};
+          (void)zmq::send_multipart(router_, frames, zmq::send_flags::dontwait);
+        } catch (const zmq::error_t&) {
+          // EHOSTUNREACH: the instance left; its heartbeat timeout fails its requests.
+        }
+      }
+      sending.clear();
+    }
+  }
+
+  // One subscriber per prefill instance that is up, reconnected when it restarts.
+  void kv_event_loop() {
+    struct Subscription {
+      uint64_t generation = 0;
+      std::unique_ptr<KvEventSubscriber> subscriber;
+    };
+    std::vector<Subscription> subs(prefill_count());
+    while (!stopping_) {
+      bool any = false;
+      for (InstanceId p = 0; p < subs.size(); ++p) {
+        std::string endpoint, replay;
+        uint64_t generation = 0;
+        bool up = false;
+        {
+          std::lock_guard lock(mu_);
+          const Slot& s = prefill_slot(p);
+          up = s.up && !s.kv_events_endpoint.empty();
+          generation = s.kv_generation;
+          endpoint = s.kv_events_endpoint;
+          replay = s.kv_replay_endpoint;
+        }
+        if (!up) {
+          subs[p].subscriber.reset();
+          continue;
+        }
+        if (!subs[p].subscriber || subs[p].generation != generation) {
+          auto sub = KvEventSubscriber::connect(endpoint, replay);
+          if (!sub.ok()) continue;
+          subs[p] = {generation, std::move(*sub)};
+        }
+        any = true;
+        subs[p].subscriber->poll(
+            std::chrono::milliseconds(5),
+            [&](uint64_t, const KvEventBatch& batch) {
+              std::lock_guard lock(mu_);
+              if (prefill_slot(p).up && prefill_slot(p).kv_generation == generation) {
+                apply_kv_events(batch, p, core_.state(), now_s());
+              }
+            },
+            [&](uint64_t, uint64_t) {
+              std::lock_guard lock(mu_);
+              core_.state().on_kv_cleared(p);
+            });
+      }
+      if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  const RemoteClusterOptions options_;
+  mutable std::mutex mu_;  // the core, the slots and the outbox
+  std::condition_variable up_cv_;
+  ConductorCore core_;
+  std::vector<Slot> slots_;                                  // prefill instances, then decode instances
+  std::vector<std::pair<std::string, std::string>> outbox_;  // (identity, message) to send
+  zmq::context_t context_;
+  zmq::socket_t router_;  // the control thread's
+  std::string endpoint_;
+  const int wake_fd_;
+  const Clock::time_point start_;
+  std::atomic<bool> stopping_{false};
+  std::thread control_thread_, kv_thread_;
+};
+
+Result<std::unique_ptr<RemoteCluster>> RemoteCluster::start(const RemoteClusterOptions& options) {
+  CRESCENT_RETURN_IF_ERROR(validate(options.cluster));
+  auto impl = std::make_unique<Impl>(options);
+  CRESCENT_RETURN_IF_ERROR(impl->bind());
+  return std::unique_ptr<RemoteCluster>(new RemoteCluster(std::move(impl)));
+}
+
+RemoteCluster::RemoteCluster(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RemoteCluster::~RemoteCluster() = default;
+
+const std::string& RemoteCluster::control_endpoint() const {
+  return impl_->endpoint();
+}
+bool RemoteCluster::wait_until_all_up(std::chrono::milliseconds timeout) const {
+  return impl_->wait_until_all_up(timeout);
+}
+std::pair<uint32_t, uint32_t> RemoteCluster::instances_up() const {
+  return impl_->instances_up();
+}
+conductor::Decision RemoteCluster::submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) {
+  return impl_->submit(std::move(request), std::move(callbacks), id);
+}
+void RemoteCluster::cancel(uint64_t id) {
+  impl_->cancel(id);
+}
+int64_t RemoteCluster::max_context_tokens() const {
+  return impl_->max_context_tokens();
+}
+size_t RemoteCluster::requests_in_flight() const {
+  return impl_->requests_in_flight();
+}
+std::string RemoteCluster::metrics_text() const {
+  return impl_->metrics_text();
+}
+
+}  // namespace crescent::serve

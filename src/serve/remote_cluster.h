@@ -1,0 +1,52 @@
+// The Conductor of the multi-process cluster: the ConductorCore (the same placement, state and request
+// bookkeeping as the in-process cluster) whose instances are separate processes (instance_server.h). They
+// connect to its control socket (ZeroMQ ROUTER, instance_wire.h), report their load every 50 ms, and are
+// down when silent for the config's heartbeat_timeout_s: their requests then fail (SSE error event, or 503)
+// and nothing more is placed there until they say hello again. Prefill instances' KV events (vLLM format)
+// feed the ClusterState from a subscriber per instance.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "serve/cluster.h"
+#include "serve/conductor_core.h"
+
+namespace crescent::serve {
+
+struct RemoteClusterOptions {
+  ClusterOptions cluster;
+  std::string control_endpoint = "tcp://127.0.0.1:0";  // where instances connect (port 0: any free one)
+  bool log_instances = true;  // print "prefill-0 up" / "decode-1 down" lines to stderr
+};
+
+class RemoteCluster final : public Cluster {
+ public:
+  /// Validates the config, binds the control socket and starts the Conductor's threads. kUnavailable when the
+  /// endpoint cannot be bound.
+  static Result<std::unique_ptr<RemoteCluster>> start(const RemoteClusterOptions& options);
+  ~RemoteCluster() override;
+
+  /// The control endpoint as bound, "tcp://HOST:PORT", for instances' --conductor.
+  const std::string& control_endpoint() const;
+  /// Waits until every instance the config names is up; false when `timeout` passes first.
+  bool wait_until_all_up(std::chrono::milliseconds timeout) const;
+  /// Instances up now: prefill and decode.
+  std::pair<uint32_t, uint32_t> instances_up() const;
+
+  conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) override;
+  void cancel(uint64_t id) override;
+  int64_t max_context_tokens() const override;
+  size_t requests_in_flight() const override;
+  std::string metrics_text() const override;
+
+  class Impl;
+
+ private:
+  explicit RemoteCluster(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crescent::serve

@@ -1,0 +1,269 @@
+// `crescent serve` as a user runs it: the Conductor supervising a store master and node, 2 prefill and 2
+// decode instance processes (configs/local.json). KV bytes really move (pool reads and writes, prefill →
+// decode through the transfer engine, checksums checked), and instances killed with SIGKILL fail only their
+// own requests, within 2 s, then rejoin.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "common/child_process.h"
+#include "test_support/temp_dir.h"
+
+namespace crescent {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// A `crescent serve` run with its own run directory; stopped (with its children) at the end.
+class ServedCluster {
+ public:
+  ServedCluster() {
+    process_ = ChildProcess::start({CRESCENT_BINARY, "serve", "--port", "0", "--run-dir", dir_.file("run")},
+                                   dir_.file("serve.log"))
+                   .value();
+    auto line = process_->wait_for_line("crescent serve: model", std::chrono::seconds(60));
+    if (!line.ok()) {
+      ADD_FAILURE() << line.status().message();
+      return;
+    }
+    std::smatch m;
+    if (std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) port_ = std::stoi(m[1]);
+  }
+  ~ServedCluster() { process_->stop(std::chrono::seconds(10)); }
+
+  int port() const { return port_; }
+  std::string log() const {
+    std::ifstream in(process_->log_path());
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  /// The pid of child `name` as last started.
+  pid_t pid(const std::string& name) const {
+    const std::string text = log();
+    const std::regex started("started " + name + R"( \(pid (\d+)\))");
+    pid_t pid = 0;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), started); it != std::sregex_iterator();
+         ++it) {
+      pid = std::stoi((*it)[1]);
+    }
+    return pid;
+  }
+  /// Waits until the log holds `count` lines containing `text`.
+  bool wait_for_count(const std::string& text, size_t count, std::chrono::seconds timeout) const {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      const std::string l = log();
+      size_t n = 0;
+      for (size_t at = l.find(text); at != std::string::npos; at = l.find(text, at + 1)) ++n;
+      if (n >= count) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  /// The value of the metric line starting with `name_and_labels` in /metrics (-1 when absent).
+  double metric(const std::string& name_and_labels) const {
+    httplib::Client client("127.0.0.1", port_);
+    auto res = client.Get("/metrics");
+    if (!res) return -1;
+    std::istringstream lines(res->body);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(name_and_labels + " ", 0) == 0)
+        return std::stod(line.substr(name_and_labels.size() + 1));
+    }
+    return -1;
+  }
+
+ private:
+  test::TempDir dir_;
+  std::unique_ptr<ChildProcess> process_;
+  int port_ = 0;
+};
+
+struct Answer {
+  int status = 0;
+  json body;
+};
+
+Answer complete(int port, const std::string& prompt, int64_t max_tokens) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60, 0);
+  const json body = {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}};
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  if (!res) return {};
+  return {res->status, json::parse(res->body, nullptr, false)};
+}
+
+// A streamed completion, read event by event.
+struct Stream {
+  int64_t tokens = 0;
+  bool done = false;      // saw data: [DONE]
+  std::string error;      // the message of an error event
+  Clock::time_point end;  // when the response ended
+  std::atomic<int64_t> live_tokens{0};
+};
+
+void stream(int port, const std::string& prompt, int64_t max_tokens, Stream& out) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", true}}.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string pending;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    pending.append(data, n);
+    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (event == "data: [DONE]") {
+        out.done = true;
+        continue;
+      }
+      const json chunk = json::parse(event.substr(6), nullptr, false);
+      if (chunk.contains("error")) {
+        out.error = chunk["error"].value("message", "?");
+      } else if (!chunk["choices"].empty() && !chunk["choices"][0]["text"].get<std::string>().empty()) {
+        ++out.tokens;
+        ++out.live_tokens;
+      }
+    }
+    return true;
+  };
+  (void)client.send(req);
+  out.end = Clock::now();
+}
+
+TEST(ServeCluster, KvBytesMoveThroughThePoolAndTheTransferEngineAndPassTheirChecksums) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const std::string prefix(4096, 'p');  // 8 blocks of 512 tokens (byte tokenizer)
+  const Answer first = complete(cluster.port(), prefix, 1);
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  // Keep both prefill instances busy, the one holding the prefix longest, so that the next request sharing
+  // the prefix is placed on the other with the prefix fetched (Algorithm 1): it comes from the pool.
+  Answer q1, q2;
+  std::thread a([&] { q1 = complete(cluster.port(), std::string(8000, 'a'), 1); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::thread b([&] { q2 = complete(cluster.port(), std::string(20000, 'b'), 1); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const Answer second = complete(cluster.port(), prefix + "and a question", 4);
+  a.join();
+  b.join();
+  ASSERT_EQ(second.status, 200) << second.body.dump();
+  EXPECT_EQ(second.body["usage"]["prompt_tokens_details"]["cached_tokens"], 4096) << cluster.log();
+  // The Conductor's prediction, the prefill instance's pool reads and the bytes moved agree.
+  EXPECT_EQ(cluster.metric("crescent_prefix_tokens_total{source=\"pool\"}"), 4096);
+  EXPECT_EQ(cluster.metric("crescent_pool_prefix_tokens_total{result=\"hit\"}"), 4096);
+  EXPECT_EQ(cluster.metric("crescent_pool_prefix_tokens_total{result=\"miss\"}"), 0);
+  EXPECT_EQ(cluster.metric("crescent_kv_bytes_moved_total{path=\"pool_read\"}"), 8 * 512 * 80);
+  EXPECT_GT(cluster.metric("crescent_kv_bytes_moved_total{path=\"pool_write\"}"), 0);
+  // The one request that decoded (max_tokens 4): its 9 blocks reached decode and passed their checksums.
+  EXPECT_EQ(cluster.metric("crescent_kv_bytes_moved_total{path=\"prefill_to_decode\"}"), 9 * 512 * 80);
+  const auto deadline = Clock::now() + std::chrono::seconds(2);  // checks arrive with the next load report
+  while (cluster.metric("crescent_kv_blocks_verified_total") < 9 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(cluster.metric("crescent_kv_blocks_verified_total"), 9);
+  EXPECT_EQ(cluster.metric("crescent_kv_checksum_failures_total"), 0);
+}
+
+TEST(ServeCluster, AKilledDecodeInstanceEndsOnlyItsStreamsWithinTwoSecondsAndRejoins) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  constexpr int kStreams = 4;
+  constexpr int64_t kTokens = 300;  // ~5 s at the mock's ~17 ms steps
+  std::vector<Stream> streams(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back(
+        [&, i] { stream(cluster.port(), "stream " + std::to_string(i), kTokens, streams[i]); });
+  }
+  for (const Stream& s : streams) {
+    while (s.live_tokens < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const pid_t victim = cluster.pid("decode-0");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto killed = Clock::now();
+  for (auto& t : threads) t.join();
+  int broken = 0, completed = 0;
+  for (const Stream& s : streams) {
+    EXPECT_TRUE(s.done) << "every stream ends with [DONE]";
+    if (!s.error.empty()) {
+      ++broken;
+      EXPECT_THAT(s.error, ::testing::HasSubstr("decode instance 0 went down"));
+      EXPECT_LT(s.end - killed, std::chrono::seconds(2));
+    } else {
+      ++completed;
+      EXPECT_EQ(s.tokens, kTokens);
+    }
+  }
+  EXPECT_GE(broken, 1) << cluster.log();
+  EXPECT_GE(completed, 1) << cluster.log();
+  // Requests placed meanwhile go to the decode instance that is up, and are served.
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(complete(cluster.port(), "after " + std::to_string(i), 3).status, 200);
+  // The supervisor restarts decode-0 and it rejoins the Conductor's view.
+  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-0 up", 2, std::chrono::seconds(20))) << cluster.log();
+  EXPECT_EQ(cluster.metric("crescent_instances_up{role=\"decode\"}"), 2);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(complete(cluster.port(), "rejoined " + std::to_string(i), 3).status, 200);
+}
+
+TEST(ServeCluster, AKilledPrefillInstanceFailsItsQueuedRequestsWith503AndFreesTheirDecodeReservations) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  constexpr int kRequests = 6;  // about 3 queued on each prefill instance, ~2 s of prefill each
+  std::vector<Answer> answers(kRequests);
+  std::vector<Clock::time_point> ends(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      answers[i] = complete(cluster.port(), std::string(12000, static_cast<char>('a' + i)), 2);
+      ends[i] = Clock::now();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const pid_t victim = cluster.pid("prefill-0");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto killed = Clock::now();
+  for (auto& t : threads) t.join();
+  int failed = 0, served = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    if (answers[i].status == 503) {
+      ++failed;
+      EXPECT_THAT(answers[i].body.dump(), ::testing::HasSubstr("prefill instance 0 went down"));
+      EXPECT_LT(ends[i] - killed, std::chrono::seconds(2));
+    } else {
+      ++served;
+      EXPECT_EQ(answers[i].status, 200) << answers[i].body.dump();
+    }
+  }
+  EXPECT_GE(failed, 1) << cluster.log();
+  EXPECT_GE(served, 1) << cluster.log();
+  // Nothing is left reserved on the decode instances: the failed requests' reservations were cancelled.
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (cluster.metric("vllm:kv_cache_usage_perc{model_name=\"mock\"}") != 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(cluster.metric("vllm:kv_cache_usage_perc{model_name=\"mock\"}"), 0);
+  ASSERT_TRUE(cluster.wait_for_count("conductor: prefill-0 up", 2, std::chrono::seconds(20)))
+      << cluster.log();
+  EXPECT_EQ(complete(cluster.port(), "after the restart", 2).status, 200);
+}
+
+}  // namespace
+}  // namespace crescent

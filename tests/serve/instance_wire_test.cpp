@@ -1,0 +1,96 @@
+// The multi-process cluster's control messages and KV block bytes.
+#include "serve/instance_wire.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "serve/kv_blocks.h"
+
+namespace crescent::serve {
+namespace {
+
+TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
+  InstanceMessage m;
+  m.kind = InstanceMessage::Kind::kPrefillDone;
+  m.request_id = 1ull << 40;
+  m.role = InstanceRole::kDecode;
+  m.index = 3;
+  m.incarnation = 99;
+  m.kv_events_endpoint = "tcp://127.0.0.1:1";
+  m.kv_replay_endpoint = "tcp://127.0.0.1:2";
+  m.kv_capacity_tokens = 1'000'000;
+  m.load.running = {4, 5, 6};
+  m.load.waiting = {7, 8, 9};
+  m.load.incoming = {10, 11, 12};
+  m.load.kv_capacity_tokens = 13;
+  m.outstanding = 14;
+  m.token_ids = {1, 255, 7};
+  m.input_tokens = 15;
+  m.output_tokens = 16;
+  m.reused_tokens = 17;
+  m.fetched_tokens = 18;
+  m.ready_in_s = 0.25;
+  m.decode_index = 19;
+  m.hit_tokens = 20;
+  m.pool_hit_tokens = 21;
+  m.fetched_tokens_expected = 22;
+  m.kv_bytes = 23;
+  m.pool_read_bytes = 24;
+  m.pool_write_bytes = 25;
+  m.blocks_verified = 26;
+  m.checksum_failures = 27;
+  m.segment = "decode-1-9/kv";
+  m.offset_bytes = 28;
+  m.length_bytes = 29;
+  m.request_ids = {30, 31};
+  m.error = "boom";
+  auto back = decode_instance_message(encode(m));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(encode(*back), encode(m));
+  EXPECT_EQ(back->kind, m.kind);
+  EXPECT_EQ(back->role, InstanceRole::kDecode);
+  EXPECT_EQ(back->load.incoming.kv_tokens, 12);
+  EXPECT_EQ(back->token_ids, m.token_ids);
+  EXPECT_EQ(back->request_ids, m.request_ids);
+  EXPECT_EQ(back->ready_in_s, 0.25);
+  EXPECT_EQ(back->segment, m.segment);
+  EXPECT_EQ(back->error, "boom");
+}
+
+TEST(InstanceWire, MalformedMessagesAreRefusedWithAReason) {
+  EXPECT_THAT(decode_instance_message("not msgpack at all").status().message(),
+              ::testing::HasSubstr("instance message"));
+  std::string bytes = encode(InstanceMessage{});
+  bytes[3] = 120;  // the kind (after the array16 header): out of range
+  EXPECT_THAT(decode_instance_message(bytes).status().message(), ::testing::HasSubstr("unknown kind 120"));
+  EXPECT_FALSE(decode_instance_message(encode(InstanceMessage{}).substr(0, 10)).ok());
+  EXPECT_FALSE(decode_instance_message("").ok());
+}
+
+TEST(KvBlocks, ABlockCarriesItsChecksumAndAnyChangedByteFailsIt) {
+  const uint64_t per_token = scaled_kv_bytes_per_token(327'680, 4096);  // LLaMA3-70B, 1/4096
+  EXPECT_EQ(per_token, 80u);
+  const uint64_t bytes = kv_block_bytes(512, per_token);
+  EXPECT_EQ(bytes, 512u * 80);
+  std::vector<std::byte> a(bytes), b(bytes);
+  fill_kv_block(42, a);
+  fill_kv_block(42, b);
+  EXPECT_EQ(a, b) << "a block's bytes are a function of its key";
+  EXPECT_TRUE(kv_block_intact(a));
+  fill_kv_block(43, b);
+  EXPECT_NE(a, b);
+  for (size_t at : {size_t{0}, bytes / 2, bytes - 9, bytes - 1}) {
+    std::vector<std::byte> bad = a;
+    bad[at] ^= std::byte{1};
+    EXPECT_FALSE(kv_block_intact(bad)) << "byte " << at;
+  }
+  EXPECT_FALSE(kv_block_intact(std::vector<std::byte>(bytes)));  // zeroed memory: nothing arrived
+  EXPECT_EQ(kv_block_bytes(1, 1), 16u);                          // room for a payload and the checksum
+  EXPECT_NE(partial_block_key(std::vector<int64_t>{1, 2}, 7),
+            partial_block_key(std::vector<int64_t>{1, 2}, 8));
+}
+
+}  // namespace
+}  // namespace crescent::serve
