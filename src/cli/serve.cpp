@@ -55,6 +55,8 @@ struct ServeArgs {
   std::string store_master;                      // prefill/decode: the store master's host:port
   uint32_t index = 0;
   std::string kv_events_host = "127.0.0.1";  // prefill: where its KV event sockets listen
+  std::string etcd;                          // roles: the registry (etcd_registry.h); "" = none
+  std::string etcd_prefix = "/crescent-serve";
 };
 
 /// The parsed parts every role shares.
@@ -191,7 +193,9 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
       "store node: segment", kStartTimeout);
   if (!node.ok()) return fail(node.status());
 
-  serve::RemoteClusterOptions remote{.cluster = s.cluster, .control_endpoint = "tcp://127.0.0.1:0"};
+  serve::RemoteClusterOptions remote;  // the control socket is the registry: no etcd on one machine
+  remote.cluster = s.cluster;
+  remote.control_endpoint = "tcp://127.0.0.1:0";
   auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
   const std::string control = (*cluster)->control_endpoint();
@@ -250,7 +254,12 @@ int run_conductor_role(const ServeArgs& args) {
   if (!s.ok()) return fail(s.status());
   if (Status trace = check_replay_trace(args); !trace.ok()) return fail(trace);
   const sigset_t signals = block_stop_signals();
-  auto cluster = serve::RemoteCluster::start({.cluster = s->cluster, .control_endpoint = args.control});
+  serve::RemoteClusterOptions remote;
+  remote.cluster = s->cluster;
+  remote.control_endpoint = args.control;
+  remote.etcd_endpoint = args.etcd;
+  remote.etcd_prefix = args.etcd_prefix;
+  auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
   const sim::ClusterConfig& c = s->cluster.config;
   return serve_http(args, **cluster, signals,
@@ -262,8 +271,10 @@ int run_conductor_role(const ServeArgs& args) {
 int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   auto s = setup(args);
   if (!s.ok()) return fail(s.status());
-  if (args.conductor.empty())
-    return fail(Status::invalid_argument("--conductor is required (tcp://HOST:PORT)"));
+  if (args.conductor.empty() && args.etcd.empty()) {
+    return fail(
+        Status::invalid_argument("--conductor tcp://HOST:PORT or --etcd URL (to find it) is required"));
+  }
   if (args.store_master.empty())
     return fail(Status::invalid_argument("--store-master is required (HOST:PORT)"));
   const sigset_t signals = block_stop_signals();
@@ -274,6 +285,8 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   options.store_master = args.store_master;
   options.cluster = s->cluster;
   options.kv_events_host = args.kv_events_host;
+  options.etcd_endpoint = args.etcd;
+  options.etcd_prefix = args.etcd_prefix;
   auto instance = serve::InstanceServer::start(options);
   if (!instance.ok()) return fail(instance.status());
   const sim::ClusterConfig& c = s->cluster.config;
@@ -283,7 +296,7 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   fmt::print(
       "{}-{}: ready (mock {} on {}; KV {} bytes per token, the model's / {}; Conductor {}; store {})\n",
       serve::to_string(role), args.index, c.model.name, c.hardware.name, per_token, c.serve.kv_bytes_scale,
-      args.conductor, args.store_master);
+      args.conductor.empty() ? "from etcd " + args.etcd : args.conductor, args.store_master);
   std::fflush(stdout);
   const int signal = wait_for_stop_signal(signals);
   fmt::print("{}-{}: stopping ({})\n", serve::to_string(role), args.index,
@@ -345,6 +358,10 @@ void register_serve(CLI::App& app, int& exit_code) {
   add_http_flags(conductor, *args);
   conductor->add_option("--control", args->control, "Where instances connect (ZeroMQ endpoint)")
       ->capture_default_str();
+  conductor->add_option("--etcd", args->etcd,
+                        "Publish --control in this etcd and take as up only instances registered there");
+  conductor->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
+      ->capture_default_str();
   conductor->callback(
       [args, &exit_code] { run_guarded(exit_code, [&] { return run_conductor_role(*args); }); });
 
@@ -355,8 +372,12 @@ void register_serve(CLI::App& app, int& exit_code) {
     instance
         ->add_option("--index", args->index, fmt::format("Which {} instance of the config (from 0)", name))
         ->required();
-    instance->add_option("--conductor", args->conductor, "The Conductor's control endpoint, tcp://HOST:PORT")
-        ->required();
+    instance->add_option("--conductor", args->conductor,
+                         "The Conductor's control endpoint, tcp://HOST:PORT (or found in --etcd)");
+    instance->add_option("--etcd", args->etcd,
+                         "Register in this etcd under a lease (and find the Conductor there)");
+    instance->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
+        ->capture_default_str();
     instance->add_option("--store-master", args->store_master, "The store master's HOST:PORT")->required();
     instance
         ->add_option("--kv-events-host", args->kv_events_host,

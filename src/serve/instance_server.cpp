@@ -13,7 +13,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/steady_clock.h"
 #include "engine/engine_core.h"
+#include "serve/etcd_registry.h"
 #include "serve/kv_blocks.h"
 #include "serve/kv_events.h"
 #include "store/client.h"
@@ -22,13 +24,12 @@
 namespace crescent::serve {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr double kLoadPeriodS = 0.05;  // load report / heartbeat
 constexpr auto kTransferTimeout = std::chrono::seconds(5);
 
 uint64_t make_incarnation() {
   return (static_cast<uint64_t>(::getpid()) << 32) ^
-         static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
 }
 
 }  // namespace
@@ -49,8 +50,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
             block_tokens_),
         incarnation_(make_incarnation()),
         identity_(fmt::format("{}-{}", to_string(options.role), options.index)),
-        control_(context_, zmq::socket_type::dealer),
-        start_(Clock::now()) {
+        control_(context_, zmq::socket_type::dealer) {
     engine::EngineOptions engine_options;
     if (prefill()) {
       engine_options.kv_capacity_tokens = config_.prefill_cache_capacity_tokens;
@@ -196,7 +196,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   };
 
   bool prefill() const { return options_.role == InstanceRole::kPrefill; }
-  double now_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double now_s() const { return clock_.now_s(); }
   std::span<std::byte> block_at(int64_t i) const {
     return {kv_memory_ + static_cast<uint64_t>(i) * block_bytes_, block_bytes_};
   }
@@ -487,7 +487,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   std::optional<store::SegmentAllocator> allocator_;  // decode: reservations within it
   zmq::context_t context_;
   zmq::socket_t control_;
-  const Clock::time_point start_;
+  const SteadyClock clock_;
   std::unordered_map<uint64_t, Order> orders_;              // prefill
   std::unordered_map<uint64_t, Reservation> reservations_;  // decode
   std::vector<InstanceMessage> outbox_;
@@ -514,12 +514,34 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
     return Status(client.status().code(), fmt::format("connecting to the store master at {}: {}",
                                                       options.store_master, client.status().message()));
   }
-  auto impl = std::make_unique<Impl>(options, std::move(*client));
+  InstanceOptions resolved = options;
+  std::optional<transfer::EtcdClient> etcd;
+  if (!options.etcd_endpoint.empty()) {
+    auto created = transfer::EtcdClient::create(options.etcd_endpoint, std::chrono::seconds(2));
+    if (!created.ok()) return created.status();
+    etcd = *created;
+    if (resolved.conductor_endpoint.empty()) {
+      auto endpoint =
+          wait_for_etcd_value(*etcd, etcd_conductor_key(options.etcd_prefix), std::chrono::seconds(20));
+      if (!endpoint.ok()) return endpoint.status();
+      resolved.conductor_endpoint = *endpoint;
+    }
+  }
+  auto impl = std::make_unique<Impl>(resolved, std::move(*client));
   CRESCENT_RETURN_IF_ERROR(impl->init());
-  return std::unique_ptr<InstanceServer>(new InstanceServer(std::move(impl)));
+  std::unique_ptr<LeasedKey> registration;
+  if (etcd) {
+    const std::string name = fmt::format("{}-{}", to_string(options.role), options.index);
+    auto registered = LeasedKey::start(*etcd, etcd_instance_key(options.etcd_prefix, name),
+                                       std::to_string(::getpid()), std::chrono::seconds(2));
+    if (!registered.ok()) return registered.status();
+    registration = std::move(*registered);
+  }
+  return std::unique_ptr<InstanceServer>(new InstanceServer(std::move(impl), std::move(registration)));
 }
 
-InstanceServer::InstanceServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+InstanceServer::InstanceServer(std::unique_ptr<Impl> impl, std::unique_ptr<LeasedKey> registration)
+    : impl_(std::move(impl)), registration_(std::move(registration)) {}
 InstanceServer::~InstanceServer() = default;
 
 }  // namespace crescent::serve

@@ -20,20 +20,27 @@
 
 namespace crescent::serve {
 
+class LeasedKey;
+
 struct InstanceOptions {
   InstanceRole role = InstanceRole::kPrefill;
-  uint32_t index = 0;                        // within its pool, < the config's count
-  std::string conductor_endpoint;            // the Conductor's control socket, "tcp://HOST:PORT"
-  std::string store_master;                  // the store master's host:port (KV pool and transfer metadata)
-  ClusterOptions cluster;                    // model, hardware, capacities, "serve" section, block size
+  uint32_t index = 0;              // within its pool, < the config's count
+  std::string conductor_endpoint;  // the Conductor's control socket, "tcp://HOST:PORT" ("": from etcd)
+  std::string store_master;        // the store master's host:port (KV pool and transfer metadata)
+  ClusterOptions cluster;          // model, hardware, capacities, "serve" section, block size
   std::string kv_events_host = "127.0.0.1";  // where a prefill instance's KV event sockets listen
+  /// With an etcd endpoint: register under etcd_prefix/instances/NAME with a lease while running, and find
+  /// the Conductor's control socket there when conductor_endpoint is empty (etcd_registry.h).
+  std::string etcd_endpoint;
+  std::string etcd_prefix = "/crescent-serve";
 };
 
 class InstanceServer {
  public:
-  /// Connects to the store, allocates and registers KV memory, binds the KV event sockets and starts the
-  /// instance's thread (it says hello to the Conductor, reconnecting while the Conductor is away).
-  /// kInvalidArgument for an index out of range; the store's or ZeroMQ's error otherwise.
+  /// Connects to the store, allocates and registers KV memory, binds the KV event sockets, starts the
+  /// instance's thread (it says hello to the Conductor, reconnecting while the Conductor is away) and, with
+  /// etcd, registers. kInvalidArgument for an index out of range; the store's, ZeroMQ's or etcd's error
+  /// otherwise (kUnavailable: no Conductor in etcd within 20 s).
   static Result<std::unique_ptr<InstanceServer>> start(const InstanceOptions& options);
   /// Stops the thread and releases everything.
   ~InstanceServer();
@@ -41,8 +48,9 @@ class InstanceServer {
   class Impl;
 
  private:
-  explicit InstanceServer(std::unique_ptr<Impl> impl);
+  InstanceServer(std::unique_ptr<Impl> impl, std::unique_ptr<LeasedKey> registration);
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<LeasedKey> registration_;  // with etcd; destroyed first: the instance leaves the view first
 };
 
 }  // namespace crescent::serve

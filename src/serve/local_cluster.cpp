@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/steady_clock.h"
 #include "engine/engine_core.h"
 
 namespace crescent::serve {
@@ -14,14 +15,12 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-using Clock = std::chrono::steady_clock;
-
 }  // namespace
 
 class LocalCluster::Impl final : public InstanceLinks {
  public:
   explicit Impl(const ClusterOptions& options)
-      : options_(options), core_(options, *this), executor_(core_.cost()), start_(Clock::now()) {
+      : options_(options), core_(options, *this), executor_(core_.cost()) {
     const engine::EngineOptions prefill_options{
         .kv_capacity_tokens = options.config.prefill_cache_capacity_tokens,
         .prefix_cache = true,
@@ -160,7 +159,7 @@ class LocalCluster::Impl final : public InstanceLinks {
     Impl& cluster_;
   };
 
-  double now_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double now_s() const { return clock_.now_s(); }
 
   // Every engine runs the iterations that ended by `now`; KV hand-offs due by then reach their decode
   // instance, in time order with the iterations.
@@ -192,8 +191,7 @@ class LocalCluster::Impl final : public InstanceLinks {
       if (next == kInf) {
         cv_.wait(lock);
       } else {
-        cv_.wait_until(
-            lock, start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(next)));
+        cv_.wait_until(lock, clock_.at(next));
       }
     }
   }
@@ -202,7 +200,7 @@ class LocalCluster::Impl final : public InstanceLinks {
   std::mutex mu_;  // the core, the engines and everything below
   ConductorCore core_;
   engine::MockExecutor executor_;
-  const Clock::time_point start_;
+  const SteadyClock clock_;
   std::condition_variable cv_;
   bool stopping_ = false;
   std::multimap<double, Arrival> kv_arrivals_;  // (when its KV reaches decode, request)

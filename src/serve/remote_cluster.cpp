@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -11,13 +12,13 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/steady_clock.h"
+#include "serve/etcd_registry.h"
 #include "serve/instance_wire.h"
 #include "serve/kv_events.h"
 
 namespace crescent::serve {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // "tcp://host:0" → "tcp://host:*" (ZeroMQ's any-port form).
 std::string bindable(const std::string& endpoint) {
@@ -33,8 +34,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
       : options_(options),
         core_(options.cluster, *this),
         router_(context_, zmq::socket_type::router),
-        wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-        start_(Clock::now()) {
+        wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
     const sim::ClusterConfig& config = options.cluster.config;
     for (uint32_t i = 0; i < config.prefill_instances + config.decode_instances; ++i) {
       Slot& s = slots_.emplace_back();
@@ -58,6 +58,16 @@ class RemoteCluster::Impl final : public InstanceLinks {
                                              options_.control_endpoint, e.what()));
     }
     if (wake_fd_ < 0) return Status::io_error("eventfd failed");
+    if (!options_.etcd_endpoint.empty()) {
+      auto client = transfer::EtcdClient::create(options_.etcd_endpoint, std::chrono::seconds(2));
+      if (!client.ok()) return client.status();
+      registry_ = std::make_unique<transfer::EtcdClient>(*client);
+      auto published = LeasedKey::start(*client, etcd_conductor_key(options_.etcd_prefix), endpoint_,
+                                        std::chrono::seconds(2));
+      if (!published.ok()) return published.status();
+      conductor_key_ = std::move(*published);
+      registry_thread_ = std::thread([this] { registry_loop(); });
+    }
     control_thread_ = std::thread([this] { control_loop(); });
     kv_thread_ = std::thread([this] { kv_event_loop(); });
     return Status();
@@ -68,6 +78,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
     wake();
     if (control_thread_.joinable()) control_thread_.join();
     if (kv_thread_.joinable()) kv_thread_.join();
+    if (registry_thread_.joinable()) registry_thread_.join();
     if (wake_fd_ >= 0) ::close(wake_fd_);
   }
 
@@ -173,7 +184,9 @@ class RemoteCluster::Impl final : public InstanceLinks {
   struct Slot {
     InstanceRole role = InstanceRole::kPrefill;
     uint32_t index = 0;
-    bool up = false;
+    bool up = false;          // the Conductor may place on it
+    bool reporting = false;   // its reports arrive (within heartbeat_timeout_s)
+    bool registered = false;  // with etcd: its key is there (its lease is alive)
     uint64_t incarnation = 0;
     double last_seen_s = 0;
     conductor::DecodeLoad load;
@@ -184,7 +197,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
     std::string identity() const { return fmt::format("{}-{}", to_string(role), index); }
   };
 
-  double now_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double now_s() const { return clock_.now_s(); }
   size_t prefill_count() const { return options_.cluster.config.prefill_instances; }
   Slot& prefill_slot(InstanceId p) { return slots_[p]; }
   Slot& decode_slot(InstanceId d) { return slots_[prefill_count() + d]; }
@@ -207,6 +220,24 @@ class RemoteCluster::Impl final : public InstanceLinks {
 
   void log(const std::string& line) {
     if (options_.log_instances) fmt::print(stderr, "conductor: {}\n", line);
+  }
+
+  // An instance is up while it reports and (with etcd) is registered; `why` says why it would go down.
+  void update_up(Slot& slot, const std::string& why) {
+    const bool up = slot.reporting && (registry_ == nullptr || slot.registered);
+    if (up == slot.up) return;
+    if (!up) {
+      instance_down(slot, why);
+      return;
+    }
+    slot.up = true;
+    if (slot.role == InstanceRole::kPrefill) {
+      core_.state().on_prefill_up(slot.index);
+    } else {
+      core_.state().on_decode_up(slot.index);
+    }
+    log(fmt::format("{} up", slot.identity()));
+    up_cv_.notify_all();
   }
 
   void instance_down(Slot& slot, const std::string& why) {
@@ -235,21 +266,17 @@ class RemoteCluster::Impl final : public InstanceLinks {
       return;
     }
     if (m.kind == InstanceMessage::Kind::kHello || m.kind == InstanceMessage::Kind::kLoad) {
-      if (slot->up && slot->incarnation != m.incarnation) instance_down(*slot, "restarted");
-      if (!slot->up) {
-        slot->up = true;
+      if (slot->reporting && slot->incarnation != m.incarnation) {
+        slot->reporting = false;  // a new process under the old name: what the old one had is gone
+        update_up(*slot, "restarted");
+      }
+      if (!slot->reporting) {
+        slot->reporting = true;
         slot->incarnation = m.incarnation;
         slot->blocks_verified = slot->checksum_failures = 0;
         slot->kv_events_endpoint = m.kv_events_endpoint;
         slot->kv_replay_endpoint = m.kv_replay_endpoint;
         ++slot->kv_generation;
-        if (slot->role == InstanceRole::kPrefill) {
-          core_.state().on_prefill_up(slot->index);
-        } else {
-          core_.state().on_decode_up(slot->index);
-        }
-        log(fmt::format("{} up", identity));
-        up_cv_.notify_all();
       }
       slot->last_seen_s = now;
       // Checks counted since the instance started: add what is new since its last report.
@@ -260,7 +287,9 @@ class RemoteCluster::Impl final : public InstanceLinks {
       slot->checksum_failures = m.checksum_failures;
       slot->load = m.load;
       slot->outstanding = m.outstanding;
-      if (slot->role == InstanceRole::kDecode) core_.state().on_decode_report(slot->index, m.load);
+      update_up(*slot, "");
+      if (slot->up && slot->role == InstanceRole::kDecode)
+        core_.state().on_decode_report(slot->index, m.load);
       return;
     }
     if (!slot->up) return;  // a straggler from before it went down
@@ -329,8 +358,9 @@ class RemoteCluster::Impl final : public InstanceLinks {
         std::lock_guard lock(mu_);
         const double now = now_s();
         for (Slot& s : slots_) {
-          if (s.up && now - s.last_seen_s > heartbeat_s) {
-            instance_down(s, fmt::format("silent for {:.1f} s", now - s.last_seen_s));
+          if (s.reporting && now - s.last_seen_s > heartbeat_s) {
+            s.reporting = false;
+            update_up(s, fmt::format("silent for {:.1f} s", now - s.last_seen_s));
           }
         }
         sending.swap(outbox_);
@@ -344,6 +374,23 @@ class RemoteCluster::Impl final : public InstanceLinks {
         }
       }
       sending.clear();
+    }
+  }
+
+  // With etcd: which instances are registered, every 200 ms. When etcd cannot be read, the last answer stands
+  // (the instances' leases outlive a short outage).
+  void registry_loop() {
+    const std::string prefix = etcd_instances_prefix(options_.etcd_prefix);
+    while (!stopping_) {
+      auto keys = registry_->list_keys(prefix);
+      if (keys.ok()) {
+        std::lock_guard lock(mu_);
+        for (Slot& s : slots_) {
+          s.registered = std::find(keys->begin(), keys->end(), prefix + s.identity()) != keys->end();
+          update_up(s, "its etcd lease lapsed");
+        }
+      }
+      for (int i = 0; i < 10 && !stopping_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
 
@@ -405,9 +452,11 @@ class RemoteCluster::Impl final : public InstanceLinks {
   zmq::socket_t router_;  // the control thread's
   std::string endpoint_;
   const int wake_fd_;
-  const Clock::time_point start_;
+  const SteadyClock clock_;
   std::atomic<bool> stopping_{false};
-  std::thread control_thread_, kv_thread_;
+  std::unique_ptr<transfer::EtcdClient> registry_;  // with etcd
+  std::unique_ptr<LeasedKey> conductor_key_;
+  std::thread control_thread_, kv_thread_, registry_thread_;
 };
 
 Result<std::unique_ptr<RemoteCluster>> RemoteCluster::start(const RemoteClusterOptions& options) {

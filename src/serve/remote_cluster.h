@@ -20,12 +20,17 @@ struct RemoteClusterOptions {
   ClusterOptions cluster;
   std::string control_endpoint = "tcp://127.0.0.1:0";  // where instances connect (port 0: any free one)
   bool log_instances = true;  // print "prefill-0 up" / "decode-1 down" lines to stderr
+  /// With an etcd endpoint ("http://HOST:PORT"): publish the control endpoint under etcd_prefix/conductor and
+  /// take as up only instances registered under etcd_prefix/instances/ (etcd_registry.h). Empty: the control
+  /// socket is the registry.
+  std::string etcd_endpoint;
+  std::string etcd_prefix = "/crescent-serve";
 };
 
 class RemoteCluster final : public Cluster {
  public:
-  /// Validates the config, binds the control socket and starts the Conductor's threads. kUnavailable when the
-  /// endpoint cannot be bound.
+  /// Validates the config, binds the control socket, publishes it in etcd (when set) and starts the
+  /// Conductor's threads. kUnavailable when the endpoint cannot be bound or etcd cannot be reached.
   static Result<std::unique_ptr<RemoteCluster>> start(const RemoteClusterOptions& options);
   ~RemoteCluster() override;
 

@@ -1,0 +1,114 @@
+// The roles started alone, finding each other in etcd (issue 10 §2): `crescent serve conductor --etcd`
+// publishes its control endpoint, `serve prefill|decode --etcd` find it there and register under a lease; an
+// instance whose lease lapses leaves the Conductor's view (503: no instance) and comes back when it registers
+// again.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "common/child_process.h"
+#include "serve/etcd_registry.h"
+#include "test_support/etcd_server.h"
+#include "test_support/temp_dir.h"
+#include "transfer/etcd_client.h"
+
+namespace crescent {
+namespace {
+
+using json = nlohmann::json;
+
+int complete(int port) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(20, 0);
+  auto res =
+      client.Post("/v1/completions", json{{"model", "mock"}, {"prompt", "hello"}, {"max_tokens", 3}}.dump(),
+                  "application/json");
+  return res ? res->status : 0;
+}
+
+TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConductorsView) {
+  test::EtcdServer etcd;
+  if (!etcd.skip_reason().empty()) GTEST_SKIP() << etcd.skip_reason();
+  ASSERT_TRUE(etcd.error().empty()) << etcd.error();
+  test::TempDir dir("crescent-registry");
+  json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
+  config["prefill_instances"] = 1;
+  config["decode_instances"] = 1;
+  std::ofstream(dir.file("one.json")) << config.dump();
+  const std::string prefix = "/registry-" + std::to_string(::getpid());
+
+  auto master = ChildProcess::start({CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0",
+                                     "--metrics", "", "--transfer-metadata", "dir:" + dir.file("metadata")},
+                                    dir.file("master.log"));
+  ASSERT_TRUE(master.ok());
+  auto master_line = (*master)->wait_for_line("store master on ", std::chrono::seconds(20));
+  ASSERT_TRUE(master_line.ok()) << master_line.status().message();
+  const size_t at = master_line->find("on ") + 3;
+  const std::string master_address = master_line->substr(at, master_line->find(' ', at) - at);
+  auto node = ChildProcess::start(
+      {CRESCENT_BINARY, "store", "node", "--master", master_address, "--dram", "64MiB", "--metrics", ""},
+      dir.file("node.log"));
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE((*node)->wait_for_line("store node: segment", std::chrono::seconds(20)).ok());
+
+  auto conductor = ChildProcess::start(
+      {CRESCENT_BINARY, "serve", "conductor", "--config", dir.file("one.json"), "--port", "0", "--control",
+       "tcp://127.0.0.1:0", "--etcd", etcd.endpoint(), "--etcd-prefix", prefix},
+      dir.file("conductor.log"));
+  ASSERT_TRUE(conductor.ok());
+  auto line = (*conductor)->wait_for_line("crescent serve: model", std::chrono::seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status().message();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))")));
+  const int port = std::stoi(m[1]);
+  EXPECT_EQ(complete(port), 503) << "no instance is up yet";
+
+  std::vector<std::unique_ptr<ChildProcess>> instances;
+  for (const char* role : {"prefill", "decode"}) {
+    // No --conductor: found in etcd.
+    auto instance = ChildProcess::start(
+        {CRESCENT_BINARY, "serve", role, "--index", "0", "--config", dir.file("one.json"), "--store-master",
+         master_address, "--etcd", etcd.endpoint(), "--etcd-prefix", prefix},
+        dir.file(std::string(role) + ".log"));
+    ASSERT_TRUE(instance.ok());
+    ASSERT_TRUE((*instance)->wait_for_line("ready", std::chrono::seconds(30)).ok())
+        << (*instance)->log_tail();
+    instances.push_back(std::move(*instance));
+  }
+  ASSERT_TRUE((*conductor)->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok());
+  ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-0 up", std::chrono::seconds(10)).ok());
+  EXPECT_EQ(complete(port), 200);
+
+  // Revoke prefill-0's lease behind its back: its key goes, so the Conductor takes it out of its view,
+  // although its reports keep coming; then the instance's keepalive finds the lease gone and registers again.
+  auto client = transfer::EtcdClient::create(etcd.endpoint(), std::chrono::seconds(2)).value();
+  auto key = client.get(serve::etcd_instance_key(prefix, "prefill-0"));
+  ASSERT_TRUE(key.ok() && key->has_value());
+  ASSERT_TRUE(client.revoke_lease((*key)->lease).ok());
+  ASSERT_TRUE(
+      (*conductor)->wait_for_line("prefill-0 down (its etcd lease lapsed)", std::chrono::seconds(3)).ok())
+      << (*conductor)->log_tail();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int status = 0;
+  while ((status = complete(port)) != 200 && std::chrono::steady_clock::now() < deadline) {
+    EXPECT_EQ(status, 503);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(status, 200) << "prefill-0 registered again";
+  auto again = client.get(serve::etcd_instance_key(prefix, "prefill-0"));
+  ASSERT_TRUE(again.ok() && again->has_value());
+  EXPECT_NE((*again)->lease, (*key)->lease);
+
+  // A stopped instance revokes its lease: it leaves the view at once, not after a heartbeat timeout.
+  instances[1]->stop();
+  ASSERT_TRUE((*conductor)->wait_for_line("decode-0 down", std::chrono::seconds(3)).ok());
+  EXPECT_EQ(complete(port), 503);
+}
+
+}  // namespace
+}  // namespace crescent
