@@ -19,7 +19,7 @@ double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey>
   double ready_s = 0;
   const auto& ready = ready_s_[holder];
   for (BlockKey k : keys) {
-    if (auto it = ready.find(k); it != ready.end()) ready_s = std::max(ready_s, it->second);
+    if (auto it = ready.find(k); it != ready.end()) ready_s = std::max(ready_s, it->second.ready_s);
   }
   return ready_s;
 }
@@ -46,7 +46,9 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
   // prefill is done, and later requests may be placed on them before the instance's own KV events say so.
   auto& ready = ready_s_[decision.prefill_instance];
   for (BlockKey k : request.block_keys) {
-    if (ready.try_emplace(k, t.done_s).second) index_.add(k, decision.prefill_instance);
+    auto [it, added] = ready.try_emplace(k, CachedBlock{t.done_s});
+    if (added) index_.add(k, decision.prefill_instance);
+    if (!it->second.stored) ++it->second.placements;
   }
   if (request.max_output_tokens > 1) {
     DecodeGroup& incoming = decode_[decision.decode_instance].incoming;
@@ -68,14 +70,27 @@ void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> st
     index_.add(k, instance);
     // A block placed earlier keeps its predicted ready time: an instance stores a block (and says so) when
     // its prefill starts, before the block is computed.
-    auto [it, added] = ready.try_emplace(k, ready_s);
-    if (!added) it->second = std::max(it->second, ready_s);
+    auto [it, added] = ready.try_emplace(k, CachedBlock{ready_s});
+    if (!added) it->second.ready_s = std::max(it->second.ready_s, ready_s);
+    it->second.stored = true;
+  }
+}
+
+void ClusterState::on_request_dropped(InstanceId instance, std::span<const BlockKey> block_keys) {
+  auto& ready = ready_s_[instance];
+  for (BlockKey k : block_keys) {
+    auto it = ready.find(k);
+    if (it == ready.end() || it->second.stored || it->second.placements == 0) continue;
+    if (--it->second.placements == 0) {  // no other placement will compute it there
+      index_.remove(k, instance);
+      ready.erase(it);
+    }
   }
 }
 
 void ClusterState::on_kv_cleared(InstanceId instance) {
   auto& ready = ready_s_[instance];
-  for (const auto& [key, ready_at_s] : ready) index_.remove(key, instance);
+  for (const auto& [key, block] : ready) index_.remove(key, instance);
   ready.clear();
 }
 

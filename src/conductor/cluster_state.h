@@ -58,6 +58,10 @@ class ClusterState final : public ClusterView {
   /// from the later time a placement predicted for them.
   void on_kv_event(InstanceId instance, std::span<const BlockKey> stored, std::span<const BlockKey> removed,
                    double ready_s);
+  /// Event "request dropped": a request placed on prefill instance `instance` with `block_keys` was cancelled
+  /// or failed. Blocks only its placement put in the index (no KV event has said the instance stores them,
+  /// and no other placement there uses them) leave the index: they will never be computed there.
+  void on_request_dropped(InstanceId instance, std::span<const BlockKey> block_keys);
   /// Event "all blocks cleared" (vLLM's AllBlocksCleared, or an instance that restarted or left).
   void on_kv_cleared(InstanceId instance);
 
@@ -85,9 +89,17 @@ class ClusterState final : public ClusterView {
   std::vector<DecodeLoad> decode_;
   std::vector<bool> prefill_up_, decode_up_;
   kv::BlockIndex index_;
-  // Per prefill instance: when each cached block is (or will be) computed. Blocks are indexed when their
-  // request is placed, so a remote fetch must wait until the holder has actually produced them.
-  std::vector<std::unordered_map<BlockKey, double>> ready_s_;
+  // A block indexed on a prefill instance: when it is (or will be) computed there, and whether only
+  // placements put it there so far (they are counted, so a dropped request removes only blocks nobody else
+  // will compute).
+  struct CachedBlock {
+    double ready_s = 0;
+    uint32_t placements = 0;  // placed requests that will compute it, until a KV event says it is stored
+    bool stored = false;      // a KV event (or a simulated cache) said the instance stores it
+  };
+  // Per prefill instance: its indexed blocks. Blocks are indexed when their request is placed, so a remote
+  // fetch must wait until the holder has actually produced them.
+  std::vector<std::unordered_map<BlockKey, CachedBlock>> ready_s_;
 };
 
 }  // namespace crescent::conductor

@@ -88,6 +88,7 @@ void ConductorCore::cancel(uint64_t id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
+  state_.on_request_dropped(it->second.summary.prefill_instance, it->second.block_keys);
   metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
   requests_.erase(it);
 }
@@ -136,6 +137,7 @@ void ConductorCore::fail(uint64_t id, const std::string& message) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
+  state_.on_request_dropped(it->second.summary.prefill_instance, it->second.block_keys);
   metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
   RequestCallbacks callbacks = std::move(it->second.callbacks);
   requests_.erase(it);

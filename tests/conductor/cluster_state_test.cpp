@@ -112,3 +112,40 @@ TEST(ClusterState, APrefillThatRanLateMovesTheQueueEstimate) {
 
 }  // namespace
 }  // namespace crescent::conductor
+
+namespace crescent::conductor {
+namespace {
+
+// A request cancelled (or failed) before its prefill started takes out of the index the blocks only its
+// placement put there; blocks an instance said it stores, or another placement will compute, stay.
+TEST(ClusterState, ADroppedRequestTakesOnlyItsOwnPlacedBlocksOutOfTheIndex) {
+  ClusterState state(2, 1, 512, 1000);
+  const std::vector<BlockKey> shared{1, 2}, mine{1, 2, 3}, other{1, 2, 4};
+  Decision d;
+  d.prefill_instance = 0;
+  state.on_request_placed({1536, mine, 1}, d, 0);
+  state.on_request_placed({1536, other, 1}, d, 0);
+  const std::vector<BlockKey> stored{5};
+  state.on_kv_event(0, stored, {}, 0);
+  const std::vector<BlockKey> with_stored{5, 6};
+  state.on_request_placed({1024, with_stored, 1}, d, 0);
+
+  state.on_request_dropped(0, mine);
+  kv::PrefixMatch match;
+  state.block_index().match_prefix(mine, match);
+  EXPECT_EQ(match.best_blocks, 2) << "blocks 1 and 2 stay: the other placement will compute them";
+  state.block_index().match_prefix(std::vector<BlockKey>{3}, match);
+  EXPECT_EQ(match.best_blocks, 0) << "block 3 was only mine";
+  state.on_request_dropped(0, other);
+  state.block_index().match_prefix(shared, match);
+  EXPECT_EQ(match.best_blocks, 0) << "nobody will compute 1 and 2 now";
+  state.on_request_dropped(0, with_stored);
+  state.block_index().match_prefix(stored, match);
+  EXPECT_EQ(match.best_blocks, 1) << "the instance said it stores block 5";
+  state.on_request_dropped(0, with_stored);  // again: nothing more goes
+  state.block_index().match_prefix(stored, match);
+  EXPECT_EQ(match.best_blocks, 1);
+}
+
+}  // namespace
+}  // namespace crescent::conductor
