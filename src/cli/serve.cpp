@@ -33,11 +33,11 @@ namespace {
 struct ServeArgs {
   std::string config_path;  // empty: the bundled kServeClusterConfig
   std::string host = "127.0.0.1";
-  int port = 8000;
+  int port = -1;  // -1: the config's serve.http_port
   std::string api_key;
   std::string model_name = "mock";
-  std::string policy = "global-cache-aware";
-  std::string admission = "none";
+  std::string policy;     // empty: the config's serve.policy
+  std::string admission;  // empty: the config's serve.admission
   int64_t block_size_tokens = 512;
   uint64_t body_limit_bytes = 16ull << 20;
   bool in_process = false;
@@ -63,19 +63,27 @@ struct ServeArgs {
 struct ServeSetup {
   std::string config_path;
   serve::ClusterOptions cluster;
+  std::string policy, admission;  // names, for messages
+  int port = 8000;
 };
 
+// The config, with the flags given on the command line taking precedence over its "serve" section.
 Result<ServeSetup> setup(const ServeArgs& args) {
-  auto policy = conductor::parse_prefill_policy(args.policy);
-  if (!policy.ok()) return policy.status();
-  auto admission = conductor::parse_admission(args.admission);
-  if (!admission.ok()) return admission.status();
   if (args.block_size_tokens < 1) return Status::invalid_argument("--block-size must be >= 1");
   auto path = config_path_or_default(args.config_path, kServeClusterConfig);
   if (!path.ok()) return path.status();
   auto config = sim::load_cluster_config(*path, args.block_size_tokens);
   if (!config.ok()) return config.status();
+  const std::string policy_name = args.policy.empty() ? config->serve.policy : args.policy;
+  auto policy = conductor::parse_prefill_policy(policy_name);
+  if (!policy.ok()) return policy.status();
+  const std::string admission_name = args.admission.empty() ? config->serve.admission : args.admission;
+  auto admission = conductor::parse_admission(admission_name);
+  if (!admission.ok()) return admission.status();
   ServeSetup s;
+  s.policy = policy_name;
+  s.admission = admission_name;
+  s.port = args.port >= 0 ? args.port : static_cast<int>(config->serve.http_port);
   s.config_path = std::filesystem::absolute(*path).string();
   s.cluster.config = *config;
   s.cluster.policy = *policy;
@@ -86,11 +94,10 @@ Result<ServeSetup> setup(const ServeArgs& args) {
 }
 
 // Serves HTTP over `cluster` until a stop signal, or replays --replay against it; returns the exit code.
-int serve_http(const ServeArgs& args, serve::Cluster& cluster, const sigset_t& signals,
+int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& cluster, const sigset_t& signals,
                const std::string& what, const std::atomic<bool>* failed = nullptr) {
   serve::FrontendOptions frontend{.model_name = args.model_name, .api_key = args.api_key};
-  serve::HttpServerOptions http{
-      .host = args.host, .port = args.port, .body_limit_bytes = args.body_limit_bytes};
+  serve::HttpServerOptions http{.host = args.host, .port = s.port, .body_limit_bytes = args.body_limit_bytes};
   auto server = serve::HttpServer::start(http, serve::make_frontend(cluster, frontend));
   if (!server.ok()) {
     fmt::print(stderr, "error: {}\n", server.status().message());
@@ -99,7 +106,7 @@ int serve_http(const ServeArgs& args, serve::Cluster& cluster, const sigset_t& s
   const std::string url = fmt::format("http://{}:{}", args.host, (*server)->port());
   fmt::print(args.json ? stderr : stdout,
              "crescent serve: model '{}' on {} ({}, policy {}, admission {}){}\n", args.model_name, url, what,
-             args.policy, args.admission,
+             s.policy, s.admission,
              args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   if (!args.replay_trace.empty()) {
@@ -143,7 +150,7 @@ int run_in_process(const ServeArgs& args, const ServeSetup& s) {
   auto cluster = serve::LocalCluster::start(s.cluster);
   if (!cluster.ok()) return fail(cluster.status());
   const sim::ClusterConfig& c = s.cluster.config;
-  return serve_http(args, **cluster, signals,
+  return serve_http(args, s, **cluster, signals,
                     fmt::format("in process: {} prefill + {} decode mock instances of {} on {}",
                                 c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name));
 }
@@ -231,7 +238,7 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
   }
   supervisor.watch();
   const int code =
-      serve_http(args, **cluster, signals,
+      serve_http(args, s, **cluster, signals,
                  fmt::format("{} prefill + {} decode processes of mock {} on {}, KV bytes scaled 1/{}",
                              c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name,
                              c.serve.kv_bytes_scale),
@@ -262,7 +269,7 @@ int run_conductor_role(const ServeArgs& args) {
   auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
   const sim::ClusterConfig& c = s->cluster.config;
-  return serve_http(args, **cluster, signals,
+  return serve_http(args, *s, **cluster, signals,
                     fmt::format("Conductor of {} prefill + {} decode instances, which connect to {}",
                                 c.prefill_instances, c.decode_instances, (*cluster)->control_endpoint()));
 }
@@ -309,18 +316,19 @@ void add_cluster_flags(CLI::App* cmd, ServeArgs& args) {
                   fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)",
                               kServeClusterConfig));
   cmd->add_option("--model-name", args.model_name, "The model id clients must name")->capture_default_str();
-  cmd->add_option("--policy", args.policy,
-                  "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
-      ->capture_default_str();
-  cmd->add_option("--admission", args.admission, "Admission: none, slo, early, predictive")
-      ->capture_default_str();
+  cmd->add_option(
+      "--policy", args.policy,
+      "Prefill policy: random, least-loaded, cache-aware, global-cache-aware (default: the config's "
+      "serve.policy, global-cache-aware)");
+  cmd->add_option("--admission", args.admission,
+                  "Admission: none, slo, early, predictive (default: the config's serve.admission, none)");
   cmd->add_option("--block-size", args.block_size_tokens, "Tokens per KV block")->capture_default_str();
 }
 
 void add_http_flags(CLI::App* cmd, ServeArgs& args) {
   cmd->add_option("--host", args.host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", args.port, "HTTP port (0: any free port)")
-      ->capture_default_str()
+  cmd->add_option("--port", args.port,
+                  "HTTP port, 0: any free port (default: the config's serve.http_port, 8000)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", args.api_key, "Require \"Authorization: Bearer KEY\" on /v1 routes");
   cmd->add_option("--body-limit", args.body_limit_bytes, "Largest request body in bytes (else 413)")

@@ -52,9 +52,15 @@ constexpr std::array<std::string_view, 14> kFields{"name",
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
-constexpr std::array<std::string_view, 5> kServeFields{"kv_bytes_scale", "kv_transfer_timeout_s",
-                                                       "heartbeat_timeout_s", "store_dram_bytes",
-                                                       "verify_kv_checksums"};
+constexpr std::array<std::string_view, 9> kServeFields{"kv_bytes_scale",
+                                                       "kv_transfer_timeout_s",
+                                                       "heartbeat_timeout_s",
+                                                       "store_dram_bytes",
+                                                       "verify_kv_checksums",
+                                                       "policy",
+                                                       "admission",
+                                                       "http_port",
+                                                       "executor"};
 
 }  // namespace
 
@@ -177,6 +183,29 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
             "{}: serve: field 'verify_kv_checksums' must be true or false, got {}", where, v->dump()));
       }
       c.serve.verify_kv_checksums = v->get<bool>();
+    }
+    CRESCENT_RETURN_IF_ERROR(s.string("policy", c.serve.policy, /*required=*/false));
+    if (auto p = conductor::parse_prefill_policy(c.serve.policy); !p.ok()) {
+      return Status::invalid_argument(
+          fmt::format("{}: serve: field 'policy': {}", where, p.status().message()));
+    }
+    CRESCENT_RETURN_IF_ERROR(s.string("admission", c.serve.admission, /*required=*/false));
+    if (auto a = conductor::parse_admission(c.serve.admission); !a.ok()) {
+      return Status::invalid_argument(
+          fmt::format("{}: serve: field 'admission': {}", where, a.status().message()));
+    }
+    CRESCENT_RETURN_IF_ERROR(s.integer("http_port", c.serve.http_port, 0, /*required=*/false));
+    if (c.serve.http_port > 65535) {
+      return Status::invalid_argument(
+          fmt::format("{}: serve: field 'http_port' must be <= 65535, got {}", where, c.serve.http_port));
+    }
+    CRESCENT_RETURN_IF_ERROR(s.string("executor", c.serve.executor, /*required=*/false));
+    if (c.serve.executor != "mock") {
+      return Status::invalid_argument(
+          fmt::format("{}: serve: field 'executor' must be \"mock\" (the cost model's timing), got \"{}\"; a "
+                      "real executor "
+                      "is not built yet",
+                      where, c.serve.executor));
     }
   }
   return c;

@@ -31,6 +31,11 @@ struct ServeConfig {
   double heartbeat_timeout_s = 1;          // an instance that sent nothing for this long is down
   int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts
   bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives
+  std::string policy =
+      "global-cache-aware";        // prefill policy (conductor::parse_prefill_policy); --policy wins
+  std::string admission = "none";  // admission (conductor::parse_admission); --admission wins
+  int64_t http_port = 8000;        // the Conductor's HTTP port (0: any free one); --port wins
+  std::string executor = "mock";   // what computes iterations: "mock" (the cost model's time)
 };
 
 /// Everything the simulator needs to know about the cluster. docs/config.md describes every field (type,

@@ -2,6 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "run_crescent.h"
@@ -26,6 +28,29 @@ TEST(ServeCli, ReplaysASliceOfTheBundledTraceAgainstTheLiveCluster) {
   EXPECT_GT(live["ttft_mean_s"].get<double>(), 0);
   EXPECT_TRUE(live["prefill_compute_s_per_request"].is_null());  // a client cannot see it
   EXPECT_THAT(run.err, HasSubstr("crescent serve: model 'mock' on http://127.0.0.1:"));
+}
+
+// The config's "serve" section sets the port, policy and admission; flags given on the command line win.
+TEST(ServeCli, TheConfigsServeSectionSetsPortPolicyAndAdmissionAndFlagsWin) {
+  const auto config = temp_path("serve_section.json");
+  {
+    std::ifstream in(CRESCENT_SOURCE_DIR "/configs/local.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["serve"]["http_port"] = 0;
+    j["serve"]["admission"] = "early";
+    j["serve"]["policy"] = "cache-aware";
+    std::ofstream(config) << j.dump();
+  }
+  const std::string trace = quote(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz");
+  CliRun run = run_crescent("serve --in-process --config " + quote(config.string()) + " --replay " + trace +
+                            " --limit 2 --time-scale 100 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("policy cache-aware, admission early"));
+  run = run_crescent("serve --in-process --config " + quote(config.string()) + " --admission none --replay " +
+                     trace + " --limit 2 --time-scale 100 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("admission none"));
+  std::filesystem::remove(config);
 }
 
 TEST(ServeCli, BenchServeMeasuresAdmissionAndStreams) {

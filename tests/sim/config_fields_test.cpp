@@ -176,7 +176,11 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
                 {"kv_transfer_timeout_s", 2.5},
                 {"heartbeat_timeout_s", 0.5},
                 {"store_dram_bytes", 1 << 26},
-                {"verify_kv_checksums", false}};
+                {"verify_kv_checksums", false},
+                {"policy", "random"},
+                {"admission", "predictive"},
+                {"http_port", 0},
+                {"executor", "mock"}};
   auto config = cluster_config_from_json(j, "fields.json", 512);
   ASSERT_TRUE(config.ok()) << config.status().to_string();
   EXPECT_EQ(config->serve.kv_bytes_scale, 512);
@@ -184,12 +188,19 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   EXPECT_EQ(config->serve.heartbeat_timeout_s, 0.5);
   EXPECT_EQ(config->serve.store_dram_bytes, 1 << 26);
   EXPECT_FALSE(config->serve.verify_kv_checksums);
+  EXPECT_EQ(config->serve.policy, "random");
+  EXPECT_EQ(config->serve.admission, "predictive");
+  EXPECT_EQ(config->serve.http_port, 0);
   EXPECT_EQ(to_json(*config), to_json(*defaults));  // results record what simulations use
   for (const auto& [field, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
            {"kv_bytes_scale", 0, "'kv_bytes_scale'"},
            {"verify_kv_checksums", "yes", "'verify_kv_checksums' must be true or false"},
            {"store_dram_bytes", 1000, "'store_dram_bytes'"},
-           {"heartbeat", 1, "heartbeat"}}) {
+           {"heartbeat", 1, "heartbeat"},
+           {"policy", "fastest", "'fastest'"},
+           {"admission", "maybe", "'maybe'"},
+           {"http_port", 70000, "'http_port' must be <= 65535"},
+           {"executor", "cpu", "a real executor is not built yet"}}) {
     json bad = base_config();
     bad["serve"] = {{field, value}};
     auto refused = cluster_config_from_json(bad, "fields.json", 512);
