@@ -188,7 +188,7 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
   auto master = supervisor.start("store-master",
                                  {self, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "",
                                   "--transfer-metadata", "dir:" + run_dir + "/metadata"},
-                                 "store master on ", kStartTimeout);
+                                 "store master on ", kStartTimeout, /*restartable=*/false);
   if (!master.ok()) return fail(master.status());
   // "store master on HOST:PORT (metrics ..."
   const std::string master_address =
@@ -197,7 +197,7 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
       "store-node",
       {self, "store", "node", "--master", master_address, "--dram", std::to_string(c.serve.store_dram_bytes),
        "--metrics", "", "--name", fmt::format("serve-{}-node-0", ::getpid())},
-      "store node: segment", kStartTimeout);
+      "store node: segment", kStartTimeout, /*restartable=*/false);
   if (!node.ok()) return fail(node.status());
 
   serve::RemoteClusterOptions remote;  // the control socket is the registry: no etcd on one machine
@@ -222,13 +222,13 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
                                     std::to_string(args.block_size_tokens)};
   };
   for (uint32_t i = 0; i < c.prefill_instances; ++i) {
-    auto started =
-        supervisor.start(fmt::format("prefill-{}", i), instance_argv("prefill", i), "ready", kStartTimeout);
+    auto started = supervisor.start(fmt::format("prefill-{}", i), instance_argv("prefill", i), ": ready (",
+                                    kStartTimeout);
     if (!started.ok()) return fail(started.status());
   }
   for (uint32_t i = 0; i < c.decode_instances; ++i) {
     auto started =
-        supervisor.start(fmt::format("decode-{}", i), instance_argv("decode", i), "ready", kStartTimeout);
+        supervisor.start(fmt::format("decode-{}", i), instance_argv("decode", i), ": ready (", kStartTimeout);
     if (!started.ok()) return fail(started.status());
   }
   if (!(*cluster)->wait_until_all_up(kStartTimeout)) {
@@ -236,6 +236,7 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
     return fail(Status::unavailable(
         fmt::format("only {} prefill and {} decode instances reached the Conductor", p, d)));
   }
+  supervisor.on_exit([&cluster](const std::string& name) { (*cluster)->instance_exited(name); });
   supervisor.watch();
   const int code =
       serve_http(args, s, **cluster, signals,

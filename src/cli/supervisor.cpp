@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 namespace crescent::cli {
@@ -19,12 +20,16 @@ Supervisor::~Supervisor() {
 }
 
 Result<std::string> Supervisor::start(const std::string& name, std::vector<std::string> argv,
-                                      const std::string& ready_text, std::chrono::milliseconds timeout) {
+                                      const std::string& ready_text, std::chrono::milliseconds timeout,
+                                      bool restartable) {
   auto child = std::make_unique<Child>();
   child->name = name;
   child->argv = std::move(argv);
   child->ready_text = ready_text;
+  child->restartable = restartable;
   const std::string log = fmt::format("{}/{}.log", run_dir_, name);
+  std::error_code ec;
+  std::filesystem::remove(log, ec);  // a reused run directory: only this run's lines count
   auto process = ChildProcess::start(child->argv, log);
   if (!process.ok()) return process.status();
   child->process = std::move(*process);
@@ -39,13 +44,15 @@ Result<std::string> Supervisor::start(const std::string& name, std::vector<std::
 
 void Supervisor::watch() {
   watcher_ = std::thread([this] {
-    while (!stopping_) {
+    // The thread lives until every child is stopped: children it restarted die with it (PR_SET_PDEATHSIG).
+    while (!stopped_) {
       {
         std::lock_guard lock(mu_);
-        if (stopping_) break;
-        for (auto& child : children_) {
-          echo_logs(*child);
-          check(*child);
+        if (!stopping_) {
+          for (auto& child : children_) {
+            echo_logs(*child);
+            check(*child);
+          }
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -56,9 +63,12 @@ void Supervisor::watch() {
 void Supervisor::check(Child& child) {
   if (child.given_up || child.process->running()) return;
   echo_logs(child);
-  if (!restart_ || child.restarts >= max_restarts_) {
+  if (on_exit_) on_exit_(child.name);
+  if (!restart_ || !child.restartable || child.restarts >= max_restarts_) {
     fmt::print(stderr, "crescent serve: {} exited{}\n", child.name,
-               restart_ ? fmt::format(" after {} restarts; giving up", child.restarts) : "");
+               !restart_            ? ""
+               : !child.restartable ? "; the others were given its address, so the run stops"
+                                    : fmt::format(" after {} restarts; giving up", child.restarts));
     child.given_up = true;
     on_give_up_(child.name);
     return;
@@ -101,6 +111,7 @@ void Supervisor::stop_all() {
     }
     children_.clear();
   }
+  stopped_ = true;
   if (watcher_.joinable()) watcher_.join();
 }
 

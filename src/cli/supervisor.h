@@ -25,10 +25,16 @@ class Supervisor {
   /// stop_all().
   ~Supervisor();
 
-  /// Starts child `name` with `argv` and waits until its log has a line containing `ready_text` (up to
-  /// `timeout`); returns that line. kUnavailable with the log's tail when it exits or times out first.
+  /// Starts child `name` with `argv` (its log started afresh) and waits until the log has a line containing
+  /// `ready_text` (up to `timeout`); returns that line. kUnavailable with the log's tail when it exits or
+  /// times out first. `restartable` false: its death stops the run even when restarts are on (a child whose
+  /// address the others were given, like the store master).
   Result<std::string> start(const std::string& name, std::vector<std::string> argv,
-                            const std::string& ready_text, std::chrono::milliseconds timeout);
+                            const std::string& ready_text, std::chrono::milliseconds timeout,
+                            bool restartable = true);
+  /// Called from the watcher thread when child `name` has exited (before any restart), e.g. to take an
+  /// instance out of the Conductor's view at once rather than after its heartbeat timeout.
+  void on_exit(std::function<void(const std::string&)> callback) { on_exit_ = std::move(callback); }
   /// Starts watching: echoing logs and restarting children that die.
   void watch();
   /// Stops watching, then stops the children in reverse start order (SIGTERM, SIGKILL after 2 s).
@@ -44,6 +50,7 @@ class Supervisor {
     std::string ready_text;
     uint64_t log_offset = 0;
     int restarts = 0;
+    bool restartable = true;
     bool given_up = false;
   };
   void echo_logs(Child& child);
@@ -53,9 +60,11 @@ class Supervisor {
   const bool restart_;
   const int max_restarts_;
   const std::function<void(const std::string&)> on_give_up_;
+  std::function<void(const std::string&)> on_exit_;
   mutable std::mutex mu_;  // children_
   std::vector<std::unique_ptr<Child>> children_;
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false};  // no more restarts
+  std::atomic<bool> stopped_{false};   // every child stopped: the watcher may end (children die with it)
   std::thread watcher_;
 };
 

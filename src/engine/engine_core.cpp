@@ -244,6 +244,13 @@ double EngineCore::next_event_s() const {
   return next;
 }
 
+void EngineCore::cancel_all() {
+  std::vector<RequestId> ids;
+  ids.reserve(records_.size());
+  for (const auto& [id, record] : records_) ids.push_back(id);
+  for (RequestId id : ids) cancel(id);
+}
+
 void EngineCore::cancel(RequestId id) {
   auto it = records_.find(id);
   if (it == records_.end() || it->second.finished) return;

@@ -177,6 +177,8 @@ class EngineCore {
   /// reservation; the listener hears nothing more of it. A decoding request stops at once: the iteration
   /// under way still counts it, the next does not. No-op for an unknown or finished id.
   void cancel(RequestId id);
+  /// Drops every request, as cancel() does for each (a reset: whoever placed them has forgotten them).
+  void cancel_all();
 
   /// Requests here and not finished: queued, prefilling, waiting for HBM or decoding (not incoming).
   int64_t outstanding() const { return outstanding_; }

@@ -35,8 +35,10 @@ struct RequestSummary {
 struct RequestCallbacks {
   std::function<void(std::span<const int64_t> tokens)> on_tokens;  // new output tokens, in order
   std::function<void(const RequestSummary& summary)> on_done;      // the last token was delivered
-  /// The request failed after it was accepted (an instance serving it went down): `message` says why.
-  std::function<void(const std::string& message)> on_error;
+  /// The request failed after it was accepted: `code` says how ("instance_down": an instance serving it went
+  /// down; "kv_transfer_failed": its KV did not reach decode in time, or failed its check; "prefill_failed":
+  /// its prefill instance could not run or ship it), `message` says why.
+  std::function<void(const std::string& code, const std::string& message)> on_error;
 };
 
 /// The request as the cluster takes it.

@@ -42,7 +42,11 @@ ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links
       kv_capacity_tokens_(cost_.decode_kv_capacity_tokens(options.config.decode_hbm_reserved_share)),
       state_(options.config.prefill_instances, options.config.decode_instances, options.block_size_tokens,
              kv_capacity_tokens_),
-      metrics_(options.model_name) {}
+      metrics_(options.model_name) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  next_id_ = (static_cast<uint64_t>(ms.count()) << 20) + 1;
+}
 
 conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id,
                                          double now_s) {
@@ -70,10 +74,8 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
   live.summary.decode_instance = decision.decode_instance;
   live.predicted_prefill_s = decision.transfer_s + decision.prefill_s;
   const conductor::PrefillTimeline timeline = state_.on_request_placed(info, decision, now_s);
-  if (live.request.max_tokens > 1) {
-    links_.send_expect(decision.decode_instance, id, input, live.request.max_tokens, now_s);
-  }
   const Live& entry = requests_.emplace(id, std::move(live)).first->second;
+  if (entry.request.max_tokens > 1) links_.send_expect(decision.decode_instance, id, entry.request, now_s);
   // The prefix the Conductor found, fetched from another instance when it chose to: copying it is how a hot
   // prefix gains replicas.
   links_.send_prefill(decision.prefill_instance, id, entry.request, entry.block_keys,
@@ -133,7 +135,7 @@ void ConductorCore::on_tokens(std::span<const uint64_t> ids, double now_s) {
   }
 }
 
-void ConductorCore::fail(uint64_t id, const std::string& message) {
+void ConductorCore::fail(uint64_t id, const std::string& code, const std::string& message) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
@@ -141,7 +143,7 @@ void ConductorCore::fail(uint64_t id, const std::string& message) {
   metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
   RequestCallbacks callbacks = std::move(it->second.callbacks);
   requests_.erase(it);
-  if (callbacks.on_error) callbacks.on_error(message);
+  if (callbacks.on_error) callbacks.on_error(code, message);
 }
 
 void ConductorCore::on_prefill_down(InstanceId p, double now_s) {
@@ -152,7 +154,7 @@ void ConductorCore::on_prefill_down(InstanceId p, double now_s) {
   }
   const std::vector<uint64_t> ids = scratch_ids_;
   for (uint64_t id : ids)
-    fail(id, fmt::format("prefill instance {} went down before finishing the prompt", p));
+    fail(id, "instance_down", fmt::format("prefill instance {} went down before finishing the prompt", p));
 }
 
 void ConductorCore::on_decode_down(InstanceId d) {
@@ -162,7 +164,7 @@ void ConductorCore::on_decode_down(InstanceId d) {
     if (live.summary.decode_instance == d && live.request.max_tokens > 1) scratch_ids_.push_back(id);
   }
   const std::vector<uint64_t> ids = scratch_ids_;
-  for (uint64_t id : ids) fail(id, fmt::format("decode instance {} went down", d));
+  for (uint64_t id : ids) fail(id, "instance_down", fmt::format("decode instance {} went down", d));
 }
 
 void ConductorCore::emit_token(uint64_t id, double now_s) {

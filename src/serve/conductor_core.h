@@ -43,9 +43,8 @@ class InstanceLinks {
   virtual void send_prefill(InstanceId p, uint64_t id, const ClusterRequest& request,
                             std::span<const BlockKey> block_keys,
                             const engine::EngineCore::ArrangedPrefix& prefix, InstanceId d, double now_s) = 0;
-  /// Reserve HBM on decode instance `d` for `id` (prompt + max output); its KV comes later.
-  virtual void send_expect(InstanceId d, uint64_t id, int64_t input_tokens, int64_t output_tokens,
-                           double now_s) = 0;
+  /// Reserve HBM on decode instance `d` for `id` (its prompt + max_tokens); its KV comes later.
+  virtual void send_expect(InstanceId d, uint64_t id, const ClusterRequest& request, double now_s) = 0;
   /// `id`'s prefill (of `input_tokens`) started on its prefill instance and should end in `prefill_s`: decode
   /// instance `d` takes room for its KV now and counts its KV transfer timeout from then (before, the prompt
   /// may wait in a queue of any length).
@@ -75,8 +74,9 @@ class ConductorCore {
   void on_prefill_done(InstanceId instance, uint64_t id, double now_s);
   /// A decode step gave each of `ids` one token; a request with all its tokens finishes.
   void on_tokens(std::span<const uint64_t> ids, double now_s);
-  /// `id` cannot go on (e.g. its KV never reached decode): its owner hears on_error(message).
-  void fail(uint64_t id, const std::string& message);
+  /// `id` cannot go on (e.g. its KV never reached decode): its owner hears on_error(code, message) (codes:
+  /// RequestCallbacks::on_error).
+  void fail(uint64_t id, const std::string& code, const std::string& message);
   /// Prefill instance `p` went down: it leaves the Conductor's view and the requests it had not finished
   /// prefilling fail (their decode reservations are cancelled).
   void on_prefill_down(InstanceId p, double now_s);
@@ -118,6 +118,8 @@ class ConductorCore {
   const int64_t kv_capacity_tokens_;
   conductor::ClusterState state_;
   ServeMetrics metrics_;  // thread-safe
+  // Request ids start from the wall clock (ms << 20), so a restarted Conductor does not reuse ids that
+  // instances may still hold from its predecessor.
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, Live> requests_;
   std::vector<uint64_t> scratch_ids_;

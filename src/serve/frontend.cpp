@@ -229,8 +229,8 @@ class Frontend {
             200, completion_response(exchange->endpoint, exchange->header, exchange->text, "length", usage)));
       }
     };
-    callbacks.on_error = [exchange](const std::string& message) {
-      const ApiError e = make_error(503, "server_error", "instance_down", message);
+    callbacks.on_error = [exchange](const std::string& code, const std::string& message) {
+      const ApiError e = make_error(503, "server_error", code, message);
       if (exchange->stream && !exchange->first_chunk) {
         // The stream is under way: an error event, then [DONE] (how vLLM and OpenAI end a broken stream).
         exchange->responder.write(fmt::format("data: {}\n\n{}", to_json(e).dump(), kSseDone));

@@ -89,6 +89,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
       control_.set(zmq::sockopt::routing_id, identity_);
       control_.set(zmq::sockopt::linger, 0);
       control_.set(zmq::sockopt::reconnect_ivl, 100);
+      control_.set(zmq::sockopt::sndhwm, 0);  // never drop a report (tokens, prefill done) for a slow reader
+      control_.set(zmq::sockopt::rcvhwm, 0);
       control_.connect(options_.conductor_endpoint);
     } catch (const zmq::error_t& e) {
       return Status::invalid_argument(
@@ -269,14 +271,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
       return Status::invalid_argument(fmt::format(
           "KV of {} blocks does not match the reservation of {} bytes", blocks, order.target->length_bytes));
     }
-    for (size_t b = 0; b < order.keys.size(); ++b)
-      fill_kv_block(order.keys[b], block_at(static_cast<int64_t>(b)));
-    if (blocks > std::ssize(order.keys)) {
-      const BlockKey parent = order.keys.empty() ? 0 : order.keys.back();
-      const auto tail =
-          std::span(order.token_ids).subspan(order.keys.size() * static_cast<size_t>(block_tokens_));
-      fill_kv_block(partial_block_key(tail, parent), block_at(blocks - 1));
-    }
+    const std::vector<BlockKey> keys = kv_block_keys(order.token_ids, block_tokens_);
+    for (size_t b = 0; b < keys.size(); ++b) fill_kv_block(keys[b], block_at(static_cast<int64_t>(b)));
     auto segment = store_->engine().open_segment(order.target->segment);
     if (!segment.ok()) return segment.status();
     auto batch = store_->engine().allocate_batch(1);
@@ -302,7 +298,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
     return bytes;
   }
 
+  // Decode: forgets request `id` (its block keys, and the room it held).
   void release(uint64_t id) {
+    expected_keys_.erase(id);
     auto it = reservations_.find(id);
     if (it == reservations_.end()) return;
     allocator_->free(it->second.offset, it->second.length);
@@ -317,12 +315,17 @@ class InstanceServer::Impl final : public engine::EngineListener {
       case InstanceMessage::Kind::kPrefill: {
         if (!prefill()) break;
         const auto input = std::ssize(m.token_ids);
+        if (orders_.contains(m.request_id)) break;  // a duplicate: the first is under way
+        // The staging memory holds one prompt of up to a decode instance's capacity (as the Conductor
+        // admits).
         if (input < 1 || input + 1 > config_.prefill_cache_capacity_tokens ||
-            orders_.contains(m.request_id)) {
+            blocks_of(input) > max_prompt_blocks_ + 1 || m.reused_tokens < 0 || m.reused_tokens > input ||
+            m.fetched_tokens < 0 || m.fetched_tokens > m.reused_tokens ||
+            !(m.ready_in_s >= 0 && m.ready_in_s < 1e9)) {
           InstanceMessage done;
           done.kind = InstanceMessage::Kind::kPrefillDone;
           done.request_id = m.request_id;
-          done.error = fmt::format("{}: cannot prefill a prompt of {} tokens", identity_, input);
+          done.error = fmt::format("{}: refused a malformed prefill order ({} tokens)", identity_, input);
           outbox_.push_back(std::move(done));
           break;
         }
@@ -344,7 +347,13 @@ class InstanceServer::Impl final : public engine::EngineListener {
         break;
       }
       case InstanceMessage::Kind::kExpect:
-        if (prefill() || m.output_tokens < 2 || m.input_tokens < 1) break;
+        if (prefill() || m.output_tokens < 2 || m.input_tokens < 1 || expected_keys_.contains(m.request_id) ||
+            std::ssize(m.block_keys) != blocks_of(m.input_tokens) ||
+            blocks_of(m.input_tokens) > max_prompt_blocks_ + 1 ||
+            m.input_tokens + m.output_tokens > engine_->decode_load().kv_capacity_tokens) {
+          break;  // malformed or duplicate: the Conductor never sends one (its request then times out there)
+        }
+        expected_keys_[m.request_id] = m.block_keys;
         engine_->expect(m.request_id, m.input_tokens, m.output_tokens, now);
         // Held while its prompt waits for prefill (a queue of any length): the Conductor cancels it if its
         // prefill instance goes down, and kKvComing starts the timeout once the prefill has started.
@@ -354,10 +363,15 @@ class InstanceServer::Impl final : public engine::EngineListener {
       case InstanceMessage::Kind::kKvComing: {
         // Its prefill started: room for its KV is taken now (not at placement, so prompts queued for prefill
         // hold no memory here), and the KV must arrive within the timeout after the prefill's predicted end.
-        if (prefill() || reservations_.contains(m.request_id) ||
-            !engine_->set_kv_deadline(m.request_id,
+        if (prefill() || reservations_.contains(m.request_id)) break;  // not ours, or a duplicate
+        if (!engine_->set_kv_deadline(m.request_id,
                                       now + m.ready_in_s + config_.serve.kv_transfer_timeout_s)) {
-          break;  // not expected here (cancelled meanwhile)
+          InstanceMessage error;  // its prefill instance must not wait for a target that never comes
+          error.kind = InstanceMessage::Kind::kKvError;
+          error.request_id = m.request_id;
+          error.error = fmt::format("{}: request {} is not expected here", identity_, m.request_id);
+          outbox_.push_back(std::move(error));
+          break;
         }
         InstanceMessage reply;
         reply.request_id = m.request_id;
@@ -379,18 +393,20 @@ class InstanceServer::Impl final : public engine::EngineListener {
       }
       case InstanceMessage::Kind::kKvArrived: {
         auto it = reservations_.find(m.request_id);
-        if (it == reservations_.end()) break;
+        auto keys_it = expected_keys_.find(m.request_id);
+        if (it == reservations_.end() || keys_it == expected_keys_.end()) break;
         if (config_.serve.verify_kv_checksums) {
           for (int64_t b = 0; b < it->second.blocks; ++b) {
             const std::span<const std::byte> block(
                 kv_memory_ + it->second.offset + static_cast<uint64_t>(b) * block_bytes_, block_bytes_);
-            if (!kv_block_intact(block)) {
+            if (!kv_block_matches(keys_it->second[static_cast<size_t>(b)], block)) {
               ++checksum_failures_;
               InstanceMessage error;
               error.kind = InstanceMessage::Kind::kKvError;
               error.request_id = m.request_id;
-              error.error = fmt::format("{}: KV block {} of request {} failed its checksum", identity_, b,
-                                        m.request_id);
+              error.error = fmt::format(
+                  "{}: KV block {} of request {} failed its check (checksum, or not this prompt's block)",
+                  identity_, b, m.request_id);
               outbox_.push_back(std::move(error));
               engine_->cancel(m.request_id);
               release(m.request_id);
@@ -402,6 +418,13 @@ class InstanceServer::Impl final : public engine::EngineListener {
         engine_->submit_decode(m.request_id, now, now);
         break;
       }
+      case InstanceMessage::Kind::kReset:
+        engine_->cancel_all();
+        orders_.clear();
+        while (!reservations_.empty()) release(reservations_.begin()->first);
+        expected_keys_.clear();
+        load_dirty_ = true;
+        break;
       case InstanceMessage::Kind::kCancel:
         engine_->cancel(m.request_id);
         orders_.erase(m.request_id);
@@ -433,9 +456,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
 
   void send(const InstanceMessage& m) {
     const std::string bytes = encode(m);
-    // DEALER queues while the Conductor is away (up to the high-water mark, then drops: the heartbeat
-    // resends the state that matters).
-    (void)control_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+    // DEALER queues while the Conductor is away (no high-water mark); a Conductor that comes back resets us.
+    if (!control_.send(zmq::buffer(bytes), zmq::send_flags::dontwait)) {
+      fmt::print(stderr, "{}: could not queue a message for the Conductor\n", identity_);
+    }
   }
 
   void run() {
@@ -488,8 +512,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
   zmq::context_t context_;
   zmq::socket_t control_;
   const SteadyClock clock_;
-  std::unordered_map<uint64_t, Order> orders_;              // prefill
-  std::unordered_map<uint64_t, Reservation> reservations_;  // decode
+  std::unordered_map<uint64_t, Order> orders_;                         // prefill
+  std::unordered_map<uint64_t, Reservation> reservations_;             // decode
+  std::unordered_map<uint64_t, std::vector<BlockKey>> expected_keys_;  // decode: each expected request's KV
   std::vector<InstanceMessage> outbox_;
   bool load_dirty_ = false;
   uint64_t checksum_failures_ = 0, blocks_verified_ = 0;  // since this process started

@@ -7,8 +7,8 @@
 namespace crescent::serve {
 namespace {
 
-constexpr uint32_t kFields = 39;  // what encode packs, in order
-constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kKvComing);
+constexpr uint32_t kFields = 40;  // what encode packs, in order
+constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kReset);
 
 template <typename Packer>
 void pack_group(Packer& pk, const conductor::DecodeGroup& g) {
@@ -78,6 +78,7 @@ std::string encode(const InstanceMessage& m) {
   pk.pack_uint64(m.offset_bytes);
   pk.pack_uint64(m.length_bytes);
   pk.pack(m.request_ids);
+  pk.pack(m.block_keys);
   pk.pack(m.error);
   return std::string(buffer.data(), buffer.size());
 }
@@ -85,7 +86,11 @@ std::string encode(const InstanceMessage& m) {
 Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
   InstanceMessage m;
   try {
-    const msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
+    // Bounded: a hostile or corrupt message cannot make the unpacker allocate without limit.
+    const msgpack::unpack_limit limit(/*array=*/1u << 24, /*map=*/0, /*str=*/1u << 16, /*bin=*/0, /*ext=*/0,
+                                      /*depth=*/2);
+    const msgpack::object_handle handle =
+        msgpack::unpack(bytes.data(), bytes.size(), nullptr, nullptr, limit);
     const msgpack::object& o = handle.get();
     if (o.type != msgpack::type::ARRAY || o.via.array.size != kFields) {
       return Status::invalid_argument(
@@ -129,6 +134,7 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     m.offset_bytes = r.next<uint64_t>();
     m.length_bytes = r.next<uint64_t>();
     m.request_ids = r.next<std::vector<uint64_t>>();
+    m.block_keys = r.next<std::vector<uint64_t>>();
     m.error = r.next<std::string>();
   } catch (const std::exception& e) {
     return Status::invalid_argument(fmt::format("instance message: {}", e.what()));

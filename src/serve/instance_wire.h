@@ -15,6 +15,9 @@
 //                                                 kKvComing   request_id, input_tokens, ready_in_s
 //                                                             (decode: its prefill started: reserve room;
 //                                                             the KV timeout counts from its end)
+//                                                 kReset      (drop every request: the Conductor has
+//                                                             failed them; sent first when it sees the
+//                                                             instance come up)
 //   kReserved    request_id, segment, offset, length (decode: where the prefill writes the KV)
 //   kTokens      request_ids (one decode step: each gained a token)
 //   kKvTimeout   request_id (decode: its KV never came; the reservation is freed)
@@ -53,6 +56,7 @@ struct InstanceMessage {
     kKvArrived,
     kCancel,
     kKvComing,
+    kReset,
   };
   Kind kind = Kind::kLoad;
   uint64_t request_id = 0;
@@ -85,6 +89,8 @@ struct InstanceMessage {
   uint64_t offset_bytes = 0, length_bytes = 0;
   // kTokens
   std::vector<uint64_t> request_ids;
+  // kExpect: the keys of the prompt's KV blocks, in order (serve/kv_blocks.h kv_block_keys)
+  std::vector<uint64_t> block_keys;
   // kPrefillDone, kKvError: empty = fine
   std::string error;
 };

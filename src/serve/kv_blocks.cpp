@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "serve/cluster.h"
+
 namespace crescent::serve {
 
 uint64_t scaled_kv_bytes_per_token(double model_bytes_per_token, int64_t scale) {
@@ -18,15 +20,23 @@ uint64_t kv_block_bytes(int64_t block_size_tokens, uint64_t bytes_per_token) {
   return std::max<uint64_t>(16, (bytes + 7) / 8 * 8);
 }
 
+namespace {
+
+// splitmix64: word i of block `key`'s payload is the i+1-th output from state `key`.
+uint64_t next_word(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
 void fill_kv_block(BlockKey key, std::span<std::byte> block) {
   const size_t words = block.size() / 8 - 1;
-  // splitmix64 over the word index: cheap, and different for every key and position.
   uint64_t state = key;
   for (size_t i = 0; i < words; ++i) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = next_word(state);
     std::memcpy(block.data() + i * 8, &z, 8);
   }
   const uint64_t checksum = XXH3_64bits(block.data(), words * 8);
@@ -39,6 +49,24 @@ bool kv_block_intact(std::span<const std::byte> block) {
   uint64_t stored = 0;
   std::memcpy(&stored, block.data() + payload, 8);
   return XXH3_64bits(block.data(), payload) == stored;
+}
+
+bool kv_block_matches(BlockKey key, std::span<const std::byte> block) {
+  if (!kv_block_intact(block)) return false;
+  uint64_t state = key;
+  const uint64_t expected = next_word(state);
+  uint64_t first = 0;
+  std::memcpy(&first, block.data(), 8);
+  return first == expected;
+}
+
+std::vector<BlockKey> kv_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens) {
+  std::vector<BlockKey> keys = prompt_block_keys(token_ids, block_size_tokens);
+  const size_t full_tokens = keys.size() * static_cast<size_t>(block_size_tokens);
+  if (full_tokens < token_ids.size()) {
+    keys.push_back(partial_block_key(token_ids.subspan(full_tokens), keys.empty() ? 0 : keys.back()));
+  }
+  return keys;
 }
 
 BlockKey partial_block_key(std::span<const int64_t> tail_token_ids, BlockKey parent) {

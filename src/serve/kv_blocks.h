@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "common/block_key.h"
 
@@ -23,6 +24,15 @@ void fill_kv_block(BlockKey key, std::span<std::byte> block);
 
 /// Whether `block`'s last 8 bytes are the xxh3-64 checksum of the rest (a multiple of 8 bytes, >= 16).
 bool kv_block_intact(std::span<const std::byte> block);
+
+/// Whether `block` is intact (kv_block_intact) and is block `key`'s: its payload starts as fill_kv_block(key)
+/// writes it. Catches a block written for another request into reused memory, which its checksum alone
+/// would not.
+bool kv_block_matches(BlockKey key, std::span<const std::byte> block);
+
+/// The keys of every KV block of a prompt as it is shipped to decode: its full blocks' keys
+/// (prompt_block_keys), then the trailing partial block's (partial_block_key) when there is one.
+std::vector<BlockKey> kv_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens);
 
 /// The key of a prompt's trailing partial block (never shared, so never stored in the pool): xxh3-64 of its
 /// tokens seeded with the last full block's key (0 for none).

@@ -66,6 +66,8 @@ class LocalCluster::Impl final : public InstanceLinks {
         gauges.requests_running += load.running.requests;
         gauges.requests_waiting += load.waiting.requests;
         reserved += load.running.kv_tokens + load.waiting.kv_tokens;
+        gauges.decode_kv_reserved_tokens +=
+            load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens;
         capacity += load.kv_capacity_tokens;
       }
       for (const auto& p : prefill_) gauges.requests_waiting += p->outstanding();
@@ -102,9 +104,8 @@ class LocalCluster::Impl final : public InstanceLinks {
     prefill_[p]->submit_prompt(id, static_cast<int64_t>(request.prompt_token_ids.size()), 1, block_keys,
                                now_s, prefix);
   }
-  void send_expect(InstanceId d, uint64_t id, int64_t input_tokens, int64_t output_tokens,
-                   double now_s) override {
-    decode_[d]->expect(id, input_tokens, output_tokens, now_s);
+  void send_expect(InstanceId d, uint64_t id, const ClusterRequest& request, double now_s) override {
+    decode_[d]->expect(id, std::ssize(request.prompt_token_ids), request.max_tokens, now_s);
   }
   void send_kv_coming(InstanceId, uint64_t, int64_t, double) override {}  // in process, KV always arrives
   void send_kv_handoff(InstanceId d, uint64_t id, int64_t input_tokens, double now_s) override {

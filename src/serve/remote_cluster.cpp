@@ -15,10 +15,20 @@
 #include "common/steady_clock.h"
 #include "serve/etcd_registry.h"
 #include "serve/instance_wire.h"
+#include "serve/kv_blocks.h"
 #include "serve/kv_events.h"
 
 namespace crescent::serve {
 namespace {
+
+// A peer-chosen name as it may appear in a log line: control characters (a forged newline) become '?'.
+std::string printable(std::string name) {
+  if (name.size() > 64) name.resize(64);
+  for (char& c : name) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return name;
+}
 
 // "tcp://host:0" → "tcp://host:*" (ZeroMQ's any-port form).
 std::string bindable(const std::string& endpoint) {
@@ -51,6 +61,10 @@ class RemoteCluster::Impl final : public InstanceLinks {
       router_.set(zmq::sockopt::router_mandatory, 1);  // a send to an instance that left fails, not vanishes
       router_.set(zmq::sockopt::router_handover, 1);   // a restarted instance takes over its identity
       router_.set(zmq::sockopt::linger, 0);
+      // No high-water mark: an order is never dropped because an instance was slow to read (a stalled
+      // instance's queue grows until it reads again or is declared down).
+      router_.set(zmq::sockopt::sndhwm, 0);
+      router_.set(zmq::sockopt::rcvhwm, 0);
       router_.bind(bindable(options_.control_endpoint));
       endpoint_ = router_.get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
@@ -98,6 +112,15 @@ class RemoteCluster::Impl final : public InstanceLinks {
     return up;
   }
 
+  void instance_exited(const std::string& name) {
+    std::lock_guard lock(mu_);
+    for (Slot& s : slots_) {
+      if (s.identity() != name || !s.reporting) continue;
+      s.reporting = false;
+      update_up(s, "its process exited");
+    }
+  }
+
   conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) {
     std::lock_guard lock(mu_);
     return core_.place(std::move(request), std::move(callbacks), id, now_s());
@@ -127,6 +150,8 @@ class RemoteCluster::Impl final : public InstanceLinks {
         gauges.requests_running += s.load.running.requests;
         gauges.requests_waiting += s.load.waiting.requests;
         reserved += s.load.running.kv_tokens + s.load.waiting.kv_tokens;
+        gauges.decode_kv_reserved_tokens +=
+            s.load.running.kv_tokens + s.load.waiting.kv_tokens + s.load.incoming.kv_tokens;
         capacity += s.load.kv_capacity_tokens;
       }
       gauges.kv_cache_usage =
@@ -149,12 +174,14 @@ class RemoteCluster::Impl final : public InstanceLinks {
     m.decode_index = d;
     post(prefill_slot(p), m);
   }
-  void send_expect(InstanceId d, uint64_t id, int64_t input_tokens, int64_t output_tokens, double) override {
+  void send_expect(InstanceId d, uint64_t id, const ClusterRequest& request, double) override {
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kExpect;
     m.request_id = id;
-    m.input_tokens = input_tokens;
-    m.output_tokens = output_tokens;
+    m.input_tokens = std::ssize(request.prompt_token_ids);
+    m.output_tokens = request.max_tokens;
+    // Which blocks its KV must be: a block another request's prefill wrote into reused room is refused.
+    m.block_keys = kv_block_keys(request.prompt_token_ids, options_.cluster.block_size_tokens);
     post(decode_slot(d), m);
   }
   void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) override {
@@ -231,6 +258,12 @@ class RemoteCluster::Impl final : public InstanceLinks {
       return;
     }
     slot.up = true;
+    // Whatever it still holds from before (it was cut off, stalled, or served an earlier Conductor) was
+    // failed or forgotten here: it drops it all before taking new orders (one connection keeps messages in
+    // order).
+    InstanceMessage reset;
+    reset.kind = InstanceMessage::Kind::kReset;
+    post(slot, reset);
     if (slot.role == InstanceRole::kPrefill) {
       core_.state().on_prefill_up(slot.index);
     } else {
@@ -262,7 +295,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
     };
     Slot* slot = find_slot();
     if (slot == nullptr) {
-      log(fmt::format("ignored a message from '{}': no such instance in the config", identity));
+      log(fmt::format("ignored a message from '{}': no such instance in the config", printable(identity)));
       return;
     }
     if (m.kind == InstanceMessage::Kind::kHello || m.kind == InstanceMessage::Kind::kLoad) {
@@ -300,7 +333,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
         break;
       case InstanceMessage::Kind::kPrefillDone:
         if (!m.error.empty()) {
-          core_.fail(m.request_id, m.error);
+          core_.fail(m.request_id, "prefill_failed", m.error);
         } else {
           ServeMetrics& metrics = core_.metrics();
           metrics.observe_kv_bytes_moved("prefill_to_decode", m.kv_bytes);
@@ -321,11 +354,11 @@ class RemoteCluster::Impl final : public InstanceLinks {
         core_.on_tokens(m.request_ids, now);
         break;
       case InstanceMessage::Kind::kKvTimeout:
-        core_.fail(m.request_id,
+        core_.fail(m.request_id, "kv_transfer_failed",
                    fmt::format("its KV did not reach {} within kv_transfer_timeout_s", identity));
         break;
       case InstanceMessage::Kind::kKvError:
-        core_.fail(m.request_id, m.error);
+        core_.fail(m.request_id, "kv_transfer_failed", m.error);
         break;
       default:
         log(fmt::format("ignored a message of kind {} from {}", static_cast<int>(m.kind), identity));
@@ -336,6 +369,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
   void control_loop() {
     zmq::pollitem_t items[2] = {{router_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
     const double heartbeat_s = options_.cluster.config.serve.heartbeat_timeout_s;
+    double last_check_s = now_s();
     std::vector<std::pair<std::string, std::string>> sending;
     while (!stopping_) {
       zmq::poll(items, 2, std::chrono::milliseconds(20));
@@ -348,7 +382,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
         auto m = decode_instance_message(frames[1].to_string_view());
         std::lock_guard lock(mu_);
         if (!m.ok()) {
-          log(fmt::format("dropped a malformed message from '{}': {}", frames[0].to_string(),
+          log(fmt::format("dropped a malformed message from '{}': {}", printable(frames[0].to_string()),
                           m.status().message()));
           continue;
         }
@@ -357,6 +391,12 @@ class RemoteCluster::Impl final : public InstanceLinks {
       {
         std::lock_guard lock(mu_);
         const double now = now_s();
+        // This loop itself ran late (the machine is overloaded, or this process was stopped): the silence
+        // may be ours, not the instances'. Credit them the stall rather than declaring everyone down.
+        if (now - last_check_s > heartbeat_s / 4) {
+          for (Slot& s : slots_) s.last_seen_s += now - last_check_s;
+        }
+        last_check_s = now;
         for (Slot& s : slots_) {
           if (s.reporting && now - s.last_seen_s > heartbeat_s) {
             s.reporting = false;
@@ -368,26 +408,36 @@ class RemoteCluster::Impl final : public InstanceLinks {
       for (auto& [identity, bytes] : sending) {
         try {
           std::array<zmq::const_buffer, 2> frames{zmq::buffer(identity), zmq::buffer(bytes)};
-          (void)zmq::send_multipart(router_, frames, zmq::send_flags::dontwait);
+          if (!zmq::send_multipart(router_, frames, zmq::send_flags::dontwait)) {
+            log(fmt::format("could not send an order to {} (its queue is full)", identity));
+          }
         } catch (const zmq::error_t&) {
-          // EHOSTUNREACH: the instance left; its heartbeat timeout fails its requests.
+          // EHOSTUNREACH: the instance left; its heartbeat timeout (or its process's exit) fails its
+          // requests.
         }
       }
       sending.clear();
     }
   }
 
-  // With etcd: which instances are registered, every 200 ms. When etcd cannot be read, the last answer stands
-  // (the instances' leases outlive a short outage).
+  // With etcd: which instances are registered, every 200 ms. While etcd cannot be read the last answer
+  // stands, and for a while after an outage a missing key does not take a reporting instance down: its lease
+  // may have expired during the outage, and it registers again at its next keepalive (LeasedKey).
   void registry_loop() {
     const std::string prefix = etcd_instances_prefix(options_.etcd_prefix);
+    constexpr double kGraceAfterOutageS = 3;  // > an instance's keepalive period (lease TTL / 3) + a poll
+    double last_outage_s = -kGraceAfterOutageS;
     while (!stopping_) {
       auto keys = registry_->list_keys(prefix);
+      if (!keys.ok()) last_outage_s = now_s();
       if (keys.ok()) {
+        const bool grace = now_s() - last_outage_s < kGraceAfterOutageS;
         std::lock_guard lock(mu_);
         for (Slot& s : slots_) {
-          s.registered = std::find(keys->begin(), keys->end(), prefix + s.identity()) != keys->end();
-          update_up(s, "its etcd lease lapsed");
+          const bool registered = std::find(keys->begin(), keys->end(), prefix + s.identity()) != keys->end();
+          if (!registered && grace && s.reporting) continue;
+          s.registered = registered;
+          update_up(s, s.reporting ? "its etcd lease lapsed" : "it stopped");
         }
       }
       for (int i = 0; i < 10 && !stopping_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -474,6 +524,9 @@ const std::string& RemoteCluster::control_endpoint() const {
 }
 bool RemoteCluster::wait_until_all_up(std::chrono::milliseconds timeout) const {
   return impl_->wait_until_all_up(timeout);
+}
+void RemoteCluster::instance_exited(const std::string& name) {
+  impl_->instance_exited(name);
 }
 std::pair<uint32_t, uint32_t> RemoteCluster::instances_up() const {
   return impl_->instances_up();

@@ -38,6 +38,9 @@ class RemoteCluster final : public Cluster {
   const std::string& control_endpoint() const;
   /// Waits until every instance the config names is up; false when `timeout` passes first.
   bool wait_until_all_up(std::chrono::milliseconds timeout) const;
+  /// Instance `name` ("decode-1") is known to have exited (its supervisor saw it): it is down at once, not
+  /// after its heartbeat timeout. No-op for an unknown name.
+  void instance_exited(const std::string& name);
   /// Instances up now: prefill and decode.
   std::pair<uint32_t, uint32_t> instances_up() const;
 

@@ -98,7 +98,10 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
       instances_up_(prometheus::BuildGauge()
                         .Name("crescent_instances_up")
                         .Help("Instances the Conductor may place requests on, by role")
-                        .Register(*registry_)) {}
+                        .Register(*registry_)),
+      kv_reserved_(gauge(*registry_, "crescent_decode_kv_reserved_tokens",
+                         "KV tokens reserved on decode instances: running, waiting and incoming requests",
+                         {})) {}
 
 void ServeMetrics::observe_decision(double seconds) {
   decision_.Observe(seconds);
@@ -150,6 +153,7 @@ std::string ServeMetrics::scrape(const LoadGauges& gauges) {
   running_.Set(static_cast<double>(gauges.requests_running));
   waiting_.Set(static_cast<double>(gauges.requests_waiting));
   kv_usage_.Set(gauges.kv_cache_usage);
+  kv_reserved_.Set(static_cast<double>(gauges.decode_kv_reserved_tokens));
   instances_up_.Add({{"role", "prefill"}}).Set(static_cast<double>(gauges.prefill_instances_up));
   instances_up_.Add({{"role", "decode"}}).Set(static_cast<double>(gauges.decode_instances_up));
   return prometheus::TextSerializer().Serialize(registry_->Collect());

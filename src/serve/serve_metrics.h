@@ -18,9 +18,10 @@ namespace crescent::serve {
 
 /// Gauges read at scrape time from the cluster.
 struct LoadGauges {
-  int64_t requests_running = 0;      // in decode batches
-  int64_t requests_waiting = 0;      // queued for prefill, or waiting for decode HBM room
-  double kv_cache_usage = 0;         // decode KV reserved / HBM KV capacity, 0..1
+  int64_t requests_running = 0;           // in decode batches
+  int64_t requests_waiting = 0;           // queued for prefill, or waiting for decode HBM room
+  double kv_cache_usage = 0;              // decode KV reserved / HBM KV capacity, 0..1
+  int64_t decode_kv_reserved_tokens = 0;  // HBM KV reserved on decode instances, incoming requests included
   int64_t prefill_instances_up = 0;  // instances the Conductor may place on (crescent_instances_up{role})
   int64_t decode_instances_up = 0;
 };
@@ -91,6 +92,7 @@ class ServeMetrics {
   prometheus::Gauge& waiting_;
   prometheus::Gauge& kv_usage_;
   prometheus::Family<prometheus::Gauge>& instances_up_;
+  prometheus::Gauge& kv_reserved_;
 };
 
 }  // namespace crescent::serve

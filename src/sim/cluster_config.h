@@ -28,7 +28,7 @@ struct ServeConfig {
   /// (LLaMA3-70B's 320 KiB per token becomes 80 bytes at 4096).
   int64_t kv_bytes_scale = 4096;
   double kv_transfer_timeout_s = 5;        // decode frees a reservation whose KV has not arrived by then
-  double heartbeat_timeout_s = 1;          // an instance that sent nothing for this long is down
+  double heartbeat_timeout_s = 3;          // an instance that sent nothing for this long is down
   int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts
   bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives
   std::string policy =

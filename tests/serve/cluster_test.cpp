@@ -254,12 +254,13 @@ TEST(ServeCluster, AKilledPrefillInstanceFailsItsQueuedRequestsWith503AndFreesTh
   }
   EXPECT_GE(failed, 1) << cluster.log();
   EXPECT_GE(served, 1) << cluster.log();
-  // Nothing is left reserved on the decode instances: the failed requests' reservations were cancelled.
+  // Nothing is left reserved on the decode instances (incoming included): the failed requests' reservations
+  // were cancelled.
   const auto deadline = Clock::now() + std::chrono::seconds(3);
-  while (cluster.metric("vllm:kv_cache_usage_perc{model_name=\"mock\"}") != 0 && Clock::now() < deadline) {
+  while (cluster.metric("crescent_decode_kv_reserved_tokens") != 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_EQ(cluster.metric("vllm:kv_cache_usage_perc{model_name=\"mock\"}"), 0);
+  EXPECT_EQ(cluster.metric("crescent_decode_kv_reserved_tokens"), 0);
   ASSERT_TRUE(cluster.wait_for_count("conductor: prefill-0 up", 2, std::chrono::seconds(20)))
       << cluster.log();
   EXPECT_EQ(complete(cluster.port(), "after the restart", 2).status, 200);

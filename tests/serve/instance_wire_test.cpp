@@ -45,6 +45,7 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   m.offset_bytes = 28;
   m.length_bytes = 29;
   m.request_ids = {30, 31};
+  m.block_keys = {32, 33, 34};
   m.error = "boom";
   auto back = decode_instance_message(encode(m));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
@@ -54,6 +55,7 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back->load.incoming.kv_tokens, 12);
   EXPECT_EQ(back->token_ids, m.token_ids);
   EXPECT_EQ(back->request_ids, m.request_ids);
+  EXPECT_EQ(back->block_keys, m.block_keys);
   EXPECT_EQ(back->ready_in_s, 0.25);
   EXPECT_EQ(back->segment, m.segment);
   EXPECT_EQ(back->error, "boom");
@@ -88,6 +90,12 @@ TEST(KvBlocks, ABlockCarriesItsChecksumAndAnyChangedByteFailsIt) {
   }
   EXPECT_FALSE(kv_block_intact(std::vector<std::byte>(bytes)));  // zeroed memory: nothing arrived
   EXPECT_EQ(kv_block_bytes(1, 1), 16u);                          // room for a payload and the checksum
+  EXPECT_TRUE(kv_block_matches(42, a));
+  EXPECT_FALSE(kv_block_matches(43, a)) << "an intact block of another key is not this one";
+  const std::vector<int64_t> tokens(1030, 7);  // two full blocks of 512 and a partial one
+  const std::vector<BlockKey> keys = kv_block_keys(tokens, 512);
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(keys[2], partial_block_key(std::span(tokens).subspan(1024), keys[1]));
   EXPECT_NE(partial_block_key(std::vector<int64_t>{1, 2}, 7),
             partial_block_key(std::vector<int64_t>{1, 2}, 8));
 }
