@@ -266,5 +266,35 @@ TEST(ServeCluster, AKilledPrefillInstanceFailsItsQueuedRequestsWith503AndFreesTh
   EXPECT_EQ(complete(cluster.port(), "after the restart", 2).status, 200);
 }
 
+// An instance that stalls (SIGSTOP) longer than the heartbeat timeout is down and its requests fail; when it
+// comes back it is reset first, so it does not go on serving (and reserving for) requests already failed.
+TEST(ServeCluster, InstancesBackFromAStallAreResetAndHoldNothingOfWhatFailed) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  Stream s;
+  std::thread t([&] { stream(cluster.port(), "a long answer", 400, s); });  // ~7 s of decode steps
+  while (s.live_tokens < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const pid_t decode[] = {cluster.pid("decode-0"), cluster.pid("decode-1")};
+  for (pid_t pid : decode) ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  const auto stopped = Clock::now();
+  t.join();
+  EXPECT_THAT(s.error, ::testing::HasSubstr("went down"));
+  EXPECT_TRUE(s.done);
+  EXPECT_LT(s.end - stopped, std::chrono::seconds(5)) << "the heartbeat timeout is 3 s";
+  for (pid_t pid : decode) ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-0 up", 2, std::chrono::seconds(10))) << cluster.log();
+  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-1 up", 2, std::chrono::seconds(10))) << cluster.log();
+  // Without the reset, the stream's request would decode ~5 s more on its instance and hold its KV.
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  while ((cluster.metric("vllm:num_requests_running{model_name=\"mock\"}") != 0 ||
+          cluster.metric("crescent_decode_kv_reserved_tokens") != 0) &&
+         Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(cluster.metric("vllm:num_requests_running{model_name=\"mock\"}"), 0);
+  EXPECT_EQ(cluster.metric("crescent_decode_kv_reserved_tokens"), 0);
+  EXPECT_EQ(complete(cluster.port(), "after the stall", 3).status, 200);
+}
+
 }  // namespace
 }  // namespace crescent
