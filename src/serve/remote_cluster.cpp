@@ -50,6 +50,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
       Slot& s = slots_.emplace_back();
       s.role = i < config.prefill_instances ? InstanceRole::kPrefill : InstanceRole::kDecode;
       s.index = i < config.prefill_instances ? i : i - config.prefill_instances;
+      s.name = fmt::format("{}-{}", to_string(s.role), s.index);
     }
     // Nothing is up until it says hello.
     for (uint32_t i = 0; i < config.prefill_instances; ++i) core_.state().on_prefill_down(i, 0);
@@ -221,7 +222,8 @@ class RemoteCluster::Impl final : public InstanceLinks {
     uint64_t blocks_verified = 0, checksum_failures = 0;  // as the instance last reported them
     std::string kv_events_endpoint, kv_replay_endpoint;
     uint64_t kv_generation = 0;  // bumped when the KV event endpoints change (a new incarnation)
-    std::string identity() const { return fmt::format("{}-{}", to_string(role), index); }
+    std::string name;            // "prefill-0": its ZeroMQ routing id and its name in logs and etcd
+    const std::string& identity() const { return name; }
   };
 
   double now_s() const { return clock_.now_s(); }
