@@ -107,10 +107,12 @@ class InstanceServer::Impl final : public engine::EngineListener {
   }
 
   // ---- EngineListener ----
-  void on_prefill_start(engine::RequestId id, double, const engine::PrefillStart& start) override {
+  void on_prefill_start(engine::RequestId id, double now_s, const engine::PrefillStart& start) override {
     auto it = orders_.find(id);
     if (it == orders_.end()) return;
     Order& order = it->second;
+    order.prefill_start_s = now_s;
+    prefilling_ = id;
     order.reused_blocks = std::min<int64_t>(start.hit_tokens / block_tokens_, std::ssize(order.keys));
     // The part of the arranged prefix this instance does not hold comes from the pool.
     const int64_t first = start.local_hit_tokens / block_tokens_;
@@ -132,6 +134,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     if (it == orders_.end()) return;
     Order& order = it->second;
     order.computed = true;
+    if (prefilling_ == id) prefilling_.reset();
     write_to_pool(order);
     if (order.output_tokens <= 1 || order.target) finish_prefill(id, order);
   }
@@ -190,6 +193,13 @@ class InstanceServer::Impl final : public engine::EngineListener {
     uint64_t pool_read_bytes = 0, pool_write_bytes = 0;
     bool computed = false;                  // its prefill ended
     std::optional<InstanceMessage> target;  // where its decode instance reserved room (kKvTarget)
+    // Streaming to decode while the prefill runs (paper §3.1 step 3): the prefill started at prefill_start_s
+    // and its iteration ends at prefill_end_s (the engine's clock); the first shipped_blocks are at decode.
+    double prefill_start_s = -1, prefill_end_s = -1;
+    int64_t shipped_blocks = 0;
+    uint64_t shipped_bytes = 0;
+    uint64_t shipped_writes = 0;
+    Status ship_error;  // the first failed chunk write: the request fails at prefill done
   };
   // Room a decode instance reserved for a request's KV.
   struct Reservation {
@@ -252,50 +262,108 @@ class InstanceServer::Impl final : public engine::EngineListener {
     m.pool_read_bytes = order.pool_read_bytes;
     m.pool_write_bytes = order.pool_write_bytes;
     if (order.output_tokens > 1) {
-      Result<uint64_t> written = ship(order);
-      if (written.ok()) {
-        m.kv_bytes = *written;
+      // What was not streamed while the prefill ran: the last chunk (or all of it, when the decode instance's
+      // room was known late).
+      ship(order, blocks_of(std::ssize(order.token_ids)));
+      if (order.ship_error.ok()) {
+        m.kv_bytes = order.shipped_bytes;
+        m.kv_chunks = order.shipped_writes;
       } else {
-        m.error = written.status().message();
+        m.error = order.ship_error.message();
       }
     }
     outbox_.push_back(std::move(m));
     orders_.erase(id);
   }
 
-  Result<uint64_t> ship(const Order& order) {
-    const auto input = std::ssize(order.token_ids);
-    const int64_t blocks = blocks_of(input);
-    const uint64_t bytes = static_cast<uint64_t>(blocks) * block_bytes_;
-    if (blocks > max_prompt_blocks_ + 1 || bytes != order.target->length_bytes) {
-      return Status::invalid_argument(fmt::format(
+  // The prompt's blocks whose KV is computed by `now_s`, in whole chunks of prefill_chunk_tokens: the reused
+  // prefix at once, then the computed part at the rate the prefill iteration runs. The last chunk is left for
+  // prefill done.
+  int64_t blocks_due(const Order& order, double now_s) const {
+    const int64_t total = blocks_of(std::ssize(order.token_ids));
+    if (order.prefill_start_s < 0 || order.prefill_end_s <= order.prefill_start_s) return order.reused_blocks;
+    const int64_t chunk = std::max<int64_t>(1, config_.prefill_chunk_tokens / block_tokens_);
+    const double share =
+        std::clamp((now_s - order.prefill_start_s) / (order.prefill_end_s - order.prefill_start_s), 0.0, 1.0);
+    const auto computed = static_cast<int64_t>(share * static_cast<double>(total - order.reused_blocks));
+    return std::min(total - 1, order.reused_blocks + computed / chunk * chunk);
+  }
+
+  // When the next chunk of the prefilling prompt is due (infinity: none).
+  double next_chunk_s() const {
+    if (!prefilling_) return std::numeric_limits<double>::infinity();
+    auto it = orders_.find(*prefilling_);
+    if (it == orders_.end() || !it->second.target || it->second.prefill_end_s < 0) {
+      return std::numeric_limits<double>::infinity();
+    }
+    const Order& o = it->second;
+    const int64_t total = blocks_of(std::ssize(o.token_ids));
+    const int64_t chunk = std::max<int64_t>(1, config_.prefill_chunk_tokens / block_tokens_);
+    const int64_t next = o.shipped_blocks - o.reused_blocks + chunk;  // computed blocks the next chunk needs
+    if (o.reused_blocks + next >= total || total == o.reused_blocks)
+      return std::numeric_limits<double>::infinity();
+    return o.prefill_start_s + (o.prefill_end_s - o.prefill_start_s) * static_cast<double>(next) /
+                                   static_cast<double>(total - o.reused_blocks);
+  }
+
+  // Streams what is due of the prompt being prefilled to its decode instance.
+  void stream_kv(double now_s) {
+    if (!prefilling_) return;
+    auto it = orders_.find(*prefilling_);
+    if (it == orders_.end()) return;
+    Order& order = it->second;
+    if (order.prefill_end_s < 0) order.prefill_end_s = engine_->next_event_s();  // its iteration's end
+    if (order.output_tokens <= 1 || !order.target) return;
+    ship(order, blocks_due(order, now_s));
+  }
+
+  // Writes blocks [order.shipped_blocks, to_block) of the prompt's KV into its decode instance's room,
+  // through the transfer engine (each filled just before: the staging memory is shared by every order). A
+  // failure is kept in order.ship_error and stops further writes.
+  void ship(Order& order, int64_t to_block) {
+    if (!order.ship_error.ok() || to_block <= order.shipped_blocks) return;
+    const int64_t blocks = blocks_of(std::ssize(order.token_ids));
+    if (blocks > max_prompt_blocks_ + 1 ||
+        static_cast<uint64_t>(blocks) * block_bytes_ != order.target->length_bytes) {
+      order.ship_error = Status::invalid_argument(fmt::format(
           "KV of {} blocks does not match the reservation of {} bytes", blocks, order.target->length_bytes));
+      return;
     }
     const std::vector<BlockKey> keys = kv_block_keys(order.token_ids, block_tokens_);
-    for (size_t b = 0; b < keys.size(); ++b) fill_kv_block(keys[b], block_at(static_cast<int64_t>(b)));
+    for (int64_t b = order.shipped_blocks; b < to_block; ++b)
+      fill_kv_block(keys[static_cast<size_t>(b)], block_at(b));
+    const uint64_t offset = static_cast<uint64_t>(order.shipped_blocks) * block_bytes_;
+    const uint64_t bytes = static_cast<uint64_t>(to_block - order.shipped_blocks) * block_bytes_;
     auto segment = store_->engine().open_segment(order.target->segment);
-    if (!segment.ok()) return segment.status();
+    if (!segment.ok()) {
+      order.ship_error = segment.status();
+      return;
+    }
     auto batch = store_->engine().allocate_batch(1);
-    if (!batch.ok()) return batch.status();
+    if (!batch.ok()) {
+      order.ship_error = batch.status();
+      return;
+    }
     const transfer::TransferRequest request{.op = transfer::TransferOp::kWrite,
-                                            .local_address = kv_memory_,
+                                            .local_address = kv_memory_ + offset,
                                             .segment = *segment,
-                                            .offset_bytes = order.target->offset_bytes,
+                                            .offset_bytes = order.target->offset_bytes + offset,
                                             .length_bytes = bytes};
     Status submitted = store_->engine().submit(*batch, std::span(&request, 1));
     Result<transfer::BatchSummary> summary = submitted.ok() ? store_->engine().wait(*batch, kTransferTimeout)
                                                             : Result<transfer::BatchSummary>(submitted);
-    Status outcome;
     if (!summary.ok()) {
-      outcome = summary.status();
+      order.ship_error = summary.status();
     } else if (summary->completed != 1) {
       auto status = store_->engine().status(*batch, 0);
-      outcome = Status::unavailable(fmt::format("writing KV to {} failed: {}", order.target->segment,
-                                                status.ok() ? status->error : "timed out"));
+      order.ship_error = Status::unavailable(fmt::format("writing KV to {} failed: {}", order.target->segment,
+                                                         status.ok() ? status->error : "timed out"));
     }
     if (summary.ok() && summary->pending() == 0) (void)store_->engine().free_batch(*batch);
-    if (!outcome.ok()) return outcome;
-    return bytes;
+    if (!order.ship_error.ok()) return;
+    order.shipped_blocks = to_block;
+    order.shipped_bytes += bytes;
+    ++order.shipped_writes;
   }
 
   // Decode: forgets request `id` (its block keys, and the room it held).
@@ -421,6 +489,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       case InstanceMessage::Kind::kReset:
         engine_->cancel_all();
         orders_.clear();
+        prefilling_.reset();
         while (!reservations_.empty()) release(reservations_.begin()->first);
         expected_keys_.clear();
         load_dirty_ = true;
@@ -428,6 +497,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       case InstanceMessage::Kind::kCancel:
         engine_->cancel(m.request_id);
         orders_.erase(m.request_id);
+        if (prefilling_ == m.request_id) prefilling_.reset();
         release(m.request_id);
         load_dirty_ = true;
         break;
@@ -469,6 +539,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     while (!stopping_) {
       const double now = now_s();
       engine_->advance_until(now);
+      stream_kv(now_s());
       for (const InstanceMessage& m : outbox_) send(m);
       outbox_.clear();
       if (load_dirty_ || now >= next_load_s) {
@@ -476,7 +547,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
         load_dirty_ = false;
         next_load_s = now + kLoadPeriodS;
       }
-      const double next = std::min(engine_->next_event_s(), next_load_s);
+      const double next = std::min({engine_->next_event_s(), next_load_s, next_chunk_s()});
       const double wait_ms = std::clamp((next - now_s()) * 1000, 0.0, 50.0);
       zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(std::ceil(wait_ms))));
       for (;;) {
@@ -516,6 +587,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   std::unordered_map<uint64_t, Reservation> reservations_;             // decode
   std::unordered_map<uint64_t, std::vector<BlockKey>> expected_keys_;  // decode: each expected request's KV
   std::vector<InstanceMessage> outbox_;
+  std::optional<uint64_t> prefilling_;  // prefill: the order whose prompt is being computed
   bool load_dirty_ = false;
   uint64_t checksum_failures_ = 0, blocks_verified_ = 0;  // since this process started
   std::atomic<bool> stopping_{false};

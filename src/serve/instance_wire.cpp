@@ -7,7 +7,7 @@
 namespace crescent::serve {
 namespace {
 
-constexpr uint32_t kFields = 40;  // what encode packs, in order
+constexpr uint32_t kFields = 41;  // what encode packs, in order
 constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kReset);
 
 template <typename Packer>
@@ -70,6 +70,7 @@ std::string encode(const InstanceMessage& m) {
   pk.pack_int64(m.pool_hit_tokens);
   pk.pack_int64(m.fetched_tokens_expected);
   pk.pack_uint64(m.kv_bytes);
+  pk.pack_uint64(m.kv_chunks);
   pk.pack_uint64(m.pool_read_bytes);
   pk.pack_uint64(m.pool_write_bytes);
   pk.pack_uint64(m.blocks_verified);
@@ -126,6 +127,7 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     m.pool_hit_tokens = r.next<int64_t>();
     m.fetched_tokens_expected = r.next<int64_t>();
     m.kv_bytes = r.next<uint64_t>();
+    m.kv_chunks = r.next<uint64_t>();
     m.pool_read_bytes = r.next<uint64_t>();
     m.pool_write_bytes = r.next<uint64_t>();
     m.blocks_verified = r.next<uint64_t>();

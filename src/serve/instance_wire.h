@@ -80,7 +80,8 @@ struct InstanceMessage {
   int64_t pool_hit_tokens = 0;          // of them, read from the pool (prefill done)
   int64_t fetched_tokens_expected = 0;  // of them, the arranged prefix to read from the pool (prefill done)
   uint64_t kv_bytes = 0;                // KV bytes written to the decode instance (prefill done)
-  uint64_t pool_read_bytes = 0;         // KV bytes read from and written to the pool (prefill done)
+  uint64_t kv_chunks = 0;        // in this many writes: chunks streamed while the prefill ran, then the rest
+  uint64_t pool_read_bytes = 0;  // KV bytes read from and written to the pool (prefill done)
   uint64_t pool_write_bytes = 0;
   // kLoad of a decode instance: KV blocks checked on arrival since it started, and those that failed
   uint64_t blocks_verified = 0, checksum_failures = 0;

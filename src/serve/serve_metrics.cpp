@@ -62,6 +62,11 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                                   "KV blocks decode instances checked on arrival", {})),
       kv_checksum_failures_(counter(*registry_, "crescent_kv_checksum_failures_total",
                                     "KV blocks that failed their checksum on arrival", {})),
+      kv_writes_(
+          counter(*registry_, "crescent_kv_transfer_writes_total",
+                  "Transfers that carried prompts' KV prefill -> decode (chunks streamed during prefill, "
+                  "then the rest)",
+                  {})),
       success_(prometheus::BuildCounter()
                    .Name("vllm:request_success_total")
                    .Help("Finished requests by finish reason")
@@ -119,6 +124,10 @@ void ServeMetrics::observe_prefix(int64_t prompt_tokens, int64_t local_tokens, i
 }
 void ServeMetrics::observe_kv_bytes_moved(std::string_view path, uint64_t bytes) {
   kv_bytes_moved_.Add({{"path", std::string(path)}}).Increment(static_cast<double>(bytes));
+}
+
+void ServeMetrics::observe_kv_writes(uint64_t writes) {
+  kv_writes_.Increment(static_cast<double>(writes));
 }
 
 void ServeMetrics::observe_pool_prefix(int64_t hit_tokens, int64_t miss_tokens) {

@@ -52,6 +52,9 @@ class ServeMetrics {
   /// through the transfer engine, "pool_read" and "pool_write" to and from the store), scaled down by the
   /// config's kv_bytes_scale from what the model would move.
   void observe_kv_bytes_moved(std::string_view path, uint64_t bytes);
+  /// A prompt's KV reached its decode instance in `writes` transfers (crescent_kv_transfer_writes_total):
+  /// chunks streamed while its prefill ran, then the rest at prefill done.
+  void observe_kv_writes(uint64_t writes);
   /// Prefix tokens the Conductor arranged to fetch, by whether the prefill instance found them in the pool
   /// (crescent_pool_prefix_tokens_total{result="hit"|"miss"}).
   void observe_pool_prefix(int64_t hit_tokens, int64_t miss_tokens);
@@ -76,6 +79,7 @@ class ServeMetrics {
   prometheus::Family<prometheus::Counter>& pool_prefix_;
   prometheus::Counter& kv_blocks_verified_;
   prometheus::Counter& kv_checksum_failures_;
+  prometheus::Counter& kv_writes_;
   prometheus::Family<prometheus::Counter>& success_;
   prometheus::Counter& prefix_queries_;
   prometheus::Counter& prefix_hits_;

@@ -176,6 +176,15 @@ TEST(ServeCluster, KvBytesMoveThroughThePoolAndTheTransferEngineAndPassTheirChec
   }
   EXPECT_EQ(cluster.metric("crescent_kv_blocks_verified_total"), 9);
   EXPECT_EQ(cluster.metric("crescent_kv_checksum_failures_total"), 0);
+  EXPECT_EQ(cluster.metric("crescent_kv_transfer_writes_total"), 2)
+      << "the reused 8-block prefix at once when the prefill starts, then the computed last block";
+
+  // A long prompt's KV streams to decode chunk by chunk (prefill_chunk_tokens, 16 blocks) while its prefill
+  // runs, and the rest at its end: 40 blocks in 3 writes.
+  const Answer long_prompt = complete(cluster.port(), std::string(20000, 'z'), 2);
+  ASSERT_EQ(long_prompt.status, 200) << long_prompt.body.dump();
+  EXPECT_EQ(cluster.metric("crescent_kv_transfer_writes_total"), 2 + 3);
+  EXPECT_EQ(cluster.metric("crescent_kv_bytes_moved_total{path=\"prefill_to_decode\"}"), (9 + 40) * 512 * 80);
 }
 
 TEST(ServeCluster, AKilledDecodeInstanceEndsOnlyItsStreamsWithinTwoSecondsAndRejoins) {

@@ -37,6 +37,7 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   m.pool_hit_tokens = 21;
   m.fetched_tokens_expected = 22;
   m.kv_bytes = 23;
+  m.kv_chunks = 3;
   m.pool_read_bytes = 24;
   m.pool_write_bytes = 25;
   m.blocks_verified = 26;
