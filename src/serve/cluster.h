@@ -6,6 +6,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/block_key.h"
@@ -63,6 +64,8 @@ class Cluster {
   virtual size_t requests_in_flight() const = 0;
   /// GET /metrics: the Prometheus text format (serve_metrics.h), with the current loads.
   virtual std::string metrics_text() const = 0;
+  /// Instances the Conductor may place on now: prefill and decode (GET /health is 503 while either is 0).
+  virtual std::pair<uint32_t, uint32_t> instances_up() const = 0;
 };
 
 }  // namespace crescent::serve

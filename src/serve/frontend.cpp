@@ -89,7 +89,12 @@ class Frontend {
   void handle(HttpRequest request, HttpResponder responder) {
     if (request.path == "/health") {
       if (request.method != "GET") return responder.respond(method_not_allowed("GET"));
-      return responder.respond(json_response(200, {{"status", "ok"}}));
+      // Ready when a request can be placed: at least one prefill and one decode instance up.
+      const auto [prefill_up, decode_up] = cluster_.instances_up();
+      const bool ready = prefill_up > 0 && decode_up > 0;
+      return responder.respond(json_response(ready ? 200 : 503, {{"status", ready ? "ok" : "unavailable"},
+                                                                 {"prefill_instances_up", prefill_up},
+                                                                 {"decode_instances_up", decode_up}}));
     }
     if (request.path == "/metrics") {
       if (request.method != "GET") return responder.respond(method_not_allowed("GET"));

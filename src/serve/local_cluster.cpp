@@ -50,6 +50,9 @@ class LocalCluster::Impl final : public InstanceLinks {
   }
 
   int64_t max_context_tokens() const { return core_.kv_capacity_tokens(); }
+  std::pair<uint32_t, uint32_t> instances_up() const {
+    return {options_.config.prefill_instances, options_.config.decode_instances};
+  }
   size_t requests_in_flight() {
     std::lock_guard lock(mu_);
     return core_.requests_in_flight();
@@ -234,6 +237,9 @@ size_t LocalCluster::requests_in_flight() const {
 }
 std::string LocalCluster::metrics_text() const {
   return impl_->metrics_text();
+}
+std::pair<uint32_t, uint32_t> LocalCluster::instances_up() const {
+  return impl_->instances_up();
 }
 
 }  // namespace crescent::serve

@@ -25,6 +25,8 @@ class LocalCluster final : public Cluster {
   int64_t max_context_tokens() const override;
   size_t requests_in_flight() const override;
   std::string metrics_text() const override;
+  /// Every instance: in process, nothing goes down.
+  std::pair<uint32_t, uint32_t> instances_up() const override;
 
   class Impl;
 

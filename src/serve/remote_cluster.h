@@ -41,8 +41,7 @@ class RemoteCluster final : public Cluster {
   /// Instance `name` ("decode-1") is known to have exited (its supervisor saw it): it is down at once, not
   /// after its heartbeat timeout. No-op for an unknown name.
   void instance_exited(const std::string& name);
-  /// Instances up now: prefill and decode.
-  std::pair<uint32_t, uint32_t> instances_up() const;
+  std::pair<uint32_t, uint32_t> instances_up() const override;
 
   conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) override;
   void cancel(uint64_t id) override;

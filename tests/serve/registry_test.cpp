@@ -67,6 +67,11 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
   ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))")));
   const int port = std::stoi(m[1]);
   EXPECT_EQ(complete(port), 503) << "no instance is up yet";
+  httplib::Client health_client("127.0.0.1", port);
+  auto health = health_client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_THAT(health->body, ::testing::HasSubstr("\"prefill_instances_up\":0"));
 
   std::vector<std::unique_ptr<ChildProcess>> instances;
   for (const char* role : {"prefill", "decode"}) {
@@ -83,6 +88,9 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
   ASSERT_TRUE((*conductor)->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok());
   ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-0 up", std::chrono::seconds(10)).ok());
   EXPECT_EQ(complete(port), 200);
+  health = health_client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200) << health->body;
 
   // Revoke prefill-0's lease behind its back: its key goes, so the Conductor takes it out of its view,
   // although its reports keep coming; then the instance's keepalive finds the lease gone and registers again.
