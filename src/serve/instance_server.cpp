@@ -251,8 +251,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
     for (const Status& s : *stored) order.pool_write_bytes += s.ok() ? block_bytes_ : 0;
   }
 
-  // Writes the prompt's KV into its decode instance's reservation (when it decodes) and reports the prefill
-  // done; a failed write is reported as the request's error.
+  // Ships what is left of the prompt's KV to its decode instance's reservation (when it decodes) and reports
+  // the prefill done; a failed write (now or while streaming) is reported as the request's error.
   void finish_prefill(uint64_t id, Order& order) {
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kPrefillDone;
