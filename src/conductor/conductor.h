@@ -125,7 +125,7 @@ struct Decision {
   /// load of the whole prefix (paper §3.1 step 1).
   double transfer_s = 0;
   double queue_s = 0;            // predicted wait before it can start: the queue, or the fetch source
-  double prefill_s = 0;          // predicted prefill compute time
+  double prefill_s = 0;          // predicted prefill compute time (CostModel::iteration_time_s, no decodes)
   double ttft_s = 0;             // queue_s + transfer_s + prefill_s
   double predicted_tbt_s = 0;    // decode step time predicted on the chosen decode instance
   bool decode_has_room = false;  // its HBM can take the request's KV now (else it waits to join the batch)

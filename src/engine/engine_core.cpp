@@ -96,10 +96,11 @@ void EngineCore::advance_until(double t_s) {
 // cache, cached blocks no admitted request uses (unpinned). Those are evictable, so a request fits when
 // reserved + its need <= capacity; once it is admitted, unpinned blocks are evicted LRU first until
 // reserved + unpinned * block <= capacity. A cached block two admitted requests share is counted in both
-// reservations (conservative: vLLM shares it).
+// reservations (conservative: vLLM shares it). A prefix cache in DRAM (prefix_in_dram) is not where the
+// prompt computes: nothing is reserved in it, and only its own capacity bounds it (BlockCache::touch evicts).
 bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
   const int64_t need = r.input_tokens + r.output_tokens;
-  if (reserved_kv_tokens_ + need > options_.kv_capacity_tokens) return false;
+  if (!options_.prefix_in_dram && reserved_kv_tokens_ + need > options_.kv_capacity_tokens) return false;
   reserved_kv_tokens_ += need;
   int64_t hit_tokens = 0;
   int64_t local_hit_tokens = 0;
@@ -112,7 +113,9 @@ bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
     r.pinned = touch_events_.pinned;
     const int64_t unpinned_blocks = cache_->size_blocks() - cache_->pinned_blocks();
     const int64_t over_tokens = reserved_kv_tokens_ + unpinned_blocks * block - options_.kv_capacity_tokens;
-    if (over_tokens > 0) cache_->evict_unpinned((over_tokens + block - 1) / block, &touch_events_);
+    if (!options_.prefix_in_dram && over_tokens > 0) {
+      cache_->evict_unpinned((over_tokens + block - 1) / block, &touch_events_);
+    }
     if (!touch_events_.stored.empty() || !touch_events_.evicted.empty()) {
       listener_.on_kv_event(touch_events_.stored, touch_events_.evicted, now_s);
     }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/block_key.h"
+#include "conductor/cluster_state.h"
 #include "conductor/cluster_view.h"
 #include "engine/step_log.h"
 #include "kv/block_cache.h"
@@ -78,8 +79,10 @@ struct EngineOptions {
   int64_t chunk_tokens = 0;
   bool prefix_cache = false;        // automatic prefix caching, blocks of block_size_tokens
   int64_t block_size_tokens = 512;  // >= 1
-  /// The prefix cache is in DRAM (a disaggregated prefill instance's): a reused prefix is loaded into HBM
-  /// before its prompt is computed (IterationPlan::load_tokens). Otherwise it is in HBM already.
+  /// The prefix cache is in DRAM (a disaggregated prefill instance's): it holds kv_capacity_tokens, no prompt
+  /// reserves room in it (the prompt computes in HBM, which the Conductor's context-length check bounds), and
+  /// a reused prefix is loaded into HBM before its prompt is computed (IterationPlan::load_tokens). Otherwise
+  /// the cache is in HBM and shares kv_capacity_tokens with the reservations.
   bool prefix_in_dram = false;
   bool report_tokens = false;  // call EngineListener::on_tokens after every decode step
   /// Disaggregated decode: an expected request whose KV has not arrived this many seconds after expect() is
@@ -113,12 +116,12 @@ class EngineListener {
     (void)ids;
     (void)now_s;
   }
-  /// The prefix cache stored and evicted blocks (a KV event: ClusterState::on_kv_event).  /// Expected
-  /// request `id` was dropped at `now_s`: its KV did not arrive within kv_transfer_timeout_s.
+  /// Expected request `id` was dropped at `now_s`: its KV did not arrive within kv_transfer_timeout_s.
   virtual void on_kv_timeout(RequestId id, double now_s) {
     (void)id;
     (void)now_s;
   }
+  /// The prefix cache stored and evicted blocks at `now_s` (a KV event: ClusterState::on_kv_event).
   virtual void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
                            double now_s) {
     (void)stored;
@@ -150,27 +153,35 @@ class EngineCore {
     int64_t fetched_tokens = 0;
     double ready_s = 0;  // the fetched part exists (its source computed it) from then: the prompt waits
   };
+  /// The prefix the Conductor arranged in `decision`, ready when ClusterState::on_request_placed predicted
+  /// (`timeline`): how the simulator and the live Conductor order a prefill.
+  static ArrangedPrefix arranged_prefix(const conductor::Decision& decision,
+                                        const conductor::PrefillTimeline& timeline) {
+    return {.reused_tokens = decision.prefix_tokens(),
+            .fetched_tokens = decision.fetched_prefix_tokens,
+            .ready_s = timeline.prefix_ready_s};
+  }
   void submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
                      std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix);
 
   /// Disaggregated decode: `id` was placed here; its KV is on its way (counted as incoming in decode_load()).
-  /// REQUIRES: output_tokens >= 2 (a one-token request never reaches decode); `id` not in the engine.  ///
-  /// `now_s` starts its kv_transfer_timeout_s.
+  /// `now_s` starts its kv_transfer_timeout_s. REQUIRES: output_tokens >= 2 (a one-token request never
+  /// reaches decode); `id` not in the engine.
   void expect(RequestId id, int64_t input_tokens, int64_t output_tokens, double now_s = 0);
   /// Moves expected request `id`'s KV deadline to `deadline_s` (infinity: none), e.g. to hold a reservation
   /// while its prompt waits in a prefill queue and count the timeout once its prefill has started. False
   /// (nothing changed) when `id` is not expected here.
   bool set_kv_deadline(RequestId id, double deadline_s);
   /// The KV of expected request `id` arrived at `now_s` (its first token came at `first_token_s`); it joins
-  /// /// the batch at the next step boundary (now, if idle) once HBM has room. False (nothing changed) when
+  /// the batch at the next step boundary (now, if idle) once HBM has room. False (nothing changed) when
   /// `id` is not expected here: cancelled, or dropped by the KV transfer timeout. REQUIRES: advanced to
   /// now_s.
   bool submit_decode(RequestId id, double first_token_s, double now_s);
 
   /// Virtual clock: runs (with the executor) every iteration that ends at or before `t_s`.
-  void advance_until(double t_s);  /// When the iteration under way ends, or the next KV transfer deadline
-                                   /// passes (infinity when neither): a
-  /// steady-clock driver sleeps until then.
+  void advance_until(double t_s);
+  /// When the iteration under way ends, or the next KV transfer deadline passes (infinity when neither): a
+  /// steady-clock driver sleeps until then, a virtual one jumps there.
   double next_event_s() const;
 
   /// Drops request `id` wherever it is (queued, prefilling, waiting, decoding, incoming) and frees its HBM

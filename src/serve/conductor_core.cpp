@@ -79,10 +79,8 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
   // The prefix the Conductor found, fetched from another instance when it chose to: copying it is how a hot
   // prefix gains replicas.
   links_.send_prefill(decision.prefill_instance, id, entry.request, entry.block_keys,
-                      {.reused_tokens = decision.prefix_tokens(),
-                       .fetched_tokens = decision.fetched_prefix_tokens,
-                       .ready_s = timeline.prefix_ready_s},
-                      decision.decode_instance, now_s);
+                      engine::EngineCore::arranged_prefix(decision, timeline), decision.decode_instance,
+                      now_s);
   return decision;
 }
 

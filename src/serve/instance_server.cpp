@@ -18,6 +18,7 @@
 #include "serve/etcd_registry.h"
 #include "serve/kv_blocks.h"
 #include "serve/kv_events.h"
+#include "sim/cluster_config.h"
 #include "store/client.h"
 #include "store/segment_allocator.h"
 
@@ -51,17 +52,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
         incarnation_(make_incarnation()),
         identity_(fmt::format("{}-{}", to_string(options.role), options.index)),
         control_(context_, zmq::socket_type::dealer) {
-    engine::EngineOptions engine_options;
-    if (prefill()) {
-      engine_options.kv_capacity_tokens = config_.prefill_cache_capacity_tokens;
-      engine_options.prefix_cache = true;
-      engine_options.block_size_tokens = block_tokens_;
-      engine_options.prefix_in_dram = true;
-    } else {
-      engine_options.kv_capacity_tokens = cost_.decode_kv_capacity_tokens(config_.decode_hbm_reserved_share);
-      engine_options.report_tokens = true;
-      engine_options.kv_transfer_timeout_s = config_.serve.kv_transfer_timeout_s;
-    }
+    const engine::EngineOptions engine_options =
+        prefill() ? sim::prefill_engine_options(config_, block_tokens_) : sim::decode_engine_options(config_);
     engine_ = std::make_unique<engine::EngineCore>(engine_options, executor_, *this);
   }
 

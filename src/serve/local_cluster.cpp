@@ -6,9 +6,11 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "common/steady_clock.h"
 #include "engine/engine_core.h"
+#include "sim/cluster_config.h"
 
 namespace crescent::serve {
 namespace {
@@ -21,18 +23,15 @@ class LocalCluster::Impl final : public InstanceLinks {
  public:
   explicit Impl(const ClusterOptions& options)
       : options_(options), core_(options, *this), executor_(core_.cost()) {
-    const engine::EngineOptions prefill_options{
-        .kv_capacity_tokens = options.config.prefill_cache_capacity_tokens,
-        .prefix_cache = true,
-        .block_size_tokens = options.block_size_tokens,
-        .prefix_in_dram = true};
+    const engine::EngineOptions prefill_options =
+        sim::prefill_engine_options(options.config, options.block_size_tokens);
     for (InstanceId i = 0; i < options.config.prefill_instances; ++i) {
       prefill_listeners_.push_back(std::make_unique<PrefillListener>(*this, i));
       prefill_.push_back(
           std::make_unique<engine::EngineCore>(prefill_options, executor_, *prefill_listeners_[i]));
     }
-    const engine::EngineOptions decode_options{.kv_capacity_tokens = core_.kv_capacity_tokens(),
-                                               .report_tokens = true};
+    engine::EngineOptions decode_options = sim::decode_engine_options(options.config);
+    decode_options.kv_transfer_timeout_s = 0;  // in process, KV always arrives
     decode_listener_ = std::make_unique<DecodeListener>(*this);
     for (InstanceId d = 0; d < options.config.decode_instances; ++d) {
       decode_.push_back(std::make_unique<engine::EngineCore>(decode_options, executor_, *decode_listener_));
@@ -112,14 +111,18 @@ class LocalCluster::Impl final : public InstanceLinks {
   }
   void send_kv_coming(InstanceId, uint64_t, int64_t, double) override {}  // in process, KV always arrives
   void send_kv_handoff(InstanceId d, uint64_t id, int64_t input_tokens, double now_s) override {
-    // KV streams to decode chunk by chunk while prefill runs: after the last chunk only its KV is left.
-    const int64_t chunk = options_.config.prefill_chunk_tokens;
-    const int64_t last_chunk_tokens = input_tokens % chunk == 0 ? chunk : input_tokens % chunk;
-    kv_arrivals_.emplace(now_s + core_.cost().kv_transfer_time_s(last_chunk_tokens), Arrival{id, d});
+    // When the simulator's KV arrives: streamed chunk by chunk from the prefill's start.
+    const auto started = prefill_started_.extract(id);
+    const double start_s = started ? started.mapped().first : now_s;
+    const int64_t prefill_tokens = started ? started.mapped().second : input_tokens;
+    kv_arrivals_.emplace(core_.cost().kv_handoff_done_s(input_tokens, prefill_tokens,
+                                                        options_.config.prefill_chunk_tokens, start_s, now_s),
+                         Arrival{id, d});
   }
   void send_cancel(InstanceId p, InstanceId d, uint64_t id) override {
     prefill_[p]->cancel(id);
     decode_[d]->cancel(id);
+    prefill_started_.erase(id);
     std::erase_if(kv_arrivals_, [id](const auto& entry) { return entry.second.id == id; });
   }
 
@@ -133,10 +136,12 @@ class LocalCluster::Impl final : public InstanceLinks {
    public:
     PrefillListener(Impl& cluster, InstanceId instance) : cluster_(cluster), instance_(instance) {}
     void on_prefill_start(engine::RequestId id, double now_s, const engine::PrefillStart& start) override {
+      cluster_.prefill_started_[id] = {now_s, start.prefill_tokens};
       cluster_.core_.on_prefill_start(id, start.hit_tokens, now_s);
     }
     void on_first_token(engine::RequestId id, double now_s) override {
-      cluster_.core_.on_prefill_done(instance_, id, now_s);
+      cluster_.core_.on_prefill_done(instance_, id, now_s);  // hands its KV off (send_kv_handoff)
+      cluster_.prefill_started_.erase(id);                   // a one-token request hands nothing off
     }
     void on_finished(engine::RequestId, double, const std::optional<engine::StepLog::Gaps>&) override {}
     void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
@@ -208,6 +213,8 @@ class LocalCluster::Impl final : public InstanceLinks {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::multimap<double, Arrival> kv_arrivals_;  // (when its KV reaches decode, request)
+  // Prompts being prefilled: (when their prefill started, tokens computed), for their KV hand-off.
+  std::unordered_map<uint64_t, std::pair<double, int64_t>> prefill_started_;
   std::vector<std::unique_ptr<PrefillListener>> prefill_listeners_;
   std::unique_ptr<DecodeListener> decode_listener_;
   std::vector<std::unique_ptr<engine::EngineCore>> prefill_;

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "common/json_util.h"
+#include "perf/cost_model.h"
 
 namespace crescent::sim {
 namespace {
@@ -74,6 +75,24 @@ std::span<const std::string_view> slo_config_fields() {
 
 std::span<const std::string_view> serve_config_fields() {
   return kServeFields;
+}
+
+engine::EngineOptions prefill_engine_options(const ClusterConfig& config, int64_t block_size_tokens) {
+  engine::EngineOptions options;
+  options.kv_capacity_tokens = config.prefill_cache_capacity_tokens;
+  options.prefix_cache = true;
+  options.block_size_tokens = block_size_tokens;
+  options.prefix_in_dram = true;
+  return options;
+}
+
+engine::EngineOptions decode_engine_options(const ClusterConfig& config) {
+  engine::EngineOptions options;
+  options.kv_capacity_tokens = perf::CostModel(config.model, config.hardware)
+                                   .decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
+  options.report_tokens = true;
+  options.kv_transfer_timeout_s = config.serve.kv_transfer_timeout_s;
+  return options;
 }
 
 conductor::ConductorOptions conductor_options(const ClusterConfig& config, conductor::PrefillPolicy policy,

@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "conductor/conductor.h"
+#include "engine/engine_core.h"
 #include "perf/hardware_spec.h"
 #include "perf/model_spec.h"
 
@@ -72,6 +73,16 @@ std::span<const std::string_view> serve_config_fields();
 /// expected_output_prior_tokens) reach the Conductor. Every simulated or live Conductor is built from it.
 conductor::ConductorOptions conductor_options(const ClusterConfig& config, conductor::PrefillPolicy policy,
                                               conductor::Admission admission, int64_t block_size_tokens);
+
+/// The engine of a disaggregated prefill instance of `config` (paper §3.1): whole prompts in FIFO order and a
+/// DRAM prefix cache of prefill_cache_capacity_tokens in blocks of `block_size_tokens`. The simulator's and
+/// the live prefill instances are built from it.
+engine::EngineOptions prefill_engine_options(const ClusterConfig& config, int64_t block_size_tokens);
+/// The engine of a live disaggregated decode instance of `config` (paper §3.1 step 4): continuous batching in
+/// perf::CostModel::decode_kv_capacity_tokens of HBM, every step's tokens reported, a reservation dropped
+/// when its KV has not arrived serve.kv_transfer_timeout_s after its prefill started. The simulator turns the
+/// last two off (it streams no tokens, and its KV always arrives).
+engine::EngineOptions decode_engine_options(const ClusterConfig& config);
 
 /// Parses a cluster config object; `where` (usually the path) prefixes error messages. Errors name the field:
 /// every missing required field at once, zero instances, negative or zero bandwidths, capacities below one

@@ -5,14 +5,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <deque>
 #include <limits>
+#include <memory>
 #include <queue>
 
 #include "common/name_table.h"
 #include "conductor/cluster_state.h"
 #include "engine/engine_core.h"
-#include "kv/block_cache.h"
 #include "perf/cost_model.h"
 #include "sim/colocated.h"
 
@@ -34,35 +33,26 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Virtual time beyond which doubles lose sub-millisecond precision; arrivals later than this are refused.
 constexpr double kMaxArrivalS = 1e9;
 
-// Per-request state while it is in flight.
+// Per-request state while its prefill runs.
 struct InFlight {
-  std::vector<BlockKey> pinned_at_prefill;  // blocks pinned in the chosen prefill instance's cache
-  std::vector<BlockKey> pinned_at_source;   // blocks pinned in the fetch source's cache
-  InstanceId fetch_source = 0;
-  double compute_start_s = 0;  // after fetching and loading the prefix
-  int64_t prefill_tokens = 0;
-  int64_t decode_steps = 0;  // output tokens after the first (which prefill produces)
+  double prefill_start_s = 0;
+  int64_t prefill_tokens = 0;  // prompt tokens its prefill computes
 };
 
-// A prefill instance's DRAM prefix cache; its queue is the Conductor's prediction (ClusterState), which the
-// simulator carries out exactly.
-struct PrefillInstance {
-  explicit PrefillInstance(int64_t capacity_blocks) : cache(capacity_blocks) {}
-  kv::BlockCache cache;
-};
-
-enum class EventKind : uint8_t { kPrefillDone, kDecodeArrive };
-
-struct Event {
+// A prompt's KV reaching its decode instance.
+struct KvArrival {
   double time_s;
   uint64_t seq;  // insertion order: ties resolve deterministically
-  EventKind kind;
   uint32_t req;
-  bool operator>(const Event& o) const { return time_s != o.time_s ? time_s > o.time_s : seq > o.seq; }
+  bool operator>(const KvArrival& o) const { return time_s != o.time_s ? time_s > o.time_s : seq > o.seq; }
 };
 
-// The disaggregated cluster. Decode instances are engine::EngineCore (continuous batching, HBM-bounded
-// admission) on the virtual clock; prefill instances run exactly as the Conductor's queue model predicts.
+// The disaggregated cluster, as the live one runs it (serve::LocalCluster) but on a virtual clock: the same
+// Conductor over the same ClusterState, prefill and decode instances that are engine::EngineCore with the
+// options live instances use (sim::prefill_engine_options, sim::decode_engine_options) and the mock
+// executor. Events run in time order: the prefill engines' iterations, KV arriving at decode, arrivals.
+// Decode engines are brought up to date lazily (at each arrival, and before KV reaches them): nothing else
+// depends on them in between.
 class Simulation final : private engine::EngineListener {
  public:
   Simulation(const ClusterConfig& config, std::span<const trace::Request> trace, const SimOptions& options)
@@ -77,11 +67,15 @@ class Simulation final : private engine::EngineListener {
         executor_(cost_) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());
-    const int64_t capacity_blocks = config.prefill_cache_capacity_tokens / options.block_size_tokens;
-    prefill_.reserve(config.prefill_instances);
-    for (uint32_t i = 0; i < config.prefill_instances; ++i) prefill_.emplace_back(capacity_blocks);
-    const engine::EngineOptions decode_options{
-        .kv_capacity_tokens = cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share)};
+    const engine::EngineOptions prefill_options = prefill_engine_options(config, options.block_size_tokens);
+    for (InstanceId i = 0; i < config.prefill_instances; ++i) {
+      prefill_listeners_.push_back(std::make_unique<PrefillListener>(*this, i));
+      prefill_.push_back(
+          std::make_unique<engine::EngineCore>(prefill_options, executor_, *prefill_listeners_[i]));
+    }
+    engine::EngineOptions decode_options = decode_engine_options(config);
+    decode_options.report_tokens = false;      // outcomes need only each request's gaps (StepLog)
+    decode_options.kv_transfer_timeout_s = 0;  // simulated KV always arrives
     for (uint32_t d = 0; d < config.decode_instances; ++d) {
       engine::EngineListener& listener = *this;
       decode_.push_back(std::make_unique<engine::EngineCore>(decode_options, executor_, listener));
@@ -93,11 +87,11 @@ class Simulation final : private engine::EngineListener {
     for (uint32_t req = 0; req < trace_.size(); ++req) {
       const double arrival_s = arrival_time_s(trace_, req, options_.time_scale);
       while (options_.load_sample_interval_s > 0 && next_sample_s <= arrival_s) {
-        drain_events_until(next_sample_s);
+        advance_to(next_sample_s);
         sample_load(next_sample_s);
         next_sample_s += options_.load_sample_interval_s;
       }
-      drain_events_until(arrival_s);
+      advance_to(arrival_s);
       on_arrival(req, arrival_s);
       if (options_.progress && (req + 1) % kProgressEveryRequests == 0) {
         options_.progress({req + 1, static_cast<int64_t>(trace_.size()), arrival_s});
@@ -105,13 +99,16 @@ class Simulation final : private engine::EngineListener {
     }
     // Keep sampling the loads until the cluster has drained, so short traces and overloaded runs show it.
     if (options_.load_sample_interval_s > 0) {
-      while (!events_.empty() || std::ranges::any_of(decode_, [](const auto& d) { return d->busy(); })) {
-        drain_events_until(next_sample_s);
+      const auto busy = [](const auto& e) { return e->busy(); };
+      while (!kv_arrivals_.empty() || std::ranges::any_of(prefill_, busy) ||
+             std::ranges::any_of(decode_, busy)) {
+        advance_to(next_sample_s);
         sample_load(next_sample_s);
         next_sample_s += options_.load_sample_interval_s;
       }
     }
-    drain_events_until(kInf);
+    advance_to(kInf);
+    for (auto& p : prefill_) result_.counters.events += p->iterations();
     for (auto& d : decode_) {
       d->advance_until(kInf);
       result_.counters.events += d->iterations();
@@ -122,6 +119,28 @@ class Simulation final : private engine::EngineListener {
   }
 
  private:
+  // Tells the simulation what prefill instance `instance`'s engine does.
+  class PrefillListener final : public engine::EngineListener {
+   public:
+    PrefillListener(Simulation& sim, InstanceId instance) : sim_(sim), instance_(instance) {}
+    void on_prefill_start(engine::RequestId id, double now_s, const engine::PrefillStart& start) override {
+      sim_.on_prefill_start(static_cast<uint32_t>(id), now_s, start);
+    }
+    void on_first_token(engine::RequestId id, double now_s) override {
+      sim_.on_prefill_done(instance_, static_cast<uint32_t>(id), now_s);
+    }
+    void on_finished(engine::RequestId, double, const std::optional<engine::StepLog::Gaps>&) override {}
+    // What its DRAM cache stored and evicted reaches the Conductor's state, as live KV events do.
+    void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
+                     double now_s) override {
+      sim_.state_.on_kv_event(instance_, stored, removed, now_s);
+    }
+
+   private:
+    Simulation& sim_;
+    const InstanceId instance_;
+  };
+
   void sample_load(double now_s) {
     LoadSample sample{.time_s = now_s};
     const std::span<const double> busy_until = state_.prefill_busy_until_s();
@@ -140,33 +159,33 @@ class Simulation final : private engine::EngineListener {
     result_.load_series.push_back(sample);
   }
 
-  void push(double time_s, EventKind kind, uint32_t req) {
-    events_.push(Event{time_s, next_seq_++, kind, req});
-  }
-
-  void drain_events_until(double t_s) {
-    while (!events_.empty() && events_.top().time_s <= t_s) {
-      Event e = events_.top();
-      events_.pop();
-      ++result_.counters.events;
-      if (e.kind == EventKind::kPrefillDone) {
-        on_prefill_done(e.req, e.time_s);
-      } else {
-        const RequestOutcome& o = result_.requests[e.req];
-        engine::EngineCore& d = *decode_[o.decode_instance];
-        d.advance_until(e.time_s);
-        d.submit_decode(e.req, o.arrival_s + o.ttft_s, e.time_s);
+  // Runs, in time order, every prefill iteration and KV arrival at or before `t_s`.
+  void advance_to(double t_s) {
+    for (;;) {
+      InstanceId next_prefill = 0;
+      double prefill_s = kInf;
+      for (InstanceId i = 0; i < prefill_.size(); ++i) {
+        const double e = prefill_[i]->next_event_s();
+        if (e < prefill_s) {
+          prefill_s = e;
+          next_prefill = i;
+        }
       }
+      const double kv_s = kv_arrivals_.empty() ? kInf : kv_arrivals_.top().time_s;
+      const double next_s = std::min(prefill_s, kv_s);
+      if (next_s > t_s || next_s == kInf) return;
+      if (prefill_s <= kv_s) {
+        prefill_[next_prefill]->advance_until(prefill_s);
+        continue;
+      }
+      const KvArrival a = kv_arrivals_.top();
+      kv_arrivals_.pop();
+      ++result_.counters.events;
+      const RequestOutcome& o = result_.requests[a.req];
+      engine::EngineCore& d = *decode_[o.decode_instance];
+      d.advance_until(a.time_s);
+      d.submit_decode(a.req, o.arrival_s + o.ttft_s, a.time_s);
     }
-  }
-
-  // Touches `keys` in prefill instance `i`'s cache (pinned); what it stored and evicted reaches the
-  // Conductor's state as a KV event, the stored blocks readable from `ready_s`.
-  std::vector<BlockKey> touch_and_pin(InstanceId i, std::span<const BlockKey> keys, double ready_s) {
-    events_scratch_.clear();
-    prefill_[i].cache.touch(keys, /*pin=*/true, &events_scratch_);
-    state_.on_kv_event(i, events_scratch_.stored, events_scratch_.evicted, ready_s);
-    return events_scratch_.pinned;
   }
 
   void on_arrival(uint32_t req, double now_s) {
@@ -194,61 +213,36 @@ class Simulation final : private engine::EngineListener {
       o.finish_s = now_s;
       return;
     }
-    InFlight& f = inflight_[req];
-    const int64_t block = options_.block_size_tokens;
-
-    // The prefill runs exactly as the Conductor's queue model predicts.
     const conductor::PrefillTimeline timeline = state_.on_request_placed(info, dec, now_s);
-    f.compute_start_s = timeline.compute_start_s;
-    const double done_s = timeline.done_s;
-
-    // A remote prefix stays pinned at its holder until the prefill is done. The holder's whole matching
-    // prefix is touched (and pinned), not only the fetched blocks, so its cache keeps the prefix's head at
-    // least as recent as its tail (kv/block_cache.h).
-    if (dec.fetched_prefix_tokens > 0) {
-      const auto end = static_cast<size_t>((dec.prefix_tokens() + block - 1) / block);
-      f.fetch_source = dec.fetch_from;
-      f.pinned_at_source =
-          touch_and_pin(dec.fetch_from, std::span<const BlockKey>(r.block_keys).first(end), now_s);
-    }
-    f.prefill_tokens = dec.prefill_tokens;
-    f.decode_steps = std::max<int64_t>(0, r.output_tokens - 1);
-
-    // Algorithm 1's "update the cache": the prompt's blocks (fetched and new) are cached and pinned on the
-    // chosen instance, computed (ready) when its prefill ends.
-    f.pinned_at_prefill = touch_and_pin(dec.prefill_instance, r.block_keys, done_s);
-
-    o.queue_wait_s = timeline.start_s - now_s;
-    o.prefix_load_s = dec.transfer_s;
-    o.prefix_hit_tokens = dec.prefix_tokens();
     o.fetched_tokens = dec.fetched_prefix_tokens;
-    o.prefill_compute_s = dec.prefill_s;
-    if (f.decode_steps > 0) decode_[dec.decode_instance]->expect(req, r.input_tokens, r.output_tokens);
-    push(done_s, EventKind::kPrefillDone, req);
+    if (r.output_tokens > 1) decode_[dec.decode_instance]->expect(req, r.input_tokens, r.output_tokens);
+    prefill_[dec.prefill_instance]->submit_prompt(req, r.input_tokens, 1, r.block_keys, now_s,
+                                                  engine::EngineCore::arranged_prefix(dec, timeline));
   }
 
-  void on_prefill_done(uint32_t req, double now_s) {
+  void on_prefill_start(uint32_t req, double now_s, const engine::PrefillStart& start) {
     RequestOutcome& o = result_.requests[req];
-    InFlight& f = inflight_[req];
+    o.queue_wait_s = now_s - o.arrival_s;
+    o.prefix_hit_tokens = start.hit_tokens;
+    o.prefill_compute_s = cost_.iteration_time_s(0, 0, start.prefill_tokens, start.reused_tokens);
+    inflight_[req] = {now_s, start.prefill_tokens};
+  }
+
+  void on_prefill_done(InstanceId instance, uint32_t req, double now_s) {
+    RequestOutcome& o = result_.requests[req];
     o.ttft_s = now_s - o.arrival_s;
-    state_.on_prefill_done(o.prefill_instance, now_s);
-    prefill_[o.prefill_instance].cache.unpin(f.pinned_at_prefill);
-    prefill_[f.fetch_source].cache.unpin(f.pinned_at_source);
-    std::vector<BlockKey>().swap(f.pinned_at_prefill);
-    std::vector<BlockKey>().swap(f.pinned_at_source);
-    if (f.decode_steps == 0) {
+    // The rest of its one iteration brought the prefix into HBM.
+    o.prefix_load_s = std::max(0.0, o.ttft_s - o.queue_wait_s - o.prefill_compute_s);
+    state_.on_prefill_done(instance, now_s);
+    if (o.output_tokens <= 1) {
       o.finish_s = now_s;
       conductor_.observe_output(o.output_tokens);
       return;
     }
-    // KV streams to decode chunk by chunk while prefill runs (§3.1 step 3): after the last chunk only its own
-    // KV is left to send, but the whole prompt's KV can never arrive faster than the link allows.
-    const int64_t chunk = config_.prefill_chunk_tokens;
-    const int64_t last_chunk_tokens = f.prefill_tokens % chunk == 0 ? chunk : f.prefill_tokens % chunk;
-    const double arrive_s =
-        std::max(now_s + cost_.kv_transfer_time_s(std::min(last_chunk_tokens, f.prefill_tokens)),
-                 f.compute_start_s + cost_.kv_transfer_time_s(o.input_tokens));
-    push(arrive_s, EventKind::kDecodeArrive, req);
+    const InFlight& f = inflight_[req];
+    const double arrive_s = cost_.kv_handoff_done_s(o.input_tokens, f.prefill_tokens,
+                                                    config_.prefill_chunk_tokens, f.prefill_start_s, now_s);
+    kv_arrivals_.push(KvArrival{arrive_s, next_seq_++, req});
   }
 
   // engine::EngineListener, for the decode instances (which never prefill).
@@ -271,14 +265,14 @@ class Simulation final : private engine::EngineListener {
   perf::CostModel cost_;
   conductor::Conductor conductor_;
   conductor::ClusterState state_;  // what the Conductor knows, fed by the instances' events
-  std::vector<PrefillInstance> prefill_;
   engine::MockExecutor executor_;
+  std::vector<std::unique_ptr<PrefillListener>> prefill_listeners_;
+  std::vector<std::unique_ptr<engine::EngineCore>> prefill_;
   std::vector<std::unique_ptr<engine::EngineCore>> decode_;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  std::priority_queue<KvArrival, std::vector<KvArrival>, std::greater<>> kv_arrivals_;
   uint64_t next_seq_ = 0;
   std::vector<InFlight> inflight_;
   SimResult result_;
-  kv::TouchEvents events_scratch_;
 };
 
 }  // namespace

@@ -158,6 +158,22 @@ TEST_F(EngineCoreTest, PrefixCacheReusesAPromptsBlocks) {
   EXPECT_EQ(executor_.plans.back().prefill_prefix_tokens, 32);
 }
 
+// A prefill instance's cache is DRAM: a prompt longer than it still runs (it computes in HBM), the cache keeps
+// the prompt's head, and a reused prefix is loaded before the compute.
+TEST_F(EngineCoreTest, ADramPrefixCacheBoundsOnlyWhatItKeeps) {
+  EngineCore engine = make(
+      {.kv_capacity_tokens = 32, .prefix_cache = true, .block_size_tokens = 16, .prefix_in_dram = true});
+  engine.submit_prompt(1, 64, 1, std::vector<BlockKey>{1, 2, 3, 4}, 0);
+  engine.advance_until(10);
+  EXPECT_DOUBLE_EQ(recorder_.seen[1].first_token_s, 1.0);
+  engine.submit_prompt(2, 64, 1, std::vector<BlockKey>{1, 2, 3, 4}, 10);
+  engine.advance_until(100);
+  EXPECT_EQ(recorder_.seen[2].start.hit_tokens, 32);  // blocks 1 and 2: the head, in 32 tokens of cache
+  EXPECT_EQ(executor_.plans.back().load_tokens, 32);
+  EXPECT_EQ(executor_.plans.back().prefill_tokens, 32);
+  EXPECT_EQ(engine.outstanding(), 0);
+}
+
 TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {
   struct TokenRecorder : Recorder {
     void on_tokens(std::span<const RequestId> ids, double now_s) override {

@@ -255,7 +255,10 @@ TEST(Experiments, OverloadAdmissionRestoresSloAttainment) {
   const auto& none = j["policies"][0];
   EXPECT_EQ(none["name"], "none");
   EXPECT_EQ(none["rejected"], 0);
-  EXPECT_LT(none["slo_attainment_accepted"].get<double>(), 0.5);
+  // At 2x the cluster sits at the edge of its prefill capacity, where 1% of work moves `none` a lot (27% before
+  // prefill instances ran on the engine, 54% after: docs/experiments.md); what holds is that it stays far
+  // below what admission gives.
+  EXPECT_LT(none["slo_attainment_accepted"].get<double>(), 0.75);
   for (size_t i = 1; i < 4; ++i) {
     const auto& p = j["policies"][i];
     EXPECT_GT(p["rejected"].get<int>(), 0) << p["name"];
