@@ -76,7 +76,7 @@ void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> st
   }
 }
 
-void ClusterState::on_request_dropped(InstanceId instance, std::span<const BlockKey> block_keys) {
+void ClusterState::release_placement(InstanceId instance, std::span<const BlockKey> block_keys) {
   auto& ready = ready_s_[instance];
   for (BlockKey k : block_keys) {
     auto it = ready.find(k);
@@ -107,8 +107,9 @@ void ClusterState::on_decode_down(InstanceId d) {
   decode_[d].kv_capacity_tokens = capacity;
 }
 
-void ClusterState::on_prefill_done(InstanceId instance, double now_s) {
+void ClusterState::on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s) {
   busy_until_s_[instance] = std::max(busy_until_s_[instance], now_s);
+  release_placement(instance, block_keys);
 }
 
 }  // namespace crescent::conductor

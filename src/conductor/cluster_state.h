@@ -61,13 +61,18 @@ class ClusterState final : public ClusterView {
   /// Event "request dropped": a request placed on prefill instance `instance` with `block_keys` was cancelled
   /// or failed. Blocks only its placement put in the index (no KV event has said the instance stores them,
   /// and no other placement there uses them) leave the index: they will never be computed there.
-  void on_request_dropped(InstanceId instance, std::span<const BlockKey> block_keys);
+  void on_request_dropped(InstanceId instance, std::span<const BlockKey> block_keys) {
+    release_placement(instance, block_keys);
+  }
   /// Event "all blocks cleared" (vLLM's AllBlocksCleared, or an instance that restarted or left).
   void on_kv_cleared(InstanceId instance);
 
   /// Event "prefill done": a request's prefill on `instance` ended at `now_s`. A prefill that ran later than
-  /// predicted pushes the instance's queue estimate out to now.
-  void on_prefill_done(InstanceId instance, double now_s);
+  /// predicted pushes the instance's queue estimate out to now. Its placement's prediction has run its
+  /// course: of its `block_keys`, those the instance did not store (no KV event said so: a cache smaller than
+  /// the prompt keeps its head) leave the index unless another placement there will compute them, as for a
+  /// dropped request.
+  void on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s);
 
   /// Event "decode report": decode instance `d` reports its load (running, waiting and incoming requests,
   /// HBM capacity). Replaces what placements added since its last report.
@@ -84,6 +89,10 @@ class ClusterState final : public ClusterView {
   bool decode_up(InstanceId d) const override { return decode_up_[d]; }
 
  private:
+  // A placement on `instance` of `block_keys` no longer stands: blocks only placements put in the index, and
+  // no other placement there will compute, leave it.
+  void release_placement(InstanceId instance, std::span<const BlockKey> block_keys);
+
   const int64_t block_size_tokens_;
   std::vector<double> busy_until_s_;  // per prefill instance: predicted end of its queue
   std::vector<DecodeLoad> decode_;

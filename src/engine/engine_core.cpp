@@ -33,6 +33,11 @@ void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t outpu
   r.output_tokens = output_tokens;
   r.decode_steps = output_tokens - 1;
   if (cache_) r.block_keys.assign(block_keys.begin(), block_keys.end());
+  // A prefill instance takes a prompt's blocks into its DRAM cache when the prompt is queued, pinned until
+  // its prefill ends (Algorithm 1's cache update, as ClusterState indexes them): the prefix it will reuse
+  // cannot be evicted while it waits, and the blocks it will compute are there for the prompts queued behind
+  // it.
+  if (cache_ && options_.prefix_in_dram) r.cached_prefix_tokens = take_cached_prefix(r, now_s);
   r.where = Record::Where::kQueued;
   waiting_prompts_.push_back(id);
   ++outstanding_;
@@ -91,36 +96,42 @@ void EngineCore::advance_until(double t_s) {
   }
 }
 
+// Looks up `r`'s blocks in the prefix cache and pins them there (absent ones are stored), evicting what no
+// longer fits; the listener hears what was stored and evicted. Returns the cached prefix, in tokens.
+int64_t EngineCore::take_cached_prefix(Record& r, double now_s) {
+  const int64_t block = options_.block_size_tokens;
+  const int64_t hit_tokens = std::min(cache_->prefix_match_blocks(r.block_keys) * block, r.input_tokens);
+  touch_events_.clear();
+  cache_->touch(r.block_keys, /*pin=*/true, &touch_events_);
+  r.pinned = touch_events_.pinned;
+  if (!options_.prefix_in_dram) {
+    const int64_t unpinned_blocks = cache_->size_blocks() - cache_->pinned_blocks();
+    const int64_t over_tokens = reserved_kv_tokens_ + unpinned_blocks * block - options_.kv_capacity_tokens;
+    if (over_tokens > 0) cache_->evict_unpinned((over_tokens + block - 1) / block, &touch_events_);
+  }
+  // Blocks it could not keep are reported as removed: whoever indexed them for this prompt's placement
+  // (ClusterState) must not count on them.
+  auto& removed = touch_events_.evicted;
+  removed.insert(removed.end(), touch_events_.skipped.begin(), touch_events_.skipped.end());
+  if (!touch_events_.stored.empty() || !removed.empty())
+    listener_.on_kv_event(touch_events_.stored, removed, now_s);
+  return hit_tokens;
+}
+
 // Reserves HBM for a prompt and starts its prefill at `now_s` if it fits; false (nothing changed) if not.
 // HBM accounting: capacity = reserved KV of admitted requests, prompt + max output each, + with a prefix
 // cache, cached blocks no admitted request uses (unpinned). Those are evictable, so a request fits when
 // reserved + its need <= capacity; once it is admitted, unpinned blocks are evicted LRU first until
 // reserved + unpinned * block <= capacity. A cached block two admitted requests share is counted in both
 // reservations (conservative: vLLM shares it). A prefix cache in DRAM (prefix_in_dram) is not where the
-// prompt computes: nothing is reserved in it, and only its own capacity bounds it (BlockCache::touch evicts).
+// prompt computes: nothing is reserved in it, and the prompt's blocks were taken into it when it was queued.
 bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
   const int64_t need = r.input_tokens + r.output_tokens;
   if (!options_.prefix_in_dram && reserved_kv_tokens_ + need > options_.kv_capacity_tokens) return false;
   reserved_kv_tokens_ += need;
-  int64_t hit_tokens = 0;
-  int64_t local_hit_tokens = 0;
-  if (cache_) {
-    const int64_t block = options_.block_size_tokens;
-    hit_tokens = std::min(cache_->prefix_match_blocks(r.block_keys) * block, r.input_tokens);
-    local_hit_tokens = hit_tokens;
-    touch_events_.clear();
-    cache_->touch(r.block_keys, /*pin=*/true, &touch_events_);
-    r.pinned = touch_events_.pinned;
-    const int64_t unpinned_blocks = cache_->size_blocks() - cache_->pinned_blocks();
-    const int64_t over_tokens = reserved_kv_tokens_ + unpinned_blocks * block - options_.kv_capacity_tokens;
-    if (!options_.prefix_in_dram && over_tokens > 0) {
-      cache_->evict_unpinned((over_tokens + block - 1) / block, &touch_events_);
-    }
-    if (!touch_events_.stored.empty() || !touch_events_.evicted.empty()) {
-      listener_.on_kv_event(touch_events_.stored, touch_events_.evicted, now_s);
-    }
-  }
-  hit_tokens = std::min(std::max(hit_tokens, r.arranged.reused_tokens), r.input_tokens);
+  if (cache_ && !options_.prefix_in_dram) r.cached_prefix_tokens = take_cached_prefix(r, now_s);
+  const int64_t hit_tokens =
+      std::min(std::max(r.cached_prefix_tokens, r.arranged.reused_tokens), r.input_tokens);
   // The last prompt token is always recomputed: its logits give the first output token (as the Conductor).
   r.prefill_tokens = std::max<int64_t>(1, r.input_tokens - hit_tokens);
   r.reused_tokens = std::max<int64_t>(0, r.input_tokens - r.prefill_tokens);
@@ -128,7 +139,7 @@ bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
   r.where = Record::Where::kPrefilling;
   listener_.on_prefill_start(id, now_s,
                              {.hit_tokens = hit_tokens,
-                              .local_hit_tokens = local_hit_tokens,
+                              .local_hit_tokens = r.cached_prefix_tokens,
                               .prefill_tokens = r.prefill_tokens,
                               .reused_tokens = r.reused_tokens});
   return true;
@@ -265,6 +276,7 @@ void EngineCore::cancel(RequestId id) {
       return;
     case Record::Where::kQueued:
       std::erase(waiting_prompts_, id);
+      if (cache_) cache_->unpin(r.pinned);  // a DRAM prefix cache pinned it when it was queued
       --outstanding_;
       records_.erase(it);
       return;

@@ -80,9 +80,10 @@ struct EngineOptions {
   bool prefix_cache = false;        // automatic prefix caching, blocks of block_size_tokens
   int64_t block_size_tokens = 512;  // >= 1
   /// The prefix cache is in DRAM (a disaggregated prefill instance's): it holds kv_capacity_tokens, no prompt
-  /// reserves room in it (the prompt computes in HBM, which the Conductor's context-length check bounds), and
-  /// a reused prefix is loaded into HBM before its prompt is computed (IterationPlan::load_tokens). Otherwise
-  /// the cache is in HBM and shares kv_capacity_tokens with the reservations.
+  /// reserves room in it (the prompt computes in HBM, which the Conductor's context-length check bounds), a
+  /// prompt's blocks are looked up and pinned in it when the prompt is queued (not when its prefill starts),
+  /// and a reused prefix is loaded into HBM before its prompt is computed (IterationPlan::load_tokens).
+  /// Otherwise the cache is in HBM and shares kv_capacity_tokens with the reservations.
   bool prefix_in_dram = false;
   bool report_tokens = false;  // call EngineListener::on_tokens after every decode step
   /// Disaggregated decode: an expected request whose KV has not arrived this many seconds after expect() is
@@ -93,7 +94,7 @@ struct EngineOptions {
 /// What admission decided for a prompt when its prefill starts.
 struct PrefillStart {
   int64_t hit_tokens = 0;        // prompt tokens reused: the prefix cache's, or the arranged prefix if longer
-  int64_t local_hit_tokens = 0;  // of them, found in this engine's own prefix cache
+  int64_t local_hit_tokens = 0;  // of them, found in this engine's own prefix cache (in DRAM: when queued)
   int64_t prefill_tokens = 0;    // tokens to compute (>= 1: the last is always recomputed for its logits)
   int64_t reused_tokens = 0;     // input - prefill_tokens: KV reused, not computed
 };
@@ -121,7 +122,8 @@ class EngineListener {
     (void)id;
     (void)now_s;
   }
-  /// The prefix cache stored and evicted blocks at `now_s` (a KV event: ClusterState::on_kv_event).
+  /// The prefix cache stored blocks and removed others at `now_s` (a KV event: ClusterState::on_kv_event).
+  /// `removed`: evicted, or a prompt's blocks it had no room to keep.
   virtual void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
                            double now_s) {
     (void)stored;
@@ -212,8 +214,9 @@ class EngineCore {
     int64_t reused_tokens = 0;
     int64_t prefill_done_tokens = 0;
     ArrangedPrefix arranged;
-    int64_t load_tokens = 0;  // prefix to load before the first iteration (prefix_in_dram)
-    int64_t join_step = 0;    // its first decode step
+    int64_t load_tokens = 0;           // prefix to load before the first iteration (prefix_in_dram)
+    int64_t cached_prefix_tokens = 0;  // its prompt's leading blocks found in the prefix cache
+    int64_t join_step = 0;             // its first decode step
     double first_token_s = 0;
     double kv_deadline_s = 0;  // expected: drop it if its KV has not arrived by then
     bool finished = false;
@@ -224,6 +227,7 @@ class EngineCore {
 
   void start_iteration(double start_s);
   void finish_iteration(double end_s);
+  int64_t take_cached_prefix(Record& r, double now_s);
   bool admit_prompt(RequestId id, Record& r, double now_s);
   void admit_decodes();
   void join_batch(RequestId id, Record& r);

@@ -84,7 +84,10 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
       continue;
     }
     if (size_blocks() >= capacity_blocks_) {
-      if (lru_head_ == kNil) continue;  // every other cached block is in use or this request's: skip it
+      if (lru_head_ == kNil) {  // every other cached block is in use or this request's: skip it
+        if (events) events->skipped.push_back(key);
+        continue;
+      }
       evict_lru(events);
     }
     const uint32_t slot = allocate_slot(key);

@@ -23,10 +23,12 @@ struct TouchEvents {
   std::vector<BlockKey> stored;   // keys newly cached, in order
   std::vector<BlockKey> evicted;  // keys evicted to make room, in eviction order
   std::vector<BlockKey> pinned;   // keys pinned by this call (pass them to unpin() when the request is done)
+  std::vector<BlockKey> skipped;  // absent keys not stored: no room left that was not in use
   void clear() {
     stored.clear();
     evicted.clear();
     pinned.clear();
+    skipped.clear();
   }
 };
 

@@ -106,9 +106,12 @@ void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now
 }
 
 void ConductorCore::on_prefill_done(InstanceId instance, uint64_t id, double now_s) {
-  state_.on_prefill_done(instance, now_s);
   auto it = requests_.find(id);
-  if (it == requests_.end()) return;
+  if (it == requests_.end()) {
+    state_.on_prefill_done(instance, {}, now_s);
+    return;
+  }
+  state_.on_prefill_done(instance, it->second.block_keys, now_s);
   it->second.prefill_done = true;
   emit_token(id, now_s);  // the first token comes from the prefill
   it = requests_.find(id);

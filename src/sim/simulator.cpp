@@ -233,7 +233,7 @@ class Simulation final : private engine::EngineListener {
     o.ttft_s = now_s - o.arrival_s;
     // The rest of its one iteration brought the prefix into HBM.
     o.prefix_load_s = std::max(0.0, o.ttft_s - o.queue_wait_s - o.prefill_compute_s);
-    state_.on_prefill_done(instance, now_s);
+    state_.on_prefill_done(instance, trace_[req].block_keys, now_s);
     if (o.output_tokens <= 1) {
       o.finish_s = now_s;
       conductor_.observe_output(o.output_tokens);

@@ -104,10 +104,29 @@ TEST(ClusterState, APrefillThatRanLateMovesTheQueueEstimate) {
   ClusterState state(1, 1, kBlock, 1000);
   const std::vector<BlockKey> keys{1};
   state.on_request_placed({100, keys, 2}, placed_on(0, 0, 0, 1.0), 0);
-  state.on_prefill_done(0, 0.8);  // early: the estimate stands
+  state.on_prefill_done(0, keys, 0.8);  // early: the estimate stands
   EXPECT_THAT(state.prefill_busy_until_s(), ElementsAre(1.0));
-  state.on_prefill_done(0, 3.0);  // late: the queue is at least that far behind
+  state.on_prefill_done(0, keys, 3.0);  // late: the queue is at least that far behind
   EXPECT_THAT(state.prefill_busy_until_s(), ElementsAre(3.0));
+}
+
+// Once a prefill is done its placement's prediction is over: blocks the instance did not store (its cache
+// kept only the prompt's head) leave the index, unless another queued placement there will compute them.
+TEST(ClusterState, APrefillDoneKeepsOnlyWhatTheInstanceStored) {
+  ClusterState state(1, 1, kBlock, 1000);
+  const std::vector<BlockKey> first{1, 2, 3}, queued{1, 2, 3, 4};
+  Decision d;
+  d.prefill_instance = 0;
+  state.on_request_placed({3 * kBlock, first, 1}, d, 0);
+  state.on_request_placed({4 * kBlock, queued, 1}, d, 0);
+  state.on_kv_event(0, std::vector<BlockKey>{1, 2}, {}, 0);  // the first prefill starts: its cache keeps 1, 2
+  state.on_prefill_done(0, first, 1.0);
+  kv::PrefixMatch match;
+  state.block_index().match_prefix(queued, match);
+  EXPECT_EQ(match.best_blocks, 4) << "3 and 4 stay: the queued placement will compute them";
+  state.on_prefill_done(0, queued, 2.0);  // its prefill stored nothing more
+  state.block_index().match_prefix(queued, match);
+  EXPECT_EQ(match.best_blocks, 2);
 }
 
 }  // namespace

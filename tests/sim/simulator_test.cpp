@@ -140,6 +140,23 @@ TEST(Simulator, EvictionKeepsTheHeadOfAPrefix) {
   }
 }
 
+// A prefill instance takes a prompt's blocks into its cache when the prompt is queued. With a 2-block cache
+// pinned by the first prompt, the second prompt's blocks find no room: the Conductor must not count on them
+// for a third prompt with the same prefix (they were placed, but the instance said it could not keep them).
+TEST(Simulator, BlocksAPrefillCacheCouldNotKeepAreNoHits) {
+  ClusterConfig c = small_cluster(1, 1);
+  c.prefill_cache_capacity_tokens = 1024;
+  const std::vector<trace::Request> t{request(0, 1536, 1, {1, 2, 3}), request(0, 1024, 1, {4, 5}),
+                                      request(0, 1024, 1, {4, 5})};
+  for (auto policy : {PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
+    SCOPED_TRACE(to_string(policy));
+    const SimResult result = run(c, t, policy);
+    EXPECT_EQ(result.requests[0].prefix_hit_tokens, 0);
+    EXPECT_EQ(result.requests[2].prefix_hit_tokens, 0);
+    EXPECT_EQ(result.requests[2].fetched_tokens, 0);
+  }
+}
+
 TEST(Simulator, DecodeHbmBoundsTheBatch) {
   ClusterConfig c = small_cluster(2, 1);
   const perf::CostModel cost(c.model, c.hardware);
