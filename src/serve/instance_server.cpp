@@ -13,7 +13,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "common/steady_clock.h"
+#include "common/clock.h"
 #include "engine/engine_core.h"
 #include "serve/etcd_registry.h"
 #include "serve/kv_blocks.h"

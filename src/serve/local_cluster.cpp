@@ -8,7 +8,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/steady_clock.h"
+#include "common/clock.h"
 #include "engine/engine_core.h"
 #include "sim/cluster_config.h"
 

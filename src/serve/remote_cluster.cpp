@@ -12,7 +12,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "common/steady_clock.h"
+#include "common/clock.h"
 #include "serve/etcd_registry.h"
 #include "serve/instance_wire.h"
 #include "serve/kv_blocks.h"

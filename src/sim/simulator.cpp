@@ -9,6 +9,7 @@
 #include <memory>
 #include <queue>
 
+#include "common/clock.h"
 #include "common/name_table.h"
 #include "conductor/cluster_state.h"
 #include "engine/engine_core.h"
@@ -88,11 +89,11 @@ class Simulation final : private engine::EngineListener {
       const double arrival_s = arrival_time_s(trace_, req, options_.time_scale);
       while (options_.load_sample_interval_s > 0 && next_sample_s <= arrival_s) {
         advance_to(next_sample_s);
-        sample_load(next_sample_s);
+        sample_load();
         next_sample_s += options_.load_sample_interval_s;
       }
       advance_to(arrival_s);
-      on_arrival(req, arrival_s);
+      on_arrival(req);
       if (options_.progress && (req + 1) % kProgressEveryRequests == 0) {
         options_.progress({req + 1, static_cast<int64_t>(trace_.size()), arrival_s});
       }
@@ -103,7 +104,7 @@ class Simulation final : private engine::EngineListener {
       while (!kv_arrivals_.empty() || std::ranges::any_of(prefill_, busy) ||
              std::ranges::any_of(decode_, busy)) {
         advance_to(next_sample_s);
-        sample_load(next_sample_s);
+        sample_load();
         next_sample_s += options_.load_sample_interval_s;
       }
     }
@@ -141,7 +142,8 @@ class Simulation final : private engine::EngineListener {
     const InstanceId instance_;
   };
 
-  void sample_load(double now_s) {
+  void sample_load() {
+    const double now_s = clock_.now_s();
     LoadSample sample{.time_s = now_s};
     const std::span<const double> busy_until = state_.prefill_busy_until_s();
     for (double busy_until_s : busy_until) sample.prefill_queue_s += std::max(0.0, busy_until_s - now_s);
@@ -159,7 +161,8 @@ class Simulation final : private engine::EngineListener {
     result_.load_series.push_back(sample);
   }
 
-  // Runs, in time order, every prefill iteration and KV arrival at or before `t_s`.
+  // Runs, in time order, every prefill iteration and KV arrival at or before `t_s`, then moves the clock to
+  // `t_s` (when finite).
   void advance_to(double t_s) {
     for (;;) {
       InstanceId next_prefill = 0;
@@ -173,7 +176,8 @@ class Simulation final : private engine::EngineListener {
       }
       const double kv_s = kv_arrivals_.empty() ? kInf : kv_arrivals_.top().time_s;
       const double next_s = std::min(prefill_s, kv_s);
-      if (next_s > t_s || next_s == kInf) return;
+      if (next_s > t_s || next_s == kInf) break;
+      clock_.advance_to(next_s);
       if (prefill_s <= kv_s) {
         prefill_[next_prefill]->advance_until(prefill_s);
         continue;
@@ -186,9 +190,11 @@ class Simulation final : private engine::EngineListener {
       d.advance_until(a.time_s);
       d.submit_decode(a.req, o.arrival_s + o.ttft_s, a.time_s);
     }
+    if (t_s != kInf) clock_.advance_to(t_s);
   }
 
-  void on_arrival(uint32_t req, double now_s) {
+  void on_arrival(uint32_t req) {
+    const double now_s = clock_.now_s();
     const trace::Request& r = trace_[req];
     RequestOutcome& o = result_.requests[req];
     o.arrival_s = now_s;
@@ -262,6 +268,7 @@ class Simulation final : private engine::EngineListener {
   const ClusterConfig& config_;
   std::span<const trace::Request> trace_;
   SimOptions options_;
+  VirtualClock clock_;  // the simulation's now: an event's time while it is handled
   perf::CostModel cost_;
   conductor::Conductor conductor_;
   conductor::ClusterState state_;  // what the Conductor knows, fed by the instances' events
