@@ -16,6 +16,8 @@ namespace crescent::serve {
 namespace {
 
 constexpr int64_t kEndSeq = -1;
+// How long a subscriber waits for a replay's end marker before reporting what did not come as a gap.
+constexpr std::chrono::seconds kReplayTimeout{2};
 
 std::string seq_bytes(int64_t seq) {
   std::string out(8, '\0');
@@ -349,8 +351,8 @@ class KvEventSubscriber::Impl {
       sub_.set(zmq::sockopt::linger, 0);
       sub_.set(zmq::sockopt::subscribe, topic);
       sub_.connect(endpoint);
-      dealer_.set(zmq::sockopt::linger, 0);
-      dealer_.connect(replay_endpoint);
+      replay_endpoint_ = replay_endpoint;
+      open_dealer();
     } catch (const zmq::error_t& e) {
       return Status::invalid_argument(
           fmt::format("KV events: connect {} / {}: {}", endpoint, replay_endpoint, e.what()));
@@ -386,6 +388,14 @@ class KvEventSubscriber::Impl {
   uint64_t malformed() const { return malformed_; }
 
  private:
+  // A fresh DEALER on the replay socket: a new identity, so replies still on their way to the old one are
+  // dropped by the publisher's ROUTER instead of being read as answers to the next request.
+  void open_dealer() {
+    dealer_ = zmq::socket_t(context_, zmq::socket_type::dealer);
+    dealer_.set(zmq::sockopt::linger, 0);
+    dealer_.connect(replay_endpoint_);
+  }
+
   void deliver(uint64_t seq, const zmq::message_t& payload,
                const std::function<void(uint64_t, const KvEventBatch&)>& on_batch) {
     expected_ = seq + 1;
@@ -403,7 +413,8 @@ class KvEventSubscriber::Impl {
                 const std::function<void(uint64_t, uint64_t)>& on_gap) {
     dealer_.send(zmq::message_t(), zmq::send_flags::sndmore);
     dealer_.send(zmq::buffer(seq_bytes(static_cast<int64_t>(expected_))), zmq::send_flags::none);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    const auto deadline = std::chrono::steady_clock::now() + kReplayTimeout;
+    bool answered = false;  // the end marker came
     for (;;) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -422,7 +433,10 @@ class KvEventSubscriber::Impl {
         ++malformed_;
         continue;
       }
-      if (*seq == kEndSeq) break;
+      if (*seq == kEndSeq) {
+        answered = true;
+        break;
+      }
       const auto s = static_cast<uint64_t>(*seq);
       if (s < expected_ || s >= upto) continue;
       if (s > expected_) {  // the publisher's buffer no longer reaches back to expected_
@@ -431,6 +445,7 @@ class KvEventSubscriber::Impl {
       }
       deliver(s, frames[2], on_batch);
     }
+    if (!answered) open_dealer();  // late replies to this request must not answer the next one
     if (expected_ < upto) {
       on_gap(expected_, upto);
       expected_ = upto;
@@ -439,7 +454,8 @@ class KvEventSubscriber::Impl {
 
   zmq::context_t context_{1};
   zmq::socket_t sub_{context_, zmq::socket_type::sub};
-  zmq::socket_t dealer_{context_, zmq::socket_type::dealer};
+  zmq::socket_t dealer_;
+  std::string replay_endpoint_;
   uint64_t expected_ = 0;
   uint64_t malformed_ = 0;
 };

@@ -5,6 +5,8 @@
 
 #include <msgpack.hpp>
 #include <thread>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "conductor/cluster_state.h"
 
@@ -159,6 +161,75 @@ TEST(KvEvents, AGapTheReplayBufferNoLongerHoldsIsReported) {
   EXPECT_THAT(seqs, ElementsAre(6, 7, 8));
   ASSERT_EQ(gaps.size(), 1u);
   EXPECT_EQ(gaps[0], std::make_pair(uint64_t{0}, uint64_t{6}));
+}
+
+// The wire's 8-byte big-endian sequence number.
+std::string seq_frame(int64_t seq) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>(static_cast<uint64_t>(seq) >> (56 - 8 * i));
+  return out;
+}
+
+// A replay that answers after the subscriber gave up (2 s) must not be read as the answer to its next replay
+// request. The publisher here is played by hand: a PUB socket and a ROUTER that answers late the first time.
+TEST(KvEvents, ALateReplayIsNotTakenForTheNextOne) {
+  zmq::context_t context;
+  zmq::socket_t pub(context, zmq::socket_type::pub), router(context, zmq::socket_type::router);
+  pub.set(zmq::sockopt::linger, 0);
+  router.set(zmq::sockopt::linger, 0);
+  pub.bind("tcp://127.0.0.1:*");
+  router.bind("tcp://127.0.0.1:*");
+  auto sub = KvEventSubscriber::connect(pub.get(zmq::sockopt::last_endpoint),
+                                        router.get(zmq::sockopt::last_endpoint));
+  ASSERT_TRUE(sub.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the SUB socket joins
+  const auto publish = [&](int64_t seq) {
+    const std::string payload = encode_kv_event_batch(sample_batch(static_cast<BlockKey>(100 * seq)));
+    pub.send(zmq::buffer(std::string()), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(seq_frame(seq)), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(payload), zmq::send_flags::none);
+  };
+  // Answers one replay request with `seqs`, then the end marker.
+  const auto answer = [&](std::vector<int64_t> seqs) {
+    std::vector<zmq::message_t> request;
+    ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(request)));
+    const std::string client(static_cast<const char*>(request[0].data()), request[0].size());
+    seqs.push_back(-1);
+    for (int64_t seq : seqs) {
+      const std::string payload =
+          seq < 0 ? std::string() : encode_kv_event_batch(sample_batch(static_cast<BlockKey>(100 * seq)));
+      router.send(zmq::buffer(client), zmq::send_flags::sndmore);
+      router.send(zmq::message_t(), zmq::send_flags::sndmore);
+      router.send(zmq::buffer(seq_frame(seq)), zmq::send_flags::sndmore);
+      router.send(zmq::buffer(payload), zmq::send_flags::none);
+    }
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> gaps;
+  std::vector<uint64_t> seqs;
+  const auto poll = [&] {
+    (*sub)->poll(
+        std::chrono::milliseconds(100), [&](uint64_t seq, const KvEventBatch&) { seqs.push_back(seq); },
+        [&](uint64_t from, uint64_t to) { gaps.emplace_back(from, to); });
+  };
+  publish(0);
+  poll();
+  // 1 is lost; 2 makes the subscriber ask for it, and the answer comes only after it gave up.
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    answer({1});
+  });
+  publish(2);
+  poll();
+  late.join();
+  EXPECT_THAT(gaps, ElementsAre(std::make_pair(uint64_t{1}, uint64_t{2})));
+  // 3 is lost; 4 makes it ask again, and this time the answer is prompt: 3 must be delivered, not a gap.
+  std::thread prompt([&] { answer({3}); });
+  publish(4);
+  poll();
+  prompt.join();
+  EXPECT_THAT(seqs, ElementsAre(0, 2, 3, 4));
+  EXPECT_EQ(gaps.size(), 1u);
 }
 
 }  // namespace
