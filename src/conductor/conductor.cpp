@@ -100,9 +100,10 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   c.fetched_blocks = prefix_blocks - local_blocks;
   c.transfer_s = cost_.kv_transfer_time_s(prefix_tokens - local_tokens) + cost_.kv_load_time_s(prefix_tokens);
   c.queue_s = queue_s;
-  // The prefill instance's iteration (engine::MockExecutor): compute-bound for realistic sizes, but a prompt
-  // whose prefix is all reused still reads the weights once.
-  c.prefill_s = cost_.iteration_time_s(0, 0, new_tokens, std::max<int64_t>(0, n - new_tokens));
+  // The prefill instance's iterations (engine::MockExecutor): compute-bound for realistic sizes, but each
+  // reads the weights once, which is what a prompt whose prefix is all reused costs.
+  c.prefill_s = cost_.prefill_iterations_time_s(new_tokens, std::max<int64_t>(0, n - new_tokens),
+                                                options_.prefill_chunk_tokens);
   return c;
 }
 

@@ -81,6 +81,9 @@ struct ConductorOptions {
   PrefillPolicy policy = PrefillPolicy::kGlobalCacheAware;
   Admission admission = Admission::kNone;
   int64_t block_size_tokens = 512;
+  /// A prefill instance computes a prompt in iterations of at most this many tokens (0: one iteration), and
+  /// the Conductor predicts its prefill as those iterations (CostModel::prefill_iterations_time_s).
+  int64_t prefill_chunk_tokens = 0;
   /// Fetch a remote prefix when best_len / local_len exceeds this (Algorithm 1 line 5; the paper tunes it by
   /// hand). 1.0 fetches whenever a longer prefix exists elsewhere.
   double kvcache_balancing_threshold = 1.0;
@@ -125,7 +128,7 @@ struct Decision {
   /// load of the whole prefix (paper §3.1 step 1).
   double transfer_s = 0;
   double queue_s = 0;            // predicted wait before it can start: the queue, or the fetch source
-  double prefill_s = 0;          // predicted prefill compute time (CostModel::iteration_time_s, no decodes)
+  double prefill_s = 0;          // predicted prefill compute time (CostModel::prefill_iterations_time_s)
   double ttft_s = 0;             // queue_s + transfer_s + prefill_s
   double predicted_tbt_s = 0;    // decode step time predicted on the chosen decode instance
   bool decode_has_room = false;  // its HBM can take the request's KV now (else it waits to join the batch)

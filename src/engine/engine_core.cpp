@@ -239,7 +239,9 @@ void EngineCore::finish_iteration(double end_s) {
     const RequestId id = *prefilling_;
     Record& r = records_.at(id);
     r.prefill_done_tokens += plan_.prefill_tokens;
-    if (r.prefill_done_tokens == r.prefill_tokens) {
+    if (r.prefill_done_tokens < r.prefill_tokens) {
+      listener_.on_prefill_chunk(id, r.reused_tokens + r.prefill_done_tokens, end_s);
+    } else {
       prefilling_.reset();
       r.first_token_s = end_s;
       listener_.on_first_token(id, end_s);

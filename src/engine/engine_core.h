@@ -106,6 +106,13 @@ class EngineListener {
   virtual ~EngineListener() = default;
   /// `id`'s HBM is reserved and its prefill starts at `now_s`.
   virtual void on_prefill_start(RequestId id, double now_s, const PrefillStart& start) = 0;
+  /// A chunk of `id`'s prompt other than the last was computed by `now_s`: the KV of its first
+  /// `computed_tokens` (reused prefix included) exists (chunked prefill only).
+  virtual void on_prefill_chunk(RequestId id, int64_t computed_tokens, double now_s) {
+    (void)id;
+    (void)computed_tokens;
+    (void)now_s;
+  }
   /// `id`'s prefill ended at `now_s` with its first token.
   virtual void on_first_token(RequestId id, double now_s) = 0;
   /// `id` produced its last token at `now_s` and left; `gaps` are its token gaps when it decoded (none for a

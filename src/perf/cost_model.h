@@ -100,6 +100,22 @@ class CostModel {
     return std::max(memory_s, compute_s);
   }
 
+  /// Seconds a prefill instance takes to compute `new_tokens` after a cached prefix of `prefix_tokens`, in
+  /// iterations of at most `chunk_tokens` (0: one iteration) that do nothing else: the sum of
+  /// iteration_time_s(0, 0, chunk, prefix + tokens before it). Equals prefill_time_s when every iteration is
+  /// compute-bound (the chunks' FLOPs add up to the whole prompt's, Eq. 1); each iteration also reads the
+  /// weights once. REQUIRES: new_tokens >= 0, prefix_tokens >= 0, chunk_tokens >= 0.
+  double prefill_iterations_time_s(int64_t new_tokens, int64_t prefix_tokens, int64_t chunk_tokens) const {
+    assert(new_tokens >= 0 && prefix_tokens >= 0 && chunk_tokens >= 0);
+    if (chunk_tokens == 0 || new_tokens <= chunk_tokens)
+      return iteration_time_s(0, 0, new_tokens, prefix_tokens);
+    double total_s = 0;
+    for (int64_t done = 0; done < new_tokens; done += chunk_tokens) {
+      total_s += iteration_time_s(0, 0, std::min(chunk_tokens, new_tokens - done), prefix_tokens + done);
+    }
+    return total_s;
+  }
+
   /// Seconds to move `bytes` at `bytes_per_s`: bytes / bytes_per_s. REQUIRES: bytes_per_s > 0.
   static double transfer_time_s(double bytes, double bytes_per_s) { return bytes / bytes_per_s; }
 

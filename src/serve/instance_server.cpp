@@ -99,13 +99,13 @@ class InstanceServer::Impl final : public engine::EngineListener {
   }
 
   // ---- EngineListener ----
-  void on_prefill_start(engine::RequestId id, double now_s, const engine::PrefillStart& start) override {
+  void on_prefill_start(engine::RequestId id, double, const engine::PrefillStart& start) override {
     auto it = orders_.find(id);
     if (it == orders_.end()) return;
     Order& order = it->second;
-    order.prefill_start_s = now_s;
     prefilling_ = id;
     order.reused_blocks = std::min<int64_t>(start.hit_tokens / block_tokens_, std::ssize(order.keys));
+    order.computed_blocks = order.reused_blocks;  // the reused prefix can stream at once
     // The part of the arranged prefix this instance does not hold comes from the pool.
     const int64_t first = start.local_hit_tokens / block_tokens_;
     if (order.reused_blocks > first) {
@@ -119,6 +119,17 @@ class InstanceServer::Impl final : public engine::EngineListener {
     m.request_id = id;
     m.hit_tokens = start.hit_tokens;
     outbox_.push_back(std::move(m));
+  }
+
+  // Its KV streams to decode while the prefill runs (paper §3.1 step 3): each chunk as its iteration ends.
+  // The last block is left for prefill done.
+  void on_prefill_chunk(engine::RequestId id, int64_t computed_tokens, double) override {
+    auto it = orders_.find(id);
+    if (it == orders_.end()) return;
+    Order& order = it->second;
+    order.computed_blocks =
+        std::min(computed_tokens / block_tokens_, blocks_of(std::ssize(order.token_ids)) - 1);
+    stream_kv(order);
   }
 
   void on_first_token(engine::RequestId id, double) override {
@@ -185,9 +196,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
     uint64_t pool_read_bytes = 0, pool_write_bytes = 0;
     bool computed = false;                  // its prefill ended
     std::optional<InstanceMessage> target;  // where its decode instance reserved room (kKvTarget)
-    // Streaming to decode while the prefill runs (paper §3.1 step 3): the prefill started at prefill_start_s
-    // and its iteration ends at prefill_end_s (the engine's clock); the first shipped_blocks are at decode.
-    double prefill_start_s = -1, prefill_end_s = -1;
+    // Streaming to decode while the prefill runs (paper §3.1 step 3): the first computed_blocks exist, the
+    // first shipped_blocks are at decode.
+    int64_t computed_blocks = 0;
     int64_t shipped_blocks = 0;
     uint64_t shipped_bytes = 0;
     uint64_t shipped_writes = 0;
@@ -268,45 +279,11 @@ class InstanceServer::Impl final : public engine::EngineListener {
     orders_.erase(id);
   }
 
-  // The prompt's blocks whose KV is computed by `now_s`, in whole chunks of prefill_chunk_tokens: the reused
-  // prefix at once, then the computed part at the rate the prefill iteration runs. The last chunk is left for
-  // prefill done.
-  int64_t blocks_due(const Order& order, double now_s) const {
-    const int64_t total = blocks_of(std::ssize(order.token_ids));
-    if (order.prefill_start_s < 0 || order.prefill_end_s <= order.prefill_start_s) return order.reused_blocks;
-    const int64_t chunk = std::max<int64_t>(1, config_.prefill_chunk_tokens / block_tokens_);
-    const double share =
-        std::clamp((now_s - order.prefill_start_s) / (order.prefill_end_s - order.prefill_start_s), 0.0, 1.0);
-    const auto computed = static_cast<int64_t>(share * static_cast<double>(total - order.reused_blocks));
-    return std::min(total - 1, order.reused_blocks + computed / chunk * chunk);
-  }
-
-  // When the next chunk of the prefilling prompt is due (infinity: none).
-  double next_chunk_s() const {
-    if (!prefilling_) return std::numeric_limits<double>::infinity();
-    auto it = orders_.find(*prefilling_);
-    if (it == orders_.end() || !it->second.target || it->second.prefill_end_s < 0) {
-      return std::numeric_limits<double>::infinity();
-    }
-    const Order& o = it->second;
-    const int64_t total = blocks_of(std::ssize(o.token_ids));
-    const int64_t chunk = std::max<int64_t>(1, config_.prefill_chunk_tokens / block_tokens_);
-    const int64_t next = o.shipped_blocks - o.reused_blocks + chunk;  // computed blocks the next chunk needs
-    if (o.reused_blocks + next >= total || total == o.reused_blocks)
-      return std::numeric_limits<double>::infinity();
-    return o.prefill_start_s + (o.prefill_end_s - o.prefill_start_s) * static_cast<double>(next) /
-                                   static_cast<double>(total - o.reused_blocks);
-  }
-
-  // Streams what is due of the prompt being prefilled to its decode instance.
-  void stream_kv(double now_s) {
-    if (!prefilling_) return;
-    auto it = orders_.find(*prefilling_);
-    if (it == orders_.end()) return;
-    Order& order = it->second;
-    if (order.prefill_end_s < 0) order.prefill_end_s = engine_->next_event_s();  // its iteration's end
-    if (order.output_tokens <= 1 || !order.target) return;
-    ship(order, blocks_due(order, now_s));
+  // Streams what is computed of `order`'s prompt and not yet at its decode instance, once that instance's
+  // room is known (a prompt whose room comes late catches up here).
+  void stream_kv(Order& order) {
+    if (order.output_tokens <= 1 || !order.target || order.computed) return;
+    ship(order, order.computed_blocks);
   }
 
   // Writes blocks [order.shipped_blocks, to_block) of the prompt's KV into its decode instance's room,
@@ -531,7 +508,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
     while (!stopping_) {
       const double now = now_s();
       engine_->advance_until(now);
-      stream_kv(now_s());
+      if (prefilling_) {
+        if (auto it = orders_.find(*prefilling_); it != orders_.end()) stream_kv(it->second);
+      }
       for (const InstanceMessage& m : outbox_) send(m);
       outbox_.clear();
       if (load_dirty_ || now >= next_load_s) {
@@ -539,7 +518,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
         load_dirty_ = false;
         next_load_s = now + kLoadPeriodS;
       }
-      const double next = std::min({engine_->next_event_s(), next_load_s, next_chunk_s()});
+      const double next = std::min(engine_->next_event_s(), next_load_s);
       const double wait_ms = std::clamp((next - now_s()) * 1000, 0.0, 50.0);
       zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(std::ceil(wait_ms))));
       for (;;) {

@@ -80,6 +80,7 @@ std::span<const std::string_view> serve_config_fields() {
 engine::EngineOptions prefill_engine_options(const ClusterConfig& config, int64_t block_size_tokens) {
   engine::EngineOptions options;
   options.kv_capacity_tokens = config.prefill_cache_capacity_tokens;
+  options.chunk_tokens = config.prefill_chunk_tokens;
   options.prefix_cache = true;
   options.block_size_tokens = block_size_tokens;
   options.prefix_in_dram = true;
@@ -101,6 +102,7 @@ conductor::ConductorOptions conductor_options(const ClusterConfig& config, condu
       .policy = policy,
       .admission = admission,
       .block_size_tokens = block_size_tokens,
+      .prefill_chunk_tokens = config.prefill_chunk_tokens,
       .kvcache_balancing_threshold = config.kvcache_balancing_threshold,
       .ttft_slo_s = config.slo.ttft_s,
       .tbt_slo_s = config.slo.tbt_s.front(),

@@ -50,7 +50,8 @@ struct ClusterConfig {
   uint32_t decode_instances = 8;
   int64_t prefill_cache_capacity_tokens = 3'000'000;  // DRAM prefix cache of each prefill instance
   double decode_hbm_reserved_share = 0.1;  // HBM kept free of weights and KV (activations, fragmentation)
-  int64_t prefill_chunk_tokens = 8192;  // prefill chunk: KV streams to decode chunk by chunk (§3.1 step 3)
+  int64_t prefill_chunk_tokens =
+      8192;  // a prefill instance's iteration; KV streams to decode after each (§3.1)
   double kvcache_balancing_threshold = 1.0;  // Algorithm 1 line 5
   /// Output length (tokens) admission assumes before any request has finished; then a running mean of
   /// finished requests' outputs takes over (conductor::OutputLengthEstimator).
@@ -74,9 +75,10 @@ std::span<const std::string_view> serve_config_fields();
 conductor::ConductorOptions conductor_options(const ClusterConfig& config, conductor::PrefillPolicy policy,
                                               conductor::Admission admission, int64_t block_size_tokens);
 
-/// The engine of a disaggregated prefill instance of `config` (paper §3.1): whole prompts in FIFO order and a
-/// DRAM prefix cache of prefill_cache_capacity_tokens in blocks of `block_size_tokens`. The simulator's and
-/// the live prefill instances are built from it.
+/// The engine of a disaggregated prefill instance of `config` (paper §3.1): prompts in FIFO order, computed
+/// in iterations of prefill_chunk_tokens (after each, that chunk's KV can stream to decode), and a DRAM
+/// prefix cache of prefill_cache_capacity_tokens in blocks of `block_size_tokens`. The simulator's and the
+/// live prefill instances are built from it.
 engine::EngineOptions prefill_engine_options(const ClusterConfig& config, int64_t block_size_tokens);
 /// The engine of a live disaggregated decode instance of `config` (paper §3.1 step 4): continuous batching in
 /// perf::CostModel::decode_kv_capacity_tokens of HBM, every step's tokens reported, a reservation dropped

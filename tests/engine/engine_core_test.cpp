@@ -158,11 +158,11 @@ TEST_F(EngineCoreTest, PrefixCacheReusesAPromptsBlocks) {
   EXPECT_EQ(executor_.plans.back().prefill_prefix_tokens, 32);
 }
 
-// A prefill instance's cache is DRAM: a prompt longer than it still runs (it computes in HBM), the cache keeps
-// the prompt's head, and a reused prefix is loaded before the compute.
+// A prefill instance's cache is DRAM: a prompt longer than it still runs (it computes in HBM), the cache
+// keeps the prompt's head, and a reused prefix is loaded before the compute.
 TEST_F(EngineCoreTest, ADramPrefixCacheBoundsOnlyWhatItKeeps) {
-  EngineCore engine = make(
-      {.kv_capacity_tokens = 32, .prefix_cache = true, .block_size_tokens = 16, .prefix_in_dram = true});
+  EngineCore engine =
+      make({.kv_capacity_tokens = 32, .prefix_cache = true, .block_size_tokens = 16, .prefix_in_dram = true});
   engine.submit_prompt(1, 64, 1, std::vector<BlockKey>{1, 2, 3, 4}, 0);
   engine.advance_until(10);
   EXPECT_DOUBLE_EQ(recorder_.seen[1].first_token_s, 1.0);
@@ -172,6 +172,31 @@ TEST_F(EngineCoreTest, ADramPrefixCacheBoundsOnlyWhatItKeeps) {
   EXPECT_EQ(executor_.plans.back().load_tokens, 32);
   EXPECT_EQ(executor_.plans.back().prefill_tokens, 32);
   EXPECT_EQ(engine.outstanding(), 0);
+}
+
+// A prefill instance computes a prompt in chunks, one iteration each, and says after each chunk but the last
+// how much of the prompt's KV exists (the reused prefix included): that KV can stream to decode.
+TEST_F(EngineCoreTest, ChunkedPrefillReportsEachChunkAsItsIterationEnds) {
+  struct ChunkRecorder : Recorder {
+    void on_prefill_chunk(RequestId, int64_t computed_tokens, double now_s) override {
+      chunks.emplace_back(computed_tokens, now_s);
+    }
+    std::vector<std::pair<int64_t, double>> chunks;
+  } recorder;
+  EngineCore engine({.kv_capacity_tokens = 1000,
+                     .chunk_tokens = 16,
+                     .prefix_cache = true,
+                     .block_size_tokens = 16,
+                     .prefix_in_dram = true},
+                    executor_, recorder);
+  engine.submit_prompt(1, 64, 1, std::vector<BlockKey>{1, 2, 3, 4}, 0, {.reused_tokens = 16});
+  engine.advance_until(100);
+  EXPECT_THAT(recorder.chunks, ElementsAre(std::make_pair(32, 1.0), std::make_pair(48, 2.0)));
+  EXPECT_DOUBLE_EQ(recorder.seen[1].first_token_s, 3.0);
+  ASSERT_EQ(executor_.plans.size(), 3u);
+  EXPECT_EQ(executor_.plans[0].load_tokens, 16);  // the reused prefix is loaded in the first iteration only
+  EXPECT_EQ(executor_.plans[1].load_tokens, 0);
+  EXPECT_EQ(executor_.plans[2].prefill_prefix_tokens, 48);
 }
 
 TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {

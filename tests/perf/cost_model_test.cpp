@@ -164,6 +164,21 @@ TEST(CostModel, PureLlamaPrefillIterationIsComputeBound) {
   }
 }
 
+// A prefill in chunks of compute-bound iterations takes what the whole prompt takes (the chunks' FLOPs add up
+// to the prompt's, Eq. 1); a chunk small enough to be bound by the weight read costs that read each time.
+TEST(CostModel, ChunkedPrefillIterationsAddUpToThePrompt) {
+  const CostModel m = preset_model("llama3-70b", "8xA800");
+  for (int64_t p : {0, 4096}) {
+    EXPECT_NEAR(m.prefill_iterations_time_s(20'000, p, 8192), m.prefill_time_s(20'000, p),
+                1e-12 * m.prefill_time_s(20'000, p));
+    EXPECT_EQ(m.prefill_iterations_time_s(20'000, p, 0), m.iteration_time_s(0, 0, 20'000, p));
+    EXPECT_EQ(m.prefill_iterations_time_s(5'000, p, 8192), m.iteration_time_s(0, 0, 5'000, p));
+  }
+  const double weight_read_s = m.iteration_time_s(0, 0, 1, 0);  // one token: the weight read dominates
+  EXPECT_GT(weight_read_s, 10 * m.prefill_time_s(1, 0));
+  EXPECT_NEAR(m.prefill_iterations_time_s(4, 0, 1), 4 * weight_read_s, 1e-3 * weight_read_s);
+}
+
 TEST(CostModel, MixedIterationCostsNoMoreThanItsPartsApart) {
   // Piggybacking a prefill chunk on a decode step (chunked prefill) shares the weight read: the iteration
   // takes at least as long as either part alone and no longer than both run one after the other.
