@@ -1,11 +1,8 @@
 #include "cli/bench_kv.h"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +17,7 @@
 
 #include "common/child_process.h"
 #include "common/percentile.h"
+#include "common/socket_io.h"
 
 namespace crescent::cli::bench {
 namespace {
@@ -103,23 +101,6 @@ KvRunResult drive_kv_load(const KvRunSpec& spec,
 
 namespace {
 
-// A free TCP port on 127.0.0.1 (bound to port 0, then released), or 0.
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 using RedisContextPtr = std::unique_ptr<redisContext, decltype(&redisFree)>;
 using ReplyPtr = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
 
@@ -154,7 +135,7 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
   const std::string log = dir + "/redis.log";
   std::string why;
   for (int attempt = 0; attempt < 5; ++attempt) {  // another process may take the port before redis does
-    const uint16_t port = free_port();
+    const uint16_t port = net::free_tcp_port();
     const std::string port_text = std::to_string(port);
     auto process =
         ChildProcess::start({kBinary, "--port", port_text, "--bind", "127.0.0.1", "--protected-mode", "no",

@@ -1,9 +1,10 @@
 // `crescent serve`: the OpenAI-compatible front end over a disaggregated cluster.
-//   crescent serve                      the Conductor (this process) supervising a store master and node and
-//                                       the config's prefill and decode instances as child processes
+//   crescent serve                      a supervisor of child processes: a store master and node, the
+//                                       Conductor, and the config's prefill and decode instances
 //   crescent serve --in-process         the same Conductor over mock instances inside this process
 //   crescent serve conductor|prefill|decode   one role alone, for clusters spread over several machines
 #include <fmt/format.h>
+#include <httplib.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -11,12 +12,15 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/replay.h"
 #include "cli/supervisor.h"
+#include "common/socket_io.h"
 #include "conductor/conductor.h"
 #include "perf/cost_model.h"
 #include "serve/frontend.h"
@@ -93,9 +97,24 @@ Result<ServeSetup> setup(const ServeArgs& args) {
   return s;
 }
 
+// What `crescent replay` needs to replay --replay against `url`.
+ReplayArgs replay_args(const ServeArgs& args, const std::string& url) {
+  return {.trace_path = args.replay_trace,
+          .url = url,
+          .model = args.model_name,
+          .api_key = args.api_key,
+          .config_path = args.config_path,
+          .time_scale = args.replay_time_scale,
+          .limit = args.replay_limit,
+          .block_size_tokens = args.block_size_tokens,
+          .json = args.json,
+          .requests_out = args.requests_out};
+}
+
 // Serves HTTP over `cluster` until a stop signal, or replays --replay against it; returns the exit code.
+// `who` starts its lines ("crescent serve", or "conductor" for the role alone).
 int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& cluster, const sigset_t& signals,
-               const std::string& what, const std::atomic<bool>* failed = nullptr) {
+               const std::string& who, const std::string& what) {
   serve::FrontendOptions frontend{.model_name = args.model_name, .api_key = args.api_key};
   serve::HttpServerOptions http{.host = args.host, .port = s.port, .body_limit_bytes = args.body_limit_bytes};
   auto server = serve::HttpServer::start(http, serve::make_frontend(cluster, frontend));
@@ -104,23 +123,12 @@ int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& clust
     return server.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
   }
   const std::string url = fmt::format("http://{}:{}", args.host, (*server)->port());
-  fmt::print(args.json ? stderr : stdout,
-             "crescent serve: model '{}' on {} ({}, policy {}, admission {}){}\n", args.model_name, url, what,
-             s.policy, s.admission,
+  fmt::print(args.json ? stderr : stdout, "{}: model '{}' on {} ({}, policy {}, admission {}){}\n", who,
+             args.model_name, url, what, s.policy, s.admission,
              args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   if (!args.replay_trace.empty()) {
-    ReplayArgs replay{.trace_path = args.replay_trace,
-                      .url = url,
-                      .model = args.model_name,
-                      .api_key = args.api_key,
-                      .config_path = args.config_path,
-                      .time_scale = args.replay_time_scale,
-                      .limit = args.replay_limit,
-                      .block_size_tokens = args.block_size_tokens,
-                      .json = args.json,
-                      .requests_out = args.requests_out};
-    const int code = run_replay(replay);
+    const int code = run_replay(replay_args(args, url));
     (*server)->stop();
     rusage usage{};
     ::getrusage(RUSAGE_SELF, &usage);
@@ -131,8 +139,7 @@ int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& clust
   }
   const int signal = wait_for_stop_signal(signals);
   (*server)->stop();
-  if (failed != nullptr && *failed) return 1;
-  fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  fmt::print("{}: stopping ({})\n", who, signal == SIGINT ? "SIGINT" : "SIGTERM");
   return 0;
 }
 
@@ -150,7 +157,7 @@ int run_in_process(const ServeArgs& args, const ServeSetup& s) {
   auto cluster = serve::LocalCluster::start(s.cluster);
   if (!cluster.ok()) return fail(cluster.status());
   const sim::ClusterConfig& c = s.cluster.config;
-  return serve_http(args, s, **cluster, signals,
+  return serve_http(args, s, **cluster, signals, "crescent serve",
                     fmt::format("in process: {} prefill + {} decode mock instances of {} on {}",
                                 c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name));
 }
@@ -161,7 +168,29 @@ std::string self_path() {
   return ec ? "crescent" : path.string();
 }
 
-// The supervisor: store master and node, the Conductor here, and the instances as children.
+// Waits until the Conductor at host:port says (GET /health) that every instance of `config` is up.
+Status wait_until_all_up(const std::string& host, int port, const sim::ClusterConfig& config,
+                         std::chrono::seconds timeout) {
+  httplib::Client client(host, port);
+  client.set_connection_timeout(1, 0);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string last = "no answer";
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto res = client.Get("/health")) {
+      const auto body = nlohmann::json::parse(res->body, nullptr, false);
+      if (!body.is_discarded() && body.value("prefill_instances_up", 0u) == config.prefill_instances &&
+          body.value("decode_instances_up", 0u) == config.decode_instances) {
+        return Status();
+      }
+      last = res->body;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return Status::unavailable(fmt::format(
+      "not every instance reached the Conductor within {} s (GET /health: {})", timeout.count(), last));
+}
+
+// The supervisor: store master and node, the Conductor and the instances, all children.
 int run_cluster(const ServeArgs& args, const ServeSetup& s) {
   std::string run_dir = args.run_dir;
   if (run_dir.empty()) {
@@ -200,12 +229,40 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
       "store node: segment", kStartTimeout, /*restartable=*/false);
   if (!node.ok()) return fail(node.status());
 
-  serve::RemoteClusterOptions remote;  // the control socket is the registry: no etcd on one machine
-  remote.cluster = s.cluster;
-  remote.control_endpoint = "tcp://127.0.0.1:0";
-  auto cluster = serve::RemoteCluster::start(remote);
-  if (!cluster.ok()) return fail(cluster.status());
-  const std::string control = (*cluster)->control_endpoint();
+  // The Conductor is a child too: its ports are fixed now, so a restarted Conductor is found where the
+  // instances and clients already look (its control socket is the registry: no etcd on one machine).
+  const uint16_t control_port = net::free_tcp_port();
+  const uint16_t http_port = s.port != 0 ? static_cast<uint16_t>(s.port) : net::free_tcp_port();
+  if (control_port == 0 || http_port == 0)
+    return fail(Status::unavailable("no free TCP port on this machine"));
+  const std::string control = fmt::format("tcp://127.0.0.1:{}", control_port);
+  std::vector<std::string> conductor_argv{self,
+                                          "serve",
+                                          "conductor",
+                                          "--control",
+                                          control,
+                                          "--host",
+                                          args.host,
+                                          "--port",
+                                          std::to_string(http_port),
+                                          "--config",
+                                          s.config_path,
+                                          "--block-size",
+                                          std::to_string(args.block_size_tokens),
+                                          "--policy",
+                                          s.policy,
+                                          "--admission",
+                                          s.admission,
+                                          "--model-name",
+                                          args.model_name,
+                                          "--body-limit",
+                                          std::to_string(args.body_limit_bytes)};
+  if (!args.api_key.empty()) {
+    conductor_argv.emplace_back("--api-key");
+    conductor_argv.push_back(args.api_key);
+  }
+  auto conductor = supervisor.start("conductor", conductor_argv, "conductor: model '", kStartTimeout);
+  if (!conductor.ok()) return fail(conductor.status());
   auto instance_argv = [&](const char* role, uint32_t index) {
     return std::vector<std::string>{self,
                                     "serve",
@@ -231,19 +288,24 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
         supervisor.start(fmt::format("decode-{}", i), instance_argv("decode", i), ": ready (", kStartTimeout);
     if (!started.ok()) return fail(started.status());
   }
-  if (!(*cluster)->wait_until_all_up(kStartTimeout)) {
-    const auto [p, d] = (*cluster)->instances_up();
-    return fail(Status::unavailable(
-        fmt::format("only {} prefill and {} decode instances reached the Conductor", p, d)));
-  }
-  supervisor.on_exit([&cluster](const std::string& name) { (*cluster)->instance_exited(name); });
+  const std::string host = args.host == "0.0.0.0" || args.host == "::" ? "127.0.0.1" : args.host;
+  if (Status up = wait_until_all_up(host, http_port, c, kStartTimeout); !up.ok()) return fail(up);
   supervisor.watch();
-  const int code =
-      serve_http(args, s, **cluster, signals,
-                 fmt::format("{} prefill + {} decode processes of mock {} on {}, KV bytes scaled 1/{}",
-                             c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name,
-                             c.serve.kv_bytes_scale),
-                 &failed);
+  const std::string url = fmt::format("http://{}:{}", host, http_port);
+  fmt::print(args.json ? stderr : stdout,
+             "crescent serve: model '{}' on {} ({} prefill + {} decode processes of mock {} on {}, KV bytes "
+             "scaled 1/{}, policy {}, admission {}){}\n",
+             args.model_name, url, c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name,
+             c.serve.kv_bytes_scale, s.policy, s.admission,
+             args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
+  std::fflush(stdout);
+  int code = 0;
+  if (!args.replay_trace.empty()) {
+    code = run_replay(replay_args(args, url));
+  } else {
+    const int signal = wait_for_stop_signal(signals);
+    if (!failed) fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  }
   supervisor.stop_all();
   if (failed) fmt::print(stderr, "error: a child process kept dying; logs in {}\n", run_dir);
   return failed ? 1 : code;
@@ -270,7 +332,7 @@ int run_conductor_role(const ServeArgs& args) {
   auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
   const sim::ClusterConfig& c = s->cluster.config;
-  return serve_http(args, *s, **cluster, signals,
+  return serve_http(args, *s, **cluster, signals, "conductor",
                     fmt::format("Conductor of {} prefill + {} decode instances, which connect to {}",
                                 c.prefill_instances, c.decode_instances, (*cluster)->control_endpoint()));
 }

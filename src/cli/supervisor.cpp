@@ -63,7 +63,6 @@ void Supervisor::watch() {
 void Supervisor::check(Child& child) {
   if (child.given_up || child.process->running()) return;
   echo_logs(child);
-  if (on_exit_) on_exit_(child.name);
   if (!restart_ || !child.restartable || child.restarts >= max_restarts_) {
     fmt::print(stderr, "crescent serve: {} exited{}\n", child.name,
                !restart_            ? ""

@@ -32,9 +32,6 @@ class Supervisor {
   Result<std::string> start(const std::string& name, std::vector<std::string> argv,
                             const std::string& ready_text, std::chrono::milliseconds timeout,
                             bool restartable = true);
-  /// Called from the watcher thread when child `name` has exited (before any restart), e.g. to take an
-  /// instance out of the Conductor's view at once rather than after its heartbeat timeout.
-  void on_exit(std::function<void(const std::string&)> callback) { on_exit_ = std::move(callback); }
   /// Starts watching: echoing logs and restarting children that die.
   void watch();
   /// Stops watching, then stops the children in reverse start order (SIGTERM, SIGKILL after 2 s).
@@ -60,7 +57,6 @@ class Supervisor {
   const bool restart_;
   const int max_restarts_;
   const std::function<void(const std::string&)> on_give_up_;
-  std::function<void(const std::string&)> on_exit_;
   mutable std::mutex mu_;  // children_
   std::vector<std::unique_ptr<Child>> children_;
   std::atomic<bool> stopping_{false};  // no more restarts

@@ -67,6 +67,10 @@ std::string describe(const Io& io, std::string_view during, std::chrono::millise
 /// Sets TCP_NODELAY: a small frame must not wait for Nagle's algorithm.
 void set_nodelay(int fd);
 
+/// A TCP port free on every local address now (bound to port 0, then released: someone else may take it
+/// before the caller's process binds it, which then fails to start), or 0 when none could be had.
+uint16_t free_tcp_port();
+
 /// "host:port", or "[host]:port" for an IPv6 literal.
 std::string endpoint_key(const std::string& host, int port);
 

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -68,6 +70,15 @@ class RemoteCluster::Impl final : public InstanceLinks {
       router_.set(zmq::sockopt::rcvhwm, 0);
       router_.bind(bindable(options_.control_endpoint));
       endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+      // Connections that close: an instance whose process died (here or on another machine) is down at once,
+      // without waiting for its heartbeat timeout.
+      const std::string monitor_endpoint =
+          fmt::format("inproc://crescent-control-monitor-{}", fmt::ptr(this));
+      if (zmq_socket_monitor(router_.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
+        throw zmq::error_t();
+      }
+      monitor_ = zmq::socket_t(context_, zmq::socket_type::pair);
+      monitor_.connect(monitor_endpoint);
     } catch (const zmq::error_t& e) {
       return Status::unavailable(fmt::format("cannot bind the Conductor's control socket '{}': {}",
                                              options_.control_endpoint, e.what()));
@@ -111,15 +122,6 @@ class RemoteCluster::Impl final : public InstanceLinks {
       if (s.up) ++(s.role == InstanceRole::kPrefill ? up.first : up.second);
     }
     return up;
-  }
-
-  void instance_exited(const std::string& name) {
-    std::lock_guard lock(mu_);
-    for (Slot& s : slots_) {
-      if (s.identity() != name || !s.reporting) continue;
-      s.reporting = false;
-      update_up(s, "its process exited");
-    }
   }
 
   conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) {
@@ -223,6 +225,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
     std::string kv_events_endpoint, kv_replay_endpoint;
     uint64_t kv_generation = 0;  // bumped when the KV event endpoints change (a new incarnation)
     std::string name;            // "prefill-0": its ZeroMQ routing id and its name in logs and etcd
+    int fd = -1;                 // the control connection it last sent on
     const std::string& identity() const { return name; }
   };
 
@@ -369,21 +372,63 @@ class RemoteCluster::Impl final : public InstanceLinks {
     }
   }
 
+  // The control socket's connection `fd` closed: the instance that last sent on it is gone (a restarted one
+  // that already sent on a new connection is not).
+  void connection_closed(int fd) {
+    auto it = identity_of_fd_.find(fd);
+    if (it == identity_of_fd_.end()) return;
+    const std::string identity = std::move(it->second);
+    identity_of_fd_.erase(it);
+    std::lock_guard lock(mu_);
+    for (Slot& s : slots_) {
+      if (s.identity() != identity || s.fd != fd) continue;
+      s.fd = -1;
+      if (!s.reporting) continue;
+      s.reporting = false;
+      update_up(s, "its connection closed");
+    }
+  }
+
+  // Reads the control socket's monitor: [event id (2 bytes) + value (4 bytes), endpoint].
+  void read_monitor() {
+    for (;;) {
+      std::vector<zmq::message_t> frames;
+      if (!zmq::recv_multipart(monitor_, std::back_inserter(frames), zmq::recv_flags::dontwait)) return;
+      if (frames.empty() || frames[0].size() < 6) continue;
+      uint16_t event = 0;
+      int32_t value = 0;
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+      std::memcpy(&value, static_cast<const char*>(frames[0].data()) + 2, sizeof(value));
+      if (event == ZMQ_EVENT_DISCONNECTED) connection_closed(value);
+    }
+  }
+
   void control_loop() {
-    zmq::pollitem_t items[2] = {{router_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    zmq::pollitem_t items[3] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                {nullptr, wake_fd_, ZMQ_POLLIN, 0},
+                                {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
     const double heartbeat_s = options_.cluster.config.serve.heartbeat_timeout_s;
     double last_check_s = now_s();
     std::vector<std::pair<std::string, std::string>> sending;
     while (!stopping_) {
-      zmq::poll(items, 2, std::chrono::milliseconds(20));
+      zmq::poll(items, 3, std::chrono::milliseconds(20));
       uint64_t drained = 0;
       (void)!::read(wake_fd_, &drained, sizeof(drained));
       for (;;) {
         std::vector<zmq::message_t> frames;
         if (!zmq::recv_multipart(router_, std::back_inserter(frames), zmq::recv_flags::dontwait)) break;
         if (frames.size() != 2) continue;
+        // Which connection it came on (ZMQ_SRCFD: deprecated, still the only way to tie a routing id to a
+        // connection), so the connection's close can be told apart from an older one's.
+        const int fd = frames[1].get(ZMQ_SRCFD);
+        if (fd >= 0) identity_of_fd_[fd] = frames[0].to_string();
         auto m = decode_instance_message(frames[1].to_string_view());
         std::lock_guard lock(mu_);
+        if (fd >= 0) {
+          for (Slot& s : slots_) {
+            if (s.identity() == frames[0].to_string_view()) s.fd = fd;
+          }
+        }
         if (!m.ok()) {
           log(fmt::format("dropped a malformed message from '{}': {}", printable(frames[0].to_string()),
                           m.status().message()));
@@ -391,6 +436,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
         }
         handle(frames[0].to_string(), *m);
       }
+      read_monitor();
       {
         std::lock_guard lock(mu_);
         const double now = now_s();
@@ -502,7 +548,10 @@ class RemoteCluster::Impl final : public InstanceLinks {
   std::vector<Slot> slots_;                                  // prefill instances, then decode instances
   std::vector<std::pair<std::string, std::string>> outbox_;  // (identity, message) to send
   zmq::context_t context_;
-  zmq::socket_t router_;  // the control thread's
+  zmq::socket_t router_;   // the control thread's
+  zmq::socket_t monitor_;  // the control thread's: router_'s closed connections
+  std::unordered_map<int, std::string>
+      identity_of_fd_;  // the control thread's: who last sent on each connection
   std::string endpoint_;
   const int wake_fd_;
   const SteadyClock clock_;
@@ -527,9 +576,6 @@ const std::string& RemoteCluster::control_endpoint() const {
 }
 bool RemoteCluster::wait_until_all_up(std::chrono::milliseconds timeout) const {
   return impl_->wait_until_all_up(timeout);
-}
-void RemoteCluster::instance_exited(const std::string& name) {
-  impl_->instance_exited(name);
 }
 std::pair<uint32_t, uint32_t> RemoteCluster::instances_up() const {
   return impl_->instances_up();

@@ -1,7 +1,8 @@
 // The Conductor of the multi-process cluster: the ConductorCore (the same placement, state and request
 // bookkeeping as the in-process cluster) whose instances are separate processes (instance_server.h). They
 // connect to its control socket (ZeroMQ ROUTER, instance_wire.h), report their load every 50 ms, and are
-// down when silent for the config's heartbeat_timeout_s: their requests then fail (SSE error event, or 503)
+// down when their connection closes (the process died) or when silent for the config's heartbeat_timeout_s
+// (it hangs, or the network between is cut): their requests then fail (SSE error event, or 503)
 // and nothing more is placed there until they say hello again. Prefill instances' KV events (vLLM format)
 // feed the ClusterState from a subscriber per instance.
 #pragma once
@@ -38,9 +39,6 @@ class RemoteCluster final : public Cluster {
   const std::string& control_endpoint() const;
   /// Waits until every instance the config names is up; false when `timeout` passes first.
   bool wait_until_all_up(std::chrono::milliseconds timeout) const;
-  /// Instance `name` ("decode-1") is known to have exited (its supervisor saw it): it is down at once, not
-  /// after its heartbeat timeout. No-op for an unknown name.
-  void instance_exited(const std::string& name);
   std::pair<uint32_t, uint32_t> instances_up() const override;
 
   conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) override;

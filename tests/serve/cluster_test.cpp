@@ -230,6 +230,33 @@ TEST(ServeCluster, AKilledDecodeInstanceEndsOnlyItsStreamsWithinTwoSecondsAndRej
     EXPECT_EQ(complete(cluster.port(), "rejoined " + std::to_string(i), 3).status, 200);
 }
 
+// The Conductor is a supervised child like the others: killed, it is restarted on the same ports, the
+// instances find it again, and clients are served at the same URL.
+TEST(ServeCluster, AKilledConductorIsRestartedWhereEveryoneLooksForIt) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  EXPECT_EQ(complete(cluster.port(), "before", 3).status, 200);
+  const pid_t victim = cluster.pid("conductor");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(cluster.wait_for_count("started conductor", 2, std::chrono::seconds(20))) << cluster.log();
+  EXPECT_NE(cluster.pid("conductor"), victim);
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  json health;
+  while (Clock::now() < deadline) {
+    httplib::Client client("127.0.0.1", cluster.port());
+    if (auto res = client.Get("/health"); res && res->status == 200) {
+      health = json::parse(res->body);
+      if (health["prefill_instances_up"] == 2 && health["decode_instances_up"] == 2) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(health["prefill_instances_up"], 2) << cluster.log();
+  EXPECT_EQ(health["decode_instances_up"], 2);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(complete(cluster.port(), "after " + std::to_string(i), 3).status, 200) << cluster.log();
+}
+
 TEST(ServeCluster, AKilledPrefillInstanceFailsItsQueuedRequestsWith503AndFreesTheirDecodeReservations) {
   ServedCluster cluster;
   ASSERT_GT(cluster.port(), 0) << cluster.log();

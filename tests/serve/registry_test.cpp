@@ -61,7 +61,7 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
        "tcp://127.0.0.1:0", "--etcd", etcd.endpoint(), "--etcd-prefix", prefix},
       dir.file("conductor.log"));
   ASSERT_TRUE(conductor.ok());
-  auto line = (*conductor)->wait_for_line("crescent serve: model", std::chrono::seconds(20));
+  auto line = (*conductor)->wait_for_line("conductor: model", std::chrono::seconds(20));
   ASSERT_TRUE(line.ok()) << line.status().message();
   std::smatch m;
   ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))")));
