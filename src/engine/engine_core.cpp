@@ -37,7 +37,8 @@ void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t outpu
   // its prefill ends (Algorithm 1's cache update, as ClusterState indexes them): the prefix it will reuse
   // cannot be evicted while it waits, and the blocks it will compute are there for the prompts queued behind
   // it.
-  if (cache_ && options_.prefix_in_dram) r.cached_prefix_tokens = take_cached_prefix(r, now_s);
+  now_s_ = std::max(now_s_, now_s);
+  if (cache_ && options_.prefix_in_dram) r.cached_prefix_tokens = take_cached_prefix(id, r, now_s);
   r.where = Record::Where::kQueued;
   waiting_prompts_.push_back(id);
   ++outstanding_;
@@ -77,6 +78,7 @@ bool EngineCore::submit_decode(RequestId id, double first_token_s, double now_s)
 }
 
 void EngineCore::advance_until(double t_s) {
+  if (t_s != std::numeric_limits<double>::infinity()) now_s_ = std::max(now_s_, t_s);
   // Reservations whose KV never came.
   while (!kv_deadlines_.empty() && kv_deadlines_.top().first <= t_s) {
     const auto [deadline_s, id] = kv_deadlines_.top();
@@ -96,9 +98,9 @@ void EngineCore::advance_until(double t_s) {
   }
 }
 
-// Looks up `r`'s blocks in the prefix cache and pins them there (absent ones are stored), evicting what no
-// longer fits; the listener hears what was stored and evicted. Returns the cached prefix, in tokens.
-int64_t EngineCore::take_cached_prefix(Record& r, double now_s) {
+// Looks up `id`'s blocks in the prefix cache and pins them there (absent ones are stored), evicting what no
+// longer fits; the listener hears what was stored and removed. Returns the cached prefix, in tokens.
+int64_t EngineCore::take_cached_prefix(RequestId id, Record& r, double now_s) {
   const int64_t block = options_.block_size_tokens;
   const int64_t hit_tokens = std::min(cache_->prefix_match_blocks(r.block_keys) * block, r.input_tokens);
   touch_events_.clear();
@@ -109,13 +111,66 @@ int64_t EngineCore::take_cached_prefix(Record& r, double now_s) {
     const int64_t over_tokens = reserved_kv_tokens_ + unpinned_blocks * block - options_.kv_capacity_tokens;
     if (over_tokens > 0) cache_->evict_unpinned((over_tokens + block - 1) / block, &touch_events_);
   }
+  // A DRAM cache stores blocks before they are computed: this prompt will compute the ones it stored.
+  if (options_.prefix_in_dram) {
+    r.owned = touch_events_.stored;
+    for (BlockKey k : r.owned) pending_[k] = id;
+  }
   // Blocks it could not keep are reported as removed: whoever indexed them for this prompt's placement
-  // (ClusterState) must not count on them.
+  // (ClusterState) must not count on them. A DRAM cache also reports the blocks it already held as stored:
+  // a listener that forgot them (a restarted Conductor, a gap in its KV events) learns them again.
   auto& removed = touch_events_.evicted;
   removed.insert(removed.end(), touch_events_.skipped.begin(), touch_events_.skipped.end());
-  if (!touch_events_.stored.empty() || !removed.empty())
-    listener_.on_kv_event(touch_events_.stored, removed, now_s);
+  const std::vector<BlockKey>& stored = options_.prefix_in_dram ? touch_events_.pinned : touch_events_.stored;
+  if (!stored.empty() || !removed.empty()) listener_.on_kv_event(stored, removed, now_s);
   return hit_tokens;
+}
+
+// With a DRAM cache, at admission: the leading blocks of `id`'s prompt whose KV exists (the prompts ahead in
+// the FIFO have finished, so a block still pending belongs to this prompt, to one queued behind it that
+// stored what this one had no room for, or to one that was cancelled: this prompt then computes it). Returns
+// tokens.
+int64_t EngineCore::computed_prefix_tokens(RequestId id, Record& r) {
+  int64_t blocks = 0;
+  bool run = true;
+  for (BlockKey k : r.block_keys) {
+    auto p = pending_.find(k);
+    if (p != pending_.end() && p->second != id && !records_.contains(p->second)) {
+      p->second = id;  // its owner was cancelled
+      r.owned.push_back(k);
+    }
+    if (run && cache_->contains(k) && p == pending_.end()) {
+      ++blocks;
+    } else {
+      run = false;
+    }
+  }
+  return std::min(blocks * options_.block_size_tokens, r.input_tokens);
+}
+
+// A DRAM cache's blocks `id` stored but never computed (it was cancelled): those nobody else uses leave the
+// cache, and the listener hears they are removed; the others stay pending, for the prompt that uses them.
+void EngineCore::drop_uncomputed(RequestId id, Record& r) {
+  std::vector<BlockKey> removed;
+  for (BlockKey k : r.owned) {
+    auto p = pending_.find(k);
+    if (p == pending_.end() || p->second != id) continue;
+    if (cache_->erase_unpinned(k)) {
+      pending_.erase(p);
+      removed.push_back(k);
+    }
+  }
+  std::vector<BlockKey>().swap(r.owned);
+  if (!removed.empty()) listener_.on_kv_event({}, removed, now_s_);
+}
+
+// A DRAM cache's blocks `id` computed are no longer pending.
+void EngineCore::mark_computed(RequestId id, Record& r) {
+  for (BlockKey k : r.owned) {
+    auto p = pending_.find(k);
+    if (p != pending_.end() && p->second == id) pending_.erase(p);
+  }
+  std::vector<BlockKey>().swap(r.owned);
 }
 
 // Reserves HBM for a prompt and starts its prefill at `now_s` if it fits; false (nothing changed) if not.
@@ -129,7 +184,10 @@ bool EngineCore::admit_prompt(RequestId id, Record& r, double now_s) {
   const int64_t need = r.input_tokens + r.output_tokens;
   if (!options_.prefix_in_dram && reserved_kv_tokens_ + need > options_.kv_capacity_tokens) return false;
   reserved_kv_tokens_ += need;
-  if (cache_ && !options_.prefix_in_dram) r.cached_prefix_tokens = take_cached_prefix(r, now_s);
+  if (cache_) {
+    r.cached_prefix_tokens =
+        options_.prefix_in_dram ? computed_prefix_tokens(id, r) : take_cached_prefix(id, r, now_s);
+  }
   const int64_t hit_tokens =
       std::min(std::max(r.cached_prefix_tokens, r.arranged.reused_tokens), r.input_tokens);
   // The last prompt token is always recomputed: its logits give the first output token (as the Conductor).
@@ -243,6 +301,7 @@ void EngineCore::finish_iteration(double end_s) {
       listener_.on_prefill_chunk(id, r.reused_tokens + r.prefill_done_tokens, end_s);
     } else {
       prefilling_.reset();
+      if (options_.prefix_in_dram) mark_computed(id, r);
       r.first_token_s = end_s;
       listener_.on_first_token(id, end_s);
       if (r.decode_steps == 0) {
@@ -278,7 +337,10 @@ void EngineCore::cancel(RequestId id) {
       return;
     case Record::Where::kQueued:
       std::erase(waiting_prompts_, id);
-      if (cache_) cache_->unpin(r.pinned);  // a DRAM prefix cache pinned it when it was queued
+      if (cache_) {
+        cache_->unpin(r.pinned);  // a DRAM prefix cache pinned it when it was queued
+        drop_uncomputed(id, r);
+      }
       --outstanding_;
       records_.erase(it);
       return;
@@ -302,6 +364,7 @@ void EngineCore::cancel(RequestId id) {
   if (cache_) cache_->unpin(r.pinned);
   --outstanding_;
   if (r.where == Record::Where::kPrefilling) {
+    if (cache_) drop_uncomputed(id, r);
     records_.erase(it);
   } else {
     r.finished = true;  // erased once it reaches the front of decoding_; its leaving_ entry is skipped

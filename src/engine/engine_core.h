@@ -1,10 +1,10 @@
 // One instance's engine (paper §2.1, §3.1), written once for the simulator and the live instances: a FIFO
-// queue of prompts prefilled whole or in chunks (with an optional prefix cache in HBM), and a continuous
-// decode batch whose KV reservations are bounded by HBM. Time is injected: the core plans an iteration, an
-// Executor runs it (on a virtual clock the MockExecutor only says how long it would take), and the core is
-// told when it ended. The simulator's disaggregated decode instances and its colocated nodes run it on a
-// virtual clock (advance_until); a live instance runs plan_iteration / Executor / finish_iteration on a
-// steady one.
+// queue of prompts prefilled whole or in chunks (with an optional prefix cache, in HBM for a colocated node
+// or in DRAM for a disaggregated prefill instance), and a continuous decode batch whose KV reservations are
+// bounded by HBM. Time is injected: the core plans an iteration, an Executor runs it (the MockExecutor only
+// says how long it would take), and the core is told when it ended. The simulator's prefill and decode
+// instances and its colocated nodes run it on a virtual clock, live instances on a steady one, both through
+// advance_until / next_event_s.
 #pragma once
 
 #include <cstdint>
@@ -150,13 +150,14 @@ class EngineCore {
   /// Queues a prompt (FIFO) to be prefilled here, then decoded for `output_tokens` - 1 steps (the first token
   /// comes from the prefill). `block_keys` (one per block of the prompt) are kept for the prefix cache. An
   /// idle engine starts an iteration at `now_s`. REQUIRES: advanced to now_s; input_tokens >= 1;
-  /// output_tokens >= 1; input + output <= kv_capacity_tokens; `id` not in the engine.
+  /// output_tokens >= 1; input + output <= kv_capacity_tokens (unless the cache is in DRAM: prefix_in_dram);
+  /// `id` not in the engine.
   void submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
                      std::span<const BlockKey> block_keys, double now_s);
   /// What the Conductor arranged for a prompt's prefix (Decision): its first `reused_tokens` are reused
   /// rather than computed (at least what the engine's own cache holds), `fetched_tokens` of them brought from
   /// another instance or the pool once they exist there (`ready_s`: the FIFO head waits for it). The
-  /// engine's cache then holds the whole prompt, as after a fetch.
+  /// engine's cache then holds as much of the prompt as it has room for, as after a fetch.
   struct ArrangedPrefix {
     int64_t reused_tokens = 0;
     int64_t fetched_tokens = 0;
@@ -223,6 +224,7 @@ class EngineCore {
     ArrangedPrefix arranged;
     int64_t load_tokens = 0;           // prefix to load before the first iteration (prefix_in_dram)
     int64_t cached_prefix_tokens = 0;  // its prompt's leading blocks found in the prefix cache
+    std::vector<BlockKey> owned;       // DRAM cache: blocks it stored and will compute (pending_)
     int64_t join_step = 0;             // its first decode step
     double first_token_s = 0;
     double kv_deadline_s = 0;  // expected: drop it if its KV has not arrived by then
@@ -234,7 +236,10 @@ class EngineCore {
 
   void start_iteration(double start_s);
   void finish_iteration(double end_s);
-  int64_t take_cached_prefix(Record& r, double now_s);
+  int64_t take_cached_prefix(RequestId id, Record& r, double now_s);
+  int64_t computed_prefix_tokens(RequestId id, Record& r);
+  void drop_uncomputed(RequestId id, Record& r);
+  void mark_computed(RequestId id, Record& r);
   bool admit_prompt(RequestId id, Record& r, double now_s);
   void admit_decodes();
   void join_batch(RequestId id, Record& r);
@@ -246,6 +251,9 @@ class EngineCore {
   Executor& executor_;
   EngineListener& listener_;
   std::optional<kv::BlockCache> cache_;  // with EngineOptions::prefix_cache
+  // DRAM cache: blocks stored for a queued or prefilling prompt and not computed yet, with that prompt.
+  std::unordered_map<BlockKey, RequestId> pending_;
+  double now_s_ = 0;  // the latest time the engine was told (for events of cancel())
   std::unordered_map<RequestId, Record> records_;
   int64_t outstanding_ = 0;
   int64_t reserved_kv_tokens_ = 0;  // prompt + max output of every admitted, unfinished request

@@ -54,6 +54,15 @@ void BlockCache::evict_lru(TouchEvents* events) {
   if (events) events->evicted.push_back(victim_key);
 }
 
+bool BlockCache::erase_unpinned(BlockKey key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.ref_count > 0) return false;
+  list_remove(it->second.slot);
+  free_slots_.push_back(it->second.slot);
+  entries_.erase(it);
+  return true;
+}
+
 int64_t BlockCache::evict_unpinned(int64_t blocks, TouchEvents* events) {
   int64_t evicted = 0;
   for (; evicted < blocks && lru_head_ != kNil; ++evicted) evict_lru(events);

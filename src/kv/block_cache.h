@@ -65,6 +65,9 @@ class BlockCache {
   /// (fewer when fewer are unpinned). `events` (optional) receives them in `evicted`. For a cache whose room
   /// is shared with other data (a colocated node's HBM, sim/colocated.cpp).
   int64_t evict_unpinned(int64_t blocks, TouchEvents* events = nullptr);
+  /// Drops `key` if it is cached and unpinned (e.g. a block stored for a request that was cancelled before
+  /// computing it); returns whether it did.
+  bool erase_unpinned(BlockKey key);
 
   int64_t size_blocks() const { return static_cast<int64_t>(entries_.size()); }
   int64_t capacity_blocks() const { return capacity_blocks_; }

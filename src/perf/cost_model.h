@@ -125,19 +125,18 @@ class CostModel {
   }
 
   /// When a prompt's KV has all reached its decode instance (paper §3.1 step 3): its KV streams chunk by
-  /// chunk
-  /// (`chunk_tokens`) while the prefill runs, so after the prefill ends at `done_s` only the last computed
-  /// chunk is left to send; but the whole prompt's KV (`input_tokens`, reused prefix included, which is in
-  /// DRAM from the start) cannot arrive faster than the link allows from the prefill's start `start_s`:
-  ///   max(done_s + kv_transfer_time_s(last chunk of prefill_tokens), start_s +
-  ///   kv_transfer_time_s(input_tokens)).
+  /// chunk (`chunk_tokens`) while the prefill runs, so after the prefill ends at `done_s` only the last
+  /// computed chunk is left to send; but the whole prompt's KV (`input_tokens`, reused prefix included, which
+  /// is in DRAM from the start) cannot arrive faster than the link allows from the prefill's start `start_s`:
+  ///   max(done_s + kv_transfer_time_s(last chunk of prefill_tokens),
+  ///       start_s + kv_transfer_time_s(input_tokens)).
   /// REQUIRES: chunk_tokens >= 1, 1 <= prefill_tokens <= input_tokens.
   double kv_handoff_done_s(int64_t input_tokens, int64_t prefill_tokens, int64_t chunk_tokens, double start_s,
                            double done_s) const {
     assert(chunk_tokens >= 1 && prefill_tokens >= 1 && prefill_tokens <= input_tokens);
     const int64_t last_chunk_tokens =
         prefill_tokens % chunk_tokens == 0 ? chunk_tokens : prefill_tokens % chunk_tokens;
-    return std::max(done_s + kv_transfer_time_s(std::min(last_chunk_tokens, prefill_tokens)),
+    return std::max(done_s + kv_transfer_time_s(last_chunk_tokens),
                     start_s + kv_transfer_time_s(input_tokens));
   }
 

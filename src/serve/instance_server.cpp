@@ -105,7 +105,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
     Order& order = it->second;
     prefilling_ = id;
     order.reused_blocks = std::min<int64_t>(start.hit_tokens / block_tokens_, std::ssize(order.keys));
-    order.computed_blocks = order.reused_blocks;  // the reused prefix can stream at once
+    // The reused prefix can stream at once (but the last block waits for prefill done).
+    order.computed_blocks = std::min(order.reused_blocks, blocks_of(std::ssize(order.token_ids)) - 1);
     // The part of the arranged prefix this instance does not hold comes from the pool.
     const int64_t first = start.local_hit_tokens / block_tokens_;
     if (order.reused_blocks > first) {
@@ -355,9 +356,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
         if (orders_.contains(m.request_id)) break;  // a duplicate: the first is under way
         // The staging memory holds one prompt of up to a decode instance's capacity (as the Conductor
         // admits).
-        if (input < 1 || input + 1 > config_.prefill_cache_capacity_tokens ||
-            blocks_of(input) > max_prompt_blocks_ + 1 || m.reused_tokens < 0 || m.reused_tokens > input ||
-            m.fetched_tokens < 0 || m.fetched_tokens > m.reused_tokens ||
+        if (input < 1 || blocks_of(input) > max_prompt_blocks_ + 1 || m.reused_tokens < 0 ||
+            m.reused_tokens > input || m.fetched_tokens < 0 || m.fetched_tokens > m.reused_tokens ||
             !(m.ready_in_s >= 0 && m.ready_in_s < 1e9)) {
           InstanceMessage done;
           done.kind = InstanceMessage::Kind::kPrefillDone;

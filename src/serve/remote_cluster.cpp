@@ -414,13 +414,16 @@ class RemoteCluster::Impl final : public InstanceLinks {
       zmq::poll(items, 3, std::chrono::milliseconds(20));
       uint64_t drained = 0;
       (void)!::read(wake_fd_, &drained, sizeof(drained));
+      // Closed connections first: a restarted instance's new connection may reuse the old one's fd, and its
+      // messages (read below) come after the old one's close was reported.
+      read_monitor();
       for (;;) {
         std::vector<zmq::message_t> frames;
         if (!zmq::recv_multipart(router_, std::back_inserter(frames), zmq::recv_flags::dontwait)) break;
         if (frames.size() != 2) continue;
         // Which connection it came on (ZMQ_SRCFD: deprecated, still the only way to tie a routing id to a
         // connection), so the connection's close can be told apart from an older one's.
-        const int fd = frames[1].get(ZMQ_SRCFD);
+        const int fd = zmq_msg_get(frames[1].handle(), ZMQ_SRCFD);  // -1 when unknown (cppzmq's get throws)
         if (fd >= 0) identity_of_fd_[fd] = frames[0].to_string();
         auto m = decode_instance_message(frames[1].to_string_view());
         std::lock_guard lock(mu_);
@@ -436,7 +439,6 @@ class RemoteCluster::Impl final : public InstanceLinks {
         }
         handle(frames[0].to_string(), *m);
       }
-      read_monitor();
       {
         std::lock_guard lock(mu_);
         const double now = now_s();

@@ -230,14 +230,15 @@ class Simulation final : private engine::EngineListener {
     RequestOutcome& o = result_.requests[req];
     o.queue_wait_s = now_s - o.arrival_s;
     o.prefix_hit_tokens = start.hit_tokens;
-    o.prefill_compute_s = cost_.iteration_time_s(0, 0, start.prefill_tokens, start.reused_tokens);
+    o.prefill_compute_s = cost_.prefill_iterations_time_s(start.prefill_tokens, start.reused_tokens,
+                                                          config_.prefill_chunk_tokens);
     inflight_[req] = {now_s, start.prefill_tokens};
   }
 
   void on_prefill_done(InstanceId instance, uint32_t req, double now_s) {
     RequestOutcome& o = result_.requests[req];
     o.ttft_s = now_s - o.arrival_s;
-    // The rest of its one iteration brought the prefix into HBM.
+    // The rest of its prefill brought the prefix into HBM (in its first iteration).
     o.prefix_load_s = std::max(0.0, o.ttft_s - o.queue_wait_s - o.prefill_compute_s);
     state_.on_prefill_done(instance, trace_[req].block_keys, now_s);
     if (o.output_tokens <= 1) {

@@ -199,6 +199,40 @@ TEST_F(EngineCoreTest, ChunkedPrefillReportsEachChunkAsItsIterationEnds) {
   EXPECT_EQ(executor_.plans[2].prefill_prefix_tokens, 48);
 }
 
+// A DRAM cache stores a queued prompt's blocks before they are computed. A prompt cancelled in the queue
+// takes out the blocks nobody else uses (reported removed); blocks a later prompt counted on stay, and that
+// prompt computes them. Blocks already held are announced again as stored (a listener that forgot them
+// relearns).
+TEST_F(EngineCoreTest, ADramCacheForgetsWhatACancelledPromptNeverComputed) {
+  struct KvRecorder : Recorder {
+    void on_kv_event(std::span<const BlockKey> stored_keys, std::span<const BlockKey> removed_keys,
+                     double) override {
+      stored.assign(stored_keys.begin(), stored_keys.end());
+      removed.insert(removed.end(), removed_keys.begin(), removed_keys.end());
+    }
+    std::vector<BlockKey> stored, removed;
+  } recorder;
+  EngineCore engine(
+      {.kv_capacity_tokens = 1000, .prefix_cache = true, .block_size_tokens = 16, .prefix_in_dram = true},
+      executor_, recorder);
+  engine.submit_prompt(1, 32, 1, std::vector<BlockKey>{10, 11}, 0);   // prefilling until 1 s
+  engine.submit_prompt(2, 32, 1, std::vector<BlockKey>{1, 2}, 0);     // queued: stores 1, 2
+  engine.submit_prompt(3, 48, 1, std::vector<BlockKey>{1, 2, 3}, 0);  // queued: counts on 1, 2
+  engine.submit_prompt(4, 16, 1, std::vector<BlockKey>{5}, 0);
+  engine.cancel(4);
+  EXPECT_THAT(recorder.removed, ElementsAre(5u));  // nobody else uses block 5
+  engine.cancel(2);
+  EXPECT_THAT(recorder.removed, ElementsAre(5u));  // 1 and 2 stay: prompt 3 pinned them
+  engine.advance_until(100);
+  EXPECT_EQ(recorder.seen[3].start.local_hit_tokens, 0);  // nobody computed 1 and 2: prompt 3 does
+  EXPECT_EQ(recorder.seen[3].start.prefill_tokens, 48);
+  engine.submit_prompt(5, 48, 1, std::vector<BlockKey>{1, 2, 3}, 100);
+  EXPECT_THAT(recorder.stored, ElementsAre(1u, 2u, 3u));  // held already, announced again
+  engine.advance_until(200);
+  EXPECT_EQ(recorder.seen[5].start.local_hit_tokens, 48);
+  EXPECT_EQ(engine.outstanding(), 0);
+}
+
 TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {
   struct TokenRecorder : Recorder {
     void on_tokens(std::span<const RequestId> ids, double now_s) override {

@@ -216,7 +216,7 @@ TEST(KvEvents, ALateReplayIsNotTakenForTheNextOne) {
   poll();
   // 1 is lost; 2 makes the subscriber ask for it, and the answer comes only after it gave up.
   std::thread late([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // the subscriber gives up after 2 s
     answer({1});
   });
   publish(2);
