@@ -78,5 +78,7 @@ void register_store(CLI::App& app, int& exit_code);
 void register_serve(CLI::App& app, int& exit_code);
 /// `crescent replay TRACE --url URL` (cli/replay.cpp).
 void register_replay(CLI::App& app, int& exit_code);
+/// `crescent model init|check`: model directories for the real executor (cli/model.cpp).
+void register_model(CLI::App& app, int& exit_code);
 
 }  // namespace crescent::cli

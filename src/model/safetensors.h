@@ -35,9 +35,15 @@ struct Tensor {
   int64_t elements() const;
 };
 
-/// A safetensors file read whole into memory.
+/// A safetensors file read whole into memory. Move-only: its tensors point into its buffer.
 class SafetensorsFile {
  public:
+  SafetensorsFile() = default;
+  SafetensorsFile(SafetensorsFile&&) = default;
+  SafetensorsFile& operator=(SafetensorsFile&&) = default;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
   /// Reads and checks `path`. Errors (kNotFound: no such file; kInvalidArgument: everything else) start with
   /// the path and name the problem: a file shorter than its header says ("truncated: ..."), a header that is
   /// not a JSON object, a tensor entry with a missing or malformed field, an unsupported dtype, data offsets
