@@ -121,25 +121,27 @@ json to_json(const LlamaConfig& c) {
           {"torch_dtype", c.dtype == DType::kBF16 ? "bfloat16" : "float32"}};
 }
 
+// The presets, sorted by name; both use the byte-level tokenizer's 256 tokens.
+struct Preset {
+  std::string_view name;
+  int64_t hidden, intermediate, layers, heads, kv_heads, context;
+};
+constexpr std::array<Preset, 2> kPresets{{
+    {"small", 768, 2048, 16, 12, 4, 8192},  // about 100M parameters: benchmarks
+    {"tiny", 64, 128, 2, 4, 2, 4096},       // tests
+}};
+
 Result<LlamaConfig> llama_preset(std::string_view name) {
-  LlamaConfig c;
-  c.vocab_size = 256;  // the byte-level tokenizer
-  if (name == "tiny") {
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.max_position_embeddings = 4096;
-    return c;
-  }
-  if (name == "small") {
-    c.hidden_size = 768;
-    c.intermediate_size = 2048;
-    c.num_hidden_layers = 16;
-    c.num_attention_heads = 12;
-    c.num_key_value_heads = 4;
-    c.max_position_embeddings = 8192;
+  for (const Preset& p : kPresets) {
+    if (p.name != name) continue;
+    LlamaConfig c;
+    c.vocab_size = 256;
+    c.hidden_size = p.hidden;
+    c.intermediate_size = p.intermediate;
+    c.num_hidden_layers = p.layers;
+    c.num_attention_heads = p.heads;
+    c.num_key_value_heads = p.kv_heads;
+    c.max_position_embeddings = p.context;
     return c;
   }
   return Status::not_found(
@@ -147,7 +149,9 @@ Result<LlamaConfig> llama_preset(std::string_view name) {
 }
 
 std::vector<std::string> llama_preset_names() {
-  return {"small", "tiny"};
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
 }
 
 perf::ModelSpec model_spec(const LlamaConfig& c, const std::string& name) {
