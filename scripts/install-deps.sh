@@ -11,6 +11,7 @@ packages=(
   libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   libboost-dev cppzmq-dev libmsgpack-cxx-dev
   gnuplot-nox
+  libopenblas-dev libsentencepiece-dev python3-numpy
 )
 
 missing=()

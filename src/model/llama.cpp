@@ -11,6 +11,7 @@
 
 #include "common/atomic_file.h"
 #include "common/json_util.h"
+#include "model/bf16.h"
 
 namespace crescent::model {
 namespace {
@@ -20,15 +21,6 @@ using nlohmann::json;
 constexpr std::string_view kConfigFile = "config.json";
 constexpr std::string_view kWeightsFile = "model.safetensors";
 constexpr double kInitStd = 0.02;
-
-// fp32 → bf16, rounding to nearest even (NaN stays NaN).
-uint16_t to_bf16(float f) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 bool is_norm(const std::string& name) {
   return name.ends_with("layernorm.weight") || name == "model.norm.weight";
