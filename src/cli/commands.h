@@ -72,6 +72,8 @@ void register_bench(CLI::App& app, int& exit_code);
 void register_bench_store(CLI::App& bench_cmd, int& exit_code);
 /// `crescent bench serve` under `bench` (cli/bench_serve.cpp).
 void register_bench_serve(CLI::App& bench_cmd, int& exit_code);
+/// `crescent bench model` (bench_model.cpp).
+void register_bench_model(CLI::App& bench_cmd, int& exit_code);
 /// `crescent store master|node|stat|put|get|rm` (cli/store.cpp).
 void register_store(CLI::App& app, int& exit_code);
 /// `crescent serve` (cli/serve.cpp).

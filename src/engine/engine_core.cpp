@@ -91,6 +91,7 @@ void EngineCore::advance_until(double t_s) {
     add(incoming_, it->second, -1);
     records_.erase(it);
     listener_.on_kv_timeout(id, deadline_s);
+    executor_.release(id);
   }
   while (busy_ && end_s_ <= t_s) {
     finish_iteration(end_s_);
@@ -260,6 +261,13 @@ void EngineCore::start_iteration(double start_s) {
   if (running_.requests > 0 && (chunked || plan_.prefill_tokens == 0)) {
     plan_.decode_requests = running_.requests;
     plan_.decode_context_tokens = running_.context_tokens;
+    if (executor_.needs_request_ids()) {
+      decode_ids_.clear();
+      for (RequestId id : decoding_) {
+        if (!records_.at(id).finished) decode_ids_.push_back(id);
+      }
+      plan_.decode_ids = decode_ids_;
+    }
   }
   busy_ = !plan_.empty();
   if (busy_) end_s_ = start_s + executor_.run_iteration_s(plan_);
@@ -334,6 +342,7 @@ void EngineCore::cancel(RequestId id) {
     case Record::Where::kIncoming:
       add(incoming_, r, -1);
       records_.erase(it);
+      executor_.release(id);
       return;
     case Record::Where::kQueued:
       std::erase(waiting_prompts_, id);
@@ -343,12 +352,14 @@ void EngineCore::cancel(RequestId id) {
       }
       --outstanding_;
       records_.erase(it);
+      executor_.release(id);
       return;
     case Record::Where::kWaitingDecode:
       std::erase(waiting_decode_, id);
       add(waiting_decode_load_, r, -1);
       --outstanding_;
       records_.erase(it);
+      executor_.release(id);
       return;
     case Record::Where::kPrefilling:
       // The iteration under way may be computing its prompt: it finishes, and its result is dropped.
@@ -363,6 +374,7 @@ void EngineCore::cancel(RequestId id) {
   reserved_kv_tokens_ -= r.input_tokens + r.output_tokens;
   if (cache_) cache_->unpin(r.pinned);
   --outstanding_;
+  executor_.release(id);
   if (r.where == Record::Where::kPrefilling) {
     if (cache_) drop_uncomputed(id, r);
     records_.erase(it);
@@ -386,6 +398,7 @@ void EngineCore::finish(RequestId id, Record& r, double now_s, const std::option
   if (cache_) cache_->unpin(r.pinned);
   --outstanding_;
   listener_.on_finished(id, now_s, gaps);
+  executor_.release(id);
   if (r.decode_steps == 0) {
     records_.erase(id);  // never in decoding_
   } else {

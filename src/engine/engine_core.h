@@ -41,16 +41,24 @@ struct IterationPlan {
   /// network from another instance or the pool.
   int64_t load_tokens = 0;
   int64_t fetch_tokens = 0;
+  /// The running requests gaining a token, oldest first (only for an executor that needs_request_ids()).
+  std::span<const RequestId> decode_ids;
   bool empty() const { return decode_requests == 0 && prefill_tokens == 0; }
 };
 
 /// Runs iterations. The mock says how long an iteration would take from the cost model; a real executor
-/// (next issue) computes the transformer and returns the time it took.
+/// (model::CpuExecutor) computes the transformer and returns the time it took.
 class Executor {
  public:
   virtual ~Executor() = default;
   /// Runs `plan` (not empty); returns its duration in seconds.
   virtual double run_iteration_s(const IterationPlan& plan) = 0;
+  /// Whether plans must name the decoding requests (IterationPlan::decode_ids: O(batch) per step, which a
+  /// real executor computes anyway and the mock does not need).
+  virtual bool needs_request_ids() const { return false; }
+  /// Request `id` left the engine (finished, cancelled, or dropped when its KV never came), after the
+  /// listener heard of it: the executor may free what it holds for it.
+  virtual void release(RequestId id) { (void)id; }
 };
 
 /// Executor whose iterations take perf::CostModel::iteration_time_s and compute nothing.
@@ -273,8 +281,9 @@ class EngineCore {
   // (KV deadline, id), earliest first; an entry whose deadline no longer matches its record's is stale.
   std::priority_queue<std::pair<double, RequestId>, std::vector<std::pair<double, RequestId>>, std::greater<>>
       kv_deadlines_;
-  kv::TouchEvents touch_events_;      // scratch
-  std::vector<RequestId> token_ids_;  // scratch for on_tokens
+  kv::TouchEvents touch_events_;       // scratch
+  std::vector<RequestId> token_ids_;   // scratch for on_tokens
+  std::vector<RequestId> decode_ids_;  // IterationPlan::decode_ids
   int64_t iterations_ = 0;
   int64_t decode_steps_ = 0;
 };

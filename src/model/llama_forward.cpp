@@ -41,8 +41,15 @@ std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts
 }
 
 // C[m, n] = alpha × A[m, k] × B[n, k]^T + beta × C (row-major; B is a linear layer's [out, in] weight).
+// One row goes through sgemv, which streams B at the memory's bandwidth; OpenBLAS's sgemm packs B on every
+// call and reads a weight matrix at about a third of it (`crescent bench model`, docs/benchmarks.md).
 void matmul_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b,
+                static_cast<int>(ldb), a, 1, beta, c, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
               static_cast<int>(ldc));

@@ -1,0 +1,205 @@
+#include "model/cpu_executor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+
+namespace crescent::model {
+
+CpuExecutor::CpuExecutor(LlamaForward& model, const CpuExecutorOptions& options)
+    : model_(model),
+      options_(options),
+      cache_(model.kv_layout(options.block_size_tokens), options.capacity_blocks),
+      slots_(static_cast<size_t>(options.capacity_blocks)) {}
+
+Status CpuExecutor::add_request(engine::RequestId id, ExecutorRequest request) {
+  const LlamaConfig& c = model_.config();
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  const auto bad = [&](const std::string& what) {
+    return Status::invalid_argument(fmt::format("request {}: {}", id, what));
+  };
+  if (requests_.contains(id)) return bad("already registered");
+  if (n == 0) return bad("the prompt is empty");
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return bad(fmt::format("token id {} is outside the model's vocabulary of {}", t, c.vocab_size));
+    }
+  }
+  if (request.output_tokens < 1) return bad(fmt::format("{} output tokens", request.output_tokens));
+  if (n + request.output_tokens > c.max_position_embeddings) {
+    return bad(
+        fmt::format("a prompt of {} tokens and {} output tokens is {} tokens, the model's context is {}", n,
+                    request.output_tokens, n + request.output_tokens, c.max_position_embeddings));
+  }
+  if (static_cast<int64_t>(request.block_keys.size()) != n / options_.block_size_tokens) {
+    return bad(fmt::format("{} block keys for {} full blocks", request.block_keys.size(),
+                           n / options_.block_size_tokens));
+  }
+  CRESCENT_RETURN_IF_ERROR(validate(request.sampling));
+  const SamplingParams sampling = request.sampling;
+  Request r{.spec = std::move(request), .sampler = Sampler(sampling)};
+  r.tokens.reserve(static_cast<size_t>(n + r.spec.output_tokens));
+  r.tokens = r.spec.prompt;
+  requests_.emplace(id, std::move(r));
+  return Status::ok_status();
+}
+
+std::span<const int32_t> CpuExecutor::output(engine::RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? std::span<const int32_t>{} : std::span<const int32_t>(it->second.output);
+}
+
+int64_t CpuExecutor::reused_tokens(engine::RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? 0 : it->second.reused_tokens;
+}
+
+std::string CpuExecutor::error(engine::RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? std::string() : it->second.error;
+}
+
+std::optional<int32_t> CpuExecutor::allocate() {
+  if (auto block = cache_.allocate()) return block;
+  if (evictable_.empty()) return std::nullopt;
+  const int32_t block = evictable_.front();  // least recently used
+  evictable_.pop_front();
+  Slot& slot = slots_[static_cast<size_t>(block)];
+  by_key_.erase(*slot.key);
+  slot.key.reset();
+  return block;
+}
+
+void CpuExecutor::unref(int32_t block) {
+  Slot& slot = slots_[static_cast<size_t>(block)];
+  assert(slot.refs > 0);
+  if (--slot.refs > 0) return;
+  if (slot.key) {
+    slot.lru = evictable_.insert(evictable_.end(), block);
+  } else {
+    cache_.release(block);
+  }
+}
+
+Status CpuExecutor::import_block(BlockKey key, std::span<const std::byte> bytes) {
+  if (static_cast<int64_t>(bytes.size()) != cache_.layout().block_bytes()) {
+    return Status::invalid_argument(fmt::format("KV block {:016x}: {} bytes, a block of this model is {}",
+                                                key, bytes.size(), cache_.layout().block_bytes()));
+  }
+  if (by_key_.contains(key)) return Status::ok_status();
+  const std::optional<int32_t> block = allocate();
+  if (!block) return Status::out_of_range(fmt::format("KV block {:016x}: every block is in use", key));
+  std::ranges::copy(bytes, cache_.block_bytes(*block).begin());
+  Slot& slot = slots_[static_cast<size_t>(*block)];
+  slot.key = key;
+  slot.lru = evictable_.insert(evictable_.end(), *block);
+  by_key_.emplace(key, *block);
+  return Status::ok_status();
+}
+
+std::optional<std::span<const std::byte>> CpuExecutor::cached_block(BlockKey key) const {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end()) return std::nullopt;
+  return cache_.block_bytes(it->second);
+}
+
+// The prompt's leading blocks found cached are shared (at most those before its last token, which is always
+// computed for its logits and must not be written into a shared block), and its own blocks allocated for
+// every position it will compute.
+bool CpuExecutor::start_prefill(Request& r) {
+  r.started = true;
+  const auto n = static_cast<int64_t>(r.spec.prompt.size());
+  const int64_t bs = options_.block_size_tokens;
+  const int64_t shareable = std::min<int64_t>(static_cast<int64_t>(r.spec.block_keys.size()), (n - 1) / bs);
+  for (int64_t i = 0; i < shareable; ++i) {
+    auto it = by_key_.find(r.spec.block_keys[static_cast<size_t>(i)]);
+    if (it == by_key_.end()) break;
+    Slot& slot = slots_[static_cast<size_t>(it->second)];
+    if (slot.refs++ == 0) evictable_.erase(slot.lru);
+    r.blocks.push_back(it->second);
+    ++r.shared_blocks;
+  }
+  r.computed_tokens = r.reused_tokens = r.shared_blocks * bs;
+  const int64_t positions = n + r.spec.output_tokens - 1;  // the last token is never fed back
+  while (static_cast<int64_t>(r.blocks.size()) * bs < positions) {
+    const std::optional<int32_t> block = allocate();
+    if (!block) {
+      r.error = fmt::format("no free KV block ({} blocks, all in use)", options_.capacity_blocks);
+      return false;
+    }
+    slots_[static_cast<size_t>(*block)].refs = 1;
+    r.blocks.push_back(*block);
+  }
+  return true;
+}
+
+double CpuExecutor::run_iteration_s(const engine::IterationPlan& plan) {
+  const auto start = std::chrono::steady_clock::now();
+  batch_.clear();
+  batch_requests_.clear();
+  Request* prefilled = nullptr;  // its prompt's last chunk is in the batch
+  if (plan.prefill_request && plan.prefill_tokens > 0) {
+    auto it = requests_.find(*plan.prefill_request);
+    if (it != requests_.end() && it->second.error.empty() &&
+        (it->second.started || start_prefill(it->second))) {
+      Request& r = it->second;
+      const auto n = static_cast<int64_t>(r.spec.prompt.size());
+      const int64_t end = std::min(n, plan.prefill_prefix_tokens + plan.prefill_tokens);
+      if (r.computed_tokens < end) {
+        const bool last = end == n;
+        batch_.push_back({.tokens = std::span(r.tokens).subspan(static_cast<size_t>(r.computed_tokens),
+                                                                static_cast<size_t>(end - r.computed_tokens)),
+                          .start_position = r.computed_tokens,
+                          .block_table = r.blocks,
+                          .logits = last ? LogitsWanted::kLast : LogitsWanted::kNone});
+        if (last) {
+          batch_requests_.push_back(&r);
+          prefilled = &r;
+        }
+        r.computed_tokens = end;
+      }
+    }
+  }
+  for (engine::RequestId id : plan.decode_ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second.error.empty() || it->second.output.empty()) continue;
+    Request& r = it->second;
+    if (static_cast<int64_t>(r.output.size()) >= r.spec.output_tokens) continue;
+    const int64_t position = static_cast<int64_t>(r.tokens.size()) - 1;
+    batch_.push_back({.tokens = std::span(r.tokens).subspan(static_cast<size_t>(position), 1),
+                      .start_position = position,
+                      .block_table = r.blocks});
+    batch_requests_.push_back(&r);
+  }
+  if (!batch_.empty()) {
+    Result<std::span<const float>> logits = model_.forward(batch_, cache_);
+    assert(logits.ok());  // add_request checked every input
+    const auto vocab = static_cast<size_t>(model_.config().vocab_size);
+    for (size_t i = 0; i < batch_requests_.size(); ++i) {
+      Request& r = *batch_requests_[i];
+      const int32_t token = r.sampler.sample(logits->subspan(i * vocab, vocab));
+      r.output.push_back(token);
+      r.tokens.push_back(token);
+    }
+  }
+  if (prefilled != nullptr) {
+    // Its full prompt blocks are cached under their keys (unless another request cached the same first).
+    Request& r = *prefilled;
+    for (size_t i = static_cast<size_t>(r.shared_blocks); i < r.spec.block_keys.size(); ++i) {
+      if (by_key_.emplace(r.spec.block_keys[i], r.blocks[i]).second)
+        slots_[static_cast<size_t>(r.blocks[i])].key = r.spec.block_keys[i];
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void CpuExecutor::release(engine::RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  for (int32_t block : it->second.blocks) unref(block);
+  requests_.erase(it);
+}
+
+}  // namespace crescent::model

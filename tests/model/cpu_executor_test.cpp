@@ -1,0 +1,243 @@
+#include "model/cpu_executor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <random>
+
+#include "test_support/temp_dir.h"
+
+namespace crescent::model {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kBlock = 16;
+
+std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 256);
+  return tokens;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Chained keys of the full blocks (only equality matters here: equal prefixes, equal keys).
+std::vector<BlockKey> keys_of(const std::vector<int32_t>& prompt) {
+  std::vector<BlockKey> keys;
+  BlockKey parent = 0;
+  for (size_t b = 0; (b + 1) * kBlock <= prompt.size(); ++b) {
+    for (size_t i = b * kBlock; i < (b + 1) * kBlock; ++i) {
+      parent = parent * 1099511628211ULL + static_cast<BlockKey>(prompt[i]) + 1;
+    }
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+// An engine with the CPU executor, driven on its own timeline (each iteration ends when the executor says).
+class Instance : public engine::EngineListener {
+ public:
+  Instance(LlamaForward& model, engine::EngineOptions options, int64_t capacity_blocks = 64)
+      : executor_(model, {.block_size_tokens = kBlock, .capacity_blocks = capacity_blocks}),
+        engine_(options, executor_, *this) {}
+
+  void submit(engine::RequestId id, const std::vector<int32_t>& prompt, int64_t output_tokens,
+              SamplingParams sampling = {}) {
+    const std::vector<BlockKey> keys = keys_of(prompt);
+    ASSERT_TRUE(
+        executor_
+            .add_request(
+                id,
+                {.prompt = prompt, .block_keys = keys, .output_tokens = output_tokens, .sampling = sampling})
+            .ok());
+    engine_.submit_prompt(id, static_cast<int64_t>(prompt.size()), output_tokens, keys, now_s_);
+  }
+  void run() {
+    while (engine_.busy()) {
+      now_s_ = engine_.next_event_s();
+      engine_.advance_until(now_s_);
+    }
+  }
+  CpuExecutor& executor() { return executor_; }
+  std::map<engine::RequestId, std::vector<int32_t>> outputs;
+  std::map<engine::RequestId, int64_t> hits, reused;
+  std::map<engine::RequestId, std::string> errors;
+
+  void on_prefill_start(engine::RequestId id, double, const engine::PrefillStart& start) override {
+    hits[id] = start.hit_tokens;
+  }
+  void on_first_token(engine::RequestId id, double) override { reused[id] = executor_.reused_tokens(id); }
+  void on_finished(engine::RequestId id, double, const std::optional<engine::StepLog::Gaps>&) override {
+    const auto out = executor_.output(id);
+    outputs[id].assign(out.begin(), out.end());
+    errors[id] = executor_.error(id);
+  }
+
+ private:
+  CpuExecutor executor_;
+  engine::EngineCore engine_;
+  double now_s_ = 0;
+};
+
+const engine::EngineOptions kColocated{
+    .kv_capacity_tokens = 64 * kBlock, .prefix_cache = true, .block_size_tokens = kBlock};
+
+class CpuExecutorTest : public ::testing::Test {
+ protected:
+  CpuExecutorTest() {
+    auto loaded = load_or_init();
+    model_ = std::make_unique<LlamaForward>(loaded);
+  }
+  LlamaModel load_or_init() {
+    EXPECT_TRUE(init_llama_model(llama_preset("tiny").value(), 11, dir_.path()).ok());
+    return load_llama_model(dir_.path()).value();
+  }
+  // Each prompt alone on a fresh instance.
+  std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int64_t output_tokens,
+                             SamplingParams sampling = {}) {
+    Instance instance(*model_, kColocated);
+    instance.submit(1, prompt, output_tokens, sampling);
+    instance.run();
+    return instance.outputs.at(1);
+  }
+
+  // Greedy tokens straight from the forward pass: the whole prompt, then one token at a time.
+  std::vector<int32_t> direct(std::vector<int32_t> tokens, int64_t output_tokens) {
+    PagedKvCache cache(model_->kv_layout(kBlock), 16);
+    std::vector<int32_t> blocks;
+    while (auto b = cache.allocate()) blocks.push_back(*b);
+    std::vector<int32_t> out;
+    int64_t start = 0;
+    while (static_cast<int64_t>(out.size()) < output_tokens) {
+      const ForwardSequence seq{.tokens = std::span(tokens).subspan(static_cast<size_t>(start)),
+                                .start_position = start,
+                                .block_table = blocks};
+      out.push_back(Sampler({}).sample(model_->forward({&seq, 1}, cache).value()));
+      start = static_cast<int64_t>(tokens.size());
+      tokens.push_back(out.back());
+    }
+    return out;
+  }
+
+  test::TempDir dir_{"executor"};
+  std::unique_ptr<LlamaForward> model_;
+};
+
+// A second prompt sharing 3 blocks with a finished one starts from them (the engine's prefix hit is the
+// executor's: 48 tokens not computed), and its tokens are those it gets alone on a fresh instance.
+TEST_F(CpuExecutorTest, ASharedPrefixIsReusedAndGivesTheSameTokens) {
+  const std::vector<int32_t> prefix = random_tokens(3 * kBlock, 1);
+  const auto first = concat(prefix, random_tokens(10, 2));
+  const auto second = concat(prefix, random_tokens(13, 3));
+  Instance instance(*model_, kColocated);
+  instance.submit(1, first, 8);
+  instance.run();
+  instance.submit(2, second, 12);
+  instance.run();
+  EXPECT_EQ(instance.reused[1], 0);
+  EXPECT_EQ(instance.hits[2], 3 * kBlock);
+  EXPECT_EQ(instance.reused[2], 3 * kBlock);
+  EXPECT_EQ(instance.outputs[1], direct(first, 8));
+  EXPECT_EQ(alone(first, 8), direct(first, 8));
+  EXPECT_EQ(instance.outputs[2], alone(second, 12));
+  EXPECT_EQ(instance.outputs[2].size(), 12u);
+}
+
+// Requests prefilled in chunks while others decode (one forward pass per iteration for all of them) get
+// the tokens each gets alone with whole-prompt prefill.
+TEST_F(CpuExecutorTest, ChunkedAndBatchedRequestsGetTheirTokensAlone) {
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(70, 4), random_tokens(5, 5),
+                                                     random_tokens(33, 6)};
+  for (const int64_t chunk : {0, 16, 40}) {
+    engine::EngineOptions options = kColocated;
+    options.chunk_tokens = chunk;
+    Instance instance(*model_, options);
+    for (size_t i = 0; i < prompts.size(); ++i) instance.submit(i, prompts[i], 6 + static_cast<int64_t>(i));
+    instance.run();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(instance.outputs[i], alone(prompts[i], 6 + static_cast<int64_t>(i))) << "chunk " << chunk;
+    }
+  }
+}
+
+// KV blocks copied out of one executor (what a prefill instance writes to the pool) and imported into
+// another (what reads the pool) are used there as computed: the prompt reuses them and its tokens match.
+TEST_F(CpuExecutorTest, ImportedBlocksAreUsedLikeComputedOnes) {
+  const auto prompt = random_tokens(2 * kBlock + 7, 7);
+  Instance source(*model_, kColocated);
+  source.submit(1, prompt, 9);
+  source.run();
+  Instance target(*model_, kColocated);
+  for (BlockKey key : keys_of(prompt)) {
+    const auto bytes = source.executor().cached_block(key);
+    ASSERT_TRUE(bytes.has_value());
+    ASSERT_TRUE(target.executor().import_block(key, *bytes).ok());
+  }
+  target.submit(2, prompt, 9);
+  target.run();
+  EXPECT_EQ(target.reused[2], 2 * kBlock);
+  EXPECT_EQ(target.outputs[2], source.outputs[1]);
+  // Blocks of another size are refused.
+  EXPECT_THAT(target.executor().import_block(5, std::vector<std::byte>(10)).message(), HasSubstr("10 bytes"));
+}
+
+TEST_F(CpuExecutorTest, SeededSamplingRepeatsAndDiffersFromGreedy) {
+  const auto prompt = random_tokens(20, 8);
+  const SamplingParams hot{.temperature = 1.5, .top_p = 0.95, .seed = 3};
+  const auto a = alone(prompt, 16, hot);
+  EXPECT_EQ(alone(prompt, 16, hot), a);
+  EXPECT_NE(alone(prompt, 16, {.temperature = 1.5, .top_p = 0.95, .seed = 4}), a);
+  EXPECT_NE(alone(prompt, 16), a);
+}
+
+// Cached blocks of departed requests make room for new ones, least recently used first; blocks in use are
+// never taken.
+TEST_F(CpuExecutorTest, CachedBlocksAreEvictedOnlyWhenUnused) {
+  Instance instance(*model_, kColocated, /*capacity_blocks=*/6);
+  const auto a = random_tokens(2 * kBlock + 1, 9);  // 2 cached blocks + 1 own
+  instance.submit(1, a, 1);
+  instance.run();
+  EXPECT_EQ(instance.executor().cached_blocks(), 2);
+  const auto b = random_tokens(4 * kBlock + 1, 10);  // 5 blocks: the 4 free and a's older cached one
+  instance.submit(2, b, 1);
+  instance.run();
+  EXPECT_EQ(instance.errors[2], "");
+  EXPECT_EQ(instance.outputs[2], alone(b, 1));
+  EXPECT_EQ(instance.executor().cached_blocks(), 5);  // b's 4 and a's second
+  EXPECT_FALSE(instance.executor().cached_block(keys_of(a)[0]).has_value());
+  EXPECT_TRUE(instance.executor().cached_block(keys_of(a)[1]).has_value());
+  EXPECT_EQ(instance.executor().free_blocks(), 6);
+  // A prompt needing 7 blocks of the 6 fails with a clear error, produces nothing, and returns what it took.
+  instance.submit(3, random_tokens(6 * kBlock + 1, 11), 1);
+  instance.run();
+  EXPECT_THAT(instance.errors[3], HasSubstr("no free KV block"));
+  EXPECT_TRUE(instance.outputs[3].empty());
+  EXPECT_EQ(instance.executor().free_blocks(), 6);
+}
+
+TEST_F(CpuExecutorTest, BadRequestsAreRefused) {
+  CpuExecutor executor(*model_, {.block_size_tokens = kBlock, .capacity_blocks = 4});
+  const auto error = [&](engine::RequestId id, ExecutorRequest r) {
+    return executor.add_request(id, std::move(r)).message();
+  };
+  EXPECT_THAT(error(1, {.prompt = {}}), HasSubstr("the prompt is empty"));
+  EXPECT_THAT(error(1, {.prompt = {3, 300}}),
+              HasSubstr("token id 300 is outside the model's vocabulary of 256"));
+  EXPECT_THAT(
+      error(1, {.prompt = {3}, .output_tokens = 4096}),
+      HasSubstr("a prompt of 1 tokens and 4096 output tokens is 4097 tokens, the model's context is 4096"));
+  EXPECT_THAT(error(1, {.prompt = random_tokens(17, 1)}), HasSubstr("0 block keys for 1 full blocks"));
+  EXPECT_THAT(error(1, {.prompt = {3}, .sampling = {.top_p = 2}}), HasSubstr("'top_p'"));
+  EXPECT_TRUE(executor.add_request(1, {.prompt = {3}}).ok());
+  EXPECT_THAT(error(1, {.prompt = {3}}), HasSubstr("already registered"));
+}
+
+}  // namespace
+}  // namespace crescent::model
