@@ -1,13 +1,20 @@
 // `crescent model`: model directories for the real executor (issue 11).
 //   crescent model init --preset tiny|small --seed N --out DIR   seeded random weights, HF format
 //   crescent model check DIR                                     read it back, every tensor checked
+//   crescent model run DIR --prompt TEXT [--max-tokens N ...]    generate in this process (one colocated
+//                                                                engine with the cpu executor)
 #include <fmt/format.h>
 
+#include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/commands.h"
+#include "engine/engine_core.h"
+#include "model/cpu_executor.h"
 #include "model/llama.h"
+#include "model/tokenizer.h"
 
 namespace crescent::cli {
 namespace {
@@ -18,6 +25,14 @@ struct ModelArgs {
   std::string out;
   std::string dtype = "float32";
   std::string dir;
+  // run
+  std::string prompt;
+  int64_t max_tokens = 16;
+  double temperature = 0;
+  double top_p = 1;
+  uint64_t run_seed = 0;
+  int64_t block_size = 16;
+  bool json = false;
 };
 
 // One line about `config`: its shape, size and KV bytes per token.
@@ -53,6 +68,78 @@ int run_check(const ModelArgs& args) {
   return 0;
 }
 
+// Listens to one request on a colocated engine: when it finished, and its tokens then.
+class RunListener final : public engine::EngineListener {
+ public:
+  explicit RunListener(const model::CpuExecutor& executor) : executor_(executor) {}
+  void on_prefill_start(engine::RequestId, double, const engine::PrefillStart&) override {}
+  void on_first_token(engine::RequestId, double now_s) override { first_token_s = now_s; }
+  void on_finished(engine::RequestId id, double now_s, const std::optional<engine::StepLog::Gaps>&) override {
+    const auto out = executor_.output(id);
+    tokens.assign(out.begin(), out.end());
+    error = executor_.error(id);
+    finished_s = now_s;
+  }
+  std::vector<int32_t> tokens;
+  std::string error;
+  double first_token_s = 0, finished_s = 0;
+
+ private:
+  const model::CpuExecutor& executor_;
+};
+
+int run_generate(const ModelArgs& args) {
+  if (args.max_tokens < 1) return fail(Status::invalid_argument("--max-tokens must be >= 1"));
+  if (args.block_size < 1) return fail(Status::invalid_argument("--block-size must be >= 1"));
+  const model::SamplingParams sampling{
+      .temperature = args.temperature, .top_p = args.top_p, .seed = args.run_seed};
+  if (Status s = model::validate(sampling); !s.ok()) return fail(s);
+  auto loaded = model::load_llama_model(args.dir);
+  if (!loaded.ok()) return fail(loaded.status());
+  auto tokenizer = model::load_tokenizer(args.dir, loaded->config.vocab_size);
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+  const std::vector<int64_t> ids = (*tokenizer)->encode(args.prompt);
+  const auto n = static_cast<int64_t>(ids.size());
+  model::LlamaForward forward(*loaded);
+  const int64_t blocks = (n + args.max_tokens + args.block_size - 1) / args.block_size;
+  model::CpuExecutor executor(
+      forward, {.block_size_tokens = args.block_size, .capacity_blocks = std::max<int64_t>(blocks, 1)});
+  // Block keys only matter to a cache; this run has none, so any distinct keys do.
+  std::vector<BlockKey> keys(static_cast<size_t>(n / args.block_size));
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i + 1;
+  if (Status s = executor.add_request(1, {.prompt = std::vector<int32_t>(ids.begin(), ids.end()),
+                                          .block_keys = keys,
+                                          .output_tokens = args.max_tokens,
+                                          .sampling = sampling});
+      !s.ok()) {
+    return fail(Status::invalid_argument(fmt::format("--prompt: {}", s.message())));
+  }
+  RunListener listener(executor);
+  engine::EngineCore engine(
+      {.kv_capacity_tokens = blocks * args.block_size, .block_size_tokens = args.block_size}, executor,
+      listener);
+  engine.submit_prompt(1, n, args.max_tokens, keys, 0);
+  while (engine.busy()) engine.advance_until(engine.next_event_s());
+  if (!listener.error.empty()) return fail(Status::internal(listener.error));
+  std::string text;
+  for (int32_t t : listener.tokens) text += (*tokenizer)->token_bytes(t);
+  if (args.json) {
+    const nlohmann::json j = {{"text", text},
+                              {"token_ids", listener.tokens},
+                              {"prompt_tokens", n},
+                              {"completion_tokens", listener.tokens.size()},
+                              {"prefill_seconds", listener.first_token_s},
+                              {"decode_seconds", listener.finished_s - listener.first_token_s}};
+    fmt::print("{}\n", dump_json(j));
+  } else {
+    fmt::print("{}\n", text);
+    fmt::print(stderr, "{} prompt tokens ({} tokenizer), {} generated; prefill {:.3f} s, decode {:.3f} s\n",
+               n, (*tokenizer)->kind(), listener.tokens.size(), listener.first_token_s,
+               listener.finished_s - listener.first_token_s);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void register_model(CLI::App& app, int& exit_code) {
@@ -70,6 +157,17 @@ void register_model(CLI::App& app, int& exit_code) {
       cmd->add_subcommand("check", "Read a model directory and check every tensor against its config");
   check->add_option("dir", args->dir, "The model directory")->required();
   check->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_check(*args); }); });
+  CLI::App* run = cmd->add_subcommand(
+      "run", "Generate from a prompt in this process (one colocated engine running the cpu executor)");
+  run->add_option("dir", args->dir, "The model directory")->required();
+  run->add_option("--prompt", args->prompt, "The prompt (tokenized as the server does)")->required();
+  run->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->capture_default_str();
+  run->add_option("--temperature", args->temperature, "0: greedy")->capture_default_str();
+  run->add_option("--top-p", args->top_p, "Nucleus sampling")->capture_default_str();
+  run->add_option("--seed", args->run_seed, "The sampler's seed")->capture_default_str();
+  run->add_option("--block-size", args->block_size, "KV block size, tokens")->capture_default_str();
+  run->add_flag("--json", args->json, "Print the text, token ids and timings as JSON");
+  run->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_generate(*args); }); });
 }
 
 }  // namespace crescent::cli

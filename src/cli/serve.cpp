@@ -22,6 +22,7 @@
 #include "cli/supervisor.h"
 #include "common/socket_io.h"
 #include "conductor/conductor.h"
+#include "model/llama.h"
 #include "perf/cost_model.h"
 #include "serve/frontend.h"
 #include "serve/http_server.h"
@@ -39,10 +40,12 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = -1;  // -1: the config's serve.http_port
   std::string api_key;
-  std::string model_name = "mock";
-  std::string policy;     // empty: the config's serve.policy
-  std::string admission;  // empty: the config's serve.admission
+  std::string model_name;  // empty: "mock", or the cpu executor's model directory's name
+  std::string policy;      // empty: the config's serve.policy
+  std::string admission;   // empty: the config's serve.admission
   int64_t block_size_tokens = 512;
+  std::string executor;   // empty: the config's serve.executor
+  std::string model_dir;  // empty: the config's serve.model
   uint64_t body_limit_bytes = 16ull << 20;
   bool in_process = false;
   bool no_restart = false;
@@ -66,6 +69,7 @@ struct ServeArgs {
 /// The parsed parts every role shares.
 struct ServeSetup {
   std::string config_path;
+  std::string model_name;  // what clients name (--model-name)
   serve::ClusterOptions cluster;
   std::string policy, admission;  // names, for messages
   int port = 8000;
@@ -84,7 +88,35 @@ Result<ServeSetup> setup(const ServeArgs& args) {
   const std::string admission_name = args.admission.empty() ? config->serve.admission : args.admission;
   auto admission = conductor::parse_admission(admission_name);
   if (!admission.ok()) return admission.status();
+  // The executor: a cpu executor's model replaces the config's (its KV bytes are what moves).
+  if (!args.executor.empty()) config->serve.executor = args.executor;
+  if (config->serve.executor != "mock" && config->serve.executor != "cpu") {
+    return Status::invalid_argument(
+        fmt::format("--executor must be mock or cpu, got \"{}\"", config->serve.executor));
+  }
+  if (!args.model_dir.empty()) {
+    config->serve.model_dir = std::filesystem::absolute(args.model_dir).string();
+  } else if (!config->serve.model_dir.empty()) {  // relative to the config file
+    config->serve.model_dir = (std::filesystem::absolute(*path).parent_path() / config->serve.model_dir)
+                                  .lexically_normal()
+                                  .string();
+  }
   ServeSetup s;
+  if (config->serve.executor == "cpu") {
+    if (config->serve.model_dir.empty()) {
+      return Status::invalid_argument(
+          "--executor cpu needs a model: --model DIR (a directory `crescent model init` writes) or the "
+          "config's serve.model");
+    }
+    auto llama = model::read_llama_config(config->serve.model_dir);
+    if (!llama.ok()) return llama.status();
+    auto identity = model::model_identity(config->serve.model_dir);
+    if (!identity.ok()) return identity.status();
+    config->model =
+        model::model_spec(*llama, std::filesystem::path(config->serve.model_dir).filename().string());
+    s.cluster.block_key_seed = *identity;
+    s.cluster.model_context_tokens = llama->max_position_embeddings;
+  }
   s.policy = policy_name;
   s.admission = admission_name;
   s.port = args.port >= 0 ? args.port : static_cast<int>(config->serve.http_port);
@@ -93,15 +125,19 @@ Result<ServeSetup> setup(const ServeArgs& args) {
   s.cluster.policy = *policy;
   s.cluster.admission = *admission;
   s.cluster.block_size_tokens = args.block_size_tokens;
-  s.cluster.model_name = args.model_name;
+  s.model_name = !args.model_name.empty() ? args.model_name
+                 : config->serve.executor == "cpu"
+                     ? std::filesystem::path(config->serve.model_dir).filename().string()
+                     : "mock";
+  s.cluster.model_name = s.model_name;
   return s;
 }
 
 // What `crescent replay` needs to replay --replay against `url`.
-ReplayArgs replay_args(const ServeArgs& args, const std::string& url) {
+ReplayArgs replay_args(const ServeArgs& args, const ServeSetup& s, const std::string& url) {
   return {.trace_path = args.replay_trace,
           .url = url,
-          .model = args.model_name,
+          .model = s.model_name,
           .api_key = args.api_key,
           .config_path = args.config_path,
           .time_scale = args.replay_time_scale,
@@ -115,7 +151,14 @@ ReplayArgs replay_args(const ServeArgs& args, const std::string& url) {
 // `who` starts its lines ("crescent serve", or "conductor" for the role alone).
 int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& cluster, const sigset_t& signals,
                const std::string& who, const std::string& what) {
-  serve::FrontendOptions frontend{.model_name = args.model_name, .api_key = args.api_key};
+  serve::FrontendOptions frontend{.model_name = s.model_name, .api_key = args.api_key};
+  if (s.cluster.config.serve.executor == "cpu") {
+    auto llama = model::read_llama_config(s.cluster.config.serve.model_dir);
+    if (!llama.ok()) return fail(llama.status());
+    auto tokenizer = model::load_tokenizer(s.cluster.config.serve.model_dir, llama->vocab_size);
+    if (!tokenizer.ok()) return fail(tokenizer.status());
+    frontend.tokenizer = std::move(*tokenizer);
+  }
   serve::HttpServerOptions http{.host = args.host, .port = s.port, .body_limit_bytes = args.body_limit_bytes};
   auto server = serve::HttpServer::start(http, serve::make_frontend(cluster, frontend));
   if (!server.ok()) {
@@ -124,11 +167,11 @@ int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& clust
   }
   const std::string url = fmt::format("http://{}:{}", args.host, (*server)->port());
   fmt::print(args.json ? stderr : stdout, "{}: model '{}' on {} ({}, policy {}, admission {}){}\n", who,
-             args.model_name, url, what, s.policy, s.admission,
+             s.model_name, url, what, s.policy, s.admission,
              args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   if (!args.replay_trace.empty()) {
-    const int code = run_replay(replay_args(args, url));
+    const int code = run_replay(replay_args(args, s, url));
     (*server)->stop();
     rusage usage{};
     ::getrusage(RUSAGE_SELF, &usage);
@@ -153,6 +196,10 @@ Status check_replay_trace(const ServeArgs& args) {
 }
 
 int run_in_process(const ServeArgs& args, const ServeSetup& s) {
+  if (s.cluster.config.serve.executor != "mock") {
+    return fail(Status::invalid_argument(
+        "--in-process runs mock instances only; the cpu executor runs in `crescent serve`'s processes"));
+  }
   const sigset_t signals = block_stop_signals();
   auto cluster = serve::LocalCluster::start(s.cluster);
   if (!cluster.ok()) return fail(cluster.status());
@@ -160,6 +207,18 @@ int run_in_process(const ServeArgs& args, const ServeSetup& s) {
   return serve_http(args, s, **cluster, signals, "crescent serve",
                     fmt::format("in process: {} prefill + {} decode mock instances of {} on {}",
                                 c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name));
+}
+
+// What runs the instances, for the lines saying they are up.
+std::string describe_executor(const sim::ClusterConfig& c) {
+  const perf::CostModel cost(c.model, c.hardware);
+  if (c.serve.executor == "cpu") {
+    return fmt::format("the cpu executor on model {}; KV {} bytes per token", c.serve.model_dir,
+                       cost.kv_bytes_per_token());
+  }
+  return fmt::format("mock {} on {}, KV bytes scaled 1/{} ({} bytes per token)", c.model.name,
+                     c.hardware.name, c.serve.kv_bytes_scale,
+                     serve::scaled_kv_bytes_per_token(cost.kv_bytes_per_token(), c.serve.kv_bytes_scale));
 }
 
 std::string self_path() {
@@ -254,29 +313,36 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
                                           "--admission",
                                           s.admission,
                                           "--model-name",
-                                          args.model_name,
+                                          s.model_name,
                                           "--body-limit",
                                           std::to_string(args.body_limit_bytes)};
   if (!args.api_key.empty()) {
     conductor_argv.emplace_back("--api-key");
     conductor_argv.push_back(args.api_key);
   }
+  // The executor and model as resolved here (a relative path in the config is relative to it).
+  const std::vector<std::string> executor_flags = {"--executor", c.serve.executor, "--model",
+                                                   c.serve.model_dir};
+  if (c.serve.executor == "cpu")
+    conductor_argv.insert(conductor_argv.end(), executor_flags.begin(), executor_flags.end());
   auto conductor = supervisor.start("conductor", conductor_argv, "conductor: model '", kStartTimeout);
   if (!conductor.ok()) return fail(conductor.status());
   auto instance_argv = [&](const char* role, uint32_t index) {
-    return std::vector<std::string>{self,
-                                    "serve",
-                                    role,
-                                    "--index",
-                                    std::to_string(index),
-                                    "--conductor",
-                                    control,
-                                    "--store-master",
-                                    master_address,
-                                    "--config",
-                                    s.config_path,
-                                    "--block-size",
-                                    std::to_string(args.block_size_tokens)};
+    std::vector<std::string> argv{self,
+                                  "serve",
+                                  role,
+                                  "--index",
+                                  std::to_string(index),
+                                  "--conductor",
+                                  control,
+                                  "--store-master",
+                                  master_address,
+                                  "--config",
+                                  s.config_path,
+                                  "--block-size",
+                                  std::to_string(args.block_size_tokens)};
+    if (c.serve.executor == "cpu") argv.insert(argv.end(), executor_flags.begin(), executor_flags.end());
+    return argv;
   };
   for (uint32_t i = 0; i < c.prefill_instances; ++i) {
     auto started = supervisor.start(fmt::format("prefill-{}", i), instance_argv("prefill", i), ": ready (",
@@ -293,15 +359,14 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
   supervisor.watch();
   const std::string url = fmt::format("http://{}:{}", host, http_port);
   fmt::print(args.json ? stderr : stdout,
-             "crescent serve: model '{}' on {} ({} prefill + {} decode processes of mock {} on {}, KV bytes "
-             "scaled 1/{}, policy {}, admission {}){}\n",
-             args.model_name, url, c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name,
-             c.serve.kv_bytes_scale, s.policy, s.admission,
-             args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
+             "crescent serve: model '{}' on {} ({} prefill + {} decode processes of {}, policy {}, admission "
+             "{}){}\n",
+             s.model_name, url, c.prefill_instances, c.decode_instances, describe_executor(c), s.policy,
+             s.admission, args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   int code = 0;
   if (!args.replay_trace.empty()) {
-    code = run_replay(replay_args(args, url));
+    code = run_replay(replay_args(args, s, url));
   } else {
     const int signal = wait_for_stop_signal(signals);
     if (!failed) fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
@@ -360,13 +425,9 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   auto instance = serve::InstanceServer::start(options);
   if (!instance.ok()) return fail(instance.status());
   const sim::ClusterConfig& c = s->cluster.config;
-  const perf::CostModel cost(c.model, c.hardware);
-  const uint64_t per_token =
-      serve::scaled_kv_bytes_per_token(cost.kv_bytes_per_token(), c.serve.kv_bytes_scale);
-  fmt::print(
-      "{}-{}: ready (mock {} on {}; KV {} bytes per token, the model's / {}; Conductor {}; store {})\n",
-      serve::to_string(role), args.index, c.model.name, c.hardware.name, per_token, c.serve.kv_bytes_scale,
-      args.conductor.empty() ? "from etcd " + args.etcd : args.conductor, args.store_master);
+  fmt::print("{}-{}: ready ({}; Conductor {}; store {})\n", serve::to_string(role), args.index,
+             describe_executor(c), args.conductor.empty() ? "from etcd " + args.etcd : args.conductor,
+             args.store_master);
   std::fflush(stdout);
   const int signal = wait_for_stop_signal(signals);
   fmt::print("{}-{}: stopping ({})\n", serve::to_string(role), args.index,
@@ -378,7 +439,8 @@ void add_cluster_flags(CLI::App* cmd, ServeArgs& args) {
   cmd->add_option("--config", args.config_path,
                   fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)",
                               kServeClusterConfig));
-  cmd->add_option("--model-name", args.model_name, "The model id clients must name")->capture_default_str();
+  cmd->add_option("--model-name", args.model_name,
+                  "The model id clients must name (default: mock, or the --model directory's name)");
   cmd->add_option(
       "--policy", args.policy,
       "Prefill policy: random, least-loaded, cache-aware, global-cache-aware (default: the config's "
@@ -386,6 +448,14 @@ void add_cluster_flags(CLI::App* cmd, ServeArgs& args) {
   cmd->add_option("--admission", args.admission,
                   "Admission: none, slo, early, predictive (default: the config's serve.admission, none)");
   cmd->add_option("--block-size", args.block_size_tokens, "Tokens per KV block")->capture_default_str();
+  cmd->add_option(
+      "--executor", args.executor,
+      "What computes iterations: mock (the cost model's time) or cpu (the model on this machine's "
+      "CPUs; needs --model) (default: the config's serve.executor, mock)");
+  cmd->add_option(
+      "--model", args.model_dir,
+      "With --executor cpu: the model directory (config.json + model.safetensors; `crescent model "
+      "init` writes one)");
 }
 
 void add_http_flags(CLI::App* cmd, ServeArgs& args) {

@@ -4,6 +4,7 @@
 // below, so both learn about the cluster by the same rules.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -68,11 +69,19 @@ class ClusterState final : public ClusterView {
   void on_kv_cleared(InstanceId instance);
 
   /// Event "prefill done": a request's prefill on `instance` ended at `now_s`. A prefill that ran later than
-  /// predicted pushes the instance's queue estimate out to now. Its placement's prediction has run its
+  /// predicted pushes the instance's queue estimate out to now; the blocks it stored are readable by others
+  /// from now, even when their placement predicted later. Its placement's prediction has run its
   /// course: of its `block_keys`, those the instance did not store (no KV event said so: a cache smaller than
   /// the prompt keeps its head) leave the index unless another placement there will compute them, as for a
   /// dropped request.
   void on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s);
+
+  /// Event "prefill idle": prefill instance `instance` has nothing queued or running at `now_s` (a live
+  /// Conductor knows when every request it placed there is done): its queue's predicted end is now at the
+  /// latest.
+  void on_prefill_idle(InstanceId instance, double now_s) {
+    busy_until_s_[instance] = std::min(busy_until_s_[instance], now_s);
+  }
 
   /// Event "decode report": decode instance `d` reports its load (running, waiting and incoming requests,
   /// HBM capacity). Replaces what placements added since its last report.

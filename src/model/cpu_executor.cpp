@@ -198,8 +198,77 @@ double CpuExecutor::run_iteration_s(const engine::IterationPlan& plan) {
 void CpuExecutor::release(engine::RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
+  if (it->second.spec.keep_after_release) {
+    it->second.released = true;
+    return;
+  }
+  drop(id);
+}
+
+void CpuExecutor::drop(engine::RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
   for (int32_t block : it->second.blocks) unref(block);
   requests_.erase(it);
+}
+
+std::span<const std::byte> CpuExecutor::kv_block(engine::RequestId id, int64_t index) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || index < 0 || index >= std::ssize(it->second.blocks)) return {};
+  return cache_.block_bytes(it->second.blocks[static_cast<size_t>(index)]);
+}
+
+Status CpuExecutor::add_decoding(engine::RequestId id, const DecodingRequest& request,
+                                 std::span<const std::byte> kv) {
+  const LlamaConfig& c = model_.config();
+  const int64_t bs = options_.block_size_tokens;
+  const auto bad = [&](const std::string& what) {
+    return Status::invalid_argument(fmt::format("request {}: {}", id, what));
+  };
+  if (requests_.contains(id)) return bad("already registered");
+  if (request.prompt_tokens < 1 || request.output_tokens < 2 ||
+      request.prompt_tokens + request.output_tokens > c.max_position_embeddings) {
+    return bad(fmt::format("{} prompt and {} output tokens (context {})", request.prompt_tokens,
+                           request.output_tokens, c.max_position_embeddings));
+  }
+  if (request.first_token < 0 || request.first_token >= c.vocab_size) {
+    return bad(
+        fmt::format("first token {} is outside the vocabulary of {}", request.first_token, c.vocab_size));
+  }
+  const int64_t prompt_blocks = (request.prompt_tokens + bs - 1) / bs;
+  const int64_t block_bytes = cache_.layout().block_bytes();
+  if (std::ssize(kv) != prompt_blocks * block_bytes) {
+    return bad(fmt::format("{} KV bytes, {} blocks of {} expected", kv.size(), prompt_blocks, block_bytes));
+  }
+  CRESCENT_RETURN_IF_ERROR(validate(request.sampling));
+  Request r{.spec = {.output_tokens = request.output_tokens, .sampling = request.sampling},
+            .sampler = Sampler(request.sampling)};
+  // The prefill drew the first token (a draw only when sampling at a temperature).
+  if (request.sampling.temperature > 0) r.sampler.discard(1);
+  const int64_t positions = request.prompt_tokens + request.output_tokens - 1;
+  while (std::ssize(r.blocks) * bs < positions) {
+    const std::optional<int32_t> block = allocate();
+    if (!block) {
+      for (int32_t b : r.blocks) unref(b);
+      return Status::out_of_range(
+          fmt::format("request {}: no free KV block ({} blocks, all in use)", id, options_.capacity_blocks));
+    }
+    slots_[static_cast<size_t>(*block)].refs = 1;
+    r.blocks.push_back(*block);
+  }
+  for (int64_t b = 0; b < prompt_blocks; ++b) {
+    std::ranges::copy(kv.subspan(static_cast<size_t>(b * block_bytes), static_cast<size_t>(block_bytes)),
+                      cache_.block_bytes(r.blocks[static_cast<size_t>(b)]).begin());
+  }
+  r.started = true;
+  r.computed_tokens = request.prompt_tokens;
+  r.tokens.reserve(static_cast<size_t>(positions + 1));
+  r.tokens.assign(static_cast<size_t>(request.prompt_tokens),
+                  0);  // their KV is here; their ids are not needed
+  r.tokens.push_back(request.first_token);
+  r.output.push_back(request.first_token);
+  requests_.emplace(id, std::move(r));
+  return Status::ok_status();
 }
 
 }  // namespace crescent::model

@@ -29,6 +29,16 @@ struct ExecutorRequest {
       {};                     // one per full block of the prompt: the keys it is cached and shared under
   int64_t output_tokens = 1;  // tokens to generate, the engine's output_tokens (>= 1)
   SamplingParams sampling = {};
+  /// Keep its KV blocks after the engine releases it, until drop(): a prefill instance still ships them.
+  bool keep_after_release = false;
+};
+
+/// A request whose prompt was prefilled elsewhere, joining a decode instance with its KV.
+struct DecodingRequest {
+  int64_t prompt_tokens = 0;     // >= 1
+  int32_t first_token = 0;       // sampled by the prefill
+  int64_t output_tokens = 2;     // in all, the first included (>= 2)
+  SamplingParams sampling = {};  // the prefill's: this sampler goes on after its first draw
 };
 
 /// Where the executor keeps KV.
@@ -49,6 +59,16 @@ class CpuExecutor final : public engine::Executor {
   /// outside the vocabulary, prompt + output beyond the model's context ("... tokens, the model's context is
   /// N"), block keys not one per full block, invalid sampling, `id` already registered.
   Status add_request(engine::RequestId id, ExecutorRequest request);
+  /// Registers request `id` to decode here: `kv` holds its prompt's KV, ceil(prompt / block) blocks of the
+  /// layout back to back (what a prefill instance wrote), copied into this executor's blocks. Submit it to
+  /// the engine with submit_decode afterwards. Errors: kInvalidArgument (`id` registered, a token or length
+  /// out of range, `kv` not that many blocks, invalid sampling); kOutOfRange when the blocks are not free.
+  Status add_decoding(engine::RequestId id, const DecodingRequest& request, std::span<const std::byte> kv);
+  /// Frees request `id` whatever the engine did (ExecutorRequest::keep_after_release). No-op when unknown.
+  void drop(engine::RequestId id);
+  /// Block `index` of request `id`'s block table (its prompt's KV from block 0), or an empty span when there
+  /// is no such block (unknown id, prefill not started).
+  std::span<const std::byte> kv_block(engine::RequestId id, int64_t index) const;
   /// The tokens generated so far for `id` (empty for an unknown id).
   std::span<const int32_t> output(engine::RequestId id) const;
   /// Prompt tokens of `id` whose KV was found cached when its prefill started (0 before, or unknown).
@@ -88,6 +108,7 @@ class CpuExecutor final : public engine::Executor {
     std::vector<int32_t> tokens = {};  // prompt then output, what the forward pass reads
     std::string error = {};
     bool started = false;
+    bool released = false;  // by the engine, kept for its owner (keep_after_release)
   };
   struct Slot {
     std::optional<BlockKey> key;       // cached under it

@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <xxhash.h>
 
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "common/atomic_file.h"
@@ -211,12 +213,37 @@ Status init_llama_model(const LlamaConfig& config, uint64_t seed, const std::str
   return write_file_atomically((root / kConfigFile).string(), to_json(config).dump(2) + "\n");
 }
 
-Result<LlamaModel> load_llama_model(const std::string& dir) {
-  const std::filesystem::path root(dir);
-  const std::string config_path = (root / kConfigFile).string();
+Result<LlamaConfig> read_llama_config(const std::string& dir) {
+  const std::string config_path = (std::filesystem::path(dir) / kConfigFile).string();
   auto j = read_json_file(config_path);
   if (!j.ok()) return j.status();
-  auto config = llama_config_from_json(*j, config_path);
+  return llama_config_from_json(*j, config_path);
+}
+
+Result<uint64_t> model_identity(const std::string& dir) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> buffer(1 << 20);
+  for (const std::string_view name : {kConfigFile, kWeightsFile}) {
+    const std::string path = (std::filesystem::path(dir) / name).string();
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      XXH3_freeState(state);
+      return Status::not_found(fmt::format("cannot open '{}'", path));
+    }
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      XXH3_64bits_update(state, buffer.data(), static_cast<size_t>(in.gcount()));
+    }
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
+Result<LlamaModel> load_llama_model(const std::string& dir) {
+  const std::filesystem::path root(dir);
+  auto config = read_llama_config(dir);
   if (!config.ok()) return config.status();
   const std::string weights_path = (root / kWeightsFile).string();
   auto weights = SafetensorsFile::read(weights_path);
@@ -235,7 +262,9 @@ Result<LlamaModel> load_llama_model(const std::string& dir) {
       return bad(fmt::format("is {}, the config says {}", to_string(t->dtype), to_string(config->dtype)));
     }
   }
-  return LlamaModel{*config, std::move(*weights)};
+  auto identity = model_identity(dir);
+  if (!identity.ok()) return identity.status();
+  return LlamaModel{*config, std::move(*weights), *identity};
 }
 
 }  // namespace crescent::model

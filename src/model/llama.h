@@ -73,10 +73,19 @@ std::vector<TensorSpec> llama_tensor_specs(const LlamaConfig& config);
 /// norms 1). Creates DIR. Errors: kIoError naming the path.
 Status init_llama_model(const LlamaConfig& config, uint64_t seed, const std::string& dir);
 
+/// Reads DIR/config.json (llama_config_from_json). Errors: kNotFound, or the parser's naming the file.
+Result<LlamaConfig> read_llama_config(const std::string& dir);
+
+/// The identity of the model in DIR: xxh3-64 of config.json's bytes then model.safetensors's. KV computed by
+/// one model is meaningless to another, so block keys are seeded with it (prompt_block_keys): blocks of
+/// different models never match in a cache or the pool. Errors: kNotFound naming a missing file.
+Result<uint64_t> model_identity(const std::string& dir);
+
 /// A model directory read and checked.
 struct LlamaModel {
   LlamaConfig config;
   SafetensorsFile weights;
+  uint64_t identity = 0;  // model_identity()
 };
 /// Reads DIR/config.json and DIR/model.safetensors and checks every tensor llama_tensor_specs names: present,
 /// of that shape, of config.dtype. Errors (kNotFound for a missing file, else kInvalidArgument) name the file

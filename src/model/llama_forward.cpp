@@ -7,6 +7,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "model/bf16.h"
@@ -105,7 +106,9 @@ void load_elements(const std::byte* src, int64_t n, DType dtype, float* dst) {
 PagedKvCache::PagedKvCache(const KvBlockLayout& layout, int64_t capacity_blocks)
     : layout_(layout),
       capacity_blocks_(capacity_blocks),
-      buffer_(static_cast<size_t>(capacity_blocks * layout.block_bytes())) {
+      bytes_(static_cast<size_t>(capacity_blocks * layout.block_bytes())),
+      buffer_(static_cast<std::byte*>(std::calloc(bytes_, 1))) {
+  if (!buffer_) throw std::bad_alloc();
   free_.reserve(static_cast<size_t>(capacity_blocks));
   for (int64_t b = capacity_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
@@ -125,13 +128,13 @@ void PagedKvCache::release(int32_t block) {
 std::span<std::byte> PagedKvCache::block_bytes(int32_t block) {
   assert(block >= 0 && block < capacity_blocks_);
   const auto size = static_cast<size_t>(layout_.block_bytes());
-  return {buffer_.data() + static_cast<size_t>(block) * size, size};
+  return {buffer_.get() + static_cast<size_t>(block) * size, size};
 }
 
 std::span<const std::byte> PagedKvCache::block_bytes(int32_t block) const {
   assert(block >= 0 && block < capacity_blocks_);
   const auto size = static_cast<size_t>(layout_.block_bytes());
-  return {buffer_.data() + static_cast<size_t>(block) * size, size};
+  return {buffer_.get() + static_cast<size_t>(block) * size, size};
 }
 
 LlamaForward::LlamaForward(const LlamaModel& model) : config_(model.config) {

@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -46,7 +48,8 @@ struct KvBlockLayout {
 /// register), handed out and returned by index. Not thread-safe.
 class PagedKvCache {
  public:
-  /// REQUIRES: every field of `layout` >= 1; capacity_blocks >= 1. The memory is allocated (zeroed) here.
+  /// REQUIRES: every field of `layout` >= 1; capacity_blocks >= 1. The memory is allocated here, zeroed
+  /// (calloc: pages the OS maps on first use, so an unused capacity costs no resident memory).
   PagedKvCache(const KvBlockLayout& layout, int64_t capacity_blocks);
 
   const KvBlockLayout& layout() const { return layout_; }
@@ -60,12 +63,16 @@ class PagedKvCache {
   std::span<std::byte> block_bytes(int32_t block);
   std::span<const std::byte> block_bytes(int32_t block) const;
   /// All blocks, block i at i × block_bytes().
-  std::span<std::byte> bytes() { return {buffer_.data(), buffer_.size()}; }
+  std::span<std::byte> bytes() { return {buffer_.get(), bytes_}; }
 
  private:
   KvBlockLayout layout_;
   int64_t capacity_blocks_ = 0;
-  std::vector<std::byte> buffer_;
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  size_t bytes_ = 0;
+  std::unique_ptr<std::byte, Free> buffer_;
   std::vector<int32_t> free_;  // a stack: the most recently released block is reused first
 };
 

@@ -32,6 +32,8 @@ class Sampler {
   /// logit. Otherwise p = softmax(logits / temperature) (in double), the tokens sorted by p (ties by index),
   /// the shortest prefix whose p sums to >= top_p kept, and one of them drawn in proportion to p.
   int32_t sample(std::span<const float> logits);
+  /// Advances the generator past `draws` draws (a sampler resuming where another left off).
+  void discard(uint64_t draws) { rng_.discard(draws); }
 
  private:
   SamplingParams params_;

@@ -14,9 +14,12 @@
 
 namespace crescent::serve {
 
-/// The keys of a prompt's full blocks: key[i] = xxh3_64(token ids of block i, seed = key[i-1]), key[-1] = 0,
-/// so equal keys mean equal prefixes (paper §3.2.1). A trailing partial block has no key.
-std::vector<BlockKey> prompt_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens);
+/// The keys of a prompt's full blocks: key[i] = xxh3_64(token ids of block i, seed = key[i-1]), key[-1] =
+/// `model_seed`, so equal keys mean equal prefixes of the same model (paper §3.2.1). `model_seed` is the
+/// model's identity (model::model_identity) with a real executor, 0 for the mock. A trailing partial block
+/// has no key.
+std::vector<BlockKey> prompt_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens,
+                                        BlockKey model_seed = 0);
 
 /// The mock model's output: a deterministic token (a byte: 'a'..'z' or ' ') for output position `index` of a
 /// request with `seed`.
@@ -45,8 +48,10 @@ struct RequestCallbacks {
 /// The request as the cluster takes it.
 struct ClusterRequest {
   std::vector<int64_t> prompt_token_ids;
-  int64_t max_tokens = 1;  // exactly this many are generated (the mock model never stops early)
-  uint64_t seed = 0;
+  int64_t max_tokens = 1;  // exactly this many are generated (neither model stops early)
+  uint64_t seed = 0;       // the sampler's (the mock's tokens are a function of it)
+  double temperature = 1;  // 0: greedy; OpenAI's range [0, 2]
+  double top_p = 1;        // (0, 1]
 };
 
 /// A cluster behind the front end. Thread-safe.

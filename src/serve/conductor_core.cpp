@@ -9,10 +9,11 @@
 
 namespace crescent::serve {
 
-std::vector<BlockKey> prompt_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens) {
+std::vector<BlockKey> prompt_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens,
+                                        BlockKey model_seed) {
   std::vector<BlockKey> keys;
   const auto block = static_cast<size_t>(block_size_tokens);
-  BlockKey parent = 0;
+  BlockKey parent = model_seed;
   for (size_t start = 0; start + block <= token_ids.size(); start += block) {
     parent = XXH3_64bits_withSeed(token_ids.data() + start, block * sizeof(int64_t), parent);
     keys.push_back(parent);
@@ -42,7 +43,8 @@ ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links
       kv_capacity_tokens_(cost_.decode_kv_capacity_tokens(options.config.decode_hbm_reserved_share)),
       state_(options.config.prefill_instances, options.config.decode_instances, options.block_size_tokens,
              kv_capacity_tokens_),
-      metrics_(options.model_name) {
+      metrics_(options.model_name),
+      prefills_pending_(options.config.prefill_instances, 0) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::system_clock::now().time_since_epoch());
   next_id_ = (static_cast<uint64_t>(ms.count()) << 20) + 1;
@@ -53,7 +55,8 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
   Live live;
   live.request = std::move(request);
   live.callbacks = std::move(callbacks);
-  live.block_keys = prompt_block_keys(live.request.prompt_token_ids, options_.block_size_tokens);
+  live.block_keys =
+      prompt_block_keys(live.request.prompt_token_ids, options_.block_size_tokens, options_.block_key_seed);
   const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
   const conductor::RequestInfo info{input, live.block_keys, live.request.max_tokens};
   const auto decide_start = std::chrono::steady_clock::now();
@@ -74,6 +77,7 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
   live.summary.decode_instance = decision.decode_instance;
   live.predicted_prefill_s = decision.transfer_s + decision.prefill_s;
   const conductor::PrefillTimeline timeline = state_.on_request_placed(info, decision, now_s);
+  ++prefills_pending_[decision.prefill_instance];
   const Live& entry = requests_.emplace(id, std::move(live)).first->second;
   if (entry.request.max_tokens > 1) links_.send_expect(decision.decode_instance, id, entry.request, now_s);
   // The prefix the Conductor found, fetched from another instance when it chose to: copying it is how a hot
@@ -89,6 +93,7 @@ void ConductorCore::cancel(uint64_t id) {
   if (it == requests_.end()) return;
   links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
   state_.on_request_dropped(it->second.summary.prefill_instance, it->second.block_keys);
+  if (!it->second.prefill_done) --prefills_pending_[it->second.summary.prefill_instance];
   metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
   requests_.erase(it);
 }
@@ -105,7 +110,7 @@ void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now
   }
 }
 
-void ConductorCore::on_prefill_done(InstanceId instance, uint64_t id, double now_s) {
+void ConductorCore::on_prefill_done(InstanceId instance, uint64_t id, int64_t first_token, double now_s) {
   auto it = requests_.find(id);
   if (it == requests_.end()) {
     state_.on_prefill_done(instance, {}, now_s);
@@ -113,7 +118,10 @@ void ConductorCore::on_prefill_done(InstanceId instance, uint64_t id, double now
   }
   state_.on_prefill_done(instance, it->second.block_keys, now_s);
   it->second.prefill_done = true;
-  emit_token(id, now_s);  // the first token comes from the prefill
+  // Nothing else placed there is waiting: the instance is idle now, whatever its queue's prediction said
+  // (a model faster than the cost model's roofline finishes early).
+  if (--prefills_pending_[instance] == 0) state_.on_prefill_idle(instance, now_s);
+  emit_token(id, first_token, now_s);  // the first token comes from the prefill
   it = requests_.find(id);
   if (it == requests_.end()) return;
   const Live& live = it->second;
@@ -123,12 +131,13 @@ void ConductorCore::on_prefill_done(InstanceId instance, uint64_t id, double now
   }
   const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
   metrics_.observe_kv_bytes("prefill_to_decode", static_cast<double>(input) * cost_.kv_bytes_per_token());
-  links_.send_kv_handoff(live.summary.decode_instance, id, input, now_s);
+  links_.send_kv_handoff(live.summary.decode_instance, id, input, first_token, now_s);
 }
 
-void ConductorCore::on_tokens(std::span<const uint64_t> ids, double now_s) {
-  for (uint64_t id : ids) {
-    emit_token(id, now_s);
+void ConductorCore::on_tokens(std::span<const uint64_t> ids, std::span<const int64_t> tokens, double now_s) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint64_t id = ids[i];
+    emit_token(id, i < tokens.size() ? tokens[i] : 0, now_s);
     auto it = requests_.find(id);
     if (it != requests_.end() && it->second.summary.completion_tokens >= it->second.request.max_tokens) {
       finish(id, now_s);
@@ -141,6 +150,7 @@ void ConductorCore::fail(uint64_t id, const std::string& code, const std::string
   if (it == requests_.end()) return;
   links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
   state_.on_request_dropped(it->second.summary.prefill_instance, it->second.block_keys);
+  if (!it->second.prefill_done) --prefills_pending_[it->second.summary.prefill_instance];
   metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
   RequestCallbacks callbacks = std::move(it->second.callbacks);
   requests_.erase(it);
@@ -168,7 +178,13 @@ void ConductorCore::on_decode_down(InstanceId d) {
   for (uint64_t id : ids) fail(id, "instance_down", fmt::format("decode instance {} went down", d));
 }
 
-void ConductorCore::emit_token(uint64_t id, double now_s) {
+int64_t ConductorCore::next_mock_token(uint64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? 0
+                               : mock_token(it->second.request.seed, it->second.summary.completion_tokens);
+}
+
+void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Live& live = it->second;
@@ -178,7 +194,6 @@ void ConductorCore::emit_token(uint64_t id, double now_s) {
     metrics_.observe_token_gap(now_s - live.last_token_s);
   }
   live.last_token_s = now_s;
-  const int64_t token = mock_token(live.request.seed, live.summary.completion_tokens);
   ++live.summary.completion_tokens;
   if (live.callbacks.on_tokens) live.callbacks.on_tokens(std::span<const int64_t>(&token, 1));
 }

@@ -5,6 +5,7 @@
 // owner's InstanceLinks. Not thread-safe: the owner serializes every call (one mutex).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -29,6 +30,12 @@ struct ClusterOptions {
   conductor::Admission admission = conductor::Admission::kNone;
   int64_t block_size_tokens = 512;
   std::string model_name = "mock";  // the model_name label of the metrics
+  /// Seeds every block key (prompt_block_keys): the model's identity with the cpu executor
+  /// (config.serve.executor), 0 for the mock.
+  BlockKey block_key_seed = 0;
+  /// The model's context (max_position_embeddings) with the cpu executor: prompt + output never exceed
+  /// it. 0: no limit but the decode instances' KV capacity (the mock).
+  int64_t model_context_tokens = 0;
 };
 
 /// Checks `options` as the simulator checks a run (sim::validate: the config against the block size).
@@ -49,9 +56,10 @@ class InstanceLinks {
   /// instance `d` takes room for its KV now and counts its KV transfer timeout from then (before, the prompt
   /// may wait in a queue of any length).
   virtual void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) = 0;
-  /// `id`'s prefill is done: its KV is (or is being) handed to decode instance `d`, which then joins it to
-  /// its batch.
-  virtual void send_kv_handoff(InstanceId d, uint64_t id, int64_t input_tokens, double now_s) = 0;
+  /// `id`'s prefill is done with `first_token`: its KV is (or is being) handed to decode instance `d`, which
+  /// then joins it to its batch.
+  virtual void send_kv_handoff(InstanceId d, uint64_t id, int64_t input_tokens, int64_t first_token,
+                               double now_s) = 0;
   /// Drop `id` on prefill instance `p` and decode instance `d` and free its KV there.
   virtual void send_cancel(InstanceId p, InstanceId d, uint64_t id) = 0;
 };
@@ -70,10 +78,14 @@ class ConductorCore {
   // Events from instances (the core's clock).
   /// `id`'s prefill started with `hit_tokens` of its prompt reused.
   void on_prefill_start(uint64_t id, int64_t hit_tokens, double now_s);
-  /// `id`'s prefill on `instance` ended: its first token goes out, its KV to decode.
-  void on_prefill_done(InstanceId instance, uint64_t id, double now_s);
-  /// A decode step gave each of `ids` one token; a request with all its tokens finishes.
-  void on_tokens(std::span<const uint64_t> ids, double now_s);
+  /// `id`'s prefill on `instance` ended with `first_token`: it goes out, the KV to decode.
+  void on_prefill_done(InstanceId instance, uint64_t id, int64_t first_token, double now_s);
+  /// A decode step gave each of `ids` one token, `tokens[i]` to `ids[i]`; a request with all its tokens
+  /// finishes.
+  void on_tokens(std::span<const uint64_t> ids, std::span<const int64_t> tokens, double now_s);
+  /// The mock model's next token for `id` (mock_token of its seed and the tokens it has): what an instance
+  /// running the mock executor in this process reports. 0 for an unknown id.
+  int64_t next_mock_token(uint64_t id) const;
   /// `id` cannot go on (e.g. its KV never reached decode): its owner hears on_error(code, message) (codes:
   /// RequestCallbacks::on_error).
   void fail(uint64_t id, const std::string& code, const std::string& message);
@@ -88,6 +100,12 @@ class ConductorCore {
   const perf::CostModel& cost() const { return cost_; }
   ServeMetrics& metrics() { return metrics_; }
   int64_t kv_capacity_tokens() const { return kv_capacity_tokens_; }
+  /// The most tokens a request may have (prompt + max_tokens): a decode instance's KV capacity, and the
+  /// model's context when it has one.
+  int64_t max_context_tokens() const {
+    return options_.model_context_tokens > 0 ? std::min(kv_capacity_tokens_, options_.model_context_tokens)
+                                             : kv_capacity_tokens_;
+  }
   size_t requests_in_flight() const { return requests_.size(); }
   /// Whether `id` is in flight.
   bool has_request(uint64_t id) const { return requests_.contains(id); }
@@ -108,7 +126,7 @@ class ConductorCore {
     double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // core's clock
   };
 
-  void emit_token(uint64_t id, double now_s);
+  void emit_token(uint64_t id, int64_t token, double now_s);
   void finish(uint64_t id, double now_s);
 
   const ClusterOptions options_;
@@ -122,6 +140,7 @@ class ConductorCore {
   // instances may still hold from its predecessor.
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, Live> requests_;
+  std::vector<int64_t> prefills_pending_;  // per prefill instance: requests placed, prefill not done
   std::vector<uint64_t> scratch_ids_;
 };
 

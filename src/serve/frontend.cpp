@@ -164,18 +164,17 @@ class Frontend {
     ClusterRequest request;
     if (r.prompt_is_token_ids) {
       for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) {
-        if (r.prompt_token_ids[i] >= kByteVocabulary) {
+        if (r.prompt_token_ids[i] >= options_.tokenizer->vocab_size()) {
           return responder.respond(error_response(ApiError::bad_field(
               "prompt", fmt::format("token id {} at position {} is outside the vocabulary (0..{})",
-                                    r.prompt_token_ids[i], i, kByteVocabulary - 1))));
+                                    r.prompt_token_ids[i], i, options_.tokenizer->vocab_size() - 1))));
         }
       }
       request.prompt_token_ids = std::move(r.prompt_token_ids);
     } else {
       const std::string text =
           endpoint == Endpoint::kChatCompletions ? render_chat_prompt(r.messages) : r.prompt_text;
-      request.prompt_token_ids.reserve(text.size());
-      for (unsigned char c : text) request.prompt_token_ids.push_back(c);
+      request.prompt_token_ids = options_.tokenizer->encode(text);
     }
     if (request.prompt_token_ids.empty()) {
       return responder.respond(error_response(ApiError::bad_field("prompt", "the prompt is empty")));
@@ -193,6 +192,8 @@ class Frontend {
       return responder.respond(error_response(e));
     }
     request.seed = r.seed.value_or(next_id_.load());
+    request.temperature = r.temperature;
+    request.top_p = r.top_p;
 
     auto exchange = std::make_shared<Exchange>();
     exchange->responder = responder;
@@ -209,9 +210,9 @@ class Frontend {
     if (r.stream) responder.start_stream();
 
     RequestCallbacks callbacks;
-    callbacks.on_tokens = [exchange](std::span<const int64_t> tokens) {
+    callbacks.on_tokens = [exchange, tokenizer = options_.tokenizer](std::span<const int64_t> tokens) {
       std::string piece;
-      for (int64_t t : tokens) piece.push_back(static_cast<char>(t));
+      for (int64_t t : tokens) piece += tokenizer->token_bytes(t);
       if (exchange->stream) {
         exchange->responder.write(
             sse_event(stream_chunk(exchange->endpoint, exchange->header, piece, exchange->first_chunk, "")));

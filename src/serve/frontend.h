@@ -2,13 +2,14 @@
 //   POST /v1/completions, POST /v1/chat/completions   (stream or not; 429 + Retry-After when admission
 //                                                       refuses, 400 for a prompt that can never fit)
 //   GET /v1/models, GET /health
-// Prompts are tokenized byte by byte (token id = byte value, vocabulary 256), the mock model's tokenizer;
-// token-id prompts are used as given.
+// Prompts are tokenized by the options' tokenizer (model::Tokenizer: bytes, the mock's and the presets');
+// token-id prompts are used as given, within its vocabulary.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "model/tokenizer.h"
 #include "serve/cluster.h"
 #include "serve/http_server.h"
 
@@ -19,10 +20,8 @@ struct FrontendOptions {
   std::string api_key;                    // non-empty: requests need "Authorization: Bearer <key>" (else 401)
   int64_t default_max_tokens = 16;        // /v1/completions without max_tokens (the OpenAI default)
   int64_t default_chat_max_tokens = 256;  // /v1/chat/completions without max_tokens (the mock never stops)
+  std::shared_ptr<const model::Tokenizer> tokenizer = model::byte_tokenizer();
 };
-
-/// Vocabulary of the byte tokenizer: token ids 0..255.
-inline constexpr int64_t kByteVocabulary = 256;
 
 /// The handler serving the routes above with `cluster` (which must outlive every request it answers).
 HttpHandler make_frontend(Cluster& cluster, FrontendOptions options);

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -15,6 +17,7 @@
 
 #include "common/clock.h"
 #include "engine/engine_core.h"
+#include "model/cpu_executor.h"
 #include "serve/etcd_registry.h"
 #include "serve/kv_blocks.h"
 #include "serve/kv_events.h"
@@ -37,14 +40,19 @@ uint64_t make_incarnation() {
 
 class InstanceServer::Impl final : public engine::EngineListener {
  public:
-  Impl(const InstanceOptions& options, std::unique_ptr<store::Client> store)
+  /// `model`: the cpu executor's (nullptr: the mock's).
+  Impl(const InstanceOptions& options, std::unique_ptr<store::Client> store,
+       std::unique_ptr<model::LlamaForward> model)
       : options_(options),
         config_(options.cluster.config),
         block_tokens_(options.cluster.block_size_tokens),
         cost_(config_.model, config_.hardware),
-        executor_(cost_),
+        mock_executor_(cost_),
+        model_(std::move(model)),
         store_(std::move(store)),
-        block_bytes_(kv_block_bytes(block_tokens_, scaled_kv_bytes_per_token(cost_.kv_bytes_per_token(),
+        block_bytes_(
+            model_ ? static_cast<uint64_t>(model_->kv_layout(block_tokens_).block_bytes())
+                   : kv_block_bytes(block_tokens_, scaled_kv_bytes_per_token(cost_.kv_bytes_per_token(),
                                                                              config_.serve.kv_bytes_scale))),
         max_prompt_blocks_(
             (cost_.decode_kv_capacity_tokens(config_.decode_hbm_reserved_share) + block_tokens_ - 1) /
@@ -54,7 +62,19 @@ class InstanceServer::Impl final : public engine::EngineListener {
         control_(context_, zmq::socket_type::dealer) {
     const engine::EngineOptions engine_options =
         prefill() ? sim::prefill_engine_options(config_, block_tokens_) : sim::decode_engine_options(config_);
-    engine_ = std::make_unique<engine::EngineCore>(engine_options, executor_, *this);
+    engine::Executor* executor = &mock_executor_;
+    if (model_) {
+      // The engine's KV in blocks: a prefill instance's DRAM prefix cache and the prompt it computes; a
+      // decode instance's HBM, with a block of rounding per request for up to 512 requests.
+      const int64_t capacity_blocks =
+          (engine_options.kv_capacity_tokens + block_tokens_ - 1) / block_tokens_ +
+          (prefill() ? max_prompt_blocks_ + 1 : 512);
+      cpu_executor_ = std::make_unique<model::CpuExecutor>(
+          *model_,
+          model::CpuExecutorOptions{.block_size_tokens = block_tokens_, .capacity_blocks = capacity_blocks});
+      executor = cpu_executor_.get();
+    }
+    engine_ = std::make_unique<engine::EngineCore>(engine_options, *executor, *this);
   }
 
   Status init() {
@@ -139,6 +159,16 @@ class InstanceServer::Impl final : public engine::EngineListener {
     Order& order = it->second;
     order.computed = true;
     if (prefilling_ == id) prefilling_.reset();
+    if (cpu_executor_) {
+      const std::span<const int32_t> output = cpu_executor_->output(id);
+      if (output.empty()) {  // its executor could not run it (no free KV block)
+        fail_prefill(id, fmt::format("{}: {}", identity_, cpu_executor_->error(id)));
+        return;
+      }
+      order.first_token = output.front();
+    } else {
+      order.first_token = mock_token(order.seed, 0);
+    }
     write_to_pool(order);
     if (order.output_tokens <= 1 || order.target) finish_prefill(id, order);
   }
@@ -151,6 +181,19 @@ class InstanceServer::Impl final : public engine::EngineListener {
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kTokens;
     m.request_ids.assign(ids.begin(), ids.end());
+    m.tokens.reserve(ids.size());
+    for (engine::RequestId id : ids) {
+      auto it = expected_.find(id);
+      int64_t token = 0;
+      if (cpu_executor_) {
+        const std::span<const int32_t> output = cpu_executor_->output(id);
+        token = output.empty() ? 0 : output.back();
+      } else if (it != expected_.end()) {
+        token = mock_token(it->second.sampling.seed, it->second.tokens);
+      }
+      if (it != expected_.end()) ++it->second.tokens;
+      m.tokens.push_back(token);
+    }
     outbox_.push_back(std::move(m));
     load_dirty_ = true;
   }
@@ -188,9 +231,12 @@ class InstanceServer::Impl final : public engine::EngineListener {
  private:
   // A prompt this prefill instance was given.
   struct Order {
+    uint64_t id = 0;
     std::vector<int64_t> token_ids;
     std::vector<BlockKey> keys;  // full blocks
     int64_t output_tokens = 1;
+    uint64_t seed = 0;                    // the mock's first token is a function of it
+    int64_t first_token = 0;              // once computed
     int64_t reused_blocks = 0;            // full blocks not computed here
     int64_t fetched_tokens_expected = 0;  // of them, to be read from the pool
     int64_t pool_hit_tokens = 0;          // of those, read from the pool intact
@@ -204,6 +250,13 @@ class InstanceServer::Impl final : public engine::EngineListener {
     uint64_t shipped_bytes = 0;
     uint64_t shipped_writes = 0;
     Status ship_error;  // the first failed chunk write: the request fails at prefill done
+  };
+  // A request placed on this decode instance: its KV's block keys and how it samples.
+  struct Expected {
+    std::vector<BlockKey> keys;
+    int64_t input_tokens = 0, output_tokens = 0;
+    model::SamplingParams sampling;
+    int64_t tokens = 0;  // output tokens so far (the mock's next is mock_token(seed, tokens))
   };
   // Room a decode instance reserved for a request's KV.
   struct Reservation {
@@ -221,6 +274,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   // Reads blocks [first, order.reused_blocks) of `order` from the pool into staging and checks them; returns
   // how many blocks of the prefix are then here (first + the leading ones read intact).
   int64_t read_from_pool(const Order& order, int64_t first) {
+    // (With the cpu executor, blocks read intact are handed to it: its prompt starts from them.)
     std::vector<std::string> names;
     std::vector<std::string_view> keys;
     std::vector<store::Buffer> out;
@@ -233,7 +287,14 @@ class InstanceServer::Impl final : public engine::EngineListener {
     int64_t blocks = first;
     if (got.ok()) {
       for (size_t i = 0; i < got->size(); ++i) {
-        if (!(*got)[i].ok() || !kv_block_intact(block_at(first + static_cast<int64_t>(i)))) break;
+        const std::span<std::byte> block = block_at(first + static_cast<int64_t>(i));
+        if (!(*got)[i].ok()) break;
+        if (cpu_executor_) {
+          // Real KV carries no checksum of its own: the pool's copy is used as read.
+          if (!cpu_executor_->import_block(order.keys[static_cast<size_t>(first) + i], block).ok()) break;
+        } else if (!kv_block_intact(block)) {
+          break;
+        }
         ++blocks;
       }
     }
@@ -246,13 +307,25 @@ class InstanceServer::Impl final : public engine::EngineListener {
     if (order.reused_blocks >= full || full > max_prompt_blocks_) return;
     std::vector<store::ConstBuffer> blocks;
     for (int64_t b = order.reused_blocks; b < full; ++b) {
-      fill_kv_block(order.keys[static_cast<size_t>(b)], block_at(b));
+      fill_block(order, b, order.keys[static_cast<size_t>(b)]);
       blocks.push_back({block_at(b).data(), block_bytes_});
     }
     auto stored =
         store_->put_blocks(std::span(order.keys).subspan(static_cast<size_t>(order.reused_blocks)), blocks);
     if (!stored.ok()) return;  // the pool is a cache: the request goes on without it
     for (const Status& s : *stored) order.pool_write_bytes += s.ok() ? block_bytes_ : 0;
+  }
+
+  // Puts block `b` of `order`'s prompt KV (key `key`) in staging: the cpu executor's bytes, or the mock's
+  // payload of the key.
+  void fill_block(const Order& order, int64_t b, BlockKey key) {
+    if (!cpu_executor_) {
+      fill_kv_block(key, block_at(b));
+      return;
+    }
+    const std::span<const std::byte> kv = cpu_executor_->kv_block(order.id, b);
+    assert(kv.size() == block_bytes_);
+    std::ranges::copy(kv, block_at(b).begin());
   }
 
   // Ships what is left of the prompt's KV to its decode instance's reservation (when it decodes) and reports
@@ -265,6 +338,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     m.fetched_tokens_expected = order.fetched_tokens_expected;
     m.pool_read_bytes = order.pool_read_bytes;
     m.pool_write_bytes = order.pool_write_bytes;
+    m.first_token = order.first_token;
     if (order.output_tokens > 1) {
       // What was not streamed while the prefill ran: the last chunk (or all of it, when the decode instance's
       // room was known late).
@@ -277,7 +351,23 @@ class InstanceServer::Impl final : public engine::EngineListener {
       }
     }
     outbox_.push_back(std::move(m));
+    forget_order(id);
+  }
+
+  // A prefill that cannot go on: reported done with `error`.
+  void fail_prefill(uint64_t id, const std::string& error) {
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kPrefillDone;
+    m.request_id = id;
+    m.error = error;
+    outbox_.push_back(std::move(m));
+    forget_order(id);
+  }
+
+  // Prefill: drops order `id` and the KV its executor kept for shipping.
+  void forget_order(uint64_t id) {
     orders_.erase(id);
+    if (cpu_executor_) cpu_executor_->drop(id);
   }
 
   // Streams what is computed of `order`'s prompt and not yet at its decode instance, once that instance's
@@ -299,9 +389,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
           "KV of {} blocks does not match the reservation of {} bytes", blocks, order.target->length_bytes));
       return;
     }
-    const std::vector<BlockKey> keys = kv_block_keys(order.token_ids, block_tokens_);
+    const std::vector<BlockKey> keys =
+        kv_block_keys(order.token_ids, block_tokens_, options_.cluster.block_key_seed);
     for (int64_t b = order.shipped_blocks; b < to_block; ++b)
-      fill_kv_block(keys[static_cast<size_t>(b)], block_at(b));
+      fill_block(order, b, keys[static_cast<size_t>(b)]);
     const uint64_t offset = static_cast<uint64_t>(order.shipped_blocks) * block_bytes_;
     const uint64_t bytes = static_cast<uint64_t>(to_block - order.shipped_blocks) * block_bytes_;
     auto segment = store_->engine().open_segment(order.target->segment);
@@ -338,7 +429,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
 
   // Decode: forgets request `id` (its block keys, and the room it held).
   void release(uint64_t id) {
-    expected_keys_.erase(id);
+    expected_.erase(id);
     auto it = reservations_.find(id);
     if (it == reservations_.end()) return;
     allocator_->free(it->second.offset, it->second.length);
@@ -366,10 +457,30 @@ class InstanceServer::Impl final : public engine::EngineListener {
           outbox_.push_back(std::move(done));
           break;
         }
+        std::vector<BlockKey> keys =
+            prompt_block_keys(m.token_ids, block_tokens_, options_.cluster.block_key_seed);
+        if (cpu_executor_) {
+          Status added = cpu_executor_->add_request(
+              m.request_id, {.prompt = std::vector<int32_t>(m.token_ids.begin(), m.token_ids.end()),
+                             .block_keys = keys,
+                             .output_tokens = 1,
+                             .sampling = {.temperature = m.temperature, .top_p = m.top_p, .seed = m.seed},
+                             .keep_after_release = true});
+          if (!added.ok()) {
+            InstanceMessage done;
+            done.kind = InstanceMessage::Kind::kPrefillDone;
+            done.request_id = m.request_id;
+            done.error = fmt::format("{}: {}", identity_, added.message());
+            outbox_.push_back(std::move(done));
+            break;
+          }
+        }
         Order& order = orders_[m.request_id];
+        order.id = m.request_id;
         order.token_ids = m.token_ids;
-        order.keys = prompt_block_keys(order.token_ids, block_tokens_);
+        order.keys = std::move(keys);
         order.output_tokens = m.output_tokens;
+        order.seed = m.seed;
         engine_->submit_prompt(m.request_id, input, 1, order.keys, now,
                                {.reused_tokens = m.reused_tokens,
                                 .fetched_tokens = m.fetched_tokens,
@@ -384,13 +495,18 @@ class InstanceServer::Impl final : public engine::EngineListener {
         break;
       }
       case InstanceMessage::Kind::kExpect:
-        if (prefill() || m.output_tokens < 2 || m.input_tokens < 1 || expected_keys_.contains(m.request_id) ||
+        if (prefill() || m.output_tokens < 2 || m.input_tokens < 1 || expected_.contains(m.request_id) ||
             std::ssize(m.block_keys) != blocks_of(m.input_tokens) ||
             blocks_of(m.input_tokens) > max_prompt_blocks_ + 1 ||
             m.input_tokens + m.output_tokens > engine_->decode_load().kv_capacity_tokens) {
           break;  // malformed or duplicate: the Conductor never sends one (its request then times out there)
         }
-        expected_keys_[m.request_id] = m.block_keys;
+        expected_[m.request_id] = {
+            .keys = m.block_keys,
+            .input_tokens = m.input_tokens,
+            .output_tokens = m.output_tokens,
+            .sampling = {.temperature = m.temperature, .top_p = m.top_p, .seed = m.seed},
+        };
         engine_->expect(m.request_id, m.input_tokens, m.output_tokens, now);
         // Held while its prompt waits for prefill (a queue of any length): the Conductor cancels it if its
         // prefill instance goes down, and kKvComing starts the timeout once the prefill has started.
@@ -430,13 +546,33 @@ class InstanceServer::Impl final : public engine::EngineListener {
       }
       case InstanceMessage::Kind::kKvArrived: {
         auto it = reservations_.find(m.request_id);
-        auto keys_it = expected_keys_.find(m.request_id);
-        if (it == reservations_.end() || keys_it == expected_keys_.end()) break;
-        if (config_.serve.verify_kv_checksums) {
+        auto expected = expected_.find(m.request_id);
+        if (it == reservations_.end() || expected == expected_.end()) break;
+        if (cpu_executor_) {
+          // The KV is real (no checksum inside): it moves into the executor's blocks as it came.
+          const Expected& e = expected->second;
+          Status added = cpu_executor_->add_decoding(
+              m.request_id,
+              {.prompt_tokens = e.input_tokens,
+               .first_token = static_cast<int32_t>(m.first_token),
+               .output_tokens = e.output_tokens,
+               .sampling = e.sampling},
+              std::span<const std::byte>(kv_memory_ + it->second.offset, it->second.length));
+          if (!added.ok()) {
+            InstanceMessage error;
+            error.kind = InstanceMessage::Kind::kKvError;
+            error.request_id = m.request_id;
+            error.error = fmt::format("{}: {}", identity_, added.message());
+            outbox_.push_back(std::move(error));
+            engine_->cancel(m.request_id);
+            release(m.request_id);
+            return;
+          }
+        } else if (config_.serve.verify_kv_checksums) {
           for (int64_t b = 0; b < it->second.blocks; ++b) {
             const std::span<const std::byte> block(
                 kv_memory_ + it->second.offset + static_cast<uint64_t>(b) * block_bytes_, block_bytes_);
-            if (!kv_block_matches(keys_it->second[static_cast<size_t>(b)], block)) {
+            if (!kv_block_matches(expected->second.keys[static_cast<size_t>(b)], block)) {
               ++checksum_failures_;
               InstanceMessage error;
               error.kind = InstanceMessage::Kind::kKvError;
@@ -452,20 +588,21 @@ class InstanceServer::Impl final : public engine::EngineListener {
             ++blocks_verified_;
           }
         }
+        expected->second.tokens = 1;  // the first came from the prefill
         engine_->submit_decode(m.request_id, now, now);
         break;
       }
       case InstanceMessage::Kind::kReset:
         engine_->cancel_all();
-        orders_.clear();
+        while (!orders_.empty()) forget_order(orders_.begin()->first);
         prefilling_.reset();
         while (!reservations_.empty()) release(reservations_.begin()->first);
-        expected_keys_.clear();
+        expected_.clear();
         load_dirty_ = true;
         break;
       case InstanceMessage::Kind::kCancel:
         engine_->cancel(m.request_id);
-        orders_.erase(m.request_id);
+        forget_order(m.request_id);
         if (prefilling_ == m.request_id) prefilling_.reset();
         release(m.request_id);
         load_dirty_ = true;
@@ -539,7 +676,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
   const sim::ClusterConfig config_;
   const int64_t block_tokens_;
   const perf::CostModel cost_;
-  engine::MockExecutor executor_;
+  engine::MockExecutor mock_executor_;
+  std::unique_ptr<model::LlamaForward> model_;        // the cpu executor's
+  std::unique_ptr<model::CpuExecutor> cpu_executor_;  // or the mock's
   std::unique_ptr<engine::EngineCore> engine_;
   std::unique_ptr<store::Client> store_;
   std::unique_ptr<KvEventPublisher> kv_events_;  // prefill
@@ -554,9 +693,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
   zmq::context_t context_;
   zmq::socket_t control_;
   const SteadyClock clock_;
-  std::unordered_map<uint64_t, Order> orders_;                         // prefill
-  std::unordered_map<uint64_t, Reservation> reservations_;             // decode
-  std::unordered_map<uint64_t, std::vector<BlockKey>> expected_keys_;  // decode: each expected request's KV
+  std::unordered_map<uint64_t, Order> orders_;              // prefill
+  std::unordered_map<uint64_t, Reservation> reservations_;  // decode
+  std::unordered_map<uint64_t, Expected> expected_;         // decode
   std::vector<InstanceMessage> outbox_;
   std::optional<uint64_t> prefilling_;  // prefill: the order whose prompt is being computed
   bool load_dirty_ = false;
@@ -595,7 +734,20 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
       resolved.conductor_endpoint = *endpoint;
     }
   }
-  auto impl = std::make_unique<Impl>(resolved, std::move(*client));
+  std::unique_ptr<model::LlamaForward> model;
+  if (config.serve.executor == "cpu") {
+    auto loaded = model::load_llama_model(config.serve.model_dir);
+    if (!loaded.ok()) return loaded.status();
+    if (loaded->identity != options.cluster.block_key_seed) {
+      return Status::invalid_argument(
+          fmt::format("the model in {} is not the Conductor's: its identity is {:016x}, the cluster's block "
+                      "keys are seeded "
+                      "with {:016x}",
+                      config.serve.model_dir, loaded->identity, options.cluster.block_key_seed));
+    }
+    model = std::make_unique<model::LlamaForward>(*loaded);
+  }
+  auto impl = std::make_unique<Impl>(resolved, std::move(*client), std::move(model));
   CRESCENT_RETURN_IF_ERROR(impl->init());
   std::unique_ptr<LeasedKey> registration;
   if (etcd) {

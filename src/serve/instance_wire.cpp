@@ -7,7 +7,7 @@
 namespace crescent::serve {
 namespace {
 
-constexpr uint32_t kFields = 41;  // what encode packs, in order
+constexpr uint32_t kFields = 46;  // what encode packs, in order
 constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kReset);
 
 template <typename Packer>
@@ -81,6 +81,11 @@ std::string encode(const InstanceMessage& m) {
   pk.pack(m.request_ids);
   pk.pack(m.block_keys);
   pk.pack(m.error);
+  pk.pack_uint64(m.seed);
+  pk.pack_double(m.temperature);
+  pk.pack_double(m.top_p);
+  pk.pack_int64(m.first_token);
+  pk.pack(m.tokens);
   return std::string(buffer.data(), buffer.size());
 }
 
@@ -138,6 +143,11 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     m.request_ids = r.next<std::vector<uint64_t>>();
     m.block_keys = r.next<std::vector<uint64_t>>();
     m.error = r.next<std::string>();
+    m.seed = r.next<uint64_t>();
+    m.temperature = r.next<double>();
+    m.top_p = r.next<double>();
+    m.first_token = r.next<int64_t>();
+    m.tokens = r.next<std::vector<int64_t>>();
   } catch (const std::exception& e) {
     return Status::invalid_argument(fmt::format("instance message: {}", e.what()));
   }

@@ -6,12 +6,14 @@
 //   instance → Conductor                          Conductor → instance
 //   kHello       role, index, incarnation,        kPrefill    request_id, token_ids, output_tokens,
 //                kv_events endpoints, capacity                 reused/fetched_tokens, ready_in_s,
-//                decode_index
+//                                                             decode_index, seed, temperature, top_p
 //   kLoad        load (every 50 ms: heartbeat)     kKvTarget   request_id, segment, offset, length (prefill)
-//   kPrefillStart request_id, hit_tokens           kExpect     request_id, input/output_tokens (decode:
-//                                                             count it as incoming)
-//   kPrefillDone request_id, pool hits and bytes,  kKvArrived  request_id (decode: the KV is in place)
-//                KV bytes written, error           kCancel     request_id
+//   kPrefillStart request_id, hit_tokens           kExpect     request_id, input/output_tokens, block_keys,
+//                                                             seed, temperature, top_p (decode: count it
+//                                                             as incoming)
+//   kPrefillDone request_id, first_token, pool     kKvArrived  request_id, first_token (decode: the KV
+//                hits and bytes, KV bytes                      is in place)
+//                written, error                    kCancel     request_id
 //                                                 kKvComing   request_id, input_tokens, ready_in_s
 //                                                             (decode: its prefill started: reserve room;
 //                                                             the KV timeout counts from its end)
@@ -19,7 +21,7 @@
 //                                                             failed them; sent first when it sees the
 //                                                             instance come up)
 //   kReserved    request_id, segment, offset, length (decode: where the prefill writes the KV)
-//   kTokens      request_ids (one decode step: each gained a token)
+//   kTokens      request_ids, tokens (one decode step: each gained a token)
 //   kKvTimeout   request_id (decode: its KV never came; the reservation is freed)
 //   kKvError     request_id, error (decode: a block failed its checksum)
 #pragma once
@@ -75,6 +77,11 @@ struct InstanceMessage {
   int64_t reused_tokens = 0, fetched_tokens = 0;
   double ready_in_s = 0;  // the fetched prefix exists at its source from this many seconds after sending
   uint32_t decode_index = 0;
+  // kPrefill, kExpect: how the request samples (ClusterRequest)
+  uint64_t seed = 0;
+  double temperature = 1, top_p = 1;
+  // kPrefillDone, kKvArrived: the first output token (sampled by the prefill instance)
+  int64_t first_token = 0;
   // kPrefillStart, kPrefillDone
   int64_t hit_tokens = 0;               // prompt tokens reused (prefill start)
   int64_t pool_hit_tokens = 0;          // of them, read from the pool (prefill done)
@@ -88,8 +95,9 @@ struct InstanceMessage {
   // kReserved, kKvTarget
   std::string segment;
   uint64_t offset_bytes = 0, length_bytes = 0;
-  // kTokens
+  // kTokens: each request's new token
   std::vector<uint64_t> request_ids;
+  std::vector<int64_t> tokens;
   // kExpect: the keys of the prompt's KV blocks, in order (serve/kv_blocks.h kv_block_keys)
   std::vector<uint64_t> block_keys;
   // kPrefillDone, kKvError: empty = fine

@@ -60,11 +60,13 @@ bool kv_block_matches(BlockKey key, std::span<const std::byte> block) {
   return first == expected;
 }
 
-std::vector<BlockKey> kv_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens) {
-  std::vector<BlockKey> keys = prompt_block_keys(token_ids, block_size_tokens);
+std::vector<BlockKey> kv_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens,
+                                    BlockKey model_seed) {
+  std::vector<BlockKey> keys = prompt_block_keys(token_ids, block_size_tokens, model_seed);
   const size_t full_tokens = keys.size() * static_cast<size_t>(block_size_tokens);
   if (full_tokens < token_ids.size()) {
-    keys.push_back(partial_block_key(token_ids.subspan(full_tokens), keys.empty() ? 0 : keys.back()));
+    keys.push_back(
+        partial_block_key(token_ids.subspan(full_tokens), keys.empty() ? model_seed : keys.back()));
   }
   return keys;
 }

@@ -48,7 +48,7 @@ class LocalCluster::Impl final : public InstanceLinks {
     driver_.join();
   }
 
-  int64_t max_context_tokens() const { return core_.kv_capacity_tokens(); }
+  int64_t max_context_tokens() const { return core_.max_context_tokens(); }
   std::pair<uint32_t, uint32_t> instances_up() const {
     return {options_.config.prefill_instances, options_.config.decode_instances};
   }
@@ -110,7 +110,7 @@ class LocalCluster::Impl final : public InstanceLinks {
     decode_[d]->expect(id, std::ssize(request.prompt_token_ids), request.max_tokens, now_s);
   }
   void send_kv_coming(InstanceId, uint64_t, int64_t, double) override {}  // in process, KV always arrives
-  void send_kv_handoff(InstanceId d, uint64_t id, int64_t input_tokens, double now_s) override {
+  void send_kv_handoff(InstanceId d, uint64_t id, int64_t input_tokens, int64_t, double now_s) override {
     // When the simulator's KV arrives: streamed chunk by chunk from the prefill's start.
     const auto started = prefill_started_.extract(id);
     const double start_s = started ? started.mapped().first : now_s;
@@ -140,8 +140,9 @@ class LocalCluster::Impl final : public InstanceLinks {
       cluster_.core_.on_prefill_start(id, start.hit_tokens, now_s);
     }
     void on_first_token(engine::RequestId id, double now_s) override {
-      cluster_.core_.on_prefill_done(instance_, id, now_s);  // hands its KV off (send_kv_handoff)
-      cluster_.prefill_started_.erase(id);                   // a one-token request hands nothing off
+      // Hands its KV off (send_kv_handoff).
+      cluster_.core_.on_prefill_done(instance_, id, cluster_.core_.next_mock_token(id), now_s);
+      cluster_.prefill_started_.erase(id);  // a one-token request hands nothing off
     }
     void on_finished(engine::RequestId, double, const std::optional<engine::StepLog::Gaps>&) override {}
     void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
@@ -160,12 +161,15 @@ class LocalCluster::Impl final : public InstanceLinks {
     void on_prefill_start(engine::RequestId, double, const engine::PrefillStart&) override {}
     void on_first_token(engine::RequestId, double) override {}
     void on_tokens(std::span<const engine::RequestId> ids, double now_s) override {
-      cluster_.core_.on_tokens(ids, now_s);
+      tokens_.clear();
+      for (engine::RequestId id : ids) tokens_.push_back(cluster_.core_.next_mock_token(id));
+      cluster_.core_.on_tokens(ids, tokens_, now_s);
     }
     void on_finished(engine::RequestId, double, const std::optional<engine::StepLog::Gaps>&) override {}
 
    private:
     Impl& cluster_;
+    std::vector<int64_t> tokens_;  // scratch
   };
 
   double now_s() const { return clock_.now_s(); }

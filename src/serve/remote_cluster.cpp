@@ -132,7 +132,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
     std::lock_guard lock(mu_);
     core_.cancel(id);
   }
-  int64_t max_context_tokens() const { return core_.kv_capacity_tokens(); }
+  int64_t max_context_tokens() const { return core_.max_context_tokens(); }
   size_t requests_in_flight() {
     std::lock_guard lock(mu_);
     return core_.requests_in_flight();
@@ -175,6 +175,9 @@ class RemoteCluster::Impl final : public InstanceLinks {
     m.fetched_tokens = prefix.fetched_tokens;
     m.ready_in_s = std::max(0.0, prefix.ready_s - now_s);
     m.decode_index = d;
+    m.seed = request.seed;
+    m.temperature = request.temperature;
+    m.top_p = request.top_p;
     post(prefill_slot(p), m);
   }
   void send_expect(InstanceId d, uint64_t id, const ClusterRequest& request, double) override {
@@ -184,7 +187,11 @@ class RemoteCluster::Impl final : public InstanceLinks {
     m.input_tokens = std::ssize(request.prompt_token_ids);
     m.output_tokens = request.max_tokens;
     // Which blocks its KV must be: a block another request's prefill wrote into reused room is refused.
-    m.block_keys = kv_block_keys(request.prompt_token_ids, options_.cluster.block_size_tokens);
+    m.block_keys = kv_block_keys(request.prompt_token_ids, options_.cluster.block_size_tokens,
+                                 options_.cluster.block_key_seed);
+    m.seed = request.seed;
+    m.temperature = request.temperature;
+    m.top_p = request.top_p;
     post(decode_slot(d), m);
   }
   void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) override {
@@ -195,11 +202,12 @@ class RemoteCluster::Impl final : public InstanceLinks {
     m.ready_in_s = prefill_s;
     post(decode_slot(d), m);
   }
-  void send_kv_handoff(InstanceId d, uint64_t id, int64_t, double) override {
+  void send_kv_handoff(InstanceId d, uint64_t id, int64_t, int64_t first_token, double) override {
     // The prefill instance has written the KV into the decode instance's reservation before saying done.
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kKvArrived;
     m.request_id = id;
+    m.first_token = first_token;
     post(decode_slot(d), m);
   }
   void send_cancel(InstanceId p, InstanceId d, uint64_t id) override {
@@ -346,7 +354,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
           metrics.observe_kv_bytes_moved("pool_read", m.pool_read_bytes);
           metrics.observe_kv_bytes_moved("pool_write", m.pool_write_bytes);
           metrics.observe_pool_prefix(m.pool_hit_tokens, m.fetched_tokens_expected - m.pool_hit_tokens);
-          core_.on_prefill_done(slot->index, m.request_id, now);
+          core_.on_prefill_done(slot->index, m.request_id, m.first_token, now);
         }
         break;
       case InstanceMessage::Kind::kReserved:
@@ -357,7 +365,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
         }
         break;
       case InstanceMessage::Kind::kTokens:
-        core_.on_tokens(m.request_ids, now);
+        core_.on_tokens(m.request_ids, m.tokens, now);
         break;
       case InstanceMessage::Kind::kKvTimeout:
         core_.fail(m.request_id, "kv_transfer_failed",

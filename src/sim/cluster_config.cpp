@@ -53,7 +53,7 @@ constexpr std::array<std::string_view, 14> kFields{"name",
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
-constexpr std::array<std::string_view, 9> kServeFields{"kv_bytes_scale",
+constexpr std::array<std::string_view, 10> kServeFields{"kv_bytes_scale",
                                                        "kv_transfer_timeout_s",
                                                        "heartbeat_timeout_s",
                                                        "store_dram_bytes",
@@ -61,7 +61,8 @@ constexpr std::array<std::string_view, 9> kServeFields{"kv_bytes_scale",
                                                        "policy",
                                                        "admission",
                                                        "http_port",
-                                                       "executor"};
+                                                       "executor",
+                                                       "model"};
 
 }  // namespace
 
@@ -221,13 +222,13 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
           fmt::format("{}: serve: field 'http_port' must be <= 65535, got {}", where, c.serve.http_port));
     }
     CRESCENT_RETURN_IF_ERROR(s.string("executor", c.serve.executor, /*required=*/false));
-    if (c.serve.executor != "mock") {
-      return Status::invalid_argument(
-          fmt::format("{}: serve: field 'executor' must be \"mock\" (the cost model's timing), got \"{}\"; a "
-                      "real executor "
-                      "is not built yet",
-                      where, c.serve.executor));
+    if (c.serve.executor != "mock" && c.serve.executor != "cpu") {
+      return Status::invalid_argument(fmt::format(
+          "{}: serve: field 'executor' must be \"mock\" (the cost model's timing) or \"cpu\" (the model "
+          "computed), got \"{}\"",
+          where, c.serve.executor));
     }
+    CRESCENT_RETURN_IF_ERROR(s.string("model", c.serve.model_dir, /*required=*/false));
   }
   return c;
 }

@@ -36,7 +36,10 @@ struct ServeConfig {
       "global-cache-aware";        // prefill policy (conductor::parse_prefill_policy); --policy wins
   std::string admission = "none";  // admission (conductor::parse_admission); --admission wins
   int64_t http_port = 8000;        // the Conductor's HTTP port (0: any free one); --port wins
-  std::string executor = "mock";   // what computes iterations: "mock" (the cost model's time)
+  std::string executor = "mock";   // what computes iterations: "mock" (the cost model's time) or "cpu"
+  /// With executor "cpu": the model directory (config.json + model.safetensors); --model wins. The model
+  /// then replaces the config's "model" (its KV bytes per token are what moves, unscaled).
+  std::string model_dir;
 };
 
 /// Everything the simulator needs to know about the cluster. docs/config.md describes every field (type,

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "run_crescent.h"
+#include "test_support/temp_dir.h"
 
 namespace crescent::cli_test {
 namespace {
@@ -79,6 +80,21 @@ TEST(ServeCli, BadInputIsRefusedWithAClearMessage) {
   run = run_crescent("serve --port 0 --policy fastest");
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_THAT(run.err, HasSubstr("'fastest'"));
+  // The cpu executor needs a model, a readable one, and the instance processes.
+  run = run_crescent("serve --port 0 --executor cpu");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("--executor cpu needs a model: --model DIR"));
+  run = run_crescent("serve --port 0 --executor cpu --model /nonexistent/model");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("/nonexistent/model/config.json"));
+  run = run_crescent("serve --port 0 --executor gpu");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("--executor must be mock or cpu, got \"gpu\""));
+  test::TempDir dir;
+  ASSERT_EQ(run_crescent("model init --preset tiny --out " + quote(dir.file("m"))).exit_code, 0);
+  run = run_crescent("serve --port 0 --in-process --executor cpu --model " + quote(dir.file("m")));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("--in-process runs mock instances only"));
 }
 
 }  // namespace

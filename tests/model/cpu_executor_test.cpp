@@ -59,6 +59,16 @@ class Instance : public engine::EngineListener {
             .ok());
     engine_.submit_prompt(id, static_cast<int64_t>(prompt.size()), output_tokens, keys, now_s_);
   }
+  // Submits a request registered with the executor already.
+  void submit_only(engine::RequestId id, const std::vector<int32_t>& prompt, int64_t output_tokens) {
+    engine_.submit_prompt(id, std::ssize(prompt), output_tokens, keys_of(prompt), now_s_);
+  }
+  // A disaggregated decode: the request's KV is in the executor (add_decoding); it joins the batch now.
+  void decode(engine::RequestId id, int64_t input_tokens, int64_t output_tokens) {
+    engine_.expect(id, input_tokens, output_tokens, now_s_);
+    ASSERT_TRUE(engine_.submit_decode(id, now_s_, now_s_));
+    run();
+  }
   void run() {
     while (engine_.busy()) {
       now_s_ = engine_.next_event_s();
@@ -186,6 +196,52 @@ TEST_F(CpuExecutorTest, ImportedBlocksAreUsedLikeComputedOnes) {
   EXPECT_EQ(target.outputs[2], source.outputs[1]);
   // Blocks of another size are refused.
   EXPECT_THAT(target.executor().import_block(5, std::vector<std::byte>(10)).message(), HasSubstr("10 bytes"));
+}
+
+// Prefill on one executor, decode on another (the P/D split: the prompt's KV blocks copied as a prefill
+// instance ships them): the tokens are those of one colocated run, greedy and sampled.
+TEST_F(CpuExecutorTest, PrefillHereDecodeThereGivesTheColocatedTokens) {
+  const auto prompt = random_tokens(3 * kBlock + 5, 12);
+  for (const SamplingParams sampling : {SamplingParams{}, SamplingParams{.temperature = 1.2, .seed = 5}}) {
+    Instance prefill(*model_, {.kv_capacity_tokens = 64 * kBlock,
+                               .prefix_cache = true,
+                               .block_size_tokens = kBlock,
+                               .prefix_in_dram = true});
+    ASSERT_TRUE(prefill.executor()
+                    .add_request(1, {.prompt = prompt,
+                                     .block_keys = keys_of(prompt),
+                                     .output_tokens = 1,
+                                     .sampling = sampling,
+                                     .keep_after_release = true})
+                    .ok());
+    prefill.submit_only(1, prompt, 1);
+    prefill.run();
+    ASSERT_EQ(prefill.outputs[1].size(), 1u);
+    std::vector<std::byte> shipped;
+    for (int64_t b = 0; b < 4; ++b) {
+      const auto block = prefill.executor().kv_block(1, b);
+      ASSERT_FALSE(block.empty());
+      shipped.insert(shipped.end(), block.begin(), block.end());
+    }
+    EXPECT_TRUE(prefill.executor().kv_block(1, 9).empty());
+    prefill.executor().drop(1);
+    EXPECT_TRUE(prefill.executor().kv_block(1, 0).empty());
+
+    Instance decode(*model_, {.kv_capacity_tokens = 64 * kBlock, .report_tokens = true});
+    ASSERT_TRUE(decode.executor()
+                    .add_decoding(7,
+                                  {.prompt_tokens = std::ssize(prompt),
+                                   .first_token = prefill.outputs[1][0],
+                                   .output_tokens = 10,
+                                   .sampling = sampling},
+                                  shipped)
+                    .ok());
+    decode.decode(7, std::ssize(prompt), 10);
+    EXPECT_EQ(decode.outputs[7], alone(prompt, 10, sampling));
+    EXPECT_THAT(
+        decode.executor().add_decoding(8, {.prompt_tokens = 10, .output_tokens = 2}, shipped).message(),
+        HasSubstr("blocks of"));
+  }
 }
 
 TEST_F(CpuExecutorTest, SeededSamplingRepeatsAndDiffersFromGreedy) {

@@ -145,5 +145,26 @@ TEST(Llama, AConfigItCannotServeIsRefusedNamingTheField) {
   EXPECT_EQ(round.kv_bytes_per_token(), llama_preset("tiny").value().kv_bytes_per_token());
 }
 
+// A model's identity is its files': the same seed gives the same, another seed or dtype another, and it
+// seeds the block keys so KV of one model never matches another's.
+TEST(Llama, IdentityIsTheFilesDigest) {
+  test::TempDir dir;
+  const LlamaConfig tiny = llama_preset("tiny").value();
+  LlamaConfig bf16 = tiny;
+  bf16.dtype = DType::kBF16;
+  ASSERT_TRUE(init_llama_model(tiny, 1, dir.file("a")).ok());
+  ASSERT_TRUE(init_llama_model(tiny, 1, dir.file("b")).ok());
+  ASSERT_TRUE(init_llama_model(tiny, 2, dir.file("c")).ok());
+  ASSERT_TRUE(init_llama_model(bf16, 1, dir.file("d")).ok());
+  const uint64_t a = model_identity(dir.file("a")).value();
+  EXPECT_EQ(model_identity(dir.file("b")).value(), a);
+  EXPECT_NE(model_identity(dir.file("c")).value(), a);
+  EXPECT_NE(model_identity(dir.file("d")).value(), a);
+  EXPECT_EQ(load_llama_model(dir.file("a")).value().identity, a);
+  auto missing = model_identity(dir.file("none"));
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("config.json"));
+}
+
 }  // namespace
 }  // namespace crescent::model

@@ -14,80 +14,13 @@
 #include <sstream>
 #include <thread>
 
-#include "common/child_process.h"
-#include "test_support/temp_dir.h"
+#include "served_cluster.h"
 
 namespace crescent {
 namespace {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-// A `crescent serve` run with its own run directory; stopped (with its children) at the end.
-class ServedCluster {
- public:
-  ServedCluster() {
-    process_ = ChildProcess::start({CRESCENT_BINARY, "serve", "--port", "0", "--run-dir", dir_.file("run")},
-                                   dir_.file("serve.log"))
-                   .value();
-    auto line = process_->wait_for_line("crescent serve: model", std::chrono::seconds(60));
-    if (!line.ok()) {
-      ADD_FAILURE() << line.status().message();
-      return;
-    }
-    std::smatch m;
-    if (std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) port_ = std::stoi(m[1]);
-  }
-  ~ServedCluster() { process_->stop(std::chrono::seconds(10)); }
-
-  int port() const { return port_; }
-  std::string log() const {
-    std::ifstream in(process_->log_path());
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-  /// The pid of child `name` as last started.
-  pid_t pid(const std::string& name) const {
-    const std::string text = log();
-    const std::regex started("started " + name + R"( \(pid (\d+)\))");
-    pid_t pid = 0;
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), started); it != std::sregex_iterator();
-         ++it) {
-      pid = std::stoi((*it)[1]);
-    }
-    return pid;
-  }
-  /// Waits until the log holds `count` lines containing `text`.
-  bool wait_for_count(const std::string& text, size_t count, std::chrono::seconds timeout) const {
-    const auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      const std::string l = log();
-      size_t n = 0;
-      for (size_t at = l.find(text); at != std::string::npos; at = l.find(text, at + 1)) ++n;
-      if (n >= count) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
-  }
-  /// The value of the metric line starting with `name_and_labels` in /metrics (-1 when absent).
-  double metric(const std::string& name_and_labels) const {
-    httplib::Client client("127.0.0.1", port_);
-    auto res = client.Get("/metrics");
-    if (!res) return -1;
-    std::istringstream lines(res->body);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind(name_and_labels + " ", 0) == 0)
-        return std::stod(line.substr(name_and_labels.size() + 1));
-    }
-    return -1;
-  }
-
- private:
-  test::TempDir dir_;
-  std::unique_ptr<ChildProcess> process_;
-  int port_ = 0;
-};
 
 struct Answer {
   int status = 0;

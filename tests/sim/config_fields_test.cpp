@@ -180,7 +180,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
                 {"policy", "random"},
                 {"admission", "predictive"},
                 {"http_port", 0},
-                {"executor", "mock"}};
+                {"executor", "cpu"},
+                {"model", "models/tiny"}};
   auto config = cluster_config_from_json(j, "fields.json", 512);
   ASSERT_TRUE(config.ok()) << config.status().to_string();
   EXPECT_EQ(config->serve.kv_bytes_scale, 512);
@@ -191,6 +192,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   EXPECT_EQ(config->serve.policy, "random");
   EXPECT_EQ(config->serve.admission, "predictive");
   EXPECT_EQ(config->serve.http_port, 0);
+  EXPECT_EQ(config->serve.executor, "cpu");
+  EXPECT_EQ(config->serve.model_dir, "models/tiny");
   EXPECT_EQ(to_json(*config), to_json(*defaults));  // results record what simulations use
   for (const auto& [field, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
            {"kv_bytes_scale", 0, "'kv_bytes_scale'"},
@@ -200,7 +203,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
            {"policy", "fastest", "'fastest'"},
            {"admission", "maybe", "'maybe'"},
            {"http_port", 70000, "'http_port' must be <= 65535"},
-           {"executor", "cpu", "a real executor is not built yet"}}) {
+           {"executor", "gpu", "must be \"mock\" (the cost model's timing) or \"cpu\""},
+           {"model", 3, "'model'"}}) {
     json bad = base_config();
     bad["serve"] = {{field, value}};
     auto refused = cluster_config_from_json(bad, "fields.json", 512);

@@ -1,0 +1,187 @@
+// `crescent serve --executor cpu` as a user runs it: 2 prefill and 1 decode instance processes computing a
+// tiny model (crescent model init), the KV of every prompt moved for real through the pool and the
+// transfer engine. Every answer must be token for token what one colocated process computes
+// (`crescent model run`): alone or in a batch, prefilled in chunks, with its prefix from the prefill
+// instance's cache or from the pool, greedy or sampled with a seed.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "served_cluster.h"
+#include "test_support/temp_dir.h"
+
+namespace crescent {
+namespace {
+
+using json = nlohmann::json;
+
+// Runs a shell command; its stdout.
+std::string run_command(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  EXPECT_EQ(pclose(pipe), 0) << command;
+  return out;
+}
+
+struct Sampling {
+  double temperature = 0;
+  uint64_t seed = 0;
+};
+
+std::string fmt_command(const std::string& model_dir, const std::string& prompt, int64_t max_tokens,
+                        Sampling s) {
+  return std::string("'") + CRESCENT_BINARY + "' model run '" + model_dir + "' --prompt '" + prompt +
+         "' --max-tokens " + std::to_string(max_tokens) + " --temperature " + std::to_string(s.temperature) +
+         " --seed " + std::to_string(s.seed) + " --json";
+}
+
+// What `crescent model run` generates in one process: the reference.
+std::string colocated(const std::string& model_dir, const std::string& prompt, int64_t max_tokens,
+                      Sampling s) {
+  const json out = json::parse(run_command(fmt_command(model_dir, prompt, max_tokens, s)));
+  return out["text"].get<std::string>();
+}
+
+struct Completion {
+  int status = 0;
+  std::string text = {};
+  int64_t cached_tokens = -1;
+  std::string body = {};
+};
+
+Completion complete(int port, const std::string& model, const std::string& prompt, int64_t max_tokens,
+                    Sampling s) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(20, 0);
+  const json body = {{"model", model},
+                     {"prompt", prompt},
+                     {"max_tokens", max_tokens},
+                     {"temperature", s.temperature},
+                     {"seed", s.seed}};
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  if (!res) return {};
+  Completion c{.status = res->status, .body = res->body};
+  const json j = json::parse(res->body, nullptr, false);
+  if (res->status == 200) {
+    c.text = j["choices"][0]["text"].get<std::string>();
+    c.cached_tokens = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  }
+  return c;
+}
+
+class CpuCluster : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir("cpu-cluster");
+    model_dir_ = dir_->file("tiny-llama");
+    run_command(std::string("'") + CRESCENT_BINARY + "' model init --preset tiny --seed 5 --out '" +
+                model_dir_ + "'");
+    std::ifstream in(CRESCENT_SOURCE_DIR "/configs/cpu.json");
+    json config = json::parse(in);
+    config["prefill_instances"] = 2;
+    config["prefill_chunk_tokens"] = 64;  // prompts below go in several chunks
+    config["serve"]["http_port"] = 0;
+    config_path_ = dir_->file("cpu-test.json");
+    std::ofstream(config_path_) << config.dump(2);
+    // The Conductor predicts a prefill's time from the config's FLOP rate: at 1 MFLOP/s a queued prompt of
+    // the tiny model keeps its instance busy for minutes in its eyes (real time: milliseconds).
+    config["hardware"]["peak_flops_per_gpu"] = 1e6;
+    slow_config_path_ = dir_->file("cpu-test-slow.json");
+    std::ofstream(slow_config_path_) << config.dump(2);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static test::TempDir* dir_;
+  static std::string model_dir_, config_path_, slow_config_path_;
+};
+test::TempDir* CpuCluster::dir_ = nullptr;
+std::string CpuCluster::model_dir_, CpuCluster::config_path_, CpuCluster::slow_config_path_;
+
+TEST_F(CpuCluster, AnswersAreThoseOfOneColocatedProcess) {
+  ServedCluster cluster({"--config", config_path_, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const int port = cluster.port();
+  const std::string model = "tiny-llama";  // the model directory's name
+
+  // 6 full blocks of 16 byte tokens.
+  std::string prefix =
+      "You are the test assistant of crescent. Answer briefly, only from the document below.";
+  prefix.resize(96, ' ');
+  const std::string first = prefix + "What is the first question?";
+  const Completion a = complete(port, model, first, 8, {});
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.cached_tokens, 0);
+  EXPECT_EQ(a.text, colocated(model_dir_, first, 8, {}));
+
+  // The same prefix again, sampled with a seed: its 96 tokens reused from the prefill instance's cache.
+  const std::string second = prefix + "And a second one, a little longer?";
+  const Completion b = complete(port, model, second, 12, {.temperature = 0.9, .seed = 42});
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(b.cached_tokens, 96);
+  EXPECT_EQ(b.text, colocated(model_dir_, second, 12, {.temperature = 0.9, .seed = 42}));
+
+  // Several at once (batched on the decode instance), one of them 300 tokens long (5 chunks of 64).
+  const std::vector<std::string> prompts = {std::string(300, 'x') + "long", "short one",
+                                            "a third, mid-sized prompt"};
+  std::vector<Completion> got(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = complete(port, model, prompts[i], 20, {}); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(got[i].status, 200) << got[i].body;
+    EXPECT_EQ(got[i].text, colocated(model_dir_, prompts[i], 20, {})) << prompts[i];
+  }
+}
+
+// A prefix read from the pool by the other prefill instance: the instance holding it is stopped (SIGSTOP)
+// with a long prompt queued, which the Conductor believes will take minutes (slow_config_path_), so it
+// fetches the prefix for the other instance (Algorithm 1).
+TEST_F(CpuCluster, APrefixFromThePoolGivesTheSameTokens) {
+  ServedCluster cluster({"--config", slow_config_path_, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const int port = cluster.port();
+  const std::string model = "tiny-llama";
+  const std::string prefix(160, 'p');  // 10 blocks
+  ASSERT_EQ(complete(port, model, prefix + "?", 1, {}).status, 200);
+  // Which instance holds it is the Conductor's choice: stop one; if the prefix was on the other, a long
+  // prompt sharing it goes there and completes, so stop that one instead.
+  for (const std::string victim : {"prefill-0", "prefill-1"}) {
+    const pid_t pid = cluster.pid(victim);
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+    Completion stuck;
+    std::thread queued(
+        [&] { stuck = complete(port, model, prefix + std::string(1500, 'q') + victim, 1, {}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (stuck.status == 200) {  // it ran on the other instance: the prefix is not on `victim`
+      queued.join();
+      ASSERT_EQ(::kill(pid, SIGCONT), 0);
+      continue;
+    }
+    const std::string question = prefix + "and the question";
+    const Completion fetched = complete(port, model, question, 6, {});
+    ASSERT_EQ(::kill(pid, SIGCONT), 0);
+    queued.join();
+    ASSERT_EQ(fetched.status, 200) << fetched.body << cluster.log();
+    EXPECT_EQ(fetched.cached_tokens, 160);
+    EXPECT_EQ(cluster.metric("crescent_pool_prefix_tokens_total{result=\"hit\"}"), 160) << cluster.log();
+    EXPECT_EQ(fetched.text, colocated(model_dir_, question, 6, {}));
+    EXPECT_EQ(stuck.status, 200) << stuck.body;
+    return;
+  }
+  FAIL() << "neither prefill instance held the prefix\n" << cluster.log();
+}
+
+}  // namespace
+}  // namespace crescent
