@@ -4,6 +4,7 @@
 // memory bandwidth bound (weights + the batch's KV bytes read once per step ÷ measured read bandwidth);
 // the weights' and KV cache's budgets and the process's resident memory.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +12,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "cli/commands.h"

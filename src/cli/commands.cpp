@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "common/bundled_files.h"
+#include "perf/profile.h"
 #include "trace/reader.h"
 
 namespace crescent::cli {
@@ -55,10 +56,22 @@ Result<std::string> config_path_or_default(const std::string& path, std::string_
 }
 
 Result<sim::ClusterConfig> load_cluster_config_or_default(const std::string& path, int64_t block_size_tokens,
-                                                          std::string_view bundled_default) {
+                                                          std::string_view bundled_default,
+                                                          const std::string& profile_path) {
   auto config_path = config_path_or_default(path, bundled_default);
   if (!config_path.ok()) return config_path.status();
-  return sim::load_cluster_config(*config_path, block_size_tokens);
+  auto config = sim::load_cluster_config(*config_path, block_size_tokens);
+  if (!config.ok() || profile_path.empty()) return config;
+  auto profile = perf::load_profile(profile_path);
+  if (!profile.ok()) return profile.status();
+  config->profile = *profile;
+  return config;
+}
+
+void add_profile_flag(CLI::App* cmd, std::string& path) {
+  cmd->add_option("--profile", path,
+                  "A `crescent profile` output: its measured cost-model coefficients replace the config's "
+                  "roofline (and its \"profile\")");
 }
 
 Result<std::vector<trace::Request>> read_command_trace(const std::string& path, int64_t block_size_tokens,

@@ -43,11 +43,14 @@ inline constexpr std::string_view kServeClusterConfig = "configs/local.json";
 /// `path`, or the bundled `bundled_default` when `path` is empty (bundled_file's error when not found).
 Result<std::string> config_path_or_default(const std::string& path,
                                            std::string_view bundled_default = kDefaultClusterConfig);
-/// The cluster config at `path`, or the bundled `bundled_default` when `path` is empty. Errors as
-/// sim::load_cluster_config and bundled_file.
+/// The cluster config at `path`, or the bundled `bundled_default` when `path` is empty, with the profile at
+/// `profile_path` (--profile) when it is not empty. Errors as sim::load_cluster_config, bundled_file and
+/// perf::load_profile.
 Result<sim::ClusterConfig> load_cluster_config_or_default(
     const std::string& path, int64_t block_size_tokens,
-    std::string_view bundled_default = kDefaultClusterConfig);
+    std::string_view bundled_default = kDefaultClusterConfig, const std::string& profile_path = "");
+/// Adds --profile FILE to `cmd`, into `path`.
+void add_profile_flag(CLI::App* cmd, std::string& path);
 /// A subcommand's trace: the first `limit` valid requests (0: all) of `path`, invalid lines skipped and
 /// summarised on stderr when `skip_invalid`. Errors: the reader's (with the bundled-trace hint), and a trace
 /// with no valid request.
@@ -80,6 +83,8 @@ void register_store(CLI::App& app, int& exit_code);
 void register_serve(CLI::App& app, int& exit_code);
 /// `crescent replay TRACE --url URL` (cli/replay.cpp).
 void register_replay(CLI::App& app, int& exit_code);
+/// `crescent profile` (cli/profile.cpp).
+void register_profile(CLI::App& app, int& exit_code);
 /// `crescent model init|check`: model directories for the real executor (cli/model.cpp).
 void register_model(CLI::App& app, int& exit_code);
 

@@ -28,6 +28,7 @@ void register_experiment(CLI::App& app, int& exit_code) {
   cmd->add_option(
       "--config", args->options.config_path,
       "Cluster config JSON (default: the bundled configs/paper-fig5.json; fields: docs/config.md)");
+  add_profile_flag(cmd, args->options.profile_path);
   cmd->add_option("--time-scale", args->options.time_scale,
                   "Replay arrivals this many times faster (default: the experiment's)");
   cmd->add_option("--block-size", args->options.block_size_tokens, "Tokens per trace block (hash_id)")

@@ -44,8 +44,9 @@ struct ServeArgs {
   std::string policy;      // empty: the config's serve.policy
   std::string admission;   // empty: the config's serve.admission
   int64_t block_size_tokens = 512;
-  std::string executor;   // empty: the config's serve.executor
-  std::string model_dir;  // empty: the config's serve.model
+  std::string executor;      // empty: the config's serve.executor
+  std::string profile_path;  // --profile
+  std::string model_dir;     // empty: the config's serve.model
   uint64_t body_limit_bytes = 16ull << 20;
   bool in_process = false;
   bool no_restart = false;
@@ -80,7 +81,8 @@ Result<ServeSetup> setup(const ServeArgs& args) {
   if (args.block_size_tokens < 1) return Status::invalid_argument("--block-size must be >= 1");
   auto path = config_path_or_default(args.config_path, kServeClusterConfig);
   if (!path.ok()) return path.status();
-  auto config = sim::load_cluster_config(*path, args.block_size_tokens);
+  auto config =
+      load_cluster_config_or_default(*path, args.block_size_tokens, kServeClusterConfig, args.profile_path);
   if (!config.ok()) return config.status();
   const std::string policy_name = args.policy.empty() ? config->serve.policy : args.policy;
   auto policy = conductor::parse_prefill_policy(policy_name);
@@ -211,7 +213,7 @@ int run_in_process(const ServeArgs& args, const ServeSetup& s) {
 
 // What runs the instances, for the lines saying they are up.
 std::string describe_executor(const sim::ClusterConfig& c) {
-  const perf::CostModel cost(c.model, c.hardware);
+  const perf::CostModel cost = sim::cost_model(c);
   if (c.serve.executor == "cpu") {
     return fmt::format("the cpu executor on model {}; KV {} bytes per token", c.serve.model_dir,
                        cost.kv_bytes_per_token());
@@ -320,11 +322,14 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
     conductor_argv.emplace_back("--api-key");
     conductor_argv.push_back(args.api_key);
   }
-  // The executor and model as resolved here (a relative path in the config is relative to it).
-  const std::vector<std::string> executor_flags = {"--executor", c.serve.executor, "--model",
-                                                   c.serve.model_dir};
-  if (c.serve.executor == "cpu")
-    conductor_argv.insert(conductor_argv.end(), executor_flags.begin(), executor_flags.end());
+  // The executor, model and profile as resolved here (a relative path in the config is relative to it).
+  std::vector<std::string> child_flags;
+  if (c.serve.executor == "cpu") child_flags = {"--executor", c.serve.executor, "--model", c.serve.model_dir};
+  if (!args.profile_path.empty()) {
+    child_flags.insert(child_flags.end(),
+                       {"--profile", std::filesystem::absolute(args.profile_path).string()});
+  }
+  conductor_argv.insert(conductor_argv.end(), child_flags.begin(), child_flags.end());
   auto conductor = supervisor.start("conductor", conductor_argv, "conductor: model '", kStartTimeout);
   if (!conductor.ok()) return fail(conductor.status());
   auto instance_argv = [&](const char* role, uint32_t index) {
@@ -341,7 +346,7 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
                                   s.config_path,
                                   "--block-size",
                                   std::to_string(args.block_size_tokens)};
-    if (c.serve.executor == "cpu") argv.insert(argv.end(), executor_flags.begin(), executor_flags.end());
+    argv.insert(argv.end(), child_flags.begin(), child_flags.end());
     return argv;
   };
   for (uint32_t i = 0; i < c.prefill_instances; ++i) {
@@ -448,6 +453,7 @@ void add_cluster_flags(CLI::App* cmd, ServeArgs& args) {
   cmd->add_option("--admission", args.admission,
                   "Admission: none, slo, early, predictive (default: the config's serve.admission, none)");
   cmd->add_option("--block-size", args.block_size_tokens, "Tokens per KV block")->capture_default_str();
+  add_profile_flag(cmd, args.profile_path);
   cmd->add_option(
       "--executor", args.executor,
       "What computes iterations: mock (the cost model's time) or cpu (the model on this machine's "

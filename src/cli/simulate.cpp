@@ -24,7 +24,8 @@ namespace {
 
 struct SimulateArgs {
   std::string trace_path;
-  std::string config_path;  // empty: the bundled kDefaultClusterConfig
+  std::string config_path;   // empty: the bundled kDefaultClusterConfig
+  std::string profile_path;  // --profile
   std::string policy = "global-cache-aware";
   bool policy_given = false;
   std::string compare;
@@ -111,7 +112,8 @@ int run_simulate(const SimulateArgs& args) {
           fmt::format("--requests-out {}: is a directory; give a file name", args.requests_out)));
     }
   }
-  auto config = load_cluster_config_or_default(args.config_path, args.block_size_tokens);
+  auto config = load_cluster_config_or_default(args.config_path, args.block_size_tokens,
+                                               kDefaultClusterConfig, args.profile_path);
   if (!config.ok()) return fail(config.status());
   auto requests = read_command_trace(args.trace_path, args.block_size_tokens, args.skip_invalid, args.limit);
   if (!requests.ok()) return fail(requests.status());
@@ -182,6 +184,7 @@ void register_simulate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<SimulateArgs>();
   CLI::App* cmd = app.add_subcommand("simulate", "Replay a trace through a simulated prefill/decode cluster");
   cmd->add_option("trace", args->trace_path, "Mooncake JSONL trace (.jsonl or .jsonl.gz)")->required();
+  add_profile_flag(cmd, args->profile_path);
   cmd->add_option("--config", args->config_path,
                   fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)",
                               kDefaultClusterConfig));

@@ -521,6 +521,11 @@ Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions
   auto config = sim::load_cluster_config(config_path, in.block_size_tokens);
   if (!config.ok()) return config.status();
   in.config = std::move(*config);
+  if (!options.profile_path.empty()) {
+    auto profile = perf::load_profile(options.profile_path);
+    if (!profile.ok()) return profile.status();
+    in.config.profile = *profile;
+  }
   CRESCENT_RETURN_IF_ERROR(
       sim::validate(in.config, {.block_size_tokens = in.block_size_tokens, .time_scale = in.time_scale}));
   for (const auto& path : in.trace_paths) {

@@ -22,6 +22,7 @@ struct ExperimentOptions {
   std::string out_dir{};
   std::vector<std::string> traces{};
   std::string config_path{};
+  std::string profile_path{};  // non-empty: a `crescent profile` output replacing the config's profile
   std::optional<double> time_scale{};  // arrivals this many times faster; default: the experiment's own
   int64_t block_size_tokens = 512;     // tokens per trace block (hash_id)
 };

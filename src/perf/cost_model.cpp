@@ -5,7 +5,7 @@
 
 namespace crescent::perf {
 
-CostModel::CostModel(ModelSpec model, HardwareSpec hardware)
+CostModel::CostModel(ModelSpec model, HardwareSpec hardware, const Profile* profile)
     : model_(std::move(model)), hardware_(std::move(hardware)) {
   assert(validate_model_spec(model_, "CostModel model").ok());
   assert(validate_hardware_spec(hardware_, "CostModel hardware").ok());
@@ -20,13 +20,15 @@ CostModel::CostModel(ModelSpec model, HardwareSpec hardware)
 
   const double gpus = static_cast<double>(h.gpus);
   const double flops_per_s = gpus * h.peak_flops_per_gpu * h.mfu;
-  linear_s_per_token_ = linear_flops_per_token_ / flops_per_s;
-  attention_s_per_token_context_ = attention_flops_per_token_context_ / flops_per_s;
+  c_.linear_s_per_token = linear_flops_per_token_ / flops_per_s;
+  c_.attention_s_per_token_context = attention_flops_per_token_context_ / flops_per_s;
   const double decode_bytes_per_s = gpus * h.hbm_bytes_per_s_per_gpu * h.memory_bandwidth_utilization;
-  decode_weight_read_s_ = weight_bytes_ / decode_bytes_per_s;
-  decode_kv_read_s_per_token_ = kv_bytes_per_token_ / decode_bytes_per_s;
+  c_.decode_weight_read_s = weight_bytes_ / decode_bytes_per_s;
+  c_.decode_kv_read_s_per_token = kv_bytes_per_token_ / decode_bytes_per_s;
   kv_transfer_s_per_token_ = kv_bytes_per_token_ / h.network_bytes_per_s;
   kv_load_s_per_token_ = kv_bytes_per_token_ / h.host_device_bytes_per_s;
+  c_.source = "roofline";
+  if (profile != nullptr) c_ = *profile;
 }
 
 int64_t CostModel::decode_kv_capacity_tokens(double reserved_share) const {

@@ -7,6 +7,7 @@
 
 #include "perf/hardware_spec.h"
 #include "perf/model_spec.h"
+#include "perf/profile.h"
 
 namespace crescent::perf {
 
@@ -16,7 +17,9 @@ namespace crescent::perf {
 class CostModel {
  public:
   /// REQUIRES: validate_model_spec(model) and validate_hardware_spec(hardware) are ok (asserted in debug).
-  CostModel(ModelSpec model, HardwareSpec hardware);
+  /// With `profile` (crescent profile), its measured coefficients replace the roofline's for compute and
+  /// decode times; KV sizes, capacities and the links still come from the model and hardware.
+  CostModel(ModelSpec model, HardwareSpec hardware, const Profile* profile = nullptr);
 
   const ModelSpec& model() const { return model_; }
   const HardwareSpec& hardware() const { return hardware_; }
@@ -52,7 +55,7 @@ class CostModel {
   double prefill_time_s(int64_t new_tokens, int64_t prefix_tokens) const {
     assert(new_tokens >= 0 && prefix_tokens >= 0);
     const double n = static_cast<double>(new_tokens);
-    return n * (linear_s_per_token_ + attention_s_per_token_context_ * attended_tokens(n, prefix_tokens));
+    return n * (c_.linear_s_per_token + c_.attention_s_per_token_context * attended_tokens(n, prefix_tokens));
   }
 
   /// Seconds of one continuous-batching decode iteration (paper §2.1) producing one token for each of
@@ -61,14 +64,16 @@ class CostModel {
   ///            / (gpus * hbm_bytes_per_s_per_gpu * memory_bandwidth_utilization)   (weights read once)
   ///   compute: (2 * parameters * batch_requests + 4 * layers * hidden_size * context_tokens)
   ///            / (gpus * peak_flops_per_gpu * mfu).
+  /// A profile's memory term adds decode_s_per_request per request.
   /// 0 when batch_requests == 0. REQUIRES: batch_requests >= 0, context_tokens >= 0.
   double decode_step_time_s(int64_t batch_requests, int64_t context_tokens) const {
     assert(batch_requests >= 0 && context_tokens >= 0);
     if (batch_requests == 0) return 0;
     const double ctx = static_cast<double>(context_tokens);
-    const double memory_s = decode_weight_read_s_ + ctx * decode_kv_read_s_per_token_;
-    const double compute_s =
-        static_cast<double>(batch_requests) * linear_s_per_token_ + ctx * attention_s_per_token_context_;
+    const double batch = static_cast<double>(batch_requests);
+    const double memory_s =
+        c_.decode_weight_read_s + batch * c_.decode_s_per_request + ctx * c_.decode_kv_read_s_per_token;
+    const double compute_s = batch * c_.linear_s_per_token + ctx * c_.attention_s_per_token_context;
     return std::max(memory_s, compute_s);
   }
 
@@ -84,21 +89,33 @@ class CostModel {
   /// decode_requests == 0 it is >= prefill_time_s(prefill_tokens, prefill_prefix_tokens), and equal for
   /// realistic sizes: a pure prefill of 512+ tokens is compute-bound (llama3-70b on 8xA800: 58 ms of compute
   /// for 512 tokens, 12 ms of weight reads). A prefix without prefill tokens reads nothing. 0 when there is
-  /// nothing to do.
+  /// nothing to do. A profile's decode_s_per_request applies as in decode_step_time_s, and an iteration
+  /// that prefills costs its prefill_iteration_overhead_s on top.
   /// REQUIRES: all arguments >= 0.
   double iteration_time_s(int64_t decode_requests, int64_t decode_context_tokens, int64_t prefill_tokens,
                           int64_t prefill_prefix_tokens) const {
+    return iteration_time_s(c_, decode_requests, decode_context_tokens, prefill_tokens,
+                            prefill_prefix_tokens);
+  }
+  /// iteration_time_s with coefficients `c` (what a fitted profile predicts before a CostModel is built).
+  static double iteration_time_s(const Profile& c, int64_t decode_requests, int64_t decode_context_tokens,
+                                 int64_t prefill_tokens, int64_t prefill_prefix_tokens) {
     assert(decode_requests >= 0 && decode_context_tokens >= 0 && prefill_tokens >= 0 &&
            prefill_prefix_tokens >= 0);
     if (decode_requests == 0 && prefill_tokens == 0) return 0;
     const double ctx = static_cast<double>(decode_context_tokens);
     const double prefix = prefill_tokens > 0 ? static_cast<double>(prefill_prefix_tokens) : 0.0;
-    const double memory_s = decode_weight_read_s_ + (ctx + prefix) * decode_kv_read_s_per_token_;
-    const double compute_s = static_cast<double>(decode_requests) * linear_s_per_token_ +
-                             ctx * attention_s_per_token_context_ +
-                             prefill_time_s(prefill_tokens, prefill_prefix_tokens);
-    return std::max(memory_s, compute_s);
+    const double batch = static_cast<double>(decode_requests);
+    const double n = static_cast<double>(prefill_tokens);
+    const double memory_s = c.decode_weight_read_s + batch * c.decode_s_per_request +
+                            (ctx + prefix) * c.decode_kv_read_s_per_token;
+    const double compute_s = batch * c.linear_s_per_token + ctx * c.attention_s_per_token_context +
+                             n * (c.linear_s_per_token + c.attention_s_per_token_context *
+                                                             attended_tokens(n, prefill_prefix_tokens));
+    return std::max(memory_s, compute_s) + (prefill_tokens > 0 ? c.prefill_iteration_overhead_s : 0.0);
   }
+  /// The coefficients in use: the roofline's (source "roofline") or the profile's.
+  const Profile& coefficients() const { return c_; }
 
   /// Seconds a prefill instance takes to compute `new_tokens` after a cached prefix of `prefix_tokens`, in
   /// iterations of at most `chunk_tokens` (0: one iteration) that do nothing else: the sum of
@@ -160,12 +177,10 @@ class CostModel {
   double weight_bytes_;
   double linear_flops_per_token_;             // 2 * parameters
   double attention_flops_per_token_context_;  // 4 * layers * hidden_size
-  // Divisions done once: the two above over gpus * peak_flops_per_gpu * mfu; weight and KV bytes over
-  // gpus * hbm_bytes_per_s_per_gpu * memory_bandwidth_utilization; KV bytes over the two links.
-  double linear_s_per_token_;
-  double attention_s_per_token_context_;
-  double decode_weight_read_s_;
-  double decode_kv_read_s_per_token_;
+  // Divisions done once: the two above over gpus * peak_flops_per_gpu * mfu (linear, attention); weight and
+  // KV bytes over gpus * hbm_bytes_per_s_per_gpu * memory_bandwidth_utilization (decode reads), or a
+  // profile's measured values; KV bytes over the two links.
+  Profile c_;
   double kv_transfer_s_per_token_;
   double kv_load_s_per_token_;
 };

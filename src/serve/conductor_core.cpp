@@ -37,7 +37,7 @@ Status validate(const ClusterOptions& options) {
 ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links)
     : options_(options),
       links_(links),
-      cost_(options.config.model, options.config.hardware),
+      cost_(sim::cost_model(options.config)),
       conductor_(cost_, sim::conductor_options(options.config, options.policy, options.admission,
                                                options.block_size_tokens)),
       kv_capacity_tokens_(cost_.decode_kv_capacity_tokens(options.config.decode_hbm_reserved_share)),

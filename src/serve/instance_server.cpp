@@ -46,7 +46,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       : options_(options),
         config_(options.cluster.config),
         block_tokens_(options.cluster.block_size_tokens),
-        cost_(config_.model, config_.hardware),
+        cost_(sim::cost_model(config_)),
         mock_executor_(cost_),
         model_(std::move(model)),
         store_(std::move(store)),

@@ -36,7 +36,7 @@ nlohmann::json hardware_json(const perf::HardwareSpec& h) {
 }
 
 // Every field a config may have, and those it must have.
-constexpr std::array<std::string_view, 14> kFields{"name",
+constexpr std::array<std::string_view, 15> kFields{"name",
                                                    "description",
                                                    "model",
                                                    "hardware",
@@ -49,20 +49,21 @@ constexpr std::array<std::string_view, 14> kFields{"name",
                                                    "expected_output_prior_tokens",
                                                    "slo",
                                                    "seed",
+                                                   "profile",
                                                    "serve"};
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
 constexpr std::array<std::string_view, 10> kServeFields{"kv_bytes_scale",
-                                                       "kv_transfer_timeout_s",
-                                                       "heartbeat_timeout_s",
-                                                       "store_dram_bytes",
-                                                       "verify_kv_checksums",
-                                                       "policy",
-                                                       "admission",
-                                                       "http_port",
-                                                       "executor",
-                                                       "model"};
+                                                        "kv_transfer_timeout_s",
+                                                        "heartbeat_timeout_s",
+                                                        "store_dram_bytes",
+                                                        "verify_kv_checksums",
+                                                        "policy",
+                                                        "admission",
+                                                        "http_port",
+                                                        "executor",
+                                                        "model"};
 
 }  // namespace
 
@@ -90,8 +91,7 @@ engine::EngineOptions prefill_engine_options(const ClusterConfig& config, int64_
 
 engine::EngineOptions decode_engine_options(const ClusterConfig& config) {
   engine::EngineOptions options;
-  options.kv_capacity_tokens = perf::CostModel(config.model, config.hardware)
-                                   .decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
+  options.kv_capacity_tokens = cost_model(config).decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
   options.report_tokens = true;
   options.kv_transfer_timeout_s = config.serve.kv_transfer_timeout_s;
   return options;
@@ -169,6 +169,17 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
                                              /*required=*/false));
   CRESCENT_RETURN_IF_ERROR(f.integer("seed", seed, 0, /*required=*/false));
   c.seed = static_cast<uint64_t>(seed);
+  if (auto it = j.find("profile"); it != j.end()) {
+    // A file (relative to the config's) or the profile itself.
+    Result<perf::Profile> profile =
+        it->is_string()
+            ? perf::load_profile((std::filesystem::path(where).parent_path() / it->get<std::string>())
+                                     .lexically_normal()
+                                     .string())
+            : perf::profile_from_json(*it, where + ": profile");
+    if (!profile.ok()) return profile.status();
+    c.profile = *profile;
+  }
 
   if (auto it = j.find("slo"); it != j.end()) {
     JsonFields s(*it, where + ": slo");
@@ -242,7 +253,7 @@ Result<ClusterConfig> load_cluster_config(const std::string& path, int64_t block
 }
 
 nlohmann::json to_json(const ClusterConfig& c) {
-  return {
+  nlohmann::json j = {
       {"name", c.name},
       {"description", c.description},
       {"model", model_json(c.model)},
@@ -257,6 +268,12 @@ nlohmann::json to_json(const ClusterConfig& c) {
       {"slo", {{"ttft_s", c.slo.ttft_s}, {"tbt_s", c.slo.tbt_s}}},
       {"seed", c.seed},
   };
+  if (c.profile) j["profile"] = perf::to_json(*c.profile);
+  return j;
+}
+
+perf::CostModel cost_model(const ClusterConfig& config) {
+  return perf::CostModel(config.model, config.hardware, config.profile ? &*config.profile : nullptr);
 }
 
 }  // namespace crescent::sim

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -12,8 +13,10 @@
 #include "common/status.h"
 #include "conductor/conductor.h"
 #include "engine/engine_core.h"
+#include "perf/cost_model.h"
 #include "perf/hardware_spec.h"
 #include "perf/model_spec.h"
+#include "perf/profile.h"
 
 namespace crescent::sim {
 
@@ -62,7 +65,14 @@ struct ClusterConfig {
   SloConfig slo;
   uint64_t seed = 1;
   ServeConfig serve;  // "serve": live runs only (not echoed by to_json, which reports what simulations use)
+  /// "profile": measured cost-model coefficients (`crescent profile`; a file relative to the config, or the
+  /// object), used instead of the roofline's everywhere a CostModel is built (cost_model()). --profile wins.
+  std::optional<perf::Profile> profile;
 };
+
+/// The cost model of `config`: its model and hardware, and its profile when it has one. Every simulated or
+/// live component builds its CostModel here.
+perf::CostModel cost_model(const ClusterConfig& config);
 
 /// The JSON names of a config's top-level fields ("slo" holds "ttft_s" and "tbt_s"; "model" and "hardware"
 /// the fields of perf::model_spec_fields() and perf::hardware_spec_fields()).

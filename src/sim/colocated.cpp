@@ -65,7 +65,7 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
     return Status::invalid_argument(
         fmt::format("chunked prefill tokens must be >= 1, got {}", options.chunked_prefill_tokens));
   }
-  const perf::CostModel cost(config.model, config.hardware);
+  const perf::CostModel cost = cost_model(config);
   const engine::EngineOptions mode{
       .kv_capacity_tokens = cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share),
       .chunk_tokens = options.system == System::kColocatedChunkedPrefill ? options.chunked_prefill_tokens : 0,

@@ -63,7 +63,8 @@ PolicyReport summarize(const std::string& name, const SimResult& result, const S
         case conductor::RejectReason::kContextLength:
           ++r.rejected_context_length;
           break;
-        case conductor::RejectReason::kNoInstance:  // a live cluster's 503s and failures: no reason of their own
+        case conductor::RejectReason::kNoInstance:  // a live cluster's 503s and failures: no reason of their
+                                                    // own
         case conductor::RejectReason::kNone:
           break;
       }

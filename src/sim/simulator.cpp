@@ -60,7 +60,7 @@ class Simulation final : private engine::EngineListener {
       : config_(config),
         trace_(trace),
         options_(options),
-        cost_(config.model, config.hardware),
+        cost_(cost_model(config)),
         conductor_(cost_,
                    conductor_options(config, options.policy, options.admission, options.block_size_tokens)),
         state_(config.prefill_instances, config.decode_instances, options.block_size_tokens,
@@ -313,7 +313,7 @@ Status validate(const ClusterConfig& config, const SimOptions& options) {
   }
   CRESCENT_RETURN_IF_ERROR(perf::validate_model_spec(config.model, "model"));
   CRESCENT_RETURN_IF_ERROR(perf::validate_hardware_spec(config.hardware, "hardware"));
-  const perf::CostModel cost(config.model, config.hardware);
+  const perf::CostModel cost = cost_model(config);
   if (cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share) < options.block_size_tokens) {
     return Status::invalid_argument(
         fmt::format("{} weights ({:.1f} GB) leave no room for KV cache in a decode instance's HBM ({} x "

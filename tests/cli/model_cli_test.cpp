@@ -70,5 +70,41 @@ TEST(ModelCli, RunGeneratesAndRefusesWhatCannotRun) {
   EXPECT_THAT(spm.err, HasSubstr("tokenizer.model: SentencePiece tokenizers are not supported yet"));
 }
 
+// `crescent profile` writes a profile that simulate takes with --profile: the mock's gives back the
+// roofline's (so the same numbers), a real one changes them; bad input exits 2.
+TEST(ModelCli, ProfileFeedsSimulate) {
+  test::TempDir dir;
+  const std::string profile = dir.file("mock.json");
+  CliRun mock = run_crescent("profile --executor mock --out " + quote(profile));
+  ASSERT_EQ(mock.exit_code, 0) << mock.err;
+  EXPECT_THAT(mock.out, HasSubstr("residuals (RMS, relative): prefill 0.0%, decode 0.0%"));
+  const std::string trace = quote(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz");
+  const std::string sim = "simulate " + trace + " --limit 300 --json";
+  const auto ttft = [](const CliRun& run) {
+    return nlohmann::json::parse(run.out)["policies"][0]["ttft_mean_s"].get<double>();
+  };
+  const CliRun plain = run_crescent(sim);
+  const CliRun profiled = run_crescent(sim + " --profile " + quote(profile));
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.err;
+  EXPECT_NEAR(ttft(profiled) / ttft(plain), 1.0, 1e-6);
+  // Twice the linear cost: prefill takes longer.
+  auto j = nlohmann::json::parse(std::ifstream(profile));
+  j["linear_s_per_token"] = 2 * j["linear_s_per_token"].get<double>();
+  std::ofstream(dir.file("slow.json")) << j.dump();
+  EXPECT_GT(ttft(run_crescent(sim + " --profile " + quote(dir.file("slow.json")))), 1.2 * ttft(plain));
+
+  CliRun no_model = run_crescent("profile --executor cpu --out " + quote(dir.file("x.json")));
+  EXPECT_EQ(no_model.exit_code, 2);
+  EXPECT_THAT(no_model.err, HasSubstr("--executor cpu needs --model DIR"));
+  CliRun missing = run_crescent(sim + " --profile " + quote(dir.file("none.json")));
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.err, HasSubstr("cannot open profile"));
+  j.erase("decode_weight_read_s");
+  std::ofstream(dir.file("broken.json")) << j.dump();
+  CliRun broken = run_crescent(sim + " --profile " + quote(dir.file("broken.json")));
+  EXPECT_EQ(broken.exit_code, 2);
+  EXPECT_THAT(broken.err, HasSubstr("field 'decode_weight_read_s' is missing"));
+}
+
 }  // namespace
 }  // namespace crescent::cli_test

@@ -84,6 +84,16 @@ const std::vector<FieldCase>& cases() {
        false,
        true},
       {"seed", {{"seed", 2}}, PrefillPolicy::kRandom},
+      // The roofline's coefficients of llama3-70b on 8xA800 (crescent profile --executor mock), the linear
+      // layers twice as slow.
+      {"profile",
+       {{"profile",
+         {{"linear_s_per_token", 2 * 0.000113067},
+          {"attention_s_per_token_context", 2.10051e-09},
+          {"decode_weight_read_s", 0.0123579},
+          {"decode_s_per_request", 0},
+          {"decode_kv_read_s_per_token", 2.86975e-08},
+          {"prefill_iteration_overhead_s", 0}}}}},
       {"model.name",
        {{"model", {{"name", "my-70b"}}}},
        PrefillPolicy::kGlobalCacheAware,
