@@ -106,7 +106,7 @@ int run_bench_model(const BenchModelArgs& args) {
       {m, 2 * c.intermediate_size, d},
       {m, d, c.intermediate_size}};
   const double sgemm = model::sgemm_flops_per_s(shapes, 2 * args.seconds);
-  const double bandwidth = model::memory_read_bytes_per_s(int64_t{1} << 30, threads, 5);
+  const double bandwidth = model::memory_read_bytes_per_s(int64_t{1} << 30, threads, 10);
 
   nlohmann::ordered_json report = {
       {"model",

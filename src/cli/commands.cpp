@@ -68,6 +68,13 @@ Result<sim::ClusterConfig> load_cluster_config_or_default(const std::string& pat
   return config;
 }
 
+void add_length_divisor_flag(CLI::App* cmd, int64_t& divisor) {
+  cmd->add_option("--length-divisor", divisor,
+                  "Divide every request's input and output length by this (rounded up), to fit a small "
+                  "model's context; divide --block-size by it too")
+      ->capture_default_str();
+}
+
 void add_profile_flag(CLI::App* cmd, std::string& path) {
   cmd->add_option("--profile", path,
                   "A `crescent profile` output: its measured cost-model coefficients replace the config's "
@@ -75,11 +82,15 @@ void add_profile_flag(CLI::App* cmd, std::string& path) {
 }
 
 Result<std::vector<trace::Request>> read_command_trace(const std::string& path, int64_t block_size_tokens,
-                                                       bool skip_invalid, int64_t limit) {
+                                                       bool skip_invalid, int64_t limit,
+                                                       int64_t length_divisor) {
   trace::SkipReport skipped;
-  auto requests = trace::read_trace(
-      path, {.block_size_tokens = block_size_tokens, .skip_invalid = skip_invalid, .max_requests = limit},
-      &skipped);
+  auto requests = trace::read_trace(path,
+                                    {.block_size_tokens = block_size_tokens,
+                                     .skip_invalid = skip_invalid,
+                                     .max_requests = limit,
+                                     .length_divisor = length_divisor},
+                                    &skipped);
   if (!requests.ok()) return with_bundled_trace_hint(requests.status(), path);
   if (skipped.total_lines > 0) fmt::print(stderr, "{}\n", skipped.summary());
   if (requests->empty()) return trace::empty_trace_error(path, skipped);

@@ -52,10 +52,13 @@ Result<sim::ClusterConfig> load_cluster_config_or_default(
 /// Adds --profile FILE to `cmd`, into `path`.
 void add_profile_flag(CLI::App* cmd, std::string& path);
 /// A subcommand's trace: the first `limit` valid requests (0: all) of `path`, invalid lines skipped and
-/// summarised on stderr when `skip_invalid`. Errors: the reader's (with the bundled-trace hint), and a trace
-/// with no valid request.
+/// summarised on stderr when `skip_invalid`, lengths divided by `length_divisor` (trace::ReadOptions).
+/// Errors: the reader's (with the bundled-trace hint), and a trace with no valid request.
 Result<std::vector<trace::Request>> read_command_trace(const std::string& path, int64_t block_size_tokens,
-                                                       bool skip_invalid, int64_t limit);
+                                                       bool skip_invalid, int64_t limit,
+                                                       int64_t length_divisor = 1);
+/// Adds --length-divisor to `cmd`, into `divisor`.
+void add_length_divisor_flag(CLI::App* cmd, int64_t& divisor);
 
 /// Blocks SIGINT and SIGTERM in this thread and every thread started after it, so wait_for_stop_signal can
 /// take them (servers: call before starting threads).

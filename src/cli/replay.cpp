@@ -28,7 +28,8 @@ int run_replay(const ReplayArgs& args) {
     return fail(Status::invalid_argument(fmt::format("--url: port {} out of range", port)));
   auto config = load_cluster_config_or_default(args.config_path, args.block_size_tokens);
   if (!config.ok()) return fail(config.status());
-  auto requests = read_command_trace(args.trace_path, args.block_size_tokens, args.skip_invalid, args.limit);
+  auto requests = read_command_trace(args.trace_path, args.block_size_tokens, args.skip_invalid, args.limit,
+                                     args.length_divisor);
   if (!requests.ok()) return fail(requests.status());
 
   experiment::ProgressLine progress_line("replay", 1, "elapsed");
@@ -112,6 +113,7 @@ void register_replay(CLI::App& app, int& exit_code) {
   cmd->add_option("--vocab-size", args->vocab_size,
                   "Prompt token ids stay below this (the server's vocabulary)")
       ->capture_default_str();
+  add_length_divisor_flag(cmd, args->length_divisor);
   cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
   cmd->add_option("--requests-out", args->requests_out,

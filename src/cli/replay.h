@@ -16,6 +16,7 @@ struct ReplayArgs {
   double time_scale = 1.0;
   int64_t limit = 0;
   int64_t block_size_tokens = 512;
+  int64_t length_divisor = 1;  // trace::ReadOptions::length_divisor
   int64_t vocab_size = 256;
   bool skip_invalid = false;
   bool json = false;

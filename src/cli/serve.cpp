@@ -5,12 +5,16 @@
 //   crescent serve conductor|prefill|decode   one role alone, for clusters spread over several machines
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -49,11 +53,14 @@ struct ServeArgs {
   std::string model_dir;     // empty: the config's serve.model
   uint64_t body_limit_bytes = 16ull << 20;
   bool in_process = false;
+  bool pin_cores = false;  // the supervisor: each instance on its own core
+  int cpu = -1;            // a role: run on this core only
   bool no_restart = false;
   std::string run_dir;  // children's logs and transfer metadata; empty: a new /tmp/crescent-serve-XXXXXX
   // --replay: serve, replay this trace against it, print the report, stop.
   std::string replay_trace;
   int64_t replay_limit = 0;
+  int64_t replay_length_divisor = 1;
   double replay_time_scale = 1.0;
   bool json = false;
   std::string requests_out;
@@ -145,6 +152,7 @@ ReplayArgs replay_args(const ServeArgs& args, const ServeSetup& s, const std::st
           .time_scale = args.replay_time_scale,
           .limit = args.replay_limit,
           .block_size_tokens = args.block_size_tokens,
+          .length_divisor = args.replay_length_divisor,
           .json = args.json,
           .requests_out = args.requests_out};
 }
@@ -349,14 +357,21 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
     argv.insert(argv.end(), child_flags.begin(), child_flags.end());
     return argv;
   };
+  // --pin-cores: prefill instances on the first cores, decode instances on the next (round robin).
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  uint32_t next_core = 0;
+  const auto pinned = [&](std::vector<std::string> argv) {
+    if (args.pin_cores) argv.insert(argv.end(), {"--cpu", std::to_string(next_core++ % cores)});
+    return argv;
+  };
   for (uint32_t i = 0; i < c.prefill_instances; ++i) {
-    auto started = supervisor.start(fmt::format("prefill-{}", i), instance_argv("prefill", i), ": ready (",
-                                    kStartTimeout);
+    auto started = supervisor.start(fmt::format("prefill-{}", i), pinned(instance_argv("prefill", i)),
+                                    ": ready (", kStartTimeout);
     if (!started.ok()) return fail(started.status());
   }
   for (uint32_t i = 0; i < c.decode_instances; ++i) {
-    auto started =
-        supervisor.start(fmt::format("decode-{}", i), instance_argv("decode", i), ": ready (", kStartTimeout);
+    auto started = supervisor.start(fmt::format("decode-{}", i), pinned(instance_argv("decode", i)),
+                                    ": ready (", kStartTimeout);
     if (!started.ok()) return fail(started.status());
   }
   const std::string host = args.host == "0.0.0.0" || args.host == "::" ? "127.0.0.1" : args.host;
@@ -417,6 +432,14 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   }
   if (args.store_master.empty())
     return fail(Status::invalid_argument("--store-master is required (HOST:PORT)"));
+  if (args.cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(args.cpu, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
+      return fail(Status::invalid_argument(fmt::format("--cpu {}: {}", args.cpu, std::strerror(errno))));
+    }
+  }
   const sigset_t signals = block_stop_signals();
   serve::InstanceOptions options;
   options.role = role;
@@ -476,6 +499,7 @@ void add_http_flags(CLI::App* cmd, ServeArgs& args) {
                   "Replay this trace against the cluster, print the report (as `crescent replay`) and stop");
   cmd->add_option("--limit", args.replay_limit, "With --replay: only the first N valid requests (0 = all)")
       ->capture_default_str();
+  add_length_divisor_flag(cmd, args.replay_length_divisor);
   cmd->add_option("--time-scale", args.replay_time_scale,
                   "With --replay: send arrivals this many times faster")
       ->capture_default_str();
@@ -494,6 +518,10 @@ void register_serve(CLI::App& app, int& exit_code) {
   add_http_flags(cmd, *args);
   cmd->add_flag("--in-process", args->in_process,
                 "Run the instances as mock engines inside this process (no store, no KV bytes moved)");
+  cmd->add_flag(
+      "--pin-cores", args->pin_cores,
+      "Run each instance on its own core (prefill instances first), as separate GPUs would not share "
+      "compute; the cpu executor then uses one BLAS thread per instance");
   cmd->add_flag("--no-restart", args->no_restart,
                 "Stop everything when a child process dies (default: restart it)");
   cmd->add_option("--run-dir", args->run_dir,
@@ -526,6 +554,7 @@ void register_serve(CLI::App& app, int& exit_code) {
     instance->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
         ->capture_default_str();
     instance->add_option("--store-master", args->store_master, "The store master's HOST:PORT")->required();
+    instance->add_option("--cpu", args->cpu, "Run on this core only (sched_setaffinity)");
     instance
         ->add_option("--kv-events-host", args->kv_events_host,
                      "Address a prefill instance's KV event sockets listen on (the Conductor subscribes)")

@@ -15,6 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/text_format.h"
 #include "conductor/conductor.h"
+#include "model/llama.h"
 #include "sim/cluster_config.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
@@ -26,6 +27,8 @@ struct SimulateArgs {
   std::string trace_path;
   std::string config_path;   // empty: the bundled kDefaultClusterConfig
   std::string profile_path;  // --profile
+  int64_t length_divisor = 1;
+  std::string model_dir;  // --model: a model directory's spec replaces the config's model
   std::string policy = "global-cache-aware";
   bool policy_given = false;
   std::string compare;
@@ -115,7 +118,13 @@ int run_simulate(const SimulateArgs& args) {
   auto config = load_cluster_config_or_default(args.config_path, args.block_size_tokens,
                                                kDefaultClusterConfig, args.profile_path);
   if (!config.ok()) return fail(config.status());
-  auto requests = read_command_trace(args.trace_path, args.block_size_tokens, args.skip_invalid, args.limit);
+  if (!args.model_dir.empty()) {
+    auto llama = model::read_llama_config(args.model_dir);
+    if (!llama.ok()) return fail(llama.status());
+    config->model = model::model_spec(*llama, std::filesystem::path(args.model_dir).filename().string());
+  }
+  auto requests = read_command_trace(args.trace_path, args.block_size_tokens, args.skip_invalid, args.limit,
+                                     args.length_divisor);
   if (!requests.ok()) return fail(requests.status());
 
   sim::SimOptions options{.system = *system,
@@ -185,6 +194,10 @@ void register_simulate(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand("simulate", "Replay a trace through a simulated prefill/decode cluster");
   cmd->add_option("trace", args->trace_path, "Mooncake JSONL trace (.jsonl or .jsonl.gz)")->required();
   add_profile_flag(cmd, args->profile_path);
+  add_length_divisor_flag(cmd, args->length_divisor);
+  cmd->add_option("--model", args->model_dir,
+                  "A model directory (crescent model init): its shape replaces the config's model, as `serve "
+                  "--executor cpu --model` does");
   cmd->add_option("--config", args->config_path,
                   fmt::format("Cluster config JSON (default: the bundled {}; fields: docs/config.md)",
                               kDefaultClusterConfig));

@@ -110,7 +110,7 @@ void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now
   }
 }
 
-void ConductorCore::on_prefill_done(InstanceId instance, uint64_t id, int64_t first_token, double now_s) {
+void ConductorCore::on_first_token(InstanceId instance, uint64_t id, int64_t first_token, double now_s) {
   auto it = requests_.find(id);
   if (it == requests_.end()) {
     state_.on_prefill_done(instance, {}, now_s);
@@ -118,20 +118,22 @@ void ConductorCore::on_prefill_done(InstanceId instance, uint64_t id, int64_t fi
   }
   state_.on_prefill_done(instance, it->second.block_keys, now_s);
   it->second.prefill_done = true;
+  it->second.first_token = first_token;
   // Nothing else placed there is waiting: the instance is idle now, whatever its queue's prediction said
   // (a model faster than the cost model's roofline finishes early).
   if (--prefills_pending_[instance] == 0) state_.on_prefill_idle(instance, now_s);
   emit_token(id, first_token, now_s);  // the first token comes from the prefill
   it = requests_.find(id);
-  if (it == requests_.end()) return;
+  if (it != requests_.end() && it->second.request.max_tokens <= 1) finish(id, now_s);
+}
+
+void ConductorCore::on_kv_shipped(uint64_t id, double now_s) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second.prefill_done || it->second.request.max_tokens <= 1) return;
   const Live& live = it->second;
-  if (live.request.max_tokens <= 1) {
-    finish(id, now_s);
-    return;
-  }
   const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
   metrics_.observe_kv_bytes("prefill_to_decode", static_cast<double>(input) * cost_.kv_bytes_per_token());
-  links_.send_kv_handoff(live.summary.decode_instance, id, input, first_token, now_s);
+  links_.send_kv_handoff(live.summary.decode_instance, id, input, live.first_token, now_s);
 }
 
 void ConductorCore::on_tokens(std::span<const uint64_t> ids, std::span<const int64_t> tokens, double now_s) {

@@ -78,8 +78,10 @@ class ConductorCore {
   // Events from instances (the core's clock).
   /// `id`'s prefill started with `hit_tokens` of its prompt reused.
   void on_prefill_start(uint64_t id, int64_t hit_tokens, double now_s);
-  /// `id`'s prefill on `instance` ended with `first_token`: it goes out, the KV to decode.
-  void on_prefill_done(InstanceId instance, uint64_t id, int64_t first_token, double now_s);
+  /// `id`'s prefill on `instance` ended with `first_token`: it goes out (a one-token request is done).
+  void on_first_token(InstanceId instance, uint64_t id, int64_t first_token, double now_s);
+  /// `id`'s KV has reached its decode instance (after on_first_token): the decode instance is told.
+  void on_kv_shipped(uint64_t id, double now_s);
   /// A decode step gave each of `ids` one token, `tokens[i]` to `ids[i]`; a request with all its tokens
   /// finishes.
   void on_tokens(std::span<const uint64_t> ids, std::span<const int64_t> tokens, double now_s);
@@ -122,6 +124,7 @@ class ConductorCore {
     std::vector<BlockKey> block_keys;
     RequestSummary summary;
     bool prefill_done = false;
+    int64_t first_token = 0;
     double predicted_prefill_s = 0;  // the Conductor's prefix load + compute time (Decision)
     double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // core's clock
   };

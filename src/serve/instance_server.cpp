@@ -1,6 +1,7 @@
 #include "serve/instance_server.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "common/clock.h"
 #include "engine/engine_core.h"
 #include "model/cpu_executor.h"
+#include "model/cpu_limits.h"
 #include "serve/etcd_registry.h"
 #include "serve/kv_blocks.h"
 #include "serve/kv_events.h"
@@ -139,7 +141,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
     m.kind = InstanceMessage::Kind::kPrefillStart;
     m.request_id = id;
     m.hit_tokens = start.hit_tokens;
-    outbox_.push_back(std::move(m));
+    // At once, before the iteration computes: the decode instance's room (the KV target) comes back while
+    // it does, so the KV can ship the moment the prefill ends.
+    send(m);
   }
 
   // Its KV streams to decode while the prefill runs (paper §3.1 step 3): each chunk as its iteration ends.
@@ -169,6 +173,13 @@ class InstanceServer::Impl final : public engine::EngineListener {
     } else {
       order.first_token = mock_token(order.seed, 0);
     }
+    // The first token goes out now, before the next iteration computes and whether or not the decode
+    // instance's room is known yet; the KV follows (kPrefillDone).
+    InstanceMessage first;
+    first.kind = InstanceMessage::Kind::kFirstToken;
+    first.request_id = id;
+    first.first_token = order.first_token;
+    send(first);
     write_to_pool(order);
     if (order.output_tokens <= 1 || order.target) finish_prefill(id, order);
   }
@@ -194,7 +205,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       if (it != expected_.end()) ++it->second.tokens;
       m.tokens.push_back(token);
     }
-    outbox_.push_back(std::move(m));
+    send(m);  // at once: a real executor's next step computes before the loop flushes again
     load_dirty_ = true;
   }
 
@@ -338,7 +349,6 @@ class InstanceServer::Impl final : public engine::EngineListener {
     m.fetched_tokens_expected = order.fetched_tokens_expected;
     m.pool_read_bytes = order.pool_read_bytes;
     m.pool_write_bytes = order.pool_write_bytes;
-    m.first_token = order.first_token;
     if (order.output_tokens > 1) {
       // What was not streamed while the prefill ran: the last chunk (or all of it, when the decode instance's
       // room was known late).
@@ -439,7 +449,11 @@ class InstanceServer::Impl final : public engine::EngineListener {
 
   void handle(const InstanceMessage& m) {
     const double now = now_s();
-    engine_->advance_until(now);
+    // The mock's engine is brought to now first, so events keep their exact order. A real executor's
+    // advance computes the next iteration, which must not come between a message and its handling (a KV
+    // target would wait for another prompt's prefill): the loop advances it once the messages are handled,
+    // and an order given meanwhile joins at the next iteration boundary.
+    if (!cpu_executor_) engine_->advance_until(now);
     switch (m.kind) {
       case InstanceMessage::Kind::kPrefill: {
         if (!prefill()) break;
@@ -638,24 +652,30 @@ class InstanceServer::Impl final : public engine::EngineListener {
     }
   }
 
+  // Streams what the prompt being prefilled has computed, sends what the engine's events queued, and the
+  // load report when it changed or is due (the heartbeat).
+  void flush() {
+    if (prefilling_) {
+      if (auto it = orders_.find(*prefilling_); it != orders_.end()) stream_kv(it->second);
+    }
+    for (const InstanceMessage& m : outbox_) send(m);
+    outbox_.clear();
+    const double now = now_s();
+    if (load_dirty_ || now >= next_load_s_) {
+      send(load_report(InstanceMessage::Kind::kLoad));
+      load_dirty_ = false;
+      next_load_s_ = now + kLoadPeriodS;
+    }
+  }
+
   void run() {
     send(load_report(InstanceMessage::Kind::kHello));
-    double next_load_s = now_s() + kLoadPeriodS;
+    next_load_s_ = now_s() + kLoadPeriodS;
     zmq::pollitem_t item{control_.handle(), 0, ZMQ_POLLIN, 0};
     while (!stopping_) {
-      const double now = now_s();
-      engine_->advance_until(now);
-      if (prefilling_) {
-        if (auto it = orders_.find(*prefilling_); it != orders_.end()) stream_kv(it->second);
-      }
-      for (const InstanceMessage& m : outbox_) send(m);
-      outbox_.clear();
-      if (load_dirty_ || now >= next_load_s) {
-        send(load_report(InstanceMessage::Kind::kLoad));
-        load_dirty_ = false;
-        next_load_s = now + kLoadPeriodS;
-      }
-      const double next = std::min(engine_->next_event_s(), next_load_s);
+      engine_->advance_until(now_s());
+      flush();
+      const double next = std::min(engine_->next_event_s(), next_load_s_);
       const double wait_ms = std::clamp((next - now_s()) * 1000, 0.0, 50.0);
       zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(std::ceil(wait_ms))));
       for (;;) {
@@ -668,6 +688,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
           continue;
         }
         handle(*decoded);
+        // A real executor computes an iteration inside handle() (the engine advances to now first): what
+        // it produced, and the heartbeat, go out before the next message is handled, not after a burst.
+        flush();
       }
     }
   }
@@ -699,6 +722,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   std::vector<InstanceMessage> outbox_;
   std::optional<uint64_t> prefilling_;  // prefill: the order whose prompt is being computed
   bool load_dirty_ = false;
+  double next_load_s_ = 0;                                // the next load report (heartbeat) is due then
   uint64_t checksum_failures_ = 0, blocks_verified_ = 0;  // since this process started
   std::atomic<bool> stopping_{false};
   std::thread thread_;
@@ -746,6 +770,9 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
                       config.serve.model_dir, loaded->identity, options.cluster.block_key_seed));
     }
     model = std::make_unique<model::LlamaForward>(*loaded);
+    // As many BLAS threads as cores this process may run on (one when pinned: --cpu, taskset).
+    cpu_set_t set;
+    if (::sched_getaffinity(0, sizeof(set), &set) == 0) model::set_blas_threads(CPU_COUNT(&set));
   }
   auto impl = std::make_unique<Impl>(resolved, std::move(*client), std::move(model));
   CRESCENT_RETURN_IF_ERROR(impl->init());

@@ -8,7 +8,7 @@ namespace crescent::serve {
 namespace {
 
 constexpr uint32_t kFields = 46;  // what encode packs, in order
-constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kReset);
+constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kFirstToken);
 
 template <typename Packer>
 void pack_group(Packer& pk, const conductor::DecodeGroup& g) {

@@ -11,9 +11,11 @@
 //   kPrefillStart request_id, hit_tokens           kExpect     request_id, input/output_tokens, block_keys,
 //                                                             seed, temperature, top_p (decode: count it
 //                                                             as incoming)
-//   kPrefillDone request_id, first_token, pool     kKvArrived  request_id, first_token (decode: the KV
-//                hits and bytes, KV bytes                      is in place)
-//                written, error                    kCancel     request_id
+//   kFirstToken  request_id, first_token (the      kKvArrived  request_id, first_token (decode: the KV
+//                prefill ended: sent at once)                  is in place)
+//   kPrefillDone request_id, pool hits and bytes,  kCancel     request_id
+//                KV bytes written, error (its KV
+//                reached decode, or could not)
 //                                                 kKvComing   request_id, input_tokens, ready_in_s
 //                                                             (decode: its prefill started: reserve room;
 //                                                             the KV timeout counts from its end)
@@ -59,6 +61,7 @@ struct InstanceMessage {
     kCancel,
     kKvComing,
     kReset,
+    kFirstToken,
   };
   Kind kind = Kind::kLoad;
   uint64_t request_id = 0;
@@ -80,7 +83,7 @@ struct InstanceMessage {
   // kPrefill, kExpect: how the request samples (ClusterRequest)
   uint64_t seed = 0;
   double temperature = 1, top_p = 1;
-  // kPrefillDone, kKvArrived: the first output token (sampled by the prefill instance)
+  // kFirstToken, kKvArrived: the first output token (sampled by the prefill instance)
   int64_t first_token = 0;
   // kPrefillStart, kPrefillDone
   int64_t hit_tokens = 0;               // prompt tokens reused (prefill start)

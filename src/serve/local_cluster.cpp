@@ -141,7 +141,8 @@ class LocalCluster::Impl final : public InstanceLinks {
     }
     void on_first_token(engine::RequestId id, double now_s) override {
       // Hands its KV off (send_kv_handoff).
-      cluster_.core_.on_prefill_done(instance_, id, cluster_.core_.next_mock_token(id), now_s);
+      cluster_.core_.on_first_token(instance_, id, cluster_.core_.next_mock_token(id), now_s);
+      cluster_.core_.on_kv_shipped(id, now_s);
       cluster_.prefill_started_.erase(id);  // a one-token request hands nothing off
     }
     void on_finished(engine::RequestId, double, const std::optional<engine::StepLog::Gaps>&) override {}

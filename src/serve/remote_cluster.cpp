@@ -344,6 +344,9 @@ class RemoteCluster::Impl final : public InstanceLinks {
       case InstanceMessage::Kind::kPrefillStart:
         core_.on_prefill_start(m.request_id, m.hit_tokens, now);
         break;
+      case InstanceMessage::Kind::kFirstToken:
+        core_.on_first_token(slot->index, m.request_id, m.first_token, now);
+        break;
       case InstanceMessage::Kind::kPrefillDone:
         if (!m.error.empty()) {
           core_.fail(m.request_id, "prefill_failed", m.error);
@@ -354,7 +357,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
           metrics.observe_kv_bytes_moved("pool_read", m.pool_read_bytes);
           metrics.observe_kv_bytes_moved("pool_write", m.pool_write_bytes);
           metrics.observe_pool_prefix(m.pool_hit_tokens, m.fetched_tokens_expected - m.pool_hit_tokens);
-          core_.on_prefill_done(slot->index, m.request_id, m.first_token, now);
+          core_.on_kv_shipped(m.request_id, now);
         }
         break;
       case InstanceMessage::Kind::kReserved:

@@ -287,6 +287,10 @@ struct TraceReader::Impl {
     if (auto error = read_count_field(object, "output_length", out.output_tokens, /*positive=*/true)) {
       return error;
     }
+    if (options.length_divisor > 1) {  // a smaller model's trace: every length divided, rounded up
+      out.input_tokens = (out.input_tokens + options.length_divisor - 1) / options.length_divisor;
+      out.output_tokens = (out.output_tokens + options.length_divisor - 1) / options.length_divisor;
+    }
     simdjson::dom::element hash_ids;
     if (object.at_key("hash_ids").get(hash_ids)) {
       return LineError{"missing field", fmt::format("{}:{}: missing field 'hash_ids'", path, line_number)};
@@ -309,8 +313,12 @@ struct TraceReader::Impl {
     const int64_t expected_blocks = out.input_tokens / block_size + (out.input_tokens % block_size != 0);
     if (static_cast<int64_t>(out.block_keys.size()) != expected_blocks) {
       return field_error("block count mismatch", "hash_ids",
-                         fmt::format("has {} entries, expected ceil(input_length {} / block size {}) = {}",
-                                     out.block_keys.size(), out.input_tokens, block_size, expected_blocks));
+                         fmt::format("has {} entries, expected ceil(input_length {} / block size {}) = {}{}",
+                                     out.block_keys.size(), out.input_tokens, block_size, expected_blocks,
+                                     options.length_divisor > 1
+                                         ? fmt::format(" (lengths divided by {}: divide the block size too)",
+                                                       options.length_divisor)
+                                         : ""));
     }
     if (out.timestamp_ms < previous_timestamp_ms) {
       return field_error("timestamp went backwards", "timestamp",
@@ -347,6 +355,10 @@ TraceReader::TraceReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TraceReader::~TraceReader() = default;
 
 Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path, ReadOptions options) {
+  if (options.length_divisor < 1) {
+    return Status::invalid_argument(
+        fmt::format("length divisor must be >= 1, got {}", options.length_divisor));
+  }
   if (options.block_size_tokens < 1) {
     return Status::invalid_argument(
         fmt::format("block size must be >= 1 token, got {}", options.block_size_tokens));

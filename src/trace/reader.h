@@ -33,6 +33,9 @@ struct ReadOptions {
   bool skip_invalid = false;        // skip invalid lines (counted in a SkipReport) instead of failing
   int64_t max_requests = 0;  // read_trace(): stop after this many valid requests (0 = all); later lines
                              // are neither read nor validated
+  /// Every input and output length is divided by this (rounded up) before it is checked: a trace scaled to
+  /// a model with a smaller context. A hash id then stands for block_size_tokens = the trace's / divisor.
+  int64_t length_divisor = 1;  // >= 1
 };
 
 /// The invalid lines skipped under ReadOptions::skip_invalid, grouped by reason.

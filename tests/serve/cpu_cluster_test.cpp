@@ -154,6 +154,12 @@ TEST_F(CpuCluster, APrefixFromThePoolGivesTheSameTokens) {
   const std::string model = "tiny-llama";
   const std::string prefix(160, 'p');  // 10 blocks
   ASSERT_EQ(complete(port, model, prefix + "?", 1, {}).status, 200);
+  // The first token goes out before the prefill instance writes the prompt's blocks to the pool: wait for
+  // the write (reported with prefill done) before stopping anyone.
+  for (int i = 0; i < 200 && cluster.metric("crescent_kv_bytes_moved_total{path=\"pool_write\"}") <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(cluster.metric("crescent_kv_bytes_moved_total{path=\"pool_write\"}"), 0);
   // Which instance holds it is the Conductor's choice: stop one; if the prefix was on the other, a long
   // prompt sharing it goes there and completes, so stop that one instead.
   for (const std::string victim : {"prefill-0", "prefill-1"}) {

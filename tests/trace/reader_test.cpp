@@ -102,6 +102,22 @@ TEST_F(ReaderTest, BlockSizeOptionSetsExpectedBlockCount) {
   EXPECT_EQ(read_trace(path, {.block_size_tokens = 0}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Lengths divided for a small model: rounded up, and a hash id then stands for block / divisor tokens.
+TEST_F(ReaderTest, LengthDivisorScalesLengthsAndTheBlock) {
+  const std::string path = write("div.jsonl", line(0, 1030, 33, "1, 2, 3") + line(1, 1024, 1, "1, 2"));
+  Result<std::vector<Request>> requests = read_trace(path, {.block_size_tokens = 32, .length_divisor = 16});
+  ASSERT_TRUE(requests.ok()) << requests.status().to_string();
+  EXPECT_EQ((*requests)[0].input_tokens, 65);  // ceil(1030 / 16)
+  EXPECT_EQ((*requests)[0].output_tokens, 3);  // ceil(33 / 16)
+  EXPECT_EQ((*requests)[1].input_tokens, 64);
+  EXPECT_EQ((*requests)[1].output_tokens, 1);
+  EXPECT_EQ((*requests)[0].block_keys.size(), 3u);
+  auto wrong = read_trace(path, {.block_size_tokens = 512, .length_divisor = 16});
+  EXPECT_THAT(wrong.status().message(),
+              ::testing::HasSubstr("lengths divided by 16: divide the block size too"));
+  EXPECT_EQ(read_trace(path, {.length_divisor = 0}).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(ReaderTest, PlainAndGzipGiveIdenticalRequests) {
   std::mt19937 rng(7);
   std::string content;
