@@ -51,7 +51,7 @@ double best_seconds(double seconds, F&& run) {
 }
 
 int run_bench_model(const BenchModelArgs& args) {
-  if (args.threads > 0) model::set_blas_threads(args.threads);
+  if (args.threads > 0) model::set_compute_threads(args.threads);
   std::string dir = args.model_dir;
   std::filesystem::path temp;
   if (dir.empty()) {
@@ -84,7 +84,7 @@ int run_bench_model(const BenchModelArgs& args) {
   const model::LlamaConfig c = loaded->config;
   model::LlamaForward forward(*loaded);
   *loaded = model::LlamaModel{};  // the fp32 copy is what runs
-  const int threads = model::blas_threads();
+  const int threads = model::compute_threads();
   const int64_t weight_bytes = c.parameters() * 4;  // fp32, as computed
   const int64_t kv_per_token = c.kv_bytes_per_token();
   const int64_t bs = args.block_size;
@@ -105,24 +105,34 @@ int run_bench_model(const BenchModelArgs& args) {
       {m, d, c.num_attention_heads * hd},
       {m, 2 * c.intermediate_size, d},
       {m, d, c.intermediate_size}};
-  const double sgemm = model::sgemm_flops_per_s(shapes, 2 * args.seconds);
+  // The product limit is the faster of OpenBLAS's sgemm and oneDNN's matmul (which the model's linear layers
+  // run), on the same threads.
+  const double openblas = model::sgemm_flops_per_s(shapes, args.seconds);
+  const double onednn = model::packed_matmul_flops_per_s(shapes, args.seconds);
+  const double sgemm = std::max(openblas, onednn);
   const double bandwidth = model::memory_read_bytes_per_s(int64_t{1} << 30, threads, 10);
 
-  nlohmann::ordered_json report = {
-      {"model",
-       {{"layers", c.num_hidden_layers},
-        {"hidden", d},
-        {"parameters", c.parameters()},
-        {"dtype", model::to_string(c.dtype)},
-        {"kv_bytes_per_token", kv_per_token}}},
-      {"threads", threads},
-      {"limits", {{"sgemm_flops_per_s", sgemm}, {"sgemm_rows", m}, {"memory_read_bytes_per_s", bandwidth}}}};
-  fmt::print("model: {} layers, hidden {}, {:.1f}M parameters ({}), KV {} bytes/token; {} BLAS thread(s)\n",
+  nlohmann::ordered_json report = {{"model",
+                                    {{"layers", c.num_hidden_layers},
+                                     {"hidden", d},
+                                     {"parameters", c.parameters()},
+                                     {"dtype", model::to_string(c.dtype)},
+                                     {"kv_bytes_per_token", kv_per_token}}},
+                                   {"threads", threads},
+                                   {"limits",
+                                    {{"sgemm_flops_per_s", sgemm},
+                                     {"openblas_sgemm_flops_per_s", openblas},
+                                     {"onednn_matmul_flops_per_s", onednn},
+                                     {"sgemm_rows", m},
+                                     {"memory_read_bytes_per_s", bandwidth}}}};
+  fmt::print("model: {} layers, hidden {}, {:.1f}M parameters ({}), KV {} bytes/token; {} thread(s)\n",
              c.num_hidden_layers, d, static_cast<double>(c.parameters()) / 1e6, model::to_string(c.dtype),
              kv_per_token, threads);
   fmt::print(
-      "limits: SGEMM {:.1f} GFLOP/s (the model's 4 weight shapes, {} rows); memory read {:.1f} GB/s\n\n",
-      sgemm / 1e9, m, bandwidth / 1e9);
+      "limits: SGEMM {:.1f} GFLOP/s at the model's 4 weight shapes, {} rows (OpenBLAS sgemm {:.1f}, oneDNN "
+      "matmul "
+      "{:.1f}); memory read {:.1f} GB/s\n\n",
+      sgemm / 1e9, m, openblas / 1e9, onednn / 1e9, bandwidth / 1e9);
 
   fmt::print("{:>14} {:>10} {:>12} {:>10} {:>9}\n", "prefill tokens", "time ms", "tokens/s", "GFLOP/s",
              "of SGEMM");
@@ -197,7 +207,7 @@ void register_bench_model(CLI::App& bench_cmd, int& exit_code) {
       "The CPU executor's prefill and decode speed against SGEMM and memory bandwidth measured here");
   cmd->add_option("--model", args->model_dir, "A model directory (default: --preset, seeded, in a temp dir)");
   cmd->add_option("--preset", args->preset, "The preset to generate without --model")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "BLAS threads (default: OpenBLAS's, the cores)");
+  cmd->add_option("--threads", args->threads, "Compute threads (default: the cores this process may use)");
   cmd->add_option("--prefill-tokens", args->prefill_tokens, "Prompt lengths to prefill")
       ->delimiter(',')
       ->capture_default_str();

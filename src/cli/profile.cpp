@@ -111,7 +111,7 @@ int run_profile(const ProfileArgs& args) {
       return fail(Status::invalid_argument(
           "--executor cpu needs --model DIR (a directory `crescent model init` writes)"));
     }
-    if (args.threads > 0) model::set_blas_threads(args.threads);
+    if (args.threads > 0) model::set_compute_threads(args.threads);
     auto loaded = model::load_llama_model(args.model_dir);
     if (!loaded.ok()) return fail(loaded.status());
     const int64_t longest =
@@ -125,8 +125,8 @@ int run_profile(const ProfileArgs& args) {
                       loaded->config.max_position_embeddings)));
     }
     model::LlamaForward forward(*loaded);
-    const std::string source = fmt::format("cpu: {} ({} BLAS thread{})", args.model_dir,
-                                           model::blas_threads(), model::blas_threads() == 1 ? "" : "s");
+    const std::string source = fmt::format("cpu: {} ({} thread{})", args.model_dir, model::compute_threads(),
+                                           model::compute_threads() == 1 ? "" : "s");
     *loaded = model::LlamaModel{};
     const int64_t blocks = 2 * (longest + decode_tokens) / args.block_size + 64;
     auto target = model::cpu_profile_target(forward, args.block_size, blocks);
@@ -154,7 +154,8 @@ void register_profile(CLI::App& app, int& exit_code) {
   cmd->add_option("--config", args->config_path,
                   "With mock: the cluster config whose cost model is profiled");
   cmd->add_option("--out", args->out, "Where to write the profile (JSON)")->required();
-  cmd->add_option("--threads", args->threads, "With cpu: BLAS threads (default: OpenBLAS's, the cores)");
+  cmd->add_option("--threads", args->threads,
+                  "With cpu: compute threads (default: the cores this process may use)");
   cmd->add_option("--block-size", args->block_size, "KV block size, tokens")->capture_default_str();
   cmd->add_option("--repeats", args->repeats, "Times each point is measured (the median counts)")
       ->capture_default_str();

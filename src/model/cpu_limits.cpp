@@ -1,6 +1,7 @@
 #include "model/cpu_limits.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -8,6 +9,8 @@
 #include <numeric>
 #include <string>
 #include <thread>
+
+#include "model/packed_linear.h"
 
 namespace crescent::model {
 namespace {
@@ -20,32 +23,23 @@ double seconds_since(Clock::time_point start) {
 
 }  // namespace
 
-void set_blas_threads(int threads) {
-  openblas_set_num_threads(std::max(threads, 1));
+void set_compute_threads(int threads) {
+  omp_set_num_threads(std::max(threads, 1));
 }
 
-int blas_threads() {
-  return openblas_get_num_threads();
+int compute_threads() {
+  return omp_get_max_threads();
 }
 
-double sgemm_flops_per_s(const std::vector<GemmShape>& shapes, double seconds) {
-  int64_t a_size = 0, b_size = 0, c_size = 0;
+namespace {
+
+// Runs `pass` (2·m·n·k FLOPs of `shapes` each time) as sgemm_flops_per_s describes; its FLOP/s.
+template <typename Pass>
+double flops_per_s(const std::vector<GemmShape>& shapes, double seconds, Pass&& pass) {
   double flops_per_pass = 0;
   for (const GemmShape& s : shapes) {
-    a_size = std::max(a_size, s.m * s.k);
-    b_size = std::max(b_size, s.n * s.k);
-    c_size = std::max(c_size, s.m * s.n);
     flops_per_pass += 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   }
-  std::vector<float> a(static_cast<size_t>(a_size), 0.01f), b(static_cast<size_t>(b_size), 0.02f);
-  std::vector<float> c(static_cast<size_t>(c_size));
-  const auto pass = [&] {
-    for (const GemmShape& s : shapes) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(s.m), static_cast<int>(s.n),
-                  static_cast<int>(s.k), 1, a.data(), static_cast<int>(s.k), b.data(), static_cast<int>(s.k),
-                  0, c.data(), static_cast<int>(s.n));
-    }
-  };
   pass();
   double best = 0;
   for (int round = 0; round < 3; ++round) {
@@ -58,6 +52,44 @@ double sgemm_flops_per_s(const std::vector<GemmShape>& shapes, double seconds) {
     best = std::max(best, flops_per_pass * static_cast<double>(passes) / seconds_since(start));
   }
   return best;
+}
+
+}  // namespace
+
+double sgemm_flops_per_s(const std::vector<GemmShape>& shapes, double seconds) {
+  int64_t a_size = 0, b_size = 0, c_size = 0;
+  for (const GemmShape& s : shapes) {
+    a_size = std::max(a_size, s.m * s.k);
+    b_size = std::max(b_size, s.n * s.k);
+    c_size = std::max(c_size, s.m * s.n);
+  }
+  std::vector<float> a(static_cast<size_t>(a_size), 0.01f), b(static_cast<size_t>(b_size), 0.02f);
+  std::vector<float> c(static_cast<size_t>(c_size));
+  const int previous = openblas_get_num_threads();
+  openblas_set_num_threads(compute_threads());
+  const double rate = flops_per_s(shapes, seconds, [&] {
+    for (const GemmShape& s : shapes) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(s.m), static_cast<int>(s.n),
+                  static_cast<int>(s.k), 1, a.data(), static_cast<int>(s.k), b.data(), static_cast<int>(s.k),
+                  0, c.data(), static_cast<int>(s.n));
+    }
+  });
+  openblas_set_num_threads(previous);
+  return rate;
+}
+
+double packed_matmul_flops_per_s(const std::vector<GemmShape>& shapes, double seconds) {
+  std::vector<PackedLinear> layers;
+  int64_t a_size = 0, c_size = 0;
+  for (const GemmShape& s : shapes) {
+    layers.emplace_back(std::vector<float>(static_cast<size_t>(s.n * s.k), 0.02f), s.n, s.k);
+    a_size = std::max(a_size, s.m * s.k);
+    c_size = std::max(c_size, s.m * s.n);
+  }
+  std::vector<float> a(static_cast<size_t>(a_size), 0.01f), c(static_cast<size_t>(c_size));
+  return flops_per_s(shapes, seconds, [&] {
+    for (size_t i = 0; i < shapes.size(); ++i) layers[i].apply(a.data(), shapes[i].m, c.data(), false);
+  });
 }
 
 double memory_read_bytes_per_s(int64_t bytes, int threads, int rounds) {

@@ -8,10 +8,12 @@
 
 namespace crescent::model {
 
-/// Sets the threads OpenBLAS runs each matrix product on (>= 1).
-void set_blas_threads(int threads);
-/// The threads OpenBLAS uses.
-int blas_threads();
+/// Sets the threads the forward pass runs on (>= 1): oneDNN's matmuls and the attention tasks (OpenMP).
+/// OpenBLAS, which computes each attention product on the thread that calls it, stays single-threaded
+/// (LlamaForward sets it so: its own threads would spin against OpenMP's).
+void set_compute_threads(int threads);
+/// The threads the forward pass runs on.
+int compute_threads();
 
 /// A matrix product C[m, n] = A[m, k] × B[n, k]^T (a linear layer on m tokens).
 struct GemmShape {
@@ -20,9 +22,12 @@ struct GemmShape {
   int64_t k = 0;
 };
 
-/// FLOP/s of cblas_sgemm over `shapes`: each is run once to warm up, then all of them in turn, repeatedly,
-/// for at least `seconds`; total 2·m·n·k FLOPs over total time of the best of three such rounds.
+/// FLOP/s of OpenBLAS's cblas_sgemm over `shapes`, on compute_threads() threads: each is run once to warm
+/// up, then all of them in turn, repeatedly, for at least `seconds`; total 2·m·n·k FLOPs over the total time
+/// of the best of three such rounds.
 double sgemm_flops_per_s(const std::vector<GemmShape>& shapes, double seconds);
+/// The same for oneDNN's matmul over packed weights (PackedLinear: what the model's linear layers run).
+double packed_matmul_flops_per_s(const std::vector<GemmShape>& shapes, double seconds);
 
 /// Bytes/s of reading a `bytes` buffer (far larger than the caches: >= 256 MiB) on `threads` threads, each
 /// summing its slice as 64-bit integers; the best of `rounds` passes.

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cassert>
@@ -41,9 +42,9 @@ std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts
   return out;
 }
 
-// C[m, n] = alpha × A[m, k] × B[n, k]^T + beta × C (row-major; B is a linear layer's [out, in] weight).
-// One row goes through sgemv, which streams B at the memory's bandwidth; OpenBLAS's sgemm packs B on every
-// call and reads a weight matrix at about a third of it (`crescent bench model`, docs/benchmarks.md).
+// C[m, n] = alpha × A[m, k] × B[n, k]^T + beta × C (row-major): attention's scores, queries × keys^T. One
+// row (a decode step's query) goes through sgemv, which streams B at the memory's bandwidth; sgemm would
+// pack B first (docs/benchmarks.md).
 void matmul_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 1) {
@@ -138,26 +139,32 @@ std::span<const std::byte> PagedKvCache::block_bytes(int32_t block) const {
 }
 
 LlamaForward::LlamaForward(const LlamaModel& model) : config_(model.config) {
+  // Attention's products are small and run on the OpenMP threads that share out the heads: OpenBLAS computes
+  // each on its caller's thread (its own threads would spin against OpenMP's).
+  openblas_set_num_threads(1);
   const LlamaConfig& c = config_;
+  const int64_t d = c.hidden_size, hd = c.head_dim(), inter = c.intermediate_size;
   embed_ = tensor_f32(model, "model.embed_tokens.weight");
-  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  layers_.reserve(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
-    Layer& layer = layers_[static_cast<size_t>(l)];
-    layer.attn_norm = tensor_f32(model, p + "input_layernorm.weight");
     const auto q = tensor_f32(model, p + "self_attn.q_proj.weight");
     const auto k = tensor_f32(model, p + "self_attn.k_proj.weight");
     const auto v = tensor_f32(model, p + "self_attn.v_proj.weight");
-    layer.wqkv = concat({&q, &k, &v});
-    layer.wo = tensor_f32(model, p + "self_attn.o_proj.weight");
-    layer.mlp_norm = tensor_f32(model, p + "post_attention_layernorm.weight");
     const auto gate = tensor_f32(model, p + "mlp.gate_proj.weight");
     const auto up = tensor_f32(model, p + "mlp.up_proj.weight");
-    layer.wgate_up = concat({&gate, &up});
-    layer.wdown = tensor_f32(model, p + "mlp.down_proj.weight");
+    layers_.push_back(Layer{
+        .attn_norm = tensor_f32(model, p + "input_layernorm.weight"),
+        .wqkv =
+            PackedLinear(concat({&q, &k, &v}), (c.num_attention_heads + 2 * c.num_key_value_heads) * hd, d),
+        .wo = PackedLinear(tensor_f32(model, p + "self_attn.o_proj.weight"), d, c.num_attention_heads * hd),
+        .mlp_norm = tensor_f32(model, p + "post_attention_layernorm.weight"),
+        .wgate_up = PackedLinear(concat({&gate, &up}), 2 * inter, d),
+        .wdown = PackedLinear(tensor_f32(model, p + "mlp.down_proj.weight"), d, inter)});
   }
   final_norm_ = tensor_f32(model, "model.norm.weight");
-  if (!c.tie_word_embeddings) lm_head_ = tensor_f32(model, "lm_head.weight");
+  lm_head_ = std::make_unique<PackedLinear>(
+      c.tie_word_embeddings ? embed_ : tensor_f32(model, "lm_head.weight"), c.vocab_size, d);
 
   // cos/sin(position × theta^(-2i / head_dim)), i < head_dim / 2 (HF's LlamaRotaryEmbedding).
   const int64_t half = c.head_dim() / 2;
@@ -280,7 +287,7 @@ Result<std::span<const float>> LlamaForward::forward(std::span<const ForwardSequ
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const Layer& layer = layers_[size(l)];
     rms_norm(x_.data(), rows, d, layer.attn_norm.data(), c.rms_norm_eps, h_.data());
-    matmul_bt(rows, qkv_width, d, 1, h_.data(), d, layer.wqkv.data(), d, 0, qkv_.data(), qkv_width);
+    layer.wqkv.apply(h_.data(), rows, qkv_.data(), /*accumulate=*/false);
 
     // Rotate q and k, then write k and v to their blocks.
     int64_t r = 0;
@@ -303,22 +310,32 @@ Result<std::span<const float>> LlamaForward::forward(std::span<const ForwardSequ
       }
     }
 
+    // Attention: each (sequence, KV head) is a task of its own, spread over the threads.
+    tasks_.clear();
     r = 0;
     for (const ForwardSequence& seq : batch) {
-      attention(seq, r, l, cache);
+      for (int64_t j = 0; j < kv_heads; ++j) tasks_.push_back({&seq, r, j});
       r += static_cast<int64_t>(seq.tokens.size());
     }
-    matmul_bt(rows, d, heads * hd, 1, attn_.data(), heads * hd, layer.wo.data(), heads * hd, 1, x_.data(), d);
+    scratch_.resize(static_cast<size_t>(omp_get_max_threads()));
+    const auto task_count = static_cast<int64_t>(tasks_.size());
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t t = 0; t < task_count; ++t) {
+      const AttentionTask& task = tasks_[static_cast<size_t>(t)];
+      attention(*task.seq, task.row0, l, task.kv_head, cache,
+                scratch_[static_cast<size_t>(omp_get_thread_num())]);
+    }
+    layer.wo.apply(attn_.data(), rows, x_.data(), /*accumulate=*/true);
 
     rms_norm(x_.data(), rows, d, layer.mlp_norm.data(), c.rms_norm_eps, h_.data());
-    matmul_bt(rows, 2 * inter, d, 1, h_.data(), d, layer.wgate_up.data(), d, 0, gate_up_.data(), 2 * inter);
+    layer.wgate_up.apply(h_.data(), rows, gate_up_.data(), /*accumulate=*/false);
     for (int64_t row = 0; row < rows; ++row) {
       const float* gate = &gate_up_[size(row * 2 * inter)];
       const float* up = gate + inter;
       float* out = &act_[size(row * inter)];
       for (int64_t i = 0; i < inter; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     }
-    matmul_bt(rows, d, inter, 1, act_.data(), inter, layer.wdown.data(), inter, 1, x_.data(), d);
+    layer.wdown.apply(act_.data(), rows, x_.data(), /*accumulate=*/true);
   }
 
   // The final norm and the LM head, for the rows whose logits are wanted.
@@ -341,16 +358,15 @@ Result<std::span<const float>> LlamaForward::forward(std::span<const ForwardSequ
   if (logit_rows == 0) return std::span<const float>{};
   rms_norm(logits_rows_.data(), logit_rows, d, final_norm_.data(), c.rms_norm_eps, logits_rows_.data());
   logits_.resize(size(logit_rows * c.vocab_size));
-  const std::vector<float>& head = lm_head_.empty() ? embed_ : lm_head_;
-  matmul_bt(logit_rows, c.vocab_size, d, 1, logits_rows_.data(), d, head.data(), d, 0, logits_.data(),
-            c.vocab_size);
+  lm_head_->apply(logits_rows_.data(), logit_rows, logits_.data(), /*accumulate=*/false);
   return std::span<const float>(logits_);
 }
 
 // Attention of `seq`'s new tokens (rows row0... of qkv_) in layer `layer`, into attn_: per KV head, its keys
 // and values for every position are gathered from the blocks, then each query head of its group computes
 // softmax(q k^T / sqrt(head_dim)) v over the positions up to its own, a tile of queries at a time.
-void LlamaForward::attention(const ForwardSequence& seq, int64_t row0, int64_t layer, PagedKvCache& cache) {
+void LlamaForward::attention(const ForwardSequence& seq, int64_t row0, int64_t layer, int64_t kv_head,
+                             const PagedKvCache& cache, Scratch& scratch) {
   const LlamaConfig& c = config_;
   const int64_t hd = c.head_dim();
   const int64_t heads = c.num_attention_heads;
@@ -366,10 +382,14 @@ void LlamaForward::attention(const ForwardSequence& seq, int64_t row0, int64_t l
   const auto size = [](int64_t v) { return static_cast<size_t>(v); };
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
 
+  std::vector<float>& keys_ = scratch.keys;
+  std::vector<float>& values_ = scratch.values;
+  std::vector<float>& scores_ = scratch.scores;
   keys_.resize(size(context * hd));
   values_.resize(size(context * hd));
   scores_.resize(size(std::min(n, kQueryTile) * context));
-  for (int64_t j = 0; j < kv_heads; ++j) {
+  {
+    const int64_t j = kv_head;
     for (int64_t b = 0; b * bs < context; ++b) {
       const int64_t tokens = std::min(bs, context - b * bs);
       const std::byte* bytes = cache.block_bytes(seq.block_table[size(b)]).data();

@@ -1,7 +1,8 @@
 // The Llama forward pass on CPU (issue 11): token embedding, per layer RMSNorm, rotary position embedding
 // (HF's rotate-half convention, theta from the config), grouped-query attention over a paged KV cache and
 // a SwiGLU MLP, then the final norm and the LM head. fp32 compute (bf16 weights are widened once, at
-// construction); every matrix product goes through OpenBLAS's cblas_sgemm.
+// construction). The linear layers are oneDNN matmuls over weights packed once (PackedLinear); attention's
+// products are OpenBLAS's cblas_sgemm.
 //
 // The KV cache is paged: fixed blocks of block_size tokens whose bytes are exactly what the pool stores and
 // the transfer engine moves (KvBlockLayout). New tokens' K and V are written to their blocks first and
@@ -19,6 +20,7 @@
 
 #include "common/status.h"
 #include "model/llama.h"
+#include "model/packed_linear.h"
 
 namespace crescent::model {
 
@@ -119,28 +121,40 @@ class LlamaForward {
  private:
   struct Layer {
     std::vector<float> attn_norm;  // [hidden]
-    std::vector<float> wqkv;       // [(heads + 2 × kv_heads) × head_dim, hidden]: q, k, v rows
-    std::vector<float> wo;         // [hidden, heads × head_dim]
+    PackedLinear wqkv;             // [(heads + 2 × kv_heads) × head_dim, hidden]: q, k, v rows
+    PackedLinear wo;               // [hidden, heads × head_dim]
     std::vector<float> mlp_norm;   // [hidden]
-    std::vector<float> wgate_up;   // [2 × intermediate, hidden]: gate rows, then up rows
-    std::vector<float> wdown;      // [hidden, intermediate]
+    PackedLinear wgate_up;         // [2 × intermediate, hidden]: gate rows, then up rows
+    PackedLinear wdown;            // [hidden, intermediate]
+  };
+
+  // One thread's attention buffers: a KV head's keys and values gathered, a tile of scores.
+  struct Scratch {
+    std::vector<float> keys, values, scores;
+  };
+  struct AttentionTask {
+    const ForwardSequence* seq = nullptr;
+    int64_t row0 = 0;  // its first row in the batch
+    int64_t kv_head = 0;
   };
 
   Status check(std::span<const ForwardSequence> batch, const PagedKvCache& cache) const;
-  void attention(const ForwardSequence& seq, int64_t row0, int64_t layer, PagedKvCache& cache);
+  void attention(const ForwardSequence& seq, int64_t row0, int64_t layer, int64_t kv_head,
+                 const PagedKvCache& cache, Scratch& scratch);
 
   LlamaConfig config_;
   std::vector<float> embed_;  // [vocab, hidden]
   std::vector<Layer> layers_;
-  std::vector<float> final_norm_;  // [hidden]
-  std::vector<float> lm_head_;     // [vocab, hidden]; empty when tied to embed_
-  std::vector<float> rope_cos_;    // [max_position_embeddings, head_dim / 2]
+  std::vector<float> final_norm_;          // [hidden]
+  std::unique_ptr<PackedLinear> lm_head_;  // [vocab, hidden] (embed_'s when tied)
+  std::vector<float> rope_cos_;            // [max_position_embeddings, head_dim / 2]
   std::vector<float> rope_sin_;
 
   // Scratch, sized by the batch's tokens.
   std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, logits_rows_, logits_;
   std::vector<int64_t> positions_;
-  std::vector<float> keys_, values_, scores_;  // one sequence's KV head, gathered
+  std::vector<AttentionTask> tasks_;
+  std::vector<Scratch> scratch_;  // per OpenMP thread
 };
 
 }  // namespace crescent::model

@@ -65,8 +65,8 @@ struct ProfilePoint {
 
 /// The chunked-prefill measurement for one chunk size: the prompt whole in one iteration (which also decodes
 /// the batch once) against its chunks, each iteration also decoding the batch; measured, and as the fitted
-/// profile's cost model predicts (its prefill_iteration_overhead_s is what each extra iteration costs beyond its
-/// compute and reads).
+/// profile's cost model predicts (its prefill_iteration_overhead_s is what each extra iteration costs beyond
+/// its compute and reads).
 struct ChunkedPrefill {
   int64_t chunk_tokens = 0;
   int64_t chunks = 0;

@@ -770,9 +770,9 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
                       config.serve.model_dir, loaded->identity, options.cluster.block_key_seed));
     }
     model = std::make_unique<model::LlamaForward>(*loaded);
-    // As many BLAS threads as cores this process may run on (one when pinned: --cpu, taskset).
+    // As many compute threads as cores this process may run on (one when pinned: --cpu, taskset).
     cpu_set_t set;
-    if (::sched_getaffinity(0, sizeof(set), &set) == 0) model::set_blas_threads(CPU_COUNT(&set));
+    if (::sched_getaffinity(0, sizeof(set), &set) == 0) model::set_compute_threads(CPU_COUNT(&set));
   }
   auto impl = std::make_unique<Impl>(resolved, std::move(*client), std::move(model));
   CRESCENT_RETURN_IF_ERROR(impl->init());

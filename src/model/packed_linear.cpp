@@ -1,0 +1,92 @@
+#include "model/packed_linear.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace crescent::model {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// A primitive per row count (and accumulation); dropped all at once past this many (oneDNN's own primitive
+// cache makes recreating one cheap), so prompts of ever new lengths do not grow it without bound.
+constexpr size_t kMaxPrimitives = 128;
+
+}  // namespace
+
+struct PackedLinear::Impl {
+  int64_t out = 0, in = 0;
+  dnnl::memory packed;
+  dnnl::stream stream;
+  mutable std::unordered_map<int64_t, dnnl::matmul> primitives;  // key: rows × 2 + accumulate
+
+  dnnl::matmul::primitive_desc describe(int64_t rows, bool accumulate) const {
+    const dnnl::memory::desc src({rows, in}, dt::f32, tag::ab);
+    const dnnl::memory::desc weights({in, out}, dt::f32, tag::any);
+    const dnnl::memory::desc dst({rows, out}, dt::f32, tag::ab);
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr, cpu_engine());
+  }
+};
+
+PackedLinear::PackedLinear(std::span<const float> weight, int64_t out, int64_t in)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->out = out;
+  impl_->in = in;
+  impl_->stream = dnnl::stream(cpu_engine());
+  // The layout oneDNN picks for one row is the one it picks for any (checked for the presets' shapes from
+  // 1 to 2,048 rows); describe() asserts it for each row count used.
+  const dnnl::matmul::primitive_desc pd = impl_->describe(1, false);
+  // W is [out, in] row-major: as the matmul's [in, out] weights it is the transposed layout "ba".
+  dnnl::memory plain({{in, out}, dt::f32, tag::ba}, cpu_engine(), const_cast<float*>(weight.data()));
+  impl_->packed = dnnl::memory(pd.weights_desc(), cpu_engine());
+  dnnl::reorder(plain, impl_->packed).execute(impl_->stream, plain, impl_->packed);
+  impl_->stream.wait();
+}
+
+PackedLinear::~PackedLinear() = default;
+PackedLinear::PackedLinear(PackedLinear&&) noexcept = default;
+PackedLinear& PackedLinear::operator=(PackedLinear&&) noexcept = default;
+
+void PackedLinear::apply(const float* x, int64_t rows, float* y, bool accumulate) const {
+  Impl& m = *impl_;
+  const int64_t key = rows * 2 + (accumulate ? 1 : 0);
+  auto it = m.primitives.find(key);
+  if (it == m.primitives.end()) {
+    if (m.primitives.size() >= kMaxPrimitives) m.primitives.clear();
+    const dnnl::matmul::primitive_desc pd = m.describe(rows, accumulate);
+    if (pd.weights_desc() != m.packed.get_desc()) {
+      // Not seen with any shape so far; repacking per call would still be correct, but slow: fail loudly.
+      throw std::runtime_error("oneDNN chose another weights layout for this row count");
+    }
+    it = m.primitives.emplace(key, dnnl::matmul(pd)).first;
+  }
+  dnnl::memory src({{rows, m.in}, dt::f32, tag::ab}, cpu_engine(), const_cast<float*>(x));
+  dnnl::memory dst({{rows, m.out}, dt::f32, tag::ab}, cpu_engine(), y);
+  it->second.execute(m.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, m.packed}, {DNNL_ARG_DST, dst}});
+  m.stream.wait();
+}
+
+int64_t PackedLinear::out() const {
+  return impl_->out;
+}
+int64_t PackedLinear::in() const {
+  return impl_->in;
+}
+int64_t PackedLinear::bytes() const {
+  return static_cast<int64_t>(impl_->packed.get_desc().get_size());
+}
+
+}  // namespace crescent::model
