@@ -1,7 +1,6 @@
 #include "model/packed_linear.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
-#include <stdexcept>
 #include <unordered_map>
 
 namespace crescent::model {
@@ -25,7 +24,11 @@ struct PackedLinear::Impl {
   int64_t out = 0, in = 0;
   dnnl::memory packed;
   dnnl::stream stream;
-  mutable std::unordered_map<int64_t, dnnl::matmul> primitives;  // key: rows × 2 + accumulate
+  struct Entry {
+    dnnl::matmul primitive;
+    dnnl::memory::desc weights;  // the layout it reads its weights in
+  };
+  mutable std::unordered_map<int64_t, Entry> primitives;  // key: rows × 2 + accumulate
 
   dnnl::matmul::primitive_desc describe(int64_t rows, bool accumulate) const {
     const dnnl::memory::desc src({rows, in}, dt::f32, tag::ab);
@@ -47,7 +50,7 @@ PackedLinear::PackedLinear(std::span<const float> weight, int64_t out, int64_t i
   impl_->in = in;
   impl_->stream = dnnl::stream(cpu_engine());
   // The layout oneDNN picks for one row is the one it picks for any (checked for the presets' shapes from
-  // 1 to 2,048 rows); describe() asserts it for each row count used.
+  // 1 to 16,384 rows); apply() reorders for a row count that would want another.
   const dnnl::matmul::primitive_desc pd = impl_->describe(1, false);
   // W is [out, in] row-major: as the matmul's [in, out] weights it is the transposed layout "ba".
   dnnl::memory plain({{in, out}, dt::f32, tag::ba}, cpu_engine(), const_cast<float*>(weight.data()));
@@ -67,15 +70,19 @@ void PackedLinear::apply(const float* x, int64_t rows, float* y, bool accumulate
   if (it == m.primitives.end()) {
     if (m.primitives.size() >= kMaxPrimitives) m.primitives.clear();
     const dnnl::matmul::primitive_desc pd = m.describe(rows, accumulate);
-    if (pd.weights_desc() != m.packed.get_desc()) {
-      // Not seen with any shape so far; repacking per call would still be correct, but slow: fail loudly.
-      throw std::runtime_error("oneDNN chose another weights layout for this row count");
-    }
-    it = m.primitives.emplace(key, dnnl::matmul(pd)).first;
+    it = m.primitives.emplace(key, Impl::Entry{dnnl::matmul(pd), pd.weights_desc()}).first;
+  }
+  const Impl::Entry& entry = it->second;
+  // The packed layout is the one oneDNN wants for any row count at the shapes seen so far; should it want
+  // another, the weights are reordered into it for this call (correct, slower).
+  dnnl::memory weights = m.packed;
+  if (entry.weights != m.packed.get_desc()) {
+    weights = dnnl::memory(entry.weights, cpu_engine());
+    dnnl::reorder(m.packed, weights).execute(m.stream, m.packed, weights);
   }
   dnnl::memory src({{rows, m.in}, dt::f32, tag::ab}, cpu_engine(), const_cast<float*>(x));
   dnnl::memory dst({{rows, m.out}, dt::f32, tag::ab}, cpu_engine(), y);
-  it->second.execute(m.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, m.packed}, {DNNL_ARG_DST, dst}});
+  entry.primitive.execute(m.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
   m.stream.wait();
 }
 
