@@ -129,6 +129,12 @@ TEST_F(CpuCluster, AnswersAreThoseOfOneColocatedProcess) {
   EXPECT_EQ(b.cached_tokens, 96);
   EXPECT_EQ(b.text, colocated(model_dir_, second, 12, {.temperature = 0.9, .seed = 42}));
 
+  // A prompt the model's context cannot hold (4,096 tokens) is refused before anything runs.
+  const Completion too_long = complete(port, model, std::string(4090, 'x'), 16, {});
+  EXPECT_EQ(too_long.status, 400);
+  EXPECT_THAT(too_long.body, ::testing::HasSubstr("context_length_exceeded"));
+  EXPECT_THAT(too_long.body, ::testing::HasSubstr("the model's context of 4096 tokens"));
+
   // Several at once (batched on the decode instance), one of them 300 tokens long (5 chunks of 64).
   const std::vector<std::string> prompts = {std::string(300, 'x') + "long", "short one",
                                             "a third, mid-sized prompt"};
