@@ -250,6 +250,10 @@ TEST(ServeCluster, InstancesBackFromAStallAreResetAndHoldNothingOfWhatFailed) {
   EXPECT_THAT(s.error, ::testing::HasSubstr("went down"));
   EXPECT_TRUE(s.done);
   EXPECT_LT(s.end - stopped, std::chrono::seconds(5)) << "the heartbeat timeout is 3 s";
+  // The stream ends when its own instance is found down; the other was stopped a moment later and may be
+  // found a check later: both must have been down before they resume.
+  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-0 down", 1, std::chrono::seconds(10))) << cluster.log();
+  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-1 down", 1, std::chrono::seconds(10))) << cluster.log();
   for (pid_t pid : decode) ASSERT_EQ(::kill(pid, SIGCONT), 0);
   ASSERT_TRUE(cluster.wait_for_count("conductor: decode-0 up", 2, std::chrono::seconds(10))) << cluster.log();
   ASSERT_TRUE(cluster.wait_for_count("conductor: decode-1 up", 2, std::chrono::seconds(10))) << cluster.log();
