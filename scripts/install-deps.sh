@@ -11,7 +11,7 @@ packages=(
   libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   libboost-dev cppzmq-dev libmsgpack-cxx-dev
   gnuplot-nox
-  libopenblas-dev libdnnl-dev libeigen3-dev python3-numpy
+  libopenblas-dev libdnnl-dev libeigen3-dev python3-numpy libsentencepiece-dev
 )
 
 missing=()

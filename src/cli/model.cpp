@@ -1,16 +1,21 @@
 // `crescent model`: model directories for the real executor (issue 11).
 //   crescent model init --preset tiny|small --seed N --out DIR   seeded random weights, HF format
+//       [--tokenizer FILE | --train-tokenizer TEXT [--tokenizer-vocab N]]   with a SentencePiece
+//       tokenizer.model
 //   crescent model check DIR                                     read it back, every tensor checked
 //   crescent model run DIR --prompt TEXT [--max-tokens N ...]    generate in this process (one colocated
 //                                                                engine with the cpu executor)
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/commands.h"
+#include "common/atomic_file.h"
 #include "engine/engine_core.h"
 #include "model/cpu_executor.h"
 #include "model/llama.h"
@@ -24,6 +29,9 @@ struct ModelArgs {
   uint64_t seed = 1;
   std::string out;
   std::string dtype = "float32";
+  std::string tokenizer;        // a SentencePiece model to copy in
+  std::string train_tokenizer;  // a text file to train one on
+  int64_t tokenizer_vocab = 2048;
   std::string dir;
   // run
   std::string prompt;
@@ -56,8 +64,39 @@ int run_init(const ModelArgs& args) {
         Status::invalid_argument(fmt::format("--dtype must be float32 or bfloat16, got \"{}\"", args.dtype)));
   }
   config->dtype = args.dtype == "bfloat16" ? model::DType::kBF16 : model::DType::kF32;
+  const std::string tokenizer_path = (std::filesystem::path(args.out) / "tokenizer.model").string();
+  std::string tokenizer_kind = "bytes";
+  if (!args.tokenizer.empty() || !args.train_tokenizer.empty()) {
+    // The tokenizer first: its vocabulary sizes the embedding and the LM head.
+    if (Status s = ensure_writable_directory(args.out); !s.ok()) return fail(s);
+    Status made;
+    if (!args.tokenizer.empty()) {
+      std::error_code ec;
+      std::filesystem::copy_file(args.tokenizer, tokenizer_path,
+                                 std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec)
+        made = Status::invalid_argument(fmt::format("--tokenizer {}: {}", args.tokenizer, ec.message()));
+    } else {
+      made = model::train_sentencepiece(args.train_tokenizer, args.tokenizer_vocab, tokenizer_path);
+    }
+    if (!made.ok()) return fail(made);
+    auto tokenizer = model::load_tokenizer(args.out, std::numeric_limits<int64_t>::max());
+    if (!tokenizer.ok()) {
+      std::filesystem::remove(tokenizer_path);
+      return fail(tokenizer.status());
+    }
+    config->vocab_size = (*tokenizer)->vocab_size();
+    tokenizer_kind = fmt::format("{} ({})", (*tokenizer)->kind(), tokenizer_path);
+  } else if (std::filesystem::exists(tokenizer_path)) {
+    return fail(
+        Status::invalid_argument(fmt::format("{} is there from before and would not match the new model's "
+                                             "256-token vocabulary: remove it, or give "
+                                             "--tokenizer or --train-tokenizer",
+                                             tokenizer_path)));
+  }
   if (Status s = model::init_llama_model(*config, args.seed, args.out); !s.ok()) return fail(s);
-  fmt::print("wrote {}: preset {}, seed {}: {}\n", args.out, args.preset, args.seed, describe(*config));
+  fmt::print("wrote {}: preset {}, seed {}: {}; tokenizer {}\n", args.out, args.preset, args.seed,
+             describe(*config), tokenizer_kind);
   return 0;
 }
 
@@ -152,6 +191,18 @@ void register_model(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   init->add_option("--out", args->out, "The directory to write (created)")->required();
   init->add_option("--dtype", args->dtype, "Weights as float32 or bfloat16")->capture_default_str();
+  CLI::Option* tokenizer = init->add_option("--tokenizer", args->tokenizer,
+                                            "A SentencePiece model to copy in as DIR/tokenizer.model (the "
+                                            "vocabulary becomes its size; default: bytes)");
+  CLI::Option* train =
+      init->add_option(
+              "--train-tokenizer", args->train_tokenizer,
+              "A UTF-8 text file to train DIR/tokenizer.model on (SentencePiece BPE with byte fallback)")
+          ->excludes(tokenizer);
+  init->add_option("--tokenizer-vocab", args->tokenizer_vocab,
+                   "Pieces in the trained tokenizer (at least its characters + 259)")
+      ->capture_default_str()
+      ->needs(train);
   init->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_init(*args); }); });
   CLI::App* check =
       cmd->add_subcommand("check", "Read a model directory and check every tensor against its config");

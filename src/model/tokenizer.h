@@ -1,9 +1,11 @@
-// Text ↔ token ids (issue 11). Byte-level: each byte of the text is one token whose id is the byte's value
-// (a vocabulary of 256, the presets'). A SentencePiece `tokenizer.model` is refused for now (load_tokenizer).
+// Text ↔ token ids (issue 11). Byte-level by default: each byte of the text is one token whose id is the
+// byte's value (a vocabulary of 256, the presets'). A model directory with a SentencePiece `tokenizer.model`
+// (Llama's) is tokenized by Debian's libsentencepiece (load_tokenizer).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,23 +17,34 @@ namespace crescent::model {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  /// The token ids of `text` (no BOS or EOS added).
+  /// The token ids the model reads for prompt `text`: bytes add nothing; SentencePiece puts BOS first when
+  /// the model defines one (as Llama's tokenizers do), never EOS.
   virtual std::vector<int64_t> encode(std::string_view text) const = 0;
   /// The bytes token `id` stands for: concatenated in order they give the text (streaming decodes token by
   /// token). "" for an id outside the vocabulary or a control token.
   virtual std::string token_bytes(int64_t id) const = 0;
+  /// The end-of-sequence id generation stops at (SentencePiece's </s>), or none (bytes).
+  virtual std::optional<int64_t> eos_token() const = 0;
   /// Ids are below this.
   virtual int64_t vocab_size() const = 0;
-  /// "bytes", for messages.
+  /// "bytes" or "sentencepiece", for messages.
   virtual std::string_view kind() const = 0;
 };
 
 /// The byte-level tokenizer.
 std::unique_ptr<Tokenizer> byte_tokenizer();
 
-/// The tokenizer of model directory `dir`, checked against `vocab_size` (the model's: every id the tokenizer
-/// makes must have an embedding). Errors (kInvalidArgument) name the file: a DIR/tokenizer.model
-/// (SentencePiece is not supported yet), or a vocabulary larger than the model's.
+/// The tokenizer of model directory `dir`: DIR/tokenizer.model (SentencePiece) when there is one, else bytes;
+/// checked against `vocab_size` (the model's: every id the tokenizer makes must have an embedding). Errors
+/// (kInvalidArgument) name the file: a tokenizer.model libsentencepiece cannot load, or a vocabulary larger
+/// than the model's.
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir, int64_t vocab_size);
+
+/// Trains a SentencePiece BPE model of `vocab_size` pieces on the UTF-8 text file `text_path` (a sentence a
+/// line) with byte fallback (any text encodes, never to <unk>), and writes it to `out_path`: how
+/// `crescent model init --train-tokenizer` and the tests make a tokenizer.model. Errors (kInvalidArgument)
+/// name the file: unreadable, no text, or too few pieces for its characters plus the 256 bytes and <unk> <s>
+/// </s>.
+Status train_sentencepiece(const std::string& text_path, int64_t vocab_size, const std::string& out_path);
 
 }  // namespace crescent::model

@@ -1,5 +1,5 @@
 // `cmake --install` gives a crescent that works from any directory: the binary on PATH with its bundled
-// configs and traces, found relative to the binary (issue #8 §7).
+// configs and traces, found relative to the binary (issue #8 §7), and its SentencePiece module.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "run_crescent.h"
+#include "test_support/corpus.h"
 #include "test_support/temp_dir.h"
 
 namespace crescent::cli_test {
@@ -58,6 +59,19 @@ TEST(InstallCli, InstalledBinaryFindsItsBundledFilesFromAnyDirectory) {
   std::ifstream(elsewhere.file("out/scheduling.json")) >> result;
   EXPECT_EQ(result["trace"], "data/traces/conversation_trace.jsonl.gz");  // recorded by its bundled name
   EXPECT_EQ(result["config"]["name"], "installed-fig5");
+
+  // The SentencePiece module is installed too (lib/crescent/), and a tokenizer trains and loads.
+  bool module_installed = false;
+  for (const auto& entry : fs::recursive_directory_iterator(prefix.path())) {
+    module_installed |= entry.path().filename() == "libcrescent_sentencepiece.so";
+  }
+  EXPECT_TRUE(module_installed);
+  test::write_corpus(elsewhere.file("corpus.txt"));
+  const CliRun spm = run_shell(in_elsewhere +
+                               "crescent model init --preset tiny --out m --train-tokenizer corpus.txt "
+                               "--tokenizer-vocab 400");
+  EXPECT_EQ(spm.exit_code, 0) << spm.err;
+  EXPECT_THAT(spm.out, HasSubstr("tokenizer sentencepiece"));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_crescent.h"
+#include "test_support/corpus.h"
 #include "test_support/temp_dir.h"
 
 namespace crescent::cli_test {
@@ -67,7 +68,49 @@ TEST(ModelCli, RunGeneratesAndRefusesWhatCannotRun) {
   std::ofstream(model + "/tokenizer.model") << "not a sentencepiece model";
   CliRun spm = run("--prompt hello");
   EXPECT_EQ(spm.exit_code, 2);
-  EXPECT_THAT(spm.err, HasSubstr("tokenizer.model: SentencePiece tokenizers are not supported yet"));
+  EXPECT_THAT(spm.err,
+              HasSubstr("tokenizer.model: not a SentencePiece model that libsentencepiece can load"));
+}
+
+// `model init --train-tokenizer` writes a SentencePiece tokenizer.model and sizes the vocabulary to it;
+// `model run` tokenizes with it, in the binary that also holds the store's protobuf (the two protobufs would
+// clash if libsentencepiece were linked in: sentencepiece_module.h). An old tokenizer.model is not kept
+// silently.
+TEST(ModelCli, ASentencePieceTokenizerIsTrainedAndUsed) {
+  test::TempDir dir;
+  test::write_corpus(dir.file("corpus.txt"));
+  const std::string model = dir.file("spm");
+  CliRun init =
+      run_crescent("model init --preset tiny --seed 5 --out " + quote(model) + " --train-tokenizer " +
+                   quote(dir.file("corpus.txt")) + " --tokenizer-vocab 500");
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  EXPECT_THAT(init.out, HasSubstr("vocab 500"));
+  EXPECT_THAT(init.out, HasSubstr("tokenizer sentencepiece"));
+  CliRun check = run_crescent("model check " + quote(model));
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  CliRun run =
+      run_crescent("model run " + quote(model) + " --prompt 'the quick brown fox' --max-tokens 5 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto out = nlohmann::json::parse(run.out);
+  EXPECT_LE(out["prompt_tokens"], 5);  // BOS + a piece a word, where bytes would be 19
+  EXPECT_EQ(out["token_ids"].size(), 5u);
+  for (const auto& id : out["token_ids"]) EXPECT_LT(id, 500);
+
+  // The same tokenizer copied into another model with --tokenizer.
+  const std::string copy = dir.file("copy");
+  CliRun copied = run_crescent("model init --preset tiny --out " + quote(copy) + " --tokenizer " +
+                               quote(model + "/tokenizer.model"));
+  ASSERT_EQ(copied.exit_code, 0) << copied.err;
+  EXPECT_THAT(copied.out, HasSubstr("vocab 500"));
+  // Re-initialising without a tokenizer would leave one that does not match: refused.
+  CliRun stale = run_crescent("model init --preset tiny --out " + quote(copy));
+  EXPECT_EQ(stale.exit_code, 2);
+  EXPECT_THAT(stale.err, HasSubstr("tokenizer.model is there from before"));
+  CliRun too_small =
+      run_crescent("model init --preset tiny --out " + quote(dir.file("small")) + " --train-tokenizer " +
+                   quote(dir.file("corpus.txt")) + " --tokenizer-vocab 50");
+  EXPECT_EQ(too_small.exit_code, 2);
+  EXPECT_THAT(too_small.err, HasSubstr("training a 50-piece SentencePiece tokenizer failed"));
 }
 
 // `crescent profile` writes a profile that simulate takes with --profile: the mock's gives back the

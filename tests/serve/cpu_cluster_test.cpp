@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "model/tokenizer.h"
 #include "served_cluster.h"
+#include "test_support/corpus.h"
 #include "test_support/temp_dir.h"
 
 namespace crescent {
@@ -55,6 +57,7 @@ struct Completion {
   int status = 0;
   std::string text = {};
   int64_t cached_tokens = -1;
+  int64_t prompt_tokens = -1;
   std::string body = {};
 };
 
@@ -74,6 +77,7 @@ Completion complete(int port, const std::string& model, const std::string& promp
   if (res->status == 200) {
     c.text = j["choices"][0]["text"].get<std::string>();
     c.cached_tokens = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    c.prompt_tokens = j["usage"]["prompt_tokens"].get<int64_t>();
   }
   return c;
 }
@@ -193,6 +197,42 @@ TEST_F(CpuCluster, APrefixFromThePoolGivesTheSameTokens) {
     return;
   }
   FAIL() << "neither prefill instance held the prefix\n" << cluster.log();
+}
+
+// A model with a SentencePiece tokenizer.model (trained by `crescent model init --train-tokenizer`): the
+// frontend counts the prompt in its pieces, the answer is the colocated one rendered from pieces, and a
+// shared prefix is found in the cache by its piece ids.
+TEST_F(CpuCluster, ServesAModelWithASentencePieceTokenizer) {
+  test::write_corpus(dir_->file("corpus.txt"));
+  const std::string model_dir = dir_->file("spm-llama");
+  run_command(std::string("'") + CRESCENT_BINARY + "' model init --preset tiny --seed 6 --out '" + model_dir +
+              "' --train-tokenizer '" + dir_->file("corpus.txt") + "' --tokenizer-vocab 500");
+  auto tokenizer = model::load_tokenizer(model_dir, 500);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+  ASSERT_EQ((*tokenizer)->kind(), "sentencepiece");
+  ServedCluster cluster({"--config", config_path_, "--model", model_dir, "--block-size", "4"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const std::string model = "spm-llama";
+  // The corpus's words, each one piece.
+  const std::string prefix =
+      "the quick brown fox jumps over the lazy dog once upon a time the conductor request the instance "
+      "prefill the cache block decode the token serving store";
+  const std::string first = prefix + " once upon a time";
+  const Completion a = complete(cluster.port(), model, first, 8, {});
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.prompt_tokens, static_cast<int64_t>((*tokenizer)->encode(first).size()));
+  EXPECT_LT(a.prompt_tokens, static_cast<int64_t>(first.size()) / 4);  // pieces, not bytes
+  EXPECT_EQ(a.text, colocated(model_dir, first, 8, {}));
+  const std::string second = prefix + " and café über 長い";
+  const Completion b = complete(cluster.port(), model, second, 8, {});
+  ASSERT_EQ(b.status, 200) << b.body;
+  // The prompts share the prefix's pieces (a word's piece carries its leading space, so the pieces of the
+  // prefix are the same in both): its whole 4-token blocks are reused.
+  const std::vector<int64_t> x = (*tokenizer)->encode(first), y = (*tokenizer)->encode(second);
+  const auto shared = std::mismatch(x.begin(), x.end(), y.begin(), y.end()).first - x.begin();
+  EXPECT_EQ(b.cached_tokens, shared / 4 * 4);
+  EXPECT_GT(b.cached_tokens, 0);
+  EXPECT_EQ(b.text, colocated(model_dir, second, 8, {}));
 }
 
 }  // namespace
