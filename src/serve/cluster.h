@@ -37,8 +37,10 @@ struct RequestSummary {
 /// What the cluster tells a request's owner, from the cluster's thread (keep them short: post elsewhere).
 /// After on_done or on_error nothing more comes.
 struct RequestCallbacks {
-  std::function<void(std::span<const int64_t> tokens)> on_tokens;  // new output tokens, in order
-  std::function<void(const RequestSummary& summary)> on_done;      // the last token was delivered
+  /// New output tokens, in order. Returning false stops the request there (the owner saw EOS or a stop
+  /// string): its instances drop it and on_done follows at once.
+  std::function<bool(std::span<const int64_t> tokens)> on_tokens;
+  std::function<void(const RequestSummary& summary)> on_done;  // the last token was delivered
   /// The request failed after it was accepted: `code` says how ("instance_down": an instance serving it went
   /// down; "kv_transfer_failed": its KV did not reach decode in time, or failed its check; "prefill_failed":
   /// its prefill instance could not run or ship it), `message` says why.
@@ -48,7 +50,7 @@ struct RequestCallbacks {
 /// The request as the cluster takes it.
 struct ClusterRequest {
   std::vector<int64_t> prompt_token_ids;
-  int64_t max_tokens = 1;  // exactly this many are generated (neither model stops early)
+  int64_t max_tokens = 1;  // at most this many are generated (fewer when on_tokens stops it)
   uint64_t seed = 0;       // the sampler's (the mock's tokens are a function of it)
   double temperature = 1;  // 0: greedy; OpenAI's range [0, 2]
   double top_p = 1;        // (0, 1]

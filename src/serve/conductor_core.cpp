@@ -94,7 +94,7 @@ void ConductorCore::cancel(uint64_t id) {
   links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
   state_.on_request_dropped(it->second.summary.prefill_instance, it->second.block_keys);
   if (!it->second.prefill_done) --prefills_pending_[it->second.summary.prefill_instance];
-  metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
+  metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, "abort");
   requests_.erase(it);
 }
 
@@ -124,7 +124,7 @@ void ConductorCore::on_first_token(InstanceId instance, uint64_t id, int64_t fir
   if (--prefills_pending_[instance] == 0) state_.on_prefill_idle(instance, now_s);
   emit_token(id, first_token, now_s);  // the first token comes from the prefill
   it = requests_.find(id);
-  if (it != requests_.end() && it->second.request.max_tokens <= 1) finish(id, now_s);
+  if (it != requests_.end() && it->second.request.max_tokens <= 1) finish(id, now_s, "length");
 }
 
 void ConductorCore::on_kv_shipped(uint64_t id, double now_s) {
@@ -142,7 +142,7 @@ void ConductorCore::on_tokens(std::span<const uint64_t> ids, std::span<const int
     emit_token(id, i < tokens.size() ? tokens[i] : 0, now_s);
     auto it = requests_.find(id);
     if (it != requests_.end() && it->second.summary.completion_tokens >= it->second.request.max_tokens) {
-      finish(id, now_s);
+      finish(id, now_s, "length");
     }
   }
 }
@@ -153,7 +153,7 @@ void ConductorCore::fail(uint64_t id, const std::string& code, const std::string
   links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
   state_.on_request_dropped(it->second.summary.prefill_instance, it->second.block_keys);
   if (!it->second.prefill_done) --prefills_pending_[it->second.summary.prefill_instance];
-  metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, /*aborted=*/true);
+  metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, "abort");
   RequestCallbacks callbacks = std::move(it->second.callbacks);
   requests_.erase(it);
   if (callbacks.on_error) callbacks.on_error(code, message);
@@ -197,10 +197,14 @@ void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s) {
   }
   live.last_token_s = now_s;
   ++live.summary.completion_tokens;
-  if (live.callbacks.on_tokens) live.callbacks.on_tokens(std::span<const int64_t>(&token, 1));
+  if (live.callbacks.on_tokens && !live.callbacks.on_tokens(std::span<const int64_t>(&token, 1))) {
+    // The owner's stop (EOS, a stop string): a finished request whose instances drop the rest.
+    links_.send_cancel(live.summary.prefill_instance, live.summary.decode_instance, id);
+    finish(id, now_s, "stop");
+  }
 }
 
-void ConductorCore::finish(uint64_t id, double now_s) {
+void ConductorCore::finish(uint64_t id, double now_s, std::string_view finished_reason) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   const Live& live = it->second;
@@ -212,7 +216,7 @@ void ConductorCore::finish(uint64_t id, double now_s) {
                              .queue_s = live.prefill_start_s - live.submitted_s,
                              .prefill_s = live.first_token_s - live.prefill_start_s,
                              .decode_s = now_s - live.first_token_s},
-                            /*aborted=*/false);
+                            finished_reason);
   RequestCallbacks callbacks = std::move(it->second.callbacks);
   const RequestSummary summary = it->second.summary;
   requests_.erase(it);

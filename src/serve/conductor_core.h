@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -129,8 +130,11 @@ class ConductorCore {
     double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // core's clock
   };
 
+  // Delivers request `id`'s next token; the owner's stop (on_tokens false) finishes it there.
   void emit_token(uint64_t id, int64_t token, double now_s);
-  void finish(uint64_t id, double now_s);
+  // Request `id` ended well ("length": all its tokens; "stop": its owner's stop): metrics, the Conductor's
+  // output-length observation, on_done.
+  void finish(uint64_t id, double now_s, std::string_view finished_reason);
 
   const ClusterOptions options_;
   InstanceLinks& links_;

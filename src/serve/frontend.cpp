@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "serve/openai_api.h"
+#include "serve/output_text.h"
 
 namespace crescent::serve {
 namespace {
@@ -80,6 +81,7 @@ struct Exchange {
   bool include_usage = false;
   bool first_chunk = true;
   std::string text;  // non-streamed: the answer so far
+  std::optional<OutputText> output;
 };
 
 class Frontend {
@@ -210,29 +212,38 @@ class Frontend {
     if (r.stream) responder.start_stream();
 
     RequestCallbacks callbacks;
-    callbacks.on_tokens = [exchange, tokenizer = options_.tokenizer](std::span<const int64_t> tokens) {
-      std::string piece;
-      for (int64_t t : tokens) piece += tokenizer->token_bytes(t);
+    exchange->output.emplace(
+        options_.tokenizer,
+        StopConditions{.stop = r.stop, .ignore_eos = r.ignore_eos, .min_tokens = r.min_tokens});
+    callbacks.on_tokens = [exchange](std::span<const int64_t> tokens) {
+      const std::string piece = exchange->output->add(tokens);
       if (exchange->stream) {
+        // A chunk for every delivery, empty while text is held back: a client times each token by them.
         exchange->responder.write(
             sse_event(stream_chunk(exchange->endpoint, exchange->header, piece, exchange->first_chunk, "")));
         exchange->first_chunk = false;
       } else {
         exchange->text += piece;
       }
+      return !exchange->output->stopped();  // stopped: EOS or a stop string, the request ends here
     };
     callbacks.on_done = [exchange](const RequestSummary& s) {
       const Usage usage{s.prompt_tokens, s.completion_tokens, s.cached_tokens};
+      const std::string rest = exchange->output->flush();
+      const std::string_view finish_reason = exchange->output->finish_reason();
       if (exchange->stream) {
-        std::string tail = sse_event(stream_chunk(exchange->endpoint, exchange->header, "", false, "length"));
+        std::string tail = sse_event(
+            stream_chunk(exchange->endpoint, exchange->header, rest, exchange->first_chunk, finish_reason));
         if (exchange->include_usage)
           tail += sse_event(usage_chunk(exchange->endpoint, exchange->header, usage));
         tail += kSseDone;
         exchange->responder.write(std::move(tail));
         exchange->responder.end();
       } else {
+        exchange->text += rest;
         exchange->responder.respond(json_response(
-            200, completion_response(exchange->endpoint, exchange->header, exchange->text, "length", usage)));
+            200,
+            completion_response(exchange->endpoint, exchange->header, exchange->text, finish_reason, usage)));
       }
     };
     callbacks.on_error = [exchange](const std::string& code, const std::string& message) {

@@ -146,10 +146,10 @@ void ServeMetrics::observe_kv_bytes(std::string_view kind, double bytes) {
 void ServeMetrics::observe_token_gap(double seconds) {
   itl_.Observe(seconds);
 }
-void ServeMetrics::observe_finished(const FinishedRequest& r, bool aborted) {
-  success_.Add({{"model_name", model_name_}, {"finished_reason", aborted ? "abort" : "length"}}).Increment();
+void ServeMetrics::observe_finished(const FinishedRequest& r, std::string_view finished_reason) {
+  success_.Add({{"model_name", model_name_}, {"finished_reason", std::string(finished_reason)}}).Increment();
   generation_tokens_.Increment(static_cast<double>(r.generation_tokens));
-  if (aborted) return;
+  if (finished_reason == "abort") return;
   prompt_tokens_.Increment(static_cast<double>(r.prompt_tokens));
   ttft_.Observe(r.ttft_s);
   e2e_.Observe(r.e2e_s);

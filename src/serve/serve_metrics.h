@@ -63,8 +63,9 @@ class ServeMetrics {
   void observe_kv_checks(uint64_t verified_blocks, uint64_t failed_blocks);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).
   void observe_token_gap(double seconds);
-  /// A request that produced all its tokens (finished_reason "length") or was cancelled ("abort").
-  void observe_finished(const FinishedRequest& request, bool aborted);
+  /// A request that ended: vllm:request_success_total{finished_reason} counts it; "length" (all its
+  /// max_tokens) and "stop" (EOS or a stop string) add its latencies, "abort" (cancelled or failed) not.
+  void observe_finished(const FinishedRequest& request, std::string_view finished_reason);
 
   /// Everything, in the Prometheus text format, with `gauges`.
   std::string scrape(const LoadGauges& gauges);

@@ -27,10 +27,12 @@ struct Answer {
   json body;
 };
 
-Answer complete(int port, const std::string& prompt, int64_t max_tokens) {
+// `extra`: more request fields.
+Answer complete(int port, const std::string& prompt, int64_t max_tokens, const json& extra = json::object()) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(60, 0);
-  const json body = {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}};
+  json body = {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}};
+  body.update(extra);
   auto res = client.Post("/v1/completions", body.dump(), "application/json");
   if (!res) return {};
   return {res->status, json::parse(res->body, nullptr, false)};
@@ -118,6 +120,23 @@ TEST(ServeCluster, KvBytesMoveThroughThePoolAndTheTransferEngineAndPassTheirChec
   ASSERT_EQ(long_prompt.status, 200) << long_prompt.body.dump();
   EXPECT_EQ(cluster.metric("crescent_kv_transfer_writes_total"), 2 + 3);
   EXPECT_EQ(cluster.metric("crescent_kv_bytes_moved_total{path=\"prefill_to_decode\"}"), (9 + 40) * 512 * 80);
+
+  // A stop string ends a request mid-decode: the answer stops before it and the decode instance drops the
+  // request, its KV reservation freed.
+  const Answer whole = complete(cluster.port(), "stop here", 30, {{"seed", 3}});
+  ASSERT_EQ(whole.status, 200) << whole.body.dump();
+  const std::string text = whole.body["choices"][0]["text"];
+  const std::string stop = text.substr(20, 3);
+  // The same seed, the same tokens; 2,000 of them would keep the decode instance busy for a minute.
+  const Answer stopped = complete(cluster.port(), "stop here", 2000, {{"seed", 3}, {"stop", stop}});
+  ASSERT_EQ(stopped.status, 200) << stopped.body.dump();
+  EXPECT_EQ(stopped.body["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(stopped.body["choices"][0]["finish_reason"], "stop");
+  const auto freed_by = Clock::now() + std::chrono::seconds(2);  // loads arrive with the next report
+  while (cluster.metric("crescent_decode_kv_reserved_tokens") != 0 && Clock::now() < freed_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(cluster.metric("crescent_decode_kv_reserved_tokens"), 0);
 }
 
 TEST(ServeCluster, AKilledDecodeInstanceEndsOnlyItsStreamsWithinTwoSecondsAndRejoins) {
@@ -252,8 +271,10 @@ TEST(ServeCluster, InstancesBackFromAStallAreResetAndHoldNothingOfWhatFailed) {
   EXPECT_LT(s.end - stopped, std::chrono::seconds(5)) << "the heartbeat timeout is 3 s";
   // The stream ends when its own instance is found down; the other was stopped a moment later and may be
   // found a check later: both must have been down before they resume.
-  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-0 down", 1, std::chrono::seconds(10))) << cluster.log();
-  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-1 down", 1, std::chrono::seconds(10))) << cluster.log();
+  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-0 down", 1, std::chrono::seconds(10)))
+      << cluster.log();
+  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-1 down", 1, std::chrono::seconds(10)))
+      << cluster.log();
   for (pid_t pid : decode) ASSERT_EQ(::kill(pid, SIGCONT), 0);
   ASSERT_TRUE(cluster.wait_for_count("conductor: decode-0 up", 2, std::chrono::seconds(10))) << cluster.log();
   ASSERT_TRUE(cluster.wait_for_count("conductor: decode-1 up", 2, std::chrono::seconds(10))) << cluster.log();

@@ -136,6 +136,54 @@ TEST_F(FrontendTest, StreamsChatChunksThenUsageThenDone) {
   EXPECT_EQ(events[6], "[DONE]");
 }
 
+// A stop string ends the answer before it (finish_reason "stop"), whole or streamed, and the request ends
+// there: its usage counts the tokens generated up to the stop, and nothing stays in flight.
+TEST_F(FrontendTest, AStopStringEndsTheAnswerAndTheRequest) {
+  start();
+  const json base = {{"model", "mock"}, {"prompt", "Hello"}, {"max_tokens", 40}, {"seed", 5}};
+  auto full = post("/v1/completions", base);
+  ASSERT_TRUE(full);
+  const std::string text = json::parse(full->body)["choices"][0]["text"];
+  ASSERT_EQ(text.size(), 40u);
+  const std::string stop = text.substr(20, 2);
+  const size_t at = text.find(stop);  // the mock's tokens are one byte each
+  json with_stop = base;
+  with_stop["stop"] = stop;
+  auto stopped = post("/v1/completions", with_stop);
+  ASSERT_TRUE(stopped);
+  const json body = json::parse(stopped->body);
+  EXPECT_EQ(body["choices"][0]["text"], text.substr(0, at));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body["usage"]["completion_tokens"], at + stop.size());
+
+  with_stop["stream"] = true;
+  const auto events = stream("/v1/completions", with_stop);
+  ASSERT_GE(events.size(), 2u);
+  std::string streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    streamed += json::parse(events[i])["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, text.substr(0, at));
+  EXPECT_EQ(json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(events.back(), "[DONE]");
+
+  // min_tokens past the stop's first place: it counts only where it ends later, or not at all.
+  json late = base;
+  late["stop"] = stop;
+  late["min_tokens"] = at + stop.size() + 1;
+  auto later = post("/v1/completions", late);
+  ASSERT_TRUE(later);
+  const size_t next = text.find(stop, at + 1);
+  const json later_body = json::parse(later->body);
+  EXPECT_EQ(later_body["choices"][0]["text"], next == std::string::npos ? text : text.substr(0, next));
+  EXPECT_EQ(metric(R"(vllm:request_success_total{finished_reason="stop",model_name="mock"})"),
+            next == std::string::npos ? 2 : 3);
+  for (int i = 0; i < 100 && cluster_->requests_in_flight() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(cluster_->requests_in_flight(), 0u);
+}
+
 TEST_F(FrontendTest, ASharedPrefixIsAHit) {
   start();
   const std::string prompt(1100, 'x');  // two full 512-token blocks and a partial one
