@@ -7,6 +7,7 @@
 //                                                                engine with the cpu executor)
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <limits>
@@ -40,6 +41,7 @@ struct ModelArgs {
   double top_p = 1;
   uint64_t run_seed = 0;
   int64_t block_size = 16;
+  bool ignore_eos = false;
   bool json = false;
 };
 
@@ -160,6 +162,15 @@ int run_generate(const ModelArgs& args) {
   engine.submit_prompt(1, n, args.max_tokens, keys, 0);
   while (engine.busy()) engine.advance_until(engine.next_event_s());
   if (!listener.error.empty()) return fail(Status::internal(listener.error));
+  // The answer ends at the tokenizer's EOS, as served (serve/output_text.h), unless --ignore-eos.
+  std::string_view finish_reason = "length";
+  if (const auto eos = (*tokenizer)->eos_token(); eos && !args.ignore_eos) {
+    const auto at = std::find(listener.tokens.begin(), listener.tokens.end(), *eos);
+    if (at != listener.tokens.end()) {
+      listener.tokens.erase(at, listener.tokens.end());
+      finish_reason = "stop";
+    }
+  }
   std::string text;
   for (int32_t t : listener.tokens) text += (*tokenizer)->token_bytes(t);
   if (args.json) {
@@ -167,6 +178,7 @@ int run_generate(const ModelArgs& args) {
                               {"token_ids", listener.tokens},
                               {"prompt_tokens", n},
                               {"completion_tokens", listener.tokens.size()},
+                              {"finish_reason", finish_reason},
                               {"prefill_seconds", listener.first_token_s},
                               {"decode_seconds", listener.finished_s - listener.first_token_s}};
     fmt::print("{}\n", dump_json(j));
@@ -217,6 +229,7 @@ void register_model(CLI::App& app, int& exit_code) {
   run->add_option("--top-p", args->top_p, "Nucleus sampling")->capture_default_str();
   run->add_option("--seed", args->run_seed, "The sampler's seed")->capture_default_str();
   run->add_option("--block-size", args->block_size, "KV block size, tokens")->capture_default_str();
+  run->add_flag("--ignore-eos", args->ignore_eos, "Go on past the tokenizer's EOS to --max-tokens");
   run->add_flag("--json", args->json, "Print the text, token ids and timings as JSON");
   run->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_generate(*args); }); });
 }

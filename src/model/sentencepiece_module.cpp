@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <exception>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,30 @@ void send(crescent_spm_sink sink, void* context, std::string_view text) {
 
 const sentencepiece::SentencePieceProcessor& processor(const void* model) {
   return *static_cast<const sentencepiece::SentencePieceProcessor*>(model);
+}
+
+void piece_bytes(const sentencepiece::SentencePieceProcessor& p, int32_t id, crescent_spm_sink out,
+                 void* context) {
+  if (id < 0 || id >= p.GetPieceSize() || p.IsControl(id) || p.IsUnused(id)) return send(out, context, "");
+  if (p.IsUnknown(id)) return send(out, context, " \xE2\x81\x87 ");  // " ⁇ "
+  const std::string& piece = p.IdToPiece(id);
+  unsigned value = 0;
+  if (p.IsByte(id) && piece.size() == 6 &&  // "<0xAB>"
+      std::from_chars(piece.data() + 3, piece.data() + 5, value, 16).ptr == piece.data() + 5) {
+    const auto byte = static_cast<char>(value);
+    return send(out, context, std::string_view(&byte, 1));
+  }
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581 "▁"
+  std::string text;
+  for (size_t i = 0; i < piece.size();) {
+    if (std::string_view(piece).substr(i, kSpace.size()) == kSpace) {
+      text += ' ';
+      i += kSpace.size();
+    } else {
+      text += piece[i++];
+    }
+  }
+  send(out, context, text);
 }
 
 }  // namespace
@@ -56,27 +81,11 @@ int32_t crescent_spm_eos(const void* model) {
 }
 
 void crescent_spm_piece_bytes(const void* model, int32_t id, crescent_spm_sink out, void* context) {
-  const sentencepiece::SentencePieceProcessor& p = processor(model);
-  if (id < 0 || id >= p.GetPieceSize() || p.IsControl(id) || p.IsUnused(id)) return send(out, context, "");
-  if (p.IsUnknown(id)) return send(out, context, " \xE2\x81\x87 ");  // " ⁇ "
-  const std::string& piece = p.IdToPiece(id);
-  unsigned value = 0;
-  if (p.IsByte(id) && piece.size() == 6 &&  // "<0xAB>"
-      std::from_chars(piece.data() + 3, piece.data() + 5, value, 16).ptr == piece.data() + 5) {
-    const auto byte = static_cast<char>(value);
-    return send(out, context, std::string_view(&byte, 1));
+  try {
+    piece_bytes(processor(model), id, out, context);
+  } catch (const std::exception&) {
+    send(out, context, "");  // (out of memory: no text rather than an exception through C)
   }
-  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581 "▁"
-  std::string text;
-  for (size_t i = 0; i < piece.size();) {
-    if (std::string_view(piece).substr(i, kSpace.size()) == kSpace) {
-      text += ' ';
-      i += kSpace.size();
-    } else {
-      text += piece[i++];
-    }
-  }
-  send(out, context, text);
 }
 
 bool crescent_spm_encode(const void* model, const char* text, size_t size, crescent_spm_sink ids,

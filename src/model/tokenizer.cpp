@@ -156,7 +156,7 @@ class SentencePieceTokenizer final : public Tokenizer {
     }
   }
 
-  const SentencePieceModule& module_;
+  const SentencePieceModule module_;  // copied: still usable once the static one is destroyed at exit
   void* const model_;
   const int32_t bos_, eos_;         // -1: none
   std::vector<std::string> bytes_;  // by id

@@ -34,8 +34,9 @@ struct RequestSummary {
   InstanceId decode_instance = 0;
 };
 
-/// What the cluster tells a request's owner, from the cluster's thread (keep them short: post elsewhere).
-/// After on_done or on_error nothing more comes.
+/// What the cluster tells a request's owner, from the cluster's thread (keep them short: post elsewhere;
+/// never call back into the cluster from one, cancel() included: it holds its lock). After on_done or
+/// on_error nothing more comes.
 struct RequestCallbacks {
   /// New output tokens, in order. Returning false stops the request there (the owner saw EOS or a stop
   /// string): its instances drop it and on_done follows at once.

@@ -197,9 +197,10 @@ void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s) {
   }
   live.last_token_s = now_s;
   ++live.summary.completion_tokens;
+  const InstanceId p = live.summary.prefill_instance, d = live.summary.decode_instance;
   if (live.callbacks.on_tokens && !live.callbacks.on_tokens(std::span<const int64_t>(&token, 1))) {
     // The owner's stop (EOS, a stop string): a finished request whose instances drop the rest.
-    links_.send_cancel(live.summary.prefill_instance, live.summary.decode_instance, id);
+    links_.send_cancel(p, d, id);
     finish(id, now_s, "stop");
   }
 }

@@ -120,6 +120,12 @@ class LocalCluster::Impl final : public InstanceLinks {
                          Arrival{id, d});
   }
   void send_cancel(InstanceId p, InstanceId d, uint64_t id) override {
+    // A stop decided in an engine's own callback (a token that ends its request) waits until the engine's
+    // call returns: cancelling there would erase the request under the iteration handling it.
+    if (advancing_) {
+      deferred_cancels_.push_back({p, d, id});
+      return;
+    }
     prefill_[p]->cancel(id);
     decode_[d]->cancel(id);
     prefill_started_.erase(id);
@@ -131,6 +137,19 @@ class LocalCluster::Impl final : public InstanceLinks {
     uint64_t id;
     InstanceId decode;
   };
+  struct Cancel {
+    InstanceId prefill, decode;
+    uint64_t id;
+  };
+
+  // `engine` runs the iterations that ended by `until`; the cancels its callbacks asked for follow.
+  void advance(engine::EngineCore& engine, double until) {
+    advancing_ = true;
+    engine.advance_until(until);
+    advancing_ = false;
+    for (const Cancel& c : deferred_cancels_) send_cancel(c.prefill, c.decode, c.id);
+    deferred_cancels_.clear();
+  }
 
   class PrefillListener final : public engine::EngineListener {
    public:
@@ -181,8 +200,8 @@ class LocalCluster::Impl final : public InstanceLinks {
     for (;;) {
       const double next_arrival = kv_arrivals_.empty() ? kInf : kv_arrivals_.begin()->first;
       const double until = std::min(now, next_arrival);
-      for (auto& p : prefill_) p->advance_until(until);
-      for (auto& d : decode_) d->advance_until(until);
+      for (auto& p : prefill_) advance(*p, until);
+      for (auto& d : decode_) advance(*d, until);
       if (next_arrival > now) return;
       const auto [at_s, arrival] = *kv_arrivals_.begin();
       kv_arrivals_.erase(kv_arrivals_.begin());
@@ -218,6 +237,8 @@ class LocalCluster::Impl final : public InstanceLinks {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::multimap<double, Arrival> kv_arrivals_;  // (when its KV reaches decode, request)
+  bool advancing_ = false;                      // inside an engine's advance_until (its callbacks)
+  std::vector<Cancel> deferred_cancels_;        // asked for meanwhile
   // Prompts being prefilled: (when their prefill started, tokens computed), for their KV hand-off.
   std::unordered_map<uint64_t, std::pair<double, int64_t>> prefill_started_;
   std::vector<std::unique_ptr<PrefillListener>> prefill_listeners_;

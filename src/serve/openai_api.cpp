@@ -7,6 +7,9 @@
 namespace crescent::serve {
 namespace {
 
+// Longest stop string taken: each token's check costs up to its length squared (serve/output_text.h).
+constexpr size_t kMaxStopBytes = 1024;
+
 using nlohmann::json;
 
 const char* type_name(const json& v) {
@@ -314,6 +317,13 @@ std::optional<CompletionRequest> parse_completion_request(const json& body, Endp
           return false;
         }
         std::erase_if(r.stop, [](const std::string& s) { return s.empty(); });
+        for (const std::string& s : r.stop) {
+          if (s.size() > kMaxStopBytes) {
+            e = ApiError::bad_field("stop", fmt::format("a stop string is {} bytes; at most {} are taken",
+                                                        s.size(), kMaxStopBytes));
+            return false;
+          }
+        }
         return true;
       })) {
     return std::nullopt;

@@ -22,7 +22,6 @@ size_t utf8_complete_prefix(std::string_view text) {
 OutputText::OutputText(std::shared_ptr<const model::Tokenizer> tokenizer, StopConditions stops)
     : tokenizer_(std::move(tokenizer)), stops_(std::move(stops)) {
   std::erase_if(stops_.stop, [](const std::string& s) { return s.empty(); });
-  for (const std::string& s : stops_.stop) longest_stop_bytes_ = std::max(longest_stop_bytes_, s.size());
   if (!stops_.ignore_eos) eos_ = tokenizer_->eos_token();
 }
 
@@ -38,10 +37,12 @@ std::string OutputText::add(std::span<const int64_t> tokens) {
     const size_t before = text_.size();
     text_ += tokenizer_->token_bytes(token);
     if (!counts || stops_.stop.empty()) continue;
-    // A stop string that ends in this token's bytes: search from where one could have started.
-    const size_t from = before >= longest_stop_bytes_ ? before - longest_stop_bytes_ + 1 : 0;
+    // A stop string that ends in this token's bytes (one that ended earlier did not count): each searched
+    // from where it could have started.
     size_t cut = std::string::npos;
-    for (const std::string& s : stops_.stop) cut = std::min(cut, text_.find(s, from));
+    for (const std::string& s : stops_.stop) {
+      cut = std::min(cut, text_.find(s, before >= s.size() ? before - s.size() + 1 : 0));
+    }
     if (cut != std::string::npos) {
       text_.resize(std::max(cut, sent_));  // (sent_ <= cut: a possible stop's start is never sent)
       stopped_ = true;

@@ -48,7 +48,6 @@ class OutputText {
   std::shared_ptr<const model::Tokenizer> tokenizer_;
   StopConditions stops_;
   std::optional<int64_t> eos_;
-  size_t longest_stop_bytes_ = 0;
   int64_t tokens_ = 0;
   std::string text_;  // every shown byte so far (cut at the stop when stopped)
   size_t sent_ = 0;   // bytes of text_ handed out

@@ -89,6 +89,12 @@ TEST(OpenAiApi, BadRequestsNameTheField) {
       {R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
        Endpoint::kChatCompletions, "messages[0].content", "text only"},
   };
+  const std::string long_stop =
+      R"({"model": "m", "prompt": "x", "stop": ["ok", ")" + std::string(1025, 's') + R"("]})";
+  ApiError long_error;
+  EXPECT_FALSE(parse(long_stop.c_str(), Endpoint::kCompletions, long_error).has_value());
+  EXPECT_EQ(long_error.param, "stop");
+  EXPECT_THAT(long_error.message, HasSubstr("a stop string is 1025 bytes; at most 1024 are taken"));
   for (const Case& c : cases) {
     ApiError error;
     EXPECT_FALSE(parse(c.body, c.endpoint, error).has_value()) << c.body;

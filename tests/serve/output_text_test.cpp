@@ -117,6 +117,11 @@ TEST(OutputText, MinTokensComeFirst) {
   OutputText stop(tokenizer, {.stop = {"a"}, .min_tokens = 4});
   EXPECT_EQ(joined(feed(stop, ids("abcdaz"))), "abcd");  // the "a" of token 1 does not count, that of 5 does
   EXPECT_TRUE(stop.stopped());
+  // A short stop that ended before the min_tokens-th token does not count later, when a longer one's
+  // search would still reach back over it.
+  OutputText short_stop(tokenizer, {.stop = {"ab", "wxyz"}, .min_tokens = 4});
+  EXPECT_EQ(joined(feed(short_stop, ids("xabc"))), "xabc");
+  EXPECT_FALSE(short_stop.stopped());
   OutputText unmet(tokenizer, {.stop = {"a"}, .min_tokens = 10});
   EXPECT_EQ(joined(feed(unmet, ids("abca"))), "abca");
   EXPECT_FALSE(unmet.stopped());
