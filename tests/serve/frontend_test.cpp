@@ -168,7 +168,7 @@ TEST_F(FrontendTest, AStopStringEndsTheAnswerAndTheRequest) {
   EXPECT_EQ(events.back(), "[DONE]");
 
   // The first token itself a stop: the request ends inside the prefill instance's iteration (its cancel
-  // waits until the iteration is done: tests under ASan catch a record erased under it).
+  // waits until that iteration is done).
   json first = base;
   first["stop"] = text.substr(0, 1);
   auto at_once = post("/v1/completions", first);
