@@ -176,12 +176,15 @@ int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& clust
     return server.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
   }
   const std::string url = fmt::format("http://{}:{}", args.host, (*server)->port());
-  fmt::print(args.json ? stderr : stdout, "{}: model '{}' on {} ({}, policy {}, admission {}){}\n", who,
-             s.model_name, url, what, s.policy, s.admission,
+  fmt::print(args.json ? stderr : stdout,
+             "{}: model '{}' on {} ({}, {} tokenizer, policy {}, admission {}){}\n", who, s.model_name, url,
+             what, frontend.tokenizer->kind(), s.policy, s.admission,
              args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   if (!args.replay_trace.empty()) {
-    const int code = run_replay(replay_args(args, s, url));
+    ReplayArgs replay = replay_args(args, s, url);
+    replay.vocab_size = frontend.tokenizer->vocab_size();  // the trace's prompts as ids the model has
+    const int code = run_replay(replay);
     (*server)->stop();
     rusage usage{};
     ::getrusage(RUSAGE_SELF, &usage);

@@ -46,7 +46,7 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
   if (!options.api_key.empty()) req.set_header("Authorization", "Bearer " + options.api_key);
 
   std::string raw, pending, stream_error;
-  std::vector<double> chunk_s;  // when each content chunk arrived (seconds since start)
+  std::vector<double> chunk_s;  // when each token's chunk arrived (seconds since start)
   int64_t completion_tokens = -1;
   bool done = false;
   // Consumes the stream's bytes: SSE events, each a chunk, the usage, "[DONE]" or an error.
@@ -79,9 +79,13 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
           o.prefix_hit_tokens = usage["prompt_tokens_details"].value("cached_tokens", int64_t{0});
         }
       }
-      if (chunk.contains("choices") && chunk["choices"].is_array() && !chunk["choices"].empty() &&
-          chunk["choices"][0].value("text", std::string()).size() > 0) {
-        chunk_s.push_back(now);
+      // A token's chunk: one with text, or an empty one before the last (crescent sends a chunk per token,
+      // empty while its text is held back, e.g. a UTF-8 character's first bytes); a last chunk without text
+      // only says why the answer ended.
+      if (chunk.contains("choices") && chunk["choices"].is_array() && !chunk["choices"].empty()) {
+        const json& choice = chunk["choices"][0];
+        const bool last = choice.contains("finish_reason") && !choice["finish_reason"].is_null();
+        if (!last || !choice.value("text", std::string()).empty()) chunk_s.push_back(now);
       }
     }
   };

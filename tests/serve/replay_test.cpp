@@ -3,6 +3,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "serve/frontend.h"
 #include "test_cluster.h"
@@ -78,6 +82,34 @@ TEST_F(ReplayTest, RefusalsAreRejectionsWithTheServersReason) {
   ASSERT_TRUE(replayed.ok());
   EXPECT_EQ(replayed->failed, 0);
   for (const auto& o : replayed->result.requests) EXPECT_EQ(o.rejected, conductor::RejectReason::kTtft);
+}
+
+// A token's chunk may be empty (crescent holds back a UTF-8 character's first bytes): it still counts as the
+// token's arrival; a last chunk without text (only the finish reason) does not.
+TEST(Replay, EmptyChunksBeforeTheLastAreTokens) {
+  httplib::Server server;
+  server.Post("/v1/completions", [](const httplib::Request&, httplib::Response& res) {
+    const auto chunk = [](const std::string& text, const char* finish) {
+      nlohmann::json c = {{"object", "text_completion"},
+                          {"choices", {{{"index", 0}, {"text", text}, {"finish_reason", nullptr}}}}};
+      if (finish != nullptr) c["choices"][0]["finish_reason"] = finish;
+      return "data: " + c.dump() + "\n\n";
+    };
+    res.set_content(chunk("", nullptr) + chunk("a", nullptr) + chunk("", nullptr) + chunk("", "length") +
+                        "data: [DONE]\n\n",
+                    "text/event-stream");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { server.listen_after_bind(); });
+  ReplayOptions options = at(port);
+  options.model = "fake";  // (no /v1/models to ask)
+  auto replayed = replay(std::vector<trace::Request>{request(0, 10, 3, {1})}, options);
+  server.stop();
+  serving.join();
+  ASSERT_TRUE(replayed.ok()) << replayed.status().message();
+  ASSERT_EQ(replayed->failed, 0);
+  EXPECT_EQ(replayed->result.requests[0].output_tokens, 3);  // no usage: counted from the chunks
 }
 
 TEST(Replay, AnUnreachableServerIsAnErrorBeforeAnythingIsSent) {
