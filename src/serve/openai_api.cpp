@@ -382,7 +382,8 @@ json usage_chunk(Endpoint endpoint, const ResponseHeader& header, const Usage& u
 }
 
 std::string sse_event(const json& chunk) {
-  // Invalid UTF-8 (a byte-level token cut inside a character) is replaced, never thrown on.
+  // Invalid UTF-8 (bytes a byte-level model draws at random; OutputText never cuts a whole character) is
+  // replaced, never thrown on.
   return "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
