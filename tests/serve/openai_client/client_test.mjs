@@ -1,6 +1,6 @@
 // The official OpenAI Node client against a running `crescent serve`: node client_test.mjs BASE_URL MODEL
-// Streams a chat completion and a completion, then sends two requests sharing a long prefix and checks that
-// the second reports prefix-hit (cached) tokens. Exits non-zero with a message on the first failure.
+// Streams a chat completion and a completion, one ended by a stop string, then sends two requests sharing a
+// long prefix and checks that the second reports prefix-hit (cached) tokens. Exits non-zero with a message on the first failure.
 import OpenAI from "openai";
 import assert from "node:assert/strict";
 
@@ -37,6 +37,27 @@ let text = "";
 const stream = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 8, stream: true });
 for await (const chunk of stream) text += chunk.choices[0]?.text ?? "";
 assert.equal(text.length, 8, `8 tokens streamed, got ${JSON.stringify(text)}`);
+
+// A stop string ends a streamed answer before it, with finish_reason "stop" (the same seed, the same tokens).
+const whole = await client.completions.create({ model, prompt: "Stop here", max_tokens: 20, seed: 7 });
+const full = whole.choices[0].text;
+const stop = full.slice(10, 12);
+let stopped = "";
+let stopFinish = null;
+const stopStream = await client.completions.create({
+  model,
+  prompt: "Stop here",
+  max_tokens: 20,
+  seed: 7,
+  stop: [stop],
+  stream: true,
+});
+for await (const chunk of stopStream) {
+  stopped += chunk.choices[0]?.text ?? "";
+  if (chunk.choices[0]?.finish_reason) stopFinish = chunk.choices[0].finish_reason;
+}
+assert.equal(stopped, full.slice(0, full.indexOf(stop)), `stopped before ${JSON.stringify(stop)} in ${JSON.stringify(full)}`);
+assert.equal(stopFinish, "stop");
 
 // Two requests sharing a 2,000-token prefix: the second is a prefix hit.
 const prefix = "The same long system prompt. ".repeat(70);
