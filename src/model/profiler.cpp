@@ -135,6 +135,25 @@ Eigen::VectorXd fit_relative(const std::vector<std::vector<double>>& rows, const
   return a.colPivHouseholderQr().solve(b);
 }
 
+// fit_relative over the points of `kind` (`row` gives a point's regressors) that `unexplained` keeps, or over
+// all of them when fewer than 3 are kept.
+template <typename Row, typename Keep>
+Eigen::VectorXd fit_kind(const std::vector<ProfilePoint>& points, const std::string& kind, Row row,
+                         Keep unexplained) {
+  std::vector<std::vector<double>> rows, all_rows;
+  std::vector<double> y, all_y;
+  for (const ProfilePoint& p : points) {
+    if (p.kind != kind) continue;
+    if (unexplained(p)) {
+      rows.push_back(row(p));
+      y.push_back(p.measured_s);
+    }
+    all_rows.push_back(row(p));
+    all_y.push_back(p.measured_s);
+  }
+  return rows.size() >= 3 ? fit_relative(rows, y) : fit_relative(all_rows, all_y);
+}
+
 double rms_relative(const std::vector<ProfilePoint>& points, const std::string& kind) {
   double sum = 0;
   int n = 0;
@@ -210,41 +229,31 @@ Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& g
   // Decode:  t = weights + batch × per_request + batch × context × kv_read.
   bool fitted = false;
   for (int round = 0; round < 2; ++round) {
-    std::vector<std::vector<double>> rows, all_rows;
-    std::vector<double> y, all_y;
-    for (const ProfilePoint& p : report.points) {
-      if (p.kind != "prefill") continue;
-      const auto n = static_cast<double>(p.a);
-      const std::vector<double> row = {1.0, n, n * (static_cast<double>(p.b) + (n + 1) / 2)};
-      const double memory_s = c.prefill_iteration_overhead_s + c.decode_weight_read_s +
-                              static_cast<double>(p.b) * c.decode_kv_read_s_per_token;
-      if (!fitted || p.measured_s > 1.02 * memory_s) {
-        rows.push_back(row);
-        y.push_back(p.measured_s);
-      }
-      all_rows.push_back(row);
-      all_y.push_back(p.measured_s);
-    }
-    const Eigen::VectorXd prefill = rows.size() >= 3 ? fit_relative(rows, y) : fit_relative(all_rows, all_y);
+    const Eigen::VectorXd prefill = fit_kind(
+        report.points, "prefill",
+        [](const ProfilePoint& p) {
+          const auto n = static_cast<double>(p.a);
+          return std::vector<double>{1.0, n, n * (static_cast<double>(p.b) + (n + 1) / 2)};
+        },
+        [&](const ProfilePoint& p) {
+          const double memory_s = c.prefill_iteration_overhead_s + c.decode_weight_read_s +
+                                  static_cast<double>(p.b) * c.decode_kv_read_s_per_token;
+          return !fitted || p.measured_s > 1.02 * memory_s;
+        });
     c.prefill_iteration_overhead_s = std::max(0.0, prefill(0));
     c.linear_s_per_token = std::max(1e-12, prefill(1));
     c.attention_s_per_token_context = std::max(0.0, prefill(2));
 
-    rows.clear(), all_rows.clear(), y.clear(), all_y.clear();
-    for (const ProfilePoint& p : report.points) {
-      if (p.kind != "decode") continue;
-      const auto batch = static_cast<double>(p.a);
-      const auto context = static_cast<double>(p.a * p.b);
-      const std::vector<double> row = {1.0, batch, context};
-      const double compute_s = batch * c.linear_s_per_token + context * c.attention_s_per_token_context;
-      if (p.measured_s > 1.02 * compute_s) {
-        rows.push_back(row);
-        y.push_back(p.measured_s);
-      }
-      all_rows.push_back(row);
-      all_y.push_back(p.measured_s);
-    }
-    const Eigen::VectorXd decode = rows.size() >= 3 ? fit_relative(rows, y) : fit_relative(all_rows, all_y);
+    const Eigen::VectorXd decode = fit_kind(
+        report.points, "decode",
+        [](const ProfilePoint& p) {
+          return std::vector<double>{1.0, static_cast<double>(p.a), static_cast<double>(p.a * p.b)};
+        },
+        [&](const ProfilePoint& p) {
+          const double compute_s = static_cast<double>(p.a) * c.linear_s_per_token +
+                                   static_cast<double>(p.a * p.b) * c.attention_s_per_token_context;
+          return p.measured_s > 1.02 * compute_s;
+        });
     c.decode_weight_read_s = std::max(0.0, decode(0));
     c.decode_s_per_request = std::max(0.0, decode(1));
     c.decode_kv_read_s_per_token = std::max(0.0, decode(2));
