@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "sim/cluster_config.h"
+#include "cluster/cluster_config.h"
 #include "sim/simulator.h"
 #include "trace/reader.h"
 
@@ -25,9 +25,9 @@ const std::vector<crescent::trace::Request>& conversation() {
   return trace;
 }
 
-const crescent::sim::ClusterConfig& paper_fig5() {
+const crescent::cluster::ClusterConfig& paper_fig5() {
   static const auto config = [] {
-    auto c = crescent::sim::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
+    auto c = crescent::cluster::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
     if (!c.ok()) {
       std::cerr << c.status().to_string() << "\n";
       std::exit(1);

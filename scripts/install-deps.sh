@@ -12,6 +12,7 @@ packages=(
   libboost-dev cppzmq-dev libmsgpack-cxx-dev
   gnuplot-nox
   libopenblas-dev libdnnl-dev libeigen3-dev python3-numpy libsentencepiece-dev
+  python3-xxhash
 )
 
 missing=()

@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cluster/cluster_config.h"
+#include "cluster/local_cluster.h"
 #include "common/percentile.h"
 #include "serve/frontend.h"
 #include "serve/http_server.h"
-#include "serve/local_cluster.h"
-#include "sim/cluster_config.h"
 
 namespace crescent::cli {
 namespace {
@@ -197,7 +197,7 @@ int run_bench_serve(const BenchServeArgs& args) {
   if (!config.ok()) return fail(config.status());
   config->prefill_instances = args.prefill_instances;
   config->decode_instances = args.decode_instances;
-  auto cluster = serve::LocalCluster::start({.config = *config});
+  auto cluster = cluster::LocalCluster::start({.config = *config});
   if (!cluster.ok()) return fail(cluster.status());
   // The handler timed as a whole: parse, tokenize, Conductor placement (it answers later, from the cluster).
   std::vector<double> admission_s;

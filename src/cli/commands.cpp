@@ -55,12 +55,13 @@ Result<std::string> config_path_or_default(const std::string& path, std::string_
   return bundled_file(bundled_default);
 }
 
-Result<sim::ClusterConfig> load_cluster_config_or_default(const std::string& path, int64_t block_size_tokens,
-                                                          std::string_view bundled_default,
-                                                          const std::string& profile_path) {
+Result<cluster::ClusterConfig> load_cluster_config_or_default(const std::string& path,
+                                                              int64_t block_size_tokens,
+                                                              std::string_view bundled_default,
+                                                              const std::string& profile_path) {
   auto config_path = config_path_or_default(path, bundled_default);
   if (!config_path.ok()) return config_path.status();
-  auto config = sim::load_cluster_config(*config_path, block_size_tokens);
+  auto config = cluster::load_cluster_config(*config_path, block_size_tokens);
   if (!config.ok() || profile_path.empty()) return config;
   auto profile = perf::load_profile(profile_path);
   if (!profile.ok()) return profile.status();

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cluster/cluster_config.h"
 #include "common/status.h"
-#include "sim/cluster_config.h"
 #include "trace/request.h"
 
 namespace crescent::cli {
@@ -44,9 +44,9 @@ inline constexpr std::string_view kServeClusterConfig = "configs/local.json";
 Result<std::string> config_path_or_default(const std::string& path,
                                            std::string_view bundled_default = kDefaultClusterConfig);
 /// The cluster config at `path`, or the bundled `bundled_default` when `path` is empty, with the profile at
-/// `profile_path` (--profile) when it is not empty. Errors as sim::load_cluster_config, bundled_file and
+/// `profile_path` (--profile) when it is not empty. Errors as cluster::load_cluster_config, bundled_file and
 /// perf::load_profile.
-Result<sim::ClusterConfig> load_cluster_config_or_default(
+Result<cluster::ClusterConfig> load_cluster_config_or_default(
     const std::string& path, int64_t block_size_tokens,
     std::string_view bundled_default = kDefaultClusterConfig, const std::string& profile_path = "");
 /// Adds --profile FILE to `cmd`, into `path`.

@@ -11,10 +11,10 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cluster/cluster_config.h"
 #include "common/atomic_file.h"
 #include "model/cpu_limits.h"
 #include "model/profiler.h"
-#include "sim/cluster_config.h"
 
 namespace crescent::cli {
 namespace {
@@ -101,7 +101,7 @@ int run_profile(const ProfileArgs& args) {
     auto config = load_cluster_config_or_default(args.config_path, args.block_size);
     if (!config.ok()) return fail(config.status());
     config->profile.reset();  // the mock's own roofline is what must come back
-    const perf::CostModel cost = sim::cost_model(*config);
+    const perf::CostModel cost = cluster::cost_model(*config);
     truth = cost.coefficients();
     auto target = model::mock_profile_target(cost);
     report = model::profile_target(

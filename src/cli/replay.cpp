@@ -10,10 +10,10 @@
 
 #include "cli/commands.h"
 #include "cli/replay.h"
+#include "cluster/cluster_config.h"
+#include "cluster/report.h"
 #include "common/atomic_file.h"
 #include "experiment/progress.h"
-#include "sim/cluster_config.h"
-#include "sim/report.h"
 
 namespace crescent::cli {
 int run_replay(const ReplayArgs& args) {
@@ -56,14 +56,14 @@ int run_replay(const ReplayArgs& args) {
   }
   if (!args.requests_out.empty()) {
     if (Status written =
-            write_file_atomically(args.requests_out, sim::requests_jsonl(replayed->result, "live"));
+            write_file_atomically(args.requests_out, cluster::requests_jsonl(replayed->result, "live"));
         !written.ok()) {
       return fail(written);
     }
     fmt::print(stderr, "wrote {} per-request lines to {}\n", replayed->result.requests.size(),
                args.requests_out);
   }
-  sim::PolicyReport report = sim::summarize("live", replayed->result, config->slo);
+  cluster::PolicyReport report = cluster::summarize("live", replayed->result, config->slo);
   // A client cannot see how long prefill computed, nor where a prefix hit came from.
   report.prefill_compute_s_per_request.reset();
   report.fetched_ratio.reset();
@@ -77,13 +77,13 @@ int run_replay(const ReplayArgs& args) {
     out["failed"] = replayed->failed;
     out["first_error"] =
         replayed->first_error.empty() ? nlohmann::json() : nlohmann::json(replayed->first_error);
-    out["slo"] = sim::to_json(*config)["slo"];
-    out["policies"] = nlohmann::json::array({sim::to_json(report)});
+    out["slo"] = cluster::to_json(*config)["slo"];
+    out["policies"] = nlohmann::json::array({cluster::to_json(report)});
     fmt::print("{}\n", dump_json(out, 2));
   } else {
     fmt::print("replay {}: {} requests, time scale {:g}, against {} (model {})\n\n", args.trace_path,
                requests->size(), args.time_scale, args.url, replayed->model);
-    fmt::print("{}", sim::format_table({report}, config->slo));
+    fmt::print("{}", cluster::format_table({report}, config->slo));
   }
   if (replayed->failed > 0) {
     fmt::print(stderr, "warning: {} of {} requests failed (counted as rejected); first: {}\n",

@@ -24,6 +24,9 @@
 #include "cli/flags.h"
 #include "cli/replay.h"
 #include "cli/supervisor.h"
+#include "cluster/cluster_config.h"
+#include "cluster/local_cluster.h"
+#include "cluster/serve_options.h"
 #include "common/socket_io.h"
 #include "conductor/conductor.h"
 #include "model/llama.h"
@@ -32,9 +35,7 @@
 #include "serve/http_server.h"
 #include "serve/instance_server.h"
 #include "serve/kv_blocks.h"
-#include "serve/local_cluster.h"
 #include "serve/remote_cluster.h"
-#include "sim/cluster_config.h"
 
 namespace crescent::cli {
 namespace {
@@ -74,79 +75,37 @@ struct ServeArgs {
   std::string etcd_prefix = "/crescent-serve";
 };
 
-/// The parsed parts every role shares.
-struct ServeSetup {
-  std::string config_path;
-  std::string model_name;  // what clients name (--model-name)
-  serve::ClusterOptions cluster;
-  std::string policy, admission;  // names, for messages
-  int port = 8000;
-};
-
 // The config, with the flags given on the command line taking precedence over its "serve" section.
-Result<ServeSetup> setup(const ServeArgs& args) {
+Result<cluster::ServeSetup> setup(const ServeArgs& args) {
   if (args.block_size_tokens < 1) return Status::invalid_argument("--block-size must be >= 1");
   auto path = config_path_or_default(args.config_path, kServeClusterConfig);
   if (!path.ok()) return path.status();
   auto config =
       load_cluster_config_or_default(*path, args.block_size_tokens, kServeClusterConfig, args.profile_path);
   if (!config.ok()) return config.status();
-  const std::string policy_name = args.policy.empty() ? config->serve.policy : args.policy;
-  auto policy = conductor::parse_prefill_policy(policy_name);
-  if (!policy.ok()) return policy.status();
-  const std::string admission_name = args.admission.empty() ? config->serve.admission : args.admission;
-  auto admission = conductor::parse_admission(admission_name);
-  if (!admission.ok()) return admission.status();
-  // The executor: a cpu executor's model replaces the config's (its KV bytes are what moves).
-  if (!args.executor.empty()) config->serve.executor = args.executor;
-  if (config->serve.executor != "mock" && config->serve.executor != "cpu") {
-    return Status::invalid_argument(
-        fmt::format("--executor must be mock or cpu, got \"{}\"", config->serve.executor));
-  }
-  if (!args.model_dir.empty()) {
-    config->serve.model_dir = std::filesystem::absolute(args.model_dir).string();
-  } else if (!config->serve.model_dir.empty()) {  // relative to the config file
-    config->serve.model_dir = (std::filesystem::absolute(*path).parent_path() / config->serve.model_dir)
-                                  .lexically_normal()
-                                  .string();
-  }
-  ServeSetup s;
-  if (config->serve.executor == "cpu") {
-    if (config->serve.model_dir.empty()) {
-      return Status::invalid_argument(
-          "--executor cpu needs a model: --model DIR (a directory `crescent model init` writes) or the "
-          "config's serve.model");
-    }
-    auto llama = model::read_llama_config(config->serve.model_dir);
-    if (!llama.ok()) return llama.status();
-    auto identity = model::model_identity(config->serve.model_dir);
-    if (!identity.ok()) return identity.status();
-    config->model =
-        model::model_spec(*llama, std::filesystem::path(config->serve.model_dir).filename().string());
-    s.cluster.block_key_seed = *identity;
-    s.cluster.model_context_tokens = llama->max_position_embeddings;
-  }
-  s.policy = policy_name;
-  s.admission = admission_name;
-  s.port = args.port >= 0 ? args.port : static_cast<int>(config->serve.http_port);
-  s.config_path = std::filesystem::absolute(*path).string();
-  s.cluster.config = *config;
-  s.cluster.policy = *policy;
-  s.cluster.admission = *admission;
-  s.cluster.block_size_tokens = args.block_size_tokens;
-  s.model_name = !args.model_name.empty() ? args.model_name
-                 : config->serve.executor == "cpu"
-                     ? std::filesystem::path(config->serve.model_dir).filename().string()
-                     : "mock";
-  s.cluster.model_name = s.model_name;
-  return s;
+  return cluster::resolve_serve_options(std::move(*config), *path,
+                                        {.policy = args.policy,
+                                         .admission = args.admission,
+                                         .executor = args.executor,
+                                         .model_dir = args.model_dir,
+                                         .model_name = args.model_name,
+                                         .port = args.port,
+                                         .block_size_tokens = args.block_size_tokens});
+}
+
+// The policy and admission of a run, for the lines that say what runs.
+std::string_view policy_name(const cluster::ServeSetup& s) {
+  return conductor::to_string(s.cluster.config.serve.policy);
+}
+std::string_view admission_name(const cluster::ServeSetup& s) {
+  return conductor::to_string(s.cluster.config.serve.admission);
 }
 
 // What `crescent replay` needs to replay --replay against `url`.
-ReplayArgs replay_args(const ServeArgs& args, const ServeSetup& s, const std::string& url) {
+ReplayArgs replay_args(const ServeArgs& args, const cluster::ServeSetup& s, const std::string& url) {
   return {.trace_path = args.replay_trace,
           .url = url,
-          .model = s.model_name,
+          .model = s.cluster.model_name,
           .api_key = args.api_key,
           .config_path = args.config_path,
           .time_scale = args.replay_time_scale,
@@ -159,10 +118,10 @@ ReplayArgs replay_args(const ServeArgs& args, const ServeSetup& s, const std::st
 
 // Serves HTTP over `cluster` until a stop signal, or replays --replay against it; returns the exit code.
 // `who` starts its lines ("crescent serve", or "conductor" for the role alone).
-int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& cluster, const sigset_t& signals,
-               const std::string& who, const std::string& what) {
-  serve::FrontendOptions frontend{.model_name = s.model_name, .api_key = args.api_key};
-  if (s.cluster.config.serve.executor == "cpu") {
+int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Cluster& cluster,
+               const sigset_t& signals, const std::string& who, const std::string& what) {
+  serve::FrontendOptions frontend{.model_name = s.cluster.model_name, .api_key = args.api_key};
+  if (s.cluster.config.serve.executor == cluster::ExecutorKind::kCpu) {
     auto llama = model::read_llama_config(s.cluster.config.serve.model_dir);
     if (!llama.ok()) return fail(llama.status());
     auto tokenizer = model::load_tokenizer(s.cluster.config.serve.model_dir, llama->vocab_size);
@@ -177,8 +136,8 @@ int serve_http(const ServeArgs& args, const ServeSetup& s, serve::Cluster& clust
   }
   const std::string url = fmt::format("http://{}:{}", args.host, (*server)->port());
   fmt::print(args.json ? stderr : stdout,
-             "{}: model '{}' on {} ({}, {} tokenizer, policy {}, admission {}){}\n", who, s.model_name, url,
-             what, frontend.tokenizer->kind(), s.policy, s.admission,
+             "{}: model '{}' on {} ({}, {} tokenizer, policy {}, admission {}){}\n", who,
+             s.cluster.model_name, url, what, frontend.tokenizer->kind(), policy_name(s), admission_name(s),
              args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   if (!args.replay_trace.empty()) {
@@ -208,24 +167,24 @@ Status check_replay_trace(const ServeArgs& args) {
   return Status();
 }
 
-int run_in_process(const ServeArgs& args, const ServeSetup& s) {
-  if (s.cluster.config.serve.executor != "mock") {
+int run_in_process(const ServeArgs& args, const cluster::ServeSetup& s) {
+  if (s.cluster.config.serve.executor != cluster::ExecutorKind::kMock) {
     return fail(Status::invalid_argument(
         "--in-process runs mock instances only; the cpu executor runs in `crescent serve`'s processes"));
   }
   const sigset_t signals = block_stop_signals();
-  auto cluster = serve::LocalCluster::start(s.cluster);
+  auto cluster = cluster::LocalCluster::start(s.cluster);
   if (!cluster.ok()) return fail(cluster.status());
-  const sim::ClusterConfig& c = s.cluster.config;
+  const cluster::ClusterConfig& c = s.cluster.config;
   return serve_http(args, s, **cluster, signals, "crescent serve",
                     fmt::format("in process: {} prefill + {} decode mock instances of {} on {}",
                                 c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name));
 }
 
 // What runs the instances, for the lines saying they are up.
-std::string describe_executor(const sim::ClusterConfig& c) {
-  const perf::CostModel cost = sim::cost_model(c);
-  if (c.serve.executor == "cpu") {
+std::string describe_executor(const cluster::ClusterConfig& c) {
+  const perf::CostModel cost = cluster::cost_model(c);
+  if (c.serve.executor == cluster::ExecutorKind::kCpu) {
     return fmt::format("the cpu executor on model {}; KV {} bytes per token", c.serve.model_dir,
                        cost.kv_bytes_per_token());
   }
@@ -241,7 +200,7 @@ std::string self_path() {
 }
 
 // Waits until the Conductor at host:port says (GET /health) that every instance of `config` is up.
-Status wait_until_all_up(const std::string& host, int port, const sim::ClusterConfig& config,
+Status wait_until_all_up(const std::string& host, int port, const cluster::ClusterConfig& config,
                          std::chrono::seconds timeout) {
   httplib::Client client(host, port);
   client.set_connection_timeout(1, 0);
@@ -263,7 +222,7 @@ Status wait_until_all_up(const std::string& host, int port, const sim::ClusterCo
 }
 
 // The supervisor: store master and node, the Conductor and the instances, all children.
-int run_cluster(const ServeArgs& args, const ServeSetup& s) {
+int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   std::string run_dir = args.run_dir;
   if (run_dir.empty()) {
     std::string pattern = (std::filesystem::temp_directory_path() / "crescent-serve-XXXXXX").string();
@@ -282,7 +241,7 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
     ::kill(::getpid(), SIGTERM);  // wakes the wait for a stop signal
   });
   const std::string self = self_path();
-  const sim::ClusterConfig& c = s.cluster.config;
+  const cluster::ClusterConfig& c = s.cluster.config;
   fmt::print(stderr, "crescent serve: starting a store, {} prefill and {} decode instances (logs in {})\n",
              c.prefill_instances, c.decode_instances, run_dir);
   constexpr auto kStartTimeout = std::chrono::seconds(20);
@@ -322,11 +281,11 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
                                           "--block-size",
                                           std::to_string(args.block_size_tokens),
                                           "--policy",
-                                          s.policy,
+                                          std::string(policy_name(s)),
                                           "--admission",
-                                          s.admission,
+                                          std::string(admission_name(s)),
                                           "--model-name",
-                                          s.model_name,
+                                          s.cluster.model_name,
                                           "--body-limit",
                                           std::to_string(args.body_limit_bytes)};
   if (!args.api_key.empty()) {
@@ -335,7 +294,9 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
   }
   // The executor, model and profile as resolved here (a relative path in the config is relative to it).
   std::vector<std::string> child_flags;
-  if (c.serve.executor == "cpu") child_flags = {"--executor", c.serve.executor, "--model", c.serve.model_dir};
+  if (c.serve.executor == cluster::ExecutorKind::kCpu)
+    child_flags = {"--executor", std::string(cluster::to_string(c.serve.executor)), "--model",
+                   c.serve.model_dir};
   if (!args.profile_path.empty()) {
     child_flags.insert(child_flags.end(),
                        {"--profile", std::filesystem::absolute(args.profile_path).string()});
@@ -384,8 +345,9 @@ int run_cluster(const ServeArgs& args, const ServeSetup& s) {
   fmt::print(args.json ? stderr : stdout,
              "crescent serve: model '{}' on {} ({} prefill + {} decode processes of {}, policy {}, admission "
              "{}){}\n",
-             s.model_name, url, c.prefill_instances, c.decode_instances, describe_executor(c), s.policy,
-             s.admission, args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
+             s.cluster.model_name, url, c.prefill_instances, c.decode_instances, describe_executor(c),
+             policy_name(s), admission_name(s),
+             args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   int code = 0;
   if (!args.replay_trace.empty()) {
@@ -419,7 +381,7 @@ int run_conductor_role(const ServeArgs& args) {
   remote.etcd_prefix = args.etcd_prefix;
   auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
-  const sim::ClusterConfig& c = s->cluster.config;
+  const cluster::ClusterConfig& c = s->cluster.config;
   return serve_http(args, *s, **cluster, signals, "conductor",
                     fmt::format("Conductor of {} prefill + {} decode instances, which connect to {}",
                                 c.prefill_instances, c.decode_instances, (*cluster)->control_endpoint()));
@@ -455,7 +417,7 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   options.etcd_prefix = args.etcd_prefix;
   auto instance = serve::InstanceServer::start(options);
   if (!instance.ok()) return fail(instance.status());
-  const sim::ClusterConfig& c = s->cluster.config;
+  const cluster::ClusterConfig& c = s->cluster.config;
   fmt::print("{}-{}: ready ({}; Conductor {}; store {})\n", serve::to_string(role), args.index,
              describe_executor(c), args.conductor.empty() ? "from etcd " + args.etcd : args.conductor,
              args.store_master);

@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cluster/cluster_config.h"
+#include "cluster/report.h"
 #include "common/atomic_file.h"
 #include "common/text_format.h"
 #include "conductor/conductor.h"
 #include "model/llama.h"
-#include "sim/cluster_config.h"
-#include "sim/report.h"
 #include "sim/simulator.h"
 
 namespace crescent::cli {
@@ -133,20 +133,20 @@ int run_simulate(const SimulateArgs& args) {
                           .block_size_tokens = args.block_size_tokens,
                           .time_scale = args.time_scale,
                           .chunked_prefill_tokens = args.chunk_tokens};
-  std::vector<sim::PolicyReport> reports;
+  std::vector<cluster::PolicyReport> reports;
   for (size_t i = 0; i < names.size(); ++i) {
     options.policy = policies[i];
     auto result = sim::simulate(*config, *requests, options);
     if (!result.ok()) return fail(result.status());
-    reports.push_back(sim::summarize(names[i], *result, config->slo));
-    if (const std::string warning = sim::no_completion_warning(reports.back()); !warning.empty()) {
+    reports.push_back(cluster::summarize(names[i], *result, config->slo));
+    if (const std::string warning = cluster::no_completion_warning(reports.back()); !warning.empty()) {
       fmt::print(stderr, "warning: {}\n", warning);
     }
     if (requests_to_stdout) {
-      fmt::print("{}", sim::requests_jsonl(*result, names[i]));
+      fmt::print("{}", cluster::requests_jsonl(*result, names[i]));
     } else if (!args.requests_out.empty()) {
       const std::string path = requests_out_path(args.requests_out, names[i], names.size() > 1);
-      if (Status written = write_file_atomically(path, sim::requests_jsonl(*result, names[i]));
+      if (Status written = write_file_atomically(path, cluster::requests_jsonl(*result, names[i]));
           !written.ok()) {
         return fail(written);
       }
@@ -163,9 +163,9 @@ int run_simulate(const SimulateArgs& args) {
     out["time_scale"] = args.time_scale;
     out["system"] = args.system;
     out["admission"] = args.admission;
-    out["config"] = sim::to_json(*config);
+    out["config"] = cluster::to_json(*config);
     out["policies"] = nlohmann::json::array();
-    for (const auto& r : reports) out["policies"].push_back(sim::to_json(r));
+    for (const auto& r : reports) out["policies"].push_back(cluster::to_json(r));
     fmt::print(report, "{}\n", dump_json(out, 2));
   } else {
     const auto& c = *config;
@@ -182,7 +182,7 @@ int run_simulate(const SimulateArgs& args) {
       fmt::print(report, "cluster {}: {} colocated instances of {} serving {} ({})\n\n", c.name,
                  c.prefill_instances + c.decode_instances, c.hardware.name, c.model.name, args.system);
     }
-    fmt::print(report, "{}", sim::format_table(reports, c.slo));
+    fmt::print(report, "{}", cluster::format_table(reports, c.slo));
   }
   return 0;
 }

@@ -12,7 +12,7 @@ ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances
       prefill_up_(prefill_instances, true),
       decode_up_(decode_instances, true),
       ready_s_(prefill_instances) {
-  for (DecodeLoad& d : decode_) d.kv_capacity_tokens = decode_kv_capacity_tokens;
+  for (kv::DecodeLoad& d : decode_) d.kv_capacity_tokens = decode_kv_capacity_tokens;
 }
 
 double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const {
@@ -51,7 +51,7 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
     if (!it->second.stored) ++it->second.placements;
   }
   if (request.max_output_tokens > 1) {
-    DecodeGroup& incoming = decode_[decision.decode_instance].incoming;
+    kv::DecodeGroup& incoming = decode_[decision.decode_instance].incoming;
     incoming.requests += 1;
     incoming.context_tokens += request.input_tokens;
     incoming.kv_tokens += request.input_tokens + request.max_output_tokens;
@@ -103,7 +103,7 @@ void ClusterState::on_prefill_down(InstanceId instance, double now_s) {
 void ClusterState::on_decode_down(InstanceId d) {
   decode_up_[d] = false;
   const int64_t capacity = decode_[d].kv_capacity_tokens;
-  decode_[d] = DecodeLoad{};
+  decode_[d] = kv::DecodeLoad{};
   decode_[d].kv_capacity_tokens = capacity;
 }
 

@@ -10,10 +10,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/block_key.h"
+#include "common/instance_id.h"
 #include "conductor/cluster_view.h"
 #include "conductor/conductor.h"
 #include "kv/block_index.h"
+#include "kv/block_key.h"
 
 namespace crescent::conductor {
 
@@ -39,7 +40,7 @@ class ClusterState final : public ClusterView {
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s_.size()); }
   uint32_t decode_instance_count() const override { return static_cast<uint32_t>(decode_.size()); }
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
-  DecodeLoad decode_load(InstanceId d) const override { return decode_[d]; }
+  kv::DecodeLoad decode_load(InstanceId d) const override { return decode_[d]; }
   const kv::BlockIndex& block_index() const override { return index_; }
   double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const override;
 
@@ -85,7 +86,7 @@ class ClusterState final : public ClusterView {
 
   /// Event "decode report": decode instance `d` reports its load (running, waiting and incoming requests,
   /// HBM capacity). Replaces what placements added since its last report.
-  void on_decode_report(InstanceId d, const DecodeLoad& load) { decode_[d] = load; }
+  void on_decode_report(InstanceId d, const kv::DecodeLoad& load) { decode_[d] = load; }
 
   /// Event "instance down" (it stopped reporting, or restarted): nothing is placed there any more. A prefill
   /// instance's cached blocks and queue are forgotten; a decode instance's load is zeroed.
@@ -104,7 +105,7 @@ class ClusterState final : public ClusterView {
 
   const int64_t block_size_tokens_;
   std::vector<double> busy_until_s_;  // per prefill instance: predicted end of its queue
-  std::vector<DecodeLoad> decode_;
+  std::vector<kv::DecodeLoad> decode_;
   std::vector<bool> prefill_up_, decode_up_;
   kv::BlockIndex index_;
   // A block indexed on a prefill instance: when it is (or will be) computed there, and whether only

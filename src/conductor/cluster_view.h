@@ -5,26 +5,12 @@
 #include <cstdint>
 #include <span>
 
-#include "common/block_key.h"
+#include "common/instance_id.h"
 #include "kv/block_index.h"
+#include "kv/block_key.h"
+#include "kv/decode_load.h"
 
 namespace crescent::conductor {
-
-/// Requests in one state on a decode instance, and what they hold.
-struct DecodeGroup {
-  int64_t requests = 0;
-  int64_t context_tokens =
-      0;                  // KV tokens they hold (or will hold on joining): prompt + tokens generated so far
-  int64_t kv_tokens = 0;  // HBM KV tokens reserved for them: prompt + max output each (no preemption)
-};
-
-/// Load of one decode instance as the Conductor sees it.
-struct DecodeLoad {
-  DecodeGroup running;             // in the continuous batch
-  DecodeGroup waiting;             // KV arrived, waiting for HBM room to join the batch
-  DecodeGroup incoming;            // assigned by the Conductor, still in prefill or KV transfer
-  int64_t kv_capacity_tokens = 0;  // HBM KV tokens the instance can hold
-};
 
 /// Read-only view of the prefill and decode pools.
 class ClusterView {
@@ -42,7 +28,7 @@ class ClusterView {
   virtual std::span<const double> prefill_busy_until_s() const = 0;
 
   /// Current load of decode instance `d`. REQUIRES: d < decode_instance_count().
-  virtual DecodeLoad decode_load(InstanceId d) const = 0;
+  virtual kv::DecodeLoad decode_load(InstanceId d) const = 0;
 
   /// Which prefill instance caches which block (DRAM prefix caches).
   virtual const kv::BlockIndex& block_index() const = 0;

@@ -224,7 +224,7 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   has_room_.resize(instances);
   fits = false;
   for (InstanceId d = 0; d < instances; ++d) {
-    const DecodeLoad load = cluster.decode_load(d);
+    const kv::DecodeLoad load = cluster.decode_load(d);
     const int64_t kv = load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens;
     has_room_[d] = cluster.decode_up(d) && need <= load.kv_capacity_tokens - kv;
     fits |= has_room_[d] != 0;
@@ -276,13 +276,13 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
   scores_.assign(instances, std::numeric_limits<double>::infinity());
   for (InstanceId i = 0; i < instances; ++i) {
     if (!cluster.decode_up(i)) continue;
-    const DecodeLoad load = cluster.decode_load(i);
+    const kv::DecodeLoad load = cluster.decode_load(i);
     double stay = 1.0;  // share of the running requests still there at the horizon
     if (predictive && load.running.requests > 0) {
       const double step_s = cost_.decode_step_time_s(load.running.requests, load.running.context_tokens);
       stay = 1.0 - std::min(1.0, horizon_s / (expected_output * step_s));
     }
-    const DecodeGroup joined = predictive ? load.incoming : DecodeGroup{};
+    const kv::DecodeGroup joined = predictive ? load.incoming : kv::DecodeGroup{};
     const double kv = stay * static_cast<double>(load.running.kv_tokens) +
                       static_cast<double>(load.waiting.kv_tokens + joined.kv_tokens);
     if (kv + need > static_cast<double>(load.kv_capacity_tokens)) continue;

@@ -9,7 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "common/block_key.h"
+#include "common/instance_id.h"
+#include "kv/block_key.h"
 
 namespace crescent::conductor {
 

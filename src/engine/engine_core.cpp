@@ -1,10 +1,19 @@
 #include "engine/engine_core.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cassert>
 #include <limits>
 
 namespace crescent::engine {
+
+int64_t mock_token(uint64_t seed, int64_t index) {
+  const uint64_t pair[2] = {seed, static_cast<uint64_t>(index)};
+  const uint64_t h = XXH3_64bits(pair, sizeof(pair));
+  const uint64_t letter = h % 32;
+  return letter < 26 ? 'a' + static_cast<int64_t>(letter) : ' ';
+}
 
 EngineCore::EngineCore(const EngineOptions& options, Executor& executor, EngineListener& listener)
     : options_(options), executor_(executor), listener_(listener) {
@@ -13,7 +22,7 @@ EngineCore::EngineCore(const EngineOptions& options, Executor& executor, EngineL
   }
 }
 
-void EngineCore::add(conductor::DecodeGroup& group, const Record& r, int sign) {
+void EngineCore::add(kv::DecodeGroup& group, const Record& r, int sign) {
   group.requests += sign;
   group.context_tokens += sign * r.input_tokens;
   group.kv_tokens += sign * (r.input_tokens + r.output_tokens);

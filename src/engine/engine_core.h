@@ -17,11 +17,10 @@
 #include <utility>
 #include <vector>
 
-#include "common/block_key.h"
-#include "conductor/cluster_state.h"
-#include "conductor/cluster_view.h"
 #include "engine/step_log.h"
 #include "kv/block_cache.h"
+#include "kv/block_key.h"
+#include "kv/decode_load.h"
 #include "perf/cost_model.h"
 
 namespace crescent::engine {
@@ -60,6 +59,10 @@ class Executor {
   /// listener heard of it: the executor may free what it holds for it.
   virtual void release(RequestId id) { (void)id; }
 };
+
+/// The mock model's output: a deterministic token (a byte: 'a'..'z' or ' ') for output position `index` of a
+/// request whose sampler seed is `seed`. What an instance running the MockExecutor answers.
+int64_t mock_token(uint64_t seed, int64_t index);
 
 /// Executor whose iterations take perf::CostModel::iteration_time_s and compute nothing.
 class MockExecutor final : public Executor {
@@ -171,14 +174,6 @@ class EngineCore {
     int64_t fetched_tokens = 0;
     double ready_s = 0;  // the fetched part exists (its source computed it) from then: the prompt waits
   };
-  /// The prefix the Conductor arranged in `decision`, ready when ClusterState::on_request_placed predicted
-  /// (`timeline`): how the simulator and the live Conductor order a prefill.
-  static ArrangedPrefix arranged_prefix(const conductor::Decision& decision,
-                                        const conductor::PrefillTimeline& timeline) {
-    return {.reused_tokens = decision.prefix_tokens(),
-            .fetched_tokens = decision.fetched_prefix_tokens,
-            .ready_s = timeline.prefix_ready_s};
-  }
   void submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
                      std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix);
 
@@ -214,7 +209,7 @@ class EngineCore {
   /// Whether an iteration is under way or requests are waiting or on their way.
   bool busy() const { return busy_ || !waiting_decode_.empty() || incoming_.requests > 0; }
   /// The decode pool's view of this engine (ClusterState's "decode report").
-  conductor::DecodeLoad decode_load() const {
+  kv::DecodeLoad decode_load() const {
     return {running_, waiting_decode_load_, incoming_, options_.kv_capacity_tokens};
   }
   /// Iterations run, and those that decoded (continuous-batching steps), since construction.
@@ -253,7 +248,7 @@ class EngineCore {
   void join_batch(RequestId id, Record& r);
   void leave_batch(RequestId id, int64_t step, double now_s);
   void finish(RequestId id, Record& r, double now_s, const std::optional<StepLog::Gaps>& gaps);
-  static void add(conductor::DecodeGroup& group, const Record& r, int sign);
+  static void add(kv::DecodeGroup& group, const Record& r, int sign);
 
   EngineOptions options_;
   Executor& executor_;
@@ -265,7 +260,7 @@ class EngineCore {
   std::unordered_map<RequestId, Record> records_;
   int64_t outstanding_ = 0;
   int64_t reserved_kv_tokens_ = 0;  // prompt + max output of every admitted, unfinished request
-  conductor::DecodeGroup running_, waiting_decode_load_, incoming_;
+  kv::DecodeGroup running_, waiting_decode_load_, incoming_;
   std::deque<RequestId> waiting_prompts_;  // FIFO, not yet admitted
   std::optional<RequestId> prefilling_;    // admitted, prompt not done
   std::deque<RequestId> waiting_decode_;   // KV arrived, waiting for HBM room

@@ -11,6 +11,8 @@
 #include <set>
 #include <span>
 
+#include "cluster/cluster_config.h"
+#include "cluster/report.h"
 #include "common/atomic_file.h"
 #include "common/bundled_files.h"
 #include "common/json_util.h"
@@ -18,8 +20,6 @@
 #include "conductor/conductor.h"
 #include "experiment/plot.h"
 #include "experiment/progress.h"
-#include "sim/cluster_config.h"
-#include "sim/report.h"
 #include "sim/simulator.h"
 #include "trace/reader.h"
 #include "trace/stats.h"
@@ -40,7 +40,7 @@ struct Inputs {
   // ("data/traces/conversation_trace.jsonl.gz"), so results do not depend on where crescent is installed.
   std::vector<std::string> trace_records;
   std::vector<std::vector<trace::Request>> traces;  // one per path
-  sim::ClusterConfig config;
+  cluster::ClusterConfig config;
   double time_scale = 1;
   int64_t block_size_tokens = 512;
 };
@@ -65,13 +65,13 @@ std::string trace_name(const std::string& path) {
 
 // "paper-fig5: 8P+8D of 8xA800, llama3-70b", for titles: the hardware and model as used (an overridden
 // preset says so, e.g. "8xA800 with gpus=4").
-std::string cluster_name(const sim::ClusterConfig& config) {
+std::string cluster_name(const cluster::ClusterConfig& config) {
   return fmt::format("{}: {}P+{}D of {}, {}", config.name, config.prefill_instances, config.decode_instances,
                      config.hardware.name, config.model.name);
 }
 
 // "conversation_trace x2 on paper-fig5: 8P+8D of 8xA800, llama3-70b": what a run replayed, for titles.
-std::string run_name(const Inputs& in, const sim::ClusterConfig& config) {
+std::string run_name(const Inputs& in, const cluster::ClusterConfig& config) {
   return fmt::format("{} x{:g} on {}", trace_name(in.trace_paths[0]), in.time_scale, cluster_name(config));
 }
 
@@ -113,10 +113,10 @@ Json ms_json(double ms) {
 }
 
 // Summarises one run, keeping its no-completion warning (labelled with the run) for the user.
-sim::PolicyReport summarize(Output& out, std::string_view experiment, const std::string& label,
-                            const sim::SimResult& result, const sim::SloConfig& slo) {
-  sim::PolicyReport report = sim::summarize(label, result, slo);
-  if (std::string warning = sim::no_completion_warning(report); !warning.empty()) {
+cluster::PolicyReport summarize(Output& out, std::string_view experiment, const std::string& label,
+                                const cluster::RunResult& result, const cluster::SloConfig& slo) {
+  cluster::PolicyReport report = cluster::summarize(label, result, slo);
+  if (std::string warning = cluster::no_completion_warning(report); !warning.empty()) {
     out.warnings.push_back(fmt::format("{} run {}", experiment, warning));
   }
   return report;
@@ -124,9 +124,9 @@ sim::PolicyReport summarize(Output& out, std::string_view experiment, const std:
 
 // Simulates `trace` on `config` at the experiment's time scale and block size, reported on `progress` as
 // the next run, `label`. `options` sets the rest (system, policy, admission, load sampling).
-Result<sim::SimResult> simulate(const Inputs& in, const sim::ClusterConfig& config,
-                                std::span<const trace::Request> trace, sim::SimOptions options,
-                                ProgressLine& progress, std::string label) {
+Result<cluster::RunResult> simulate(const Inputs& in, const cluster::ClusterConfig& config,
+                                    std::span<const trace::Request> trace, sim::SimOptions options,
+                                    ProgressLine& progress, std::string label) {
   options.time_scale = in.time_scale;
   options.block_size_tokens = in.block_size_tokens;
   options.progress = progress.start_run(std::move(label));
@@ -141,17 +141,17 @@ Result<Output> run_scheduling(const Inputs& in) {
   out.fields["requests"] = in.traces[0].size();
   out.fields["policies"] = Json::array();
   PlotSeries mean{.name = "mean TTFT"}, p90{.name = "p90 TTFT"};
-  std::vector<sim::PolicyReport> reports;
+  std::vector<cluster::PolicyReport> reports;
   for (const std::string& policy : policies) {
     auto result = simulate(in, in.config, in.traces[0], {.policy = *conductor::parse_prefill_policy(policy)},
                            progress, policy);
     if (!result.ok()) return result.status();
     reports.push_back(summarize(out, "scheduling", policy, *result, in.config.slo));
-    out.fields["policies"].push_back(Json(sim::to_json(reports.back())));
-    mean.y.push_back(sim::or_nan(reports.back().ttft_mean_s));
-    p90.y.push_back(sim::or_nan(reports.back().ttft_p90_s));
+    out.fields["policies"].push_back(Json(cluster::to_json(reports.back())));
+    mean.y.push_back(cluster::or_nan(reports.back().ttft_mean_s));
+    p90.y.push_back(cluster::or_nan(reports.back().ttft_p90_s));
   }
-  out.table = sim::format_table(reports, in.config.slo);
+  out.table = cluster::format_table(reports, in.config.slo);
   out.figure = {.panels = {{.title = fmt::format("TTFT by prefill policy: {}", run_name(in, in.config)),
                             .x_label = "prefill scheduling policy",
                             .y_label = "time to first token (s)",
@@ -194,7 +194,7 @@ Result<Output> run_cache_capacity(const Inputs& in) {
                      .color = color};
     Json points = Json::array();
     for (size_t i = 0; i < kCapacitiesTokens.size(); ++i) {
-      sim::ClusterConfig config = in.config;
+      cluster::ClusterConfig config = in.config;
       config.prefill_cache_capacity_tokens = kCapacitiesTokens[i] / instances;
       const std::string label = fmt::format("{} {:g}M tokens", name, kCapacitiesTokens[i] / 1e6);
       auto result = simulate(in, config, in.traces[t], {.policy = conductor::PrefillPolicy::kCacheAware},
@@ -208,12 +208,12 @@ Result<Output> run_cache_capacity(const Inputs& in) {
                         {"global_hit_ratio", json_or_null(global_hit_ratio)}});
       global.x.push_back(static_cast<double>(kCapacitiesTokens[i]));
       local.x.push_back(static_cast<double>(kCapacitiesTokens[i]));
-      global.y.push_back(sim::or_nan(global_hit_ratio) * 100);
-      local.y.push_back(sim::or_nan(local_hit_ratio) * 100);
+      global.y.push_back(cluster::or_nan(global_hit_ratio) * 100);
+      local.y.push_back(cluster::or_nan(local_hit_ratio) * 100);
       rows.push_back({name, fmt::format("{:g}M", kCapacitiesTokens[i] / 1e6), percent_cell(global_hit_ratio),
                       percent_cell(local_hit_ratio), percent_cell(stats.reuse_ceiling)});
     }
-    const double ceiling = sim::or_nan(stats.reuse_ceiling) * 100;
+    const double ceiling = cluster::or_nan(stats.reuse_ceiling) * 100;
     plot.series.push_back(std::move(global));
     plot.series.push_back(std::move(local));
     plot.series.push_back(
@@ -236,7 +236,7 @@ Result<Output> run_cache_capacity(const Inputs& in) {
 
 // The TBT thresholds (seconds) of the capacity experiment: its own grid, 100 to 1,000 ms by 100, and the
 // config's thresholds, ascending, each once.
-std::vector<double> capacity_thresholds_s(const sim::SloConfig& slo) {
+std::vector<double> capacity_thresholds_s(const cluster::SloConfig& slo) {
   std::set<int64_t> micros;  // whole microseconds, so 0.1 from the grid and from a config are one point
   for (int ms = 100; ms <= 1000; ms += 100) micros.insert(ms * 1000);
   for (double s : slo.tbt_s) micros.insert(std::llround(s * 1e6));
@@ -265,8 +265,8 @@ Result<Output> run_capacity(const Inputs& in) {
       .y_label = fmt::format("requests with TTFT <= {:g} s and TBT <= threshold (%)", in.config.slo.ttft_s),
       .y_from_zero = false};  // the systems differ by a few points: zoom to the data
   // Effective capacity at each threshold = SLO attainment over all requests (rejected ones miss).
-  const sim::SloConfig thresholds{.ttft_s = in.config.slo.ttft_s,
-                                  .tbt_s = capacity_thresholds_s(in.config.slo)};
+  const cluster::SloConfig thresholds{.ttft_s = in.config.slo.ttft_s,
+                                      .tbt_s = capacity_thresholds_s(in.config.slo)};
   std::vector<std::string> header{"system"};
   std::set<int64_t> config_us;  // the config's thresholds, whole microseconds: the table's columns
   for (double s : in.config.slo.tbt_s) {
@@ -279,11 +279,11 @@ Result<Output> run_capacity(const Inputs& in) {
     const sim::System system = *sim::parse_system(name);
     auto result = simulate(in, in.config, in.traces[0], {.system = system}, progress, name);
     if (!result.ok()) return result.status();
-    const sim::PolicyReport report = summarize(out, "capacity", name, *result, thresholds);
+    const cluster::PolicyReport report = summarize(out, "capacity", name, *result, thresholds);
     Json points = Json::array();
     PlotSeries series{.name = name};
     std::vector<std::string> row{name};
-    for (const sim::SloAttainment& a : report.slo_attainment_by_tbt) {
+    for (const cluster::SloAttainment& a : report.slo_attainment_by_tbt) {
       const double tbt_ms = a.tbt_slo_s * 1000;
       points.push_back({{"tbt_slo_ms", ms_json(tbt_ms)}, {"effective_capacity", a.attainment}});
       series.x.push_back(tbt_ms);
@@ -353,12 +353,12 @@ Result<Output> run_overload(const Inputs& in) {
                  {.admission = *conductor::parse_admission(name), .load_sample_interval_s = kSampleIntervalS},
                  progress, name);
     if (!result.ok()) return result.status();
-    const sim::PolicyReport r = summarize(out, "overload", name, *result, in.config.slo);
+    const cluster::PolicyReport r = summarize(out, "overload", name, *result, in.config.slo);
     Json series = Json::array();
     PlotSeries prefill{.name = name, .color = static_cast<int>(a)};
     PlotSeries decode{.name = name, .color = static_cast<int>(a)};
     std::optional<double> decode_full_s;  // first sample above 100%
-    for (const sim::LoadSample& s : result->load_series) {
+    for (const cluster::LoadSample& s : result->load_series) {
       series.push_back({{"time_s", s.time_s},
                         {"prefill_queue_s", s.prefill_queue_s},
                         {"decode_kv_share", s.decode_kv_share},
@@ -372,7 +372,7 @@ Result<Output> run_overload(const Inputs& in) {
       last_time_s = std::max(last_time_s, s.time_s);
       highest_decode = std::max(highest_decode, s.decode_kv_share * 100);
     }
-    Json p = sim::to_json(r);
+    Json p = cluster::to_json(r);
     p["load_correlation"] = correlation(prefill.y, decode.y);
     p["decode_over_capacity_from_s"] = json_or_null(decode_full_s);
     p["load_series"] = std::move(series);
@@ -440,13 +440,13 @@ Result<Output> run_pd_ratio(const Inputs& in) {
   PlotSeries tbt{.name = "mean TBT", .style = LineStyle::kDashed, .right_axis = true};
   std::vector<std::vector<std::string>> rows;
   for (uint32_t prefill = 1; prefill < nodes; ++prefill) {
-    sim::ClusterConfig config = in.config;
+    cluster::ClusterConfig config = in.config;
     config.prefill_instances = prefill;
     config.decode_instances = nodes - prefill;
     const std::string label = fmt::format("{}P/{}D", prefill, nodes - prefill);
     auto result = simulate(in, config, in.traces[0], {}, progress, label);
     if (!result.ok()) return result.status();
-    const sim::PolicyReport r = summarize(out, "pd-ratio", label, *result, config.slo);
+    const cluster::PolicyReport r = summarize(out, "pd-ratio", label, *result, config.slo);
     const double effective = r.slo_attainment;  // at the config's first TBT threshold, over all requests
     out.fields["points"].push_back({{"prefill", prefill},
                                     {"decode", nodes - prefill},
@@ -457,9 +457,9 @@ Result<Output> run_pd_ratio(const Inputs& in) {
     capacity.x.push_back(prefill);
     capacity.y.push_back(effective * 100);
     ttft.x.push_back(prefill);
-    ttft.y.push_back(sim::or_nan(r.ttft_mean_s));
+    ttft.y.push_back(cluster::or_nan(r.ttft_mean_s));
     tbt.x.push_back(prefill);
-    tbt.y.push_back(sim::or_nan(r.tbt_mean_s));
+    tbt.y.push_back(cluster::or_nan(r.tbt_mean_s));
     rows.push_back({label, percent_cell(effective), seconds_cell(r.ttft_mean_s), ms_cell(r.tbt_mean_s)});
   }
   out.table = text_table({"split", "effective capacity", "mean TTFT", "mean TBT"}, rows);
@@ -518,7 +518,7 @@ Result<Inputs> load_inputs(const Experiment& experiment, const ExperimentOptions
     if (!bundled.ok()) return bundled.status();
     config_path = *bundled;
   }
-  auto config = sim::load_cluster_config(config_path, in.block_size_tokens);
+  auto config = cluster::load_cluster_config(config_path, in.block_size_tokens);
   if (!config.ok()) return config.status();
   in.config = std::move(*config);
   if (!options.profile_path.empty()) {
@@ -542,7 +542,7 @@ Json provenance(const Experiment& experiment, const Inputs& in) {
   Json j;
   j["experiment"] = experiment.name;
   if (!experiment.several_traces) j["trace"] = in.trace_records.front();  // else in the experiment's "traces"
-  j["config"] = sim::to_json(in.config);
+  j["config"] = cluster::to_json(in.config);
   j["time_scale"] = in.time_scale;
   j["block_size_tokens"] = in.block_size_tokens;
   return j;

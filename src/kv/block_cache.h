@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/block_key.h"
+#include "kv/block_key.h"
 
 namespace crescent::kv {
 

@@ -9,8 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/block_key.h"
+#include "common/instance_id.h"
 #include "kv/block_cache.h"
+#include "kv/block_key.h"
 
 namespace crescent::kv {
 

@@ -14,9 +14,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/block_key.h"
 #include "common/status.h"
 #include "engine/engine_core.h"
+#include "kv/block_key.h"
 #include "model/llama_forward.h"
 #include "model/sampler.h"
 

@@ -86,7 +86,8 @@ struct Exchange {
 
 class Frontend {
  public:
-  Frontend(Cluster& cluster, FrontendOptions options) : cluster_(cluster), options_(std::move(options)) {}
+  Frontend(cluster::Cluster& cluster, FrontendOptions options)
+      : cluster_(cluster), options_(std::move(options)) {}
 
   void handle(HttpRequest request, HttpResponder responder) {
     if (request.path == "/health") {
@@ -163,7 +164,7 @@ class Frontend {
           404, "invalid_request_error", "model_not_found",
           fmt::format("model '{}' does not exist; this server serves '{}'", r.model, options_.model_name))));
     }
-    ClusterRequest request;
+    cluster::ClusterRequest request;
     if (r.prompt_is_token_ids) {
       for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) {
         if (r.prompt_token_ids[i] >= options_.tokenizer->vocab_size()) {
@@ -211,7 +212,7 @@ class Frontend {
     exchange->header.model = options_.model_name;
     if (r.stream) responder.start_stream();
 
-    RequestCallbacks callbacks;
+    cluster::RequestCallbacks callbacks;
     exchange->output.emplace(
         options_.tokenizer,
         StopConditions{.stop = r.stop, .ignore_eos = r.ignore_eos, .min_tokens = r.min_tokens});
@@ -227,7 +228,7 @@ class Frontend {
       }
       return !exchange->output->stopped();  // stopped: EOS or a stop string, the request ends here
     };
-    callbacks.on_done = [exchange](const RequestSummary& s) {
+    callbacks.on_done = [exchange](const cluster::RequestSummary& s) {
       const Usage usage{s.prompt_tokens, s.completion_tokens, s.cached_tokens};
       const std::string rest = exchange->output->flush();
       const std::string_view finish_reason = exchange->output->finish_reason();
@@ -277,7 +278,7 @@ class Frontend {
     responder.on_disconnect([this, id] { cluster_.cancel(id); });
   }
 
-  Cluster& cluster_;
+  cluster::Cluster& cluster_;
   const FrontendOptions options_;
   const int64_t started_unix_s_ =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -287,7 +288,7 @@ class Frontend {
 
 }  // namespace
 
-HttpHandler make_frontend(Cluster& cluster, FrontendOptions options) {
+HttpHandler make_frontend(cluster::Cluster& cluster, FrontendOptions options) {
   auto frontend = std::make_shared<Frontend>(cluster, std::move(options));
   return [frontend](HttpRequest request, HttpResponder responder) {
     frontend->handle(std::move(request), std::move(responder));

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "cluster/cluster.h"
 #include "model/tokenizer.h"
-#include "serve/cluster.h"
 #include "serve/http_server.h"
 
 namespace crescent::serve {
@@ -24,6 +24,6 @@ struct FrontendOptions {
 };
 
 /// The handler serving the routes above with `cluster` (which must outlive every request it answers).
-HttpHandler make_frontend(Cluster& cluster, FrontendOptions options);
+HttpHandler make_frontend(cluster::Cluster& cluster, FrontendOptions options);
 
 }  // namespace crescent::serve

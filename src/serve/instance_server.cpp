@@ -16,6 +16,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "cluster/cluster_config.h"
 #include "common/clock.h"
 #include "engine/engine_core.h"
 #include "model/cpu_executor.h"
@@ -23,7 +24,6 @@
 #include "serve/etcd_registry.h"
 #include "serve/kv_blocks.h"
 #include "serve/kv_events.h"
-#include "sim/cluster_config.h"
 #include "store/client.h"
 #include "store/segment_allocator.h"
 
@@ -48,7 +48,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       : options_(options),
         config_(options.cluster.config),
         block_tokens_(options.cluster.block_size_tokens),
-        cost_(sim::cost_model(config_)),
+        cost_(cluster::cost_model(config_)),
         mock_executor_(cost_),
         model_(std::move(model)),
         store_(std::move(store)),
@@ -62,8 +62,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
         incarnation_(make_incarnation()),
         identity_(fmt::format("{}-{}", to_string(options.role), options.index)),
         control_(context_, zmq::socket_type::dealer) {
-    const engine::EngineOptions engine_options =
-        prefill() ? sim::prefill_engine_options(config_, block_tokens_) : sim::decode_engine_options(config_);
+    const engine::EngineOptions engine_options = prefill()
+                                                     ? cluster::prefill_engine_options(config_, block_tokens_)
+                                                     : cluster::decode_engine_options(config_);
     engine::Executor* executor = &mock_executor_;
     if (model_) {
       // The engine's KV in blocks: a prefill instance's DRAM prefix cache and the prompt it computes; a
@@ -171,7 +172,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       }
       order.first_token = output.front();
     } else {
-      order.first_token = mock_token(order.seed, 0);
+      order.first_token = engine::mock_token(order.seed, 0);
     }
     // The first token goes out now, before the next iteration computes and whether or not the decode
     // instance's room is known yet; the KV follows (kPrefillDone).
@@ -200,7 +201,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
         const std::span<const int32_t> output = cpu_executor_->output(id);
         token = output.empty() ? 0 : output.back();
       } else if (it != expected_.end()) {
-        token = mock_token(it->second.sampling.seed, it->second.tokens);
+        token = engine::mock_token(it->second.sampling.seed, it->second.tokens);
       }
       if (it != expected_.end()) ++it->second.tokens;
       m.tokens.push_back(token);
@@ -400,7 +401,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       return;
     }
     const std::vector<BlockKey> keys =
-        kv_block_keys(order.token_ids, block_tokens_, options_.cluster.block_key_seed);
+        kv::shipped_block_keys(order.token_ids, block_tokens_, options_.cluster.block_key_seed);
     for (int64_t b = order.shipped_blocks; b < to_block; ++b)
       fill_block(order, b, keys[static_cast<size_t>(b)]);
     const uint64_t offset = static_cast<uint64_t>(order.shipped_blocks) * block_bytes_;
@@ -472,7 +473,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
           break;
         }
         std::vector<BlockKey> keys =
-            prompt_block_keys(m.token_ids, block_tokens_, options_.cluster.block_key_seed);
+            kv::prompt_block_keys(m.token_ids, block_tokens_, options_.cluster.block_key_seed);
         if (cpu_executor_) {
           Status added = cpu_executor_->add_request(
               m.request_id, {.prompt = std::vector<int32_t>(m.token_ids.begin(), m.token_ids.end()),
@@ -696,7 +697,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   }
 
   const InstanceOptions options_;
-  const sim::ClusterConfig config_;
+  const cluster::ClusterConfig config_;
   const int64_t block_tokens_;
   const perf::CostModel cost_;
   engine::MockExecutor mock_executor_;
@@ -729,7 +730,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
 };
 
 Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOptions& options) {
-  const sim::ClusterConfig& config = options.cluster.config;
+  const cluster::ClusterConfig& config = options.cluster.config;
   const uint32_t count =
       options.role == InstanceRole::kPrefill ? config.prefill_instances : config.decode_instances;
   if (options.index >= count) {
@@ -759,7 +760,7 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
     }
   }
   std::unique_ptr<model::LlamaForward> model;
-  if (config.serve.executor == "cpu") {
+  if (config.serve.executor == cluster::ExecutorKind::kCpu) {
     auto loaded = model::load_llama_model(config.serve.model_dir);
     if (!loaded.ok()) return loaded.status();
     if (loaded->identity != options.cluster.block_key_seed) {

@@ -14,8 +14,8 @@
 #include <memory>
 #include <string>
 
+#include "cluster/conductor_core.h"
 #include "common/status.h"
-#include "serve/conductor_core.h"
 #include "serve/instance_wire.h"
 
 namespace crescent::serve {
@@ -24,10 +24,10 @@ class LeasedKey;
 
 struct InstanceOptions {
   InstanceRole role = InstanceRole::kPrefill;
-  uint32_t index = 0;              // within its pool, < the config's count
-  std::string conductor_endpoint;  // the Conductor's control socket, "tcp://HOST:PORT" ("": from etcd)
-  std::string store_master;        // the store master's host:port (KV pool and transfer metadata)
-  ClusterOptions cluster;          // model, hardware, capacities, "serve" section, block size
+  uint32_t index = 0;               // within its pool, < the config's count
+  std::string conductor_endpoint;   // the Conductor's control socket, "tcp://HOST:PORT" ("": from etcd)
+  std::string store_master;         // the store master's host:port (KV pool and transfer metadata)
+  cluster::ClusterOptions cluster;  // model, hardware, capacities, "serve" section, block size
   std::string kv_events_host = "127.0.0.1";  // where a prefill instance's KV event sockets listen
   /// With an etcd endpoint: register under etcd_prefix/instances/NAME with a lease while running, and find
   /// the Conductor's control socket there when conductor_endpoint is empty (etcd_registry.h).

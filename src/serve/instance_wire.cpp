@@ -11,7 +11,7 @@ constexpr uint32_t kFields = 46;  // what encode packs, in order
 constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kFirstToken);
 
 template <typename Packer>
-void pack_group(Packer& pk, const conductor::DecodeGroup& g) {
+void pack_group(Packer& pk, const kv::DecodeGroup& g) {
   pk.pack_int64(g.requests);
   pk.pack_int64(g.context_tokens);
   pk.pack_int64(g.kv_tokens);
@@ -25,7 +25,7 @@ class Reader {
   T next() {
     return a_.ptr[i_++].as<T>();
   }
-  void group(conductor::DecodeGroup& g) {
+  void group(kv::DecodeGroup& g) {
     g.requests = next<int64_t>();
     g.context_tokens = next<int64_t>();
     g.kv_tokens = next<int64_t>();

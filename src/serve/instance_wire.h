@@ -71,8 +71,8 @@ struct InstanceMessage {
   uint64_t incarnation = 0;  // differs each time an instance starts: a restart is seen even without a gap
   std::string kv_events_endpoint, kv_replay_endpoint;
   int64_t kv_capacity_tokens = 0;
-  // kLoad: a decode instance's conductor::DecodeLoad, and requests not finished (queued, prefilling, ...)
-  conductor::DecodeLoad load;
+  // kLoad: a decode instance's kv::DecodeLoad, and requests not finished (queued, prefilling, ...)
+  kv::DecodeLoad load;
   int64_t outstanding = 0;
   // kPrefill, kExpect
   std::vector<int64_t> token_ids;
@@ -80,7 +80,7 @@ struct InstanceMessage {
   int64_t reused_tokens = 0, fetched_tokens = 0;
   double ready_in_s = 0;  // the fetched prefix exists at its source from this many seconds after sending
   uint32_t decode_index = 0;
-  // kPrefill, kExpect: how the request samples (ClusterRequest)
+  // kPrefill, kExpect: how the request samples (cluster::ClusterRequest)
   uint64_t seed = 0;
   double temperature = 1, top_p = 1;
   // kFirstToken, kKvArrived: the first output token (sampled by the prefill instance)
@@ -101,7 +101,7 @@ struct InstanceMessage {
   // kTokens: each request's new token
   std::vector<uint64_t> request_ids;
   std::vector<int64_t> tokens;
-  // kExpect: the keys of the prompt's KV blocks, in order (serve/kv_blocks.h kv_block_keys)
+  // kExpect: the keys of the prompt's KV blocks, in order (kv::shipped_block_keys)
   std::vector<uint64_t> block_keys;
   // kPrefillDone, kKvError: empty = fine
   std::string error;

@@ -6,8 +6,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "serve/cluster.h"
-
 namespace crescent::serve {
 
 uint64_t scaled_kv_bytes_per_token(double model_bytes_per_token, int64_t scale) {
@@ -58,21 +56,6 @@ bool kv_block_matches(BlockKey key, std::span<const std::byte> block) {
   uint64_t first = 0;
   std::memcpy(&first, block.data(), 8);
   return first == expected;
-}
-
-std::vector<BlockKey> kv_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens,
-                                    BlockKey model_seed) {
-  std::vector<BlockKey> keys = prompt_block_keys(token_ids, block_size_tokens, model_seed);
-  const size_t full_tokens = keys.size() * static_cast<size_t>(block_size_tokens);
-  if (full_tokens < token_ids.size()) {
-    keys.push_back(
-        partial_block_key(token_ids.subspan(full_tokens), keys.empty() ? model_seed : keys.back()));
-  }
-  return keys;
-}
-
-BlockKey partial_block_key(std::span<const int64_t> tail_token_ids, BlockKey parent) {
-  return XXH3_64bits_withSeed(tail_token_ids.data(), tail_token_ids.size() * sizeof(int64_t), parent);
 }
 
 }  // namespace crescent::serve

@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "common/block_key.h"
+#include "kv/block_key.h"
 
 namespace crescent::serve {
 
@@ -29,15 +29,5 @@ bool kv_block_intact(std::span<const std::byte> block);
 /// writes it. Catches a block written for another request into reused memory, which its checksum alone
 /// would not.
 bool kv_block_matches(BlockKey key, std::span<const std::byte> block);
-
-/// The keys of every KV block of a prompt as it is shipped to decode: its full blocks' keys
-/// (prompt_block_keys with `model_seed`), then the trailing partial block's (partial_block_key, its parent
-/// `model_seed` when there is no full block) when there is one.
-std::vector<BlockKey> kv_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens,
-                                    BlockKey model_seed = 0);
-
-/// The key of a prompt's trailing partial block (never shared, so never stored in the pool): xxh3-64 of its
-/// tokens seeded with the last full block's key (the model seed for none).
-BlockKey partial_block_key(std::span<const int64_t> tail_token_ids, BlockKey parent);
 
 }  // namespace crescent::serve

@@ -19,8 +19,9 @@
 #include <string_view>
 #include <vector>
 
-#include "common/block_key.h"
+#include "common/instance_id.h"
 #include "common/status.h"
+#include "kv/block_key.h"
 
 namespace crescent::conductor {
 class ClusterState;

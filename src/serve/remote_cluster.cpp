@@ -40,14 +40,14 @@ std::string bindable(const std::string& endpoint) {
 
 }  // namespace
 
-class RemoteCluster::Impl final : public InstanceLinks {
+class RemoteCluster::Impl final : public cluster::InstanceLinks {
  public:
   explicit Impl(const RemoteClusterOptions& options)
       : options_(options),
         core_(options.cluster, *this),
         router_(context_, zmq::socket_type::router),
         wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-    const sim::ClusterConfig& config = options.cluster.config;
+    const cluster::ClusterConfig& config = options.cluster.config;
     for (uint32_t i = 0; i < config.prefill_instances + config.decode_instances; ++i) {
       Slot& s = slots_.emplace_back();
       s.role = i < config.prefill_instances ? InstanceRole::kPrefill : InstanceRole::kDecode;
@@ -124,7 +124,8 @@ class RemoteCluster::Impl final : public InstanceLinks {
     return up;
   }
 
-  conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) {
+  conductor::Decision submit(cluster::ClusterRequest request, cluster::RequestCallbacks callbacks,
+                             uint64_t& id) {
     std::lock_guard lock(mu_);
     return core_.place(std::move(request), std::move(callbacks), id, now_s());
   }
@@ -138,7 +139,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
     return core_.requests_in_flight();
   }
   std::string metrics_text() {
-    LoadGauges gauges;
+    cluster::LoadGauges gauges;
     {
       std::lock_guard lock(mu_);
       int64_t reserved = 0, capacity = 0;
@@ -163,9 +164,10 @@ class RemoteCluster::Impl final : public InstanceLinks {
     return core_.metrics().scrape(gauges);
   }
 
-  // ---- InstanceLinks (called with mu_ held) ----
-  void send_prefill(InstanceId p, uint64_t id, const ClusterRequest& request, std::span<const BlockKey>,
-                    const engine::EngineCore::ArrangedPrefix& prefix, InstanceId d, double now_s) override {
+  // ---- cluster::InstanceLinks (called with mu_ held) ----
+  void send_prefill(InstanceId p, uint64_t id, const cluster::ClusterRequest& request,
+                    std::span<const BlockKey>, const engine::EngineCore::ArrangedPrefix& prefix, InstanceId d,
+                    double now_s) override {
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kPrefill;
     m.request_id = id;
@@ -180,15 +182,15 @@ class RemoteCluster::Impl final : public InstanceLinks {
     m.top_p = request.top_p;
     post(prefill_slot(p), m);
   }
-  void send_expect(InstanceId d, uint64_t id, const ClusterRequest& request, double) override {
+  void send_expect(InstanceId d, uint64_t id, const cluster::ClusterRequest& request, double) override {
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kExpect;
     m.request_id = id;
     m.input_tokens = std::ssize(request.prompt_token_ids);
     m.output_tokens = request.max_tokens;
     // Which blocks its KV must be: a block another request's prefill wrote into reused room is refused.
-    m.block_keys = kv_block_keys(request.prompt_token_ids, options_.cluster.block_size_tokens,
-                                 options_.cluster.block_key_seed);
+    m.block_keys = kv::shipped_block_keys(request.prompt_token_ids, options_.cluster.block_size_tokens,
+                                          options_.cluster.block_key_seed);
     m.seed = request.seed;
     m.temperature = request.temperature;
     m.top_p = request.top_p;
@@ -227,7 +229,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
     bool registered = false;  // with etcd: its key is there (its lease is alive)
     uint64_t incarnation = 0;
     double last_seen_s = 0;
-    conductor::DecodeLoad load;
+    kv::DecodeLoad load;
     int64_t outstanding = 0;
     uint64_t blocks_verified = 0, checksum_failures = 0;  // as the instance last reported them
     std::string kv_events_endpoint, kv_replay_endpoint;
@@ -351,7 +353,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
         if (!m.error.empty()) {
           core_.fail(m.request_id, "prefill_failed", m.error);
         } else {
-          ServeMetrics& metrics = core_.metrics();
+          cluster::ServeMetrics& metrics = core_.metrics();
           metrics.observe_kv_bytes_moved("prefill_to_decode", m.kv_bytes);
           metrics.observe_kv_writes(m.kv_chunks);
           metrics.observe_kv_bytes_moved("pool_read", m.pool_read_bytes);
@@ -361,7 +363,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
         }
         break;
       case InstanceMessage::Kind::kReserved:
-        if (const RequestSummary* s = core_.summary(m.request_id)) {
+        if (const cluster::RequestSummary* s = core_.summary(m.request_id)) {
           InstanceMessage target = m;
           target.kind = InstanceMessage::Kind::kKvTarget;
           post(prefill_slot(s->prefill_instance), target);
@@ -557,7 +559,7 @@ class RemoteCluster::Impl final : public InstanceLinks {
   const RemoteClusterOptions options_;
   mutable std::mutex mu_;  // the core, the slots and the outbox
   std::condition_variable up_cv_;
-  ConductorCore core_;
+  cluster::ConductorCore core_;
   std::vector<Slot> slots_;                                  // prefill instances, then decode instances
   std::vector<std::pair<std::string, std::string>> outbox_;  // (identity, message) to send
   zmq::context_t context_;
@@ -593,7 +595,8 @@ bool RemoteCluster::wait_until_all_up(std::chrono::milliseconds timeout) const {
 std::pair<uint32_t, uint32_t> RemoteCluster::instances_up() const {
   return impl_->instances_up();
 }
-conductor::Decision RemoteCluster::submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) {
+conductor::Decision RemoteCluster::submit(cluster::ClusterRequest request,
+                                          cluster::RequestCallbacks callbacks, uint64_t& id) {
   return impl_->submit(std::move(request), std::move(callbacks), id);
 }
 void RemoteCluster::cancel(uint64_t id) {

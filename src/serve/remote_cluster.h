@@ -1,6 +1,6 @@
-// The Conductor of the multi-process cluster: the ConductorCore (the same placement, state and request
-// bookkeeping as the in-process cluster) whose instances are separate processes (instance_server.h). They
-// connect to its control socket (ZeroMQ ROUTER, instance_wire.h), report their load every 50 ms, and are
+// The Conductor of the multi-process cluster: the cluster::ConductorCore (the same placement, state and
+// request bookkeeping as the in-process cluster) whose instances are separate processes (instance_server.h).
+// They connect to its control socket (ZeroMQ ROUTER, instance_wire.h), report their load every 50 ms, and are
 // down when their connection closes (the process died) or when silent for the config's heartbeat_timeout_s
 // (it hangs, or the network between is cut): their requests then fail (SSE error event, or 503)
 // and nothing more is placed there until they say hello again. Prefill instances' KV events (vLLM format)
@@ -11,14 +11,14 @@
 #include <memory>
 #include <string>
 
+#include "cluster/cluster.h"
+#include "cluster/conductor_core.h"
 #include "common/status.h"
-#include "serve/cluster.h"
-#include "serve/conductor_core.h"
 
 namespace crescent::serve {
 
 struct RemoteClusterOptions {
-  ClusterOptions cluster;
+  cluster::ClusterOptions cluster;
   std::string control_endpoint = "tcp://127.0.0.1:0";  // where instances connect (port 0: any free one)
   bool log_instances = true;  // print "prefill-0 up" / "decode-1 down" lines to stderr
   /// With an etcd endpoint ("http://HOST:PORT"): publish the control endpoint under etcd_prefix/conductor and
@@ -28,7 +28,7 @@ struct RemoteClusterOptions {
   std::string etcd_prefix = "/crescent-serve";
 };
 
-class RemoteCluster final : public Cluster {
+class RemoteCluster final : public cluster::Cluster {
  public:
   /// Validates the config, binds the control socket, publishes it in etcd (when set) and starts the
   /// Conductor's threads. kUnavailable when the endpoint cannot be bound or etcd cannot be reached.
@@ -41,7 +41,8 @@ class RemoteCluster final : public Cluster {
   bool wait_until_all_up(std::chrono::milliseconds timeout) const;
   std::pair<uint32_t, uint32_t> instances_up() const override;
 
-  conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) override;
+  conductor::Decision submit(cluster::ClusterRequest request, cluster::RequestCallbacks callbacks,
+                             uint64_t& id) override;
   void cancel(uint64_t id) override;
   int64_t max_context_tokens() const override;
   size_t requests_in_flight() const override;

@@ -27,7 +27,7 @@ conductor::RejectReason reason_from_code(const std::string& code, int status) {
 
 // One request's exchange: sends it, reads the stream, fills `o`. Returns a failure description, or empty.
 std::string run_one(const ReplayOptions& options, const std::string& model, const trace::Request& r,
-                    Clock::time_point start, sim::RequestOutcome& o) {
+                    Clock::time_point start, cluster::RequestOutcome& o) {
   const json body = {{"model", model},
                      {"prompt", trace_prompt_tokens(r, options.block_size_tokens, options.vocab_size)},
                      {"max_tokens", r.output_tokens},
@@ -190,14 +190,14 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
   int64_t finished = 0;
   const auto start = Clock::now();
   for (size_t i = 0; i < trace.size(); ++i) {
-    const double at_s = sim::arrival_time_s(trace, i, options.time_scale);
+    const double at_s = trace::arrival_time_s(trace, i, options.time_scale);
     std::this_thread::sleep_until(start +
                                   std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
                                       at_s)));  // One detached thread per request in flight (open loop:
                                                 // arrivals never wait for answers); each frees its
     // resources when it ends, however long the trace.
     std::thread([&, i] {
-      sim::RequestOutcome& o = out.result.requests[i];
+      cluster::RequestOutcome& o = out.result.requests[i];
       o.trace_line = trace[i].line;
       o.input_tokens = trace[i].input_tokens;
       o.output_tokens = trace[i].output_tokens;
@@ -219,7 +219,7 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
     std::unique_lock lock(mu);
     all_done.wait(lock, [&] { return finished == static_cast<int64_t>(trace.size()); });
   }
-  for (const sim::RequestOutcome& o : out.result.requests) {
+  for (const cluster::RequestOutcome& o : out.result.requests) {
     out.result.makespan_s = std::max(out.result.makespan_s, o.finish_s);
   }
   return out;

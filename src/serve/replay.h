@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "cluster/run_result.h"
 #include "common/status.h"
-#include "sim/simulator.h"
 #include "trace/request.h"
 
 namespace crescent::serve {
@@ -35,11 +35,11 @@ struct ReplayOptions {
   std::function<void(int64_t finished, int64_t total)> progress = nullptr;
 };
 
-/// What a replay measured. `result` follows sim::SimResult: times in seconds from the first send; a refused
-/// request (HTTP 429, or 400 for a prompt that can never fit) is rejected with the server's reason when it
-/// names one (error.code "ttft", "tbt", "decode-capacity", "context-length"), else kTtft for a 429.
+/// What a replay measured. `result` follows cluster::RunResult: times in seconds from the first send; a
+/// refused request (HTTP 429, or 400 for a prompt that can never fit) is rejected with the server's reason
+/// when it names one (error.code "ttft", "tbt", "decode-capacity", "context-length"), else kTtft for a 429.
 struct ReplayResult {
-  sim::SimResult result;
+  cluster::RunResult result;
   std::string model;
   int64_t failed = 0;       // requests that neither completed nor were refused (connection, 5xx, bad stream)
   std::string first_error;  // the first such failure, for the report

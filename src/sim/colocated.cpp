@@ -20,18 +20,16 @@
 namespace crescent::sim {
 namespace {
 
-// How often (in arrivals) SimOptions::progress is called, as in simulator.cpp.
-constexpr uint32_t kProgressEveryRequests = 256;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Writes what the nodes' engines report into the requests' outcomes.
 class OutcomeRecorder final : public engine::EngineListener {
  public:
-  OutcomeRecorder(const perf::CostModel& cost, std::vector<RequestOutcome>& outcomes)
+  OutcomeRecorder(const perf::CostModel& cost, std::vector<cluster::RequestOutcome>& outcomes)
       : cost_(cost), outcomes_(outcomes) {}
 
   void on_prefill_start(engine::RequestId id, double now_s, const engine::PrefillStart& start) override {
-    RequestOutcome& o = outcomes_[id];
+    cluster::RequestOutcome& o = outcomes_[id];
     o.queue_wait_s = now_s - o.arrival_s;  // its prefill starts now; ttft adds its iterations
     o.prefix_hit_tokens = start.hit_tokens;
     o.prefill_compute_s = cost_.prefill_time_s(start.prefill_tokens, start.reused_tokens);
@@ -41,7 +39,7 @@ class OutcomeRecorder final : public engine::EngineListener {
   }
   void on_finished(engine::RequestId id, double now_s,
                    const std::optional<engine::StepLog::Gaps>& gaps) override {
-    RequestOutcome& o = outcomes_[id];
+    cluster::RequestOutcome& o = outcomes_[id];
     o.finish_s = now_s;
     if (gaps) {
       o.tbt_s = gaps->tbt_s;
@@ -51,13 +49,14 @@ class OutcomeRecorder final : public engine::EngineListener {
 
  private:
   const perf::CostModel& cost_;
-  std::vector<RequestOutcome>& outcomes_;
+  std::vector<cluster::RequestOutcome>& outcomes_;
 };
 
 }  // namespace
 
-Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<const trace::Request> trace,
-                                     const SimOptions& options) {
+Result<cluster::RunResult> simulate_colocated(const cluster::ClusterConfig& config,
+                                              std::span<const trace::Request> trace,
+                                              const SimOptions& options) {
   if (options.system == System::kDisaggregated) {
     return Status::invalid_argument("simulate_colocated runs the colocated systems only");
   }
@@ -65,14 +64,14 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
     return Status::invalid_argument(
         fmt::format("chunked prefill tokens must be >= 1, got {}", options.chunked_prefill_tokens));
   }
-  const perf::CostModel cost = cost_model(config);
+  const perf::CostModel cost = cluster::cost_model(config);
   const engine::EngineOptions mode{
       .kv_capacity_tokens = cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share),
       .chunk_tokens = options.system == System::kColocatedChunkedPrefill ? options.chunked_prefill_tokens : 0,
       .prefix_cache = options.system == System::kColocatedPrefixCache,
       .block_size_tokens = options.block_size_tokens,
   };
-  SimResult result;
+  cluster::RunResult result;
   result.requests.resize(trace.size());
   engine::MockExecutor executor(cost);
   OutcomeRecorder recorder(cost, result.requests);
@@ -86,9 +85,9 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
 
   for (uint32_t req = 0; req < trace.size(); ++req) {
     const trace::Request& r = trace[req];
-    const double now_s = arrival_time_s(trace, req, options.time_scale);
+    const double now_s = trace::arrival_time_s(trace, req, options.time_scale);
     for (auto& node : nodes) node->advance_until(now_s);
-    RequestOutcome& o = result.requests[req];
+    cluster::RequestOutcome& o = result.requests[req];
     o.arrival_s = now_s;
     o.trace_line = r.line;
     o.input_tokens = r.input_tokens;
@@ -123,7 +122,8 @@ Result<SimResult> simulate_colocated(const ClusterConfig& config, std::span<cons
     result.counters.events += node->iterations();
     result.counters.decode_steps += node->decode_steps();
   }
-  for (const RequestOutcome& o : result.requests) result.makespan_s = std::max(result.makespan_s, o.finish_s);
+  for (const cluster::RequestOutcome& o : result.requests)
+    result.makespan_s = std::max(result.makespan_s, o.finish_s);
   return result;
 }
 

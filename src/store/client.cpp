@@ -621,7 +621,7 @@ Result<std::vector<bool>> Client::batch_exists(std::span<const std::string_view>
 }
 
 std::string Client::block_key(BlockKey key) const {
-  return fmt::format("{}{:016x}", impl_->options.block_key_prefix, key);
+  return kv::pool_block_key(impl_->options.block_key_prefix, key);
 }
 
 Result<std::vector<Status>> Client::put_blocks(std::span<const BlockKey> keys,

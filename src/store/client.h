@@ -29,8 +29,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/block_key.h"
 #include "common/status.h"
+#include "kv/block_key.h"
 #include "store/master_client.h"
 #include "store/types.h"
 #include "transfer/transfer_engine.h"

@@ -1,10 +1,12 @@
 // One request of a Mooncake-format trace.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
-#include "common/block_key.h"
+#include "kv/block_key.h"
 
 namespace crescent::trace {
 
@@ -17,5 +19,12 @@ struct Request {
   std::vector<BlockKey> block_keys;
   int64_t line = 0;  // 1-based line of the trace file it was read from (0 when not read from a file)
 };
+
+/// When `trace`[i] arrives, in seconds (of virtual time in a simulation, after the start of a replay): time
+/// is measured from the first request's arrival (so traces with Unix-epoch timestamps run as if shifted to
+/// start at 0) and divided by `time_scale`. REQUIRES: i < trace.size().
+inline double arrival_time_s(std::span<const trace::Request> trace, size_t i, double time_scale) {
+  return static_cast<double>(trace[i].timestamp_ms - trace.front().timestamp_ms) / 1000.0 / time_scale;
+}
 
 }  // namespace crescent::trace

@@ -12,8 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/block_key.h"
 #include "kv/block_cache.h"
+#include "kv/block_key.h"
 #include "trace/request.h"
 
 namespace crescent::trace {

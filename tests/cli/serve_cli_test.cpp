@@ -89,7 +89,7 @@ TEST(ServeCli, BadInputIsRefusedWithAClearMessage) {
   EXPECT_THAT(run.err, HasSubstr("/nonexistent/model/config.json"));
   run = run_crescent("serve --port 0 --executor gpu");
   EXPECT_EQ(run.exit_code, 2);
-  EXPECT_THAT(run.err, HasSubstr("--executor must be mock or cpu, got \"gpu\""));
+  EXPECT_THAT(run.err, HasSubstr("--executor: unknown executor 'gpu' (valid: mock, cpu)"));
   test::TempDir dir;
   ASSERT_EQ(run_crescent("model init --preset tiny --out " + quote(dir.file("m"))).exit_code, 0);
   run = run_crescent("serve --port 0 --in-process --executor cpu --model " + quote(dir.file("m")));

@@ -72,13 +72,13 @@ TEST(ClusterState, PlacementsCountAsIncomingUntilTheDecodeInstanceReports) {
   const std::vector<BlockKey> keys{1};
   state.on_request_placed({300, keys, 50}, placed_on(0, 1, 0, 1), 0);
   state.on_request_placed({200, keys, 1}, placed_on(0, 1, 0, 1), 0);  // one token: it never decodes
-  DecodeLoad load = state.decode_load(1);
+  kv::DecodeLoad load = state.decode_load(1);
   EXPECT_EQ(load.incoming.requests, 1);
   EXPECT_EQ(load.incoming.context_tokens, 300);
   EXPECT_EQ(load.incoming.kv_tokens, 350);
   EXPECT_EQ(state.decode_load(0).incoming.requests, 0);
   // The instance's report is the truth from then on.
-  DecodeLoad report;
+  kv::DecodeLoad report;
   report.running = {.requests = 1, .context_tokens = 301, .kv_tokens = 350};
   report.kv_capacity_tokens = 1000;
   state.on_decode_report(1, report);

@@ -22,7 +22,7 @@ class FakeCluster : public ClusterView {
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s.size()); }
   uint32_t decode_instance_count() const override { return static_cast<uint32_t>(decode.size()); }
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s; }
-  DecodeLoad decode_load(InstanceId d) const override { return decode[d]; }
+  kv::DecodeLoad decode_load(InstanceId d) const override { return decode[d]; }
   const kv::BlockIndex& block_index() const override { return index; }
   double prefix_ready_s(InstanceId holder, std::span<const BlockKey>) const override {
     return ready_s[holder];
@@ -34,7 +34,7 @@ class FakeCluster : public ClusterView {
 
   std::vector<double> busy_until_s;
   std::vector<double> ready_s;  // per instance: when its cached blocks are computed
-  std::vector<DecodeLoad> decode;
+  std::vector<kv::DecodeLoad> decode;
   kv::BlockIndex index;
 };
 
@@ -334,7 +334,7 @@ TEST(OutputLengthEstimator, RunningMeanFromPrior) {
 class AdmissionTest : public ConductorTest {
  protected:
   // One decode instance with 1M tokens of HBM; `running`, `incoming` as given; prefill idle.
-  Decision admit(Admission admission, DecodeGroup running, DecodeGroup incoming, int64_t input_tokens,
+  Decision admit(Admission admission, kv::DecodeGroup running, kv::DecodeGroup incoming, int64_t input_tokens,
                  double prefill_busy_until_s = 0) {
     FakeCluster cluster(1, 1);
     cluster.busy_until_s = {prefill_busy_until_s};
@@ -438,7 +438,8 @@ TEST(ConductorInstancesDown, NothingIsPlacedOnAnInstanceThatIsDown) {
         EXPECT_NE(d.prefill_instance, first.prefill_instance);
         EXPECT_NE(d.decode_instance, 1u);
         if (d.fetched_prefix_tokens > 0) {
-          EXPECT_NE(d.fetch_from, first.prefill_instance) << "the cache of an instance that went down is gone";
+          EXPECT_NE(d.fetch_from, first.prefill_instance)
+              << "the cache of an instance that went down is gone";
         }
       }
       for (InstanceId p = 0; p < 3; ++p) state.on_prefill_down(p, 40);

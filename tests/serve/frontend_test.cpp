@@ -1,4 +1,4 @@
-// The front end end to end over loopback: an in-process LocalCluster (mock engines of the bundled
+// The front end end to end over loopback: an in-process cluster::LocalCluster (mock engines of the bundled
 // paper-fig5 model, 2 prefill + 2 decode) behind the HTTP server on a free port.
 #include "serve/frontend.h"
 
@@ -84,7 +84,7 @@ class FrontendTest : public ::testing::Test {
     return -1;
   }
 
-  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<cluster::LocalCluster> cluster_;
   std::unique_ptr<HttpServer> server_;
   std::unique_ptr<httplib::Client> client_;
 };

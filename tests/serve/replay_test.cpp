@@ -1,4 +1,5 @@
-// Replay against an in-process `crescent serve` (LocalCluster behind the HTTP server on a free port).
+// Replay against an in-process `crescent serve` (cluster::LocalCluster behind the HTTP server on a free
+// port).
 #include "serve/replay.h"
 
 #include <gmock/gmock.h>
@@ -47,7 +48,7 @@ class ReplayTest : public ::testing::Test {
     ASSERT_TRUE(server.ok());
     server_ = std::move(*server);
   }
-  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<cluster::LocalCluster> cluster_;
   std::unique_ptr<HttpServer> server_;
 };
 

@@ -4,25 +4,24 @@
 
 #include <memory>
 
-#include "serve/local_cluster.h"
-#include "sim/cluster_config.h"
+#include "cluster/cluster_config.h"
+#include "cluster/local_cluster.h"
 
 namespace crescent::serve {
 
-inline Result<std::unique_ptr<LocalCluster>> start_test_cluster(uint32_t instances,
-                                                                const char* admission = "none",
-                                                                double ttft_slo_s = 30) {
-  auto config = sim::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
+inline Result<std::unique_ptr<cluster::LocalCluster>> start_test_cluster(uint32_t instances,
+                                                                         const char* admission = "none",
+                                                                         double ttft_slo_s = 30) {
+  auto config = cluster::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
   if (!config.ok()) return config.status();
   auto parsed_admission = conductor::parse_admission(admission);
   if (!parsed_admission.ok()) return parsed_admission.status();
   config->prefill_instances = instances;
   config->decode_instances = instances;
   config->slo.ttft_s = ttft_slo_s;
-  return LocalCluster::start({.config = *config,
-                              .policy = conductor::PrefillPolicy::kGlobalCacheAware,
-                              .admission = *parsed_admission,
-                              .block_size_tokens = 512});
+  config->serve.policy = conductor::PrefillPolicy::kGlobalCacheAware;
+  config->serve.admission = *parsed_admission;
+  return cluster::LocalCluster::start({.config = *config, .block_size_tokens = 512});
 }
 
 }  // namespace crescent::serve

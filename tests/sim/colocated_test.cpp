@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "cluster/cluster_config.h"
+#include "cluster/report.h"
 #include "perf/cost_model.h"
-#include "sim/cluster_config.h"
-#include "sim/report.h"
 #include "sim/simulator.h"
 #include "test_cluster.h"
 #include "trace/reader.h"
@@ -19,8 +19,8 @@ namespace {
 
 // Keeps 75% of HBM free of KV: (640e9 * 0.25 - 141,107,412,992) / 327,680 = 57,651 KV tokens per node, so
 // requests that fill a node prefill in seconds.
-ClusterConfig small_hbm_cluster() {
-  ClusterConfig c = small_cluster(1, 1);
+cluster::ClusterConfig small_hbm_cluster() {
+  cluster::ClusterConfig c = small_cluster(1, 1);
   c.decode_hbm_reserved_share = 0.75;
   return c;
 }
@@ -42,7 +42,7 @@ trace::Request request(int64_t timestamp_ms, int64_t input_tokens, int64_t outpu
   return {timestamp_ms, input_tokens, output_tokens, std::move(block_keys)};
 }
 
-SimResult run(const ClusterConfig& c, const std::vector<trace::Request>& t, System system) {
+cluster::RunResult run(const cluster::ClusterConfig& c, const std::vector<trace::Request>& t, System system) {
   auto r = simulate(c, t, {.system = system});
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return std::move(r).value();
@@ -52,11 +52,11 @@ constexpr System kAllColocated[] = {System::kColocated, System::kColocatedPrefix
                                     System::kColocatedChunkedPrefill};
 
 TEST(Colocated, SingleRequestTimeline) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   const perf::CostModel cost(c.model, c.hardware);
   // 1024-token prompt, 3 output tokens: a prefill iteration makes the first, two decode iterations the rest.
-  const SimResult result = run(c, {request(1000, 1024, 3, {1, 2})}, System::kColocated);
-  const RequestOutcome& o = result.requests[0];
+  const cluster::RunResult result = run(c, {request(1000, 1024, 3, {1, 2})}, System::kColocated);
+  const cluster::RequestOutcome& o = result.requests[0];
   EXPECT_DOUBLE_EQ(o.arrival_s, 0.0);  // virtual time starts at the first arrival
   EXPECT_DOUBLE_EQ(o.ttft_s, cost.iteration_time_s(0, 0, 1024, 0));
   EXPECT_DOUBLE_EQ(o.prefill_compute_s, cost.prefill_time_s(1024, 0));
@@ -83,11 +83,11 @@ std::vector<trace::Request> stall_trace() {
 }
 
 TEST(Colocated, PrefillStallsTheRunningBatch) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   const perf::CostModel cost(c.model, c.hardware);
-  const SimResult result = run(c, stall_trace(), System::kColocated);
-  const RequestOutcome& a = result.requests[0];
-  const RequestOutcome& b = result.requests[2];
+  const cluster::RunResult result = run(c, stall_trace(), System::kColocated);
+  const cluster::RequestOutcome& a = result.requests[0];
+  const cluster::RequestOutcome& b = result.requests[2];
   ASSERT_EQ(a.prefill_instance, 0u);
   ASSERT_EQ(result.requests[1].prefill_instance, 1u);
   ASSERT_EQ(b.prefill_instance, 0u);
@@ -112,8 +112,8 @@ TEST(Colocated, PrefillStallsTheRunningBatch) {
 
   // Chunked prefill piggybacks B's prompt on A's decode iterations 512 tokens at a time: A's longest gap is
   // at most one decode iteration plus B's costliest chunk (its last, after 7680 tokens).
-  const SimResult chunked = run(c, stall_trace(), System::kColocatedChunkedPrefill);
-  const RequestOutcome& a_chunked = chunked.requests[0];
+  const cluster::RunResult chunked = run(c, stall_trace(), System::kColocatedChunkedPrefill);
+  const cluster::RequestOutcome& a_chunked = chunked.requests[0];
   ASSERT_EQ(chunked.requests[2].prefill_instance, 0u);
   EXPECT_LE(a_chunked.tbt_s, cost.iteration_time_s(1, 1033, 512, 7680) + 1e-12);
   EXPECT_LT(a_chunked.tbt_s, a.tbt_s / 5);
@@ -122,7 +122,7 @@ TEST(Colocated, PrefillStallsTheRunningBatch) {
 }
 
 TEST(Colocated, PrefixCacheReusesBlocksOnTheSameNode) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   const perf::CostModel cost(c.model, c.hardware);
   // A long decode (request 1) keeps node 1 busy throughout, so the load balancer sends the others to node 0.
   // Request 2 shares 3 blocks (1536 tokens) with request 0; request 3 repeats request 0's prompt whole, and
@@ -130,7 +130,7 @@ TEST(Colocated, PrefixCacheReusesBlocksOnTheSameNode) {
   const std::vector<trace::Request> t{request(0, 2048, 2, {1, 2, 3, 4}), request(0, 512, 20'000, {99}),
                                       request(60'000, 2000, 1, {1, 2, 3, 9}),
                                       request(120'000, 2048, 1, {1, 2, 3, 4})};
-  const SimResult cached = run(c, t, System::kColocatedPrefixCache);
+  const cluster::RunResult cached = run(c, t, System::kColocatedPrefixCache);
   ASSERT_EQ(cached.requests[1].prefill_instance, 1u);
   ASSERT_GT(cached.requests[1].finish_s, 120.0);
   for (size_t r : {0, 2, 3}) ASSERT_EQ(cached.requests[r].prefill_instance, 0u) << r;
@@ -142,7 +142,7 @@ TEST(Colocated, PrefixCacheReusesBlocksOnTheSameNode) {
   EXPECT_NEAR(cached.requests[3].ttft_s, cost.iteration_time_s(0, 0, 1, 2047), 1e-9);
 
   for (System system : {System::kColocated, System::kColocatedChunkedPrefill}) {
-    const SimResult plain = run(c, t, system);
+    const cluster::RunResult plain = run(c, t, system);
     EXPECT_EQ(plain.requests[2].prefix_hit_tokens, 0);
     EXPECT_GT(plain.requests[2].ttft_s, cached.requests[2].ttft_s);
   }
@@ -150,7 +150,7 @@ TEST(Colocated, PrefixCacheReusesBlocksOnTheSameNode) {
 }
 
 TEST(Colocated, CachedBlocksGiveWayToReservedKv) {
-  const ClusterConfig c = small_hbm_cluster();
+  const cluster::ClusterConfig c = small_hbm_cluster();
   const perf::CostModel cost(c.model, c.hardware);
   const int64_t capacity = cost.decode_kv_capacity_tokens(c.decode_hbm_reserved_share);
   // A long decode (the second request) keeps node 1 busy, so r1, r2 and r3 all go to node 0.
@@ -168,7 +168,7 @@ TEST(Colocated, CachedBlocksGiveWayToReservedKv) {
     const std::vector<trace::Request> t{request(0, 40'000, 1, keys(0, 79)), request(0, 512, 50'000, {99'999}),
                                         request(100'000, 4096, r2_output, keys(1000, 8)),
                                         request(600'000, 40'000, 1, keys(0, 79))};
-    const SimResult result = run(c, t, System::kColocatedPrefixCache);
+    const cluster::RunResult result = run(c, t, System::kColocatedPrefixCache);
     ASSERT_EQ(result.requests[1].prefill_instance, 1u);
     ASSERT_GT(result.requests[1].finish_s, 600.0);
     ASSERT_LT(result.requests[2].finish_s, 600.0);  // r2 has left when r3 arrives
@@ -178,7 +178,7 @@ TEST(Colocated, CachedBlocksGiveWayToReservedKv) {
 }
 
 TEST(Colocated, HbmBoundsAdmission) {
-  const ClusterConfig c = small_hbm_cluster();
+  const cluster::ClusterConfig c = small_hbm_cluster();
   const perf::CostModel cost(c.model, c.hardware);
   const int64_t capacity = cost.decode_kv_capacity_tokens(c.decode_hbm_reserved_share);
   // A and B each need over half a node's HBM; C keeps node 1 busy so B queues behind A on node 0.
@@ -188,9 +188,9 @@ TEST(Colocated, HbmBoundsAdmission) {
                                       request(0, input, 10, prompt_keys(100'000, input))};
   for (System system : {System::kColocated, System::kColocatedPrefixCache}) {
     SCOPED_TRACE(to_string(system));
-    const SimResult result = run(c, t, system);
-    const RequestOutcome& a = result.requests[0];
-    const RequestOutcome& b = result.requests[2];
+    const cluster::RunResult result = run(c, t, system);
+    const cluster::RequestOutcome& a = result.requests[0];
+    const cluster::RequestOutcome& b = result.requests[2];
     ASSERT_EQ(b.prefill_instance, 0u);
     // B starts only when A has left: A's prefill and its nine decode iterations, then B's prefill.
     double a_done_s = cost.iteration_time_s(0, 0, input, 0);
@@ -202,14 +202,14 @@ TEST(Colocated, HbmBoundsAdmission) {
 }
 
 TEST(Colocated, RoutesToTheNodeWithFewestOutstandingRequests) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   // A decodes 2000 tokens on node 0 (~25 s); B (node 1) is done long before C arrives at 10 s, so C goes to
   // node 1; D, at the same time, finds one outstanding request on each and takes the lower id.
   const std::vector<trace::Request> t{request(0, 1024, 2000, keys(0, 2)), request(0, 512, 1, {10}),
                                       request(10'000, 512, 1, {20}), request(10'000, 512, 1, {30})};
   for (System system : kAllColocated) {
     SCOPED_TRACE(to_string(system));
-    const SimResult result = run(c, t, system);
+    const cluster::RunResult result = run(c, t, system);
     EXPECT_EQ(result.requests[0].prefill_instance, 0u);
     EXPECT_EQ(result.requests[1].prefill_instance, 1u);
     EXPECT_EQ(result.requests[2].prefill_instance, 1u);
@@ -219,7 +219,7 @@ TEST(Colocated, RoutesToTheNodeWithFewestOutstandingRequests) {
 }
 
 TEST(Colocated, RejectsRequestsLargerThanANodesHbm) {
-  const ClusterConfig c = small_hbm_cluster();
+  const cluster::ClusterConfig c = small_hbm_cluster();
   const perf::CostModel cost(c.model, c.hardware);
   const int64_t capacity = cost.decode_kv_capacity_tokens(c.decode_hbm_reserved_share);
   const std::vector<trace::Request> t{request(0, capacity + 1, 1, prompt_keys(0, capacity + 1)),
@@ -227,7 +227,7 @@ TEST(Colocated, RejectsRequestsLargerThanANodesHbm) {
                                       request(0, capacity - 10, 10, prompt_keys(0, capacity - 10))};
   for (System system : kAllColocated) {
     SCOPED_TRACE(to_string(system));
-    const SimResult result = run(c, t, system);
+    const cluster::RunResult result = run(c, t, system);
     EXPECT_EQ(result.requests[0].rejected, conductor::RejectReason::kContextLength);
     EXPECT_EQ(result.requests[1].rejected, conductor::RejectReason::kContextLength);
     EXPECT_EQ(result.requests[1].finish_s, result.requests[1].arrival_s);
@@ -244,14 +244,14 @@ TEST(Colocated, RejectsAZeroChunk) {
 }
 
 TEST(Colocated, SameInputsSameResult) {
-  const ClusterConfig c = small_cluster(2, 2);
+  const cluster::ClusterConfig c = small_cluster(2, 2);
   auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz",
                              {.max_requests = 500});
   ASSERT_TRUE(t.ok());
   for (System system : kAllColocated) {
     SCOPED_TRACE(to_string(system));
-    const SimResult a = run(c, *t, system);
-    const SimResult b = run(c, *t, system);
+    const cluster::RunResult a = run(c, *t, system);
+    const cluster::RunResult b = run(c, *t, system);
     ASSERT_EQ(a.requests.size(), b.requests.size());
     for (size_t i = 0; i < a.requests.size(); ++i) {
       EXPECT_EQ(a.requests[i].ttft_s, b.requests[i].ttft_s);
@@ -267,15 +267,15 @@ TEST(Colocated, SameInputsSameResult) {
 
 // The first 2000 conversation requests on the paper's 16 nodes, replayed in real time.
 TEST(Colocated, ConversationTraceOnPaperFig5Nodes) {
-  auto config = load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
+  auto config = cluster::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
   ASSERT_TRUE(config.ok()) << config.status().to_string();
   auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz",
                              {.max_requests = 2000});
   ASSERT_TRUE(t.ok());
-  const SimResult disaggregated = run(*config, *t, System::kDisaggregated);
+  const cluster::RunResult disaggregated = run(*config, *t, System::kDisaggregated);
   const double disaggregated_tbt_s =
-      summarize("disaggregated", disaggregated, config->slo).tbt_mean_s.value();
-  std::map<System, PolicyReport> reports;
+      cluster::summarize("disaggregated", disaggregated, config->slo).tbt_mean_s.value();
+  std::map<System, cluster::PolicyReport> reports;
   for (System system : kAllColocated) {
     SCOPED_TRACE(to_string(system));
     int64_t progress_calls = 0;
@@ -284,7 +284,7 @@ TEST(Colocated, ConversationTraceOnPaperFig5Nodes) {
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(progress_calls, 2000 / 256);
     for (size_t i = 0; i < r->requests.size(); ++i) {
-      const RequestOutcome& o = r->requests[i];
+      const cluster::RequestOutcome& o = r->requests[i];
       ASSERT_EQ(o.rejected, conductor::RejectReason::kNone) << i;
       EXPECT_GT(o.ttft_s, 0) << i;
       EXPECT_GE(o.finish_s, o.arrival_s + o.ttft_s) << i;
@@ -295,7 +295,7 @@ TEST(Colocated, ConversationTraceOnPaperFig5Nodes) {
       EXPECT_LT(o.prefill_instance, 16u) << i;
       EXPECT_EQ(o.prefill_instance, o.decode_instance) << i;
     }
-    const PolicyReport report = summarize(std::string(to_string(system)), *r, config->slo);
+    const cluster::PolicyReport report = cluster::summarize(std::string(to_string(system)), *r, config->slo);
     EXPECT_EQ(report.completed, 2000);
     if (system == System::kColocatedPrefixCache) {
       EXPECT_GT(report.hit_ratio.value(), 0);

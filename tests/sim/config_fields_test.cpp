@@ -11,11 +11,11 @@
 #include <tuple>
 #include <vector>
 
+#include "cluster/cluster_config.h"
+#include "cluster/report.h"
 #include "conductor/conductor.h"
 #include "perf/hardware_spec.h"
 #include "perf/model_spec.h"
-#include "sim/cluster_config.h"
-#include "sim/report.h"
 #include "sim/simulator.h"
 #include "trace/reader.h"
 
@@ -135,7 +135,7 @@ const std::vector<trace::Request>& scenario_trace() {
 // What a user sees of a run, as text: per-request outcomes and (unless `outcomes_only`) the report, or
 // (`label_only`) the config the results record.
 std::string observe(const json& config_json, const FieldCase& c) {
-  auto config = cluster_config_from_json(config_json, "fields.json", 512);
+  auto config = cluster::cluster_config_from_json(config_json, "fields.json", 512);
   EXPECT_TRUE(config.ok()) << config.status().to_string();
   if (!config.ok()) return "";
   if (c.label_only) return to_json(*config).dump();
@@ -144,8 +144,8 @@ std::string observe(const json& config_json, const FieldCase& c) {
   EXPECT_TRUE(result.ok()) << result.status().to_string();
   if (!result.ok()) return "";
   json out = json::object();
-  if (!c.outcomes_only) out["report"] = to_json(summarize("run", *result, config->slo));
-  for (const RequestOutcome& o : result->requests) {
+  if (!c.outcomes_only) out["report"] = to_json(cluster::summarize("run", *result, config->slo));
+  for (const cluster::RequestOutcome& o : result->requests) {
     out["requests"].push_back({o.ttft_s, o.tbt_s, o.finish_s, o.prefix_hit_tokens, o.fetched_tokens,
                                o.prefill_instance, o.decode_instance, static_cast<int>(o.rejected)});
   }
@@ -164,10 +164,10 @@ TEST(ConfigFields, EveryFieldChangesWhatTheRunShows) {
 
 TEST(ConfigFields, CoversEveryField) {
   std::set<std::string> expected, covered;
-  for (std::string_view f : cluster_config_fields()) {
+  for (std::string_view f : cluster::cluster_config_fields()) {
     if (f != "slo" && f != "serve") expected.emplace(f);  // "serve" is for live runs (ServeSection below)
   }
-  for (std::string_view f : slo_config_fields()) expected.insert("slo." + std::string(f));
+  for (std::string_view f : cluster::slo_config_fields()) expected.insert("slo." + std::string(f));
   for (std::string_view f : perf::model_spec_fields()) expected.insert("model." + std::string(f));
   for (std::string_view f : perf::hardware_spec_fields()) expected.insert("hardware." + std::string(f));
   for (const FieldCase& c : cases()) covered.insert(c.field);
@@ -178,7 +178,7 @@ TEST(ConfigFields, CoversEveryField) {
 // checked here instead.
 TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   json j = base_config();
-  auto defaults = cluster_config_from_json(j, "fields.json", 512);
+  auto defaults = cluster::cluster_config_from_json(j, "fields.json", 512);
   ASSERT_TRUE(defaults.ok()) << defaults.status().to_string();
   EXPECT_EQ(defaults->serve.kv_bytes_scale, 4096);
   EXPECT_TRUE(defaults->serve.verify_kv_checksums);
@@ -192,17 +192,17 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
                 {"http_port", 0},
                 {"executor", "cpu"},
                 {"model", "models/tiny"}};
-  auto config = cluster_config_from_json(j, "fields.json", 512);
+  auto config = cluster::cluster_config_from_json(j, "fields.json", 512);
   ASSERT_TRUE(config.ok()) << config.status().to_string();
   EXPECT_EQ(config->serve.kv_bytes_scale, 512);
   EXPECT_EQ(config->serve.kv_transfer_timeout_s, 2.5);
   EXPECT_EQ(config->serve.heartbeat_timeout_s, 0.5);
   EXPECT_EQ(config->serve.store_dram_bytes, 1 << 26);
   EXPECT_FALSE(config->serve.verify_kv_checksums);
-  EXPECT_EQ(config->serve.policy, "random");
-  EXPECT_EQ(config->serve.admission, "predictive");
+  EXPECT_EQ(config->serve.policy, conductor::PrefillPolicy::kRandom);
+  EXPECT_EQ(config->serve.admission, conductor::Admission::kPredictive);
   EXPECT_EQ(config->serve.http_port, 0);
-  EXPECT_EQ(config->serve.executor, "cpu");
+  EXPECT_EQ(config->serve.executor, cluster::ExecutorKind::kCpu);
   EXPECT_EQ(config->serve.model_dir, "models/tiny");
   EXPECT_EQ(to_json(*config), to_json(*defaults));  // results record what simulations use
   for (const auto& [field, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
@@ -210,32 +210,33 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
            {"verify_kv_checksums", "yes", "'verify_kv_checksums' must be true or false"},
            {"store_dram_bytes", 1000, "'store_dram_bytes'"},
            {"heartbeat", 1, "heartbeat"},
-           {"policy", "fastest", "'fastest'"},
-           {"admission", "maybe", "'maybe'"},
+           {"policy", "fastest",
+            "field 'policy': unknown prefill policy 'fastest' (valid: random, least-loaded"},
+           {"admission", "maybe", "field 'admission': unknown admission policy 'maybe' (valid: none, slo"},
            {"http_port", 70000, "'http_port' must be <= 65535"},
-           {"executor", "gpu", "must be \"mock\" (the cost model's timing) or \"cpu\""},
+           {"executor", "gpu", "field 'executor': unknown executor 'gpu' (valid: mock, cpu)"},
            {"model", 3, "'model'"}}) {
     json bad = base_config();
     bad["serve"] = {{field, value}};
-    auto refused = cluster_config_from_json(bad, "fields.json", 512);
+    auto refused = cluster::cluster_config_from_json(bad, "fields.json", 512);
     ASSERT_FALSE(refused.ok()) << field;
     EXPECT_THAT(refused.status().message(), ::testing::HasSubstr(message));
     EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("fields.json: serve"));
   }
 }
 
-// The scheduling fields reach the Conductor through conductor_options(), the one place that builds its
-// options from a config.
+// The scheduling fields reach the Conductor through cluster::conductor_options(), the one place that builds
+// its options from a config.
 TEST(ConfigFields, ConductorOptionsCarryTheConfigsSchedulingFields) {
   json j = base_config();
   j["kvcache_balancing_threshold"] = 3.5;
   j["expected_output_prior_tokens"] = 777;
   j["slo"] = {{"ttft_s", 12}, {"tbt_s", {0.07, 0.2}}};
   j["seed"] = 42;
-  auto config = cluster_config_from_json(j, "fields.json", 512);
+  auto config = cluster::cluster_config_from_json(j, "fields.json", 512);
   ASSERT_TRUE(config.ok()) << config.status().to_string();
   const conductor::ConductorOptions o =
-      conductor_options(*config, PrefillPolicy::kCacheAware, Admission::kEarly, 256);
+      cluster::conductor_options(*config, PrefillPolicy::kCacheAware, Admission::kEarly, 256);
   EXPECT_EQ(o.policy, PrefillPolicy::kCacheAware);
   EXPECT_EQ(o.admission, Admission::kEarly);
   EXPECT_EQ(o.block_size_tokens, 256);

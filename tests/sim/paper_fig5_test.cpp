@@ -7,30 +7,30 @@
 #include <map>
 #include <string>
 
-#include "sim/cluster_config.h"
-#include "sim/report.h"
+#include "cluster/cluster_config.h"
+#include "cluster/report.h"
 #include "sim/simulator.h"
 #include "trace/reader.h"
 
 namespace crescent::sim {
 namespace {
 
-std::map<std::string, PolicyReport> run_all(const std::string& trace_path) {
-  auto config = load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
+std::map<std::string, cluster::PolicyReport> run_all(const std::string& trace_path) {
+  auto config = cluster::load_cluster_config(CRESCENT_SOURCE_DIR "/configs/paper-fig5.json", 512);
   EXPECT_TRUE(config.ok()) << config.status().to_string();
   auto trace = trace::read_trace(trace_path, {});
   EXPECT_TRUE(trace.ok()) << trace.status().to_string();
-  std::map<std::string, PolicyReport> out;
+  std::map<std::string, cluster::PolicyReport> out;
   for (const auto& name : conductor::prefill_policy_names()) {
     auto result = simulate(*config, *trace, {.policy = *conductor::parse_prefill_policy(name)});
     EXPECT_TRUE(result.ok());
-    out[name] = summarize(name, *result, config->slo);
+    out[name] = cluster::summarize(name, *result, config->slo);
     EXPECT_EQ(out[name].completed, static_cast<int64_t>(trace->size()));
   }
   return out;
 }
 
-void expect_ordering(const std::map<std::string, PolicyReport>& r) {
+void expect_ordering(const std::map<std::string, cluster::PolicyReport>& r) {
   const double random = r.at("random").ttft_mean_s.value(), least = r.at("least-loaded").ttft_mean_s.value();
   const double local = r.at("cache-aware").ttft_mean_s.value(),
                global = r.at("global-cache-aware").ttft_mean_s.value();

@@ -5,8 +5,8 @@
 
 #include <vector>
 
+#include "cluster/report.h"
 #include "perf/cost_model.h"
-#include "sim/report.h"
 #include "test_cluster.h"
 #include "trace/reader.h"
 
@@ -20,19 +20,19 @@ trace::Request request(int64_t timestamp_ms, int64_t input_tokens, int64_t outpu
   return {timestamp_ms, input_tokens, output_tokens, std::move(keys)};
 }
 
-SimResult run(const ClusterConfig& c, const std::vector<trace::Request>& t,
-              PrefillPolicy policy = PrefillPolicy::kGlobalCacheAware, double time_scale = 1.0) {
+cluster::RunResult run(const cluster::ClusterConfig& c, const std::vector<trace::Request>& t,
+                       PrefillPolicy policy = PrefillPolicy::kGlobalCacheAware, double time_scale = 1.0) {
   auto r = simulate(c, t, {.policy = policy, .time_scale = time_scale});
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return std::move(r).value();
 }
 
 TEST(Simulator, SingleRequestTimeline) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   const perf::CostModel cost(c.model, c.hardware);
   // 1024-token prompt, 3 output tokens: prefill makes the first, two decode steps make the rest.
   auto result = run(c, {request(1000, 1024, 3, {1, 2})});
-  const RequestOutcome& o = result.requests[0];
+  const cluster::RequestOutcome& o = result.requests[0];
   EXPECT_DOUBLE_EQ(o.arrival_s, 0.0);  // virtual time starts at the first arrival
   EXPECT_DOUBLE_EQ(o.ttft_s, cost.prefill_time_s(1024, 0));
   EXPECT_EQ(o.prefix_hit_tokens, 0);
@@ -49,7 +49,7 @@ TEST(Simulator, SingleRequestTimeline) {
 }
 
 TEST(Simulator, FifoQueueOnOnePrefillInstance) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   const perf::CostModel cost(c.model, c.hardware);
   auto result = run(c, {request(0, 4096, 1, {1, 2, 3, 4, 5, 6, 7, 8}), request(0, 2048, 1, {9, 10, 11, 12})});
   EXPECT_DOUBLE_EQ(result.requests[0].ttft_s, cost.prefill_time_s(4096, 0));
@@ -57,7 +57,7 @@ TEST(Simulator, FifoQueueOnOnePrefillInstance) {
 }
 
 TEST(Simulator, LaterRequestReusesCachedPrefix) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   const perf::CostModel cost(c.model, c.hardware);
   // The second request shares the first 3 blocks (1536 tokens) and arrives after the first is done.
   auto result = run(c, {request(0, 2048, 1, {1, 2, 3, 4}), request(60'000, 2000, 1, {1, 2, 3, 9})});
@@ -68,7 +68,7 @@ TEST(Simulator, LaterRequestReusesCachedPrefix) {
 }
 
 TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
-  const ClusterConfig c = small_cluster(2, 1);
+  const cluster::ClusterConfig c = small_cluster(2, 1);
   const perf::CostModel cost(c.model, c.hardware);
   std::vector<BlockKey> doc;
   for (BlockKey k = 0; k < 64; ++k) doc.push_back(k);  // a 32k-token document
@@ -83,7 +83,7 @@ TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
   auto result = run(c, {request(0, 32768, 1, doc), request(60'000, 65536, 1, doc_long),
                         request(60'001, 33000, 1, doc_and_question)});
   EXPECT_EQ(result.requests[1].prefill_instance, result.requests[0].prefill_instance);
-  const RequestOutcome& r2 = result.requests[2];
+  const cluster::RequestOutcome& r2 = result.requests[2];
   EXPECT_NE(r2.prefill_instance, result.requests[0].prefill_instance);
   EXPECT_EQ(r2.fetched_tokens, 32768);
   EXPECT_EQ(r2.prefix_hit_tokens, 32768);
@@ -105,20 +105,20 @@ TEST(Simulator, GlobalPolicyFetchesFromBusyHolder) {
 // Ties between the idle instances used to fall to instance 0 for the cache-aware policies, so its cache
 // thrashed (0% hits) while least-loaded spread the load and hit 3,072 of 7,168 tokens.
 TEST(Simulator, CacheAwarePoliciesSpreadTiesAndMatchLeastLoaded) {
-  ClusterConfig c = small_cluster(2, 1);
+  cluster::ClusterConfig c = small_cluster(2, 1);
   c.prefill_cache_capacity_tokens = 2048;
   const std::vector<trace::Request> t{request(0, 1536, 1, {1, 2, 3}), request(10'000, 1536, 1, {4, 5, 6}),
                                       request(20'000, 2048, 1, {1, 2, 3, 7}),
                                       request(30'000, 2048, 1, {4, 5, 6, 8})};
-  const PolicyReport least = summarize("", run(c, t, PrefillPolicy::kLeastLoaded), c.slo);
+  const cluster::PolicyReport least = cluster::summarize("", run(c, t, PrefillPolicy::kLeastLoaded), c.slo);
   EXPECT_DOUBLE_EQ(least.hit_ratio.value(), 3072.0 / 7168);
   for (auto policy : {PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
     SCOPED_TRACE(to_string(policy));
-    const SimResult result = run(c, t, policy);
+    const cluster::RunResult result = run(c, t, policy);
     EXPECT_NE(result.requests[0].prefill_instance, result.requests[1].prefill_instance);
     EXPECT_EQ(result.requests[2].prefill_instance, result.requests[0].prefill_instance);
     EXPECT_EQ(result.requests[3].prefill_instance, result.requests[1].prefill_instance);
-    const PolicyReport report = summarize("", result, c.slo);
+    const cluster::PolicyReport report = cluster::summarize("", result, c.slo);
     EXPECT_GE(report.hit_ratio.value() * 7168, 3072 - 1e-9);
     EXPECT_LE(report.ttft_mean_s.value(), least.ttft_mean_s.value() + 1e-12);
   }
@@ -127,16 +127,16 @@ TEST(Simulator, CacheAwarePoliciesSpreadTiesAndMatchLeastLoaded) {
 // Issue #8 §2: one prefill instance caching 3 blocks: [1,2,3], then [4], then [1,2,3]. [4] evicts block 3
 // (the first request's tail), so the third request reuses blocks 1-2: 1,024 of 3,584 tokens.
 TEST(Simulator, EvictionKeepsTheHeadOfAPrefix) {
-  ClusterConfig c = small_cluster(1, 1);
+  cluster::ClusterConfig c = small_cluster(1, 1);
   c.prefill_cache_capacity_tokens = 1536;
   const std::vector<trace::Request> t{request(0, 1536, 1, {1, 2, 3}), request(10'000, 512, 1, {4}),
                                       request(20'000, 1536, 1, {1, 2, 3})};
   for (auto policy :
        {PrefillPolicy::kLeastLoaded, PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
     SCOPED_TRACE(to_string(policy));
-    const SimResult result = run(c, t, policy);
+    const cluster::RunResult result = run(c, t, policy);
     EXPECT_EQ(result.requests[2].prefix_hit_tokens, 1024);
-    EXPECT_NEAR(summarize("", result, c.slo).hit_ratio.value(), 1024.0 / 3584, 1e-12);
+    EXPECT_NEAR(cluster::summarize("", result, c.slo).hit_ratio.value(), 1024.0 / 3584, 1e-12);
   }
 }
 
@@ -144,13 +144,13 @@ TEST(Simulator, EvictionKeepsTheHeadOfAPrefix) {
 // pinned by the first prompt, the second prompt's blocks find no room: the Conductor must not count on them
 // for a third prompt with the same prefix (they were placed, but the instance said it could not keep them).
 TEST(Simulator, BlocksAPrefillCacheCouldNotKeepAreNoHits) {
-  ClusterConfig c = small_cluster(1, 1);
+  cluster::ClusterConfig c = small_cluster(1, 1);
   c.prefill_cache_capacity_tokens = 1024;
   const std::vector<trace::Request> t{request(0, 1536, 1, {1, 2, 3}), request(0, 1024, 1, {4, 5}),
                                       request(0, 1024, 1, {4, 5})};
   for (auto policy : {PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
     SCOPED_TRACE(to_string(policy));
-    const SimResult result = run(c, t, policy);
+    const cluster::RunResult result = run(c, t, policy);
     EXPECT_EQ(result.requests[0].prefix_hit_tokens, 0);
     EXPECT_EQ(result.requests[2].prefix_hit_tokens, 0);
     EXPECT_EQ(result.requests[2].fetched_tokens, 0);
@@ -158,7 +158,7 @@ TEST(Simulator, BlocksAPrefillCacheCouldNotKeepAreNoHits) {
 }
 
 TEST(Simulator, DecodeHbmBoundsTheBatch) {
-  ClusterConfig c = small_cluster(2, 1);
+  cluster::ClusterConfig c = small_cluster(2, 1);
   const perf::CostModel cost(c.model, c.hardware);
   const int64_t capacity = cost.decode_kv_capacity_tokens(c.decode_hbm_reserved_share);
   // Two requests whose KV (prompt + output) each takes over half of the decode instance's HBM.
@@ -182,7 +182,7 @@ TEST(Simulator, DecodeHbmBoundsTheBatch) {
 }
 
 TEST(Simulator, TimeScaleCompressesArrivals) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   auto result = run(c, {request(0, 512, 1, {1}), request(10'000, 512, 1, {2})}, PrefillPolicy::kRandom, 4.0);
   EXPECT_DOUBLE_EQ(result.requests[1].arrival_s, 2.5);
 }
@@ -197,7 +197,7 @@ TEST(Simulator, EpochTimestampsRunLikeTheTraceShiftedToZero) {
   for (trace::Request& r : epoch) r.timestamp_ms += 1'717'171'717'000;
   for (System system : {System::kDisaggregated, System::kColocatedPrefixCache}) {
     SCOPED_TRACE(to_string(system));
-    const ClusterConfig c = small_cluster(2, 2);
+    const cluster::ClusterConfig c = small_cluster(2, 2);
     auto a = simulate(c, *t, {.system = system, .time_scale = 2});
     auto b = simulate(c, epoch, {.system = system, .time_scale = 2});
     ASSERT_TRUE(a.ok() && b.ok()) << b.status().to_string();
@@ -216,7 +216,7 @@ TEST(Simulator, EpochTimestampsRunLikeTheTraceShiftedToZero) {
 // Load samples go on until the cluster has drained, not only while requests arrive: a short trace's loads
 // are still plotted.
 TEST(Simulator, LoadSamplesLastUntilTheClusterDrains) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   auto result = simulate(c, std::vector<trace::Request>{request(0, 8192, 2000, std::vector<BlockKey>(16, 7))},
                          {.load_sample_interval_s = 1});
   ASSERT_TRUE(result.ok());
@@ -227,7 +227,7 @@ TEST(Simulator, LoadSamplesLastUntilTheClusterDrains) {
 }
 
 TEST(Simulator, SameInputsSameResult) {
-  const ClusterConfig c = small_cluster(4, 2);
+  const cluster::ClusterConfig c = small_cluster(4, 2);
   auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/synthetic_trace.jsonl.gz", {});
   ASSERT_TRUE(t.ok());
   t->resize(800);
@@ -245,7 +245,7 @@ TEST(Simulator, SameInputsSameResult) {
 }
 
 TEST(Simulator, EveryRequestCompletesWithConsistentTimes) {
-  const ClusterConfig c = small_cluster(3, 2);
+  const cluster::ClusterConfig c = small_cluster(3, 2);
   auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz", {});
   ASSERT_TRUE(t.ok());
   t->resize(1500);
@@ -263,11 +263,11 @@ TEST(Simulator, EveryRequestCompletesWithConsistentTimes) {
 }
 
 TEST(Simulator, RejectsImpossibleOptions) {
-  const ClusterConfig c = small_cluster(1, 1);
+  const cluster::ClusterConfig c = small_cluster(1, 1);
   std::vector<trace::Request> t{request(0, 512, 1, {1})};
   EXPECT_FALSE(simulate(c, t, {.time_scale = 0}).ok());
   EXPECT_FALSE(simulate(c, t, {.time_scale = -1}).ok());
-  ClusterConfig tiny = c;
+  cluster::ClusterConfig tiny = c;
   tiny.prefill_cache_capacity_tokens = 100;
   auto r = simulate(tiny, t, {});
   ASSERT_FALSE(r.ok());
@@ -275,9 +275,9 @@ TEST(Simulator, RejectsImpossibleOptions) {
 }
 
 TEST(Report, PercentilesAndAttainment) {
-  SimResult result;
+  cluster::RunResult result;
   for (int i = 1; i <= 10; ++i) {
-    RequestOutcome o;
+    cluster::RequestOutcome o;
     o.ttft_s = i;  // 1..10 s
     o.tbt_s = i <= 5 ? 0.05 : 0.15;
     o.input_tokens = 100;
@@ -285,8 +285,8 @@ TEST(Report, PercentilesAndAttainment) {
     result.requests.push_back(o);
   }
   result.requests[9].rejected = conductor::RejectReason::kTtft;  // the 10 s one
-  SloConfig slo{.ttft_s = 8, .tbt_s = {0.1, 0.2}};
-  PolicyReport r = summarize("x", result, slo);
+  cluster::SloConfig slo{.ttft_s = 8, .tbt_s = {0.1, 0.2}};
+  cluster::PolicyReport r = cluster::summarize("x", result, slo);
   EXPECT_EQ(r.completed, 9);
   EXPECT_EQ(r.rejected, 1);
   EXPECT_DOUBLE_EQ(r.ttft_mean_s.value(), 5.0);  // mean of 1..9
@@ -301,15 +301,15 @@ TEST(Report, PercentilesAndAttainment) {
 
 // Issue #8 §4: statistics over an empty set are absent (null, n/a), never 0.
 TEST(Report, StatisticsOfNothingAreAbsent) {
-  SimResult result;
+  cluster::RunResult result;
   for (int i = 0; i < 3; ++i) {
-    RequestOutcome o;
+    cluster::RequestOutcome o;
     o.input_tokens = 100;
     o.output_tokens = 1;
     o.rejected = conductor::RejectReason::kDecodeCapacity;
     result.requests.push_back(o);
   }
-  const PolicyReport none = summarize("p", result, {});
+  const cluster::PolicyReport none = cluster::summarize("p", result, {});
   EXPECT_EQ(none.completed, 0);
   for (const auto& stat : {none.ttft_mean_s, none.ttft_p50_s, none.ttft_p90_s, none.ttft_p99_s,
                            none.tbt_mean_s, none.tbt_p99_s, none.hit_ratio, none.fetched_ratio,
@@ -321,20 +321,20 @@ TEST(Report, StatisticsOfNothingAreAbsent) {
   EXPECT_TRUE(j["ttft_mean_s"].is_null());
   EXPECT_TRUE(j["tbt_p99_s"].is_null());
   EXPECT_TRUE(j["hit_ratio"].is_null());
-  const std::string table = format_table({none}, {});
+  const std::string table = cluster::format_table({none}, {});
   EXPECT_NE(table.find("n/a"), std::string::npos);
   EXPECT_EQ(
-      no_completion_warning(none),
+      cluster::no_completion_warning(none),
       "p: no request completed: all 3 were rejected (3 decode-capacity: admission judged the decode pool "
       "full); TTFT and TBT statistics are n/a");
 
   // Completed, but all with one output token: TTFT is known, TBT is not.
   for (auto& o : result.requests) o.rejected = conductor::RejectReason::kNone;
-  const PolicyReport one_token = summarize("p", result, {});
+  const cluster::PolicyReport one_token = cluster::summarize("p", result, {});
   EXPECT_TRUE(one_token.ttft_mean_s.has_value());
   EXPECT_FALSE(one_token.tbt_mean_s.has_value());
   EXPECT_FALSE(one_token.tbt_p99_s.has_value());
-  EXPECT_EQ(no_completion_warning(one_token), "");
+  EXPECT_EQ(cluster::no_completion_warning(one_token), "");
 }
 
 }  // namespace

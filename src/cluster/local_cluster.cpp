@@ -1,4 +1,4 @@
-#include "serve/local_cluster.h"
+#include "cluster/local_cluster.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -8,11 +8,11 @@
 #include <thread>
 #include <unordered_map>
 
+#include "cluster/cluster_config.h"
 #include "common/clock.h"
 #include "engine/engine_core.h"
-#include "sim/cluster_config.h"
 
-namespace crescent::serve {
+namespace crescent::cluster {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -24,13 +24,13 @@ class LocalCluster::Impl final : public InstanceLinks {
   explicit Impl(const ClusterOptions& options)
       : options_(options), core_(options, *this), executor_(core_.cost()) {
     const engine::EngineOptions prefill_options =
-        sim::prefill_engine_options(options.config, options.block_size_tokens);
+        prefill_engine_options(options.config, options.block_size_tokens);
     for (InstanceId i = 0; i < options.config.prefill_instances; ++i) {
       prefill_listeners_.push_back(std::make_unique<PrefillListener>(*this, i));
       prefill_.push_back(
           std::make_unique<engine::EngineCore>(prefill_options, executor_, *prefill_listeners_[i]));
     }
-    engine::EngineOptions decode_options = sim::decode_engine_options(options.config);
+    engine::EngineOptions decode_options = decode_engine_options(options.config);
     decode_options.kv_transfer_timeout_s = 0;  // in process, KV always arrives
     decode_listener_ = std::make_unique<DecodeListener>(*this);
     for (InstanceId d = 0; d < options.config.decode_instances; ++d) {
@@ -62,19 +62,10 @@ class LocalCluster::Impl final : public InstanceLinks {
     {
       std::lock_guard lock(mu_);
       advance_all(now_s());
-      int64_t reserved = 0, capacity = 0;
-      for (const auto& d : decode_) {
-        const conductor::DecodeLoad load = d->decode_load();
-        gauges.requests_running += load.running.requests;
-        gauges.requests_waiting += load.waiting.requests;
-        reserved += load.running.kv_tokens + load.waiting.kv_tokens;
-        gauges.decode_kv_reserved_tokens +=
-            load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens;
-        capacity += load.kv_capacity_tokens;
-      }
+      kv::DecodePoolLoad pool;
+      for (const auto& d : decode_) pool.add(d->decode_load());
+      gauges.add_decode_pool(pool);
       for (const auto& p : prefill_) gauges.requests_waiting += p->outstanding();
-      gauges.kv_cache_usage =
-          capacity > 0 ? static_cast<double>(reserved) / static_cast<double>(capacity) : 0;
       gauges.prefill_instances_up = std::ssize(prefill_);  // in process, nothing goes down
       gauges.decode_instances_up = std::ssize(decode_);
     }
@@ -85,8 +76,6 @@ class LocalCluster::Impl final : public InstanceLinks {
     std::unique_lock lock(mu_);
     const double now = now_s();
     advance_all(now);
-    for (InstanceId d = 0; d < decode_.size(); ++d)
-      core_.state().on_decode_report(d, decode_[d]->decode_load());
     const conductor::Decision decision = core_.place(std::move(request), std::move(callbacks), id, now);
     lock.unlock();
     cv_.notify_all();
@@ -99,6 +88,10 @@ class LocalCluster::Impl final : public InstanceLinks {
   }
 
   // InstanceLinks: the engines are here, so orders are calls.
+  void report_decode_loads(conductor::ClusterState& state, double) override {
+    // Exact: the engines were advanced to now before placing.
+    for (InstanceId d = 0; d < decode_.size(); ++d) state.on_decode_report(d, decode_[d]->decode_load());
+  }
   void send_prefill(InstanceId p, uint64_t id, const ClusterRequest& request,
                     std::span<const BlockKey> block_keys, const engine::EngineCore::ArrangedPrefix& prefix,
                     InstanceId, double now_s) override {
@@ -275,4 +268,4 @@ std::pair<uint32_t, uint32_t> LocalCluster::instances_up() const {
   return impl_->instances_up();
 }
 
-}  // namespace crescent::serve
+}  // namespace crescent::cluster

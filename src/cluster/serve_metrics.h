@@ -14,7 +14,9 @@
 #include <string>
 #include <string_view>
 
-namespace crescent::serve {
+#include "kv/decode_load.h"
+
+namespace crescent::cluster {
 
 /// Gauges read at scrape time from the cluster.
 struct LoadGauges {
@@ -24,6 +26,15 @@ struct LoadGauges {
   int64_t decode_kv_reserved_tokens = 0;  // HBM KV reserved on decode instances, incoming requests included
   int64_t prefill_instances_up = 0;  // instances the Conductor may place on (crescent_instances_up{role})
   int64_t decode_instances_up = 0;
+
+  /// Adds the decode pool's sums: its running and waiting requests, its usage (committed KV / capacity) and
+  /// its reserved KV.
+  void add_decode_pool(const kv::DecodePoolLoad& pool) {
+    requests_running += pool.requests_running;
+    requests_waiting += pool.requests_waiting;
+    kv_cache_usage = pool.usage();
+    decode_kv_reserved_tokens += pool.reserved_kv_tokens;
+  }
 };
 
 /// What one finished request contributes. Times in seconds.
@@ -38,7 +49,8 @@ class ServeMetrics {
   /// Metrics labelled with model_name = `model_name`.
   explicit ServeMetrics(const std::string& model_name);
 
-  /// Conductor::schedule took `seconds` (crescent_conductor_decision_seconds).
+  /// Placing a request (cluster::place: the Conductor's decision, recording it and queueing its orders)
+  /// took `seconds` (crescent_conductor_decision_seconds).
   void observe_decision(double seconds);
   /// A request refused for `reason` (crescent_requests_rejected_total{reason}).
   void observe_rejection(std::string_view reason);
@@ -100,4 +112,4 @@ class ServeMetrics {
   prometheus::Gauge& kv_reserved_;
 };
 
-}  // namespace crescent::serve
+}  // namespace crescent::cluster

@@ -1,5 +1,6 @@
 // What the HTTP front end needs of a cluster, whether it runs in this process (LocalCluster) or as separate
-// prefill and decode processes (RemoteCluster): submit a tokenized request, hear its tokens, cancel it.
+// prefill and decode processes (serve::RemoteCluster): submit a tokenized request, hear its tokens, cancel
+// it.
 #pragma once
 
 #include <cstdint>
@@ -9,21 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include "common/block_key.h"
+#include "common/instance_id.h"
 #include "conductor/conductor.h"
+#include "kv/block_key.h"
 
-namespace crescent::serve {
-
-/// The keys of a prompt's full blocks: key[i] = xxh3_64(token ids of block i, seed = key[i-1]), key[-1] =
-/// `model_seed`, so equal keys mean equal prefixes of the same model (paper §3.2.1). `model_seed` is the
-/// model's identity (model::model_identity) with a real executor, 0 for the mock. A trailing partial block
-/// has no key.
-std::vector<BlockKey> prompt_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens,
-                                        BlockKey model_seed = 0);
-
-/// The mock model's output: a deterministic token (a byte: 'a'..'z' or ' ') for output position `index` of a
-/// request with `seed`.
-int64_t mock_token(uint64_t seed, int64_t index);
+namespace crescent::cluster {
 
 /// How a request ended, for its owner.
 struct RequestSummary {
@@ -76,4 +67,4 @@ class Cluster {
   virtual std::pair<uint32_t, uint32_t> instances_up() const = 0;
 };
 
-}  // namespace crescent::serve
+}  // namespace crescent::cluster

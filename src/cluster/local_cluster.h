@@ -7,11 +7,11 @@
 #include <memory>
 #include <string>
 
+#include "cluster/cluster.h"
+#include "cluster/conductor_core.h"
 #include "common/status.h"
-#include "serve/cluster.h"
-#include "serve/conductor_core.h"
 
-namespace crescent::serve {
+namespace crescent::cluster {
 
 /// The cluster. Thread-safe: submit() and cancel() from any thread; callbacks come from its driver thread.
 class LocalCluster final : public Cluster {
@@ -35,4 +35,4 @@ class LocalCluster final : public Cluster {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace crescent::serve
+}  // namespace crescent::cluster

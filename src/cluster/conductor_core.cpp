@@ -1,45 +1,23 @@
-#include "serve/conductor_core.h"
+#include "cluster/conductor_core.h"
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <chrono>
 
-#include "sim/simulator.h"
+#include "kv/block_key.h"
 
-namespace crescent::serve {
-
-std::vector<BlockKey> prompt_block_keys(std::span<const int64_t> token_ids, int64_t block_size_tokens,
-                                        BlockKey model_seed) {
-  std::vector<BlockKey> keys;
-  const auto block = static_cast<size_t>(block_size_tokens);
-  BlockKey parent = model_seed;
-  for (size_t start = 0; start + block <= token_ids.size(); start += block) {
-    parent = XXH3_64bits_withSeed(token_ids.data() + start, block * sizeof(int64_t), parent);
-    keys.push_back(parent);
-  }
-  return keys;
-}
-
-int64_t mock_token(uint64_t seed, int64_t index) {
-  const uint64_t pair[2] = {seed, static_cast<uint64_t>(index)};
-  const uint64_t h = XXH3_64bits(pair, sizeof(pair));
-  const uint64_t letter = h % 32;
-  return letter < 26 ? 'a' + static_cast<int64_t>(letter) : ' ';
-}
+namespace crescent::cluster {
 
 Status validate(const ClusterOptions& options) {
-  sim::SimOptions sim_options;
-  sim_options.block_size_tokens = options.block_size_tokens;
-  return sim::validate(options.config, sim_options);
+  return validate(options.config, options.block_size_tokens);
 }
 
 ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links)
     : options_(options),
       links_(links),
-      cost_(sim::cost_model(options.config)),
-      conductor_(cost_, sim::conductor_options(options.config, options.policy, options.admission,
-                                               options.block_size_tokens)),
+      cost_(cost_model(options.config)),
+      conductor_(cost_, conductor_options(options.config, options.config.serve.policy,
+                                          options.config.serve.admission, options.block_size_tokens)),
       kv_capacity_tokens_(cost_.decode_kv_capacity_tokens(options.config.decode_hbm_reserved_share)),
       state_(options.config.prefill_instances, options.config.decode_instances, options.block_size_tokens,
              kv_capacity_tokens_),
@@ -52,40 +30,51 @@ ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links
 
 conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id,
                                          double now_s) {
-  Live live;
+  // Recorded under the id it gets if accepted: an engine in this process may report on it from inside the
+  // protocol's last step.
+  const uint64_t candidate = next_id_;
+  Live& live = requests_[candidate];
   live.request = std::move(request);
   live.callbacks = std::move(callbacks);
-  live.block_keys =
-      prompt_block_keys(live.request.prompt_token_ids, options_.block_size_tokens, options_.block_key_seed);
-  const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
-  const conductor::RequestInfo info{input, live.block_keys, live.request.max_tokens};
+  live.block_keys = kv::prompt_block_keys(live.request.prompt_token_ids, options_.block_size_tokens,
+                                          options_.block_key_seed);
+  live.submitted_s = now_s;
+  live.summary.prompt_tokens = std::ssize(live.request.prompt_token_ids);
+  const conductor::RequestInfo info{live.summary.prompt_tokens, live.block_keys, live.request.max_tokens};
   const auto decide_start = std::chrono::steady_clock::now();
-  const conductor::Decision decision = conductor_.schedule(state_, info, now_s);
+  const conductor::Decision decision = cluster::place(conductor_, state_, info, candidate, now_s, *this);
   metrics_.observe_decision(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decide_start).count());
   if (decision.rejected != conductor::RejectReason::kNone) {
+    requests_.erase(candidate);
     metrics_.observe_rejection(conductor::to_string(decision.rejected));
     return decision;
   }
-  metrics_.observe_prefix(input, decision.local_prefix_tokens, decision.fetched_prefix_tokens);
+  id = candidate;
+  return decision;
+}
+
+void ConductorCore::on_placed(const conductor::Decision& decision, uint64_t id, double) {
+  Live& live = requests_.at(id);
+  ++next_id_;
+  metrics_.observe_prefix(live.summary.prompt_tokens, decision.local_prefix_tokens,
+                          decision.fetched_prefix_tokens);
   metrics_.observe_kv_bytes("prefix_fetch",
                             static_cast<double>(decision.fetched_prefix_tokens) * cost_.kv_bytes_per_token());
-  live.submitted_s = now_s;
-  id = next_id_++;
-  live.summary.prompt_tokens = input;
   live.summary.prefill_instance = decision.prefill_instance;
   live.summary.decode_instance = decision.decode_instance;
   live.predicted_prefill_s = decision.transfer_s + decision.prefill_s;
-  const conductor::PrefillTimeline timeline = state_.on_request_placed(info, decision, now_s);
   ++prefills_pending_[decision.prefill_instance];
-  const Live& entry = requests_.emplace(id, std::move(live)).first->second;
-  if (entry.request.max_tokens > 1) links_.send_expect(decision.decode_instance, id, entry.request, now_s);
-  // The prefix the Conductor found, fetched from another instance when it chose to: copying it is how a hot
-  // prefix gains replicas.
-  links_.send_prefill(decision.prefill_instance, id, entry.request, entry.block_keys,
-                      engine::EngineCore::arranged_prefix(decision, timeline), decision.decode_instance,
-                      now_s);
-  return decision;
+}
+
+void ConductorCore::expect(InstanceId d, uint64_t id, const conductor::RequestInfo&, double now_s) {
+  links_.send_expect(d, id, requests_.at(id).request, now_s);
+}
+
+void ConductorCore::submit_prefill(InstanceId p, uint64_t id, const conductor::RequestInfo& request,
+                                   const engine::EngineCore::ArrangedPrefix& prefix, InstanceId d,
+                                   double now_s) {
+  links_.send_prefill(p, id, requests_.at(id).request, request.block_keys, prefix, d, now_s);
 }
 
 void ConductorCore::cancel(uint64_t id) {
@@ -182,8 +171,9 @@ void ConductorCore::on_decode_down(InstanceId d) {
 
 int64_t ConductorCore::next_mock_token(uint64_t id) const {
   auto it = requests_.find(id);
-  return it == requests_.end() ? 0
-                               : mock_token(it->second.request.seed, it->second.summary.completion_tokens);
+  return it == requests_.end()
+             ? 0
+             : engine::mock_token(it->second.request.seed, it->second.summary.completion_tokens);
 }
 
 void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s) {
@@ -224,4 +214,4 @@ void ConductorCore::finish(uint64_t id, double now_s, std::string_view finished_
   if (callbacks.on_done) callbacks.on_done(summary);
 }
 
-}  // namespace crescent::serve
+}  // namespace crescent::cluster

@@ -1,5 +1,6 @@
 // The Conductor's side of a live cluster, written once for the in-process cluster (LocalCluster) and the
-// multi-process one (RemoteCluster): it places requests with the real Conductor over a ClusterState, keeps
+// multi-process one (serve::RemoteCluster): it places requests with the real Conductor over a ClusterState
+// through the placement protocol (placement.h, the simulator's too), keeps
 // each accepted request until its last token, turns instance events into tokens for the request's owner and
 // into metrics, and fails the requests of an instance that went down. How orders reach instances is the
 // owner's InstanceLinks. Not thread-safe: the owner serializes every call (one mutex).
@@ -14,38 +15,44 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cluster/cluster.h"
+#include "cluster/cluster_config.h"
+#include "cluster/placement.h"
+#include "cluster/serve_metrics.h"
 #include "conductor/cluster_state.h"
 #include "conductor/conductor.h"
 #include "engine/engine_core.h"
 #include "perf/cost_model.h"
-#include "serve/cluster.h"
-#include "serve/serve_metrics.h"
-#include "sim/cluster_config.h"
 
-namespace crescent::serve {
+namespace crescent::cluster {
 
-/// How a cluster is run: its config (model, hardware, counts, cache sizes, SLOs) and the run's flags.
+/// How a live cluster is run: its config (model, hardware, counts, cache sizes, SLOs; policy and admission
+/// in config.serve) and what the run resolved beside it (serve_options.h).
 struct ClusterOptions {
-  sim::ClusterConfig config;
-  conductor::PrefillPolicy policy = conductor::PrefillPolicy::kGlobalCacheAware;
-  conductor::Admission admission = conductor::Admission::kNone;
+  ClusterConfig config;
   int64_t block_size_tokens = 512;
   std::string model_name = "mock";  // the model_name label of the metrics
-  /// Seeds every block key (prompt_block_keys): the model's identity with the cpu executor
-  /// (config.serve.executor), 0 for the mock.
-  BlockKey block_key_seed = 0;
+  /// Seeds every block key (kv/block_key.h): the model's identity with the cpu executor
+  /// (config.serve.executor), kv::kMockModelSeed for the mock.
+  BlockKey block_key_seed = kv::kMockModelSeed;
   /// The model's context (max_position_embeddings) with the cpu executor: prompt + output never exceed
   /// it. 0: no limit but the decode instances' KV capacity (the mock).
   int64_t model_context_tokens = 0;
 };
 
-/// Checks `options` as the simulator checks a run (sim::validate: the config against the block size).
+/// Checks `options` as the simulator checks a run (validate(config, block_size_tokens)).
 Status validate(const ClusterOptions& options);
 
 /// How the core sends orders to instances. Called with the owner's lock held: queue, do not block.
 class InstanceLinks {
  public:
   virtual ~InstanceLinks() = default;
+  /// The placement protocol's first step (PlacementDriver::report_decode_loads): bring every decode
+  /// instance's load in `state` up to `now_s`. Instances that report on their own: nothing to do.
+  virtual void report_decode_loads(conductor::ClusterState& state, double now_s) {
+    (void)state;
+    (void)now_s;
+  }
   /// Queue request `id`'s prompt (FIFO) on prefill instance `p`, reusing the arranged prefix; its KV goes to
   /// decode instance `d` when it decodes (max_tokens > 1). `prefix.ready_s` is on the core's clock.
   virtual void send_prefill(InstanceId p, uint64_t id, const ClusterRequest& request,
@@ -65,13 +72,13 @@ class InstanceLinks {
   virtual void send_cancel(InstanceId p, InstanceId d, uint64_t id) = 0;
 };
 
-class ConductorCore {
+class ConductorCore final : private PlacementDriver {
  public:
-  /// `links` must outlive the core. REQUIRES: options.config validated (sim::validate).
+  /// `links` must outlive the core. REQUIRES: validate(options) is ok.
   ConductorCore(const ClusterOptions& options, InstanceLinks& links);
 
-  /// Decides `request` at `now_s` (the core's clock, seconds); accepted: records it, sends its orders, and
-  /// sets `id`. Decode loads must be current (on_decode_report) before the call.
+  /// Decides `request` at `now_s` (the core's clock, seconds) by the placement protocol (cluster::place);
+  /// accepted: records it, sends its orders, and sets `id`.
   conductor::Decision place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id, double now_s);
   /// The owner's cancel: drops `id` everywhere (no callback). No-op when unknown.
   void cancel(uint64_t id);
@@ -130,6 +137,15 @@ class ConductorCore {
     double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // core's clock
   };
 
+  // PlacementDriver: the protocol's steps, as orders through links_.
+  void report_decode_loads(conductor::ClusterState& state, double now_s) override {
+    links_.report_decode_loads(state, now_s);
+  }
+  void on_placed(const conductor::Decision& decision, uint64_t id, double now_s) override;
+  void expect(InstanceId d, uint64_t id, const conductor::RequestInfo& request, double now_s) override;
+  void submit_prefill(InstanceId p, uint64_t id, const conductor::RequestInfo& request,
+                      const engine::EngineCore::ArrangedPrefix& prefix, InstanceId d, double now_s) override;
+
   // Delivers request `id`'s next token; the owner's stop (on_tokens false) finishes it there.
   void emit_token(uint64_t id, int64_t token, double now_s);
   // Request `id` ended well ("length": all its tokens; "stop": its owner's stop): metrics, the Conductor's
@@ -151,4 +167,4 @@ class ConductorCore {
   std::vector<uint64_t> scratch_ids_;
 };
 
-}  // namespace crescent::serve
+}  // namespace crescent::cluster

@@ -1,5 +1,5 @@
-// Summaries of simulation runs: per-policy latency percentiles, prefix hits, SLO attainment; as a text table
-// or JSON (the shapes documented in the README).
+// Summaries of runs, simulated or replayed against a live server (run_result.h): per-policy latency
+// percentiles, prefix hits, SLO attainment; as a text table or JSON (the shapes documented in the README).
 #pragma once
 
 #include <cstdint>
@@ -10,10 +10,10 @@
 #include <string_view>
 #include <vector>
 
-#include "sim/cluster_config.h"
-#include "sim/simulator.h"
+#include "cluster/cluster_config.h"
+#include "cluster/run_result.h"
 
-namespace crescent::sim {
+namespace crescent::cluster {
 
 /// Share of requests meeting TTFT <= ttft_slo_s and TBT <= tbt_slo_s; rejected requests count as missing.
 struct SloAttainment {
@@ -45,7 +45,7 @@ struct PolicyReport {
 };
 
 /// Summarises `result` under `slo`. Percentiles are nearest-rank.
-PolicyReport summarize(const std::string& name, const SimResult& result, const SloConfig& slo);
+PolicyReport summarize(const std::string& name, const RunResult& result, const SloConfig& slo);
 
 /// When no request of `report`'s run completed: one line saying so and why (rejections by reason), for
 /// stderr; empty when some did. E.g. "cache-aware: no request completed: all 5 were rejected (5
@@ -63,7 +63,7 @@ std::string no_completion_warning(const PolicyReport& report);
 /// token)}. Seconds of virtual time from the first arrival. What does not apply is null: every instance, hit
 /// and time field but arrival_s of a rejected request; tbt_s and max_token_gap_s of a request with one output
 /// token.
-std::string requests_jsonl(const SimResult& result, std::string_view policy);
+std::string requests_jsonl(const RunResult& result, std::string_view policy);
 
 /// `value`, or NaN for a statistic of nothing (plots leave NaN points out).
 inline double or_nan(std::optional<double> value) {
@@ -76,4 +76,4 @@ std::string format_table(const std::vector<PolicyReport>& reports, const SloConf
 /// `{"name", "ttft_mean_s", ..., "slo_attainment", "completed", "rejected", ...}`.
 nlohmann::json to_json(const PolicyReport& report);
 
-}  // namespace crescent::sim
+}  // namespace crescent::cluster

@@ -1,8 +1,8 @@
-#include "serve/serve_metrics.h"
+#include "cluster/serve_metrics.h"
 
 #include <prometheus/text_serializer.h>
 
-namespace crescent::serve {
+namespace crescent::cluster {
 namespace {
 
 using prometheus::Histogram;
@@ -168,4 +168,4 @@ std::string ServeMetrics::scrape(const LoadGauges& gauges) {
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
-}  // namespace crescent::serve
+}  // namespace crescent::cluster

@@ -1,5 +1,7 @@
-// A simulated cluster: model, hardware, pool sizes, cache capacities, scheduler knobs and SLOs, loaded from a
-// configs/*.json file (see configs/paper-fig5.json and the README for what each field means).
+// A cluster's config, the one the simulator and the live server are both built from: model, hardware, pool
+// sizes, cache capacities, scheduler knobs and SLOs, and how `crescent serve` runs it; loaded from a
+// configs/*.json file (docs/config.md describes every field). The one place a config becomes Conductor and
+// engine options.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +20,7 @@
 #include "perf/model_spec.h"
 #include "perf/profile.h"
 
-namespace crescent::sim {
+namespace crescent::cluster {
 
 /// Service-level objectives a request is judged against (paper §5.1).
 struct SloConfig {
@@ -26,7 +28,20 @@ struct SloConfig {
   std::vector<double> tbt_s{0.1, 0.2, 0.3};  // TBT thresholds; the first is the primary one
 };
 
-/// How `crescent serve` runs the config's instances as processes; the simulator ignores it.
+/// What computes a live instance's iterations.
+enum class ExecutorKind {
+  kMock,  // the cost model's time, no compute (engine::MockExecutor)
+  kCpu,   // the model computed on this machine's CPUs (model::CpuExecutor); needs a model directory
+};
+/// Parses "mock", "cpu"; the error (kNotFound) lists the valid names.
+Result<ExecutorKind> parse_executor(std::string_view name);
+/// The name of `executor`, as parse_executor() reads it.
+std::string_view to_string(ExecutorKind executor);
+/// Every executor's name, in the order above.
+std::vector<std::string> executor_names();
+
+/// How `crescent serve` runs the config's instances as processes; the simulator ignores it. Names are parsed
+/// into enums at load (errors list the valid names); flags given on the command line win.
 struct ServeConfig {
   /// KV bytes really moved and stored = the model's KV bytes / this, so a run fits this machine's memory
   /// (LLaMA3-70B's 320 KiB per token becomes 80 bytes at 4096).
@@ -35,18 +50,17 @@ struct ServeConfig {
   double heartbeat_timeout_s = 3;          // an instance that sent nothing for this long is down
   int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts
   bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives
-  std::string policy =
-      "global-cache-aware";        // prefill policy (conductor::parse_prefill_policy); --policy wins
-  std::string admission = "none";  // admission (conductor::parse_admission); --admission wins
-  int64_t http_port = 8000;        // the Conductor's HTTP port (0: any free one); --port wins
-  std::string executor = "mock";   // what computes iterations: "mock" (the cost model's time) or "cpu"
+  conductor::PrefillPolicy policy = conductor::PrefillPolicy::kGlobalCacheAware;  // --policy wins
+  conductor::Admission admission = conductor::Admission::kNone;                   // --admission wins
+  int64_t http_port = 8000;                     // the Conductor's HTTP port (0: any free one); --port wins
+  ExecutorKind executor = ExecutorKind::kMock;  // --executor wins
   /// With executor "cpu": the model directory (config.json + model.safetensors); --model wins. The model
   /// then replaces the config's "model" (its KV bytes per token are what moves, unscaled).
   std::string model_dir;
 };
 
-/// Everything the simulator needs to know about the cluster. docs/config.md describes every field (type,
-/// unit, default, range, source); cluster_config_fields() lists their JSON names.
+/// Everything the simulator and a live cluster need to know about the cluster. docs/config.md describes every
+/// field (type, unit, default, range, source); cluster_config_fields() lists their JSON names.
 struct ClusterConfig {
   std::string name;         // for reports (the file's stem when loaded from a file)
   std::string description;  // free text for people; no effect
@@ -99,6 +113,12 @@ engine::EngineOptions prefill_engine_options(const ClusterConfig& config, int64_
 /// last two off (it streams no tokens, and its KV always arrives).
 engine::EngineOptions decode_engine_options(const ClusterConfig& config);
 
+/// Checks that `config` can run with blocks of `block_size_tokens`: block size >= 1, at least one instance
+/// per pool, a prefill cache of at least one block, a valid model and hardware, model weights that leave HBM
+/// room for KV in a decode instance. Errors (kInvalidArgument) say which. The simulator and every live
+/// cluster check this before they start.
+Status validate(const ClusterConfig& config, int64_t block_size_tokens);
+
 /// Parses a cluster config object; `where` (usually the path) prefixes error messages. Errors name the field:
 /// every missing required field at once, zero instances, negative or zero bandwidths, capacities below one
 /// block of `block_size_tokens`, unknown fields, unknown presets (listing the valid names).
@@ -109,4 +129,4 @@ Result<ClusterConfig> load_cluster_config(const std::string& path, int64_t block
 /// The config as JSON (presets expanded), for reports.
 nlohmann::json to_json(const ClusterConfig& config);
 
-}  // namespace crescent::sim
+}  // namespace crescent::cluster

@@ -1,4 +1,4 @@
-#include "sim/cluster_config.h"
+#include "cluster/cluster_config.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -8,10 +8,17 @@
 #include <filesystem>
 
 #include "common/json_util.h"
+#include "common/name_table.h"
 #include "perf/cost_model.h"
 
-namespace crescent::sim {
+namespace crescent::cluster {
 namespace {
+
+constexpr NameTable<ExecutorKind, 2> kExecutors{"executor",
+                                                {{
+                                                    {"mock", ExecutorKind::kMock},
+                                                    {"cpu", ExecutorKind::kCpu},
+                                                }}};
 
 nlohmann::json model_json(const perf::ModelSpec& m) {
   return {{"name", m.name},
@@ -67,6 +74,16 @@ constexpr std::array<std::string_view, 10> kServeFields{"kv_bytes_scale",
 
 }  // namespace
 
+Result<ExecutorKind> parse_executor(std::string_view name) {
+  return kExecutors.parse(name);
+}
+std::string_view to_string(ExecutorKind executor) {
+  return kExecutors.name(executor);
+}
+std::vector<std::string> executor_names() {
+  return kExecutors.names();
+}
+
 std::span<const std::string_view> cluster_config_fields() {
   return kFields;
 }
@@ -110,6 +127,32 @@ conductor::ConductorOptions conductor_options(const ClusterConfig& config, condu
       .seed = config.seed,
       .expected_output_prior_tokens = config.expected_output_prior_tokens,
   };
+}
+
+Status validate(const ClusterConfig& config, int64_t block_size_tokens) {
+  if (block_size_tokens < 1) {
+    return Status::invalid_argument(fmt::format("--block-size must be >= 1, got {}", block_size_tokens));
+  }
+  if (config.prefill_instances < 1 || config.decode_instances < 1) {
+    return Status::invalid_argument("a cluster needs at least one prefill and one decode instance");
+  }
+  if (config.prefill_cache_capacity_tokens < block_size_tokens) {
+    return Status::invalid_argument(
+        fmt::format("prefill_cache_capacity_tokens ({}) is below one block ({} tokens)",
+                    config.prefill_cache_capacity_tokens, block_size_tokens));
+  }
+  CRESCENT_RETURN_IF_ERROR(perf::validate_model_spec(config.model, "model"));
+  CRESCENT_RETURN_IF_ERROR(perf::validate_hardware_spec(config.hardware, "hardware"));
+  const perf::CostModel cost = cost_model(config);
+  if (cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share) < block_size_tokens) {
+    return Status::invalid_argument(
+        fmt::format("{} weights ({:.1f} GB) leave no room for KV cache in a decode instance's HBM ({} x "
+                    "{:.1f} GB, {:.0f}% "
+                    "reserved)",
+                    config.model.name, cost.weight_bytes() / 1e9, config.hardware.gpus,
+                    config.hardware.hbm_bytes_per_gpu / 1e9, config.decode_hbm_reserved_share * 100));
+  }
+  return Status();
 }
 
 Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const std::string& where,
@@ -217,28 +260,27 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
       }
       c.serve.verify_kv_checksums = v->get<bool>();
     }
-    CRESCENT_RETURN_IF_ERROR(s.string("policy", c.serve.policy, /*required=*/false));
-    if (auto p = conductor::parse_prefill_policy(c.serve.policy); !p.ok()) {
-      return Status::invalid_argument(
-          fmt::format("{}: serve: field 'policy': {}", where, p.status().message()));
-    }
-    CRESCENT_RETURN_IF_ERROR(s.string("admission", c.serve.admission, /*required=*/false));
-    if (auto a = conductor::parse_admission(c.serve.admission); !a.ok()) {
-      return Status::invalid_argument(
-          fmt::format("{}: serve: field 'admission': {}", where, a.status().message()));
-    }
+    // A name field parsed into its enum by `parse`: errors name the field and list the valid names.
+    auto named = [&](const char* field, auto parse, auto& out) -> Status {
+      std::string name;
+      CRESCENT_RETURN_IF_ERROR(s.string(field, name, /*required=*/false));
+      if (!it->contains(field)) return Status();
+      auto value = parse(name);
+      if (!value.ok()) {
+        return Status::invalid_argument(
+            fmt::format("{}: serve: field '{}': {}", where, field, value.status().message()));
+      }
+      out = *value;
+      return Status();
+    };
+    CRESCENT_RETURN_IF_ERROR(named("policy", conductor::parse_prefill_policy, c.serve.policy));
+    CRESCENT_RETURN_IF_ERROR(named("admission", conductor::parse_admission, c.serve.admission));
     CRESCENT_RETURN_IF_ERROR(s.integer("http_port", c.serve.http_port, 0, /*required=*/false));
     if (c.serve.http_port > 65535) {
       return Status::invalid_argument(
           fmt::format("{}: serve: field 'http_port' must be <= 65535, got {}", where, c.serve.http_port));
     }
-    CRESCENT_RETURN_IF_ERROR(s.string("executor", c.serve.executor, /*required=*/false));
-    if (c.serve.executor != "mock" && c.serve.executor != "cpu") {
-      return Status::invalid_argument(fmt::format(
-          "{}: serve: field 'executor' must be \"mock\" (the cost model's timing) or \"cpu\" (the model "
-          "computed), got \"{}\"",
-          where, c.serve.executor));
-    }
+    CRESCENT_RETURN_IF_ERROR(named("executor", parse_executor, c.serve.executor));
     CRESCENT_RETURN_IF_ERROR(s.string("model", c.serve.model_dir, /*required=*/false));
   }
   return c;
@@ -276,4 +318,4 @@ perf::CostModel cost_model(const ClusterConfig& config) {
   return perf::CostModel(config.model, config.hardware, config.profile ? &*config.profile : nullptr);
 }
 
-}  // namespace crescent::sim
+}  // namespace crescent::cluster

@@ -1,9 +1,9 @@
-#include "sim/cluster_config.h"
+#include "cluster/cluster_config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace crescent::sim {
+namespace crescent::cluster {
 namespace {
 
 using nlohmann::json;
@@ -85,4 +85,4 @@ TEST(ClusterConfig, MissingOrBrokenFileIsAnError) {
 }
 
 }  // namespace
-}  // namespace crescent::sim
+}  // namespace crescent::cluster

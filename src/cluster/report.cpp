@@ -1,4 +1,4 @@
-#include "sim/report.h"
+#include "cluster/report.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,7 +11,7 @@
 #include "common/percentile.h"
 #include "common/text_format.h"
 
-namespace crescent::sim {
+namespace crescent::cluster {
 namespace {
 
 std::optional<double> mean(const std::vector<double>& v) {
@@ -40,7 +40,7 @@ std::string cell(std::optional<double> value, int width, double scale, int decim
 
 }  // namespace
 
-PolicyReport summarize(const std::string& name, const SimResult& result, const SloConfig& slo) {
+PolicyReport summarize(const std::string& name, const RunResult& result, const SloConfig& slo) {
   PolicyReport r;
   r.name = name;
   r.makespan_s = result.makespan_s;
@@ -135,7 +135,7 @@ std::string no_completion_warning(const PolicyReport& r) {
                      who, r.rejected, fmt::join(reasons, "; "));
 }
 
-std::string requests_jsonl(const SimResult& result, std::string_view policy) {
+std::string requests_jsonl(const RunResult& result, std::string_view policy) {
   std::string out;
   out.reserve(result.requests.size() * 512);
   const nlohmann::json null;
@@ -229,4 +229,4 @@ nlohmann::json to_json(const PolicyReport& r) {
   };
 }
 
-}  // namespace crescent::sim
+}  // namespace crescent::cluster

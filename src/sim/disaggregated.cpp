@@ -1,0 +1,283 @@
+#include "sim/disaggregated.h"
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <queue>
+
+#include "cluster/placement.h"
+#include "common/clock.h"
+#include "conductor/cluster_state.h"
+#include "engine/engine_core.h"
+#include "kv/decode_load.h"
+#include "perf/cost_model.h"
+
+namespace crescent::sim {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Per-request state while its prefill runs.
+struct InFlight {
+  double prefill_start_s = 0;
+  int64_t prefill_tokens = 0;  // prompt tokens its prefill computes
+};
+
+// A prompt's KV reaching its decode instance.
+struct KvArrival {
+  double time_s;
+  uint64_t seq;  // insertion order: ties resolve deterministically
+  uint32_t req;
+  bool operator>(const KvArrival& o) const { return time_s != o.time_s ? time_s > o.time_s : seq > o.seq; }
+};
+
+// The disaggregated cluster, as the live one runs it (cluster::LocalCluster) but on a virtual clock: the same
+// Conductor over the same ClusterState, prefill and decode instances that are engine::EngineCore with the
+// options live instances use (cluster::prefill_engine_options, cluster::decode_engine_options) and the mock
+// executor. Events run in time order: the prefill engines' iterations, KV arriving at decode, arrivals.
+// Decode engines are brought up to date lazily (at each arrival, and before KV reaches them): nothing else
+// depends on them in between.
+class Simulation final : private engine::EngineListener, private cluster::PlacementDriver {
+ public:
+  Simulation(const cluster::ClusterConfig& config, std::span<const trace::Request> trace,
+             const SimOptions& options)
+      : config_(config),
+        trace_(trace),
+        options_(options),
+        cost_(cluster::cost_model(config)),
+        conductor_(cost_, cluster::conductor_options(config, options.policy, options.admission,
+                                                     options.block_size_tokens)),
+        state_(config.prefill_instances, config.decode_instances, options.block_size_tokens,
+               cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share)),
+        executor_(cost_) {
+    result_.requests.resize(trace.size());
+    inflight_.resize(trace.size());
+    const engine::EngineOptions prefill_options =
+        cluster::prefill_engine_options(config, options.block_size_tokens);
+    for (InstanceId i = 0; i < config.prefill_instances; ++i) {
+      prefill_listeners_.push_back(std::make_unique<PrefillListener>(*this, i));
+      prefill_.push_back(
+          std::make_unique<engine::EngineCore>(prefill_options, executor_, *prefill_listeners_[i]));
+    }
+    engine::EngineOptions decode_options = cluster::decode_engine_options(config);
+    decode_options.report_tokens = false;      // outcomes need only each request's gaps (StepLog)
+    decode_options.kv_transfer_timeout_s = 0;  // simulated KV always arrives
+    for (uint32_t d = 0; d < config.decode_instances; ++d) {
+      engine::EngineListener& listener = *this;
+      decode_.push_back(std::make_unique<engine::EngineCore>(decode_options, executor_, listener));
+    }
+  }
+
+  cluster::RunResult run() {
+    double next_sample_s = 0;
+    for (uint32_t req = 0; req < trace_.size(); ++req) {
+      const double arrival_s = trace::arrival_time_s(trace_, req, options_.time_scale);
+      while (options_.load_sample_interval_s > 0 && next_sample_s <= arrival_s) {
+        advance_to(next_sample_s);
+        sample_load();
+        next_sample_s += options_.load_sample_interval_s;
+      }
+      advance_to(arrival_s);
+      on_arrival(req);
+      if (options_.progress && (req + 1) % kProgressEveryRequests == 0) {
+        options_.progress({req + 1, static_cast<int64_t>(trace_.size()), arrival_s});
+      }
+    }
+    // Keep sampling the loads until the cluster has drained, so short traces and overloaded runs show it.
+    if (options_.load_sample_interval_s > 0) {
+      const auto busy = [](const auto& e) { return e->busy(); };
+      while (!kv_arrivals_.empty() || std::ranges::any_of(prefill_, busy) ||
+             std::ranges::any_of(decode_, busy)) {
+        advance_to(next_sample_s);
+        sample_load();
+        next_sample_s += options_.load_sample_interval_s;
+      }
+    }
+    advance_to(kInf);
+    for (auto& p : prefill_) result_.counters.events += p->iterations();
+    for (auto& d : decode_) {
+      d->advance_until(kInf);
+      result_.counters.events += d->iterations();
+      result_.counters.decode_steps += d->decode_steps();
+    }
+    for (const auto& o : result_.requests) result_.makespan_s = std::max(result_.makespan_s, o.finish_s);
+    return std::move(result_);
+  }
+
+ private:
+  // Tells the simulation what prefill instance `instance`'s engine does.
+  class PrefillListener final : public engine::EngineListener {
+   public:
+    PrefillListener(Simulation& sim, InstanceId instance) : sim_(sim), instance_(instance) {}
+    void on_prefill_start(engine::RequestId id, double now_s, const engine::PrefillStart& start) override {
+      sim_.on_prefill_start(static_cast<uint32_t>(id), now_s, start);
+    }
+    void on_first_token(engine::RequestId id, double now_s) override {
+      sim_.on_prefill_done(instance_, static_cast<uint32_t>(id), now_s);
+    }
+    void on_finished(engine::RequestId, double, const std::optional<engine::StepLog::Gaps>&) override {}
+    // What its DRAM cache stored and evicted reaches the Conductor's state, as live KV events do.
+    void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
+                     double now_s) override {
+      sim_.state_.on_kv_event(instance_, stored, removed, now_s);
+    }
+
+   private:
+    Simulation& sim_;
+    const InstanceId instance_;
+  };
+
+  void sample_load() {
+    const double now_s = clock_.now_s();
+    cluster::LoadSample sample{.time_s = now_s};
+    const std::span<const double> busy_until = state_.prefill_busy_until_s();
+    for (double busy_until_s : busy_until) sample.prefill_queue_s += std::max(0.0, busy_until_s - now_s);
+    sample.prefill_queue_s /= static_cast<double>(busy_until.size());
+    kv::DecodePoolLoad pool;
+    for (auto& d : decode_) {
+      d->advance_until(now_s);
+      pool.add(d->decode_load());
+    }
+    sample.decode_kv_share = pool.usage();
+    sample.decode_running = pool.requests_running;
+    sample.decode_waiting = pool.requests_waiting;
+    result_.load_series.push_back(sample);
+  }
+
+  // Runs, in time order, every prefill iteration and KV arrival at or before `t_s`, then moves the clock to
+  // `t_s` (when finite).
+  void advance_to(double t_s) {
+    for (;;) {
+      InstanceId next_prefill = 0;
+      double prefill_s = kInf;
+      for (InstanceId i = 0; i < prefill_.size(); ++i) {
+        const double e = prefill_[i]->next_event_s();
+        if (e < prefill_s) {
+          prefill_s = e;
+          next_prefill = i;
+        }
+      }
+      const double kv_s = kv_arrivals_.empty() ? kInf : kv_arrivals_.top().time_s;
+      const double next_s = std::min(prefill_s, kv_s);
+      if (next_s > t_s || next_s == kInf) break;
+      clock_.advance_to(next_s);
+      if (prefill_s <= kv_s) {
+        prefill_[next_prefill]->advance_until(prefill_s);
+        continue;
+      }
+      const KvArrival a = kv_arrivals_.top();
+      kv_arrivals_.pop();
+      ++result_.counters.events;
+      const cluster::RequestOutcome& o = result_.requests[a.req];
+      engine::EngineCore& d = *decode_[o.decode_instance];
+      d.advance_until(a.time_s);
+      d.submit_decode(a.req, o.arrival_s + o.ttft_s, a.time_s);
+    }
+    if (t_s != kInf) clock_.advance_to(t_s);
+  }
+
+  void on_arrival(uint32_t req) {
+    const double now_s = clock_.now_s();
+    const trace::Request& r = trace_[req];
+    cluster::RequestOutcome& o = result_.requests[req];
+    o.arrival_s = now_s;
+    o.trace_line = r.line;
+    o.input_tokens = r.input_tokens;
+    o.output_tokens = r.output_tokens;
+    ++result_.counters.events;
+    ++result_.counters.decisions;
+    const conductor::RequestInfo info{r.input_tokens, r.block_keys, r.output_tokens};
+    const conductor::Decision dec = cluster::place(conductor_, state_, info, req, now_s, *this);
+    o.prefill_instance = dec.prefill_instance;
+    o.decode_instance = dec.decode_instance;
+    if (dec.rejected != conductor::RejectReason::kNone) {
+      o.rejected = dec.rejected;
+      o.finish_s = now_s;
+      return;
+    }
+    o.fetched_tokens = dec.fetched_prefix_tokens;
+  }
+
+  // cluster::PlacementDriver: the engines are here.
+  void report_decode_loads(conductor::ClusterState& state, double now_s) override {
+    // Every decode instance reports its current load (a live instance reports periodically; here the
+    // report is exact).
+    for (InstanceId d = 0; d < decode_.size(); ++d) {
+      decode_[d]->advance_until(now_s);
+      state.on_decode_report(d, decode_[d]->decode_load());
+    }
+  }
+  void expect(InstanceId d, uint64_t id, const conductor::RequestInfo& request, double now_s) override {
+    decode_[d]->expect(id, request.input_tokens, request.max_output_tokens, now_s);
+  }
+  void submit_prefill(InstanceId p, uint64_t id, const conductor::RequestInfo& request,
+                      const engine::EngineCore::ArrangedPrefix& prefix, InstanceId, double now_s) override {
+    prefill_[p]->submit_prompt(id, request.input_tokens, 1, request.block_keys, now_s, prefix);
+  }
+
+  void on_prefill_start(uint32_t req, double now_s, const engine::PrefillStart& start) {
+    cluster::RequestOutcome& o = result_.requests[req];
+    o.queue_wait_s = now_s - o.arrival_s;
+    o.prefix_hit_tokens = start.hit_tokens;
+    o.prefill_compute_s = cost_.prefill_iterations_time_s(start.prefill_tokens, start.reused_tokens,
+                                                          config_.prefill_chunk_tokens);
+    inflight_[req] = {now_s, start.prefill_tokens};
+  }
+
+  void on_prefill_done(InstanceId instance, uint32_t req, double now_s) {
+    cluster::RequestOutcome& o = result_.requests[req];
+    o.ttft_s = now_s - o.arrival_s;
+    // The rest of its prefill brought the prefix into HBM (in its first iteration).
+    o.prefix_load_s = std::max(0.0, o.ttft_s - o.queue_wait_s - o.prefill_compute_s);
+    state_.on_prefill_done(instance, trace_[req].block_keys, now_s);
+    if (o.output_tokens <= 1) {
+      o.finish_s = now_s;
+      conductor_.observe_output(o.output_tokens);
+      return;
+    }
+    const InFlight& f = inflight_[req];
+    const double arrive_s = cost_.kv_handoff_done_s(o.input_tokens, f.prefill_tokens,
+                                                    config_.prefill_chunk_tokens, f.prefill_start_s, now_s);
+    kv_arrivals_.push(KvArrival{arrive_s, next_seq_++, req});
+  }
+
+  // engine::EngineListener, for the decode instances (which never prefill).
+  void on_prefill_start(engine::RequestId, double, const engine::PrefillStart&) override {}
+  void on_first_token(engine::RequestId, double) override {}
+  void on_finished(engine::RequestId id, double now_s,
+                   const std::optional<engine::StepLog::Gaps>& gaps) override {
+    cluster::RequestOutcome& o = result_.requests[id];
+    o.finish_s = now_s;
+    if (gaps) {
+      o.tbt_s = gaps->tbt_s;
+      o.max_token_gap_s = gaps->max_gap_s;
+    }
+    conductor_.observe_output(o.output_tokens);
+  }
+
+  const cluster::ClusterConfig& config_;
+  std::span<const trace::Request> trace_;
+  SimOptions options_;
+  VirtualClock clock_;  // the simulation's now: an event's time while it is handled
+  perf::CostModel cost_;
+  conductor::Conductor conductor_;
+  conductor::ClusterState state_;  // what the Conductor knows, fed by the instances' events
+  engine::MockExecutor executor_;
+  std::vector<std::unique_ptr<PrefillListener>> prefill_listeners_;
+  std::vector<std::unique_ptr<engine::EngineCore>> prefill_;
+  std::vector<std::unique_ptr<engine::EngineCore>> decode_;
+  std::priority_queue<KvArrival, std::vector<KvArrival>, std::greater<>> kv_arrivals_;
+  uint64_t next_seq_ = 0;
+  std::vector<InFlight> inflight_;
+  cluster::RunResult result_;
+};
+
+}  // namespace
+
+cluster::RunResult simulate_disaggregated(const cluster::ClusterConfig& config,
+                                          std::span<const trace::Request> trace, const SimOptions& options) {
+  Simulation sim(config, trace, options);
+  return sim.run();
+}
+
+}  // namespace crescent::sim
