@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs the tests: the whole suite in the release preset, then the tests of
-# the threaded and networked components (transfer engine, store, instance engine, serving front end) again
+# the threaded and networked components (transfer engine, etcd client, store, instance engine, serving front end) again
 # under AddressSanitizer + UBSan (debug preset, those targets only). What CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,5 +9,5 @@ cmake --preset release
 cmake --build --preset release
 ctest --preset release
 cmake --preset debug
-cmake --build --preset debug --target transfer_tests store_test_binaries engine_test serve_test
-ctest --preset debug -L 'transfer|store|engine|serve'
+cmake --build --preset debug --target transfer_tests etcd_client_test store_test_binaries engine_test serve_test
+ctest --preset debug -L 'transfer|common-etcd|store|engine|serve'

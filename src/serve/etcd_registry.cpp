@@ -14,8 +14,8 @@ std::string etcd_conductor_key(const std::string& prefix) {
   return prefix + "/conductor";
 }
 
-Result<std::unique_ptr<LeasedKey>> LeasedKey::start(transfer::EtcdClient client, std::string key,
-                                                    std::string value, std::chrono::seconds ttl) {
+Result<std::unique_ptr<LeasedKey>> LeasedKey::start(EtcdClient client, std::string key, std::string value,
+                                                    std::chrono::seconds ttl) {
   if (ttl < std::chrono::seconds(1))
     return Status::invalid_argument("an etcd lease needs a TTL of 1 s or more");
   std::unique_ptr<LeasedKey> leased(new LeasedKey(std::move(client), std::move(key), std::move(value), ttl));
@@ -34,7 +34,7 @@ Status LeasedKey::put() {
   auto lease = client_.grant_lease(ttl_);
   if (!lease.ok()) return lease.status();
   // Unconditional: a key left by an earlier incarnation (its lease not yet expired) is taken over.
-  auto put = client_.transaction({}, {transfer::EtcdClient::put_op(key_, value_, *lease)}, {});
+  auto put = client_.transaction({}, {EtcdClient::put_op(key_, value_, *lease)}, {});
   if (!put.ok()) return put.status();
   lease_ = *lease;
   return Status();
@@ -54,7 +54,7 @@ void LeasedKey::keep_alive_loop() {
   }
 }
 
-Result<std::string> wait_for_etcd_value(const transfer::EtcdClient& client, const std::string& key,
+Result<std::string> wait_for_etcd_value(const EtcdClient& client, const std::string& key,
                                         std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   Status last;

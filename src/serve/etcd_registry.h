@@ -12,8 +12,8 @@
 #include <string>
 #include <thread>
 
+#include "common/etcd_client.h"
 #include "common/status.h"
-#include "transfer/etcd_client.h"
 
 namespace crescent::serve {
 
@@ -28,8 +28,8 @@ std::string etcd_conductor_key(const std::string& prefix);
 class LeasedKey {
  public:
   /// The first put's error (kUnavailable: etcd unreachable); kInvalidArgument for a ttl under 1 s.
-  static Result<std::unique_ptr<LeasedKey>> start(transfer::EtcdClient client, std::string key,
-                                                  std::string value, std::chrono::seconds ttl);
+  static Result<std::unique_ptr<LeasedKey>> start(EtcdClient client, std::string key, std::string value,
+                                                  std::chrono::seconds ttl);
   ~LeasedKey();
   LeasedKey(const LeasedKey&) = delete;
   LeasedKey& operator=(const LeasedKey&) = delete;
@@ -38,12 +38,12 @@ class LeasedKey {
   int64_t lease() const { return lease_; }
 
  private:
-  LeasedKey(transfer::EtcdClient client, std::string key, std::string value, std::chrono::seconds ttl)
+  LeasedKey(EtcdClient client, std::string key, std::string value, std::chrono::seconds ttl)
       : client_(std::move(client)), key_(std::move(key)), value_(std::move(value)), ttl_(ttl) {}
   Status put();
   void keep_alive_loop();
 
-  transfer::EtcdClient client_;
+  EtcdClient client_;
   const std::string key_, value_;
   const std::chrono::seconds ttl_;
   std::atomic<int64_t> lease_{0};
@@ -53,7 +53,7 @@ class LeasedKey {
 
 /// The value of `key`, waiting up to `timeout` for it to appear (e.g. an instance finding its Conductor).
 /// kUnavailable naming the key when it does not.
-Result<std::string> wait_for_etcd_value(const transfer::EtcdClient& client, const std::string& key,
+Result<std::string> wait_for_etcd_value(const EtcdClient& client, const std::string& key,
                                         std::chrono::milliseconds timeout);
 
 }  // namespace crescent::serve

@@ -747,9 +747,9 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
                                                       options.store_master, client.status().message()));
   }
   InstanceOptions resolved = options;
-  std::optional<transfer::EtcdClient> etcd;
+  std::optional<EtcdClient> etcd;
   if (!options.etcd_endpoint.empty()) {
-    auto created = transfer::EtcdClient::create(options.etcd_endpoint, std::chrono::seconds(2));
+    auto created = EtcdClient::create(options.etcd_endpoint, std::chrono::seconds(2));
     if (!created.ok()) return created.status();
     etcd = *created;
     if (resolved.conductor_endpoint.empty()) {

@@ -85,9 +85,9 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     }
     if (wake_fd_ < 0) return Status::io_error("eventfd failed");
     if (!options_.etcd_endpoint.empty()) {
-      auto client = transfer::EtcdClient::create(options_.etcd_endpoint, std::chrono::seconds(2));
+      auto client = EtcdClient::create(options_.etcd_endpoint, std::chrono::seconds(2));
       if (!client.ok()) return client.status();
-      registry_ = std::make_unique<transfer::EtcdClient>(*client);
+      registry_ = std::make_unique<EtcdClient>(*client);
       auto published = LeasedKey::start(*client, etcd_conductor_key(options_.etcd_prefix), endpoint_,
                                         std::chrono::seconds(2));
       if (!published.ok()) return published.status();
@@ -571,7 +571,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   const int wake_fd_;
   const SteadyClock clock_;
   std::atomic<bool> stopping_{false};
-  std::unique_ptr<transfer::EtcdClient> registry_;  // with etcd
+  std::unique_ptr<EtcdClient> registry_;  // with etcd
   std::unique_ptr<LeasedKey> conductor_key_;
   std::thread control_thread_, kv_thread_, registry_thread_;
 };

@@ -7,11 +7,10 @@
 #include <mutex>
 #include <thread>
 
-#include "transfer/etcd_client.h"
+#include "common/etcd_client.h"
 
 namespace crescent::store {
 
-using transfer::EtcdClient;
 using Clock = std::chrono::steady_clock;
 
 std::string leader_key(const EtcdStoreOptions& options) {

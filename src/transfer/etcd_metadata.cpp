@@ -12,7 +12,7 @@
 #include <set>
 #include <thread>
 
-#include "transfer/etcd_client.h"
+#include "common/etcd_client.h"
 #include "transfer/metadata.h"
 
 namespace crescent::transfer {

@@ -12,10 +12,10 @@
 #include <thread>
 
 #include "common/child_process.h"
+#include "common/etcd_client.h"
 #include "serve/etcd_registry.h"
 #include "test_support/etcd_server.h"
 #include "test_support/temp_dir.h"
-#include "transfer/etcd_client.h"
 
 namespace crescent {
 namespace {
@@ -94,7 +94,7 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
 
   // Revoke prefill-0's lease behind its back: its key goes, so the Conductor takes it out of its view,
   // although its reports keep coming; then the instance's keepalive finds the lease gone and registers again.
-  auto client = transfer::EtcdClient::create(etcd.endpoint(), std::chrono::seconds(2)).value();
+  auto client = EtcdClient::create(etcd.endpoint(), std::chrono::seconds(2)).value();
   auto key = client.get(serve::etcd_instance_key(prefix, "prefill-0"));
   ASSERT_TRUE(key.ok() && key->has_value());
   ASSERT_TRUE(client.revoke_lease((*key)->lease).ok());

@@ -1,6 +1,8 @@
 // A small client of etcd 3.4+'s v3 JSON gateway (grpc-gateway): key-value reads, transactions and leases over
-// HTTP with cpp-httplib, errors as crescent Status codes. Shared by the etcd MetadataService
-// (etcd_metadata.cpp) and anything else that keeps state in etcd under a lease (e.g. a leader key).
+// HTTP with cpp-httplib, errors as crescent Status codes. Shared by the transfer engine's etcd
+// MetadataService (transfer/etcd_metadata.cpp), the store's leader election and serve's registry: anything
+// that keeps state in etcd under a lease. Its own library, crescent_etcd, so that only its users link
+// cpp-httplib and OpenSSL.
 //
 // The gateway's conventions, handled here: every request is a POST of a JSON body, keys and values are
 // base64, int64 fields (revisions, lease ids, TTLs) travel as JSON strings, and fields holding their zero
@@ -20,7 +22,7 @@
 
 #include "common/status.h"
 
-namespace crescent::transfer {
+namespace crescent {
 
 /// One key as a range reports it (the key itself is what was asked for).
 struct EtcdKeyValue {
@@ -136,4 +138,4 @@ class EtcdClient {
   std::function<void()> lease_lost_;
 };
 
-}  // namespace crescent::transfer
+}  // namespace crescent

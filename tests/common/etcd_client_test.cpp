@@ -1,6 +1,6 @@
 // EtcdClient against a real etcd (test_support/etcd_server.h: one server per suite, one key prefix per
 // test), and its endpoint parsing and encoding helpers without one.
-#include "transfer/etcd_client.h"
+#include "common/etcd_client.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@ void PrintTo(const Status& status, std::ostream* os) {
 }
 }  // namespace crescent
 
-namespace crescent::transfer {
+namespace crescent {
 namespace {
 
 using ::testing::ElementsAre;
@@ -258,4 +258,4 @@ TEST(EtcdClientOffline, EncodingHelpers) {
 }
 
 }  // namespace
-}  // namespace crescent::transfer
+}  // namespace crescent

@@ -1,5 +1,5 @@
 // EtcdClient: etcd's v3 JSON gateway over cpp-httplib, base64 through OpenSSL.
-#include "transfer/etcd_client.h"
+#include "common/etcd_client.h"
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -8,7 +8,7 @@
 #include <charconv>
 #include <utility>
 
-namespace crescent::transfer {
+namespace crescent {
 namespace {
 
 using nlohmann::json;
@@ -327,4 +327,4 @@ int64_t EtcdClient::int64_field(const json& object, const char* key) {
   return v;
 }
 
-}  // namespace crescent::transfer
+}  // namespace crescent
