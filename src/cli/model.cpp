@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "common/atomic_file.h"
 #include "engine/engine_core.h"
+#include "kv/block_key.h"
 #include "model/cpu_executor.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -145,9 +146,8 @@ int run_generate(const ModelArgs& args) {
   const int64_t blocks = (n + args.max_tokens + args.block_size - 1) / args.block_size;
   model::CpuExecutor executor(
       forward, {.block_size_tokens = args.block_size, .capacity_blocks = std::max<int64_t>(blocks, 1)});
-  // Block keys only matter to a cache; this run has none, so any distinct keys do.
-  std::vector<BlockKey> keys(static_cast<size_t>(n / args.block_size));
-  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i + 1;
+  // The prompt's block keys as a served request's (kv/block_key.h), seeded with the model's identity.
+  const std::vector<BlockKey> keys = kv::prompt_block_keys(ids, args.block_size, loaded->identity);
   if (Status s = executor.add_request(1, {.prompt = std::vector<int32_t>(ids.begin(), ids.end()),
                                           .block_keys = keys,
                                           .output_tokens = args.max_tokens,

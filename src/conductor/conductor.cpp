@@ -225,8 +225,7 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   fits = false;
   for (InstanceId d = 0; d < instances; ++d) {
     const kv::DecodeLoad load = cluster.decode_load(d);
-    const int64_t kv = load.running.kv_tokens + load.waiting.kv_tokens + load.incoming.kv_tokens;
-    has_room_[d] = cluster.decode_up(d) && need <= load.kv_capacity_tokens - kv;
+    has_room_[d] = cluster.decode_up(d) && need <= load.kv_capacity_tokens - load.reserved_kv_tokens();
     fits |= has_room_[d] != 0;
     scores_[d] =
         cost_.decode_step_time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,

@@ -142,7 +142,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     cluster::LoadGauges gauges;
     {
       std::lock_guard lock(mu_);
-      int64_t reserved = 0, capacity = 0;
+      kv::DecodePoolLoad pool;
       for (const Slot& s : slots_) {
         if (!s.up) continue;
         if (s.role == InstanceRole::kPrefill) {
@@ -151,15 +151,9 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
           continue;
         }
         ++gauges.decode_instances_up;
-        gauges.requests_running += s.load.running.requests;
-        gauges.requests_waiting += s.load.waiting.requests;
-        reserved += s.load.running.kv_tokens + s.load.waiting.kv_tokens;
-        gauges.decode_kv_reserved_tokens +=
-            s.load.running.kv_tokens + s.load.waiting.kv_tokens + s.load.incoming.kv_tokens;
-        capacity += s.load.kv_capacity_tokens;
+        pool.add(s.load);
       }
-      gauges.kv_cache_usage =
-          capacity > 0 ? static_cast<double>(reserved) / static_cast<double>(capacity) : 0;
+      gauges.add_decode_pool(pool);
     }
     return core_.metrics().scrape(gauges);
   }
