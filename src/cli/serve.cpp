@@ -66,12 +66,13 @@ struct ServeArgs {
   bool json = false;
   std::string requests_out;
   // Roles started alone.
-  std::string control = "tcp://127.0.0.1:5600";  // conductor: where instances connect
-  std::string conductor;                         // prefill/decode: the Conductor's control endpoint
-  std::string store_master;                      // prefill/decode: the store master's host:port
+  std::string control;       // conductor: where instances connect (empty: control_endpoint_default)
+  std::string conductor;     // prefill/decode: the Conductor's control endpoint
+  std::string store_master;  // prefill: the store master's host:port
   uint32_t index = 0;
-  std::string kv_events_host = "127.0.0.1";  // prefill: where its KV event sockets listen
-  std::string etcd;                          // roles: the registry (etcd_registry.h); "" = none
+  std::string advertise_host;     // roles: the address peers reach this one on (empty: found)
+  std::string transfer_metadata;  // decode: where its KV segment is published (empty: etcd or default)
+  std::string etcd;               // roles: the registry (etcd_registry.h); "" = none
   std::string etcd_prefix = "/crescent-serve";
 };
 
@@ -245,9 +246,10 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   fmt::print(stderr, "crescent serve: starting a store, {} prefill and {} decode instances (logs in {})\n",
              c.prefill_instances, c.decode_instances, run_dir);
   constexpr auto kStartTimeout = std::chrono::seconds(20);
+  const std::string metadata_spec = "dir:" + run_dir + "/metadata";  // segments of this run's members
   auto master = supervisor.start("store-master",
                                  {self, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "",
-                                  "--transfer-metadata", "dir:" + run_dir + "/metadata"},
+                                  "--transfer-metadata", metadata_spec},
                                  "store master on ", kStartTimeout, /*restartable=*/false);
   if (!master.ok()) return fail(master.status());
   // "store master on HOST:PORT (metrics ..."
@@ -312,12 +314,17 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
                                   std::to_string(index),
                                   "--conductor",
                                   control,
-                                  "--store-master",
-                                  master_address,
                                   "--config",
                                   s.config_path,
                                   "--block-size",
                                   std::to_string(args.block_size_tokens)};
+    // A prefill instance uses the pool; a decode instance only publishes its KV segment where the store's
+    // members look segments up.
+    if (std::string_view(role) == "prefill") {
+      argv.insert(argv.end(), {"--store-master", master_address});
+    } else {
+      argv.insert(argv.end(), {"--transfer-metadata", metadata_spec});
+    }
     argv.insert(argv.end(), child_flags.begin(), child_flags.end());
     return argv;
   };
@@ -368,6 +375,23 @@ int run_serve(const ServeArgs& args) {
   return args.in_process ? run_in_process(args, *s) : run_cluster(args, *s);
 }
 
+// The Conductor's control endpoint: --control, or port 5600 on loopback (one machine), or with etcd on the
+// interface that reaches etcd (the instances are elsewhere).
+Result<std::string> control_endpoint(const ServeArgs& args) {
+  if (!args.control.empty()) return args.control;
+  if (args.etcd.empty()) return std::string("tcp://127.0.0.1:5600");
+  if (!args.advertise_host.empty()) return fmt::format("tcp://{}:5600", args.advertise_host);
+  auto etcd = net::url_host_port(args.etcd);
+  if (!etcd.ok()) return Status::invalid_argument(fmt::format("--etcd: {}", etcd.status().message()));
+  auto local = net::local_address_toward(etcd->first, etcd->second);
+  if (!local.ok()) {
+    return Status(local.status().code(), fmt::format("finding this Conductor's address toward etcd at {}: {} "
+                                                     "(give --control or --advertise-host)",
+                                                     args.etcd, local.status().message()));
+  }
+  return fmt::format("tcp://{}:5600", *local);
+}
+
 // `crescent serve conductor`: the Conductor and HTTP front end alone; instances connect to --control.
 int run_conductor_role(const ServeArgs& args) {
   auto s = setup(args);
@@ -376,7 +400,10 @@ int run_conductor_role(const ServeArgs& args) {
   const sigset_t signals = block_stop_signals();
   serve::RemoteClusterOptions remote;
   remote.cluster = s->cluster;
-  remote.control_endpoint = args.control;
+  auto control = control_endpoint(args);
+  if (!control.ok()) return fail(control.status());
+  remote.control_endpoint = *control;
+  remote.advertise_host = args.advertise_host;
   remote.etcd_endpoint = args.etcd;
   remote.etcd_prefix = args.etcd_prefix;
   auto cluster = serve::RemoteCluster::start(remote);
@@ -395,8 +422,8 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
     return fail(
         Status::invalid_argument("--conductor tcp://HOST:PORT or --etcd URL (to find it) is required"));
   }
-  if (args.store_master.empty())
-    return fail(Status::invalid_argument("--store-master is required (HOST:PORT)"));
+  if (role == serve::InstanceRole::kPrefill && args.store_master.empty())
+    return fail(Status::invalid_argument("--store-master is required for a prefill instance (HOST:PORT)"));
   if (args.cpu >= 0) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -412,15 +439,21 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   options.conductor_endpoint = args.conductor;
   options.store_master = args.store_master;
   options.cluster = s->cluster;
-  options.kv_events_host = args.kv_events_host;
+  options.advertise_host = args.advertise_host;
+  options.transfer_metadata = args.transfer_metadata;
   options.etcd_endpoint = args.etcd;
   options.etcd_prefix = args.etcd_prefix;
   auto instance = serve::InstanceServer::start(options);
   if (!instance.ok()) return fail(instance.status());
   const cluster::ClusterConfig& c = s->cluster.config;
-  fmt::print("{}-{}: ready ({}; Conductor {}; store {})\n", serve::to_string(role), args.index,
+  fmt::print("{}-{}: ready ({}; Conductor {}; {})\n", serve::to_string(role), args.index,
              describe_executor(c), args.conductor.empty() ? "from etcd " + args.etcd : args.conductor,
-             args.store_master);
+             role == serve::InstanceRole::kPrefill
+                 ? "store " + args.store_master
+                 : "KV segment published in " +
+                       (args.transfer_metadata.empty()
+                            ? (args.etcd.empty() ? "the default metadata" : "etcd " + args.etcd)
+                            : args.transfer_metadata));
   std::fflush(stdout);
   const int signal = wait_for_stop_signal(signals);
   fmt::print("{}-{}: stopping ({})\n", serve::to_string(role), args.index,
@@ -496,8 +529,11 @@ void register_serve(CLI::App& app, int& exit_code) {
   CLI::App* conductor = cmd->add_subcommand("conductor", "Run the Conductor and HTTP front end alone");
   add_cluster_flags(conductor, *args);
   add_http_flags(conductor, *args);
-  conductor->add_option("--control", args->control, "Where instances connect (ZeroMQ endpoint)")
-      ->capture_default_str();
+  conductor->add_option("--control", args->control,
+                        "Where instances connect, a ZeroMQ endpoint (default: tcp://127.0.0.1:5600; with "
+                        "--etcd, port 5600 on the interface that reaches etcd)");
+  conductor->add_option("--advertise-host", args->advertise_host,
+                        "With --control on every address (tcp://0.0.0.0:P): the host instances reach it on");
   conductor->add_option("--etcd", args->etcd,
                         "Publish --control in this etcd and take as up only instances registered there");
   conductor->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
@@ -518,12 +554,17 @@ void register_serve(CLI::App& app, int& exit_code) {
                          "Register in this etcd under a lease (and find the Conductor there)");
     instance->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
         ->capture_default_str();
-    instance->add_option("--store-master", args->store_master, "The store master's HOST:PORT")->required();
+    if (role == serve::InstanceRole::kPrefill) {
+      instance->add_option("--store-master", args->store_master, "The store master's HOST:PORT")->required();
+    } else {
+      instance->add_option("--transfer-metadata", args->transfer_metadata,
+                           "Where this instance's KV segment is published: dir:PATH or etcd:URL, the store's "
+                           "(default: etcd:URL with --etcd, else the store's default directory)");
+    }
     instance->add_option("--cpu", args->cpu, "Run on this core only (sched_setaffinity)");
-    instance
-        ->add_option("--kv-events-host", args->kv_events_host,
-                     "Address a prefill instance's KV event sockets listen on (the Conductor subscribes)")
-        ->capture_default_str();
+    instance->add_option("--advertise-host", args->advertise_host,
+                         "Address the Conductor and the other instances reach this one on (its KV event "
+                         "sockets, its transfer engine) (default: the interface that reaches the Conductor)");
     instance->callback(
         [args, role, &exit_code] { run_guarded(exit_code, [&] { return run_instance_role(*args, role); }); });
   }

@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "common/atomic_file.h"
+#include "common/socket_io.h"
 #include "store/client.h"
 #include "store/master_client.h"
 #include "store/master_server.h"
@@ -33,7 +34,8 @@ int store_fail(const Status& status) {
 }
 
 struct MasterArgs {
-  std::string listen = "127.0.0.1:50051";
+  std::string listen;  // empty: 127.0.0.1:50051, or with --etcd port 50051 on the interface toward etcd
+  std::string advertise_host;
   std::string metrics = "127.0.0.1:9151";
   std::string transfer_metadata;
   long lease_ttl_ms = 5000;
@@ -50,9 +52,30 @@ struct MasterArgs {
 /// Set from the election thread when this master is deposed; run_master then exits 1.
 std::atomic<bool> g_deposed{false};
 
+// `peer` (a URL or host:port) given: this machine's address toward it (what the peer reaches us on);
+// otherwise `fallback`. `flag` names what to give instead when no route is found.
+Result<std::string> address_toward(const std::string& peer, const std::string& fallback,
+                                   std::string_view flag) {
+  if (peer.empty()) return fallback;
+  auto host_port = net::url_host_port(peer);
+  if (!host_port.ok()) return host_port.status();
+  auto local = net::local_address_toward(host_port->first, host_port->second);
+  if (!local.ok()) {
+    return Status(local.status().code(), fmt::format("finding this machine's address toward {}: {} (give {})",
+                                                     peer, local.status().message(), flag));
+  }
+  return *local;
+}
+
 int run_master(const MasterArgs& args) {
   MasterServerOptions options;
   options.listen_address = args.listen;
+  if (options.listen_address.empty()) {
+    auto host = address_toward(args.etcd, "127.0.0.1", "--listen");
+    if (!host.ok()) return store_fail(host.status());
+    options.listen_address = net::endpoint_key(*host, 50051);
+  }
+  options.advertise_host = args.advertise_host;
   options.metrics_address = args.metrics;
   options.transfer_metadata = args.transfer_metadata;
   options.master.lease_ttl = std::chrono::milliseconds(args.lease_ttl_ms);
@@ -107,7 +130,7 @@ struct NodeArgs {
   std::string ssd;
   std::string ssd_capacity;
   std::string name;
-  std::string tcp_host = "127.0.0.1";
+  std::string tcp_host;  // empty: the interface that reaches the master
   std::string metrics = "127.0.0.1:0";
   std::string transports = "shm,tcp";
 };
@@ -285,8 +308,11 @@ void register_store(CLI::App& app, int& exit_code) {
   auto master_args = std::make_shared<MasterArgs>();
   CLI::App* master =
       store->add_subcommand("master", "Run the store's master (metadata only) until SIGINT/SIGTERM");
-  master->add_option("--listen", master_args->listen, "control-protocol address host:port (port 0 picks one)")
-      ->capture_default_str();
+  master->add_option("--listen", master_args->listen,
+                     "control-protocol address host:port, port 0 picks one (default: 127.0.0.1:50051; with "
+                     "--etcd, port 50051 on the interface that reaches etcd)");
+  master->add_option("--advertise-host", master_args->advertise_host,
+                     "with --listen on every address (0.0.0.0:P): the host nodes and clients reach it on");
   master->add_option("--metrics", master_args->metrics, "/metrics address host:port ('' = off)")
       ->capture_default_str();
   master->add_option(
@@ -337,8 +363,8 @@ void register_store(CLI::App& app, int& exit_code) {
   node->add_option("--ssd-capacity", node_args->ssd_capacity, "size of the SSD tier, e.g. 64GiB");
   node->add_option("--name", node_args->name,
                    "engine name, unique in the cluster (default store-node-HOST-PID)");
-  node->add_option("--tcp-host", node_args->tcp_host, "address clients reach this node on")
-      ->capture_default_str();
+  node->add_option("--tcp-host", node_args->tcp_host,
+                   "address clients reach this node on (default: the interface that reaches the master)");
   node->add_option("--metrics", node_args->metrics, "/metrics address host:port ('' = off)")
       ->capture_default_str();
   node->add_option("--transports", node_args->transports, "comma list of shm, tcp, ucx")

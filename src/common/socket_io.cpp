@@ -189,6 +189,62 @@ Result<SocketAddress> resolve_tcp(const std::string& host, int port) {
   return address;
 }
 
+bool is_wildcard_host(std::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "*" || host == "[::]";
+}
+
+Result<std::string> local_address_toward(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port_text = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found); rc != 0) {
+    return Status::unavailable(
+        fmt::format("cannot resolve {}: {}", endpoint_key(host, port), ::gai_strerror(rc)));
+  }
+  const int fd = ::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    ::freeaddrinfo(found);
+    return Status::unavailable(fmt::format("socket: {}", std::strerror(errno)));
+  }
+  const int rc = ::connect(fd, found->ai_addr, found->ai_addrlen);
+  ::freeaddrinfo(found);
+  sockaddr_storage local{};
+  socklen_t length = sizeof(local);
+  if (rc != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Status::unavailable(fmt::format("no route to {}: {}", endpoint_key(host, port), why));
+  }
+  ::close(fd);
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* address = local.ss_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+  if (::inet_ntop(local.ss_family, address, text, sizeof(text)) == nullptr) {
+    return Status::unavailable(fmt::format("inet_ntop: {}", std::strerror(errno)));
+  }
+  return std::string(text);
+}
+
+Result<std::pair<std::string, int>> url_host_port(std::string_view url) {
+  int default_port = -1;
+  if (const size_t scheme = url.find("://"); scheme != std::string_view::npos) {
+    if (url.substr(0, scheme) == "http") default_port = 80;
+    if (url.substr(0, scheme) == "https") default_port = 443;
+    url.remove_prefix(scheme + 3);
+  }
+  if (const size_t slash = url.find('/'); slash != std::string_view::npos) url = url.substr(0, slash);
+  auto split = split_host_port(url);
+  if (split.ok() && !split->first.empty()) return split;
+  if (default_port > 0 && !url.empty() && url.find(':') == std::string_view::npos) {
+    return std::pair<std::string, int>(std::string(url), default_port);
+  }
+  return Status::invalid_argument(fmt::format("'{}' names no host and port", url));
+}
+
 Result<Listener> listen_tcp(const std::string& host, int port, const std::function<void(int)>& configure) {
   const std::string where = endpoint_key(host, port);
   addrinfo hints{};

@@ -86,6 +86,19 @@ struct SocketAddress {
 /// Resolves host:port (numeric port) for connecting; kUnavailable with the resolver's message.
 Result<SocketAddress> resolve_tcp(const std::string& host, int port);
 
+/// Whether `host` names every local address ("", "0.0.0.0", "::", "*"): bindable, but no address a peer can
+/// reach.
+bool is_wildcard_host(std::string_view host);
+
+/// This machine's address (numeric) on the interface its packets to host:port leave by: the address a peer
+/// there reaches it on (127.0.0.1 when the peer is on this machine's loopback). Sends nothing (a UDP
+/// socket's connect only picks the route). kUnavailable when host does not resolve or no route leads there.
+Result<std::string> local_address_toward(const std::string& host, int port);
+
+/// The address of a URL's host and port ("http://HOST:PORT/...", "tcp://HOST:PORT", or "HOST:PORT"), port
+/// 80 for an http URL without one. kInvalidArgument naming `url` when it has no host.
+Result<std::pair<std::string, int>> url_host_port(std::string_view url);
+
 /// A listening socket (non-blocking, close-on-exec, SO_REUSEADDR) and the port it bound.
 struct Listener {
   int fd = -1;

@@ -18,6 +18,7 @@
 
 #include "cluster/cluster_config.h"
 #include "common/clock.h"
+#include "common/socket_io.h"
 #include "engine/engine_core.h"
 #include "model/cpu_executor.h"
 #include "model/cpu_limits.h"
@@ -26,6 +27,8 @@
 #include "serve/kv_events.h"
 #include "store/client.h"
 #include "store/segment_allocator.h"
+#include "transfer/metadata.h"
+#include "transfer/transfer_engine.h"
 
 namespace crescent::serve {
 namespace {
@@ -42,9 +45,10 @@ uint64_t make_incarnation() {
 
 class InstanceServer::Impl final : public engine::EngineListener {
  public:
-  /// `model`: the cpu executor's (nullptr: the mock's).
+  /// `model`: the cpu executor's (nullptr: the mock's). A prefill instance has a `store` client (the pool)
+  /// and uses its transfer engine; a decode instance has a transfer engine of its own (`engine`).
   Impl(const InstanceOptions& options, std::unique_ptr<store::Client> store,
-       std::unique_ptr<model::LlamaForward> model)
+       std::unique_ptr<transfer::TransferEngine> engine, std::unique_ptr<model::LlamaForward> model)
       : options_(options),
         config_(options.cluster.config),
         block_tokens_(options.cluster.block_size_tokens),
@@ -52,6 +56,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
         mock_executor_(cost_),
         model_(std::move(model)),
         store_(std::move(store)),
+        own_transfer_(std::move(engine)),
+        transfer_(store_ ? store_->engine() : *own_transfer_),
         block_bytes_(
             model_ ? static_cast<uint64_t>(model_->kv_layout(block_tokens_).block_bytes())
                    : kv_block_bytes(block_tokens_, scaled_kv_bytes_per_token(cost_.kv_bytes_per_token(),
@@ -85,20 +91,20 @@ class InstanceServer::Impl final : public engine::EngineListener {
     // its whole HBM KV capacity plus a block of slack per possible request rounding.
     if (prefill()) {
       kv_memory_bytes_ = (max_prompt_blocks_ + 1) * block_bytes_;
-      auto publisher = KvEventPublisher::start(fmt::format("tcp://{}:0", options_.kv_events_host),
-                                               fmt::format("tcp://{}:0", options_.kv_events_host));
+      auto publisher = KvEventPublisher::start(fmt::format("tcp://{}:0", options_.advertise_host),
+                                               fmt::format("tcp://{}:0", options_.advertise_host));
       if (!publisher.ok()) return publisher.status();
       kv_events_ = std::move(*publisher);
     } else {
       kv_memory_bytes_ = (max_prompt_blocks_ + 512) * block_bytes_;
       allocator_.emplace(kv_memory_bytes_);
     }
-    auto memory = store_->engine().allocate_memory(kv_memory_bytes_);
+    auto memory = transfer_.allocate_memory(kv_memory_bytes_);
     if (!memory.ok()) return memory.status();
     kv_memory_ = static_cast<std::byte*>(*memory);
     if (!prefill()) {
       segment_ = fmt::format("{}-{}/kv", identity_, incarnation_);
-      CRESCENT_RETURN_IF_ERROR(store_->engine().expose_segment(segment_, kv_memory_, kv_memory_bytes_));
+      CRESCENT_RETURN_IF_ERROR(transfer_.expose_segment(segment_, kv_memory_, kv_memory_bytes_));
     }
     try {
       control_.set(zmq::sockopt::routing_id, identity_);
@@ -118,7 +124,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   ~Impl() override {
     stopping_ = true;
     if (thread_.joinable()) thread_.join();
-    if (!segment_.empty()) (void)store_->engine().withdraw_segment(segment_);
+    if (!segment_.empty()) (void)transfer_.withdraw_segment(segment_);
   }
 
   // ---- EngineListener ----
@@ -406,12 +412,12 @@ class InstanceServer::Impl final : public engine::EngineListener {
       fill_block(order, b, keys[static_cast<size_t>(b)]);
     const uint64_t offset = static_cast<uint64_t>(order.shipped_blocks) * block_bytes_;
     const uint64_t bytes = static_cast<uint64_t>(to_block - order.shipped_blocks) * block_bytes_;
-    auto segment = store_->engine().open_segment(order.target->segment);
+    auto segment = transfer_.open_segment(order.target->segment);
     if (!segment.ok()) {
       order.ship_error = segment.status();
       return;
     }
-    auto batch = store_->engine().allocate_batch(1);
+    auto batch = transfer_.allocate_batch(1);
     if (!batch.ok()) {
       order.ship_error = batch.status();
       return;
@@ -421,17 +427,17 @@ class InstanceServer::Impl final : public engine::EngineListener {
                                             .segment = *segment,
                                             .offset_bytes = order.target->offset_bytes + offset,
                                             .length_bytes = bytes};
-    Status submitted = store_->engine().submit(*batch, std::span(&request, 1));
-    Result<transfer::BatchSummary> summary = submitted.ok() ? store_->engine().wait(*batch, kTransferTimeout)
-                                                            : Result<transfer::BatchSummary>(submitted);
+    Status submitted = transfer_.submit(*batch, std::span(&request, 1));
+    Result<transfer::BatchSummary> summary =
+        submitted.ok() ? transfer_.wait(*batch, kTransferTimeout) : Result<transfer::BatchSummary>(submitted);
     if (!summary.ok()) {
       order.ship_error = summary.status();
     } else if (summary->completed != 1) {
-      auto status = store_->engine().status(*batch, 0);
+      auto status = transfer_.status(*batch, 0);
       order.ship_error = Status::unavailable(fmt::format("writing KV to {} failed: {}", order.target->segment,
                                                          status.ok() ? status->error : "timed out"));
     }
-    if (summary.ok() && summary->pending() == 0) (void)store_->engine().free_batch(*batch);
+    if (summary.ok() && summary->pending() == 0) (void)transfer_.free_batch(*batch);
     if (!order.ship_error.ok()) return;
     order.shipped_blocks = to_block;
     order.shipped_bytes += bytes;
@@ -704,8 +710,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
   std::unique_ptr<model::LlamaForward> model_;        // the cpu executor's
   std::unique_ptr<model::CpuExecutor> cpu_executor_;  // or the mock's
   std::unique_ptr<engine::EngineCore> engine_;
-  std::unique_ptr<store::Client> store_;
-  std::unique_ptr<KvEventPublisher> kv_events_;  // prefill
+  std::unique_ptr<store::Client> store_;                    // prefill: the KV cache pool
+  std::unique_ptr<transfer::TransferEngine> own_transfer_;  // decode: its engine (prefill: the store's)
+  transfer::TransferEngine& transfer_;                      // what moves KV bytes
+  std::unique_ptr<KvEventPublisher> kv_events_;             // prefill
   const uint64_t block_bytes_;
   const int64_t max_prompt_blocks_;
   const uint64_t incarnation_;
@@ -738,13 +746,9 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
                                                 options.index, count, to_string(options.role)));
   }
   CRESCENT_RETURN_IF_ERROR(validate(options.cluster));
-  store::ClientOptions client_options;
-  client_options.master.address = options.store_master;
-  client_options.staging_bytes = 4 << 20;  // KV buffers are registered: staging is for nothing else
-  auto client = store::Client::create(client_options);
-  if (!client.ok()) {
-    return Status(client.status().code(), fmt::format("connecting to the store master at {}: {}",
-                                                      options.store_master, client.status().message()));
+  const bool prefill = options.role == InstanceRole::kPrefill;
+  if (prefill && options.store_master.empty()) {
+    return Status::invalid_argument("a prefill instance needs the store master (--store-master HOST:PORT)");
   }
   InstanceOptions resolved = options;
   std::optional<EtcdClient> etcd;
@@ -758,6 +762,47 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
       if (!endpoint.ok()) return endpoint.status();
       resolved.conductor_endpoint = *endpoint;
     }
+  }
+  if (resolved.advertise_host.empty()) {
+    // The interface the Conductor is reached through is the one it (and the other members) reach us on.
+    auto conductor = net::url_host_port(resolved.conductor_endpoint);
+    if (!conductor.ok()) return conductor.status();
+    auto local = net::local_address_toward(conductor->first, conductor->second);
+    if (!local.ok()) {
+      return Status(local.status().code(),
+                    fmt::format("finding this instance's address toward the Conductor at {}: {} (give "
+                                "--advertise-host)",
+                                resolved.conductor_endpoint, local.status().message()));
+    }
+    resolved.advertise_host = *local;
+  }
+  if (resolved.transfer_metadata.empty()) {
+    resolved.transfer_metadata = etcd ? "etcd:" + options.etcd_endpoint : transfer::default_metadata_spec();
+  }
+  const std::string name = fmt::format("{}-{}", to_string(options.role), options.index);
+  std::unique_ptr<store::Client> client;
+  std::unique_ptr<transfer::TransferEngine> engine;
+  if (prefill) {
+    store::ClientOptions client_options;
+    client_options.master.address = options.store_master;
+    client_options.staging_bytes = 4 << 20;  // KV buffers are registered: staging is for nothing else
+    client_options.tcp_host = resolved.advertise_host;
+    auto created = store::Client::create(client_options);
+    if (!created.ok()) {
+      return Status(created.status().code(), fmt::format("connecting to the store master at {}: {}",
+                                                         options.store_master, created.status().message()));
+    }
+    client = std::move(*created);
+  } else {
+    auto metadata = transfer::open_metadata(resolved.transfer_metadata);
+    if (!metadata.ok()) return metadata.status();
+    transfer::EngineOptions engine_options;
+    engine_options.name = fmt::format("serve-{}-{:x}", name, make_incarnation());
+    engine_options.metadata = *metadata;
+    engine_options.tcp.listen_host = resolved.advertise_host;
+    auto created = transfer::TransferEngine::create(engine_options);
+    if (!created.ok()) return created.status();
+    engine = std::move(*created);
   }
   std::unique_ptr<model::LlamaForward> model;
   if (config.serve.executor == cluster::ExecutorKind::kCpu) {
@@ -775,11 +820,10 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
     cpu_set_t set;
     if (::sched_getaffinity(0, sizeof(set), &set) == 0) model::set_compute_threads(CPU_COUNT(&set));
   }
-  auto impl = std::make_unique<Impl>(resolved, std::move(*client), std::move(model));
+  auto impl = std::make_unique<Impl>(resolved, std::move(client), std::move(engine), std::move(model));
   CRESCENT_RETURN_IF_ERROR(impl->init());
   std::unique_ptr<LeasedKey> registration;
   if (etcd) {
-    const std::string name = fmt::format("{}-{}", to_string(options.role), options.index);
     auto registered = LeasedKey::start(*etcd, etcd_instance_key(options.etcd_prefix, name),
                                        std::to_string(::getpid()), std::chrono::seconds(2));
     if (!registered.ok()) return registered.status();

@@ -24,11 +24,19 @@ class LeasedKey;
 
 struct InstanceOptions {
   InstanceRole role = InstanceRole::kPrefill;
-  uint32_t index = 0;               // within its pool, < the config's count
-  std::string conductor_endpoint;   // the Conductor's control socket, "tcp://HOST:PORT" ("": from etcd)
-  std::string store_master;         // the store master's host:port (KV pool and transfer metadata)
+  uint32_t index = 0;              // within its pool, < the config's count
+  std::string conductor_endpoint;  // the Conductor's control socket, "tcp://HOST:PORT" ("": from etcd)
+  /// Prefill: the store master's host:port (the KV cache pool; its Hello names the transfer metadata).
+  /// Decode needs no store: it only exposes the memory its requests' KV is written into.
+  std::string store_master;
   cluster::ClusterOptions cluster;  // model, hardware, capacities, "serve" section, block size
-  std::string kv_events_host = "127.0.0.1";  // where a prefill instance's KV event sockets listen
+  /// The address peers reach this instance on: a prefill instance's KV event sockets (the Conductor
+  /// subscribes) and the transfer engine's tcp endpoint (a decode instance's KV segment). Empty: the address
+  /// of the interface that reaches the Conductor (or etcd), so never loopback when they are elsewhere.
+  std::string advertise_host;
+  /// Decode: where its KV segment is published (transfer::open_metadata spec; prefill instances look it up
+  /// there through the store's). Empty: "etcd:" + etcd_endpoint with etcd, else the store's default.
+  std::string transfer_metadata;
   /// With an etcd endpoint: register under etcd_prefix/instances/NAME with a lease while running, and find
   /// the Conductor's control socket there when conductor_endpoint is empty (etcd_registry.h).
   std::string etcd_endpoint;
@@ -37,10 +45,11 @@ struct InstanceOptions {
 
 class InstanceServer {
  public:
-  /// Connects to the store, allocates and registers KV memory, binds the KV event sockets, starts the
-  /// instance's thread (it says hello to the Conductor, reconnecting while the Conductor is away) and, with
-  /// etcd, registers. kInvalidArgument for an index out of range; the store's, ZeroMQ's or etcd's error
-  /// otherwise (kUnavailable: no Conductor in etcd within 20 s).
+  /// Connects to the store (prefill) or starts a transfer engine (decode), allocates and registers KV
+  /// memory, binds the KV event sockets, starts the instance's thread (it says hello to the Conductor,
+  /// reconnecting while the Conductor is away) and, with etcd, registers. kInvalidArgument for an index out
+  /// of range or a prefill instance without a store; the store's, the transfer engine's, ZeroMQ's or etcd's
+  /// error otherwise (kUnavailable: no Conductor in etcd within 20 s, or no route to it).
   static Result<std::unique_ptr<InstanceServer>> start(const InstanceOptions& options);
   /// Stops the thread and releases everything.
   ~InstanceServer();

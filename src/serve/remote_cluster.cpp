@@ -15,6 +15,7 @@
 #include <zmq_addon.hpp>
 
 #include "common/clock.h"
+#include "common/socket_io.h"
 #include "serve/etcd_registry.h"
 #include "serve/instance_wire.h"
 #include "serve/kv_blocks.h"
@@ -84,6 +85,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
                                              options_.control_endpoint, e.what()));
     }
     if (wake_fd_ < 0) return Status::io_error("eventfd failed");
+    if (Status advertised = advertise(); !advertised.ok()) return advertised;
     if (!options_.etcd_endpoint.empty()) {
       auto client = EtcdClient::create(options_.etcd_endpoint, std::chrono::seconds(2));
       if (!client.ok()) return client.status();
@@ -109,6 +111,25 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   }
 
   const std::string& endpoint() const { return endpoint_; }
+
+  // A control socket bound to every address is published under the host instances reach it on.
+  Status advertise() {
+    auto bound = net::url_host_port(endpoint_);
+    if (!bound.ok()) return bound.status();
+    if (!net::is_wildcard_host(bound->first)) return Status();
+    std::string host = options_.advertise_host;
+    if (host.empty() && !options_.etcd_endpoint.empty()) {
+      auto etcd = net::url_host_port(options_.etcd_endpoint);
+      if (!etcd.ok()) return etcd.status();
+      auto local = net::local_address_toward(etcd->first, etcd->second);
+      if (!local.ok()) return local.status();
+      host = *local;
+    }
+    if (host.empty()) host = "127.0.0.1";
+    endpoint_ = fmt::format("tcp://{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host,
+                            bound->second);
+    return Status();
+  }
 
   bool wait_until_all_up(std::chrono::milliseconds timeout) {
     std::unique_lock lock(mu_);

@@ -20,6 +20,9 @@ namespace crescent::serve {
 struct RemoteClusterOptions {
   cluster::ClusterOptions cluster;
   std::string control_endpoint = "tcp://127.0.0.1:0";  // where instances connect (port 0: any free one)
+  /// The host instances reach the control socket on, when it is bound to every address (tcp://0.0.0.0:P):
+  /// empty = the address of the interface that reaches etcd. Unused when it is bound to one address.
+  std::string advertise_host;
   bool log_instances = true;  // print "prefill-0 up" / "decode-1 down" lines to stderr
   /// With an etcd endpoint ("http://HOST:PORT"): publish the control endpoint under etcd_prefix/conductor and
   /// take as up only instances registered under etcd_prefix/instances/ (etcd_registry.h). Empty: the control
@@ -35,7 +38,8 @@ class RemoteCluster final : public cluster::Cluster {
   static Result<std::unique_ptr<RemoteCluster>> start(const RemoteClusterOptions& options);
   ~RemoteCluster() override;
 
-  /// The control endpoint as bound, "tcp://HOST:PORT", for instances' --conductor.
+  /// The control endpoint as instances reach it, "tcp://HOST:PORT" (what --conductor takes, and what etcd
+  /// holds): the bound one, its host replaced by the advertised one when bound to every address.
   const std::string& control_endpoint() const;
   /// Waits until every instance the config names is up; false when `timeout` passes first.
   bool wait_until_all_up(std::chrono::milliseconds timeout) const;

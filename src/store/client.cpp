@@ -12,9 +12,10 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/socket_io.h"
 #include "store/mounted_segment.h"
 #include "store/segment_allocator.h"
-#include "store/transfer_metadata.h"
+#include "transfer/metadata.h"
 
 namespace crescent::store {
 namespace {
@@ -496,7 +497,7 @@ Result<std::unique_ptr<Client>> Client::create(ClientOptions options) {
   auto master = MasterClient::connect(impl->options.master);
   if (!master.ok()) return master.status();
   impl->master = std::move(*master);
-  auto metadata = open_transfer_metadata(impl->master->info().transfer_metadata);
+  auto metadata = transfer::open_metadata(impl->master->info().transfer_metadata);
   if (!metadata.ok()) {
     return Status(metadata.status().code(),
                   "opening the transfer metadata the master named: " + metadata.status().message());
@@ -507,6 +508,13 @@ Result<std::unique_ptr<Client>> Client::create(ClientOptions options) {
   engine_options.metadata = impl->metadata;
   engine_options.transports = impl->options.transports;
   engine_options.tcp.listen_host = impl->options.tcp_host;
+  if (engine_options.tcp.listen_host.empty()) {
+    auto host = net::split_host_port(impl->master->address());
+    auto local =
+        host.ok() ? net::local_address_toward(host->first, host->second) : Result<std::string>(host.status());
+    if (!local.ok()) return local.status();
+    engine_options.tcp.listen_host = *local;
+  }
   engine_options.failure.request_timeout = impl->options.transfer_timeout;
   auto engine = transfer::TransferEngine::create(engine_options);
   if (!engine.ok()) return engine.status();

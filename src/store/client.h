@@ -55,7 +55,9 @@ struct ClientOptions {
   std::string name = "";  // transfer-engine name, unique in the cluster; "" = store-client-HOST-PID-N
   std::vector<transfer::TransportKind> transports = {transfer::TransportKind::kShm,
                                                      transfer::TransportKind::kTcp};
-  std::string tcp_host = "127.0.0.1";    // address segment owners connect back to (tcp serves both ways)
+  /// Address segment owners connect back to (tcp serves both ways); empty: this machine's address on the
+  /// interface that reaches the master.
+  std::string tcp_host;
   uint64_t staging_bytes = 64ull << 20;  // registered pool for unregistered buffers
   uint64_t segment_bytes = 0;            // > 0: also mount a DRAM segment of this size from this client
   std::chrono::milliseconds transfer_timeout{10000};  // per transfer batch

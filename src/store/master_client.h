@@ -38,7 +38,7 @@ struct MasterClientOptions {
 
 /// What the master tells its members at connect (Hello).
 struct MasterInfo {
-  std::string transfer_metadata;  // store/transfer_metadata.h spec
+  std::string transfer_metadata;  // transfer::open_metadata spec
   std::chrono::milliseconds lease_ttl{0};
   std::chrono::milliseconds segment_ttl{0};
 };

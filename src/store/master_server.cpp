@@ -15,7 +15,7 @@
 #include "store/control_rpc.h"
 #include "store/metrics.h"
 #include "store/rpc_convert.h"
-#include "store/transfer_metadata.h"
+#include "transfer/metadata.h"
 
 namespace crescent::store {
 namespace {
@@ -294,7 +294,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
   }
   if (options.transfer_metadata.empty()) {
     options.transfer_metadata =
-        options.etcd.endpoint.empty() ? default_transfer_metadata_spec() : "etcd:" + options.etcd.endpoint;
+        options.etcd.endpoint.empty() ? transfer::default_metadata_spec() : "etcd:" + options.etcd.endpoint;
   }
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->leading = impl->options.etcd.endpoint.empty();
@@ -316,7 +316,20 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
   impl->server = std::move(*server);
   // The listen address parsed when the server started, so this cannot fail.
   const auto host_port = net::split_host_port(impl->options.listen_address).value();
-  impl->address = net::endpoint_key(host_port.first, impl->server->port());
+  std::string host = host_port.first;
+  if (net::is_wildcard_host(host)) {
+    // Bound to every address: published under the one the other members reach.
+    host = impl->options.advertise_host;
+    if (host.empty() && !impl->options.etcd.endpoint.empty()) {
+      auto etcd = net::url_host_port(impl->options.etcd.endpoint);
+      auto local = etcd.ok() ? net::local_address_toward(etcd->first, etcd->second)
+                             : Result<std::string>(etcd.status());
+      if (!local.ok()) return local.status();
+      host = *local;
+    }
+    if (host.empty()) host = "127.0.0.1";
+  }
+  impl->address = net::endpoint_key(host, impl->server->port());
   if (!impl->options.metrics_address.empty()) {
     Master* master = &impl->master;
     auto metrics = MetricsEndpoint::start(impl->options.metrics_address, impl->registry,

@@ -17,9 +17,12 @@ namespace crescent::store {
 /// Settings of a master process.
 struct MasterServerOptions {
   std::string listen_address = "127.0.0.1:50051";  // host:port of the control protocol; port 0: a free one
+  /// With listen_address on every address (0.0.0.0:P): the host published in etcd and reported by address()
+  /// for nodes and clients to reach. Empty: the interface that reaches etcd (loopback without etcd).
+  std::string advertise_host;
   std::string metrics_address = "127.0.0.1:9151";  // host:port serving /metrics; port 0 picks one; "" = none
   /// Where nodes and clients publish and find transfer-engine segments, handed to them by Hello:
-  /// "dir:PATH" (one machine, no service; store/transfer_metadata.h) or "etcd:URL". "" = the default dir.
+  /// "dir:PATH" (one machine, no service; transfer/metadata.h) or "etcd:URL". "" = the default dir.
   std::string transfer_metadata = "";
   MasterOptions master = {};
   std::chrono::milliseconds tick_interval{100};  // how often Master::tick runs

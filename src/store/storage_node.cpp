@@ -3,9 +3,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "common/socket_io.h"
 #include "store/metrics.h"
 #include "store/mounted_segment.h"
-#include "store/transfer_metadata.h"
+#include "transfer/metadata.h"
 
 namespace crescent::store {
 
@@ -66,13 +67,21 @@ Result<std::unique_ptr<StorageNode>> StorageNode::start(StorageNodeOptions optio
   auto master = MasterClient::connect(impl->options.master);
   if (!master.ok()) return master.status();
   impl->master = std::move(*master);
-  auto metadata = open_transfer_metadata(impl->master->info().transfer_metadata);
+  auto metadata = transfer::open_metadata(impl->master->info().transfer_metadata);
   if (!metadata.ok()) return metadata.status();
   transfer::EngineOptions engine_options;
   engine_options.name = impl->options.name;
   engine_options.metadata = *metadata;
   engine_options.transports = impl->options.transports;
   engine_options.tcp.listen_host = impl->options.tcp_host;
+  if (engine_options.tcp.listen_host.empty()) {
+    // Clients reach this node's segment on the interface the master is reached through.
+    auto host = net::split_host_port(impl->master->address());
+    auto local =
+        host.ok() ? net::local_address_toward(host->first, host->second) : Result<std::string>(host.status());
+    if (!local.ok()) return local.status();
+    engine_options.tcp.listen_host = *local;
+  }
   auto engine = transfer::TransferEngine::create(engine_options);
   if (!engine.ok()) return engine.status();
   impl->engine = std::move(*engine);

@@ -22,7 +22,8 @@ struct StorageNodeOptions {
   uint64_t dram_bytes = 1ull << 30;  // size of the DRAM segment
   std::vector<transfer::TransportKind> transports = {transfer::TransportKind::kShm,
                                                      transfer::TransportKind::kTcp};
-  std::string tcp_host = "127.0.0.1";           // address clients connect to
+  /// Address clients connect to; empty: this machine's address on the interface that reaches the master.
+  std::string tcp_host;
   std::string metrics_address = "127.0.0.1:0";  // /metrics; port 0 picks one; "" = none
   std::string ssd_dir = "";         // "" = no SSD tier; else objects evicted from DRAM are spilled here
   uint64_t ssd_capacity_bytes = 0;  // the SSD tier's size (least recently used files go beyond it)

@@ -347,4 +347,21 @@ Result<std::shared_ptr<MetadataService>> make_directory_metadata(const std::stri
   return std::shared_ptr<MetadataService>(std::move(service));
 }
 
+std::string default_metadata_spec() {
+  return fmt::format("dir:/tmp/crescent-store-{}/metadata", ::getuid());
+}
+
+Result<std::shared_ptr<MetadataService>> open_metadata(std::string_view spec) {
+  if (spec.starts_with("dir:") && spec.size() > 4)
+    return make_directory_metadata(std::string(spec.substr(4)));
+  if (spec.starts_with("etcd:") && spec.size() > 5) {
+    EtcdOptions options;
+    options.endpoint = std::string(spec.substr(5));
+    options.prefix = "/crescent-store";
+    return make_etcd_metadata(options);
+  }
+  return Status::invalid_argument(
+      fmt::format("transfer metadata '{}' is neither 'dir:PATH' nor 'etcd:URL'", spec));
+}
+
 }  // namespace crescent::transfer

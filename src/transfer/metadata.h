@@ -84,4 +84,14 @@ struct EtcdOptions {
 /// kUnavailable when etcd cannot be reached at creation.
 Result<std::shared_ptr<MetadataService>> make_etcd_metadata(const EtcdOptions& options);
 
+/// The spec of the service every member of one cluster shares when none is given:
+/// "dir:/tmp/crescent-store-UID/metadata" (one machine; per user).
+std::string default_metadata_spec();
+
+/// Opens the service a spec names: "dir:PATH" (make_directory_metadata) or "etcd:URL" (make_etcd_metadata,
+/// prefix /crescent-store). kInvalidArgument for another form; the service's error when it cannot be opened.
+/// The store's master hands its spec to nodes and clients (Hello); instances that expose memory without the
+/// store (a decode instance) are given the same spec.
+Result<std::shared_ptr<MetadataService>> open_metadata(std::string_view spec);
+
 }  // namespace crescent::transfer

@@ -75,11 +75,17 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
 
   std::vector<std::unique_ptr<ChildProcess>> instances;
   for (const char* role : {"prefill", "decode"}) {
-    // No --conductor: found in etcd.
-    auto instance = ChildProcess::start(
-        {CRESCENT_BINARY, "serve", role, "--index", "0", "--config", dir.file("one.json"), "--store-master",
-         master_address, "--etcd", etcd.endpoint(), "--etcd-prefix", prefix},
-        dir.file(std::string(role) + ".log"));
+    // No --conductor: found in etcd. A prefill instance uses the pool; a decode instance only publishes its
+    // KV segment where the store's members look segments up.
+    std::vector<std::string> argv{
+        CRESCENT_BINARY, "serve",         role,  "--index", "0", "--config", dir.file("one.json"), "--etcd",
+        etcd.endpoint(), "--etcd-prefix", prefix};
+    if (std::string_view(role) == "prefill") {
+      argv.insert(argv.end(), {"--store-master", master_address});
+    } else {
+      argv.insert(argv.end(), {"--transfer-metadata", "dir:" + dir.file("metadata")});
+    }
+    auto instance = ChildProcess::start(argv, dir.file(std::string(role) + ".log"));
     ASSERT_TRUE(instance.ok());
     ASSERT_TRUE((*instance)->wait_for_line("ready", std::chrono::seconds(30)).ok())
         << (*instance)->log_tail();
