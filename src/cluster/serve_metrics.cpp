@@ -53,6 +53,10 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                           .Help("KV bytes the instance processes really moved, scaled down by kv_bytes_scale "
                                 "(prefill_to_decode, pool_read, pool_write)")
                           .Register(*registry_)),
+      kv_transport_bytes_(prometheus::BuildCounter()
+                              .Name("crescent_kv_prefill_to_decode_bytes_total")
+                              .Help("KV bytes written prefill -> decode, by the transport that carried them")
+                              .Register(*registry_)),
       pool_prefix_(
           prometheus::BuildCounter()
               .Name("crescent_pool_prefix_tokens_total")
@@ -124,6 +128,10 @@ void ServeMetrics::observe_prefix(int64_t prompt_tokens, int64_t local_tokens, i
 }
 void ServeMetrics::observe_kv_bytes_moved(std::string_view path, uint64_t bytes) {
   kv_bytes_moved_.Add({{"path", std::string(path)}}).Increment(static_cast<double>(bytes));
+}
+
+void ServeMetrics::observe_kv_transport(std::string_view transport, uint64_t bytes) {
+  kv_transport_bytes_.Add({{"transport", std::string(transport)}}).Increment(static_cast<double>(bytes));
 }
 
 void ServeMetrics::observe_kv_writes(uint64_t writes) {

@@ -64,6 +64,9 @@ class ServeMetrics {
   /// through the transfer engine, "pool_read" and "pool_write" to and from the store), scaled down by the
   /// config's kv_bytes_scale from what the model would move.
   void observe_kv_bytes_moved(std::string_view path, uint64_t bytes);
+  /// KV bytes written prefill -> decode by the transport that carried them ("tcp", "shm", "ucx":
+  /// crescent_kv_prefill_to_decode_bytes_total{transport}): shm only between processes of one host.
+  void observe_kv_transport(std::string_view transport, uint64_t bytes);
   /// A prompt's KV reached its decode instance in `writes` transfers (crescent_kv_transfer_writes_total):
   /// chunks streamed while its prefill ran, then the rest at prefill done.
   void observe_kv_writes(uint64_t writes);
@@ -89,6 +92,7 @@ class ServeMetrics {
   prometheus::Family<prometheus::Counter>& prefix_tokens_;
   prometheus::Family<prometheus::Counter>& kv_bytes_;
   prometheus::Family<prometheus::Counter>& kv_bytes_moved_;
+  prometheus::Family<prometheus::Counter>& kv_transport_bytes_;
   prometheus::Family<prometheus::Counter>& pool_prefix_;
   prometheus::Counter& kv_blocks_verified_;
   prometheus::Counter& kv_checksum_failures_;

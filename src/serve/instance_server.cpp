@@ -267,7 +267,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
     int64_t shipped_blocks = 0;
     uint64_t shipped_bytes = 0;
     uint64_t shipped_writes = 0;
-    Status ship_error;  // the first failed chunk write: the request fails at prefill done
+    std::string transport;  // what carried them (transfer::transport_name)
+    Status ship_error;      // the first failed chunk write: the request fails at prefill done
   };
   // A request placed on this decode instance: its KV's block keys and how it samples.
   struct Expected {
@@ -363,6 +364,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       if (order.ship_error.ok()) {
         m.kv_bytes = order.shipped_bytes;
         m.kv_chunks = order.shipped_writes;
+        m.kv_transport = order.transport;
       } else {
         m.error = order.ship_error.message();
       }
@@ -416,6 +418,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
     if (!segment.ok()) {
       order.ship_error = segment.status();
       return;
+    }
+    if (auto kind = transfer_.segment_transport(*segment); kind.ok()) {
+      order.transport = std::string(transfer::transport_name(*kind));
     }
     auto batch = transfer_.allocate_batch(1);
     if (!batch.ok()) {

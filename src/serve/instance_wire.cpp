@@ -7,7 +7,7 @@
 namespace crescent::serve {
 namespace {
 
-constexpr uint32_t kFields = 46;  // what encode packs, in order
+constexpr uint32_t kFields = 47;  // what encode packs, in order
 constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kFirstToken);
 
 template <typename Packer>
@@ -71,6 +71,7 @@ std::string encode(const InstanceMessage& m) {
   pk.pack_int64(m.fetched_tokens_expected);
   pk.pack_uint64(m.kv_bytes);
   pk.pack_uint64(m.kv_chunks);
+  pk.pack(m.kv_transport);
   pk.pack_uint64(m.pool_read_bytes);
   pk.pack_uint64(m.pool_write_bytes);
   pk.pack_uint64(m.blocks_verified);
@@ -133,6 +134,7 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     m.fetched_tokens_expected = r.next<int64_t>();
     m.kv_bytes = r.next<uint64_t>();
     m.kv_chunks = r.next<uint64_t>();
+    m.kv_transport = r.next<std::string>();
     m.pool_read_bytes = r.next<uint64_t>();
     m.pool_write_bytes = r.next<uint64_t>();
     m.blocks_verified = r.next<uint64_t>();

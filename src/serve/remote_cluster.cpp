@@ -371,6 +371,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
           cluster::ServeMetrics& metrics = core_.metrics();
           metrics.observe_kv_bytes_moved("prefill_to_decode", m.kv_bytes);
           metrics.observe_kv_writes(m.kv_chunks);
+          if (m.kv_bytes > 0) metrics.observe_kv_transport(m.kv_transport, m.kv_bytes);
           metrics.observe_kv_bytes_moved("pool_read", m.pool_read_bytes);
           metrics.observe_kv_bytes_moved("pool_write", m.pool_write_bytes);
           metrics.observe_pool_prefix(m.pool_hit_tokens, m.fetched_tokens_expected - m.pool_hit_tokens);

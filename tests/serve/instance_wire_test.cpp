@@ -39,6 +39,7 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   m.fetched_tokens_expected = 22;
   m.kv_bytes = 23;
   m.kv_chunks = 3;
+  m.kv_transport = "tcp";
   m.pool_read_bytes = 24;
   m.pool_write_bytes = 25;
   m.blocks_verified = 26;
@@ -61,6 +62,7 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back->ready_in_s, 0.25);
   EXPECT_EQ(back->segment, m.segment);
   EXPECT_EQ(back->error, "boom");
+  EXPECT_EQ(back->kv_transport, "tcp");
 }
 
 TEST(InstanceWire, MalformedMessagesAreRefusedWithAReason) {
