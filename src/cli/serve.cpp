@@ -49,9 +49,10 @@ struct ServeArgs {
   std::string policy;      // empty: the config's serve.policy
   std::string admission;   // empty: the config's serve.admission
   int64_t block_size_tokens = 512;
-  std::string executor;      // empty: the config's serve.executor
-  std::string profile_path;  // --profile
-  std::string model_dir;     // empty: the config's serve.model
+  std::string executor;        // empty: the config's serve.executor
+  std::string profile_path;    // --profile
+  std::string model_dir;       // empty: the config's serve.model
+  std::string kv_cache_bytes;  // --kv-cache-bytes SIZE; empty: the config's serve.kv_cache_bytes
   uint64_t body_limit_bytes = 16ull << 20;
   bool in_process = false;
   bool pin_cores = false;  // the supervisor: each instance on its own core
@@ -77,8 +78,15 @@ struct ServeArgs {
 };
 
 // The config, with the flags given on the command line taking precedence over its "serve" section.
-Result<cluster::ServeSetup> setup(const ServeArgs& args) {
+// `all_instances_here`: the supervisor, whose instances share this machine.
+Result<cluster::ServeSetup> setup(const ServeArgs& args, bool all_instances_here = false) {
   if (args.block_size_tokens < 1) return Status::invalid_argument("--block-size must be >= 1");
+  uint64_t kv_cache_bytes = 0;
+  if (!args.kv_cache_bytes.empty()) {
+    auto parsed = parse_size("--kv-cache-bytes", args.kv_cache_bytes);
+    if (!parsed.ok()) return parsed.status();
+    kv_cache_bytes = *parsed;
+  }
   auto path = config_path_or_default(args.config_path, kServeClusterConfig);
   if (!path.ok()) return path.status();
   auto config =
@@ -91,7 +99,9 @@ Result<cluster::ServeSetup> setup(const ServeArgs& args) {
                                          .model_dir = args.model_dir,
                                          .model_name = args.model_name,
                                          .port = args.port,
-                                         .block_size_tokens = args.block_size_tokens});
+                                         .block_size_tokens = args.block_size_tokens,
+                                         .kv_cache_bytes = static_cast<int64_t>(kv_cache_bytes),
+                                         .all_instances_on_this_machine = all_instances_here});
 }
 
 // The policy and admission of a run, for the lines that say what runs.
@@ -245,6 +255,7 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   const cluster::ClusterConfig& c = s.cluster.config;
   fmt::print(stderr, "crescent serve: starting a store, {} prefill and {} decode instances (logs in {})\n",
              c.prefill_instances, c.decode_instances, run_dir);
+  if (!s.kv_cache_note.empty()) fmt::print(stderr, "crescent serve: {}\n", s.kv_cache_note);
   constexpr auto kStartTimeout = std::chrono::seconds(20);
   const std::string metadata_spec = "dir:" + run_dir + "/metadata";  // segments of this run's members
   auto master = supervisor.start("store-master",
@@ -296,9 +307,12 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   }
   // The executor, model and profile as resolved here (a relative path in the config is relative to it).
   std::vector<std::string> child_flags;
-  if (c.serve.executor == cluster::ExecutorKind::kCpu)
-    child_flags = {"--executor", std::string(cluster::to_string(c.serve.executor)), "--model",
-                   c.serve.model_dir};
+  if (c.serve.executor == cluster::ExecutorKind::kCpu) {
+    // The budget as resolved here, where every instance's share of this machine is known.
+    child_flags = {"--executor",       std::string(cluster::to_string(c.serve.executor)),
+                   "--model",          c.serve.model_dir,
+                   "--kv-cache-bytes", std::to_string(c.serve.kv_cache_bytes)};
+  }
   if (!args.profile_path.empty()) {
     child_flags.insert(child_flags.end(),
                        {"--profile", std::filesystem::absolute(args.profile_path).string()});
@@ -369,7 +383,7 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
 }
 
 int run_serve(const ServeArgs& args) {
-  auto s = setup(args);
+  auto s = setup(args, /*all_instances_here=*/!args.in_process);
   if (!s.ok()) return fail(s.status());
   if (Status trace = check_replay_trace(args); !trace.ok()) return fail(trace);
   return args.in_process ? run_in_process(args, *s) : run_cluster(args, *s);
@@ -454,6 +468,8 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
                        (args.transfer_metadata.empty()
                             ? (args.etcd.empty() ? "the default metadata" : "etcd " + args.etcd)
                             : args.transfer_metadata));
+  if (!s->kv_cache_note.empty())
+    fmt::print("{}-{}: {}\n", serve::to_string(role), args.index, s->kv_cache_note);
   std::fflush(stdout);
   const int signal = wait_for_stop_signal(signals);
   fmt::print("{}-{}: stopping ({})\n", serve::to_string(role), args.index,
@@ -483,6 +499,10 @@ void add_cluster_flags(CLI::App* cmd, ServeArgs& args) {
       "--model", args.model_dir,
       "With --executor cpu: the model directory (config.json + model.safetensors; `crescent model "
       "init` writes one)");
+  cmd->add_option(
+      "--kv-cache-bytes", args.kv_cache_bytes,
+      "With --executor cpu: KV an instance may hold, e.g. 2GiB (default: the config's "
+      "serve.kv_cache_bytes, or half of this machine's available memory shared by its instances)");
 }
 
 void add_http_flags(CLI::App* cmd, ServeArgs& args) {

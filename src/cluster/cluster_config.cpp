@@ -43,7 +43,7 @@ nlohmann::json hardware_json(const perf::HardwareSpec& h) {
 }
 
 // Every field a config may have, and those it must have.
-constexpr std::array<std::string_view, 15> kFields{"name",
+constexpr std::array<std::string_view, 16> kFields{"name",
                                                    "description",
                                                    "model",
                                                    "hardware",
@@ -51,6 +51,7 @@ constexpr std::array<std::string_view, 15> kFields{"name",
                                                    "decode_instances",
                                                    "prefill_cache_capacity_tokens",
                                                    "decode_hbm_reserved_share",
+                                                   "decode_kv_capacity_tokens",
                                                    "prefill_chunk_tokens",
                                                    "kvcache_balancing_threshold",
                                                    "expected_output_prior_tokens",
@@ -61,7 +62,7 @@ constexpr std::array<std::string_view, 15> kFields{"name",
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
-constexpr std::array<std::string_view, 10> kServeFields{"kv_bytes_scale",
+constexpr std::array<std::string_view, 11> kServeFields{"kv_bytes_scale",
                                                         "kv_transfer_timeout_s",
                                                         "heartbeat_timeout_s",
                                                         "store_dram_bytes",
@@ -70,7 +71,8 @@ constexpr std::array<std::string_view, 10> kServeFields{"kv_bytes_scale",
                                                         "admission",
                                                         "http_port",
                                                         "executor",
-                                                        "model"};
+                                                        "model",
+                                                        "kv_cache_bytes"};
 
 }  // namespace
 
@@ -108,7 +110,7 @@ engine::EngineOptions prefill_engine_options(const ClusterConfig& config, int64_
 
 engine::EngineOptions decode_engine_options(const ClusterConfig& config) {
   engine::EngineOptions options;
-  options.kv_capacity_tokens = cost_model(config).decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
+  options.kv_capacity_tokens = decode_kv_capacity_tokens(config);
   options.report_tokens = true;
   options.kv_transfer_timeout_s = config.serve.kv_transfer_timeout_s;
   return options;
@@ -144,7 +146,13 @@ Status validate(const ClusterConfig& config, int64_t block_size_tokens) {
   CRESCENT_RETURN_IF_ERROR(perf::validate_model_spec(config.model, "model"));
   CRESCENT_RETURN_IF_ERROR(perf::validate_hardware_spec(config.hardware, "hardware"));
   const perf::CostModel cost = cost_model(config);
-  if (cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share) < block_size_tokens) {
+  if (config.decode_kv_capacity_tokens > 0) {
+    if (config.decode_kv_capacity_tokens < block_size_tokens) {
+      return Status::invalid_argument(
+          fmt::format("decode_kv_capacity_tokens ({}) is below one block ({} tokens)",
+                      config.decode_kv_capacity_tokens, block_size_tokens));
+    }
+  } else if (cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share) < block_size_tokens) {
     return Status::invalid_argument(
         fmt::format("{} weights ({:.1f} GB) leave no room for KV cache in a decode instance's HBM ({} x "
                     "{:.1f} GB, {:.0f}% "
@@ -206,6 +214,9 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
     return Status::invalid_argument(fmt::format("{}: field 'decode_hbm_reserved_share' must be < 1, got {}",
                                                 where, c.decode_hbm_reserved_share));
   }
+  CRESCENT_RETURN_IF_ERROR(f.integer("decode_kv_capacity_tokens", c.decode_kv_capacity_tokens,
+                                     block_size_tokens,
+                                     /*required=*/false));
   CRESCENT_RETURN_IF_ERROR(f.positive_number("kvcache_balancing_threshold", c.kvcache_balancing_threshold,
                                              /*required=*/false));
   CRESCENT_RETURN_IF_ERROR(f.positive_number("expected_output_prior_tokens", c.expected_output_prior_tokens,
@@ -282,6 +293,8 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
     }
     CRESCENT_RETURN_IF_ERROR(named("executor", parse_executor, c.serve.executor));
     CRESCENT_RETURN_IF_ERROR(s.string("model", c.serve.model_dir, /*required=*/false));
+    CRESCENT_RETURN_IF_ERROR(
+        s.integer("kv_cache_bytes", c.serve.kv_cache_bytes, 1 << 20, /*required=*/false));
   }
   return c;
 }
@@ -310,8 +323,14 @@ nlohmann::json to_json(const ClusterConfig& c) {
       {"slo", {{"ttft_s", c.slo.ttft_s}, {"tbt_s", c.slo.tbt_s}}},
       {"seed", c.seed},
   };
+  if (c.decode_kv_capacity_tokens > 0) j["decode_kv_capacity_tokens"] = c.decode_kv_capacity_tokens;
   if (c.profile) j["profile"] = perf::to_json(*c.profile);
   return j;
+}
+
+int64_t decode_kv_capacity_tokens(const ClusterConfig& config) {
+  if (config.decode_kv_capacity_tokens > 0) return config.decode_kv_capacity_tokens;
+  return cost_model(config).decode_kv_capacity_tokens(config.decode_hbm_reserved_share);
 }
 
 perf::CostModel cost_model(const ClusterConfig& config) {

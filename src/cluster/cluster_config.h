@@ -57,6 +57,11 @@ struct ServeConfig {
   /// With executor "cpu": the model directory (config.json + model.safetensors); --model wins. The model
   /// then replaces the config's "model" (its KV bytes per token are what moves, unscaled).
   std::string model_dir;
+  /// With executor "cpu": bytes of KV an instance may hold (its cache and its transfer buffers); 0: half of
+  /// the memory this machine has available, shared by the instances it runs, less their weights
+  /// (serve_options.h). --kv-cache-bytes wins. It bounds prefill_cache_capacity_tokens and the decode
+  /// instances' KV capacity.
+  int64_t kv_cache_bytes = 0;
 };
 
 /// Everything the simulator and a live cluster need to know about the cluster. docs/config.md describes every
@@ -70,6 +75,10 @@ struct ClusterConfig {
   uint32_t decode_instances = 8;
   int64_t prefill_cache_capacity_tokens = 3'000'000;  // DRAM prefix cache of each prefill instance
   double decode_hbm_reserved_share = 0.1;  // HBM kept free of weights and KV (activations, fragmentation)
+  /// A decode instance's KV capacity (tokens) when the memory it has is not the hardware's HBM (the cpu
+  /// executor on this machine: crescent serve sets it from the KV cache budget); 0: from the HBM
+  /// (decode_kv_capacity_tokens()).
+  int64_t decode_kv_capacity_tokens = 0;
   int64_t prefill_chunk_tokens =
       8192;  // a prefill instance's iteration; KV streams to decode after each (§3.1)
   double kvcache_balancing_threshold = 1.0;  // Algorithm 1 line 5
@@ -87,6 +96,11 @@ struct ClusterConfig {
 /// The cost model of `config`: its model and hardware, and its profile when it has one. Every simulated or
 /// live component builds its CostModel here.
 perf::CostModel cost_model(const ClusterConfig& config);
+
+/// The KV tokens one decode instance of `config` holds: config.decode_kv_capacity_tokens when set, else its
+/// HBM less the weights and the reserved share (perf::CostModel::decode_kv_capacity_tokens). Every simulated
+/// or live component asks here.
+int64_t decode_kv_capacity_tokens(const ClusterConfig& config);
 
 /// The JSON names of a config's top-level fields ("slo" holds "ttft_s" and "tbt_s"; "model" and "hardware"
 /// the fields of perf::model_spec_fields() and perf::hardware_spec_fields()).

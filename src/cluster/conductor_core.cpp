@@ -8,6 +8,11 @@
 
 namespace crescent::cluster {
 
+int64_t max_context_tokens(const ClusterOptions& options) {
+  const int64_t capacity = decode_kv_capacity_tokens(options.config);
+  return options.model_context_tokens > 0 ? std::min(capacity, options.model_context_tokens) : capacity;
+}
+
 Status validate(const ClusterOptions& options) {
   return validate(options.config, options.block_size_tokens);
 }
@@ -18,7 +23,7 @@ ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links
       cost_(cost_model(options.config)),
       conductor_(cost_, conductor_options(options.config, options.config.serve.policy,
                                           options.config.serve.admission, options.block_size_tokens)),
-      kv_capacity_tokens_(cost_.decode_kv_capacity_tokens(options.config.decode_hbm_reserved_share)),
+      kv_capacity_tokens_(decode_kv_capacity_tokens(options.config)),
       state_(options.config.prefill_instances, options.config.decode_instances, options.block_size_tokens,
              kv_capacity_tokens_),
       metrics_(options.model_name),

@@ -40,6 +40,10 @@ struct ClusterOptions {
   int64_t model_context_tokens = 0;
 };
 
+/// The most tokens a request may have (prompt + max_tokens): a decode instance's KV capacity
+/// (decode_kv_capacity_tokens), and the model's context when it has one.
+int64_t max_context_tokens(const ClusterOptions& options);
+
 /// Checks `options` as the simulator checks a run (validate(config, block_size_tokens)).
 Status validate(const ClusterOptions& options);
 
@@ -110,12 +114,8 @@ class ConductorCore final : private PlacementDriver {
   const perf::CostModel& cost() const { return cost_; }
   ServeMetrics& metrics() { return metrics_; }
   int64_t kv_capacity_tokens() const { return kv_capacity_tokens_; }
-  /// The most tokens a request may have (prompt + max_tokens): a decode instance's KV capacity, and the
-  /// model's context when it has one.
-  int64_t max_context_tokens() const {
-    return options_.model_context_tokens > 0 ? std::min(kv_capacity_tokens_, options_.model_context_tokens)
-                                             : kv_capacity_tokens_;
-  }
+  /// The most tokens a request may have (max_context_tokens(options)).
+  int64_t max_context_tokens() const { return cluster::max_context_tokens(options_); }
   size_t requests_in_flight() const { return requests_.size(); }
   /// Whether `id` is in flight.
   bool has_request(uint64_t id) const { return requests_.contains(id); }

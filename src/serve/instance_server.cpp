@@ -17,6 +17,7 @@
 #include <zmq_addon.hpp>
 
 #include "cluster/cluster_config.h"
+#include "cluster/serve_options.h"
 #include "common/clock.h"
 #include "common/socket_io.h"
 #include "engine/engine_core.h"
@@ -62,9 +63,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
             model_ ? static_cast<uint64_t>(model_->kv_layout(block_tokens_).block_bytes())
                    : kv_block_bytes(block_tokens_, scaled_kv_bytes_per_token(cost_.kv_bytes_per_token(),
                                                                              config_.serve.kv_bytes_scale))),
-        max_prompt_blocks_(
-            (cost_.decode_kv_capacity_tokens(config_.decode_hbm_reserved_share) + block_tokens_ - 1) /
-            block_tokens_),
+        max_prompt_blocks_((cluster::max_context_tokens(options.cluster) + block_tokens_ - 1) /
+                           block_tokens_),
         incarnation_(make_incarnation()),
         identity_(fmt::format("{}-{}", to_string(options.role), options.index)),
         control_(context_, zmq::socket_type::dealer) {
@@ -74,10 +74,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
     engine::Executor* executor = &mock_executor_;
     if (model_) {
       // The engine's KV in blocks: a prefill instance's DRAM prefix cache and the prompt it computes; a
-      // decode instance's HBM, with a block of rounding per request for up to 512 requests.
+      // decode instance's HBM, with a block of rounding per request (cluster::kDecodeRoundingBlocks).
       const int64_t capacity_blocks =
           (engine_options.kv_capacity_tokens + block_tokens_ - 1) / block_tokens_ +
-          (prefill() ? max_prompt_blocks_ + 1 : 512);
+          (prefill() ? max_prompt_blocks_ + 1 : cluster::kDecodeRoundingBlocks);
       cpu_executor_ = std::make_unique<model::CpuExecutor>(
           *model_,
           model::CpuExecutorOptions{.block_size_tokens = block_tokens_, .capacity_blocks = capacity_blocks});
@@ -96,7 +96,11 @@ class InstanceServer::Impl final : public engine::EngineListener {
       if (!publisher.ok()) return publisher.status();
       kv_events_ = std::move(*publisher);
     } else {
-      kv_memory_bytes_ = (max_prompt_blocks_ + 512) * block_bytes_;
+      // Reservations are held until their request finishes: room for the whole batch's prompts.
+      const int64_t capacity_blocks =
+          (cluster::decode_kv_capacity_tokens(config_) + block_tokens_ - 1) / block_tokens_;
+      kv_memory_bytes_ =
+          static_cast<uint64_t>(capacity_blocks + cluster::kDecodeRoundingBlocks) * block_bytes_;
       allocator_.emplace(kv_memory_bytes_);
     }
     auto memory = transfer_.allocate_memory(kv_memory_bytes_);

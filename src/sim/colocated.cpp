@@ -66,7 +66,7 @@ Result<cluster::RunResult> simulate_colocated(const cluster::ClusterConfig& conf
   }
   const perf::CostModel cost = cluster::cost_model(config);
   const engine::EngineOptions mode{
-      .kv_capacity_tokens = cost.decode_kv_capacity_tokens(config.decode_hbm_reserved_share),
+      .kv_capacity_tokens = cluster::decode_kv_capacity_tokens(config),
       .chunk_tokens = options.system == System::kColocatedChunkedPrefill ? options.chunked_prefill_tokens : 0,
       .prefix_cache = options.system == System::kColocatedPrefixCache,
       .block_size_tokens = options.block_size_tokens,

@@ -48,7 +48,7 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
         conductor_(cost_, cluster::conductor_options(config, options.policy, options.admission,
                                                      options.block_size_tokens)),
         state_(config.prefill_instances, config.decode_instances, options.block_size_tokens,
-               cost_.decode_kv_capacity_tokens(config.decode_hbm_reserved_share)),
+               cluster::decode_kv_capacity_tokens(config)),
         executor_(cost_) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());

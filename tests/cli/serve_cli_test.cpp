@@ -54,6 +54,37 @@ TEST(ServeCli, TheConfigsServeSectionSetsPortPolicyAndAdmissionAndFlagsWin) {
   std::filesystem::remove(config);
 }
 
+// A new user's first run of the cpu executor: the default config (LLaMA3-70B's 8xA800 HBM) would size the KV
+// cache for hundreds of GB (it died with std::bad_alloc); the budget now comes from this machine's memory and
+// the model's KV bytes per token, the start line says how much, and a budget too small for one request of the
+// model's context is one clear error.
+TEST(ServeCli, TheCpuExecutorWithNoOtherFlagSizesItsKvCacheFromTheMachine) {
+  test::TempDir dir;
+  ASSERT_EQ(run_crescent("model init --preset tiny --out " + quote(dir.file("m"))).exit_code, 0);
+  const std::string trace = quote(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz");
+  CliRun run = run_crescent("serve --executor cpu --model " + quote(dir.file("m")) + " --port 0 --replay " +
+                            trace + " --limit 3 --length-divisor 64 --block-size 8 --time-scale 100 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto out = nlohmann::json::parse(run.out);
+  EXPECT_EQ(out["failed"], 0);
+  EXPECT_EQ(out["policies"][0]["completed"], 3);
+  EXPECT_THAT(run.err, HasSubstr("per instance (half of the"));
+  EXPECT_THAT(run.err, HasSubstr("available on this machine, shared by 4 instances"));
+  EXPECT_THAT(run.err, ::testing::Not(HasSubstr("bad_alloc")));
+
+  run = run_crescent("serve --executor cpu --model " + quote(dir.file("m")) +
+                     " --port 0 --kv-cache-bytes 1MiB");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err,
+              HasSubstr("a KV cache budget of 1048576 bytes per instance (--kv-cache-bytes) holds 2048 "
+                        "tokens of m KV (512 bytes per token)"));
+  EXPECT_THAT(run.err, HasSubstr("one request of the model's context of 4096 tokens"));
+  run = run_crescent("serve --executor cpu --model " + quote(dir.file("m")) +
+                     " --port 0 --kv-cache-bytes lots");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("--kv-cache-bytes"));
+}
+
 TEST(ServeCli, BenchServeMeasuresAdmissionAndStreams) {
   const CliRun run = run_crescent("bench serve --rate 100 --seconds 0.5 --streams 40 --tokens 5 --json");
   ASSERT_EQ(run.exit_code, 0) << run.err;

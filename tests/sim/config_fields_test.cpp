@@ -65,6 +65,7 @@ const std::vector<FieldCase>& cases() {
       {"decode_instances", {{"decode_instances", 3}}},
       {"prefill_cache_capacity_tokens", {{"prefill_cache_capacity_tokens", 20'000}}},
       {"decode_hbm_reserved_share", {{"decode_hbm_reserved_share", 0.5}}},
+      {"decode_kv_capacity_tokens", {{"decode_kv_capacity_tokens", 60'000}}},
       {"prefill_chunk_tokens", {{"prefill_chunk_tokens", 512}}},
       {"kvcache_balancing_threshold", {{"kvcache_balancing_threshold", 50.0}}},
       {"expected_output_prior_tokens",
@@ -191,7 +192,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
                 {"admission", "predictive"},
                 {"http_port", 0},
                 {"executor", "cpu"},
-                {"model", "models/tiny"}};
+                {"model", "models/tiny"},
+                {"kv_cache_bytes", 1 << 30}};
   auto config = cluster::cluster_config_from_json(j, "fields.json", 512);
   ASSERT_TRUE(config.ok()) << config.status().to_string();
   EXPECT_EQ(config->serve.kv_bytes_scale, 512);
@@ -204,6 +206,7 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   EXPECT_EQ(config->serve.http_port, 0);
   EXPECT_EQ(config->serve.executor, cluster::ExecutorKind::kCpu);
   EXPECT_EQ(config->serve.model_dir, "models/tiny");
+  EXPECT_EQ(config->serve.kv_cache_bytes, 1 << 30);
   EXPECT_EQ(to_json(*config), to_json(*defaults));  // results record what simulations use
   for (const auto& [field, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
            {"kv_bytes_scale", 0, "'kv_bytes_scale'"},
@@ -215,7 +218,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
            {"admission", "maybe", "field 'admission': unknown admission policy 'maybe' (valid: none, slo"},
            {"http_port", 70000, "'http_port' must be <= 65535"},
            {"executor", "gpu", "field 'executor': unknown executor 'gpu' (valid: mock, cpu)"},
-           {"model", 3, "'model'"}}) {
+           {"model", 3, "'model'"},
+           {"kv_cache_bytes", 1000, "'kv_cache_bytes'"}}) {
     json bad = base_config();
     bad["serve"] = {{field, value}};
     auto refused = cluster::cluster_config_from_json(bad, "fields.json", 512);
