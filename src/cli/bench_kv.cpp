@@ -10,7 +10,6 @@
 #include <barrier>
 #include <csignal>
 #include <cstring>
-#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "common/child_process.h"
 #include "common/percentile.h"
 #include "common/socket_io.h"
+#include "common/temp_dir.h"
 
 namespace crescent::cli::bench {
 namespace {
@@ -125,26 +125,18 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
     return Status::not_found(
         fmt::format("{} not found: install the redis-server package (scripts/install-deps.sh)", kBinary));
   }
-  std::error_code ec;
-  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-  if (ec) tmp = "/tmp";
-  std::string dir = (tmp / "crescent-redis-XXXXXX").string();
-  if (::mkdtemp(dir.data()) == nullptr) {
-    return Status::io_error(fmt::format("mkdtemp {}: {}", dir, std::strerror(errno)));
-  }
-  const std::string log = dir + "/redis.log";
+  Result<TempDir> dir = TempDir::create("crescent-redis");  // the server's --dir and log
+  if (!dir.ok()) return dir.status();
+  const std::string log = dir->file("redis.log");
   std::string why;
   for (int attempt = 0; attempt < 5; ++attempt) {  // another process may take the port before redis does
     const uint16_t port = net::free_tcp_port();
     const std::string port_text = std::to_string(port);
     auto process =
         ChildProcess::start({kBinary, "--port", port_text, "--bind", "127.0.0.1", "--protected-mode", "no",
-                             "--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no"},
+                             "--save", "", "--appendonly", "no", "--dir", dir->path(), "--daemonize", "no"},
                             log);
-    if (!process.ok()) {
-      std::filesystem::remove_all(dir, ec);
-      return process.status();
-    }
+    if (!process.ok()) return process.status();
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
     for (;;) {
       if (!(*process)->running()) {
@@ -153,12 +145,11 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
         break;
       }
       if (answers_as(port, (*process)->pid())) {
-        return std::unique_ptr<RedisServer>(new RedisServer(std::move(*process), port, dir));
+        return std::unique_ptr<RedisServer>(new RedisServer(std::move(*process), port, std::move(*dir)));
       }
       if (Clock::now() > deadline) {
         const std::string tail = (*process)->log_tail(600);
         process->reset();
-        std::filesystem::remove_all(dir, ec);
         return Status::unavailable(fmt::format(
             "{} did not answer on 127.0.0.1:{} within 5 s; its log ends:\n{}", kBinary, port, tail));
       }
@@ -166,14 +157,11 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
     }
     if (why.find("Address already in use") == std::string::npos) break;
   }
-  std::filesystem::remove_all(dir, ec);
   return Status::unavailable(why);
 }
 
 RedisServer::~RedisServer() {
-  process_.reset();  // SIGTERM, SIGKILL after 2 s, reaped
-  std::error_code ignored;
-  std::filesystem::remove_all(dir_, ignored);
+  process_.reset();  // SIGTERM, SIGKILL after 2 s, reaped; then dir_ goes
 }
 
 namespace {

@@ -14,6 +14,7 @@
 
 #include "common/child_process.h"
 #include "common/status.h"
+#include "common/temp_dir.h"
 
 namespace crescent::cli::bench {
 
@@ -73,11 +74,11 @@ class RedisServer {
   uint16_t port() const { return port_; }
 
  private:
-  RedisServer(std::unique_ptr<ChildProcess> process, uint16_t port, std::string dir)
-      : process_(std::move(process)), port_(port), dir_(std::move(dir)) {}
+  RedisServer(std::unique_ptr<ChildProcess> process, uint16_t port, TempDir dir)
+      : dir_(std::move(dir)), process_(std::move(process)), port_(port) {}
+  TempDir dir_;  // declared first: removed after the server has stopped
   std::unique_ptr<ChildProcess> process_;
   uint16_t port_;
-  std::string dir_;
 };
 
 /// A worker for drive_kv_load against the Redis server on 127.0.0.1:`port`: its own connection (hiredis),

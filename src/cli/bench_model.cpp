@@ -4,17 +4,16 @@
 // memory bandwidth bound (weights + the batch's KV bytes read once per step ÷ measured read bandwidth);
 // the weights' and KV cache's budgets and the process's resident memory.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/temp_dir.h"
 #include "model/cpu_limits.h"
 #include "model/llama_forward.h"
 
@@ -53,16 +52,18 @@ double best_seconds(double seconds, F&& run) {
 int run_bench_model(const BenchModelArgs& args) {
   if (args.threads > 0) model::set_compute_threads(args.threads);
   std::string dir = args.model_dir;
-  std::filesystem::path temp;
+  TempDir temp;  // the generated model's, removed once it is loaded
   if (dir.empty()) {
     auto config = model::llama_preset(args.preset);
     if (!config.ok()) return fail(config.status());
-    temp = std::filesystem::temp_directory_path() / fmt::format("crescent-bench-model-{}", ::getpid());
-    if (Status s = model::init_llama_model(*config, 1, temp.string()); !s.ok()) return fail(s);
-    dir = temp.string();
+    Result<TempDir> created = TempDir::create("crescent-bench-model");
+    if (!created.ok()) return fail(created.status());
+    temp = std::move(*created);
+    if (Status s = model::init_llama_model(*config, 1, temp.path()); !s.ok()) return fail(s);
+    dir = temp.path();
   }
   auto loaded = model::load_llama_model(dir);
-  if (!temp.empty()) std::filesystem::remove_all(temp);
+  temp = TempDir();
   if (!loaded.ok()) return fail(loaded.status());
   for (int64_t v : args.prefill_tokens) {
     if (v < 1 || v > loaded->config.max_position_embeddings) {

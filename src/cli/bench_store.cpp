@@ -12,6 +12,7 @@
 
 #include "common/child_process.h"
 #include "common/percentile.h"
+#include "common/temp_dir.h"
 #include "store/client.h"
 #include "store/master_client.h"
 
@@ -23,27 +24,21 @@ using store::Client;
 using store::ConstBuffer;
 using Clock = std::chrono::steady_clock;
 
-/// The master and the node of the bench, child processes in a private directory.
+/// The master and the node of the bench, child processes in a private directory (members are destroyed in
+/// reverse order: the node is stopped, then the master, then the directory removed).
 struct StoreProcesses {
-  std::string dir;
+  TempDir dir;
   std::unique_ptr<ChildProcess> master;
   std::unique_ptr<ChildProcess> node;
   std::string address;
-
-  ~StoreProcesses() {
-    node.reset();
-    master.reset();
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
 };
 
 Result<std::unique_ptr<StoreProcesses>> start_store(const StoreBenchOptions& options) {
   auto p = std::make_unique<StoreProcesses>();
-  std::string dir = (std::filesystem::temp_directory_path() / "crescent-bench-store-XXXXXX").string();
-  if (::mkdtemp(dir.data()) == nullptr)
-    return Status::io_error(fmt::format("mkdtemp: {}", std::strerror(errno)));
-  p->dir = dir;
+  Result<TempDir> created = TempDir::create("crescent-bench-store");
+  if (!created.ok()) return created.status();
+  p->dir = std::move(*created);
+  const std::string& dir = p->dir.path();
   auto master = ChildProcess::start({options.crescent_binary, "store", "master", "--listen", "127.0.0.1:0",
                                      "--metrics", "", "--transfer-metadata", "dir:" + dir + "/metadata"},
                                     dir + "/master.log");

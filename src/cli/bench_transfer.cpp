@@ -28,6 +28,8 @@
 #include <thread>
 
 #include "common/child_process.h"
+#include "common/percentile.h"
+#include "common/temp_dir.h"
 
 namespace crescent::cli::bench {
 namespace {
@@ -61,13 +63,6 @@ void fill_pattern(std::byte* data, uint64_t length, uint64_t seed) {
 
 bool all_zero(const std::byte* data, uint64_t length) {
   return std::all_of(data, data + length, [](std::byte b) { return b == std::byte{0}; });
-}
-
-double percentile(std::vector<double>& values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(values.size())));
-  return values[std::clamp<size_t>(rank, 1, values.size()) - 1];
 }
 
 std::string errno_text(std::string_view what) {
@@ -291,45 +286,22 @@ class StdoutToStderr {
   int saved_ = -1;
 };
 
-// A temporary directory, removed with its content on scope exit.
-// Named crescent-bench-PID-XXXXXX; create() first removes such directories of processes that no longer
-// exist (a bench killed by SIGKILL cannot remove its own).
-class TempDir {
- public:
-  static Result<std::unique_ptr<TempDir>> create() {
-    remove_stale();
-    std::string path =
-        (std::filesystem::temp_directory_path() / fmt::format("crescent-bench-{}-XXXXXX", ::getpid()))
-            .string();
-    if (::mkdtemp(path.data()) == nullptr) return Status::io_error(errno_text("mkdtemp " + path));
-    return std::make_unique<TempDir>(path);
+// The bench's metadata directory: a TempDir named crescent-bench-PID-XXXXXX. Before creating it, removes
+// such directories of processes that no longer exist (a bench killed by SIGKILL cannot remove its own).
+Result<TempDir> create_bench_dir() {
+  std::error_code error;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::temp_directory_path(error), error)) {
+    const std::string name = entry.path().filename().string();
+    int pid = 0;
+    const char* digits = name.c_str() + std::strlen("crescent-bench-");
+    if (name.rfind("crescent-bench-", 0) != 0) continue;
+    const auto [end, ec] = std::from_chars(digits, name.c_str() + name.size(), pid);
+    if (ec != std::errc() || *end != '-' || pid <= 0) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) std::filesystem::remove_all(entry.path(), error);
   }
-  explicit TempDir(std::string path) : path_(std::move(path)) {}
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  static void remove_stale() {
-    std::error_code error;
-    for (const auto& entry :
-         std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), error)) {
-      const std::string name = entry.path().filename().string();
-      int pid = 0;
-      const char* digits = name.c_str() + std::strlen("crescent-bench-");
-      if (name.rfind("crescent-bench-", 0) != 0) continue;
-      const auto [end, ec] = std::from_chars(digits, name.c_str() + name.size(), pid);
-      if (ec != std::errc() || *end != '-' || pid <= 0) continue;
-      if (::kill(pid, 0) != 0 && errno == ESRCH) std::filesystem::remove_all(entry.path(), error);
-    }
-  }
-
-  std::string path_;
-};
+  return TempDir::create(fmt::format("crescent-bench-{}", ::getpid()));
+}
 
 std::string join_transports(const std::vector<TransportKind>& kinds) {
   std::string out;
@@ -746,10 +718,12 @@ RunResult run_one(const PathContext& path, const RunSpec& spec, const BenchOptio
   result.gbps = static_cast<double>(result.bytes) / result.seconds / 1e9;
   result.requests_per_s = static_cast<double>(result.requests) / result.seconds;
   result.latency_samples = request_us.size();
-  result.p50_us = percentile(request_us, 0.50);
-  result.p99_us = percentile(request_us, 0.99);
-  result.batch_p50_us = percentile(batch_us, 0.50);
-  result.batch_p99_us = percentile(batch_us, 0.99);
+  std::sort(request_us.begin(), request_us.end());
+  std::sort(batch_us.begin(), batch_us.end());
+  result.p50_us = nearest_rank(request_us, 50);
+  result.p99_us = nearest_rank(request_us, 99);
+  result.batch_p50_us = nearest_rank(batch_us, 50);
+  result.batch_p99_us = nearest_rank(batch_us, 99);
   if (auto error = verify(path, spec, seed, result.verified_bytes)) result.error = *error;
   return result;
 }
@@ -860,14 +834,14 @@ Result<BenchReport> run_bench(const BenchOptions& options) {
   BenchReport report;
   report.runs.resize(options.runs.size());
 
-  Result<std::unique_ptr<TempDir>> dir = TempDir::create();
+  Result<TempDir> dir = create_bench_dir();
   if (!dir.ok()) return dir.status();
   Result<std::shared_ptr<transfer::MetadataService>> metadata =
-      transfer::make_directory_metadata((*dir)->path());
+      transfer::make_directory_metadata(dir->path());
   if (!metadata.ok()) return metadata.status();
 
   TargetOptions target_options;
-  target_options.metadata_dir = (*dir)->path();
+  target_options.metadata_dir = dir->path();
   target_options.engine_name = fmt::format("bench-{}-target", ::getpid());
   target_options.segment = fmt::format("bench-{}-target/segment", ::getpid());
   target_options.bytes = options.working_set_bytes;

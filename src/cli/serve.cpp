@@ -28,6 +28,7 @@
 #include "cluster/local_cluster.h"
 #include "cluster/serve_options.h"
 #include "common/socket_io.h"
+#include "common/temp_dir.h"
 #include "conductor/conductor.h"
 #include "model/llama.h"
 #include "perf/cost_model.h"
@@ -236,10 +237,9 @@ Status wait_until_all_up(const std::string& host, int port, const cluster::Clust
 int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   std::string run_dir = args.run_dir;
   if (run_dir.empty()) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "crescent-serve-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr)
-      return fail(Status::io_error("cannot create a run directory in /tmp"));
-    run_dir = pattern;
+    Result<TempDir> created = TempDir::create("crescent-serve");
+    if (!created.ok()) return fail(created.status());
+    run_dir = created->release();  // kept: the logs outlive the run
   } else {
     std::error_code ec;
     std::filesystem::create_directories(run_dir, ec);

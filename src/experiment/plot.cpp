@@ -21,6 +21,7 @@
 #include <string_view>
 
 #include "common/atomic_file.h"
+#include "common/temp_dir.h"
 
 extern char** environ;
 
@@ -356,15 +357,6 @@ std::string one_line(std::string_view text) {
   return out;
 }
 
-// A private temporary directory, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  ~TempDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
-
 // Runs `gnuplot SCRIPT` with stdout and stderr captured in files of `dir`; returns stdout.
 Result<std::string> run_gnuplot(const std::string& gnuplot_script, const fs::path& dir) {
   const std::string script_path = (dir / "plot.gp").string(), out_path = (dir / "out.svg").string(),
@@ -400,14 +392,9 @@ Result<std::string> run_gnuplot(const std::string& gnuplot_script, const fs::pat
 
 Result<std::string> render_svg(const Figure& figure) {
   CRESCENT_RETURN_IF_ERROR(validate(figure));
-  std::error_code ec;
-  std::string dir_template = (fs::temp_directory_path(ec) / "crescent-plot-XXXXXX").string();
-  if (ec || mkdtemp(dir_template.data()) == nullptr) {
-    return Status::io_error(
-        fmt::format("cannot create a temporary directory: {}", ec ? ec.message() : std::strerror(errno)));
-  }
-  const TempDir dir{dir_template};
-  return run_gnuplot(script(figure), dir.path);
+  Result<TempDir> dir = TempDir::create("crescent-plot");  // removed with gnuplot's files on return
+  if (!dir.ok()) return dir.status();
+  return run_gnuplot(script(figure), dir->path());
 }
 
 Result<std::string> render_svg(const Plot& plot) {

@@ -10,6 +10,8 @@
 #include <iterator>
 #include <string>
 
+#include "test_support/temp_dir.h"
+
 namespace crescent::cli_test {
 
 struct CliRun {
@@ -23,9 +25,11 @@ inline std::string quote(const std::string& arg) {
   return "'" + arg + "'";
 }
 
-/// A path for a temporary file of this test process, named `stem` + pid.
+/// A path for a temporary file of this test process: `stem` in the process's own temporary directory,
+/// removed with what is left in it when the process exits (nothing is created at the path).
 inline std::filesystem::path temp_path(const std::string& stem) {
-  return std::filesystem::temp_directory_path() / (stem + "_" + std::to_string(getpid()));
+  static const test::TempDir dir("crescent-cli-test");
+  return std::filesystem::path(dir.path()) / stem;
 }
 
 /// Runs a shell command line (words quoted by the caller where needed): exit code, stdout, stderr.

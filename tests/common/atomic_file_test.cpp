@@ -18,14 +18,10 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// A fresh, empty directory of this test process, removed at the end.
+// A fresh, empty directory, removed at the end.
 struct ScratchDir {
-  fs::path path = fs::temp_directory_path() / ("crescent_output_test_" + std::to_string(getpid()));
-  ScratchDir() {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~ScratchDir() { fs::remove_all(path); }
+  test::TempDir dir{"crescent-output-test"};
+  fs::path path = dir.path();
   size_t entries() const { return static_cast<size_t>(std::distance(fs::directory_iterator(path), {})); }
 };
 
@@ -92,10 +88,8 @@ namespace {
 
 // If one of several files cannot be written, none of the targets changes (an older result pair stays whole).
 TEST(WriteFilesAtomically, AWriteFailureLeavesEveryTargetAsItWas) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("crescent_output_pair_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const test::TempDir temp("crescent-output-pair");
+  const std::filesystem::path dir = temp.path();
   const std::string svg = (dir / "x.svg").string();
   ASSERT_TRUE(write_file_atomically(svg, "old plot").ok());
   const FileContent files[] = {{svg, "new plot"}, {(dir / "missing" / "x.json").string(), "{}"}};
@@ -108,7 +102,6 @@ TEST(WriteFilesAtomically, AWriteFailureLeavesEveryTargetAsItWas) {
   size_t entries = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++entries;
   EXPECT_EQ(entries, 1u);  // no temporary file left behind
-  std::filesystem::remove_all(dir);
 }
 
 TEST(WriteFileAtomically, FollowsSymlinksAndWritesSpecialFilesInPlace) {

@@ -3,8 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
+
+#include "test_support/temp_dir.h"
 
 namespace crescent {
 namespace {
@@ -50,12 +51,12 @@ TEST(JsonFields, MissingKeysAreNamedAllAtOnce) {
 
 TEST(ReadJsonFile, ReportsMissingAndMalformedFiles) {
   EXPECT_EQ(read_json_file("/nonexistent/file.json").status().code(), StatusCode::kNotFound);
-  auto path = std::filesystem::temp_directory_path() / "crescent_json_util_test.json";
+  test::TempDir dir;
+  const std::string path = dir.file("crescent_json_util_test.json");
   std::ofstream(path) << "{\"a\": ";
-  auto r = read_json_file(path.string());
+  auto r = read_json_file(path);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("not valid JSON"));
-  std::filesystem::remove(path);
 }
 
 }  // namespace

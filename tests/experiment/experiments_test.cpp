@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "test_support/temp_dir.h"
+
 namespace crescent::experiment {
 namespace {
 
@@ -21,11 +23,10 @@ const std::string kSynthetic = CRESCENT_SOURCE_DIR "/data/traces/synthetic_trace
 const std::string kConfig = CRESCENT_SOURCE_DIR "/configs/paper-fig5.json";
 const std::string kDecodeBound = CRESCENT_SOURCE_DIR "/configs/decode-bound.json";
 
-// An output directory of this test process (not created), removed at the end.
+// An output directory (not created) in a temporary directory removed at the end.
 struct OutDir {
-  fs::path path = fs::temp_directory_path() / ("crescent_experiments_test_" + std::to_string(getpid()));
-  OutDir() { fs::remove_all(path); }
-  ~OutDir() { fs::remove_all(path); }
+  test::TempDir dir{"crescent-experiments-test"};
+  fs::path path = fs::path(dir.path()) / "out";
 };
 
 nlohmann::json read_json(const fs::path& path) {
@@ -255,9 +256,9 @@ TEST(Experiments, OverloadAdmissionRestoresSloAttainment) {
   const auto& none = j["policies"][0];
   EXPECT_EQ(none["name"], "none");
   EXPECT_EQ(none["rejected"], 0);
-  // At 2x the cluster sits at the edge of its prefill capacity, where 1% of work moves `none` a lot (27% before
-  // prefill instances ran on the engine, 54% after: docs/experiments.md); what holds is that it stays far
-  // below what admission gives.
+  // At 2x the cluster sits at the edge of its prefill capacity, where 1% of work moves `none` a lot (27%
+  // before prefill instances ran on the engine, 54% after: docs/experiments.md); what holds is that it stays
+  // far below what admission gives.
   EXPECT_LT(none["slo_attainment_accepted"].get<double>(), 0.75);
   for (size_t i = 1; i < 4; ++i) {
     const auto& p = j["policies"][i];

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "test_support/temp_dir.h"
+
 namespace crescent::experiment {
 namespace {
 
@@ -494,8 +496,8 @@ TEST(RenderSvg, MissingGnuplotNamesThePackage) {
 }
 
 TEST(RenderSvg, FailingGnuplotReportsItsErrorOutput) {
-  const fs::path dir = fs::temp_directory_path() / ("crescent_fake_gnuplot_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  const test::TempDir temp("crescent-fake-gnuplot");
+  const fs::path dir = temp.path();
   std::ofstream(dir / "gnuplot") << "#!/bin/sh\necho 'line 3: something broke' >&2\nexit 1\n";
   fs::permissions(dir / "gnuplot", fs::perms::owner_all);
   with_path(dir.string(), [] {
@@ -503,7 +505,6 @@ TEST(RenderSvg, FailingGnuplotReportsItsErrorOutput) {
     EXPECT_EQ(svg.status().code(), StatusCode::kInternal);
     EXPECT_EQ(svg.status().message(), "gnuplot failed: line 3: something broke");
   });
-  fs::remove_all(dir);
 }
 
 }  // namespace

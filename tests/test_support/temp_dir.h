@@ -1,37 +1,32 @@
-// A private temporary directory for one test, removed with everything in it. Shared by every test that
-// writes files.
+// A private temporary directory for one test: crescent::TempDir (common/temp_dir.h), created by the
+// constructor, as tests want it (no Result to unwrap). Shared by every test that writes files.
 #pragma once
 
-#include <stdlib.h>
+#include <gtest/gtest.h>
 
-#include <filesystem>
+#include <filesystem>  // what tests do with the paths
 #include <string>
-#include <system_error>
+#include <utility>
+
+#include "common/temp_dir.h"
 
 namespace crescent::test {
 
-/// A fresh directory under the system's temporary directory (mkdtemp: unique, mode 0700), removed with its
-/// contents by the destructor.
-class TempDir {
+/// crescent::TempDir::create(`prefix`) at construction, removed with its contents by the destructor. When
+/// it cannot be created the test fails (ADD_FAILURE with the error) and path() is empty.
+class TempDir : public crescent::TempDir {
  public:
-  explicit TempDir(const std::string& prefix = "crescent-test") {
-    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
-    if (::mkdtemp(pattern.data()) != nullptr) path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  /// The directory (empty if it could not be created).
-  const std::string& path() const { return path_; }
-  /// `name` inside it.
-  std::string file(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
+  explicit TempDir(const std::string& prefix = "crescent-test") : crescent::TempDir(create_or_fail(prefix)) {}
 
  private:
-  std::string path_;
+  static crescent::TempDir create_or_fail(const std::string& prefix) {
+    Result<crescent::TempDir> dir = crescent::TempDir::create(prefix);
+    if (!dir.ok()) {
+      ADD_FAILURE() << dir.status().message();
+      return crescent::TempDir();
+    }
+    return std::move(*dir);
+  }
 };
 
 }  // namespace crescent::test

@@ -15,6 +15,8 @@
 #include <tuple>
 #include <vector>
 
+#include "test_support/temp_dir.h"
+
 namespace crescent::trace {
 namespace {
 
@@ -24,13 +26,7 @@ using ::testing::HasSubstr;
 // A fresh directory per test, removed afterwards; files are written plain or gzip-compressed.
 class ReaderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("crescent_reader_test_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { dir_ = temp_.path(); }
 
   std::string write(const std::string& name, const std::string& content, bool gzip = false) {
     const std::string path = (dir_ / name).string();
@@ -48,7 +44,8 @@ class ReaderTest : public ::testing::Test {
     return path;
   }
 
-  fs::path dir_;
+  test::TempDir temp_{"crescent-reader-test"};
+  fs::path dir_;  // temp_'s
 };
 
 std::string line(int64_t timestamp, int64_t input, int64_t output, const std::string& hash_ids) {

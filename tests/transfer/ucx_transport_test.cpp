@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "test_support/temp_dir.h"
 #include "transfer/transfer_engine.h"
 
 extern char** environ;
@@ -525,18 +526,13 @@ TEST(UcxTransport, UnknownTlsFailsEngineCreation) {
 class UcxTwoProcessTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/crescent-ucx-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
+    ASSERT_FALSE(temp_.path().empty());
+    dir_ = temp_.path();
     Result<std::shared_ptr<MetadataService>> metadata = make_directory_metadata(dir_);
     ASSERT_TRUE(metadata.ok()) << metadata.status().message();
     metadata_ = *metadata;
   }
-  void TearDown() override {
-    children_.clear();
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
+  void TearDown() override { children_.clear(); }
 
   ChildServer* spawn(const std::string& engine, const std::string& segment, size_t bytes, uint64_t seed) {
     children_.push_back(std::make_unique<ChildServer>(dir_, engine, segment, GetParam(), bytes, seed));
@@ -555,7 +551,8 @@ class UcxTwoProcessTest : public ::testing::TestWithParam<std::string> {
     return engine.ok() ? std::move(engine).value() : nullptr;
   }
 
-  std::string dir_;
+  test::TempDir temp_{"crescent-ucx-test"};  // declared first: removed after everything that uses it
+  std::string dir_;                          // temp_'s
   std::shared_ptr<MetadataService> metadata_;
   std::vector<std::unique_ptr<ChildServer>> children_;
 };
