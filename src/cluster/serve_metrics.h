@@ -1,4 +1,4 @@
-// The front end's Prometheus metrics (serving-notes.md): vLLM's names, so existing dashboards read them, plus
+// The front end's Prometheus metrics (docs/serving.md): vLLM's names, so existing dashboards read them, plus
 // crescent_ ones for what vLLM lacks (refusals by reason, Conductor decision time, prefix hits by source, KV
 // bytes moved). Observations are thread-safe; scrape() renders the text exposition format.
 #pragma once

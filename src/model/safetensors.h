@@ -1,4 +1,4 @@
-// The safetensors format (https://huggingface.co/docs/safetensors), in which models are shipped with an
+// The safetensors format, in which models are shipped with an
 // HF-style config.json: 8 bytes of little-endian header length N, N bytes of JSON header
 // {"name": {"dtype": "F32", "shape": [rows, cols], "data_offsets": [begin, end]}, ..., "__metadata__":
 // {...}}, then the tensors' bytes (little-endian, row-major), offsets relative to their start, covering them

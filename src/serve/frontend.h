@@ -1,4 +1,4 @@
-// The Conductor's HTTP front end: OpenAI-compatible routes over a Cluster (serving-notes.md).
+// The Conductor's HTTP front end: OpenAI-compatible routes over a Cluster (docs/serving.md).
 //   POST /v1/completions, POST /v1/chat/completions   (stream or not; 429 + Retry-After when admission
 //                                                       refuses, 400 for a prompt that can never fit)
 //   GET /v1/models, GET /health

@@ -1,4 +1,4 @@
-// KV cache events in vLLM's wire format (serving-notes.md), so crescent's instances and any KV-aware router
+// KV cache events in vLLM's wire format (docs/serving.md), so crescent's instances and any KV-aware router
 // that reads vLLM (Dynamo, llm-d) understand each other, and the Conductor's ClusterState is fed from them.
 //   PUB socket:    multipart [topic, sequence number (8 bytes, big-endian), payload]
 //   ROUTER socket: a DEALER sends ["", start sequence (8 bytes, big-endian)]; the publisher answers each

@@ -1,4 +1,4 @@
-// The OpenAI-compatible request and response shapes (../shared/reference/serving-notes.md): parsing and
+// The OpenAI-compatible request and response shapes (docs/serving.md): parsing and
 // validating /v1/completions and /v1/chat/completions bodies, and building the JSON answers, SSE chunks and
 // errors. Pure functions over nlohmann::json, no I/O.
 #pragma once

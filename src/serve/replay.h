@@ -1,4 +1,4 @@
-// Trace replay against any OpenAI-compatible server (serving-notes.md, "Trace replay"): each request of a
+// Trace replay against any OpenAI-compatible server (docs/serving.md, "`crescent replay`"): each request of a
 // Mooncake trace is sent at its timestamp / time_scale as a streamed /v1/completions with a token-id prompt
 // built from its hash_ids (same id → same tokens, exactly input_length of them), max_tokens = output_length
 // and ignore_eos; TTFT, token gaps, end-to-end latency, prefix hits (usage.prompt_tokens_details) and

@@ -407,7 +407,7 @@ class Client::Impl {
     for (size_t i = 0; i < n; ++i) {
       if (results[i].ok()) {
         // The lease check, after the bytes arrived: a read finished past its lease may hold another object's
-        // bytes (store-notes "Reads, leases, eviction").
+        // bytes (docs/store.md, "Design").
         if (options.before_lease_check_for_testing) options.before_lease_check_for_testing(keys[i]);
         const Clock::time_point lease_end = sent[i] + grants[i]->lease_ttl;
         if (Clock::now() >= lease_end) {

@@ -1,4 +1,4 @@
-// The store's client library (paper §3.2; ../shared/reference/store-notes.md), what prefill and decode
+// The store's client library (paper §3.2; docs/store.md), what prefill and decode
 // instances link: put, get, exists, remove and their batch forms. Metadata goes through the master (one RPC
 // per call, whatever the number of keys); value bytes move between this process's memory and the segments
 // holding the replicas through the transfer engine (one transfer batch per call), never through the master.

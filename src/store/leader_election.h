@@ -1,4 +1,4 @@
-// Master failover through etcd (store-notes "High availability"): several `crescent store master` processes
+// Master failover through etcd (docs/store.md, "Design"): several `crescent store master` processes
 // campaign for one key; the holder leads and its address is what clients and nodes connect to. A leader that
 // dies stops renewing its etcd lease, the key vanishes within leader_ttl, and a standby takes it. The new
 // leader starts empty; nodes find it in etcd, re-mount their segments with their indexes (mounted_segment.h),

@@ -1,4 +1,4 @@
-// The store's master (paper §3.2; ../shared/reference/store-notes.md): metadata only. It knows the mounted
+// The store's master (paper §3.2; docs/store.md): metadata only. It knows the mounted
 // segments and, for every key, where its replicas lie and whether they are written yet; it never touches
 // value bytes, which clients move to and from segments through the transfer engine.
 //
@@ -7,7 +7,7 @@
 // it, and a put never ended is reclaimed after put_timeout. get_replica_list returns a complete object's
 // replicas and grants a read lease: until it passes, neither eviction nor remove touches the object.
 //
-// Eviction (store-notes "Reads, leases, eviction"): when used DRAM bytes exceed high_watermark of the mounted
+// Eviction (docs/store.md, "Design"): when used DRAM bytes exceed high_watermark of the mounted
 // capacity, the least recently used evictable objects are dropped until eviction_fraction of the capacity is
 // freed; a put that finds no room evicts until it fits. Evictable: complete, no live lease, not hard-pinned,
 // and not soft-pinned unless a put has nothing else to free.
@@ -33,7 +33,7 @@ namespace crescent::store {
 /// The master's clock (std::chrono::steady_clock::now in production).
 using MasterClock = std::function<std::chrono::steady_clock::time_point()>;
 
-/// Settings of a master. Defaults follow Mooncake's (store-notes) unless said otherwise.
+/// Settings of a master. Defaults follow Mooncake's (docs/store.md) unless said otherwise.
 struct MasterOptions {
   std::chrono::milliseconds lease_ttl{5000};        // read lease granted by get_replica_list
   std::chrono::milliseconds segment_ttl{10000};     // a segment not renewed for this long is unmounted
@@ -61,8 +61,7 @@ struct SegmentMount {
 };
 
 /// A complete object as the owner of the segment holding it records it in its own index, so that a master
-/// that restarts or takes over rebuilds its metadata from the owners' re-mounts (store-notes "High
-/// availability").
+/// that restarts or takes over rebuilds its metadata from the owners' re-mounts (docs/store.md, "Design").
 struct HeldObject {
   std::string key;
   uint64_t offset_bytes = 0;  // in the segment (DRAM tier); unused for the SSD tier

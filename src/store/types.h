@@ -1,5 +1,5 @@
 // Vocabulary shared by the store's master, nodes and clients (paper §3.2;
-// ../shared/reference/store-notes.md): keys, replica locations, how a put is replicated and pinned.
+// docs/store.md): keys, replica locations, how a put is replicated and pinned.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +22,8 @@ enum class ReplicaTier : uint8_t { kDram, kSsd };
 /// "dram" or "ssd".
 std::string_view tier_name(ReplicaTier tier);
 
-/// How eviction treats an object (store-notes "Pins"): kSoft keeps it unless nothing else can be freed, until
-/// its TTL (MasterOptions::soft_pin_ttl) passes; kHard never lets it be evicted (remove still works).
+/// How eviction treats an object (docs/store.md, "Design"): kSoft keeps it unless nothing else can be freed,
+/// until its TTL (MasterOptions::soft_pin_ttl) passes; kHard never lets it be evicted (remove still works).
 enum class PinKind : uint8_t { kNone, kSoft, kHard };
 
 /// "none", "soft", "hard"; parse_pin reads them back (kNotFound listing the valid names otherwise).
