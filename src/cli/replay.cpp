@@ -79,6 +79,9 @@ int run_replay(const ReplayArgs& args) {
         replayed->first_error.empty() ? nlohmann::json() : nlohmann::json(replayed->first_error);
     out["slo"] = cluster::to_json(*config)["slo"];
     out["policies"] = nlohmann::json::array({cluster::to_json(report)});
+    out["kv_exposed_transfer_mean_s"] = replayed->kv_exposed_transfer_mean_s
+                                            ? nlohmann::json(*replayed->kv_exposed_transfer_mean_s)
+                                            : nlohmann::json();
     fmt::print("{}\n", dump_json(out, 2));
   } else {
     fmt::print("replay {}: {} requests, time scale {:g}, against {} (model {})\n\n", args.trace_path,

@@ -127,6 +127,7 @@ void ConductorCore::on_kv_shipped(uint64_t id, double now_s) {
   const Live& live = it->second;
   const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
   metrics_.observe_kv_bytes("prefill_to_decode", static_cast<double>(input) * cost_.kv_bytes_per_token());
+  metrics_.observe_kv_exposed_transfer(now_s - live.first_token_s);
   links_.send_kv_handoff(live.summary.decode_instance, id, input, live.first_token, now_s);
 }
 

@@ -150,6 +150,7 @@ class LocalCluster::Impl final : public InstanceLinks {
     void on_prefill_start(engine::RequestId id, double now_s, const engine::PrefillStart& start) override {
       cluster_.prefill_started_[id] = {now_s, start.prefill_tokens};
       cluster_.core_.on_prefill_start(id, start.hit_tokens, now_s);
+      cluster_.core_.metrics().observe_prefill_computed(start.prefill_tokens);
     }
     void on_first_token(engine::RequestId id, double now_s) override {
       // Hands its KV off (send_kv_handoff).

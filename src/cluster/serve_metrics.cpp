@@ -1,5 +1,7 @@
 #include "cluster/serve_metrics.h"
 
+#include <algorithm>
+
 #include <prometheus/text_serializer.h>
 
 namespace crescent::cluster {
@@ -62,6 +64,8 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
               .Name("crescent_pool_prefix_tokens_total")
               .Help("Prefix tokens the Conductor arranged to fetch, found in the pool (hit) or not (miss)")
               .Register(*registry_)),
+      prefill_computed_(counter(*registry_, "crescent_prefill_computed_tokens_total",
+                                "Prompt tokens the prefill instances' executors computed (not reused)", {})),
       kv_blocks_verified_(counter(*registry_, "crescent_kv_blocks_verified_total",
                                   "KV blocks decode instances checked on arrival", {})),
       kv_checksum_failures_(counter(*registry_, "crescent_kv_checksum_failures_total",
@@ -97,6 +101,10 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                          {{"model_name", model_name}}, kLatencyBuckets)),
       decode_(histogram(*registry_, "vllm:request_decode_time_seconds", "First token to last token",
                         {{"model_name", model_name}}, kLatencyBuckets)),
+      kv_exposed_transfer_(histogram(*registry_, "crescent_kv_exposed_transfer_seconds",
+                                     "Prefill end (first token) to the prompt's KV all written to decode: the "
+                                     "transfer not hidden behind compute",
+                                     {}, kLatencyBuckets)),
       running_(gauge(*registry_, "vllm:num_requests_running", "Requests in decode batches",
                      {{"model_name", model_name}})),
       waiting_(gauge(*registry_, "vllm:num_requests_waiting",
@@ -141,6 +149,14 @@ void ServeMetrics::observe_kv_writes(uint64_t writes) {
 void ServeMetrics::observe_pool_prefix(int64_t hit_tokens, int64_t miss_tokens) {
   pool_prefix_.Add({{"result", "hit"}}).Increment(static_cast<double>(hit_tokens));
   pool_prefix_.Add({{"result", "miss"}}).Increment(static_cast<double>(miss_tokens));
+}
+
+void ServeMetrics::observe_kv_exposed_transfer(double seconds) {
+  kv_exposed_transfer_.Observe(std::max(0.0, seconds));
+}
+
+void ServeMetrics::observe_prefill_computed(int64_t tokens) {
+  prefill_computed_.Increment(static_cast<double>(tokens));
 }
 
 void ServeMetrics::observe_kv_checks(uint64_t verified_blocks, uint64_t failed_blocks) {

@@ -73,6 +73,13 @@ class ServeMetrics {
   /// Prefix tokens the Conductor arranged to fetch, by whether the prefill instance found them in the pool
   /// (crescent_pool_prefix_tokens_total{result="hit"|"miss"}).
   void observe_pool_prefix(int64_t hit_tokens, int64_t miss_tokens);
+  /// Prompt tokens a prefill instance's executor computed for a request, not reused
+  /// (crescent_prefill_computed_tokens_total): against crescent_prefix_tokens_total, what the instances
+  /// did beside what their caches reported.
+  void observe_prefill_computed(int64_t tokens);
+  /// From a prompt's prefill end (its first token) to all its KV written to decode (prefill done): the KV
+  /// transfer not hidden behind compute (paper §3.1), crescent_kv_exposed_transfer_seconds.
+  void observe_kv_exposed_transfer(double seconds);
   /// KV blocks decode instances checked on arrival, and those that failed the check
   /// (crescent_kv_blocks_verified_total, crescent_kv_checksum_failures_total).
   void observe_kv_checks(uint64_t verified_blocks, uint64_t failed_blocks);
@@ -94,6 +101,7 @@ class ServeMetrics {
   prometheus::Family<prometheus::Counter>& kv_bytes_moved_;
   prometheus::Family<prometheus::Counter>& kv_transport_bytes_;
   prometheus::Family<prometheus::Counter>& pool_prefix_;
+  prometheus::Counter& prefill_computed_;
   prometheus::Counter& kv_blocks_verified_;
   prometheus::Counter& kv_checksum_failures_;
   prometheus::Counter& kv_writes_;
@@ -109,6 +117,7 @@ class ServeMetrics {
   prometheus::Histogram& queue_;
   prometheus::Histogram& prefill_;
   prometheus::Histogram& decode_;
+  prometheus::Histogram& kv_exposed_transfer_;
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;
   prometheus::Gauge& kv_usage_;

@@ -19,6 +19,7 @@ EngineCore::EngineCore(const EngineOptions& options, Executor& executor, EngineL
     : options_(options), executor_(executor), listener_(listener) {
   if (options.prefix_cache) {
     cache_.emplace(std::max<int64_t>(1, options.kv_capacity_tokens / options.block_size_tokens));
+    executor_.use_prefix_cache(&*cache_);
   }
 }
 
@@ -132,6 +133,7 @@ int64_t EngineCore::take_cached_prefix(RequestId id, Record& r, double now_s) {
   auto& removed = touch_events_.evicted;
   removed.insert(removed.end(), touch_events_.skipped.begin(), touch_events_.skipped.end());
   const std::vector<BlockKey>& stored = options_.prefix_in_dram ? touch_events_.pinned : touch_events_.stored;
+  if (!removed.empty()) executor_.on_blocks_removed(removed);
   if (!stored.empty() || !removed.empty()) listener_.on_kv_event(stored, removed, now_s);
   return hit_tokens;
 }
@@ -171,7 +173,9 @@ void EngineCore::drop_uncomputed(RequestId id, Record& r) {
     }
   }
   std::vector<BlockKey>().swap(r.owned);
-  if (!removed.empty()) listener_.on_kv_event({}, removed, now_s_);
+  if (removed.empty()) return;
+  executor_.on_blocks_removed(removed);
+  listener_.on_kv_event({}, removed, now_s_);
 }
 
 // A DRAM cache's blocks `id` computed are no longer pending.

@@ -58,6 +58,14 @@ class Executor {
   /// Request `id` left the engine (finished, cancelled, or dropped when its KV never came), after the
   /// listener heard of it: the executor may free what it holds for it.
   virtual void release(RequestId id) { (void)id; }
+  /// The engine's prefix cache (EngineOptions::prefix_cache), from its constructor: an executor that keeps
+  /// KV bytes indexes them by it, so the blocks the engine reports as hits (and publishes in KV events) are
+  /// the blocks whose bytes it has: a block's bytes are kept under its key while this cache holds the key
+  /// (or a request still uses them). `cache` outlives the engine. REQUIRES: one engine per such executor.
+  virtual void use_prefix_cache(const kv::BlockCache* cache) { (void)cache; }
+  /// The engine's prefix cache no longer holds `keys` (evicted, not stored for lack of room, or stored for a
+  /// prompt cancelled before computing them): their bytes may go once no request uses them.
+  virtual void on_blocks_removed(std::span<const BlockKey> keys) { (void)keys; }
 };
 
 /// The mock model's output: a deterministic token (a byte: 'a'..'z' or ' ') for output position `index` of a

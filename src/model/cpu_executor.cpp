@@ -6,6 +6,8 @@
 #include <cassert>
 #include <chrono>
 
+#include "model/cpu_limits.h"
+
 namespace crescent::model {
 
 CpuExecutor::CpuExecutor(LlamaForward& model, const CpuExecutorOptions& options)
@@ -13,6 +15,12 @@ CpuExecutor::CpuExecutor(LlamaForward& model, const CpuExecutorOptions& options)
       options_(options),
       cache_(model.kv_layout(options.block_size_tokens), options.capacity_blocks),
       slots_(static_cast<size_t>(options.capacity_blocks)) {}
+
+void CpuExecutor::compute_in_background(std::function<void(int)> wait) {
+  const int threads = compute_threads();
+  compute_thread_ = std::make_unique<ComputeThread>([threads] { set_compute_threads(threads); });
+  wait_ = std::move(wait);
+}
 
 Status CpuExecutor::add_request(engine::RequestId id, ExecutorRequest request) {
   const LlamaConfig& c = model_.config();
@@ -62,40 +70,49 @@ std::string CpuExecutor::error(engine::RequestId id) const {
 }
 
 std::optional<int32_t> CpuExecutor::allocate() {
-  if (auto block = cache_.allocate()) return block;
-  if (evictable_.empty()) return std::nullopt;
-  const int32_t block = evictable_.front();  // least recently used
-  evictable_.pop_front();
-  Slot& slot = slots_[static_cast<size_t>(block)];
-  by_key_.erase(*slot.key);
-  slot.key.reset();
-  return block;
+  // Nothing is evicted here: the engine's prefix cache decides which keyed blocks go (on_blocks_removed).
+  return cache_.allocate();
 }
 
 void CpuExecutor::unref(int32_t block) {
   Slot& slot = slots_[static_cast<size_t>(block)];
   assert(slot.refs > 0);
-  if (--slot.refs > 0) return;
-  if (slot.key) {
-    slot.lru = evictable_.insert(evictable_.end(), block);
-  } else {
-    cache_.release(block);
+  if (--slot.refs > 0 || slot.key) return;
+  cache_.release(block);
+}
+
+void CpuExecutor::on_blocks_removed(std::span<const BlockKey> keys) {
+  for (BlockKey key : keys) {
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) continue;
+    Slot& slot = slots_[static_cast<size_t>(it->second)];
+    slot.key.reset();
+    if (slot.refs == 0) cache_.release(it->second);
+    by_key_.erase(it);
   }
 }
 
-Status CpuExecutor::import_block(BlockKey key, std::span<const std::byte> bytes) {
+Status CpuExecutor::import_block(engine::RequestId id, int64_t index, std::span<const std::byte> bytes) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second.started) {
+    return Status::invalid_argument(fmt::format("request {}: not registered, or its prefill started", id));
+  }
+  Request& r = it->second;
+  if (index < 0 || index >= std::ssize(r.spec.block_keys)) {
+    return Status::invalid_argument(fmt::format("request {}: block {} is not one of its {} full blocks", id,
+                                                index, r.spec.block_keys.size()));
+  }
+  const BlockKey key = r.spec.block_keys[static_cast<size_t>(index)];
   if (static_cast<int64_t>(bytes.size()) != cache_.layout().block_bytes()) {
     return Status::invalid_argument(fmt::format("KV block {:016x}: {} bytes, a block of this model is {}",
                                                 key, bytes.size(), cache_.layout().block_bytes()));
   }
-  if (by_key_.contains(key)) return Status::ok_status();
+  if (by_key_.contains(key) || r.imported.contains(index)) return Status::ok_status();
   const std::optional<int32_t> block = allocate();
   if (!block) return Status::out_of_range(fmt::format("KV block {:016x}: every block is in use", key));
   std::ranges::copy(bytes, cache_.block_bytes(*block).begin());
-  Slot& slot = slots_[static_cast<size_t>(*block)];
-  slot.key = key;
-  slot.lru = evictable_.insert(evictable_.end(), *block);
-  by_key_.emplace(key, *block);
+  slots_[static_cast<size_t>(*block)].refs = 1;
+  r.imported.emplace(index, *block);
   return Status::ok_status();
 }
 
@@ -113,15 +130,22 @@ bool CpuExecutor::start_prefill(Request& r) {
   const auto n = static_cast<int64_t>(r.spec.prompt.size());
   const int64_t bs = options_.block_size_tokens;
   const int64_t shareable = std::min<int64_t>(static_cast<int64_t>(r.spec.block_keys.size()), (n - 1) / bs);
-  for (int64_t i = 0; i < shareable; ++i) {
-    auto it = by_key_.find(r.spec.block_keys[static_cast<size_t>(i)]);
-    if (it == by_key_.end()) break;
-    Slot& slot = slots_[static_cast<size_t>(it->second)];
-    if (slot.refs++ == 0) evictable_.erase(slot.lru);
-    r.blocks.push_back(it->second);
-    ++r.shared_blocks;
+  int64_t reused_blocks = 0;
+  for (; reused_blocks < shareable; ++reused_blocks) {
+    if (auto it = by_key_.find(r.spec.block_keys[static_cast<size_t>(reused_blocks)]); it != by_key_.end()) {
+      ++slots_[static_cast<size_t>(it->second)].refs;
+      r.blocks.push_back(it->second);
+    } else if (auto imported = r.imported.find(reused_blocks); imported != r.imported.end()) {
+      r.blocks.push_back(imported->second);  // its own, as if computed here
+      r.imported.erase(imported);
+    } else {
+      break;
+    }
   }
-  r.computed_tokens = r.reused_tokens = r.shared_blocks * bs;
+  // Imported blocks past a gap are of no use: the prompt computes from the gap.
+  for (const auto& [index, block] : r.imported) unref(block);
+  r.imported.clear();
+  r.computed_tokens = r.reused_tokens = reused_blocks * bs;
   const int64_t positions = n + r.spec.output_tokens - 1;  // the last token is never fed back
   while (static_cast<int64_t>(r.blocks.size()) * bs < positions) {
     const std::optional<int32_t> block = allocate();
@@ -174,7 +198,12 @@ double CpuExecutor::run_iteration_s(const engine::IterationPlan& plan) {
     batch_requests_.push_back(&r);
   }
   if (!batch_.empty()) {
-    Result<std::span<const float>> logits = model_.forward(batch_, cache_);
+    Result<std::span<const float>> logits = std::span<const float>{};
+    if (compute_thread_) {
+      compute_thread_->run([&] { logits = model_.forward(batch_, cache_); }, wait_);
+    } else {
+      logits = model_.forward(batch_, cache_);
+    }
     assert(logits.ok());  // add_request checked every input
     const auto vocab = static_cast<size_t>(model_.config().vocab_size);
     for (size_t i = 0; i < batch_requests_.size(); ++i) {
@@ -184,12 +213,14 @@ double CpuExecutor::run_iteration_s(const engine::IterationPlan& plan) {
       r.tokens.push_back(token);
     }
   }
-  if (prefilled != nullptr) {
-    // Its full prompt blocks are cached under their keys (unless another request cached the same first).
+  if (prefilled != nullptr && prefix_cache_ != nullptr) {
+    // Its full prompt blocks are kept under their keys where the engine's prefix cache holds them (unless
+    // another request's bytes are kept under the same key already).
     Request& r = *prefilled;
-    for (size_t i = static_cast<size_t>(r.shared_blocks); i < r.spec.block_keys.size(); ++i) {
-      if (by_key_.emplace(r.spec.block_keys[i], r.blocks[i]).second)
-        slots_[static_cast<size_t>(r.blocks[i])].key = r.spec.block_keys[i];
+    for (size_t i = 0; i < r.spec.block_keys.size(); ++i) {
+      const BlockKey key = r.spec.block_keys[i];
+      if (slots_[static_cast<size_t>(r.blocks[i])].key || !prefix_cache_->contains(key)) continue;
+      if (by_key_.emplace(key, r.blocks[i]).second) slots_[static_cast<size_t>(r.blocks[i])].key = key;
     }
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -209,6 +240,7 @@ void CpuExecutor::drop(engine::RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   for (int32_t block : it->second.blocks) unref(block);
+  for (const auto& [index, block] : it->second.imported) unref(block);
   requests_.erase(it);
 }
 

@@ -1,21 +1,25 @@
 // The real executor (issue 11): runs the iterations an engine::EngineCore plans on a LlamaForward, one
 // forward pass per iteration for the prefill chunk and every decoding request together, and keeps the KV
-// in a PagedKvCache whose full prompt blocks stay cached under their block keys after their request left
-// (least recently used evicted first, never a block in use). A prompt starts from the longest run of its
-// leading blocks found there, computed here earlier or imported (a prefix read from the pool), so reused KV
-// is reused for real: same bytes, no recomputation.
+// in a PagedKvCache. Its full prompt blocks stay under their block keys after their request left for as long
+// as the engine's prefix cache (the one kv::BlockCache whose hits and KV events the Conductor sees) holds
+// those keys: that cache decides what is kept and evicted (a prefix's tail before its head, never a block in
+// use), so a reported hit is always bytes present. A prompt starts from the longest run of its leading
+// blocks found there, or imported for it (a prefix read from the pool), so reused KV is reused for real.
 #pragma once
 
 #include <cstdint>
-#include <list>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/compute_thread.h"
 #include "common/status.h"
 #include "engine/engine_core.h"
+#include "kv/block_cache.h"
 #include "kv/block_key.h"
 #include "model/llama_forward.h"
 #include "model/sampler.h"
@@ -45,7 +49,8 @@ struct DecodingRequest {
 struct CpuExecutorOptions {
   int64_t block_size_tokens = 16;  // >= 1; the engine's and the pool's block size
   /// KV blocks (>= 1). Every running request holds ceil((prompt + output) / block) of them (its cached
-  /// prefix shared); cached blocks of departed requests fill the rest until evicted.
+  /// prefix shared); blocks cached under keys the engine's prefix cache holds take the rest. Give at least
+  /// the prefix cache's capacity plus what the requests computing at once need beyond it.
   int64_t capacity_blocks = 0;
 };
 
@@ -76,18 +81,26 @@ class CpuExecutor final : public engine::Executor {
   /// Why `id` stopped early ("" while fine): no free KV block when it needed one.
   std::string error(engine::RequestId id) const;
 
-  /// Caches a block's KV under `key` (a prefix read from the pool or sent by another instance): later
-  /// prompts whose leading blocks have these keys start from them. No-op when `key` is cached already.
-  /// Errors: kInvalidArgument when `bytes` is not one block of the model's layout; kOutOfRange when every
-  /// block is in use.
-  Status import_block(BlockKey key, std::span<const std::byte> bytes);
+  /// Gives registered request `id` the KV of its prompt's block `index` from elsewhere (a prefix read from
+  /// the pool or sent by another instance), before its prefill starts: it starts from the leading blocks it
+  /// finds here or was given, as if computed. No-op when that block is cached here already. Errors:
+  /// kInvalidArgument for an unknown or started `id`, an index outside its full blocks, or `bytes` not one
+  /// block of the model's layout; kOutOfRange when every block is in use.
+  Status import_block(engine::RequestId id, int64_t index, std::span<const std::byte> bytes);
   /// The bytes of cached block `key` (to write to the pool), or nullopt.
   std::optional<std::span<const std::byte>> cached_block(BlockKey key) const;
   /// Blocks cached under a key (in use or not), and blocks free.
   int64_t cached_blocks() const { return static_cast<int64_t>(by_key_.size()); }
-  int64_t free_blocks() const { return cache_.free_blocks() + static_cast<int64_t>(evictable_.size()); }
+  int64_t free_blocks() const { return cache_.free_blocks(); }
   /// The block layout (what import_block takes and the pool stores).
   const KvBlockLayout& layout() const { return cache_.layout(); }
+
+  /// From now on each forward pass runs on a compute thread of the executor's own, while `wait(done_fd)`
+  /// runs on the thread that called run_iteration_s: it serves that thread's I/O and returns once `done_fd`
+  /// is readable (common/compute_thread.h). Meanwhile it must not call into the engine or this executor,
+  /// except kv_block() of requests outside the iteration (whose KV does not change), and output(),
+  /// reused_tokens(). The compute thread runs on as many OpenMP threads as the caller's compute_threads().
+  void compute_in_background(std::function<void(int done_fd)> wait);
 
   // engine::Executor
   /// Computes the plan's prefill chunk (from what is cached, at least the chunk's end) and one token for
@@ -95,14 +108,17 @@ class CpuExecutor final : public engine::Executor {
   double run_iteration_s(const engine::IterationPlan& plan) override;
   bool needs_request_ids() const override { return true; }
   void release(engine::RequestId id) override;
+  void use_prefix_cache(const kv::BlockCache* cache) override { prefix_cache_ = cache; }
+  /// Keyed blocks no request uses are freed; those in use lose their key and are freed with their request.
+  void on_blocks_removed(std::span<const BlockKey> keys) override;
 
  private:
   struct Request {
     ExecutorRequest spec;
     Sampler sampler;
-    std::vector<int32_t> blocks = {};  // table: shared cached prefix blocks, then its own
-    int64_t shared_blocks = 0;         // leading blocks taken from the cache (referenced, not owned)
-    int64_t computed_tokens = 0;       // prompt tokens whose KV is in its blocks
+    std::vector<int32_t> blocks = {};  // table: cached (shared) or imported prefix blocks, then its own
+    std::unordered_map<int64_t, int32_t> imported = {};  // prompt block index -> its block, before it starts
+    int64_t computed_tokens = 0;                         // prompt tokens whose KV is in its blocks
     int64_t reused_tokens = 0;
     std::vector<int32_t> output = {};
     std::vector<int32_t> tokens = {};  // prompt then output, what the forward pass reads
@@ -111,9 +127,8 @@ class CpuExecutor final : public engine::Executor {
     bool released = false;  // by the engine, kept for its owner (keep_after_release)
   };
   struct Slot {
-    std::optional<BlockKey> key;       // cached under it
-    int64_t refs = 0;                  // running requests whose table holds it
-    std::list<int32_t>::iterator lru;  // in evictable_ when cached and refs == 0
+    std::optional<BlockKey> key;  // cached under it (the engine's prefix cache holds the key)
+    int64_t refs = 0;             // requests whose table holds it
   };
 
   bool start_prefill(Request& r);
@@ -124,9 +139,11 @@ class CpuExecutor final : public engine::Executor {
   CpuExecutorOptions options_;
   PagedKvCache cache_;
   std::vector<Slot> slots_;
-  std::unordered_map<BlockKey, int32_t> by_key_;
-  std::list<int32_t> evictable_;  // cached, unreferenced blocks; least recently used first
+  std::unordered_map<BlockKey, int32_t> by_key_;  // keys the engine's prefix cache holds, with their bytes
+  const kv::BlockCache* prefix_cache_ = nullptr;  // the engine's (use_prefix_cache); none: nothing is kept
   std::unordered_map<engine::RequestId, Request> requests_;
+  std::unique_ptr<ComputeThread> compute_thread_;  // compute_in_background's
+  std::function<void(int)> wait_;
   std::vector<ForwardSequence> batch_;  // scratch
   std::vector<Request*> batch_requests_;
 };

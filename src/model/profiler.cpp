@@ -72,11 +72,6 @@ class CpuTarget final : public ProfileTarget {
     if (new_tokens > 0) {
       prefill_id = next_id_++;
       std::vector<BlockKey> keys;
-      for (int64_t b = 0; b < prefix_tokens / block_; ++b) {
-        keys.push_back(next_key_++);
-        if (Status s = executor_.import_block(keys.back(), zeros_); !s.ok())
-          throw std::runtime_error(s.message());
-      }
       const int64_t total = prefix_tokens + new_tokens;
       while (std::ssize(keys) < total / block_) keys.push_back(next_key_++);
       std::vector<int32_t> prompt(static_cast<size_t>(total));
@@ -85,6 +80,11 @@ class CpuTarget final : public ProfileTarget {
       const Status added =
           executor_.add_request(prefill_id, {.prompt = std::move(prompt), .block_keys = std::move(keys)});
       if (!added.ok()) throw std::runtime_error(added.message());
+      // The cached prefix, as a prefix read from the pool is given.
+      for (int64_t b = 0; b < prefix_tokens / block_; ++b) {
+        if (Status s = executor_.import_block(prefill_id, b, zeros_); !s.ok())
+          throw std::runtime_error(s.message());
+      }
       plan.prefill_request = prefill_id;
       plan.prefill_tokens = new_tokens;
       plan.prefill_prefix_tokens = prefix_tokens;

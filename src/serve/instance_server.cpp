@@ -121,6 +121,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
       return Status::invalid_argument(
           fmt::format("cannot connect to the Conductor at '{}': {}", options_.conductor_endpoint, e.what()));
     }
+    if (cpu_executor_) {
+      // Forward passes compute on a thread of their own; this one keeps serving the control socket.
+      cpu_executor_->compute_in_background([this](int done_fd) { serve_while_computing(done_fd); });
+    }
     thread_ = std::thread([this] { run(); });
     return Status();
   }
@@ -138,6 +142,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     Order& order = it->second;
     prefilling_ = id;
     order.reused_blocks = std::min<int64_t>(start.hit_tokens / block_tokens_, std::ssize(order.keys));
+    order.computed_tokens = start.prefill_tokens;  // the mock's; the cpu executor's is its own count
     // The reused prefix can stream at once (but the last block waits for prefill done).
     order.computed_blocks = std::min(order.reused_blocks, blocks_of(std::ssize(order.token_ids)) - 1);
     // The part of the arranged prefix this instance does not hold comes from the pool.
@@ -181,6 +186,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
         return;
       }
       order.first_token = output.front();
+      order.computed_tokens = std::ssize(order.token_ids) - cpu_executor_->reused_tokens(id);
     } else {
       order.first_token = engine::mock_token(order.seed, 0);
     }
@@ -262,6 +268,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     int64_t reused_blocks = 0;            // full blocks not computed here
     int64_t fetched_tokens_expected = 0;  // of them, to be read from the pool
     int64_t pool_hit_tokens = 0;          // of those, read from the pool intact
+    int64_t computed_tokens = 0;          // prompt tokens its executor computed (once computed)
     uint64_t pool_read_bytes = 0, pool_write_bytes = 0;
     bool computed = false;                  // its prefill ended
     std::optional<InstanceMessage> target;  // where its decode instance reserved room (kKvTarget)
@@ -314,7 +321,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
         if (!(*got)[i].ok()) break;
         if (cpu_executor_) {
           // Real KV carries no checksum of its own: the pool's copy is used as read.
-          if (!cpu_executor_->import_block(order.keys[static_cast<size_t>(first) + i], block).ok()) break;
+          if (!cpu_executor_->import_block(order.id, first + static_cast<int64_t>(i), block).ok()) break;
         } else if (!kv_block_intact(block)) {
           break;
         }
@@ -358,6 +365,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     m.kind = InstanceMessage::Kind::kPrefillDone;
     m.request_id = id;
     m.pool_hit_tokens = order.pool_hit_tokens;
+    m.computed_tokens = order.computed_tokens;
     m.fetched_tokens_expected = order.fetched_tokens_expected;
     m.pool_read_bytes = order.pool_read_bytes;
     m.pool_write_bytes = order.pool_write_bytes;
@@ -387,10 +395,16 @@ class InstanceServer::Impl final : public engine::EngineListener {
     forget_order(id);
   }
 
-  // Prefill: drops order `id` and the KV its executor kept for shipping.
+  // Prefill: drops order `id` and the KV its executor kept for shipping (once the forward pass under way,
+  // if any, is done: the executor is not called into meanwhile).
   void forget_order(uint64_t id) {
     orders_.erase(id);
-    if (cpu_executor_) cpu_executor_->drop(id);
+    if (!cpu_executor_) return;
+    if (computing_) {
+      drops_after_compute_.push_back(id);
+    } else {
+      cpu_executor_->drop(id);
+    }
   }
 
   // Streams what is computed of `order`'s prompt and not yet at its decode instance, once that instance's
@@ -674,40 +688,107 @@ class InstanceServer::Impl final : public engine::EngineListener {
     if (prefilling_) {
       if (auto it = orders_.find(*prefilling_); it != orders_.end()) stream_kv(it->second);
     }
-    for (const InstanceMessage& m : outbox_) send(m);
-    outbox_.clear();
+    send_outbox();
     const double now = now_s();
     if (load_dirty_ || now >= next_load_s_) {
-      send(load_report(InstanceMessage::Kind::kLoad));
+      last_load_ = load_report(InstanceMessage::Kind::kLoad);
+      send(last_load_);
       load_dirty_ = false;
       next_load_s_ = now + kLoadPeriodS;
     }
   }
 
+  void send_outbox() {
+    for (const InstanceMessage& m : outbox_) send(m);
+    outbox_.clear();
+  }
+
+  // Handles the control messages that came (a burst at most: those queued now).
+  void receive() {
+    for (;;) {
+      zmq::message_t message;
+      if (!control_.recv(message, zmq::recv_flags::dontwait)) break;
+      auto decoded = decode_instance_message(message.to_string_view());
+      if (!decoded.ok()) {
+        fmt::print(stderr, "{}: dropped a malformed control message: {}\n", identity_,
+                   decoded.status().message());
+        continue;
+      }
+      if (computing_) {
+        handle_while_computing(std::move(*decoded));
+        continue;
+      }
+      handle(*decoded);
+      // What it produced, and the heartbeat, go out before the next message is handled, not after a burst.
+      flush();
+    }
+  }
+
+  // A control message that came while a forward pass computes. A KV target is acted on at once: the
+  // prompt's KV computed so far (all of it, when its prefill has ended) ships while the next iteration
+  // computes, not after it. The rest needs the engine and waits for the pass's end, in order.
+  void handle_while_computing(InstanceMessage m) {
+    if (m.kind == InstanceMessage::Kind::kKvTarget) {
+      if (auto it = orders_.find(m.request_id); it != orders_.end()) {
+        Order& order = it->second;
+        order.target = m;
+        if (order.computed) {
+          finish_prefill(m.request_id, order);
+        } else {
+          stream_kv(order);  // the blocks of chunks computed in earlier iterations: they do not change
+        }
+        return;
+      }
+    }
+    deferred_.push_back(std::move(m));
+  }
+
+  // Runs on this thread while the cpu executor's forward pass computes on its own (until `done_fd` is
+  // readable): the control socket is served, what is queued goes out, and the heartbeat keeps its period
+  // whatever an iteration takes (with the load as it was when the iteration started).
+  void serve_while_computing(int done_fd) {
+    computing_ = true;
+    zmq::pollitem_t items[2] = {{control_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, done_fd, ZMQ_POLLIN, 0}};
+    for (;;) {
+      send_outbox();
+      if (const double now = now_s(); now >= next_load_s_) {
+        send(last_load_);
+        next_load_s_ = now + kLoadPeriodS;
+      }
+      const double wait_ms = std::clamp((next_load_s_ - now_s()) * 1000, 0.0, 50.0);
+      zmq::poll(items, 2, std::chrono::milliseconds(static_cast<int64_t>(std::ceil(wait_ms))));
+      if ((items[0].revents & ZMQ_POLLIN) != 0) receive();
+      if ((items[1].revents & ZMQ_POLLIN) != 0) break;
+    }
+    computing_ = false;
+  }
+
+  // After an engine advance: what waited for the forward pass to end.
+  void catch_up() {
+    for (uint64_t id : drops_after_compute_) cpu_executor_->drop(id);
+    drops_after_compute_.clear();
+    std::vector<InstanceMessage> deferred;
+    deferred.swap(deferred_);
+    for (const InstanceMessage& m : deferred) {
+      handle(m);
+      flush();
+    }
+  }
+
   void run() {
+    last_load_ = load_report(InstanceMessage::Kind::kLoad);
     send(load_report(InstanceMessage::Kind::kHello));
     next_load_s_ = now_s() + kLoadPeriodS;
     zmq::pollitem_t item{control_.handle(), 0, ZMQ_POLLIN, 0};
     while (!stopping_) {
       engine_->advance_until(now_s());
+      catch_up();
       flush();
+      if (!deferred_.empty()) continue;
       const double next = std::min(engine_->next_event_s(), next_load_s_);
       const double wait_ms = std::clamp((next - now_s()) * 1000, 0.0, 50.0);
       zmq::poll(&item, 1, std::chrono::milliseconds(static_cast<int64_t>(std::ceil(wait_ms))));
-      for (;;) {
-        zmq::message_t message;
-        if (!control_.recv(message, zmq::recv_flags::dontwait)) break;
-        auto decoded = decode_instance_message(message.to_string_view());
-        if (!decoded.ok()) {
-          fmt::print(stderr, "{}: dropped a malformed control message: {}\n", identity_,
-                     decoded.status().message());
-          continue;
-        }
-        handle(*decoded);
-        // A real executor computes an iteration inside handle() (the engine advances to now first): what
-        // it produced, and the heartbeat, go out before the next message is handled, not after a burst.
-        flush();
-      }
+      receive();
     }
   }
 
@@ -738,6 +819,12 @@ class InstanceServer::Impl final : public engine::EngineListener {
   std::unordered_map<uint64_t, Reservation> reservations_;  // decode
   std::unordered_map<uint64_t, Expected> expected_;         // decode
   std::vector<InstanceMessage> outbox_;
+  // While the cpu executor's forward pass computes (serve_while_computing): messages that need the engine,
+  // and executor requests to drop, wait for its end; the heartbeat repeats the last load report.
+  bool computing_ = false;
+  std::vector<InstanceMessage> deferred_;
+  std::vector<uint64_t> drops_after_compute_;
+  InstanceMessage last_load_;
   std::optional<uint64_t> prefilling_;  // prefill: the order whose prompt is being computed
   bool load_dirty_ = false;
   double next_load_s_ = 0;                                // the next load report (heartbeat) is due then

@@ -7,7 +7,7 @@
 namespace crescent::serve {
 namespace {
 
-constexpr uint32_t kFields = 47;  // what encode packs, in order
+constexpr uint32_t kFields = 48;  // what encode packs, in order
 constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kFirstToken);
 
 template <typename Packer>
@@ -69,6 +69,7 @@ std::string encode(const InstanceMessage& m) {
   pk.pack_int64(m.hit_tokens);
   pk.pack_int64(m.pool_hit_tokens);
   pk.pack_int64(m.fetched_tokens_expected);
+  pk.pack_int64(m.computed_tokens);
   pk.pack_uint64(m.kv_bytes);
   pk.pack_uint64(m.kv_chunks);
   pk.pack(m.kv_transport);
@@ -132,6 +133,7 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     m.hit_tokens = r.next<int64_t>();
     m.pool_hit_tokens = r.next<int64_t>();
     m.fetched_tokens_expected = r.next<int64_t>();
+    m.computed_tokens = r.next<int64_t>();
     m.kv_bytes = r.next<uint64_t>();
     m.kv_chunks = r.next<uint64_t>();
     m.kv_transport = r.next<std::string>();

@@ -375,6 +375,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
           metrics.observe_kv_bytes_moved("pool_read", m.pool_read_bytes);
           metrics.observe_kv_bytes_moved("pool_write", m.pool_write_bytes);
           metrics.observe_pool_prefix(m.pool_hit_tokens, m.fetched_tokens_expected - m.pool_hit_tokens);
+          metrics.observe_prefill_computed(m.computed_tokens);
           core_.on_kv_shipped(m.request_id, now);
         }
         break;

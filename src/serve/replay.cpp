@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -156,6 +157,40 @@ std::vector<int64_t> trace_prompt_tokens(const trace::Request& request, int64_t 
   return tokens;
 }
 
+namespace {
+
+// The sum and count of histogram `name` in the server's /metrics, or nullopt (no such metric, no answer).
+std::optional<std::pair<double, double>> server_histogram(const ReplayOptions& options,
+                                                          const std::string& name) {
+  httplib::Client client(options.host, options.port);
+  client.set_connection_timeout(5, 0);
+  client.set_read_timeout(10, 0);
+  httplib::Headers headers;
+  if (!options.api_key.empty()) headers.emplace("Authorization", "Bearer " + options.api_key);
+  auto res = client.Get("/metrics", headers);
+  if (!res || res->status != 200) return std::nullopt;
+  std::optional<double> sum, count;
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);) {
+    const auto value = [&](const std::string& key) -> std::optional<double> {
+      if (line.rfind(key + " ", 0) != 0) return std::nullopt;
+      try {
+        return std::stod(line.substr(key.size() + 1));
+      } catch (const std::exception&) {
+        return std::nullopt;
+      }
+    };
+    if (auto v = value(name + "_sum")) sum = v;
+    if (auto v = value(name + "_count")) count = v;
+  }
+  if (!sum || !count) return std::nullopt;
+  return std::pair{*sum, *count};
+}
+
+constexpr const char* kExposedTransfer = "crescent_kv_exposed_transfer_seconds";
+
+}  // namespace
+
 Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayOptions& options) {
   if (!(options.time_scale > 0)) {
     return Status::invalid_argument(fmt::format("--time-scale must be > 0, got {}", options.time_scale));
@@ -184,6 +219,7 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
     }
     out.model = models["data"][0]["id"].get<std::string>();
   }
+  const auto exposed_before = server_histogram(options, kExposedTransfer);
   out.result.requests.resize(trace.size());
   std::mutex mu;
   std::condition_variable all_done;
@@ -221,6 +257,10 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
   }
   for (const cluster::RequestOutcome& o : out.result.requests) {
     out.result.makespan_s = std::max(out.result.makespan_s, o.finish_s);
+  }
+  if (const auto exposed_after = server_histogram(options, kExposedTransfer); exposed_before && exposed_after) {
+    const double count = exposed_after->second - exposed_before->second;
+    if (count > 0) out.kv_exposed_transfer_mean_s = (exposed_after->first - exposed_before->first) / count;
   }
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ struct ReplayResult {
   std::string model;
   int64_t failed = 0;       // requests that neither completed nor were refused (connection, 5xx, bad stream)
   std::string first_error;  // the first such failure, for the report
+  /// A crescent server's mean exposed KV transfer over the replay's requests (from its /metrics,
+  /// crescent_kv_exposed_transfer_seconds: prefill end to KV all at decode); nullopt from other servers.
+  std::optional<double> kv_exposed_transfer_mean_s;
 };
 
 /// Replays `trace`. Errors: kUnavailable when the server cannot be reached or lists no model (before any

@@ -185,17 +185,25 @@ TEST_F(CpuExecutorTest, ImportedBlocksAreUsedLikeComputedOnes) {
   source.submit(1, prompt, 9);
   source.run();
   Instance target(*model_, kColocated);
-  for (BlockKey key : keys_of(prompt)) {
-    const auto bytes = source.executor().cached_block(key);
+  ASSERT_TRUE(target.executor().add_request(2, {.prompt = prompt, .block_keys = keys_of(prompt), .output_tokens = 9}).ok());
+  const std::vector<BlockKey> keys = keys_of(prompt);
+  for (size_t b = 0; b < keys.size(); ++b) {
+    const auto bytes = source.executor().cached_block(keys[b]);
     ASSERT_TRUE(bytes.has_value());
-    ASSERT_TRUE(target.executor().import_block(key, *bytes).ok());
+    ASSERT_TRUE(target.executor().import_block(2, static_cast<int64_t>(b), *bytes).ok());
   }
-  target.submit(2, prompt, 9);
+  // Blocks of another size, outside the prompt's full blocks, or for an unknown request are refused.
+  EXPECT_THAT(target.executor().import_block(2, 0, std::vector<std::byte>(10)).message(), HasSubstr("10 bytes"));
+  EXPECT_THAT(target.executor().import_block(2, 2, *source.executor().cached_block(keys[0])).message(),
+              HasSubstr("block 2 is not one of its 2 full blocks"));
+  EXPECT_THAT(target.executor().import_block(3, 0, *source.executor().cached_block(keys[0])).message(),
+              HasSubstr("request 3: not registered"));
+  target.submit_only(2, prompt, 9);
   target.run();
   EXPECT_EQ(target.reused[2], 2 * kBlock);
   EXPECT_EQ(target.outputs[2], source.outputs[1]);
-  // Blocks of another size are refused.
-  EXPECT_THAT(target.executor().import_block(5, std::vector<std::byte>(10)).message(), HasSubstr("10 bytes"));
+  // Once computed, they are the target's cached blocks like any it computed.
+  EXPECT_EQ(target.executor().cached_blocks(), 2);
 }
 
 // Prefill on one executor, decode on another (the P/D split: the prompt's KV blocks copied as a prefill
@@ -253,29 +261,79 @@ TEST_F(CpuExecutorTest, SeededSamplingRepeatsAndDiffersFromGreedy) {
   EXPECT_NE(alone(prompt, 16), a);
 }
 
-// Cached blocks of departed requests make room for new ones, least recently used first; blocks in use are
-// never taken.
-TEST_F(CpuExecutorTest, CachedBlocksAreEvictedOnlyWhenUnused) {
-  Instance instance(*model_, kColocated, /*capacity_blocks=*/6);
-  const auto a = random_tokens(2 * kBlock + 1, 9);  // 2 cached blocks + 1 own
+// The engine's prefix cache decides what stays: when it is full, a prompt's blocks replace the cached ones
+// tail first (kv::BlockCache's rule, so what is kept is what a prefix match can reach), and the executor
+// frees exactly the bytes it drops. The old executor-side LRU dropped a's head and kept its tail, which no
+// prefix match reaches.
+TEST_F(CpuExecutorTest, CachedBlocksGoTailFirstWhenTheEnginesCacheIsFull) {
+  engine::EngineOptions options = kColocated;
+  options.kv_capacity_tokens = 6 * kBlock;  // the engine's 6 blocks: running prompts and cached ones
+  Instance instance(*model_, options, /*capacity_blocks=*/12);
+  const auto a = random_tokens(2 * kBlock + 1, 9);  // 2 cached blocks
   instance.submit(1, a, 1);
   instance.run();
   EXPECT_EQ(instance.executor().cached_blocks(), 2);
-  const auto b = random_tokens(4 * kBlock + 1, 10);  // 5 blocks: the 4 free and a's older cached one
+  const auto b = random_tokens(4 * kBlock + 1, 10);  // 5 blocks: one of a's must go
   instance.submit(2, b, 1);
   instance.run();
   EXPECT_EQ(instance.errors[2], "");
   EXPECT_EQ(instance.outputs[2], alone(b, 1));
-  EXPECT_EQ(instance.executor().cached_blocks(), 5);  // b's 4 and a's second
-  EXPECT_FALSE(instance.executor().cached_block(keys_of(a)[0]).has_value());
-  EXPECT_TRUE(instance.executor().cached_block(keys_of(a)[1]).has_value());
-  EXPECT_EQ(instance.executor().free_blocks(), 6);
-  // A prompt needing 7 blocks of the 6 fails with a clear error, produces nothing, and returns what it took.
-  instance.submit(3, random_tokens(6 * kBlock + 1, 11), 1);
+  EXPECT_EQ(instance.executor().cached_blocks(), 5);  // b's 4 and a's first
+  EXPECT_TRUE(instance.executor().cached_block(keys_of(a)[0]).has_value());
+  EXPECT_FALSE(instance.executor().cached_block(keys_of(a)[1]).has_value());
+  EXPECT_EQ(instance.executor().free_blocks(), 12 - 5);
+  // a again: a hit of its first block, which the executor reuses.
+  instance.submit(3, a, 1);
   instance.run();
-  EXPECT_THAT(instance.errors[3], HasSubstr("no free KV block"));
-  EXPECT_TRUE(instance.outputs[3].empty());
+  EXPECT_EQ(instance.hits[3], kBlock);
+  EXPECT_EQ(instance.reused[3], kBlock);
+  EXPECT_EQ(instance.outputs[3], alone(a, 1));
+}
+
+// An executor with fewer blocks than a prompt needs: a clear error, nothing produced, and what it took is
+// returned.
+TEST_F(CpuExecutorTest, APromptBeyondTheExecutorsBlocksFailsCleanly) {
+  Instance instance(*model_, kColocated, /*capacity_blocks=*/6);
+  instance.submit(1, random_tokens(6 * kBlock + 1, 11), 1);
+  instance.run();
+  EXPECT_THAT(instance.errors[1], HasSubstr("no free KV block"));
+  EXPECT_TRUE(instance.outputs[1].empty());
   EXPECT_EQ(instance.executor().free_blocks(), 6);
+}
+
+// One block cache (issue 21 §2): a prefill instance's engine reports prefix hits and KV events from its
+// kv::BlockCache, and the executor's KV bytes are indexed by that same cache, so a reported hit is always
+// bytes present, and a full cache drops a prefix's tail before its head. A workload of prompts from a few
+// prefix families through a small cache: every prompt's hit is exactly the KV the executor reused, and its
+// tokens are those it gets alone.
+TEST_F(CpuExecutorTest, AReportedHitIsAlwaysKvPresent) {
+  const engine::EngineOptions prefill_instance{.kv_capacity_tokens = 6 * kBlock,
+                                               .prefix_cache = true,
+                                               .block_size_tokens = kBlock,
+                                               .prefix_in_dram = true};
+  // The cache's 6 blocks, and room for one prompt being computed (5 blocks) beside them.
+  Instance instance(*model_, prefill_instance, /*capacity_blocks=*/11);
+  std::vector<std::vector<int32_t>> families;
+  for (uint64_t f = 0; f < 3; ++f) families.push_back(random_tokens(4 * kBlock, 100 + f));
+  std::mt19937_64 rng(5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (engine::RequestId id = 1; id <= 24; ++id) {
+    // A family's first 1..4 blocks, then a tail of its own (the last token is always computed).
+    const auto& family = families[rng() % families.size()];
+    const auto shared = static_cast<int64_t>(1 + rng() % 4) * kBlock;
+    prompts.push_back(concat(std::vector<int32_t>(family.begin(), family.begin() + shared),
+                             random_tokens(1 + static_cast<int64_t>(rng() % 5), 1000 + id)));
+    instance.submit(id, prompts.back(), 1);
+    instance.run();
+  }
+  int64_t hit_tokens = 0;
+  for (engine::RequestId id = 1; id <= 24; ++id) {
+    EXPECT_EQ(instance.hits[id], instance.reused[id]) << "request " << id;
+    EXPECT_EQ(instance.errors[id], "") << "request " << id;
+    EXPECT_EQ(instance.outputs[id], alone(prompts[id - 1], 1)) << "request " << id;
+    hit_tokens += instance.hits[id];
+  }
+  EXPECT_GT(hit_tokens, 0) << "the workload reuses prefixes";
 }
 
 TEST_F(CpuExecutorTest, BadRequestsAreRefused) {

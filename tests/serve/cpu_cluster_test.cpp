@@ -10,6 +10,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -151,6 +153,85 @@ TEST_F(CpuCluster, AnswersAreThoseOfOneColocatedProcess) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(got[i].status, 200) << got[i].body;
     EXPECT_EQ(got[i].text, colocated(model_dir_, prompts[i], 20, {})) << prompts[i];
+  }
+}
+
+// One block cache (issue 21 §2): the prefill instance's KV bytes are indexed by the engine's prefix cache,
+// the one whose hits become `cached_tokens` and whose KV events the Conductor routes by. Prompts from a few
+// prefix families through a prefill cache of 8 blocks (evicting all the time): every reported hit is KV
+// the executor really reused, so the tokens it computed are exactly the prompt tokens less cached_tokens,
+// and every answer is the colocated one. Before, the executor kept its own LRU of 265 blocks beside the
+// engine's 8 (evicting a prefix's head first): it reused KV the engine had reported evicted, and computed
+// fewer tokens than prompt − cached.
+TEST_F(CpuCluster, AReportedPrefixHitIsKvTheInstanceReallyReused) {
+  std::ifstream in(config_path_);
+  json config = json::parse(in);
+  config["prefill_instances"] = 1;
+  config["prefill_cache_capacity_tokens"] = 8 * 16;
+  const std::string path = dir_->file("cpu-test-small-cache.json");
+  std::ofstream(path) << config.dump(2);
+  ServedCluster cluster({"--config", path, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const int port = cluster.port();
+  const std::string model = "tiny-llama";
+  const std::vector<std::string> families = {std::string(80, 'a'), std::string(80, 'b'), std::string(80, 'c')};
+  int64_t prompt_tokens = 0, cached_tokens = 0, partly_evicted = 0;
+  std::map<std::string, int64_t> best_hit;  // per family: the longest hit seen so far
+  std::mt19937 rng(7);
+  for (int i = 0; i < 20; ++i) {
+    // A family's first 1..5 blocks, then a tail of its own (never block-aligned: the last token is computed).
+    const std::string& family = families[rng() % families.size()];
+    const size_t shared = 16 * (1 + rng() % 5);
+    const std::string prompt = family.substr(0, shared) + "q" + std::to_string(i);
+    const Completion c = complete(port, model, prompt, 2, {});
+    ASSERT_EQ(c.status, 200) << c.body;
+    EXPECT_EQ(c.text, colocated(model_dir_, prompt, 2, {})) << prompt;
+    prompt_tokens += c.prompt_tokens;
+    cached_tokens += c.cached_tokens;
+    if (c.cached_tokens < std::min<int64_t>(best_hit[family], static_cast<int64_t>(shared))) ++partly_evicted;
+    best_hit[family] = std::max(best_hit[family], c.cached_tokens);
+  }
+  EXPECT_GT(cached_tokens, 0) << "the workload reuses prefixes";
+  EXPECT_GT(partly_evicted, 0) << "the small cache evicted prefixes that came back (" << cached_tokens
+                               << " of " << prompt_tokens << " prompt tokens cached)";
+  // The metric counts at prefill done, which the last answer may precede.
+  double computed = 0;
+  for (int i = 0; i < 200; ++i) {
+    computed = cluster.metric("crescent_prefill_computed_tokens_total");
+    if (computed >= static_cast<double>(prompt_tokens - cached_tokens)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(computed, static_cast<double>(prompt_tokens - cached_tokens)) << cluster.log();
+}
+
+// An instance stays responsive while it computes (issue 21 §3): the forward pass runs on a thread of its
+// own and the instance's control thread keeps its heartbeat, so a prefill iteration far longer than
+// heartbeat_timeout_s does not make the instance look down, and the request completes. Before, the
+// instance fell silent for the whole iteration: declared down, its request failed with 503.
+TEST_F(CpuCluster, AnIterationLongerThanTheHeartbeatTimeoutKeepsTheInstanceUp) {
+  std::ifstream in(config_path_);
+  json config = json::parse(in);
+  config["prefill_instances"] = 1;
+  config["prefill_chunk_tokens"] = 8192;  // the whole prompt in one iteration
+  config["serve"]["heartbeat_timeout_s"] = 0.2;
+  const std::string path = dir_->file("cpu-test-short-heartbeat.json");
+  std::ofstream(path) << config.dump(2);
+  ServedCluster cluster({"--config", path, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  // The tiny model's 4,000-token prompt: attention over it is most of a second or more on one core.
+  std::string prompt;
+  for (int i = 0; prompt.size() < 4000; ++i) prompt += "line " + std::to_string(i) + " of a long document. ";
+  prompt.resize(4000);
+  const auto start = std::chrono::steady_clock::now();
+  const Completion c = complete(cluster.port(), "tiny-llama", prompt, 3, {});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(c.status, 200) << c.body << cluster.log();
+  EXPECT_EQ(c.text, colocated(model_dir_, prompt, 3, {}));
+  EXPECT_THAT(cluster.log(), ::testing::Not(::testing::HasSubstr("prefill-0 down"))) << cluster.log();
+  EXPECT_EQ(cluster.metric("crescent_instances_up{role=\"prefill\"}"), 1);
+  if (seconds < 2 * 0.2) {
+    GTEST_SKIP() << "the prefill took " << seconds << " s, not longer than the heartbeat timeout: this "
+                 << "machine is too fast for the scenario";
   }
 }
 
