@@ -1,5 +1,6 @@
 // One prefill or decode instance of the multi-process cluster (`crescent serve prefill|decode`): an
-// engine::EngineCore with the mock executor on the steady clock, taking orders from the Conductor over
+// engine::EngineCore with the mock executor (or the cpu executor, computing a real model on a thread of its
+// own) on the steady clock, taking orders from the Conductor over
 // instance_wire.h and moving real (scaled) KV bytes:
 //   prefill: reads the arranged prefix from the pool (store::Client batch_get, checksums verified), computes
 //            the rest (as long as the cost model says), writes its new full blocks to the pool (put_blocks),

@@ -49,7 +49,7 @@ struct SimOptions {
   double time_scale = 1.0;
   /// Tokens of prefill per iteration for System::kColocatedChunkedPrefill (vLLM's max_num_batched_tokens).
   int64_t chunked_prefill_tokens = 512;
-  /// Virtual seconds between load samples in SimResult::load_series (0: none).
+  /// Virtual seconds between load samples in cluster::RunResult::load_series (0: none).
   double load_sample_interval_s = 0;
   /// Called every kProgressEveryRequests arrivals (may be empty).
   std::function<void(const SimProgress&)> progress = nullptr;
