@@ -8,7 +8,9 @@
 namespace crescent {
 
 ComputeThread::ComputeThread(std::function<void()> on_start)
-    : done_fd_(::eventfd(0, EFD_CLOEXEC)), on_start_(std::move(on_start)) {
+    : done_fd_(::eventfd(0, EFD_CLOEXEC)),
+      progress_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      on_start_(std::move(on_start)) {
   if (done_fd_ >= 0) thread_ = std::thread([this] { loop(); });
 }
 
@@ -20,6 +22,13 @@ ComputeThread::~ComputeThread() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (done_fd_ >= 0) ::close(done_fd_);
+  if (progress_fd_ >= 0) ::close(progress_fd_);
+}
+
+void ComputeThread::notify_progress() {
+  if (progress_fd_ < 0) return;
+  const uint64_t one = 1;
+  (void)!::write(progress_fd_, &one, sizeof one);
 }
 
 void ComputeThread::run(const std::function<void()>& job, const std::function<void(int)>& wait) {

@@ -27,11 +27,17 @@ class ComputeThread {
 
   /// The eventfd run() hands to `wait` (-1 if it could not be created: run() then runs jobs inline).
   int done_fd() const { return done_fd_; }
+  /// An eventfd the job makes readable with notify_progress() (a step of its work is done), for `wait` to
+  /// poll beside done_fd and read (8 bytes) when it is. -1 if it could not be created.
+  int progress_fd() const { return progress_fd_; }
+  /// From the job: progress_fd becomes readable.
+  void notify_progress();
 
  private:
   void loop();
 
   int done_fd_ = -1;
+  int progress_fd_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;
   const std::function<void()>* job_ = nullptr;  // guarded by mu_

@@ -16,10 +16,14 @@ CpuExecutor::CpuExecutor(LlamaForward& model, const CpuExecutorOptions& options)
       cache_(model.kv_layout(options.block_size_tokens), options.capacity_blocks),
       slots_(static_cast<size_t>(options.capacity_blocks)) {}
 
-void CpuExecutor::compute_in_background(std::function<void(int)> wait) {
+void CpuExecutor::compute_in_background(std::function<void(int, int)> wait) {
   const int threads = compute_threads();
   compute_thread_ = std::make_unique<ComputeThread>([threads] { set_compute_threads(threads); });
   wait_ = std::move(wait);
+  model_.set_on_layer_kv([this](int64_t layer) {
+    layers_stored_.store(layer + 1, std::memory_order_release);
+    compute_thread_->notify_progress();
+  });
 }
 
 Status CpuExecutor::add_request(engine::RequestId id, ExecutorRequest request) {
@@ -163,6 +167,7 @@ double CpuExecutor::run_iteration_s(const engine::IterationPlan& plan) {
   const auto start = std::chrono::steady_clock::now();
   batch_.clear();
   batch_requests_.clear();
+  pass_ = {};
   Request* prefilled = nullptr;  // its prompt's last chunk is in the batch
   if (plan.prefill_request && plan.prefill_tokens > 0) {
     auto it = requests_.find(*plan.prefill_request);
@@ -182,6 +187,9 @@ double CpuExecutor::run_iteration_s(const engine::IterationPlan& plan) {
           batch_requests_.push_back(&r);
           prefilled = &r;
         }
+        pass_ = {.prefill_request = *plan.prefill_request,
+                 .prefill_begin_tokens = r.computed_tokens,
+                 .prefill_end_tokens = end};
         r.computed_tokens = end;
       }
     }
@@ -200,10 +208,14 @@ double CpuExecutor::run_iteration_s(const engine::IterationPlan& plan) {
   if (!batch_.empty()) {
     Result<std::span<const float>> logits = std::span<const float>{};
     if (compute_thread_) {
-      compute_thread_->run([&] { logits = model_.forward(batch_, cache_); }, wait_);
+      layers_stored_.store(0, std::memory_order_release);
+      const int progress_fd = compute_thread_->progress_fd();
+      compute_thread_->run([&] { logits = model_.forward(batch_, cache_); },
+                           [&](int done_fd) { wait_(done_fd, progress_fd); });
     } else {
       logits = model_.forward(batch_, cache_);
     }
+    pass_ = {};
     assert(logits.ok());  // add_request checked every input
     const auto vocab = static_cast<size_t>(model_.config().vocab_size);
     for (size_t i = 0; i < batch_requests_.size(); ++i) {

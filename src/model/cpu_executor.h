@@ -7,6 +7,7 @@
 // blocks found there, or imported for it (a prefix read from the pool), so reused KV is reused for real.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -95,12 +96,25 @@ class CpuExecutor final : public engine::Executor {
   /// The block layout (what import_block takes and the pool stores).
   const KvBlockLayout& layout() const { return cache_.layout(); }
 
-  /// From now on each forward pass runs on a compute thread of the executor's own, while `wait(done_fd)`
-  /// runs on the thread that called run_iteration_s: it serves that thread's I/O and returns once `done_fd`
-  /// is readable (common/compute_thread.h). Meanwhile it must not call into the engine or this executor,
-  /// except kv_block() of requests outside the iteration (whose KV does not change), and output(),
-  /// reused_tokens(). The compute thread runs on as many OpenMP threads as the caller's compute_threads().
-  void compute_in_background(std::function<void(int done_fd)> wait);
+  /// From now on each forward pass runs on a compute thread of the executor's own, while
+  /// `wait(done_fd, progress_fd)` runs on the thread that called run_iteration_s: it serves that thread's
+  /// I/O and returns once `done_fd` is readable (common/compute_thread.h); `progress_fd` becomes readable
+  /// (read it: 8 bytes) each time the pass has written one more layer's KV (layers_stored()). Meanwhile
+  /// `wait` must not call into the engine or this executor except: kv_block() of requests outside the pass
+  /// (whose KV does not change) and, for pass_in_flight()'s prefill request, of the bytes of its layers below
+  /// layers_stored(); output(), reused_tokens(), pass_in_flight(), layers_stored(). The compute thread runs
+  /// on as many OpenMP threads as the caller's compute_threads().
+  void compute_in_background(std::function<void(int done_fd, int progress_fd)> wait);
+
+  /// The forward pass under way (while compute_in_background's wait runs): the prefill request in it, if
+  /// any, and the end of its chunk (prompt tokens whose KV exists once the pass is done).
+  struct PassInFlight {
+    std::optional<engine::RequestId> prefill_request;
+    int64_t prefill_begin_tokens = 0, prefill_end_tokens = 0;
+  };
+  const PassInFlight& pass_in_flight() const { return pass_; }
+  /// Layers of the pass under way whose KV is written for every token of the pass (0..layers).
+  int64_t layers_stored() const { return layers_stored_.load(std::memory_order_acquire); }
 
   // engine::Executor
   /// Computes the plan's prefill chunk (from what is cached, at least the chunk's end) and one token for
@@ -143,7 +157,9 @@ class CpuExecutor final : public engine::Executor {
   const kv::BlockCache* prefix_cache_ = nullptr;  // the engine's (use_prefix_cache); none: nothing is kept
   std::unordered_map<engine::RequestId, Request> requests_;
   std::unique_ptr<ComputeThread> compute_thread_;  // compute_in_background's
-  std::function<void(int)> wait_;
+  std::function<void(int, int)> wait_;
+  PassInFlight pass_;
+  std::atomic<int64_t> layers_stored_{0};
   std::vector<ForwardSequence> batch_;  // scratch
   std::vector<Request*> batch_requests_;
 };

@@ -310,6 +310,8 @@ Result<std::span<const float>> LlamaForward::forward(std::span<const ForwardSequ
       }
     }
 
+    if (on_layer_kv_) on_layer_kv_(l);
+
     // Attention: each (sequence, KV head) is a task of its own, spread over the threads.
     tasks_.clear();
     r = 0;

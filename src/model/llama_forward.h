@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -112,6 +113,10 @@ class LlamaForward {
   /// vocabulary, a position at or past max_position_embeddings, a block table too short or naming a block
   /// outside the cache, a cache whose layout is not kv_layout() of its block size.
   Result<std::span<const float>> forward(std::span<const ForwardSequence> batch, PagedKvCache& cache);
+  /// Called by forward() once it has written layer `layer`'s K and V of every new token of the batch (paper
+  /// §3.1 step 3: that layer's KV can ship while later layers compute), on the thread running forward().
+  /// Empty: not called.
+  void set_on_layer_kv(std::function<void(int64_t layer)> on_layer_kv) { on_layer_kv_ = std::move(on_layer_kv); }
 
   /// Matrix-product FLOPs of computing `new_tokens` after `prefix_tokens` of context, logits of one row:
   /// 2 × (weights' multiply-adds per token × new tokens + attention's QK^T and PV over the causal triangle).
@@ -143,6 +148,7 @@ class LlamaForward {
                  const PagedKvCache& cache, Scratch& scratch);
 
   LlamaConfig config_;
+  std::function<void(int64_t)> on_layer_kv_;
   std::vector<float> embed_;  // [vocab, hidden]
   std::vector<Layer> layers_;
   std::vector<float> final_norm_;          // [hidden]

@@ -142,19 +142,26 @@ class CostModel {
   }
 
   /// When a prompt's KV has all reached its decode instance (paper §3.1 step 3): its KV streams chunk by
-  /// chunk (`chunk_tokens`) while the prefill runs, so after the prefill ends at `done_s` only the last
-  /// computed chunk is left to send; but the whole prompt's KV (`input_tokens`, reused prefix included, which
-  /// is in DRAM from the start) cannot arrive faster than the link allows from the prefill's start `start_s`:
-  ///   max(done_s + kv_transfer_time_s(last chunk of prefill_tokens),
-  ///       start_s + kv_transfer_time_s(input_tokens)).
-  /// REQUIRES: chunk_tokens >= 1, 1 <= prefill_tokens <= input_tokens.
+  /// chunk (`chunk_tokens`) while the prefill runs, and within the last chunk layer by layer: each of the
+  /// model's L layers' share of the chunk's KV (T / L, T = kv_transfer_time_s(last chunk)) leaves once the
+  /// chunk's iteration has computed that layer (after t / L each, t = that iteration's time), one after the
+  /// other on the link. So after the prefill ends at `done_s` one layer's share is left to send when the
+  /// link keeps up (T <= t), and otherwise what the link has not caught up: done_s + max(T / L, T - t (L-1) / L).
+  /// The whole prompt's KV (`input_tokens`, reused prefix included, which is in DRAM from the start) cannot
+  /// arrive faster than the link allows from the prefill's start `start_s` either:
+  ///   max(done_s + max(T / L, T - t (L - 1) / L),  start_s + kv_transfer_time_s(input_tokens)).
+  /// With L = 1 that is chunk-by-chunk streaming. REQUIRES: chunk_tokens >= 1,
+  /// 1 <= prefill_tokens <= input_tokens.
   double kv_handoff_done_s(int64_t input_tokens, int64_t prefill_tokens, int64_t chunk_tokens, double start_s,
                            double done_s) const {
     assert(chunk_tokens >= 1 && prefill_tokens >= 1 && prefill_tokens <= input_tokens);
     const int64_t last_chunk_tokens =
         prefill_tokens % chunk_tokens == 0 ? chunk_tokens : prefill_tokens % chunk_tokens;
-    return std::max(done_s + kv_transfer_time_s(last_chunk_tokens),
-                    start_s + kv_transfer_time_s(input_tokens));
+    const double layers = static_cast<double>(std::max<int64_t>(1, model_.layers));
+    const double transfer_s = kv_transfer_time_s(last_chunk_tokens);
+    const double compute_s = iteration_time_s(0, 0, last_chunk_tokens, input_tokens - last_chunk_tokens);
+    const double exposed_s = std::max(transfer_s / layers, transfer_s - compute_s * (layers - 1) / layers);
+    return std::max(done_s + exposed_s, start_s + kv_transfer_time_s(input_tokens));
   }
 
   /// Seconds to load the KV cache of `tokens` tokens from host DRAM into HBM over host_device_bytes_per_s.

@@ -63,6 +63,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
             model_ ? static_cast<uint64_t>(model_->kv_layout(block_tokens_).block_bytes())
                    : kv_block_bytes(block_tokens_, scaled_kv_bytes_per_token(cost_.kv_bytes_per_token(),
                                                                              config_.serve.kv_bytes_scale))),
+        layers_(model_ ? model_->config().num_hidden_layers : 1),
         max_prompt_blocks_((cluster::max_context_tokens(options.cluster) + block_tokens_ - 1) /
                            block_tokens_),
         incarnation_(make_incarnation()),
@@ -123,7 +124,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
     }
     if (cpu_executor_) {
       // Forward passes compute on a thread of their own; this one keeps serving the control socket.
-      cpu_executor_->compute_in_background([this](int done_fd) { serve_while_computing(done_fd); });
+      cpu_executor_->compute_in_background(
+          [this](int done_fd, int progress_fd) { serve_while_computing(done_fd, progress_fd); });
     }
     thread_ = std::thread([this] { run(); });
     return Status();
@@ -278,6 +280,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
     int64_t shipped_blocks = 0;
     uint64_t shipped_bytes = 0;
     uint64_t shipped_writes = 0;
+    // Layer by layer (ship_layers): of blocks [layer_blocks.first, .second), the first layers_shipped layers
+    // are at decode.
+    std::pair<int64_t, int64_t> layer_blocks{0, 0};
+    int64_t layers_shipped = 0;
     std::string transport;  // what carried them (transfer::transport_name)
     Status ship_error;      // the first failed chunk write: the request fails at prefill done
   };
@@ -414,57 +420,121 @@ class InstanceServer::Impl final : public engine::EngineListener {
     ship(order, order.computed_blocks);
   }
 
-  // Writes blocks [order.shipped_blocks, to_block) of the prompt's KV into its decode instance's room,
-  // through the transfer engine (each filled just before: the staging memory is shared by every order). A
-  // failure is kept in order.ship_error and stops further writes.
-  void ship(Order& order, int64_t to_block) {
-    if (!order.ship_error.ok() || to_block <= order.shipped_blocks) return;
+  // Whether `order`'s prompt KV fits the room its decode instance reserved (else order.ship_error says so).
+  bool fits_reservation(Order& order) {
     const int64_t blocks = blocks_of(std::ssize(order.token_ids));
-    if (blocks > max_prompt_blocks_ + 1 ||
-        static_cast<uint64_t>(blocks) * block_bytes_ != order.target->length_bytes) {
-      order.ship_error = Status::invalid_argument(fmt::format(
-          "KV of {} blocks does not match the reservation of {} bytes", blocks, order.target->length_bytes));
-      return;
+    if (blocks <= max_prompt_blocks_ + 1 &&
+        static_cast<uint64_t>(blocks) * block_bytes_ == order.target->length_bytes) {
+      return true;
     }
+    order.ship_error = Status::invalid_argument(fmt::format(
+        "KV of {} blocks does not match the reservation of {} bytes", blocks, order.target->length_bytes));
+    return false;
+  }
+
+  // Writes `regions` (offset, bytes) of the prompt's KV, filled in staging at the same offsets, into its
+  // decode instance's room through the transfer engine, in one batch. A failure is kept in
+  // order.ship_error (and returned false).
+  bool write_kv(Order& order, std::span<const std::pair<uint64_t, uint64_t>> regions) {
+    auto segment = transfer_.open_segment(order.target->segment);
+    if (!segment.ok()) {
+      order.ship_error = segment.status();
+      return false;
+    }
+    if (auto kind = transfer_.segment_transport(*segment); kind.ok()) {
+      order.transport = std::string(transfer::transport_name(*kind));
+    }
+    auto batch = transfer_.allocate_batch(regions.size());
+    if (!batch.ok()) {
+      order.ship_error = batch.status();
+      return false;
+    }
+    std::vector<transfer::TransferRequest> requests;
+    uint64_t bytes = 0;
+    for (const auto& [offset, length] : regions) {
+      requests.push_back({.op = transfer::TransferOp::kWrite,
+                          .local_address = kv_memory_ + offset,
+                          .segment = *segment,
+                          .offset_bytes = order.target->offset_bytes + offset,
+                          .length_bytes = length});
+      bytes += length;
+    }
+    Status submitted = transfer_.submit(*batch, requests);
+    Result<transfer::BatchSummary> summary =
+        submitted.ok() ? transfer_.wait(*batch, kTransferTimeout) : Result<transfer::BatchSummary>(submitted);
+    if (!summary.ok()) {
+      order.ship_error = summary.status();
+    } else if (summary->completed != regions.size()) {
+      std::string error = "timed out";
+      for (size_t i = 0; i < regions.size(); ++i) {
+        if (auto status = transfer_.status(*batch, i); status.ok() && !status->error.empty()) {
+          error = status->error;
+          break;
+        }
+      }
+      order.ship_error =
+          Status::unavailable(fmt::format("writing KV to {} failed: {}", order.target->segment, error));
+    }
+    if (summary.ok() && summary->pending() == 0) (void)transfer_.free_batch(*batch);
+    if (!order.ship_error.ok()) return false;
+    order.shipped_bytes += bytes;
+    ++order.shipped_writes;
+    return true;
+  }
+
+  // Writes blocks [order.shipped_blocks, to_block) of the prompt's KV into its decode instance's room
+  // (each filled just before: the staging memory is shared by every order). A failure is kept in
+  // order.ship_error and stops further writes.
+  void ship(Order& order, int64_t to_block) {
+    if (!order.ship_error.ok() || to_block <= order.shipped_blocks || !fits_reservation(order)) return;
     const std::vector<BlockKey> keys =
         kv::shipped_block_keys(order.token_ids, block_tokens_, options_.cluster.block_key_seed);
     for (int64_t b = order.shipped_blocks; b < to_block; ++b)
       fill_block(order, b, keys[static_cast<size_t>(b)]);
     const uint64_t offset = static_cast<uint64_t>(order.shipped_blocks) * block_bytes_;
     const uint64_t bytes = static_cast<uint64_t>(to_block - order.shipped_blocks) * block_bytes_;
-    auto segment = transfer_.open_segment(order.target->segment);
-    if (!segment.ok()) {
-      order.ship_error = segment.status();
-      return;
+    const std::pair<uint64_t, uint64_t> region{offset, bytes};
+    if (write_kv(order, std::span(&region, 1))) order.shipped_blocks = to_block;
+  }
+
+  // Layer by layer (paper §3.1 step 3): while the cpu executor's forward pass computes a chunk of the prompt
+  // being prefilled, each layer's KV of the blocks that chunk completes (and of earlier ones not shipped yet)
+  // goes to decode as soon as the pass has written it, so when the pass ends only its last layer's write is
+  // left to wait for. Called as layers are stored (serve_while_computing).
+  void ship_layers() {
+    const model::CpuExecutor::PassInFlight& pass = cpu_executor_->pass_in_flight();
+    if (!pass.prefill_request) return;
+    auto it = orders_.find(*pass.prefill_request);
+    if (it == orders_.end()) return;
+    Order& order = it->second;
+    if (order.output_tokens <= 1 || !order.target || !order.ship_error.ok()) return;
+    const int64_t n = std::ssize(order.token_ids);
+    const int64_t end_block =
+        pass.prefill_end_tokens == n ? blocks_of(n) : pass.prefill_end_tokens / block_tokens_;
+    if (end_block <= order.shipped_blocks || !fits_reservation(order)) return;
+    if (order.layer_blocks != std::pair{order.shipped_blocks, end_block}) {
+      order.layer_blocks = {order.shipped_blocks, end_block};
+      order.layers_shipped = 0;
     }
-    if (auto kind = transfer_.segment_transport(*segment); kind.ok()) {
-      order.transport = std::string(transfer::transport_name(*kind));
+    const int64_t stored = cpu_executor_->layers_stored();
+    if (stored <= order.layers_shipped) return;
+    const uint64_t layer_bytes = block_bytes_ / static_cast<uint64_t>(layers_);
+    const uint64_t from = static_cast<uint64_t>(order.layers_shipped) * layer_bytes;
+    const uint64_t length = static_cast<uint64_t>(stored - order.layers_shipped) * layer_bytes;
+    std::vector<std::pair<uint64_t, uint64_t>> regions;
+    for (int64_t b = order.shipped_blocks; b < end_block; ++b) {
+      // Layers [layers_shipped, stored) of block b: contiguous ([layer][K, V][head][token][dim]).
+      const std::span<const std::byte> kv = cpu_executor_->kv_block(order.id, b).subspan(from, length);
+      std::ranges::copy(kv, block_at(b).begin() + static_cast<std::ptrdiff_t>(from));
+      regions.emplace_back(static_cast<uint64_t>(b) * block_bytes_ + from, length);
     }
-    auto batch = transfer_.allocate_batch(1);
-    if (!batch.ok()) {
-      order.ship_error = batch.status();
-      return;
+    if (!write_kv(order, regions)) return;
+    order.layers_shipped = stored;
+    if (stored == layers_) {
+      order.shipped_blocks = end_block;
+      order.layer_blocks = {0, 0};
+      order.layers_shipped = 0;
     }
-    const transfer::TransferRequest request{.op = transfer::TransferOp::kWrite,
-                                            .local_address = kv_memory_ + offset,
-                                            .segment = *segment,
-                                            .offset_bytes = order.target->offset_bytes + offset,
-                                            .length_bytes = bytes};
-    Status submitted = transfer_.submit(*batch, std::span(&request, 1));
-    Result<transfer::BatchSummary> summary =
-        submitted.ok() ? transfer_.wait(*batch, kTransferTimeout) : Result<transfer::BatchSummary>(submitted);
-    if (!summary.ok()) {
-      order.ship_error = summary.status();
-    } else if (summary->completed != 1) {
-      auto status = transfer_.status(*batch, 0);
-      order.ship_error = Status::unavailable(fmt::format("writing KV to {} failed: {}", order.target->segment,
-                                                         status.ok() ? status->error : "timed out"));
-    }
-    if (summary.ok() && summary->pending() == 0) (void)transfer_.free_batch(*batch);
-    if (!order.ship_error.ok()) return;
-    order.shipped_blocks = to_block;
-    order.shipped_bytes += bytes;
-    ++order.shipped_writes;
   }
 
   // Decode: forgets request `id` (its block keys, and the room it held).
@@ -736,6 +806,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
           finish_prefill(m.request_id, order);
         } else {
           stream_kv(order);  // the blocks of chunks computed in earlier iterations: they do not change
+          ship_layers();     // and the layers of this pass written so far
         }
         return;
       }
@@ -746,9 +817,11 @@ class InstanceServer::Impl final : public engine::EngineListener {
   // Runs on this thread while the cpu executor's forward pass computes on its own (until `done_fd` is
   // readable): the control socket is served, what is queued goes out, and the heartbeat keeps its period
   // whatever an iteration takes (with the load as it was when the iteration started).
-  void serve_while_computing(int done_fd) {
+  void serve_while_computing(int done_fd, int progress_fd) {
     computing_ = true;
-    zmq::pollitem_t items[2] = {{control_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, done_fd, ZMQ_POLLIN, 0}};
+    zmq::pollitem_t items[3] = {{control_.handle(), 0, ZMQ_POLLIN, 0},
+                                {nullptr, progress_fd, ZMQ_POLLIN, 0},
+                                {nullptr, done_fd, ZMQ_POLLIN, 0}};
     for (;;) {
       send_outbox();
       if (const double now = now_s(); now >= next_load_s_) {
@@ -756,9 +829,14 @@ class InstanceServer::Impl final : public engine::EngineListener {
         next_load_s_ = now + kLoadPeriodS;
       }
       const double wait_ms = std::clamp((next_load_s_ - now_s()) * 1000, 0.0, 50.0);
-      zmq::poll(items, 2, std::chrono::milliseconds(static_cast<int64_t>(std::ceil(wait_ms))));
+      zmq::poll(items, 3, std::chrono::milliseconds(static_cast<int64_t>(std::ceil(wait_ms))));
       if ((items[0].revents & ZMQ_POLLIN) != 0) receive();
-      if ((items[1].revents & ZMQ_POLLIN) != 0) break;
+      if ((items[1].revents & ZMQ_POLLIN) != 0) {
+        uint64_t layers = 0;
+        (void)!::read(progress_fd, &layers, sizeof layers);
+        ship_layers();
+      }
+      if ((items[2].revents & ZMQ_POLLIN) != 0) break;
     }
     computing_ = false;
   }
@@ -805,6 +883,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   transfer::TransferEngine& transfer_;                      // what moves KV bytes
   std::unique_ptr<KvEventPublisher> kv_events_;             // prefill
   const uint64_t block_bytes_;
+  const int64_t layers_;  // the cpu executor's model's (a block holds them back to back); the mock: 1
   const int64_t max_prompt_blocks_;
   const uint64_t incarnation_;
   const std::string identity_;

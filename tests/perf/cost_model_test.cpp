@@ -243,3 +243,39 @@ TEST(CostModel, ReuseBreakEvenBandwidthMatchesPaperSection2_2) {
 
 }  // namespace
 }  // namespace crescent::perf
+
+namespace crescent::perf {
+namespace {
+
+// The layer-by-layer handoff against a step-by-step replay of the pipeline it describes: the last chunk's
+// iteration computes its L layers one after the other (t / L each); layer l's share of the chunk's KV
+// (T / L) goes on the link once layer l is computed and the link is free. The last share's arrival is the
+// closed form's, whichever of compute and link is the slower, and never before the whole prompt's KV could
+// cross the link from the prefill's start.
+TEST(CostModel, KvHandoffShipsTheLastChunkLayerByLayer) {
+  HardwareSpec slow_link = hardware_preset("8xA800").value();
+  slow_link.network_bytes_per_s /= 1000;  // the link, not compute, is the bottleneck
+  for (const HardwareSpec& hardware : {hardware_preset("8xA800").value(), slow_link}) {
+    const CostModel m(model_preset("llama3-8b").value(), hardware);
+    const double layers = 32;
+    for (const auto& [input, prefill, chunk] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t>>{{8000, 8000, 2048}, {8000, 3000, 8192}, {600, 600, 512}}) {
+      const int64_t last = prefill % chunk == 0 ? chunk : prefill % chunk;
+      const double t = m.iteration_time_s(0, 0, last, input - last);
+      const double transfer = m.kv_transfer_time_s(last);
+      const double start_s = 1.0, done_s = 5.0;
+      const double chunk_start = done_s - t;
+      double link_free = 0;
+      for (int l = 0; l < 32; ++l) {
+        const double computed = chunk_start + (l + 1) * t / layers;
+        link_free = std::max(link_free, computed) + transfer / layers;
+      }
+      const double expected = std::max(link_free, start_s + m.kv_transfer_time_s(input));
+      EXPECT_NEAR(m.kv_handoff_done_s(input, prefill, chunk, start_s, done_s), expected, 1e-9)
+          << hardware.network_bytes_per_s << " B/s, input " << input << " prefill " << prefill << " chunk " << chunk;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace crescent::perf

@@ -235,6 +235,34 @@ TEST_F(CpuCluster, AnIterationLongerThanTheHeartbeatTimeoutKeepsTheInstanceUp) {
   }
 }
 
+// Layer by layer (paper §3.1 step 3): a prompt computed in one long iteration ships its KV to decode one
+// layer at a time while later layers compute (the tiny model's 2 layers: 2 writes, not 1), and decode
+// continues from exactly that KV: the answer is the colocated one.
+TEST_F(CpuCluster, APromptsKvShipsLayerByLayerWhileItComputes) {
+  std::ifstream in(config_path_);
+  json config = json::parse(in);
+  config["prefill_instances"] = 1;
+  config["prefill_chunk_tokens"] = 8192;  // one iteration: its layers are what streams
+  const std::string path = dir_->file("cpu-test-one-chunk.json");
+  std::ofstream(path) << config.dump(2);
+  ServedCluster cluster({"--config", path, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  std::string prompt;
+  for (int i = 0; prompt.size() < 3000; ++i) prompt += "paragraph " + std::to_string(i) + " of the report. ";
+  prompt.resize(3000);
+  const Completion c = complete(cluster.port(), "tiny-llama", prompt, 5, {});
+  ASSERT_EQ(c.status, 200) << c.body << cluster.log();
+  EXPECT_EQ(c.text, colocated(model_dir_, prompt, 5, {}));
+  double writes = 0;
+  for (int i = 0; i < 200 && (writes = cluster.metric("crescent_kv_transfer_writes_total")) <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // Its decode instance's room is known within milliseconds of the prefill's start, long before the
+  // iteration ends, so every layer goes as it is written.
+  EXPECT_EQ(writes, 2) << cluster.log();
+  EXPECT_EQ(cluster.metric("crescent_kv_exposed_transfer_seconds_count"), 1);
+}
+
 // A prefix read from the pool by the other prefill instance: the instance holding it is stopped (SIGSTOP)
 // with a long prompt queued, which the Conductor believes will take minutes (slow_config_path_), so it
 // fetches the prefix for the other instance (Algorithm 1).

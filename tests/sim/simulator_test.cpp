@@ -36,10 +36,13 @@ TEST(Simulator, SingleRequestTimeline) {
   EXPECT_DOUBLE_EQ(o.arrival_s, 0.0);  // virtual time starts at the first arrival
   EXPECT_DOUBLE_EQ(o.ttft_s, cost.prefill_time_s(1024, 0));
   EXPECT_EQ(o.prefix_hit_tokens, 0);
-  // KV streams during prefill (one chunk here), so it arrives one chunk's transfer after prefill ends; then
-  // two steps: batch 1 at context 1024, then 1025.
+  // KV streams during prefill layer by layer (one chunk here): each layer's share leaves as that layer is
+  // computed, so with a link faster than compute it arrives one layer's share after prefill ends; then two
+  // steps: batch 1 at context 1024, then 1025.
   const double first_token_s = o.ttft_s;
-  const double kv_arrives_s = first_token_s + cost.kv_transfer_time_s(1024);
+  const double layers = static_cast<double>(c.model.layers);
+  ASSERT_LT(cost.kv_transfer_time_s(1024), first_token_s) << "the link keeps up with compute here";
+  const double kv_arrives_s = first_token_s + cost.kv_transfer_time_s(1024) / layers;
   const double step1_s = cost.decode_step_time_s(1, 1024);
   const double step2_s = cost.decode_step_time_s(1, 1025);
   EXPECT_NEAR(o.finish_s, kv_arrives_s + step1_s + step2_s, 1e-12);
