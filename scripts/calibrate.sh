@@ -5,7 +5,11 @@
 # the same config and the model's profile. Prints one JSON object: both reports' mean TTFT, mean TBT and
 # hit ratio, their ratios, and the live cluster's mean exposed KV transfer.
 #
-#   scripts/calibrate.sh [LIMIT]        (default 120; ~4 minutes, plus ~1 minute the first time for the profile)
+#   scripts/calibrate.sh [LIMIT] [--chunkwise]
+#
+# LIMIT defaults to 120 (~4 minutes, plus ~1 minute the first time for the profile). --chunkwise serves with
+# serve.kv_stream_layers false (each chunk's KV shipped whole after its iteration): the exposed KV transfer
+# without layer-by-layer streaming.
 #
 # Environment: CRESCENT (the binary; default build/release/crescent), WORK (where the model, profile and
 # reports go; default build/calibration).
@@ -14,6 +18,8 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 crescent="${CRESCENT:-$root/build/release/crescent}"
 work="${WORK:-$root/build/calibration}"
 limit="${1:-120}"
+layers=true
+[ "${2:-}" = "--chunkwise" ] && layers=false
 trace="$root/data/traces/conversation_trace.jsonl.gz"
 mkdir -p "$work"
 [ -x "$crescent" ] || { echo "calibrate: no $crescent (build it: cmake --build --preset release --target crescent)" >&2; exit 2; }
@@ -24,13 +30,16 @@ fi
 if [ ! -f "$work/small-1core.json" ]; then
   taskset -c 1 "$crescent" profile --executor cpu --model "$work/small" --threads 1 --out "$work/small-1core.json" >&2
 fi
-common=(--config "$root/configs/cpu.json" --model "$work/small" --profile "$work/small-1core.json" --block-size 16)
+/usr/bin/python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); c["serve"]["kv_stream_layers"] = sys.argv[2] == "true"
+json.dump(c, open(sys.argv[3], "w"), indent=2)' "$root/configs/cpu.json" "$layers" "$work/cpu.json"
+common=(--config "$work/cpu.json" --model "$work/small" --profile "$work/small-1core.json" --block-size 16)
 "$crescent" serve "${common[@]}" --pin-cores --port 0 --replay "$trace" --length-divisor 32 --limit "$limit" \
   --time-scale 0.2 --json > "$work/live.json"
 "$crescent" simulate "$trace" "${common[@]}" --length-divisor 32 --limit "$limit" --time-scale 0.2 --json \
   > "$work/simulated.json"
 
-/usr/bin/python3 - "$work/live.json" "$work/simulated.json" <<'PY'
+/usr/bin/python3 - "$work/live.json" "$work/simulated.json" "$work/cpu.json" <<'PY'
 import json, sys
 live_run = json.load(open(sys.argv[1]))
 live, sim = live_run["policies"][0], json.load(open(sys.argv[2]))["policies"][0]
@@ -38,6 +47,7 @@ keys = ("ttft_mean_s", "ttft_p90_s", "tbt_mean_s", "hit_ratio", "completed", "re
 ratio = lambda k: live[k] / sim[k] if live.get(k) and sim.get(k) else None
 print(json.dumps({
     "requests": live_run["requests"],
+    "kv_stream_layers": json.load(open(sys.argv[3]))["serve"]["kv_stream_layers"],
     "live": {k: live.get(k) for k in keys} | {"failed": live_run["failed"],
              "kv_exposed_transfer_mean_s": live_run.get("kv_exposed_transfer_mean_s")},
     "simulated": {k: sim.get(k) for k in keys},

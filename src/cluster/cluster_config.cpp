@@ -62,11 +62,12 @@ constexpr std::array<std::string_view, 16> kFields{"name",
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
-constexpr std::array<std::string_view, 11> kServeFields{"kv_bytes_scale",
+constexpr std::array<std::string_view, 12> kServeFields{"kv_bytes_scale",
                                                         "kv_transfer_timeout_s",
                                                         "heartbeat_timeout_s",
                                                         "store_dram_bytes",
                                                         "verify_kv_checksums",
+                                                        "kv_stream_layers",
                                                         "policy",
                                                         "admission",
                                                         "http_port",
@@ -264,12 +265,15 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
         s.positive_number("heartbeat_timeout_s", c.serve.heartbeat_timeout_s, /*required=*/false));
     CRESCENT_RETURN_IF_ERROR(
         s.integer("store_dram_bytes", c.serve.store_dram_bytes, 1 << 20, /*required=*/false));
-    if (auto v = it->find("verify_kv_checksums"); v != it->end()) {
+    for (const auto& [field, out] : {std::pair{"verify_kv_checksums", &c.serve.verify_kv_checksums},
+                                      std::pair{"kv_stream_layers", &c.serve.kv_stream_layers}}) {
+      auto v = it->find(field);
+      if (v == it->end()) continue;
       if (!v->is_boolean()) {
-        return Status::invalid_argument(fmt::format(
-            "{}: serve: field 'verify_kv_checksums' must be true or false, got {}", where, v->dump()));
+        return Status::invalid_argument(fmt::format("{}: serve: field '{}' must be true or false, got {}",
+                                                    where, field, v->dump()));
       }
-      c.serve.verify_kv_checksums = v->get<bool>();
+      *out = v->get<bool>();
     }
     // A name field parsed into its enum by `parse`: errors name the field and list the valid names.
     auto named = [&](const char* field, auto parse, auto& out) -> Status {

@@ -50,6 +50,10 @@ struct ServeConfig {
   double heartbeat_timeout_s = 3;          // an instance that sent nothing for this long is down
   int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts
   bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives
+  /// The cpu executor's prefill instances ship each layer's KV of a chunk as it is computed (paper §3.1
+  /// step 3); false: each chunk whole once its iteration ends (what the exposed transfer is measured against;
+  /// the simulator always charges layer by layer).
+  bool kv_stream_layers = true;
   conductor::PrefillPolicy policy = conductor::PrefillPolicy::kGlobalCacheAware;  // --policy wins
   conductor::Admission admission = conductor::Admission::kNone;                   // --admission wins
   int64_t http_port = 8000;                     // the Conductor's HTTP port (0: any free one); --port wins

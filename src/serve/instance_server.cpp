@@ -502,6 +502,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   // goes to decode as soon as the pass has written it, so when the pass ends only its last layer's write is
   // left to wait for. Called as layers are stored (serve_while_computing).
   void ship_layers() {
+    if (!config_.serve.kv_stream_layers) return;
     const model::CpuExecutor::PassInFlight& pass = cpu_executor_->pass_in_flight();
     if (!pass.prefill_request) return;
     auto it = orders_.find(*pass.prefill_request);

@@ -261,6 +261,20 @@ TEST_F(CpuCluster, APromptsKvShipsLayerByLayerWhileItComputes) {
   // iteration ends, so every layer goes as it is written.
   EXPECT_EQ(writes, 2) << cluster.log();
   EXPECT_EQ(cluster.metric("crescent_kv_exposed_transfer_seconds_count"), 1);
+
+  // serve.kv_stream_layers false: the chunk goes whole after its iteration (one write), same answer.
+  config["serve"]["kv_stream_layers"] = false;
+  const std::string whole = dir_->file("cpu-test-one-chunk-whole.json");
+  std::ofstream(whole) << config.dump(2);
+  ServedCluster chunkwise({"--config", whole, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(chunkwise.port(), 0) << chunkwise.log();
+  const Completion again = complete(chunkwise.port(), "tiny-llama", prompt, 5, {});
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.text, c.text);
+  for (int i = 0; i < 200 && (writes = chunkwise.metric("crescent_kv_transfer_writes_total")) <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(writes, 1) << chunkwise.log();
 }
 
 // A prefix read from the pool by the other prefill instance: the instance holding it is stopped (SIGSTOP)

@@ -183,11 +183,13 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   ASSERT_TRUE(defaults.ok()) << defaults.status().to_string();
   EXPECT_EQ(defaults->serve.kv_bytes_scale, 4096);
   EXPECT_TRUE(defaults->serve.verify_kv_checksums);
+  EXPECT_TRUE(defaults->serve.kv_stream_layers);
   j["serve"] = {{"kv_bytes_scale", 512},
                 {"kv_transfer_timeout_s", 2.5},
                 {"heartbeat_timeout_s", 0.5},
                 {"store_dram_bytes", 1 << 26},
                 {"verify_kv_checksums", false},
+                {"kv_stream_layers", false},
                 {"policy", "random"},
                 {"admission", "predictive"},
                 {"http_port", 0},
@@ -201,6 +203,7 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   EXPECT_EQ(config->serve.heartbeat_timeout_s, 0.5);
   EXPECT_EQ(config->serve.store_dram_bytes, 1 << 26);
   EXPECT_FALSE(config->serve.verify_kv_checksums);
+  EXPECT_FALSE(config->serve.kv_stream_layers);
   EXPECT_EQ(config->serve.policy, conductor::PrefillPolicy::kRandom);
   EXPECT_EQ(config->serve.admission, conductor::Admission::kPredictive);
   EXPECT_EQ(config->serve.http_port, 0);
@@ -211,6 +214,7 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   for (const auto& [field, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
            {"kv_bytes_scale", 0, "'kv_bytes_scale'"},
            {"verify_kv_checksums", "yes", "'verify_kv_checksums' must be true or false"},
+           {"kv_stream_layers", 1, "'kv_stream_layers' must be true or false"},
            {"store_dram_bytes", 1000, "'store_dram_bytes'"},
            {"heartbeat", 1, "heartbeat"},
            {"policy", "fastest",
