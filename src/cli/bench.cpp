@@ -1,7 +1,7 @@
 // `crescent bench transfer`: throughput and latency of the transfer engine between two engines in two
 // processes over loopback, beside same-run baselines (single-thread memcpy, raw loopback TCP); see
 // docs/benchmarks.md. `crescent bench transfer-target` (hidden) is the process the bench starts to serve
-// the remote segment. Measurement code: cli/bench_transfer.{h,cpp}.
+// the remote segment. This file parses the flags and prints; the measurement code is bench/transfer_bench.h.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -14,18 +14,19 @@
 #include <tuple>
 #include <vector>
 
-#include "cli/bench_transfer.h"
+#include "bench/transfer_bench.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 
 namespace crescent::cli {
 namespace {
 
-using bench::BenchReport;
-using bench::BlockBaseline;
-using bench::PathSpec;
-using bench::RunResult;
-using bench::RunSpec;
+using bench::TransferBaseline;
+using bench::TransferBenchOptions;
+using bench::TransferBenchReport;
+using bench::TransferPath;
+using bench::TransferRunResult;
+using bench::TransferRunSpec;
 using transfer::TransferOp;
 using transfer::TransportKind;
 
@@ -79,8 +80,8 @@ struct Args {
   bool json = false;
 };
 
-Result<bench::BenchOptions> build_options(const Args& args) {
-  bench::BenchOptions options;
+Result<TransferBenchOptions> build_options(const Args& args) {
+  TransferBenchOptions options;
   Result<double> seconds = parse_seconds(args.seconds);
   if (!seconds.ok()) return seconds.status();
   options.seconds = *seconds;
@@ -92,13 +93,13 @@ Result<bench::BenchOptions> build_options(const Args& args) {
   }
   options.working_set_bytes = *working_set;
 
-  std::vector<PathSpec> paths;
+  std::vector<TransferPath> paths;
   Result<std::vector<std::string>> transports = parse_list("--transports", args.transports);
   if (!transports.ok()) return transports.status();
   for (const std::string& name : *transports) {
     Result<TransportKind> kind = transfer::parse_transport(name);
     if (!kind.ok()) return Status::invalid_argument("--transports: " + kind.status().message());
-    if (std::any_of(paths.begin(), paths.end(), [&](const PathSpec& p) { return p.kind == *kind; })) {
+    if (std::any_of(paths.begin(), paths.end(), [&](const TransferPath& p) { return p.kind == *kind; })) {
       return Status::invalid_argument(fmt::format("--transports: '{}' listed twice", name));
     }
     if (*kind != TransportKind::kUcx) {
@@ -172,7 +173,7 @@ Result<bench::BenchOptions> build_options(const Args& args) {
                       format_size(c.block_bytes * c.batch * static_cast<uint64_t>(c.threads))));
     }
   }
-  for (const PathSpec& path : paths) {
+  for (const TransferPath& path : paths) {
     for (const Config& c : configs) {
       for (TransferOp op : ops) {
         options.runs.push_back(
@@ -192,58 +193,58 @@ double round_to(double value, int decimals) {
   return std::round(value * scale) / scale;
 }
 
-const BlockBaseline* baseline_of(const BenchReport& report, uint64_t block) {
-  for (const BlockBaseline& b : report.baselines) {
+const TransferBaseline* baseline_of(const TransferBenchReport& report, uint64_t block) {
+  for (const TransferBaseline& b : report.baselines) {
     if (b.block_bytes == block) return &b;
   }
   return nullptr;
 }
 
 // The run's baseline name and GB/s (0 when unmeasured).
-std::pair<std::string, double> run_baseline(const BenchReport& report, const RunResult& run) {
-  const BlockBaseline* b = baseline_of(report, run.spec.block_bytes);
+std::pair<std::string, double> run_baseline(const TransferBenchReport& report, const TransferRunResult& run) {
+  const TransferBaseline* b = baseline_of(report, run.spec.block_bytes);
   if (run.spec.path.compares_to_tcp()) return {"tcp_loopback", b ? b->tcp_loopback_gbps : 0};
   return {"memcpy", b ? b->memcpy_gbps : 0};
 }
 
 // The parallel-sockets loopback GB/s for a run compared to TCP (0 otherwise or when unmeasured).
-double streams_baseline(const BenchReport& report, const RunResult& run) {
-  const BlockBaseline* b = baseline_of(report, run.spec.block_bytes);
+double streams_baseline(const TransferBenchReport& report, const TransferRunResult& run) {
+  const TransferBaseline* b = baseline_of(report, run.spec.block_bytes);
   return run.spec.path.compares_to_tcp() && b ? b->tcp_loopback_streams_gbps : 0;
 }
 
 // Runs in display order: by configuration, then transport (paths in the order given).
-std::vector<size_t> display_order(const BenchReport& report) {
+std::vector<size_t> display_order(const TransferBenchReport& report) {
   std::vector<size_t> order(report.runs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const RunSpec& x = report.runs[a].spec;
-    const RunSpec& y = report.runs[b].spec;
+    const TransferRunSpec& x = report.runs[a].spec;
+    const TransferRunSpec& y = report.runs[b].spec;
     return std::tuple(x.block_bytes, x.batch, x.threads, x.op) <
            std::tuple(y.block_bytes, y.batch, y.threads, y.op);
   });
   return order;
 }
 
-bool is_goal_config(const RunSpec& spec) {
+bool is_goal_config(const TransferRunSpec& spec) {
   return spec.block_bytes == kMiB && spec.batch == 64 && spec.threads == 1 && spec.op == TransferOp::kRead;
 }
 
-bool is_small_config(const RunSpec& spec) {
+bool is_small_config(const TransferRunSpec& spec) {
   return spec.block_bytes == 4 * kKiB && spec.batch == 128 && spec.threads == 1 &&
          spec.op == TransferOp::kRead;
 }
 
 // The goal a path is held to at the goals' configuration: required ratio, or 0 for "reported beside".
-double goal_for(const PathSpec& path) {
+double goal_for(const TransferPath& path) {
   if (path.kind == TransportKind::kTcp) return kTcpGoal;
   if (path.kind == TransportKind::kShm) return kShmGoal;
   return 0;
 }
 
-nlohmann::ordered_json report_json(const BenchReport& report, const bench::BenchOptions& options) {
+nlohmann::ordered_json report_json(const TransferBenchReport& report, const TransferBenchOptions& options) {
   nlohmann::ordered_json j;
-  const BlockBaseline* mib = baseline_of(report, kMiB);
+  const TransferBaseline* mib = baseline_of(report, kMiB);
   auto gbps_or_null = [](double gbps, const std::string& error) {
     return error.empty() ? nlohmann::ordered_json(round_to(gbps, 4)) : nlohmann::ordered_json(nullptr);
   };
@@ -257,7 +258,7 @@ nlohmann::ordered_json report_json(const BenchReport& report, const bench::Bench
         mib ? gbps_or_null(mib->tcp_loopback_streams_gbps, mib->tcp_loopback_error) : nullptr;
   }
   j["baselines"]["by_block_bytes"] = nlohmann::ordered_json::object();
-  for (const BlockBaseline& b : report.baselines) {
+  for (const TransferBaseline& b : report.baselines) {
     nlohmann::ordered_json entry = {
         {"batch", b.batch},
         {"memcpy_gbps", round_to(b.memcpy_gbps, 4)},
@@ -269,7 +270,7 @@ nlohmann::ordered_json report_json(const BenchReport& report, const bench::Bench
     j["baselines"]["by_block_bytes"][std::to_string(b.block_bytes)] = entry;
   }
   j["runs"] = nlohmann::ordered_json::array();
-  for (const RunResult& run : report.runs) {
+  for (const TransferRunResult& run : report.runs) {
     nlohmann::ordered_json r;
     r["transport"] = transfer::transport_name(run.spec.path.kind);
     if (run.spec.path.kind == TransportKind::kUcx) r["ucx_tls"] = run.spec.path.ucx_tls;
@@ -339,7 +340,7 @@ std::string baseline_text(const std::string& baseline) {
   return baseline == "tcp_loopback" ? "raw loopback TCP" : "single-thread memcpy";
 }
 
-void print_human(const BenchReport& report, const bench::BenchOptions& options) {
+void print_human(const TransferBenchReport& report, const TransferBenchOptions& options) {
   fmt::print(
       "crescent bench transfer: two engines in two processes over loopback (target pid {}, {} segment)\n",
       report.target_pid, format_size(report.segment_bytes));
@@ -351,7 +352,7 @@ void print_human(const BenchReport& report, const bench::BenchOptions& options) 
       options.loopback_streams > 1 ? fmt::format("{} sockets GB/s", options.loopback_streams) : "";
   fmt::print("  {:>8} {:>6} {:>12} {:>18} {:>16}\n", "block", "batch", "memcpy GB/s", "loopback TCP GB/s",
              streams_header);
-  for (const BlockBaseline& b : report.baselines) {
+  for (const TransferBaseline& b : report.baselines) {
     if (!b.tcp_loopback_error.empty()) {
       fmt::print("  {:>8} {:>6} {:>12} error: {}\n", format_size(b.block_bytes), b.batch,
                  format_gbps(b.memcpy_gbps), b.tcp_loopback_error);
@@ -369,12 +370,12 @@ void print_human(const BenchReport& report, const bench::BenchOptions& options) 
 
   fmt::print("\nTransfers:\n");
   size_t width = 9;
-  for (const RunResult& run : report.runs) width = std::max(width, run.spec.path.label().size());
+  for (const TransferRunResult& run : report.runs) width = std::max(width, run.spec.path.label().size());
   fmt::print("  {:<{}} {:>7} {:>6} {:>4} {:<5} {:>8} {:>9} {:>9} {:>9}  {}\n", "transport", width, "block",
              "batch", "thr", "op", "GB/s", "req/s", "p50 us", "p99 us", "vs baseline");
   uint64_t previous_block = 0;
   for (size_t index : display_order(report)) {
-    const RunResult& run = report.runs[index];
+    const TransferRunResult& run = report.runs[index];
     if (previous_block != 0 && run.spec.block_bytes != previous_block) fmt::print("\n");
     previous_block = run.spec.block_bytes;
     const std::string head = fmt::format("  {:<{}} {:>7} {:>6} {:>4} {:<5}", run.spec.path.label(), width,
@@ -394,7 +395,7 @@ void print_human(const BenchReport& report, const bench::BenchOptions& options) 
   }
 
   bool any_goal = false;
-  for (const RunResult& run : report.runs) {
+  for (const TransferRunResult& run : report.runs) {
     if (!is_goal_config(run.spec)) continue;
     if (!any_goal) fmt::print("\nGoals (1 MiB blocks, batch 64, 1 thread, reads):\n");
     any_goal = true;
@@ -417,7 +418,7 @@ void print_human(const BenchReport& report, const bench::BenchOptions& options) 
                         : std::string("reported beside (no goal)"));
   }
   bool any_small = false;
-  for (const RunResult& run : report.runs) {
+  for (const TransferRunResult& run : report.runs) {
     if (!is_small_config(run.spec)) continue;
     if (!any_small) fmt::print("\nSmall transfers (4 KiB reads, batch 128, 1 thread):\n");
     any_small = true;
@@ -466,12 +467,12 @@ void register_bench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", args->json, "Print JSON instead of tables");
   cmd->callback([args, &exit_code] {
     run_guarded(exit_code, [&] {
-      Result<bench::BenchOptions> options = build_options(*args);
+      Result<TransferBenchOptions> options = build_options(*args);
       if (!options.ok()) return fail(options.status());
       if (::isatty(STDERR_FILENO)) {
         options->progress = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
       }
-      Result<BenchReport> report = bench::run_bench(*options);
+      Result<TransferBenchReport> report = bench::run_transfer_bench(*options);
       if (!report.ok()) {
         fmt::print(stderr, "error: {}\n", report.status().message());
         return 1;
@@ -483,7 +484,7 @@ void register_bench(CLI::App& app, int& exit_code) {
       }
       std::fflush(stdout);
       const auto failed = std::count_if(report->runs.begin(), report->runs.end(),
-                                        [](const RunResult& run) { return !run.error.empty(); });
+                                        [](const TransferRunResult& run) { return !run.error.empty(); });
       if (failed > 0) {
         fmt::print(stderr, "error: {} of {} runs failed (see their 'error')\n", failed, report->runs.size());
         return 1;
@@ -496,7 +497,7 @@ void register_bench(CLI::App& app, int& exit_code) {
   register_bench_serve(*bench_cmd, exit_code);
   register_bench_model(*bench_cmd, exit_code);
 
-  auto target = std::make_shared<bench::TargetOptions>();
+  auto target = std::make_shared<bench::TransferTargetOptions>();
   auto target_transports = std::make_shared<std::string>();
   CLI::App* target_cmd = bench_cmd->add_subcommand("transfer-target", "The process `bench transfer` starts");
   target_cmd->group("");  // hidden: started by `bench transfer` only
@@ -504,7 +505,7 @@ void register_bench(CLI::App& app, int& exit_code) {
   target_cmd->add_option("--name", target->engine_name)->required();
   target_cmd->add_option("--segment", target->segment)->required();
   target_cmd->add_option("--transports", *target_transports)->required();
-  target_cmd->add_option("--bytes", target->bytes)->required();
+  target_cmd->add_option("--bytes", target->segment_bytes)->required();
   target_cmd->add_option("--ucx-tls", target->ucx_tls);
   target_cmd->callback([target, target_transports, &exit_code] {
     run_guarded(exit_code, [&] {
@@ -513,7 +514,7 @@ void register_bench(CLI::App& app, int& exit_code) {
         if (!kind.ok()) return fail(kind.status());
         target->transports.push_back(*kind);
       }
-      return bench::run_target(*target);
+      return bench::run_transfer_target(*target).ok() ? 0 : 1;
     });
   });
 }

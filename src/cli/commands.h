@@ -72,7 +72,7 @@ void register_analyze(CLI::App& app, int& exit_code);
 void register_simulate(CLI::App& app, int& exit_code);
 /// `crescent experiment NAME --out DIR` (cli/experiment.cpp).
 void register_experiment(CLI::App& app, int& exit_code);
-/// `crescent bench transfer [...]` (cli/bench.cpp).
+/// `crescent bench transfer [...]` and the other benches under `bench` (cli/bench.cpp; drivers in src/bench).
 void register_bench(CLI::App& app, int& exit_code);
 /// `crescent bench store` under `bench` (cli/bench_store.cpp).
 void register_bench_store(CLI::App& bench_cmd, int& exit_code);

@@ -70,10 +70,4 @@ Result<std::vector<long>> parse_int_list(std::string_view flag, const std::strin
   return out;
 }
 
-std::string format_size(uint64_t bytes) {
-  if (bytes >= kMiB && bytes % kMiB == 0) return fmt::format("{} MiB", bytes / kMiB);
-  if (bytes >= kKiB && bytes % kKiB == 0) return fmt::format("{} KiB", bytes / kKiB);
-  return fmt::format("{} B", bytes);
-}
-
 }  // namespace crescent::cli

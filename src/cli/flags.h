@@ -8,12 +8,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/text_format.h"  // kKiB, kMiB, kGiB, format_size
 
 namespace crescent::cli {
-
-inline constexpr uint64_t kKiB = 1024;
-inline constexpr uint64_t kMiB = 1024 * kKiB;
-inline constexpr uint64_t kGiB = 1024 * kMiB;
 
 /// `text` cut at every `separator` (an empty text gives one empty item).
 std::vector<std::string> split(const std::string& text, char separator);
@@ -22,9 +19,6 @@ Result<std::vector<std::string>> parse_list(std::string_view flag, const std::st
 /// Plain bytes or a binary suffix: 4096, 4KiB, 4K, 64MiB, 1GiB (case-insensitive, optional "B"), at most 1
 /// TiB. kInvalidArgument naming `flag` and `text` otherwise.
 Result<uint64_t> parse_size(std::string_view flag, const std::string& text);
-/// `bytes` as "4 KiB", "64 MiB" when a whole number of KiB/MiB, else "1000 B" (parse_size reads it back
-/// without the space).
-std::string format_size(uint64_t bytes);
 /// An integer in [min, max]; kInvalidArgument naming `flag` and `text` otherwise.
 Result<long> parse_int(std::string_view flag, const std::string& text, long min, long max);
 /// A comma-separated list of integers in [min, max] (parse_list, then parse_int on each item).

@@ -10,6 +10,19 @@
 
 namespace crescent {
 
+/// Binary size units, bytes.
+inline constexpr uint64_t kKiB = 1024;
+inline constexpr uint64_t kMiB = 1024 * kKiB;
+inline constexpr uint64_t kGiB = 1024 * kMiB;
+
+/// `bytes` as "4 KiB", "64 MiB" when a whole number of KiB/MiB, else "1000 B" (cli's parse_size reads it back
+/// without the space).
+inline std::string format_size(uint64_t bytes) {
+  if (bytes >= kMiB && bytes % kMiB == 0) return fmt::format("{} MiB", bytes / kMiB);
+  if (bytes >= kKiB && bytes % kKiB == 0) return fmt::format("{} KiB", bytes / kKiB);
+  return fmt::format("{} B", bytes);
+}
+
 /// `n` with thousands separators: 12031 -> "12,031".
 inline std::string grouped(int64_t n) {
   const std::string digits = std::to_string(n < 0 ? -n : n);

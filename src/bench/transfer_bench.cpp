@@ -1,4 +1,4 @@
-#include "cli/bench_transfer.h"
+#include "bench/transfer_bench.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -30,8 +30,9 @@
 #include "common/child_process.h"
 #include "common/percentile.h"
 #include "common/temp_dir.h"
+#include "common/text_format.h"
 
-namespace crescent::cli::bench {
+namespace crescent::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -39,7 +40,6 @@ using transfer::TransferEngine;
 using transfer::TransferOp;
 using transfer::TransportKind;
 
-constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kPatternSeedTarget = 1;                // the target's segment content
 constexpr uint64_t kPatternSeedInitiator = 2;             // initiator memory (what writes carry)
 constexpr auto kBatchTimeout = std::chrono::seconds(60);  // > the engine's request timeout (10 s)
@@ -111,7 +111,7 @@ class SharedBuffer {
 };
 
 // Bytes one thread of `spec` rotates over: batches of consecutive blocks, wrapping at the partition end.
-uint64_t partition_bytes(const RunSpec& spec, uint64_t working_set_bytes) {
+uint64_t partition_bytes(const TransferRunSpec& spec, uint64_t working_set_bytes) {
   return run_working_set_bytes(spec, working_set_bytes) / static_cast<uint64_t>(spec.threads);
 }
 
@@ -316,9 +316,10 @@ std::string join_transports(const std::vector<TransportKind>& kinds) {
 // destruction whatever happened.
 class TargetProcess {
  public:
-  // Starts the target; wait_ready() waits for it to serve its segment.
-  static Result<std::unique_ptr<TargetProcess>> start(const TargetOptions& options) {
-    std::vector<std::string> args = {"/proc/self/exe",
+  // Starts `binary` as the target; wait_ready() waits for it to serve its segment.
+  static Result<std::unique_ptr<TargetProcess>> start(const std::string& binary,
+                                                      const TransferTargetOptions& options) {
+    std::vector<std::string> args = {binary,
                                      "bench",
                                      "transfer-target",
                                      "--metadata-dir",
@@ -330,7 +331,7 @@ class TargetProcess {
                                      "--transports",
                                      join_transports(options.transports),
                                      "--bytes",
-                                     std::to_string(options.bytes)};
+                                     std::to_string(options.segment_bytes)};
     if (!options.ucx_tls.empty()) {
       args.push_back("--ucx-tls");
       args.push_back(options.ucx_tls);
@@ -516,8 +517,8 @@ std::string first_failure(TransferEngine& engine, transfer::BatchId batch, size_
 // Submits one batch of `spec.batch` consecutive blocks at the worker's cursor and waits for it: with
 // wait() (`poll` false, records the batch latency) or by polling each request's status (`poll` true,
 // records every request's latency). Advances the cursor; returns the error text on failure.
-std::optional<std::string> run_batch(const PathContext& path, const RunSpec& spec, Worker& worker, bool poll,
-                                     bool record) {
+std::optional<std::string> run_batch(const PathContext& path, const TransferRunSpec& spec, Worker& worker,
+                                     bool poll, bool record) {
   TransferEngine& engine = *path.engine;
   const size_t n = spec.batch;
   worker.requests.resize(n);
@@ -594,7 +595,7 @@ std::optional<std::string> run_batch(const PathContext& path, const RunSpec& spe
 
 // Transfers one batch at offset 0 with fresh content in a sample of its requests (reads: zeroed local
 // blocks; writes: a new pattern), then compares checksums of those blocks here and in the target.
-std::optional<std::string> verify(const PathContext& path, const RunSpec& spec, uint64_t seed,
+std::optional<std::string> verify(const PathContext& path, const TransferRunSpec& spec, uint64_t seed,
                                   uint64_t& verified_bytes) {
   Worker worker;
   worker.partition = spec.block_bytes * spec.batch;
@@ -634,7 +635,7 @@ std::optional<std::string> verify(const PathContext& path, const RunSpec& spec, 
 // and writes too when `write`): the first kernel-side copy over fresh memory is several times slower on
 // some VMs than later ones, and the runs measure the steady state.
 std::optional<std::string> warm_path(const PathContext& path, uint64_t bytes, bool write) {
-  RunSpec spec;
+  TransferRunSpec spec;
   spec.block_bytes = std::min<uint64_t>(kMiB, bytes);
   spec.batch = static_cast<size_t>(std::min<uint64_t>(32, bytes / spec.block_bytes));
   Worker worker;
@@ -652,8 +653,9 @@ std::optional<std::string> warm_path(const PathContext& path, uint64_t bytes, bo
 
 // One timed run: a warm-up batch per thread, then (all threads together) a throughput phase of 3/4 of
 // `seconds` waiting per batch, a latency phase of 1/4 polling per request, and a verification batch.
-RunResult run_one(const PathContext& path, const RunSpec& spec, const BenchOptions& options, uint64_t seed) {
-  RunResult result;
+TransferRunResult run_one(const PathContext& path, const TransferRunSpec& spec,
+                          const TransferBenchOptions& options, uint64_t seed) {
+  TransferRunResult result;
   result.spec = spec;
   result.working_set_bytes = run_working_set_bytes(spec, options.working_set_bytes);
   const uint64_t partition = partition_bytes(spec, options.working_set_bytes);
@@ -729,23 +731,23 @@ RunResult run_one(const PathContext& path, const RunSpec& spec, const BenchOptio
 }
 
 // A one-thread run of `batch` blocks of `block` bytes (for sizing baseline buffers).
-RunSpec baseline_spec(uint64_t block, size_t batch) {
-  RunSpec spec;
+TransferRunSpec baseline_spec(uint64_t block, size_t batch) {
+  TransferRunSpec spec;
   spec.block_bytes = block;
   spec.batch = batch;
   return spec;
 }
 
-bool same_path(const PathSpec& a, const PathSpec& b) {
+bool same_path(const TransferPath& a, const TransferPath& b) {
   return a.kind == b.kind && a.ucx_tls == b.ucx_tls;
 }
 
 // Runs every run of one path (indexes `runs`) with one initiator engine restricted to that transport,
 // moving data to and from `local` (registered with that engine for the duration).
-void run_path(const PathSpec& spec, const std::vector<size_t>& runs, const BenchOptions& options,
+void run_path(const TransferPath& spec, const std::vector<size_t>& runs, const TransferBenchOptions& options,
               const std::shared_ptr<transfer::MetadataService>& metadata, const std::string& engine_name,
               const std::string& segment, TargetProcess& target, std::byte* local, uint64_t local_bytes,
-              uint64_t warm_bytes, BenchReport& report) {
+              uint64_t warm_bytes, TransferBenchReport& report) {
   auto fail_all = [&](const std::string& error) {
     for (size_t index : runs) {
       report.runs[index].spec = options.runs[index];
@@ -785,7 +787,7 @@ void run_path(const PathSpec& spec, const std::vector<size_t>& runs, const Bench
   }
   if (auto error = warm_path(context, warm_bytes, writes)) return fail_all(*error);
   for (size_t index : runs) {
-    const RunSpec& run = options.runs[index];
+    const TransferRunSpec& run = options.runs[index];
     if (options.progress) {
       options.progress(fmt::format("[{}/{}] {}: {} {} x {}, {} thread(s)", index + 1, options.runs.size(),
                                    spec.label(), op_name(run.op), format_size(run.block_bytes), run.batch,
@@ -801,12 +803,12 @@ std::string_view op_name(transfer::TransferOp op) {
   return op == TransferOp::kRead ? "read" : "write";
 }
 
-std::string PathSpec::label() const {
+std::string TransferPath::label() const {
   if (kind != TransportKind::kUcx) return std::string(transfer::transport_name(kind));
   return fmt::format("ucx (tls {})", ucx_tls.empty() ? "default" : ucx_tls);
 }
 
-bool PathSpec::compares_to_tcp() const {
+bool TransferPath::compares_to_tcp() const {
   if (kind == TransportKind::kTcp) return true;
   if (kind == TransportKind::kShm) return false;
   // UCX: over TCP only when every listed UCX transport is a TCP one.
@@ -818,7 +820,7 @@ bool PathSpec::compares_to_tcp() const {
   return true;
 }
 
-uint64_t run_working_set_bytes(const RunSpec& spec, uint64_t working_set_bytes) {
+uint64_t run_working_set_bytes(const TransferRunSpec& spec, uint64_t working_set_bytes) {
   const uint64_t threads = static_cast<uint64_t>(spec.threads);
   const uint64_t per_thread_round = spec.block_bytes * spec.batch;
   uint64_t partition = (working_set_bytes + threads - 1) / threads;
@@ -827,11 +829,11 @@ uint64_t run_working_set_bytes(const RunSpec& spec, uint64_t working_set_bytes) 
   return partition * threads;
 }
 
-Result<BenchReport> run_bench(const BenchOptions& options) {
+Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& options) {
   const auto wall_start = Clock::now();
   IgnoreSigpipe ignore_sigpipe;
   StdoutToStderr quiet_stdout;
-  BenchReport report;
+  TransferBenchReport report;
   report.runs.resize(options.runs.size());
 
   Result<TempDir> dir = create_bench_dir();
@@ -840,18 +842,18 @@ Result<BenchReport> run_bench(const BenchOptions& options) {
       transfer::make_directory_metadata(dir->path());
   if (!metadata.ok()) return metadata.status();
 
-  TargetOptions target_options;
+  TransferTargetOptions target_options;
   target_options.metadata_dir = dir->path();
   target_options.engine_name = fmt::format("bench-{}-target", ::getpid());
   target_options.segment = fmt::format("bench-{}-target/segment", ::getpid());
-  target_options.bytes = options.working_set_bytes;
-  for (const RunSpec& run : options.runs) {
-    target_options.bytes =
-        std::max(target_options.bytes, run_working_set_bytes(run, options.working_set_bytes));
+  target_options.segment_bytes = options.working_set_bytes;
+  for (const TransferRunSpec& run : options.runs) {
+    target_options.segment_bytes =
+        std::max(target_options.segment_bytes, run_working_set_bytes(run, options.working_set_bytes));
   }
   for (TransportKind kind : {TransportKind::kTcp, TransportKind::kShm, TransportKind::kUcx}) {
     if (std::any_of(options.runs.begin(), options.runs.end(),
-                    [&](const RunSpec& run) { return run.path.kind == kind; })) {
+                    [&](const TransferRunSpec& run) { return run.path.kind == kind; })) {
       target_options.transports.push_back(kind);
     }
   }
@@ -861,22 +863,24 @@ Result<BenchReport> run_bench(const BenchOptions& options) {
   // byte on both sides has been written once.
   if (options.progress) {
     options.progress(
-        fmt::format("starting the target process ({} segment)", format_size(target_options.bytes)));
+        fmt::format("starting the target process ({} segment)", format_size(target_options.segment_bytes)));
   }
-  Result<std::unique_ptr<TargetProcess>> target = TargetProcess::start(target_options);
+  Result<std::unique_ptr<TargetProcess>> target =
+      TargetProcess::start(options.crescent_binary, target_options);
   if (!target.ok()) return target.status();
   report.target_pid = (*target)->pid();
-  report.segment_bytes = target_options.bytes;
+  report.segment_bytes = target_options.segment_bytes;
 
   // Baselines, one per block size (1 MiB always: the goals' block size), before any engine runs. The batch
   // of a block size's baseline: the largest of its runs (64 for 1 MiB without runs).
   std::map<uint64_t, size_t> batch_of_block;
-  for (const RunSpec& run : options.runs) {
+  for (const TransferRunSpec& run : options.runs) {
     size_t& batch = batch_of_block[run.block_bytes];
     batch = std::max(batch, run.batch);
   }
   batch_of_block.emplace(kMiB, 64);
-  uint64_t local_bytes = target_options.bytes;  // the initiator's memory: every run's working set fits
+  uint64_t local_bytes =
+      target_options.segment_bytes;  // the initiator's memory: every run's working set fits
   for (const auto& [block, batch] : batch_of_block) {
     local_bytes =
         std::max(local_bytes, run_working_set_bytes(baseline_spec(block, batch), options.working_set_bytes));
@@ -893,7 +897,7 @@ Result<BenchReport> run_bench(const BenchOptions& options) {
     report.target_unavailable = (*target)->unavailable();
     for (const auto& [block, batch] : batch_of_block) {
       const uint64_t span = run_working_set_bytes(baseline_spec(block, batch), options.working_set_bytes);
-      BlockBaseline baseline;
+      TransferBaseline baseline;
       baseline.block_bytes = block;
       baseline.batch = batch;
       if (options.progress)
@@ -929,7 +933,7 @@ Result<BenchReport> run_bench(const BenchOptions& options) {
   }
 
   // Runs, grouped by path: one initiator engine per path, restricted to its transport.
-  std::vector<std::pair<PathSpec, std::vector<size_t>>> paths;
+  std::vector<std::pair<TransferPath, std::vector<size_t>>> paths;
   for (size_t i = 0; i < options.runs.size(); ++i) {
     auto it = std::find_if(paths.begin(), paths.end(),
                            [&](const auto& p) { return same_path(p.first, options.runs[i].path); });
@@ -942,26 +946,27 @@ Result<BenchReport> run_bench(const BenchOptions& options) {
   for (size_t p = 0; p < paths.size(); ++p) {
     run_path(paths[p].first, paths[p].second, options, *metadata,
              fmt::format("bench-{}-initiator-{}", ::getpid(), p), target_options.segment, **target,
-             local->data(), local_bytes, target_options.bytes, report);
+             local->data(), local_bytes, target_options.segment_bytes, report);
   }
   (*target)->stop();
   report.wall_seconds = seconds_between(wall_start, Clock::now());
   return report;
 }
 
-int run_target(const TargetOptions& options) {
+Status run_transfer_target(const TransferTargetOptions& options) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the bench (also set before exec)
   // The control channel is the original stdout; libraries' output on fd 1 goes to stderr.
   StdoutToStderr quiet_stdout;
   FILE* control = quiet_stdout.saved() >= 0 ? ::fdopen(::dup(quiet_stdout.saved()), "w") : nullptr;
-  if (control == nullptr) return 1;
+  if (control == nullptr) return Status::io_error("bench target process: no control channel (stdout)");
   auto say = [control](const std::string& line) {
     std::fputs((line + "\n").c_str(), control);
     std::fflush(control);
   };
   auto fail = [&](const std::string& message) {
     say(nlohmann::json{{"ready", false}, {"error", message}}.dump());
-    return 1;
+    std::fclose(control);
+    return Status::unavailable(message);
   };
   Result<std::shared_ptr<transfer::MetadataService>> metadata =
       transfer::make_directory_metadata(options.metadata_dir);
@@ -993,11 +998,12 @@ int run_target(const TargetOptions& options) {
     unavailable[std::string(transfer::transport_name(options.transports[0]))] = engine.status().message();
   }
   if (!engine.ok()) return fail(fmt::format("no transport can serve the segment: {}", unavailable.dump()));
-  Result<void*> memory = (*engine)->allocate_memory(options.bytes);
+  Result<void*> memory = (*engine)->allocate_memory(options.segment_bytes);
   if (!memory.ok()) return fail(memory.status().message());
   auto* data = static_cast<std::byte*>(*memory);
-  fill_pattern(data, options.bytes, kPatternSeedTarget);
-  if (Status exposed = (*engine)->expose_segment(options.segment, data, options.bytes); !exposed.ok()) {
+  fill_pattern(data, options.segment_bytes, kPatternSeedTarget);
+  if (Status exposed = (*engine)->expose_segment(options.segment, data, options.segment_bytes);
+      !exposed.ok()) {
     return fail(exposed.message());
   }
   nlohmann::json served = nlohmann::json::array();
@@ -1015,15 +1021,15 @@ int run_target(const TargetOptions& options) {
     if (command == "exit") break;
     uint64_t offset = 0;
     uint64_t length = 0;
-    if (command != "sum" || !(in >> offset >> length) || offset > options.bytes ||
-        length > options.bytes - offset) {
+    if (command != "sum" || !(in >> offset >> length) || offset > options.segment_bytes ||
+        length > options.segment_bytes - offset) {
       say("error: bad command '" + line + "'");
       continue;
     }
     say(fmt::format("sum {:x}", XXH3_64bits(data + offset, length)));
   }
   std::fclose(control);
-  return 0;
+  return Status();
 }
 
-}  // namespace crescent::cli::bench
+}  // namespace crescent::bench

@@ -1,6 +1,6 @@
-// The bench store load driver and its Redis baseline: short get and put runs against a redis-server started
-// for the test, the server gone after destruction, and setup and worker errors reaching the result.
-#include "cli/bench_kv.h"
+// The Redis baseline: short get and put runs of the load driver against a redis-server started for the
+// test, the server gone after destruction, and a bad op refused.
+#include "bench/redis_baseline.h"
 
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
@@ -9,9 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
-
-namespace crescent::cli::bench {
+namespace crescent::bench {
 namespace {
 
 using ::testing::HasSubstr;
@@ -28,7 +26,7 @@ bool port_accepts(uint16_t port) {
   return ok;
 }
 
-TEST(BenchKvTest, RedisGetAndPutRunsThenServerStops) {
+TEST(RedisBaselineTest, RedisGetAndPutRunsThenServerStops) {
   Result<std::unique_ptr<RedisServer>> server = RedisServer::start();
   ASSERT_TRUE(server.ok()) << server.status().message();
   const uint16_t port = (*server)->port();
@@ -49,31 +47,10 @@ TEST(BenchKvTest, RedisGetAndPutRunsThenServerStops) {
   EXPECT_FALSE(port_accepts(port));
 }
 
-TEST(BenchKvTest, BadOpIsRefused) {
+TEST(RedisBaselineTest, BadOpIsRefused) {
   const KvRunSpec spec{.system = "redis", .op = "delete", .value_bytes = 8, .threads = 1, .batch = 1};
   EXPECT_THAT(make_redis_worker(1, spec, 0).status().message(), HasSubstr("'delete'"));
 }
 
-TEST(BenchKvTest, WorkerErrorStopsTheRun) {
-  const KvRunSpec spec{
-      .system = "fake", .op = "put", .value_bytes = 8, .threads = 2, .batch = 1, .duration = 10s};
-  const KvRunResult r = drive_kv_load(spec, [](int) -> Result<KvWorker> {
-    auto calls = std::make_shared<int>(0);
-    return KvWorker([calls] { return ++*calls == 3 ? Status::internal("failed on call 3") : Status(); });
-  });
-  EXPECT_THAT(r.error, HasSubstr("failed on call 3"));
-  EXPECT_EQ(r.ops, 0u);
-}
-
-TEST(BenchKvTest, SetupErrorEndsTheRun) {
-  const KvRunSpec spec{
-      .system = "fake", .op = "put", .value_bytes = 8, .threads = 2, .batch = 1, .duration = 10s};
-  const KvRunResult r = drive_kv_load(spec, [](int i) -> Result<KvWorker> {
-    if (i == 1) return Status::unavailable("no connection");
-    return KvWorker([] { return Status(); });
-  });
-  EXPECT_THAT(r.error, HasSubstr("no connection"));
-}
-
 }  // namespace
-}  // namespace crescent::cli::bench
+}  // namespace crescent::bench
