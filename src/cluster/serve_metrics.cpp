@@ -72,8 +72,8 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                                     "KV blocks that failed their checksum on arrival", {})),
       kv_writes_(
           counter(*registry_, "crescent_kv_transfer_writes_total",
-                  "Transfers that carried prompts' KV prefill -> decode (chunks streamed during prefill, "
-                  "then the rest)",
+                  "Transfers that carried prompts' KV prefill -> decode (chunks, or a chunk's layers, streamed "
+                  "during prefill, then the rest)",
                   {})),
       success_(prometheus::BuildCounter()
                    .Name("vllm:request_success_total")

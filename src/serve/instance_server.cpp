@@ -199,8 +199,20 @@ class InstanceServer::Impl final : public engine::EngineListener {
     first.request_id = id;
     first.first_token = order.first_token;
     send(first);
+    if (order.output_tokens > 1 && !order.target) {
+      write_to_pool(order);  // its KV ships when the decode instance's room is known (kKvTarget)
+      return;
+    }
+    // Decode waits for this KV, nothing waits for the pool: the KV ships and prefill done is reported first,
+    // then the new blocks go to the pool (kPoolWritten).
+    finish_prefill(id, order, /*forget=*/false);
     write_to_pool(order);
-    if (order.output_tokens <= 1 || order.target) finish_prefill(id, order);
+    InstanceMessage written;
+    written.kind = InstanceMessage::Kind::kPoolWritten;
+    written.request_id = id;
+    written.pool_write_bytes = order.pool_write_bytes;
+    send(written);
+    forget_order(id);
   }
 
   void on_finished(engine::RequestId id, double, const std::optional<engine::StepLog::Gaps>&) override {
@@ -365,8 +377,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
   }
 
   // Ships what is left of the prompt's KV to its decode instance's reservation (when it decodes) and reports
-  // the prefill done; a failed write (now or while streaming) is reported as the request's error.
-  void finish_prefill(uint64_t id, Order& order) {
+  // the prefill done; a failed write (now or while streaming) is reported as the request's error. `forget`
+  // false: the report goes out at once and the caller drops the order (after its pool write).
+  void finish_prefill(uint64_t id, Order& order, bool forget = true) {
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kPrefillDone;
     m.request_id = id;
@@ -387,8 +400,12 @@ class InstanceServer::Impl final : public engine::EngineListener {
         m.error = order.ship_error.message();
       }
     }
-    outbox_.push_back(std::move(m));
-    forget_order(id);
+    if (forget) {
+      outbox_.push_back(std::move(m));
+      forget_order(id);
+    } else {
+      send(m);  // at once, before the caller's pool write
+    }
   }
 
   // A prefill that cannot go on: reported done with `error`.

@@ -8,7 +8,7 @@ namespace crescent::serve {
 namespace {
 
 constexpr uint32_t kFields = 48;  // what encode packs, in order
-constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kFirstToken);
+constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kPoolWritten);
 
 template <typename Packer>
 void pack_group(Packer& pk, const kv::DecodeGroup& g) {

@@ -23,6 +23,8 @@
 //                                                 kReset      (drop every request: the Conductor has
 //                                                             failed them; sent first when it sees the
 //                                                             instance come up)
+//   kPoolWritten request_id, pool bytes written (after
+//                kPrefillDone: decode does not wait for the pool)
 //   kReserved    request_id, segment, offset, length (decode: where the prefill writes the KV)
 //   kTokens      request_ids, tokens (one decode step: each gained a token)
 //   kKvTimeout   request_id (decode: its KV never came; the reservation is freed)
@@ -63,6 +65,7 @@ struct InstanceMessage {
     kKvComing,
     kReset,
     kFirstToken,
+    kPoolWritten,
   };
   Kind kind = Kind::kLoad;
   uint64_t request_id = 0;

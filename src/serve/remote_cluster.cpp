@@ -379,6 +379,9 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
           core_.on_kv_shipped(m.request_id, now);
         }
         break;
+      case InstanceMessage::Kind::kPoolWritten:
+        core_.metrics().observe_kv_bytes_moved("pool_write", m.pool_write_bytes);
+        break;
       case InstanceMessage::Kind::kReserved:
         if (const cluster::RequestSummary* s = core_.summary(m.request_id)) {
           InstanceMessage target = m;
