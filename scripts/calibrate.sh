@@ -19,7 +19,12 @@ crescent="${CRESCENT:-$root/build/release/crescent}"
 work="${WORK:-$root/build/calibration}"
 limit="${1:-120}"
 layers=true
-[ "${2:-}" = "--chunkwise" ] && layers=false
+case "${2:-}" in
+  "") ;;
+  --chunkwise) layers=false ;;
+  *) echo "calibrate: unknown option '$2' (usage: scripts/calibrate.sh [LIMIT] [--chunkwise])" >&2; exit 2 ;;
+esac
+[[ "$limit" =~ ^[0-9]+$ ]] || { echo "calibrate: LIMIT must be a number of requests, got '$limit'" >&2; exit 2; }
 trace="$root/data/traces/conversation_trace.jsonl.gz"
 mkdir -p "$work"
 [ -x "$crescent" ] || { echo "calibrate: no $crescent (build it: cmake --build --preset release --target crescent)" >&2; exit 2; }

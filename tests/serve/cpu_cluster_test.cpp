@@ -105,6 +105,15 @@ class CpuCluster : public ::testing::Test {
     std::ofstream(slow_config_path_) << config.dump(2);
   }
   static void TearDownTestSuite() { delete dir_; }
+  // The test config with `change` applied, written as `name` in the suite's directory; its path.
+  static std::string config_variant(const std::string& name, const std::function<void(json&)>& change) {
+    std::ifstream in(config_path_);
+    json config = json::parse(in);
+    change(config);
+    const std::string path = dir_->file(name);
+    std::ofstream(path) << config.dump(2);
+    return path;
+  }
 
   static test::TempDir* dir_;
   static std::string model_dir_, config_path_, slow_config_path_;
@@ -164,12 +173,10 @@ TEST_F(CpuCluster, AnswersAreThoseOfOneColocatedProcess) {
 // engine's 8 (evicting a prefix's head first): it reused KV the engine had reported evicted, and computed
 // fewer tokens than prompt − cached.
 TEST_F(CpuCluster, AReportedPrefixHitIsKvTheInstanceReallyReused) {
-  std::ifstream in(config_path_);
-  json config = json::parse(in);
-  config["prefill_instances"] = 1;
-  config["prefill_cache_capacity_tokens"] = 8 * 16;
-  const std::string path = dir_->file("cpu-test-small-cache.json");
-  std::ofstream(path) << config.dump(2);
+  const std::string path = config_variant("cpu-test-small-cache.json", [](json& config) {
+    config["prefill_instances"] = 1;
+    config["prefill_cache_capacity_tokens"] = 8 * 16;
+  });
   ServedCluster cluster({"--config", path, "--model", model_dir_, "--block-size", "16"});
   ASSERT_GT(cluster.port(), 0) << cluster.log();
   const int port = cluster.port();
@@ -195,13 +202,10 @@ TEST_F(CpuCluster, AReportedPrefixHitIsKvTheInstanceReallyReused) {
   EXPECT_GT(partly_evicted, 0) << "the small cache evicted prefixes that came back (" << cached_tokens
                                << " of " << prompt_tokens << " prompt tokens cached)";
   // The metric counts at prefill done, which the last answer may precede.
-  double computed = 0;
-  for (int i = 0; i < 200; ++i) {
-    computed = cluster.metric("crescent_prefill_computed_tokens_total");
-    if (computed >= static_cast<double>(prompt_tokens - cached_tokens)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(computed, static_cast<double>(prompt_tokens - cached_tokens)) << cluster.log();
+  const auto expected = static_cast<double>(prompt_tokens - cached_tokens);
+  const double computed = cluster.metric_when("crescent_prefill_computed_tokens_total",
+                                              [&](double v) { return v >= expected; });
+  EXPECT_EQ(computed, expected) << cluster.log();
 }
 
 // An instance stays responsive while it computes (issue 21 §3): the forward pass runs on a thread of its
@@ -209,13 +213,11 @@ TEST_F(CpuCluster, AReportedPrefixHitIsKvTheInstanceReallyReused) {
 // heartbeat_timeout_s does not make the instance look down, and the request completes. Before, the
 // instance fell silent for the whole iteration: declared down, its request failed with 503.
 TEST_F(CpuCluster, AnIterationLongerThanTheHeartbeatTimeoutKeepsTheInstanceUp) {
-  std::ifstream in(config_path_);
-  json config = json::parse(in);
-  config["prefill_instances"] = 1;
-  config["prefill_chunk_tokens"] = 8192;  // the whole prompt in one iteration
-  config["serve"]["heartbeat_timeout_s"] = 0.1;  // 2 heartbeat periods
-  const std::string path = dir_->file("cpu-test-short-heartbeat.json");
-  std::ofstream(path) << config.dump(2);
+  const std::string path = config_variant("cpu-test-short-heartbeat.json", [](json& config) {
+    config["prefill_instances"] = 1;
+    config["prefill_chunk_tokens"] = 8192;         // the whole prompt in one iteration
+    config["serve"]["heartbeat_timeout_s"] = 0.1;  // 2 heartbeat periods
+  });
   ServedCluster cluster({"--config", path, "--model", model_dir_, "--block-size", "16"});
   ASSERT_GT(cluster.port(), 0) << cluster.log();
   // The tiny model's 4,000-token prompt: attention over it is most of a second or more on one core.
@@ -239,12 +241,11 @@ TEST_F(CpuCluster, AnIterationLongerThanTheHeartbeatTimeoutKeepsTheInstanceUp) {
 // layer at a time while later layers compute (the tiny model's 2 layers: 2 writes, not 1), and decode
 // continues from exactly that KV: the answer is the colocated one.
 TEST_F(CpuCluster, APromptsKvShipsLayerByLayerWhileItComputes) {
-  std::ifstream in(config_path_);
-  json config = json::parse(in);
-  config["prefill_instances"] = 1;
-  config["prefill_chunk_tokens"] = 8192;  // one iteration: its layers are what streams
-  const std::string path = dir_->file("cpu-test-one-chunk.json");
-  std::ofstream(path) << config.dump(2);
+  const auto one_chunk = [](json& config) {
+    config["prefill_instances"] = 1;
+    config["prefill_chunk_tokens"] = 8192;  // one iteration: its layers are what streams
+  };
+  const std::string path = config_variant("cpu-test-one-chunk.json", one_chunk);
   ServedCluster cluster({"--config", path, "--model", model_dir_, "--block-size", "16"});
   ASSERT_GT(cluster.port(), 0) << cluster.log();
   std::string prompt;
@@ -253,27 +254,24 @@ TEST_F(CpuCluster, APromptsKvShipsLayerByLayerWhileItComputes) {
   const Completion c = complete(cluster.port(), "tiny-llama", prompt, 5, {});
   ASSERT_EQ(c.status, 200) << c.body << cluster.log();
   EXPECT_EQ(c.text, colocated(model_dir_, prompt, 5, {}));
-  double writes = 0;
-  for (int i = 0; i < 200 && (writes = cluster.metric("crescent_kv_transfer_writes_total")) <= 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const auto positive = [](double v) { return v > 0; };
+  double writes = cluster.metric_when("crescent_kv_transfer_writes_total", positive);
   // Its decode instance's room is known within milliseconds of the prefill's start, long before the
   // iteration ends, so every layer goes as it is written.
   EXPECT_EQ(writes, 2) << cluster.log();
   EXPECT_EQ(cluster.metric("crescent_kv_exposed_transfer_seconds_count"), 1);
 
   // serve.kv_stream_layers false: the chunk goes whole after its iteration (one write), same answer.
-  config["serve"]["kv_stream_layers"] = false;
-  const std::string whole = dir_->file("cpu-test-one-chunk-whole.json");
-  std::ofstream(whole) << config.dump(2);
+  const std::string whole = config_variant("cpu-test-one-chunk-whole.json", [&](json& config) {
+    one_chunk(config);
+    config["serve"]["kv_stream_layers"] = false;
+  });
   ServedCluster chunkwise({"--config", whole, "--model", model_dir_, "--block-size", "16"});
   ASSERT_GT(chunkwise.port(), 0) << chunkwise.log();
   const Completion again = complete(chunkwise.port(), "tiny-llama", prompt, 5, {});
   ASSERT_EQ(again.status, 200) << again.body;
   EXPECT_EQ(again.text, c.text);
-  for (int i = 0; i < 200 && (writes = chunkwise.metric("crescent_kv_transfer_writes_total")) <= 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  writes = chunkwise.metric_when("crescent_kv_transfer_writes_total", positive);
   EXPECT_EQ(writes, 1) << chunkwise.log();
 }
 

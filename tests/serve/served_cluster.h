@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -77,6 +78,18 @@ class ServedCluster {
         return std::stod(line.substr(name_and_labels.size() + 1));
     }
     return -1;
+  }
+  /// metric(`name_and_labels`) once `ready` holds for it (polled every 10 ms), or its last value after
+  /// `deadline`: for counters reported after the answer a test has already seen.
+  double metric_when(const std::string& name_and_labels, const std::function<bool(double)>& ready,
+                     std::chrono::milliseconds deadline = std::chrono::seconds(2)) const {
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    double value = metric(name_and_labels);
+    while (!ready(value) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      value = metric(name_and_labels);
+    }
+    return value;
   }
 
  private:
