@@ -22,7 +22,8 @@ void CpuExecutor::compute_in_background(std::function<void(int, int)> wait) {
   wait_ = std::move(wait);
   model_.set_on_layer_kv([this](int64_t layer) {
     layers_stored_.store(layer + 1, std::memory_order_release);
-    compute_thread_->notify_progress();
+    // Only a prompt's layers have somewhere to go: a decode-only pass wakes nobody per layer.
+    if (pass_.prefill_request) compute_thread_->notify_progress();
   });
 }
 

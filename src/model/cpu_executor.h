@@ -99,7 +99,8 @@ class CpuExecutor final : public engine::Executor {
   /// From now on each forward pass runs on a compute thread of the executor's own, while
   /// `wait(done_fd, progress_fd)` runs on the thread that called run_iteration_s: it serves that thread's
   /// I/O and returns once `done_fd` is readable (common/compute_thread.h); `progress_fd` becomes readable
-  /// (read it: 8 bytes) each time the pass has written one more layer's KV (layers_stored()). Meanwhile
+  /// (read it: 8 bytes) each time a pass with a prompt in it has written one more layer's KV
+  /// (layers_stored()); a decode-only pass does not signal it. Meanwhile
   /// `wait` must not call into the engine or this executor except: kv_block() of requests outside the pass
   /// (whose KV does not change) and, for pass_in_flight()'s prefill request, of the bytes of its layers below
   /// layers_stored(); output(), reused_tokens(), pass_in_flight(), layers_stored(). The compute thread runs

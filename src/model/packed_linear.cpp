@@ -1,7 +1,9 @@
 #include "model/packed_linear.h"
 
+#include <algorithm>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
+#include <vector>
 
 namespace crescent::model {
 namespace {
@@ -18,6 +20,12 @@ dnnl::engine& cpu_engine() {
 // cache makes recreating one cheap), so prompts of ever new lengths do not grow it without bound.
 constexpr size_t kMaxPrimitives = 128;
 
+// Fewer rows than this are computed as this many (zero rows added): oneDNN 2.6's brgemm reads the packed
+// weights ~25% slower for 1 or 2 rows than for 4 (a decode step of the small preset at batch 1: 26-27 ms
+// against 21 ms padded; docs/benchmarks.md, "cpu executor"), and in a decode step the weight read is the
+// cost, the extra rows' FLOPs are not.
+constexpr int64_t kMinRows = 4;
+
 }  // namespace
 
 struct PackedLinear::Impl {
@@ -29,6 +37,7 @@ struct PackedLinear::Impl {
     dnnl::memory::desc weights;  // the layout it reads its weights in
   };
   mutable std::unordered_map<int64_t, Entry> primitives;  // key: rows × 2 + accumulate
+  mutable std::vector<float> padded_x, padded_y;          // kMinRows rows, for calls with fewer
 
   dnnl::matmul::primitive_desc describe(int64_t rows, bool accumulate) const {
     const dnnl::memory::desc src({rows, in}, dt::f32, tag::ab);
@@ -65,6 +74,15 @@ PackedLinear& PackedLinear::operator=(PackedLinear&&) noexcept = default;
 
 void PackedLinear::apply(const float* x, int64_t rows, float* y, bool accumulate) const {
   Impl& m = *impl_;
+  if (rows < kMinRows) {
+    m.padded_x.assign(static_cast<size_t>(kMinRows * m.in), 0.0f);
+    std::copy(x, x + rows * m.in, m.padded_x.begin());
+    m.padded_y.assign(static_cast<size_t>(kMinRows * m.out), 0.0f);
+    if (accumulate) std::copy(y, y + rows * m.out, m.padded_y.begin());
+    apply(m.padded_x.data(), kMinRows, m.padded_y.data(), accumulate);
+    std::copy(m.padded_y.begin(), m.padded_y.begin() + rows * m.out, y);
+    return;
+  }
   const int64_t key = rows * 2 + (accumulate ? 1 : 0);
   auto it = m.primitives.find(key);
   if (it == m.primitives.end()) {

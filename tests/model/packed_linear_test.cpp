@@ -10,7 +10,7 @@ namespace crescent::model {
 namespace {
 
 // Against the product written out, for row counts from one (a decode step) to thousands (a long prompt),
-// writing and accumulating.
+// writing and accumulating (fewer than 4 rows are computed padded to 4: the rows around that edge too).
 TEST(PackedLinear, ComputesXTimesWTransposedForAnyRowCount) {
   constexpr int64_t kOut = 48, kIn = 40;
   std::mt19937 rng(3);
@@ -21,7 +21,7 @@ TEST(PackedLinear, ComputesXTimesWTransposedForAnyRowCount) {
   EXPECT_EQ(linear.out(), kOut);
   EXPECT_EQ(linear.in(), kIn);
   EXPECT_GE(linear.bytes(), kOut * kIn * 4);
-  for (const int64_t rows : {1, 3, 70, 3000}) {
+  for (const int64_t rows : {1, 2, 3, 4, 5, 70, 3000}) {
     std::vector<float> x(static_cast<size_t>(rows * kIn));
     for (float& v : x) v = u(rng);
     std::vector<float> y(static_cast<size_t>(rows * kOut), 0.5f);
