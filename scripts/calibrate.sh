@@ -32,13 +32,15 @@ mkdir -p "$work"
 if [ ! -f "$work/small/config.json" ]; then
   "$crescent" model init --preset small --seed 1 --dtype bfloat16 --out "$work/small" >&2
 fi
-if [ ! -f "$work/small-1core.json" ]; then
-  taskset -c 1 "$crescent" profile --executor cpu --model "$work/small" --threads 1 --out "$work/small-1core.json" >&2
+# Timed on one core while the other computes the other role, as the live cluster's two pinned instances do.
+if [ ! -f "$work/small-1core-beside.json" ]; then
+  taskset -c 1 "$crescent" profile --executor cpu --model "$work/small" --threads 1 --neighbour-core 0 \
+    --out "$work/small-1core-beside.json" >&2
 fi
 /usr/bin/python3 -c 'import json, sys
 c = json.load(open(sys.argv[1])); c["serve"]["kv_stream_layers"] = sys.argv[2] == "true"
 json.dump(c, open(sys.argv[3], "w"), indent=2)' "$root/configs/cpu.json" "$layers" "$work/cpu.json"
-common=(--config "$work/cpu.json" --model "$work/small" --profile "$work/small-1core.json" --block-size 16)
+common=(--config "$work/cpu.json" --model "$work/small" --profile "$work/small-1core-beside.json" --block-size 16)
 "$crescent" serve "${common[@]}" --pin-cores --port 0 --replay "$trace" --length-divisor 32 --limit "$limit" \
   --time-scale 0.2 --json > "$work/live.json"
 "$crescent" simulate "$trace" "${common[@]}" --length-divisor 32 --limit "$limit" --time-scale 0.2 --json \

@@ -1,6 +1,6 @@
 // `crescent profile`: fits the cost model's coefficients to an executor's timed iterations (issue 11 §4) and
 // writes a profile that simulate, experiment and serve take with --profile (or a config's "profile").
-//   crescent profile --executor cpu --model DIR [--threads N] --out profile.json
+//   crescent profile --executor cpu --model DIR [--threads N] [--neighbour-core C] --out profile.json
 //   crescent profile --executor mock [--config FILE] --out profile.json   (must give back the roofline's)
 #include <fmt/format.h>
 
@@ -28,6 +28,7 @@ struct ProfileArgs {
   int64_t block_size = 64;
   int repeats = 3;
   bool quick = false;
+  std::optional<int> neighbour_core;
 };
 
 void print_report(const model::ProfileReport& r, const perf::Profile* truth) {
@@ -76,6 +77,10 @@ int run_profile(const ProfileArgs& args) {
   }
   if (args.block_size < 1) return fail(Status::invalid_argument("--block-size must be >= 1"));
   if (args.repeats < 1) return fail(Status::invalid_argument("--repeats must be >= 1"));
+  if (args.neighbour_core && args.executor != "cpu") {
+    return fail(
+        Status::invalid_argument("--neighbour-core needs --executor cpu (the mock's time is the model's)"));
+  }
   model::ProfileGrid grid;
   grid.repeats = args.repeats;
   if (args.quick) {  // seconds, not minutes: for tests and a first look
@@ -125,12 +130,27 @@ int run_profile(const ProfileArgs& args) {
                       loaded->config.max_position_embeddings)));
     }
     model::LlamaForward forward(*loaded);
-    const std::string source = fmt::format("cpu: {} ({} thread{})", args.model_dir, model::compute_threads(),
-                                           model::compute_threads() == 1 ? "" : "s");
+    std::string source = fmt::format("cpu: {} ({} thread{})", args.model_dir, model::compute_threads(),
+                                     model::compute_threads() == 1 ? "" : "s");
+    std::unique_ptr<model::ProfileNeighbour> neighbour;
+    if (args.neighbour_core) {
+      // The other role's typical iteration: a prefill chunk of the longest grid prompt, or a decode step
+      // over the grid's middle context.
+      auto made = model::cpu_profile_neighbour(*loaded, *args.neighbour_core, args.block_size,
+                                               *std::ranges::max_element(grid.prefill_tokens),
+                                               grid.decode_context[grid.decode_context.size() / 2]);
+      if (!made.ok()) return fail(made.status());
+      neighbour = std::move(*made);
+      source += fmt::format(", beside the other role on core {}", *args.neighbour_core);
+    }
     *loaded = model::LlamaModel{};
     const int64_t blocks = 2 * (longest + decode_tokens) / args.block_size + 64;
     auto target = model::cpu_profile_target(forward, args.block_size, blocks);
-    report = model::profile_target(*target, grid, source, progress);
+    report = model::profile_target(*target, grid, source, progress, neighbour.get());
+    if (neighbour) {
+      progress(fmt::format("profile: the neighbour on core {} ran {} iterations beside the timed ones",
+                           *args.neighbour_core, neighbour->iterations()));
+    }
   }
   if (!report.ok()) return fail(report.status());
   print_report(*report, truth ? &*truth : nullptr);
@@ -160,6 +180,10 @@ void register_profile(CLI::App& app, int& exit_code) {
   cmd->add_option("--repeats", args->repeats, "Times each point is measured (the median counts)")
       ->capture_default_str();
   cmd->add_flag("--quick", args->quick, "A small grid (seconds): for tests and a first look");
+  cmd->add_option("--neighbour-core", args->neighbour_core,
+                  "With cpu: time each point while a second copy of the model computes the other role on "
+                  "this core (prefill beside decode steps, decode beside prefill), as a prefill and a "
+                  "decode instance sharing this host do");
   cmd->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_profile(*args); }); });
 }
 

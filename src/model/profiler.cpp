@@ -1,14 +1,22 @@
 #include "model/profiler.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <future>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "engine/engine_core.h"
 #include "model/cpu_executor.h"
+#include "model/cpu_limits.h"
 #include "perf/cost_model.h"
 
 namespace crescent::model {
@@ -109,6 +117,90 @@ class CpuTarget final : public ProfileTarget {
   BlockKey next_key_ = 1;
 };
 
+class CpuNeighbour final : public ProfileNeighbour {
+ public:
+  CpuNeighbour(const LlamaModel& model, int64_t block_size_tokens, int64_t prefill_tokens,
+               int64_t decode_context_tokens)
+      : forward_(model),
+        target_(forward_, block_size_tokens,
+                2 * (prefill_tokens + decode_context_tokens) / block_size_tokens + 16),
+        prefill_tokens_(prefill_tokens),
+        decode_context_tokens_(decode_context_tokens) {}
+
+  ~CpuNeighbour() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Starts the thread on `core`; an error when it cannot run there.
+  Status start(int core) {
+    std::promise<Status> pinned;
+    std::future<Status> pinned_result = pinned.get_future();
+    thread_ = std::thread([this, core, &pinned] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (core >= 0 && core < CPU_SETSIZE) CPU_SET(core, &set);
+      if (CPU_COUNT(&set) == 0 || pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) {
+        pinned.set_value(Status::invalid_argument(
+            fmt::format("--neighbour-core {}: this process cannot run a thread on that core", core)));
+        return;
+      }
+      set_compute_threads(1);
+      pinned.set_value(Status::ok_status());
+      loop();
+    });
+    Status status = pinned_result.get();
+    if (!status.ok()) thread_.join();
+    return status;
+  }
+
+  void set_work(NeighbourWork work) override {
+    std::unique_lock lock(mu_);
+    work_ = work;
+    const uint64_t asked = ++asked_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return begun_ >= asked; });
+  }
+
+  int64_t iterations() const override { return iterations_.load(std::memory_order_relaxed); }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || work_ != NeighbourWork::kIdle || begun_ < asked_; });
+      if (stopping_) return;
+      const NeighbourWork work = work_;
+      begun_ = asked_;
+      cv_.notify_all();
+      if (work == NeighbourWork::kIdle) continue;
+      lock.unlock();
+      if (work == NeighbourWork::kPrefill) {
+        target_.prefill_s(prefill_tokens_, 0);
+      } else {
+        target_.decode_s(1, decode_context_tokens_);
+      }
+      iterations_.fetch_add(1, std::memory_order_relaxed);
+      lock.lock();
+    }
+  }
+
+  LlamaForward forward_;
+  CpuTarget target_;
+  const int64_t prefill_tokens_, decode_context_tokens_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  NeighbourWork work_ = NeighbourWork::kIdle;  // guarded by mu_
+  uint64_t asked_ = 0, begun_ = 0;             // guarded by mu_: set_work calls, and those taken up
+  bool stopping_ = false;                      // guarded by mu_
+  std::atomic<int64_t> iterations_{0};
+  std::thread thread_;
+};
+
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -195,12 +287,29 @@ std::unique_ptr<ProfileTarget> cpu_profile_target(LlamaForward& model, int64_t b
   return std::make_unique<CpuTarget>(model, block_size_tokens, capacity_blocks);
 }
 
+Result<std::unique_ptr<ProfileNeighbour>> cpu_profile_neighbour(const LlamaModel& model, int core,
+                                                                int64_t block_size_tokens,
+                                                                int64_t prefill_tokens,
+                                                                int64_t decode_context_tokens) {
+  if (block_size_tokens < 1 || prefill_tokens < 1 || decode_context_tokens < 1) {
+    return Status::invalid_argument("profile neighbour: block size, prefill and context must be >= 1");
+  }
+  auto neighbour =
+      std::make_unique<CpuNeighbour>(model, block_size_tokens, prefill_tokens, decode_context_tokens);
+  CRESCENT_RETURN_IF_ERROR(neighbour->start(core));
+  return std::unique_ptr<ProfileNeighbour>(std::move(neighbour));
+}
+
 Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& grid,
                                      const std::string& source,
-                                     const std::function<void(const std::string&)>& progress) {
+                                     const std::function<void(const std::string&)>& progress,
+                                     ProfileNeighbour* neighbour) {
   CRESCENT_RETURN_IF_ERROR(check_grid(grid));
   const auto say = [&](const std::string& line) {
     if (progress) progress(line);
+  };
+  const auto beside = [&](NeighbourWork work) {
+    if (neighbour != nullptr) neighbour->set_work(work);
   };
   ProfileReport report;
   perf::Profile& c = report.profile;
@@ -208,6 +317,7 @@ Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& g
 
   // Measure: prefill (new, prefix) and decode (batch, context) points.
   say("profile: prefill iterations");
+  beside(NeighbourWork::kDecode);
   for (int64_t n : grid.prefill_tokens) {
     for (int64_t p : grid.prefix_tokens) {
       const double t = timed(grid.repeats, [&] { return target.prefill_s(n, p); });
@@ -215,12 +325,15 @@ Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& g
     }
   }
   say("profile: decode steps");
+  beside(NeighbourWork::kPrefill);
   for (int64_t b : grid.decode_batch) {
     for (int64_t ctx : grid.decode_context) {
       const double t = timed(grid.repeats, [&] { return target.decode_s(b, ctx); });
       report.points.push_back({.kind = "decode", .a = b, .b = ctx, .measured_s = t});
     }
   }
+
+  beside(NeighbourWork::kIdle);
 
   // Fit. An iteration is max(memory, compute) (+ overhead when it prefills), so each side is fitted on the
   // points the other side does not explain (within 2%): compute on prefill points, memory on decode points,

@@ -41,6 +41,34 @@ std::unique_ptr<ProfileTarget> mock_profile_target(const perf::CostModel& cost);
 std::unique_ptr<ProfileTarget> cpu_profile_target(LlamaForward& model, int64_t block_size_tokens,
                                                   int64_t capacity_blocks);
 
+/// What a ProfileNeighbour runs back to back beside the timed iterations.
+enum class NeighbourWork { kIdle, kPrefill, kDecode };
+
+/// A second executor computing beside the timed one, on a core of its own, so each point is timed as an
+/// instance that shares this host's memory system with an instance of the other role is timed (a prefill
+/// and a decode instance on one machine: `crescent profile --neighbour-core`, docs/serving.md, "The
+/// simulator predicts the live cpu cluster"). profile_target runs it with prefill beside the decode points
+/// and decode beside the prefill points, and idle beside the chunked-prefill measurement (a colocated
+/// engine's). Thread-safe.
+class ProfileNeighbour {
+ public:
+  virtual ~ProfileNeighbour() = default;
+  /// From now on the neighbour runs `work` back to back (kIdle: nothing); returns once it has begun (its
+  /// first such iteration is under way).
+  virtual void set_work(NeighbourWork work) = 0;
+  /// Iterations it has finished so far (of either kind).
+  virtual int64_t iterations() const = 0;
+};
+
+/// A neighbour running `model`'s iterations on a LlamaForward of its own (its own copy of the weights, as
+/// another process would have) on one thread pinned to `core`, one compute thread: prefill iterations of
+/// `prefill_tokens` new tokens, or decode steps of one request holding `decode_context_tokens` tokens.
+/// `model` may be destroyed afterwards. Errors: kInvalidArgument when the thread cannot run on `core`.
+Result<std::unique_ptr<ProfileNeighbour>> cpu_profile_neighbour(const LlamaModel& model, int core,
+                                                                int64_t block_size_tokens,
+                                                                int64_t prefill_tokens,
+                                                                int64_t decode_context_tokens);
+
 /// The grid and how often each point is timed.
 struct ProfileGrid {
   std::vector<int64_t> prefill_tokens = {128, 256, 512, 1024};
@@ -84,11 +112,13 @@ struct ProfileReport {
   std::vector<ChunkedPrefill> chunked;
 };
 
-/// Times `target` over `grid` and fits the profile (`source` names it). `progress` (may be empty) hears
-/// one line per stage. Errors: kInvalidArgument for an empty or non-positive grid.
+/// Times `target` over `grid` and fits the profile (`source` names it), with `neighbour` (if not null)
+/// computing beside it as ProfileNeighbour says (left idle on return). `progress` (may be empty) hears one
+/// line per stage. Errors: kInvalidArgument for an empty or non-positive grid.
 Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& grid,
                                      const std::string& source,
-                                     const std::function<void(const std::string&)>& progress = {});
+                                     const std::function<void(const std::string&)>& progress = {},
+                                     ProfileNeighbour* neighbour = nullptr);
 
 /// The report as JSON: the profile's fields at the top level (what --profile reads), then "points",
 /// "residuals" and "chunked_prefill".

@@ -2,6 +2,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
 
 #include "perf/hardware_spec.h"
 #include "perf/model_spec.h"
@@ -72,6 +78,80 @@ TEST(Profiler, ProfilesTheCpuExecutor) {
   EXPECT_EQ(report->chunked[0].chunks, 3);
   grid.decode_batch = {};
   EXPECT_EQ(profile_target(*target, grid, "x").status().code(), StatusCode::kInvalidArgument);
+}
+
+// A target that notes what its neighbour was running at each timing.
+class RecordingTarget final : public ProfileTarget {
+ public:
+  explicit RecordingTarget(const NeighbourWork& neighbour) : neighbour_(neighbour) {}
+  double prefill_s(int64_t n, int64_t p) override { return note("prefill", 1e-3 * n + 1e-6 * p); }
+  double decode_s(int64_t b, int64_t ctx) override {
+    return note("decode", 1e-2 + 1e-3 * b + 1e-6 * b * ctx);
+  }
+  double mixed_s(int64_t, int64_t, int64_t n, int64_t) override { return note("mixed", 1e-2 + 1e-3 * n); }
+  std::vector<std::pair<std::string, NeighbourWork>> seen;
+
+ private:
+  double note(const char* kind, double seconds) {
+    seen.emplace_back(kind, neighbour_);
+    return seconds;
+  }
+  const NeighbourWork& neighbour_;
+};
+
+class RecordingNeighbour final : public ProfileNeighbour {
+ public:
+  void set_work(NeighbourWork work) override { work_ = work; }
+  int64_t iterations() const override { return 0; }
+  NeighbourWork work_ = NeighbourWork::kIdle;
+};
+
+// Each kind is timed beside the other role (decode steps beside prefill, prefill beside decode steps), the
+// colocated engine's chunked iterations beside nothing, and the neighbour is left idle.
+TEST(Profiler, TimesEachKindBesideTheOtherRole) {
+  RecordingNeighbour neighbour;
+  RecordingTarget target(neighbour.work_);
+  auto report = profile_target(target, {}, "recorded", {}, &neighbour);
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  std::map<std::string, std::set<NeighbourWork>> beside;
+  for (const auto& [kind, work] : target.seen) beside[kind].insert(work);
+  EXPECT_EQ(beside["prefill"], std::set{NeighbourWork::kDecode});
+  EXPECT_EQ(beside["decode"], std::set{NeighbourWork::kPrefill});
+  EXPECT_EQ(beside["mixed"], std::set{NeighbourWork::kIdle});
+  EXPECT_EQ(neighbour.work_, NeighbourWork::kIdle);
+}
+
+// The cpu neighbour computes what it is asked on the core it is given, stops when idle, and refuses a core
+// this process cannot run on.
+TEST(Profiler, ACpuNeighbourComputesTheOtherRoleOnItsCore) {
+  test::TempDir dir;
+  ASSERT_TRUE(init_llama_model(llama_preset("tiny").value(), 1, dir.path()).ok());
+  const LlamaModel model = load_llama_model(dir.path()).value();
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  int core = 0;
+  while (!CPU_ISSET(core, &mine)) ++core;
+  auto neighbour = cpu_profile_neighbour(model, core, 16, 64, 64);
+  ASSERT_TRUE(neighbour.ok()) << neighbour.status().message();
+  EXPECT_EQ((*neighbour)->iterations(), 0);
+  for (NeighbourWork work : {NeighbourWork::kPrefill, NeighbourWork::kDecode}) {
+    const int64_t before = (*neighbour)->iterations();
+    (*neighbour)->set_work(work);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while ((*neighbour)->iterations() < before + 3 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_GE((*neighbour)->iterations(), before + 3);
+  }
+  (*neighbour)->set_work(NeighbourWork::kIdle);  // returns once the iteration under way has ended
+  const int64_t idle = (*neighbour)->iterations();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ((*neighbour)->iterations(), idle);
+  neighbour->reset();
+
+  auto refused = cpu_profile_neighbour(model, CPU_SETSIZE + 1, 16, 64, 64);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), testing::HasSubstr("cannot run a thread on that core"));
 }
 
 }  // namespace
