@@ -82,14 +82,23 @@ void ConductorCore::submit_prefill(InstanceId p, uint64_t id, const conductor::R
   links_.send_prefill(p, id, requests_.at(id).request, request.block_keys, prefix, d, now_s);
 }
 
-void ConductorCore::cancel(uint64_t id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return;
-  links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
-  state_.on_request_dropped(it->second.summary.prefill_instance, it->second.block_keys);
-  if (!it->second.prefill_done) --prefills_pending_[it->second.summary.prefill_instance];
-  metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, "abort");
-  requests_.erase(it);
+void ConductorCore::cancel(uint64_t id, double now_s) {
+  if (!requests_.contains(id)) return;
+  drop(id, now_s);
+  requests_.erase(id);
+}
+
+void ConductorCore::drop(uint64_t id, double now_s) {
+  Live& live = requests_.at(id);
+  const InstanceId p = live.summary.prefill_instance;
+  links_.send_cancel(p, live.summary.decode_instance, id);
+  if (!live.prefill_done) {
+    const double remaining_s = live.prefill_started ? live.prefill_start_s + live.predicted_prefill_s - now_s
+                                                    : live.predicted_prefill_s;
+    state_.on_request_dropped(p, live.block_keys, remaining_s, now_s);
+    if (--prefills_pending_[p] == 0) state_.on_prefill_idle(p, now_s);
+  }
+  metrics_.observe_finished({.generation_tokens = live.summary.completion_tokens}, "abort");
 }
 
 void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now_s) {
@@ -98,6 +107,7 @@ void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now
   Live& live = it->second;
   live.summary.cached_tokens = hit_tokens;
   live.prefill_start_s = now_s;
+  live.prefill_started = true;
   if (live.request.max_tokens > 1) {
     links_.send_kv_coming(live.summary.decode_instance, id, live.summary.prompt_tokens,
                           live.predicted_prefill_s);
@@ -142,13 +152,10 @@ void ConductorCore::on_tokens(std::span<const uint64_t> ids, std::span<const int
   }
 }
 
-void ConductorCore::fail(uint64_t id, const std::string& code, const std::string& message) {
+void ConductorCore::fail(uint64_t id, const std::string& code, const std::string& message, double now_s) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  links_.send_cancel(it->second.summary.prefill_instance, it->second.summary.decode_instance, id);
-  state_.on_request_dropped(it->second.summary.prefill_instance, it->second.block_keys);
-  if (!it->second.prefill_done) --prefills_pending_[it->second.summary.prefill_instance];
-  metrics_.observe_finished({.generation_tokens = it->second.summary.completion_tokens}, "abort");
+  drop(id, now_s);
   RequestCallbacks callbacks = std::move(it->second.callbacks);
   requests_.erase(it);
   if (callbacks.on_error) callbacks.on_error(code, message);
@@ -162,17 +169,18 @@ void ConductorCore::on_prefill_down(InstanceId p, double now_s) {
   }
   const std::vector<uint64_t> ids = scratch_ids_;
   for (uint64_t id : ids)
-    fail(id, "instance_down", fmt::format("prefill instance {} went down before finishing the prompt", p));
+    fail(id, "instance_down", fmt::format("prefill instance {} went down before finishing the prompt", p),
+         now_s);
 }
 
-void ConductorCore::on_decode_down(InstanceId d) {
+void ConductorCore::on_decode_down(InstanceId d, double now_s) {
   state_.on_decode_down(d);
   scratch_ids_.clear();
   for (const auto& [id, live] : requests_) {
     if (live.summary.decode_instance == d && live.request.max_tokens > 1) scratch_ids_.push_back(id);
   }
   const std::vector<uint64_t> ids = scratch_ids_;
-  for (uint64_t id : ids) fail(id, "instance_down", fmt::format("decode instance {} went down", d));
+  for (uint64_t id : ids) fail(id, "instance_down", fmt::format("decode instance {} went down", d), now_s);
 }
 
 int64_t ConductorCore::next_mock_token(uint64_t id) const {

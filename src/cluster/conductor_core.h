@@ -84,8 +84,8 @@ class ConductorCore final : private PlacementDriver {
   /// Decides `request` at `now_s` (the core's clock, seconds) by the placement protocol (cluster::place);
   /// accepted: records it, sends its orders, and sets `id`.
   conductor::Decision place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id, double now_s);
-  /// The owner's cancel: drops `id` everywhere (no callback). No-op when unknown.
-  void cancel(uint64_t id);
+  /// The owner's cancel at `now_s`: drops `id` everywhere (no callback). No-op when unknown.
+  void cancel(uint64_t id, double now_s);
 
   // Events from instances (the core's clock).
   /// `id`'s prefill started with `hit_tokens` of its prompt reused.
@@ -100,14 +100,14 @@ class ConductorCore final : private PlacementDriver {
   /// The mock model's next token for `id` (mock_token of its seed and the tokens it has): what an instance
   /// running the mock executor in this process reports. 0 for an unknown id.
   int64_t next_mock_token(uint64_t id) const;
-  /// `id` cannot go on (e.g. its KV never reached decode): its owner hears on_error(code, message) (codes:
-  /// RequestCallbacks::on_error).
-  void fail(uint64_t id, const std::string& code, const std::string& message);
+  /// `id` cannot go on at `now_s` (e.g. its KV never reached decode): its owner hears on_error(code, message)
+  /// (codes: RequestCallbacks::on_error).
+  void fail(uint64_t id, const std::string& code, const std::string& message, double now_s);
   /// Prefill instance `p` went down: it leaves the Conductor's view and the requests it had not finished
   /// prefilling fail (their decode reservations are cancelled).
   void on_prefill_down(InstanceId p, double now_s);
-  /// Decode instance `d` went down: it leaves the view and every request placed there fails.
-  void on_decode_down(InstanceId d);
+  /// Decode instance `d` went down at `now_s`: it leaves the view and every request placed there fails.
+  void on_decode_down(InstanceId d, double now_s);
 
   /// The Conductor's state, fed directly with KV events, decode reports and instances coming up.
   conductor::ClusterState& state() { return state_; }
@@ -131,7 +131,7 @@ class ConductorCore final : private PlacementDriver {
     RequestCallbacks callbacks;
     std::vector<BlockKey> block_keys;
     RequestSummary summary;
-    bool prefill_done = false;
+    bool prefill_started = false, prefill_done = false;
     int64_t first_token = 0;
     double predicted_prefill_s = 0;  // the Conductor's prefix load + compute time (Decision)
     double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // core's clock
@@ -146,6 +146,11 @@ class ConductorCore final : private PlacementDriver {
   void submit_prefill(InstanceId p, uint64_t id, const conductor::RequestInfo& request,
                       const engine::EngineCore::ArrangedPrefix& prefix, InstanceId d, double now_s) override;
 
+  // Request `id` ends before its last token (cancelled or failed) at `now_s`: its instances drop it, and
+  // everything it held in the Conductor's estimates goes (its prefill's share of the queue, its placed
+  // blocks, its pending count: an instance with nothing left pending is idle now). Every way a request can
+  // end without finishing goes through here; the rest finish() or are finished by the first token.
+  void drop(uint64_t id, double now_s);
   // Delivers request `id`'s next token; the owner's stop (on_tokens false) finishes it there.
   void emit_token(uint64_t id, int64_t token, double now_s);
   // Request `id` ended well ("length": all its tokens; "stop": its owner's stop): metrics, the Conductor's

@@ -84,7 +84,7 @@ class LocalCluster::Impl final : public InstanceLinks {
 
   void cancel(uint64_t id) {
     std::lock_guard lock(mu_);
-    core_.cancel(id);
+    core_.cancel(id, now_s());
   }
 
   // InstanceLinks: the engines are here, so orders are calls.

@@ -61,9 +61,14 @@ class ClusterState final : public ClusterView {
   void on_kv_event(InstanceId instance, std::span<const BlockKey> stored, std::span<const BlockKey> removed,
                    double ready_s);
   /// Event "request dropped": a request placed on prefill instance `instance` with `block_keys` was cancelled
-  /// or failed. Blocks only its placement put in the index (no KV event has said the instance stores them,
-  /// and no other placement there uses them) leave the index: they will never be computed there.
-  void on_request_dropped(InstanceId instance, std::span<const BlockKey> block_keys) {
+  /// or failed at `now_s` before its prefill ended, with `remaining_prefill_s` of its predicted prefill
+  /// (prefix load + compute) not yet run: the whole prediction if it was still queued, what is left of it
+  /// if it was computing. The instance's queue is predicted to end that much sooner (never before now).
+  /// Blocks only its placement put in the index (no KV event has said the instance stores them, and no other
+  /// placement there uses them) leave the index: they will never be computed there.
+  void on_request_dropped(InstanceId instance, std::span<const BlockKey> block_keys,
+                          double remaining_prefill_s, double now_s) {
+    busy_until_s_[instance] = std::max(now_s, busy_until_s_[instance] - std::max(0.0, remaining_prefill_s));
     release_placement(instance, block_keys);
   }
   /// Event "all blocks cleared" (vLLM's AllBlocksCleared, or an instance that restarted or left).

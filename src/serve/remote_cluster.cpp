@@ -152,7 +152,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   }
   void cancel(uint64_t id) {
     std::lock_guard lock(mu_);
-    core_.cancel(id);
+    core_.cancel(id, now_s());
   }
   int64_t max_context_tokens() const { return core_.max_context_tokens(); }
   size_t requests_in_flight() {
@@ -311,7 +311,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     if (slot.role == InstanceRole::kPrefill) {
       core_.on_prefill_down(slot.index, now_s());
     } else {
-      core_.on_decode_down(slot.index);
+      core_.on_decode_down(slot.index, now_s());
     }
   }
 
@@ -366,7 +366,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         break;
       case InstanceMessage::Kind::kPrefillDone:
         if (!m.error.empty()) {
-          core_.fail(m.request_id, "prefill_failed", m.error);
+          core_.fail(m.request_id, "prefill_failed", m.error, now);
         } else {
           cluster::ServeMetrics& metrics = core_.metrics();
           metrics.observe_kv_bytes_moved("prefill_to_decode", m.kv_bytes);
@@ -394,10 +394,10 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         break;
       case InstanceMessage::Kind::kKvTimeout:
         core_.fail(m.request_id, "kv_transfer_failed",
-                   fmt::format("its KV did not reach {} within kv_transfer_timeout_s", identity));
+                   fmt::format("its KV did not reach {} within kv_transfer_timeout_s", identity), now);
         break;
       case InstanceMessage::Kind::kKvError:
-        core_.fail(m.request_id, "kv_transfer_failed", m.error);
+        core_.fail(m.request_id, "kv_transfer_failed", m.error, now);
         break;
       default:
         log(fmt::format("ignored a message of kind {} from {}", static_cast<int>(m.kind), identity));

@@ -149,19 +149,19 @@ TEST(ClusterState, ADroppedRequestTakesOnlyItsOwnPlacedBlocksOutOfTheIndex) {
   const std::vector<BlockKey> with_stored{5, 6};
   state.on_request_placed({1024, with_stored, 1}, d, 0);
 
-  state.on_request_dropped(0, mine);
+  state.on_request_dropped(0, mine, 0, 0);
   kv::PrefixMatch match;
   state.block_index().match_prefix(mine, match);
   EXPECT_EQ(match.best_blocks, 2) << "blocks 1 and 2 stay: the other placement will compute them";
   state.block_index().match_prefix(std::vector<BlockKey>{3}, match);
   EXPECT_EQ(match.best_blocks, 0) << "block 3 was only mine";
-  state.on_request_dropped(0, other);
+  state.on_request_dropped(0, other, 0, 0);
   state.block_index().match_prefix(shared, match);
   EXPECT_EQ(match.best_blocks, 0) << "nobody will compute 1 and 2 now";
-  state.on_request_dropped(0, with_stored);
+  state.on_request_dropped(0, with_stored, 0, 0);
   state.block_index().match_prefix(stored, match);
   EXPECT_EQ(match.best_blocks, 1) << "the instance said it stores block 5";
-  state.on_request_dropped(0, with_stored);  // again: nothing more goes
+  state.on_request_dropped(0, with_stored, 0, 0);  // again: nothing more goes
   state.block_index().match_prefix(stored, match);
   EXPECT_EQ(match.best_blocks, 1);
 }
