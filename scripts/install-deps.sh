@@ -9,7 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev libcpp-httplib-dev libssl-dev libxxhash-dev etcd-server redis-server libhiredis-dev
   libprotobuf-dev protobuf-compiler prometheus-cpp-dev
-  libboost-dev cppzmq-dev libmsgpack-cxx-dev
+  libboost-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
   gnuplot-nox
   libopenblas-dev libdnnl-dev libeigen3-dev python3-numpy libsentencepiece-dev
   python3-xxhash

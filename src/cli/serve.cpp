@@ -27,6 +27,7 @@
 #include "cluster/cluster_config.h"
 #include "cluster/local_cluster.h"
 #include "cluster/serve_options.h"
+#include "common/atomic_file.h"
 #include "common/socket_io.h"
 #include "common/temp_dir.h"
 #include "conductor/conductor.h"
@@ -44,11 +45,12 @@ namespace {
 struct ServeArgs {
   std::string config_path;  // empty: the bundled kServeClusterConfig
   std::string host = "127.0.0.1";
-  int port = -1;  // -1: the config's serve.http_port
-  std::string api_key;
-  std::string model_name;  // empty: "mock", or the cpu executor's model directory's name
-  std::string policy;      // empty: the config's serve.policy
-  std::string admission;   // empty: the config's serve.admission
+  int port = -1;             // -1: the config's serve.http_port
+  std::string api_key;       // --api-key, $CRESCENT_API_KEY, or --api-key-file's contents (resolve_api_key)
+  std::string api_key_file;  // --api-key-file
+  std::string model_name;    // empty: "mock", or the cpu executor's model directory's name
+  std::string policy;        // empty: the config's serve.policy
+  std::string admission;     // empty: the config's serve.admission
   int64_t block_size_tokens = 512;
   std::string executor;        // empty: the config's serve.executor
   std::string profile_path;    // --profile
@@ -77,6 +79,37 @@ struct ServeArgs {
   std::string etcd;               // roles: the registry (etcd_registry.h); "" = none
   std::string etcd_prefix = "/crescent-serve";
 };
+
+// Where the API key may come from instead of the command line; how the supervisor hands it to the Conductor.
+constexpr const char* kApiKeyVariable = "CRESCENT_API_KEY";
+
+// The API key of `cmd`'s run: --api-key (or $CRESCENT_API_KEY) or --api-key-file's first line. A key that is
+// given but empty (an unset shell variable) is an error, never a server without authentication.
+Status resolve_api_key(const CLI::App& cmd, ServeArgs& args) {
+  const bool flag = cmd.count("--api-key") > 0 || std::getenv(kApiKeyVariable) != nullptr;
+  if (!args.api_key_file.empty()) {
+    if (flag && !args.api_key.empty()) {
+      return Status::invalid_argument(
+          fmt::format("give the API key once: --api-key (or ${}) or --api-key-file", kApiKeyVariable));
+    }
+    auto text = read_small_file(args.api_key_file);
+    if (!text.ok())
+      return Status::invalid_argument(fmt::format("--api-key-file: {}", text.status().message()));
+    std::string key = text->substr(0, text->find_first_of("\r\n"));
+    if (key.empty()) {
+      return Status::invalid_argument(
+          fmt::format("--api-key-file {}: its first line is empty", args.api_key_file));
+    }
+    args.api_key = std::move(key);
+    return Status::ok_status();
+  }
+  if (flag && args.api_key.empty()) {
+    return Status::invalid_argument(fmt::format(
+        "--api-key (or ${}) is empty (an unset variable?): give a key, or leave it out to serve without one",
+        kApiKeyVariable));
+  }
+  return Status::ok_status();
+}
 
 // The config, with the flags given on the command line taking precedence over its "serve" section.
 // `all_instances_here`: the supervisor, whose instances share this machine.
@@ -140,7 +173,10 @@ int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Clu
     if (!tokenizer.ok()) return fail(tokenizer.status());
     frontend.tokenizer = std::move(*tokenizer);
   }
-  serve::HttpServerOptions http{.host = args.host, .port = s.port, .body_limit_bytes = args.body_limit_bytes};
+  serve::HttpServerOptions http{.host = args.host,
+                                .port = s.port,
+                                .body_limit_bytes = args.body_limit_bytes,
+                                .check_head = serve::frontend_head_check(frontend)};
   auto server = serve::HttpServer::start(http, serve::make_frontend(cluster, frontend));
   if (!server.ok()) {
     fmt::print(stderr, "error: {}\n", server.status().message());
@@ -301,9 +337,10 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
                                           s.cluster.model_name,
                                           "--body-limit",
                                           std::to_string(args.body_limit_bytes)};
-  if (!args.api_key.empty()) {
-    conductor_argv.emplace_back("--api-key");
-    conductor_argv.push_back(args.api_key);
+  // The key reaches the Conductor in its environment (readable by this user only), not on its command line
+  // (which every local user can read in /proc).
+  if (!args.api_key.empty() && ::setenv(kApiKeyVariable, args.api_key.c_str(), 1) != 0) {
+    return fail(Status::io_error("could not pass the API key to the Conductor's process"));
   }
   // The executor, model and profile as resolved here (a relative path in the config is relative to it).
   std::vector<std::string> child_flags;
@@ -510,7 +547,13 @@ void add_http_flags(CLI::App* cmd, ServeArgs& args) {
   cmd->add_option("--port", args.port,
                   "HTTP port, 0: any free port (default: the config's serve.http_port, 8000)")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", args.api_key, "Require \"Authorization: Bearer KEY\" on /v1 routes");
+  cmd->add_option("--api-key", args.api_key,
+                  fmt::format("Require \"Authorization: Bearer KEY\" on /v1 routes (or ${}; prefer "
+                              "--api-key-file: a command line is visible to every local user)",
+                              kApiKeyVariable))
+      ->envname(kApiKeyVariable);
+  cmd->add_option("--api-key-file", args.api_key_file,
+                  "Read the API key from this file (its first line), instead of --api-key");
   cmd->add_option("--body-limit", args.body_limit_bytes, "Largest request body in bytes (else 413)")
       ->capture_default_str();
   cmd->add_option("--replay", args.replay_trace,
@@ -558,8 +601,12 @@ void register_serve(CLI::App& app, int& exit_code) {
                         "Publish --control in this etcd and take as up only instances registered there");
   conductor->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
       ->capture_default_str();
-  conductor->callback(
-      [args, &exit_code] { run_guarded(exit_code, [&] { return run_conductor_role(*args); }); });
+  conductor->callback([conductor, args, &exit_code] {
+    run_guarded(exit_code, [&] {
+      if (Status key = resolve_api_key(*conductor, *args); !key.ok()) return fail(key);
+      return run_conductor_role(*args);
+    });
+  });
 
   for (const serve::InstanceRole role : {serve::InstanceRole::kPrefill, serve::InstanceRole::kDecode}) {
     const std::string name(serve::to_string(role));
@@ -591,7 +638,10 @@ void register_serve(CLI::App& app, int& exit_code) {
 
   cmd->callback([cmd, args, &exit_code] {
     if (!cmd->get_subcommands().empty()) return;  // a role ran
-    run_guarded(exit_code, [&] { return run_serve(*args); });
+    run_guarded(exit_code, [&] {
+      if (Status key = resolve_api_key(*cmd, *args); !key.ok()) return fail(key);
+      return run_serve(*args);
+    });
   });
 }
 

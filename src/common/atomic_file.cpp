@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -123,6 +124,36 @@ Status ensure_writable_directory(const std::string& dir) {
   ::close(fd);
   ::unlink(probe.c_str());
   return Status();
+}
+
+}  // namespace crescent
+
+namespace crescent {
+
+Result<std::string> read_small_file(const std::string& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Status::io_error(fmt::format("{}: cannot be read: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::invalid_argument(fmt::format("{}: not a regular file", path));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status::invalid_argument(
+        fmt::format("{}: {} bytes, more than the {} expected", path, st.st_size, max_bytes));
+  }
+  std::string content(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::read(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  content.resize(done);
+  return content;
 }
 
 }  // namespace crescent

@@ -1,4 +1,4 @@
-// Writing result files so that no reader ever sees a partial one.
+// Writing result files so that no reader ever sees a partial one; reading small files (keys, secrets) whole.
 #pragma once
 
 #include <span>
@@ -30,5 +30,9 @@ Status write_file_atomically(const std::string& path, std::string_view content);
 /// Creates directory `dir` and its parents when missing, and checks that files can be created in it.
 /// Errors (kIoError) name the directory and the OS's reason.
 Status ensure_writable_directory(const std::string& dir);
+
+/// The whole of the regular file `path`, at most `max_bytes` long (a key or a secret: a larger file is an
+/// error, not read). Errors (kIoError, kInvalidArgument) name the path and what is wrong.
+Result<std::string> read_small_file(const std::string& path, size_t max_bytes = 64 << 10);
 
 }  // namespace crescent

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <mutex>
 
+#include "common/secret.h"
 #include "serve/openai_api.h"
 #include "serve/output_text.h"
 
@@ -64,6 +66,34 @@ struct DepthCheck : nlohmann::json_sax<json> {
     return false;
   }
 };
+
+// Whether `request` carries `api_key` (empty: no key is asked): "Authorization: Bearer <key>", the scheme in
+// any case (RFC 9110 §11.1), the key compared in constant time.
+bool authorized(const HttpRequest& request, const std::string& api_key) {
+  if (api_key.empty()) return true;
+  const std::string value = request.header("authorization");
+  constexpr std::string_view kScheme = "bearer ";
+  if (value.size() < kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(value[i])) != kScheme[i]) return false;
+  }
+  size_t start = kScheme.size();
+  while (start < value.size() && value[start] == ' ') ++start;
+  return secrets_equal(std::string_view(value).substr(start), api_key);
+}
+
+HttpResponse unauthorized() {
+  HttpResponse r =
+      error_response(make_error(401, "authentication_error", "invalid_api_key",
+                                "missing or wrong API key (send \"Authorization: Bearer <key>\")"));
+  r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return r;
+}
+
+// Routes that need the API key: the model API, not /health or /metrics (probes and scrapers).
+bool needs_key(const HttpRequest& request) {
+  return request.path.starts_with("/v1/") || request.path == "/v1";
+}
 
 bool json_depth_exceeds(const std::string& text, int limit) {
   DepthCheck check;
@@ -132,13 +162,7 @@ class Frontend {
   }
 
  private:
-  bool authorized(const HttpRequest& request) const {
-    return options_.api_key.empty() || request.header("authorization") == "Bearer " + options_.api_key;
-  }
-  static HttpResponse unauthorized() {
-    return error_response(make_error(401, "authentication_error", "invalid_api_key",
-                                     "missing or wrong API key (send \"Authorization: Bearer <key>\")"));
-  }
+  bool authorized(const HttpRequest& request) const { return serve::authorized(request, options_.api_key); }
   static HttpResponse method_not_allowed(const char* allowed) {
     HttpResponse r = error_response(
         make_error(405, "invalid_request_error", "method_not_allowed", fmt::format("use {}", allowed)));
@@ -287,6 +311,14 @@ class Frontend {
 };
 
 }  // namespace
+
+std::function<std::optional<HttpResponse>(const HttpRequest&)> frontend_head_check(
+    const FrontendOptions& options) {
+  return [api_key = options.api_key](const HttpRequest& head) -> std::optional<HttpResponse> {
+    if (needs_key(head) && !authorized(head, api_key)) return unauthorized();
+    return std::nullopt;
+  };
+}
 
 HttpHandler make_frontend(cluster::Cluster& cluster, FrontendOptions options) {
   auto frontend = std::make_shared<Frontend>(cluster, std::move(options));

@@ -6,7 +6,9 @@
 // token-id prompts are used as given, within its vocabulary.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cluster/cluster.h"
@@ -16,8 +18,9 @@
 namespace crescent::serve {
 
 struct FrontendOptions {
-  std::string model_name = "mock";        // what /v1/models lists and requests must name
-  std::string api_key;                    // non-empty: requests need "Authorization: Bearer <key>" (else 401)
+  std::string model_name = "mock";  // what /v1/models lists and requests must name
+  std::string
+      api_key;  // non-empty: /v1 requests need "Authorization: Bearer <key>" (else 401); any case of "Bearer"
   int64_t default_max_tokens = 16;        // /v1/completions without max_tokens (the OpenAI default)
   int64_t default_chat_max_tokens = 256;  // /v1/chat/completions without max_tokens (the mock never stops)
   std::shared_ptr<const model::Tokenizer> tokenizer = model::byte_tokenizer();
@@ -25,5 +28,11 @@ struct FrontendOptions {
 
 /// The handler serving the routes above with `cluster` (which must outlive every request it answers).
 HttpHandler make_frontend(cluster::Cluster& cluster, FrontendOptions options);
+
+/// The check to run as HttpServerOptions::check_head beside make_frontend: a /v1 request without the
+/// options' API key is answered 401 (with `WWW-Authenticate: Bearer`) before its body is read, so a client
+/// without the key cannot make the server hold its body.
+std::function<std::optional<HttpResponse>(const HttpRequest&)> frontend_head_check(
+    const FrontendOptions& options);
 
 }  // namespace crescent::serve

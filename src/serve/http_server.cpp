@@ -45,7 +45,27 @@ struct HttpServerShared {
   HttpServerOptions options;
   HttpHandler handler;
   std::atomic<size_t> connections{0};
+  uint64_t body_bytes_reserved =
+      0;  // the loop thread's: what requests being read may hold (bodies_limit_bytes)
 };
+
+namespace {
+
+// A request's method, target path (no query) and headers (names lower-cased); no body.
+HttpRequest head_of(const http::request<http::string_body>& message) {
+  HttpRequest request;
+  request.method = std::string(message.method_string());
+  const std::string_view target(message.target().data(), message.target().size());
+  request.path = std::string(target.substr(0, target.find('?')));
+  for (const auto& field : message) {
+    std::string name(field.name_string());
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    request.headers.emplace_back(std::move(name), std::string(field.value()));
+  }
+  return request;
+}
+
+}  // namespace
 
 class HttpResponder::Session : public std::enable_shared_from_this<Session> {
  public:
@@ -53,7 +73,10 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
       : shared_(std::move(shared)), socket_(std::move(socket)), timer_(shared_->io) {
     shared_->connections.fetch_add(1);
   }
-  ~Session() { shared_->connections.fetch_sub(1); }
+  ~Session() {
+    release_body_bytes();
+    shared_->connections.fetch_sub(1);
+  }
 
   HttpServerShared& shared() { return *shared_; }
 
@@ -72,6 +95,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
     timer_.cancel();
+    release_body_bytes();
     if (!writing_) {  // else the write in flight owns out_.front(): its completion clears the queue
       out_.clear();
       queued_bytes_ = 0;
@@ -182,6 +206,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
             self->on_request(ec);
             return;
           }
+          if (!self->admit_body()) return;
           // A client that sent "Expect: 100-continue" (curl does above 1 KiB) waits for this before the body.
           const auto expect = self->parser_->get()[http::field::expect];
           if (self->parser_->get().version() >= 11 && beast::iequals(expect, "100-continue") &&
@@ -198,6 +223,46 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
           }
           self->read_body();
         });
+  }
+
+  // Between a request's headers and its body: the head check (check_head) and room among the bodies being
+  // read (bodies_limit_bytes). False: the request was answered and its connection closes.
+  bool admit_body() {
+    const HttpServerOptions& options = shared_->options;
+    if (options.check_head) {
+      if (std::optional<HttpResponse> answer = options.check_head(head_of(parser_->get()))) {
+        keep_alive_ = false;  // its body is not read: the connection cannot serve another request
+        head_request_ = parser_->get().method() == http::verb::head;
+        state_ = State::kHandling;
+        respond(std::move(*answer));
+        return false;
+      }
+    }
+    const uint64_t bytes = std::min<uint64_t>(parser_->content_length().value_or(options.body_limit_bytes),
+                                              options.body_limit_bytes);
+    if (shared_->body_bytes_reserved + bytes > options.bodies_limit_bytes) {
+      keep_alive_ = false;
+      state_ = State::kHandling;
+      ApiError error;
+      error.http_status = 503;
+      error.type = "server_error";
+      error.code = "server_busy";
+      error.message = "the server is reading as many request bodies as it holds at once; try again shortly";
+      HttpResponse response;
+      response.status = 503;
+      response.body = to_json(error).dump();
+      response.headers.emplace_back("Retry-After", "1");
+      respond(std::move(response));
+      return false;
+    }
+    body_bytes_reserved_ = bytes;
+    shared_->body_bytes_reserved += bytes;
+    return true;
+  }
+
+  void release_body_bytes() {
+    shared_->body_bytes_reserved -= body_bytes_reserved_;
+    body_bytes_reserved_ = 0;
   }
 
   void read_body() {
@@ -229,15 +294,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = message.keep_alive();
     http10_ = message.version() < 11;
     head_request_ = message.method() == http::verb::head;
-    HttpRequest request;
-    request.method = std::string(message.method_string());
-    const std::string_view target(message.target().data(), message.target().size());
-    request.path = std::string(target.substr(0, target.find('?')));
-    for (const auto& field : message) {
-      std::string name(field.name_string());
-      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      request.headers.emplace_back(std::move(name), std::string(field.value()));
-    }
+    HttpRequest request = head_of(message);
     request.body = std::move(message.body());
     state_ = State::kHandling;
     on_disconnect_ = nullptr;
@@ -245,6 +302,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     // not) cancels its request.
     if (!reading_ && buffer_.size() == 0) read_some();
     shared_->handler(std::move(request), HttpResponder(shared_from_this()));
+    release_body_bytes();  // the handler has read the body (and dropped it, or kept what it took)
   }
 
   // Answers a request that could not be read with `status` and closes the connection.
@@ -325,6 +383,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   bool stream_headers_pending_ = false;
   std::deque<std::string> out_;
   size_t queued_bytes_ = 0;
+  uint64_t body_bytes_reserved_ = 0;  // this request's share of shared_->body_bytes_reserved
   std::function<void()> on_disconnect_;
 };
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +73,15 @@ struct HttpServerOptions {
   int idle_timeout_ms = 60'000;             // a keep-alive connection with no request is closed after this
   size_t max_connections = 10'000;          // further connections are closed at once (also bounded by the
                                             // process's file descriptor limit: accepts pause while it is hit)
+  /// Bytes the bodies of all requests being read may hold together: each counts its Content-Length (or
+  /// body_limit_bytes when it is sent chunked) from its headers until it is handled. A request that would
+  /// go over is answered 503 with Retry-After before its body is read, and its connection closed.
+  uint64_t bodies_limit_bytes = 256ull << 20;
+  /// Judges a request on its method, path and headers alone (HttpRequest::body empty), before its body is
+  /// read: a response returned answers it at once, the body unread, and closes the connection (401 for a
+  /// wrong API key: a client without the key cannot make the server hold its body). Runs on the server's
+  /// thread. Empty: every request is read whole.
+  std::function<std::optional<HttpResponse>(const HttpRequest& head)> check_head = nullptr;
 };
 
 /// The server. Starts listening in start(); stops (closing every connection) in stop() or the destructor.

@@ -128,5 +128,37 @@ TEST(ServeCli, BadInputIsRefusedWithAClearMessage) {
   EXPECT_THAT(run.err, HasSubstr("--in-process runs mock instances only"));
 }
 
+// The API key comes from --api-key, $CRESCENT_API_KEY or --api-key-file, once; an empty one (an unset
+// variable) is refused rather than served without authentication (issue 22 §3). The supervisor hands it
+// to its Conductor process (the replay authenticates with it).
+TEST(ServeCli, TheApiKeyIsGivenOnceAndNeverEmpty) {
+  test::TempDir dir;
+  const std::string empty = dir.file("empty"), key = dir.file("key");
+  std::ofstream(empty) << "\n";
+  std::ofstream(key) << "sesame\n";
+  CliRun run = run_crescent("serve --port 0 --in-process --api-key ''");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("--api-key (or $CRESCENT_API_KEY) is empty (an unset variable?)"));
+  run = run_shell("CRESCENT_API_KEY= " + quote(CRESCENT_BINARY) + " serve --port 0 --in-process");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("is empty"));
+  run = run_crescent("serve --port 0 --in-process --api-key-file " + quote(empty));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("its first line is empty"));
+  run = run_crescent("serve --port 0 --in-process --api-key-file " + quote(dir.file("missing")));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("cannot be read"));
+  run = run_crescent("serve --port 0 --in-process --api-key k --api-key-file " + quote(key));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("give the API key once"));
+  run = run_crescent("serve --port 0 --api-key-file " + quote(key) + " --replay " +
+                     quote(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz") +
+                     " --limit 4 --time-scale 50 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const nlohmann::json report = nlohmann::json::parse(run.out);
+  EXPECT_EQ(report["policies"][0]["completed"], 4) << "the Conductor took the key the replay sends";
+  EXPECT_EQ(report["failed"], 0);
+}
+
 }  // namespace
 }  // namespace crescent::cli_test

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <string>
 
+#include "common/secret.h"
 #include "test_support/temp_dir.h"
 
 namespace crescent {
@@ -116,6 +117,32 @@ TEST(WriteFileAtomically, FollowsSymlinksAndWritesSpecialFilesInPlace) {
   // A device is written, never replaced.
   ASSERT_TRUE(write_file_atomically("/dev/null", "lines\n").ok());
   EXPECT_TRUE(fs::is_character_file("/dev/null"));
+}
+
+// Keys and secrets are read whole, and only from a small regular file.
+TEST(ReadSmallFile, ReadsASmallRegularFileAndRefusesTheRest) {
+  test::TempDir dir;
+  const std::string key = dir.file("key");
+  ASSERT_TRUE(write_file_atomically(key, "sesame\n").ok());
+  EXPECT_EQ(read_small_file(key).value(), "sesame\n");
+  ASSERT_TRUE(write_file_atomically(dir.file("big"), std::string(100, 'x')).ok());
+  auto big = read_small_file(dir.file("big"), 99);
+  EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(big.status().message(), ::testing::HasSubstr("100 bytes, more than the 99 expected"));
+  EXPECT_EQ(read_small_file(dir.path()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(read_small_file("/dev/zero").status().code(), StatusCode::kInvalidArgument)
+      << "not a regular file";
+  EXPECT_EQ(read_small_file(dir.file("missing")).status().code(), StatusCode::kIoError);
+}
+
+// Equal secrets are equal whatever their lengths; any difference, a prefix included, is not.
+TEST(SecretsEqual, ComparesWholeSecrets) {
+  EXPECT_TRUE(secrets_equal("sesame", "sesame"));
+  EXPECT_TRUE(secrets_equal("", ""));
+  EXPECT_FALSE(secrets_equal("sesame", "sesam"));
+  EXPECT_FALSE(secrets_equal("sesame", "sesame "));
+  EXPECT_FALSE(secrets_equal("sesame", "Sesame"));
+  EXPECT_FALSE(secrets_equal("", "x"));
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ class FrontendTest : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status().message();
     cluster_ = std::move(*cluster);
     http.port = 0;
+    http.check_head = frontend_head_check(frontend);  // as crescent serve runs it
     auto server = HttpServer::start(http, make_frontend(*cluster_, frontend));
     ASSERT_TRUE(server.ok()) << server.status().message();
     server_ = std::move(*server);
@@ -395,6 +396,73 @@ TEST_F(FrontendTest, HostileBodiesAndProtocolCornersAreHandled) {
   EXPECT_EQ(text.find("HTTP/1.1 ", text.find("HTTP/1.1 ") + 1) - text.find("\r\n\r\n") - 4, 0u)
       << "the HEAD answer carried a body: " << text;
   ::close(fd);
+}
+
+// With a key, a request without it is answered 401 from its headers: a client without the key cannot make
+// the server read (and hold) a body (issue 22 §3: 40 such connections took the Conductor to 633 MB).
+TEST_F(FrontendTest, ARequestWithoutTheKeyIsRefusedBeforeItsBodyIsRead) {
+  start({.model_name = "mock", .api_key = "sesame"}, {.body_limit_bytes = 16 << 20});
+  const int fd = raw_connect(server_->port());
+  ASSERT_GE(fd, 0);
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 16000000\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+  const std::string answer = read_until(fd, [](const std::string&) { return false; });  // until it closes
+  EXPECT_THAT(answer, HasSubstr("HTTP/1.1 401"));
+  EXPECT_THAT(answer, HasSubstr("WWW-Authenticate: Bearer"));
+  EXPECT_THAT(answer, HasSubstr("Connection: close"));
+  ::close(fd);
+
+  const json body = {{"model", "mock"}, {"prompt", "x"}, {"max_tokens", 1}};
+  for (const char* authorization :
+       {"Bearer wrong", "Bearer sesam", "Bearer sesame2", "Basic sesame", "sesame"}) {
+    auto res = post("/v1/completions", body, {{"Authorization", authorization}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401) << authorization;
+    EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
+  }
+  for (const char* authorization : {"Bearer sesame", "bearer sesame", "BEARER  sesame"}) {
+    auto res = post("/v1/completions", body, {{"Authorization", authorization}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << authorization << ": the scheme is case-insensitive";
+  }
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  auto health = client_->Get("/health");  // probes need no key
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+// The bodies of all requests being read share one bound: past it a request is told 503 (Retry-After) from
+// its headers, and room comes back when a request has been handled.
+TEST_F(FrontendTest, TheBodiesBeingReadAreBoundedTogether) {
+  start({}, {.body_limit_bytes = 4 << 20, .bodies_limit_bytes = 1 << 20});
+  // 700 kB, nearly all of it whitespace after the JSON (a long prompt would take the mock minutes).
+  const std::string body = R"({"model":"mock","prompt":"x","max_tokens":1})" + std::string(700'000, ' ');
+  const std::string request = post_bytes(body);
+  const size_t head_bytes = request.size() - body.size();
+
+  const int first = raw_connect(server_->port());
+  ASSERT_GE(first, 0);
+  ASSERT_EQ(::send(first, request.data(), head_bytes + 1000, 0), static_cast<ssize_t>(head_bytes + 1000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its head is read: its body holds 700 kB
+  const int second = raw_connect(server_->port());
+  ASSERT_GE(second, 0);
+  ASSERT_EQ(::send(second, request.data(), head_bytes, 0), static_cast<ssize_t>(head_bytes));
+  const std::string refused = read_until(second, [](const std::string&) { return false; });
+  EXPECT_THAT(refused, HasSubstr("HTTP/1.1 503"));
+  EXPECT_THAT(refused, HasSubstr("Retry-After: 1"));
+  ::close(second);
+
+  const std::string rest = request.substr(head_bytes + 1000);
+  ASSERT_EQ(::send(first, rest.data(), rest.size(), 0), static_cast<ssize_t>(rest.size()));
+  const std::string served =
+      read_until(first, [](const std::string& t) { return t.find("usage") != std::string::npos; });
+  EXPECT_THAT(served, HasSubstr("HTTP/1.1 200"));
+  ::close(first);
+  auto after = client_->Post("/v1/completions", body, "application/json");  // its room is back
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200);
 }
 
 TEST_F(FrontendTest, AClientThatLeavesBeforeAWholeAnswerCancelsItsRequest) {
