@@ -199,21 +199,34 @@ Result<std::optional<EtcdKeyValue>> EtcdClient::get(const std::string& key) cons
 }
 
 Result<std::vector<std::string>> EtcdClient::list_keys(const std::string& prefix) const {
+  auto entries = list(prefix);
+  if (!entries.ok()) return entries.status();
+  std::vector<std::string> keys;
+  keys.reserve(entries->size());
+  for (auto& [key, kv] : *entries) keys.push_back(std::move(key));
+  return keys;
+}
+
+Result<std::vector<std::pair<std::string, EtcdKeyValue>>> EtcdClient::list(const std::string& prefix) const {
   // etcd refuses an empty key; "\0" up to range_end "\0" is the whole keyspace.
   const std::string start = prefix.empty() ? std::string(1, '\0') : prefix;
   auto reply = call("/v3/kv/range", {{"key", base64_encode(start)},
                                      {"range_end", base64_encode(prefix_range_end(prefix))},
                                      {"keys_only", true}});
   if (!reply.ok()) return reply.status();
-  std::vector<std::string> keys;
+  std::vector<std::pair<std::string, EtcdKeyValue>> entries;
   if (auto kvs = reply->find("kvs"); kvs != reply->end() && kvs->is_array()) {
     for (const json& kv : *kvs) {
       auto key = base64_decode(kv.value("key", ""));
       if (!key.ok()) return key.status();
-      keys.push_back(std::move(*key));
+      EtcdKeyValue entry;
+      entry.lease = int64_field(kv, "lease");
+      entry.create_revision = int64_field(kv, "create_revision");
+      entry.mod_revision = int64_field(kv, "mod_revision");
+      entries.emplace_back(std::move(*key), std::move(entry));
     }
   }
-  return keys;
+  return entries;
 }
 
 Result<bool> EtcdClient::create_if_absent(const std::string& key, const std::string& value, int64_t lease,

@@ -86,6 +86,10 @@ class EtcdClient {
   Result<std::optional<EtcdKeyValue>> get(const std::string& key) const;
   /// Every key starting with `prefix` (whole keys, prefix included), sorted by bytes. Keys only, no values.
   Result<std::vector<std::string>> list_keys(const std::string& prefix) const;
+  /// The same keys, each with its lease and revisions (EtcdKeyValue::value left empty: values are not
+  /// read). A key deleted and put again (e.g. its lease lapsed and its owner registered anew) comes back
+  /// with a new create_revision.
+  Result<std::vector<std::pair<std::string, EtcdKeyValue>>> list(const std::string& prefix) const;
   /// Puts `key` = `value` attached to `lease` (0: none) only if the key does not exist, atomically. true when
   /// created; false when the key existed, and then `*existing` (if not null) receives it as it was.
   Result<bool> create_if_absent(const std::string& key, const std::string& value, int64_t lease,

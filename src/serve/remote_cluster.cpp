@@ -242,6 +242,8 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     bool up = false;          // the Conductor may place on it
     bool reporting = false;   // its reports arrive (within heartbeat_timeout_s)
     bool registered = false;  // with etcd: its key is there (its lease is alive)
+    int64_t registration =
+        0;  // with etcd: its key's create_revision when last read (a new one: re-registered)
     uint64_t incarnation = 0;
     double last_seen_s = 0;
     kv::DecodeLoad load;
@@ -512,15 +514,27 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     constexpr double kGraceAfterOutageS = 3;  // > an instance's keepalive period (lease TTL / 3) + a poll
     double last_outage_s = -kGraceAfterOutageS;
     while (!stopping_) {
-      auto keys = registry_->list_keys(prefix);
-      if (!keys.ok()) last_outage_s = now_s();
-      if (keys.ok()) {
+      auto entries = registry_->list(prefix);
+      if (!entries.ok()) last_outage_s = now_s();
+      if (entries.ok()) {
         const bool grace = now_s() - last_outage_s < kGraceAfterOutageS;
         std::lock_guard lock(mu_);
         for (Slot& s : slots_) {
-          const bool registered = std::find(keys->begin(), keys->end(), prefix + s.identity()) != keys->end();
+          auto entry = std::find_if(entries->begin(), entries->end(),
+                                    [&](const auto& e) { return e.first == prefix + s.identity(); });
+          const bool registered = entry != entries->end();
+          if (registered && s.registered && entry->second.create_revision != s.registration) {
+            // Its key was deleted and put again between two reads (its lease lapsed and it registered anew,
+            // an outage's grace included): whatever etcd dropped with the old lease is gone, so it leaves the
+            // view now and comes back at the next read, reset.
+            s.registration = entry->second.create_revision;
+            s.registered = false;
+            update_up(s, "its etcd lease lapsed");
+            continue;
+          }
           if (!registered && grace && s.reporting) continue;
           s.registered = registered;
+          s.registration = registered ? entry->second.create_revision : 0;
           update_up(s, s.reporting ? "its etcd lease lapsed" : "it stopped");
         }
       }
