@@ -62,7 +62,7 @@ constexpr std::array<std::string_view, 16> kFields{"name",
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
-constexpr std::array<std::string_view, 12> kServeFields{"kv_bytes_scale",
+constexpr std::array<std::string_view, 14> kServeFields{"kv_bytes_scale",
                                                         "kv_transfer_timeout_s",
                                                         "heartbeat_timeout_s",
                                                         "store_dram_bytes",
@@ -73,7 +73,9 @@ constexpr std::array<std::string_view, 12> kServeFields{"kv_bytes_scale",
                                                         "http_port",
                                                         "executor",
                                                         "model",
-                                                        "kv_cache_bytes"};
+                                                        "kv_cache_bytes",
+                                                        "max_model_len_tokens",
+                                                        "max_request_kv_share"};
 
 }  // namespace
 
@@ -266,12 +268,12 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
     CRESCENT_RETURN_IF_ERROR(
         s.integer("store_dram_bytes", c.serve.store_dram_bytes, 1 << 20, /*required=*/false));
     for (const auto& [field, out] : {std::pair{"verify_kv_checksums", &c.serve.verify_kv_checksums},
-                                      std::pair{"kv_stream_layers", &c.serve.kv_stream_layers}}) {
+                                     std::pair{"kv_stream_layers", &c.serve.kv_stream_layers}}) {
       auto v = it->find(field);
       if (v == it->end()) continue;
       if (!v->is_boolean()) {
-        return Status::invalid_argument(fmt::format("{}: serve: field '{}' must be true or false, got {}",
-                                                    where, field, v->dump()));
+        return Status::invalid_argument(
+            fmt::format("{}: serve: field '{}' must be true or false, got {}", where, field, v->dump()));
       }
       *out = v->get<bool>();
     }
@@ -299,6 +301,15 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
     CRESCENT_RETURN_IF_ERROR(s.string("model", c.serve.model_dir, /*required=*/false));
     CRESCENT_RETURN_IF_ERROR(
         s.integer("kv_cache_bytes", c.serve.kv_cache_bytes, 1 << 20, /*required=*/false));
+    CRESCENT_RETURN_IF_ERROR(
+        s.integer("max_model_len_tokens", c.serve.max_model_len_tokens, 0, /*required=*/false));
+    CRESCENT_RETURN_IF_ERROR(
+        s.positive_number("max_request_kv_share", c.serve.max_request_kv_share, /*required=*/false));
+    if (c.serve.max_request_kv_share > 1) {
+      return Status::invalid_argument(
+          fmt::format("{}: serve: field 'max_request_kv_share' must be <= 1, got {}", where,
+                      c.serve.max_request_kv_share));
+    }
   }
   return c;
 }

@@ -66,6 +66,15 @@ struct ServeConfig {
   /// (serve_options.h). --kv-cache-bytes wins. It bounds prefill_cache_capacity_tokens and the decode
   /// instances' KV capacity.
   int64_t kv_cache_bytes = 0;
+  /// The most tokens one request may have (prompt + max_tokens), as vLLM's max model length: longer ones
+  /// are refused with 400 before anything is reserved. 0: the model's context (the cpu executor's model) or
+  /// no limit of its own (the mock). max_context_tokens (conductor_core.h) also applies the share below.
+  int64_t max_model_len_tokens = 0;
+  /// The largest share of a decode instance's KV capacity one request may reserve (prompt + max_tokens are
+  /// reserved up front and crescent does not preempt): at 0.25 it takes four requests at the limit to fill an
+  /// instance, never one or two (issue 22 §3: two requests near the whole context had every other one wait
+  /// for hours). In (0, 1].
+  double max_request_kv_share = 0.25;
 };
 
 /// Everything the simulator and a live cluster need to know about the cluster. docs/config.md describes every

@@ -3,14 +3,20 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 
 #include "kv/block_key.h"
 
 namespace crescent::cluster {
 
 int64_t max_context_tokens(const ClusterOptions& options) {
+  const ServeConfig& serve = options.config.serve;
   const int64_t capacity = decode_kv_capacity_tokens(options.config);
-  return options.model_context_tokens > 0 ? std::min(capacity, options.model_context_tokens) : capacity;
+  int64_t limit = std::max<int64_t>(
+      1, static_cast<int64_t>(std::floor(serve.max_request_kv_share * static_cast<double>(capacity))));
+  if (options.model_context_tokens > 0) limit = std::min(limit, options.model_context_tokens);
+  if (serve.max_model_len_tokens > 0) limit = std::min(limit, serve.max_model_len_tokens);
+  return limit;
 }
 
 Status validate(const ClusterOptions& options) {

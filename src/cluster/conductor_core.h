@@ -40,8 +40,9 @@ struct ClusterOptions {
   int64_t model_context_tokens = 0;
 };
 
-/// The most tokens a request may have (prompt + max_tokens): a decode instance's KV capacity
-/// (decode_kv_capacity_tokens), and the model's context when it has one.
+/// The most tokens a request may have (prompt + max_tokens): serve.max_request_kv_share of a decode
+/// instance's KV capacity (decode_kv_capacity_tokens), and no more than the model's context when it has one
+/// or serve.max_model_len_tokens when set. What the front end refuses past (400) and /v1/models reports.
 int64_t max_context_tokens(const ClusterOptions& options);
 
 /// Checks `options` as the simulator checks a run (validate(config, block_size_tokens)).

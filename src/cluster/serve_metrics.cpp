@@ -1,8 +1,8 @@
 #include "cluster/serve_metrics.h"
 
-#include <algorithm>
-
 #include <prometheus/text_serializer.h>
+
+#include <algorithm>
 
 namespace crescent::cluster {
 namespace {
@@ -70,11 +70,11 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                                   "KV blocks decode instances checked on arrival", {})),
       kv_checksum_failures_(counter(*registry_, "crescent_kv_checksum_failures_total",
                                     "KV blocks that failed their checksum on arrival", {})),
-      kv_writes_(
-          counter(*registry_, "crescent_kv_transfer_writes_total",
-                  "Transfers that carried prompts' KV prefill -> decode (chunks, or a chunk's layers, streamed "
-                  "during prefill, then the rest)",
-                  {})),
+      kv_writes_(counter(
+          *registry_, "crescent_kv_transfer_writes_total",
+          "Transfers that carried prompts' KV prefill -> decode (chunks, or a chunk's layers, streamed "
+          "during prefill, then the rest)",
+          {})),
       success_(prometheus::BuildCounter()
                    .Name("vllm:request_success_total")
                    .Help("Finished requests by finish reason")
@@ -101,10 +101,11 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                          {{"model_name", model_name}}, kLatencyBuckets)),
       decode_(histogram(*registry_, "vllm:request_decode_time_seconds", "First token to last token",
                         {{"model_name", model_name}}, kLatencyBuckets)),
-      kv_exposed_transfer_(histogram(*registry_, "crescent_kv_exposed_transfer_seconds",
-                                     "Prefill end (first token) to the prompt's KV all written to decode: the "
-                                     "transfer not hidden behind compute",
-                                     {}, kLatencyBuckets)),
+      kv_exposed_transfer_(
+          histogram(*registry_, "crescent_kv_exposed_transfer_seconds",
+                    "Prefill end (first token) to the prompt's KV all written to decode: the "
+                    "transfer not hidden behind compute",
+                    {}, kLatencyBuckets)),
       running_(gauge(*registry_, "vllm:num_requests_running", "Requests in decode batches",
                      {{"model_name", model_name}})),
       waiting_(gauge(*registry_, "vllm:num_requests_waiting",

@@ -26,8 +26,8 @@ using ::testing::HasSubstr;
 class FrontendTest : public ::testing::Test {
  protected:
   void start(FrontendOptions frontend = {}, HttpServerOptions http = {}, const char* admission = "none",
-             double ttft_slo_s = 30) {
-    auto cluster = start_test_cluster(2, admission, ttft_slo_s);
+             double ttft_slo_s = 30, const std::function<void(cluster::ClusterConfig&)>& adjust = {}) {
+    auto cluster = start_test_cluster(2, admission, ttft_slo_s, adjust);
     ASSERT_TRUE(cluster.ok()) << cluster.status().message();
     cluster_ = std::move(*cluster);
     http.port = 0;
@@ -463,6 +463,66 @@ TEST_F(FrontendTest, TheBodiesBeingReadAreBoundedTogether) {
   auto after = client_->Post("/v1/completions", body, "application/json");  // its room is back
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200);
+}
+
+// A request may reserve at most serve.max_request_kv_share of a decode instance (crescent reserves prompt +
+// max_tokens up front and does not preempt): two requests at the largest max_tokens leave room for the
+// others. With the share at 1 (as before), the same two reserved every decode instance whole and a small
+// request waited behind them (issue 22 §3: hours, with the mock).
+TEST_F(FrontendTest, TwoRequestsAtTheLimitDoNotStarveTheOthers) {
+  for (const double share : {1.0, 0.25}) {
+    SCOPED_TRACE(share);
+    int64_t capacity = 0;
+    start({}, {}, "none", 30, [&](cluster::ClusterConfig& c) {
+      c.serve.max_request_kv_share = share;
+      c.decode_instances = 1;
+      capacity = cluster::decode_kv_capacity_tokens(c);
+    });
+    auto models = client_->Get("/v1/models");
+    ASSERT_TRUE(models);
+    const int64_t limit = json::parse(models->body)["data"][0]["max_model_len"];
+    EXPECT_EQ(limit, static_cast<int64_t>(share * static_cast<double>(capacity)));
+    auto too_long = post("/v1/completions", {{"model", "mock"}, {"prompt", "hi"}, {"max_tokens", limit}});
+    ASSERT_TRUE(too_long);
+    EXPECT_EQ(too_long->status, 400) << "2 prompt tokens + the limit is past it";
+    // Two streams at the limit: they decode for hours; their KV reservations stand meanwhile.
+    std::vector<std::unique_ptr<httplib::Client>> holders;
+    std::vector<std::thread> streams;
+    for (int i = 0; i < 2; ++i) {
+      holders.push_back(std::make_unique<httplib::Client>("127.0.0.1", server_->port()));
+      holders.back()->set_read_timeout(60, 0);
+      streams.emplace_back([&, client = holders.back().get(), i] {
+        httplib::Request req;
+        req.method = "POST";
+        req.path = "/v1/completions";
+        req.body = json{
+            {"model", "mock"},
+            {"prompt", "hold " + std::to_string(i)},
+            {"max_tokens", limit - 8},
+            {"stream",
+             true}}.dump();
+        req.content_receiver = [](const char*, size_t, uint64_t, uint64_t) { return true; };
+        client->send(req);
+      });
+    }
+    const auto placed = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (cluster_->requests_in_flight() < 2 && std::chrono::steady_clock::now() < placed) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(cluster_->requests_in_flight(), 2u);
+    client_->set_read_timeout(5, 0);
+    auto small = post("/v1/completions", {{"model", "mock"}, {"prompt", "small"}, {"max_tokens", 4}});
+    if (share == 1.0) {
+      EXPECT_FALSE(small && small->status == 200) << "it waited behind the two (the starvation, reproduced)";
+    } else {
+      ASSERT_TRUE(small) << "it waited behind the two";
+      EXPECT_EQ(small->status, 200);
+    }
+    server_->stop();  // the streams end with their connections
+    for (std::thread& t : streams) t.join();
+    server_.reset();
+    cluster_.reset();
+  }
 }
 
 TEST_F(FrontendTest, AClientThatLeavesBeforeAWholeAnswerCancelsItsRequest) {
