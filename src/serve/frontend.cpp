@@ -1,6 +1,7 @@
 #include "serve/frontend.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <cctype>
@@ -82,6 +83,11 @@ bool authorized(const HttpRequest& request, const std::string& api_key) {
   return secrets_equal(std::string_view(value).substr(start), api_key);
 }
 
+// A seed that is a function of the prompt alone (xxh3 of its token ids).
+uint64_t prompt_seed(const std::vector<int64_t>& token_ids) {
+  return XXH3_64bits(token_ids.data(), token_ids.size() * sizeof(int64_t));
+}
+
 HttpResponse unauthorized() {
   HttpResponse r =
       error_response(make_error(401, "authentication_error", "invalid_api_key",
@@ -121,7 +127,7 @@ class Frontend {
 
   void handle(HttpRequest request, HttpResponder responder) {
     if (request.path == "/health") {
-      if (request.method != "GET") return responder.respond(method_not_allowed("GET"));
+      if (!is_get(request)) return responder.respond(method_not_allowed("GET, HEAD"));
       // Ready when a request can be placed: at least one prefill and one decode instance up.
       const auto [prefill_up, decode_up] = cluster_.instances_up();
       const bool ready = prefill_up > 0 && decode_up > 0;
@@ -130,22 +136,31 @@ class Frontend {
                                                                  {"decode_instances_up", decode_up}}));
     }
     if (request.path == "/metrics") {
-      if (request.method != "GET") return responder.respond(method_not_allowed("GET"));
+      if (!is_get(request)) return responder.respond(method_not_allowed("GET, HEAD"));
       HttpResponse metrics;
       metrics.content_type = "text/plain; version=0.0.4";
       metrics.body = cluster_.metrics_text();
       return responder.respond(std::move(metrics));
     }
-    if (request.path == "/v1/models") {
+    if (request.path == "/v1/models" || request.path.starts_with("/v1/models/")) {
       if (!authorized(request)) return responder.respond(unauthorized());
-      if (request.method != "GET") return responder.respond(method_not_allowed("GET"));
-      return responder.respond(
-          json_response(200, {{"object", "list"},
-                              {"data", json::array({{{"id", options_.model_name},
-                                                     {"object", "model"},
-                                                     {"created", started_unix_s_},
-                                                     {"owned_by", "crescent"},
-                                                     {"max_model_len", cluster_.max_context_tokens()}}})}}));
+      if (!is_get(request)) return responder.respond(method_not_allowed("GET, HEAD"));
+      const json model = {{"id", options_.model_name},
+                          {"object", "model"},
+                          {"created", started_unix_s_},
+                          {"owned_by", "crescent"},
+                          {"max_model_len", cluster_.max_context_tokens()}};
+      if (request.path == "/v1/models") {
+        return responder.respond(json_response(200, {{"object", "list"}, {"data", json::array({model})}}));
+      }
+      // OpenAI's retrieve-model call.
+      const std::string id = request.path.substr(std::string_view("/v1/models/").size());
+      if (id != options_.model_name) {
+        return responder.respond(error_response(make_error(
+            404, "invalid_request_error", "model_not_found",
+            fmt::format("model '{}' does not exist; this server serves '{}'", id, options_.model_name))));
+      }
+      return responder.respond(json_response(200, model));
     }
     Endpoint endpoint;
     if (request.path == "/v1/completions") {
@@ -163,6 +178,10 @@ class Frontend {
 
  private:
   bool authorized(const HttpRequest& request) const { return serve::authorized(request, options_.api_key); }
+  // GET, or HEAD (answered with GET's headers and no body: the HTTP server drops it).
+  static bool is_get(const HttpRequest& request) {
+    return request.method == "GET" || request.method == "HEAD";
+  }
   static HttpResponse method_not_allowed(const char* allowed) {
     HttpResponse r = error_response(
         make_error(405, "invalid_request_error", "method_not_allowed", fmt::format("use {}", allowed)));
@@ -218,7 +237,11 @@ class Frontend {
       e.code = "context_length_exceeded";
       return responder.respond(error_response(e));
     }
-    request.seed = r.seed.value_or(next_id_.load());
+    // Without a seed each request samples its own way; greedy (temperature 0) must answer a prompt the same
+    // every time whatever the executor, so the mock's tokens (a function of the seed) then come from the
+    // prompt.
+    request.seed =
+        r.seed.value_or(r.temperature == 0 ? prompt_seed(request.prompt_token_ids) : next_id_.load());
     request.temperature = r.temperature;
     request.top_p = r.top_p;
 

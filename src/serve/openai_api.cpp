@@ -118,6 +118,11 @@ bool read_prompt(const json& v, CompletionRequest& r, ApiError& error) {
   return false;
 }
 
+// The mock template's marker of a turn of `role` (render_chat_prompt).
+std::string role_marker(std::string_view role) {
+  return fmt::format("<|{}|>", role);
+}
+
 bool read_messages(const json& v, CompletionRequest& r, ApiError& error) {
   if (!v.is_array() || v.empty()) {
     error = ApiError::bad_field("messages", "'messages' must be a non-empty array of {role, content}");
@@ -154,11 +159,25 @@ bool read_messages(const json& v, CompletionRequest& r, ApiError& error) {
         }
         message.content += part["text"].get<std::string>();
       }
-    } else if (!content.is_null()) {
+    } else {
       error = ApiError::bad_field(
           where + ".content", fmt::format("'{}.content' must be a string or an array of text parts, got {}",
                                           where, type_name(content)));
       return false;
+    }
+    // The template's role markers are plain text to a tokenizer: a message holding one would pass for a turn
+    // of another role (a user writing "<|system|>"). Refused, not spliced in.
+    for (std::string_view role : kRoles) {
+      const std::string marker = role_marker(role);
+      if (message.content.find(marker) != std::string::npos) {
+        error = ApiError::bad_field(
+            where + ".content",
+            fmt::format(
+                "'{}.content' holds the chat template's role marker {}, which would pass for a turn of "
+                "another role",
+                where, marker));
+        return false;
+      }
     }
     r.messages.push_back(std::move(message));
   }
@@ -199,6 +218,47 @@ json to_json(const ApiError& error) {
             {"code", error.code.empty() ? json() : json(error.code)}}}};
 }
 
+// OpenAI fields crescent does not implement: a request that asks for one is refused (400 `unsupported`), not
+// answered as if it had been honoured. Each with the values that ask for nothing (clients send defaults).
+bool no_unsupported_fields(const json& body, ApiError& error) {
+  const auto neutral = [](std::string_view name, const json& v) {
+    if (v.is_null()) return true;
+    if (name == "echo") return v.is_boolean() && !v.get<bool>();
+    if (name == "logprobs") return (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v == 0);
+    if (name == "top_logprobs") return v.is_number_integer() && v == 0;
+    if (name == "best_of") return v.is_number_integer() && v == 1;
+    if (name == "suffix") return v.is_string() && v.get_ref<const std::string&>().empty();
+    if (name == "presence_penalty" || name == "frequency_penalty")
+      return v.is_number() && v.get<double>() == 0;
+    if (name == "repetition_penalty") return v.is_number() && v.get<double>() == 1;
+    if (name == "response_format") return v.is_object() && v.size() == 1 && v.value("type", "") == "text";
+    return (v.is_array() || v.is_object()) && v.empty();  // logit_bias, tools, functions, tool_choice
+  };
+  static constexpr std::string_view kUnsupported[] = {"echo",
+                                                      "logprobs",
+                                                      "top_logprobs",
+                                                      "best_of",
+                                                      "suffix",
+                                                      "presence_penalty",
+                                                      "frequency_penalty",
+                                                      "repetition_penalty",
+                                                      "logit_bias",
+                                                      "response_format",
+                                                      "tools",
+                                                      "tool_choice",
+                                                      "functions",
+                                                      "function_call"};
+  for (std::string_view name : kUnsupported) {
+    auto it = body.find(name);
+    if (it == body.end() || neutral(name, *it)) continue;
+    error = ApiError::bad_field(
+        std::string(name), fmt::format("'{}' is not supported by this server (got {})", name, it->dump()));
+    error.code = "unsupported";
+    return false;
+  }
+  return true;
+}
+
 std::optional<CompletionRequest> parse_completion_request(const json& body, Endpoint endpoint,
                                                           ApiError& error) {
   if (!body.is_object()) {
@@ -208,6 +268,7 @@ std::optional<CompletionRequest> parse_completion_request(const json& body, Endp
   }
   CompletionRequest r;
   r.endpoint = endpoint;
+  if (!no_unsupported_fields(body, error)) return std::nullopt;
   auto model = body.find("model");
   if (model == body.end() || !model->is_string()) {
     error = ApiError::bad_field(
@@ -334,11 +395,11 @@ std::optional<CompletionRequest> parse_completion_request(const json& body, Endp
 std::string render_chat_prompt(const std::vector<ChatMessage>& messages) {
   std::string out;
   for (const ChatMessage& m : messages) {
-    out += "<|" + m.role + "|>\n";
+    out += role_marker(m.role) + "\n";
     out += m.content;
     out += "\n";
   }
-  out += "<|assistant|>\n";
+  out += role_marker("assistant") + "\n";
   return out;
 }
 

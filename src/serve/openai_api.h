@@ -58,8 +58,12 @@ struct CompletionRequest {
 /// Parses and validates a request body (already parsed as JSON) for `endpoint`. Errors are 400s naming the
 /// field: a body that is not an object, missing `model` / `prompt` / `messages`, wrong types, negative or
 /// zero `max_tokens`, min_tokens above max_tokens, `n` other than 1, several prompts in one request,
-/// stream_options without stream, temperature or top_p out of range, a stop string over 1,024 bytes. Unknown
-/// fields are ignored (as the OpenAI API does). Sets `error` and returns nullopt on failure.
+/// stream_options without stream, temperature or top_p out of range, a stop string over 1,024 bytes, a chat
+/// message without content or holding a role marker of the template (render_chat_prompt), and an OpenAI
+/// field this server does not implement asked for (`echo`, `logprobs`, `top_logprobs`, `best_of`, `suffix`,
+/// penalties, `logit_bias`, `response_format` other than text, `tools`, `functions`: code `unsupported`;
+/// their neutral values pass). Other unknown fields are ignored (as the OpenAI API does). Sets `error` and
+/// returns nullopt on failure.
 std::optional<CompletionRequest> parse_completion_request(const nlohmann::json& body, Endpoint endpoint,
                                                           ApiError& error);
 

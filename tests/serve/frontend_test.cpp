@@ -525,6 +525,37 @@ TEST_F(FrontendTest, TwoRequestsAtTheLimitDoNotStarveTheOthers) {
   }
 }
 
+// HEAD answers the GET routes' headers; OpenAI's retrieve-model call names the served model; greedy answers a
+// prompt the same every time, with the mock too (its tokens once depended on the request id) (issue 22 §5).
+TEST_F(FrontendTest, HeadRetrieveModelAndGreedyAreAsClientsExpect) {
+  start();
+  for (const char* path : {"/health", "/v1/models", "/metrics"}) {
+    auto head = client_->Head(path);
+    ASSERT_TRUE(head) << path;
+    EXPECT_EQ(head->status, 200) << path;
+    EXPECT_TRUE(head->body.empty()) << path;
+  }
+  auto model = client_->Get("/v1/models/mock");
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->status, 200);
+  EXPECT_EQ(json::parse(model->body)["id"], "mock");
+  auto missing = client_->Get("/v1/models/gpt-9");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+
+  const auto answer = [&](const json& extra) {
+    json body = {{"model", "mock"}, {"prompt", "the same prompt"}, {"max_tokens", 6}};
+    body.update(extra);
+    auto res = post("/v1/completions", body);
+    EXPECT_TRUE(res && res->status == 200);
+    return res ? json::parse(res->body)["choices"][0]["text"].get<std::string>() : std::string();
+  };
+  const std::string greedy = answer({{"temperature", 0}});
+  EXPECT_EQ(answer({{"temperature", 0}}), greedy);
+  EXPECT_EQ(answer({{"temperature", 0}}), greedy);
+  EXPECT_EQ(answer({{"temperature", 0.8}, {"seed", 5}}), answer({{"temperature", 0.8}, {"seed", 5}}));
+}
+
 TEST_F(FrontendTest, AClientThatLeavesBeforeAWholeAnswerCancelsItsRequest) {
   start();
   const int fd = raw_connect(server_->port());
