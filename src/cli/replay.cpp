@@ -41,7 +41,8 @@ int run_replay(const ReplayArgs& args) {
                                .api_key = args.api_key,
                                .time_scale = args.time_scale,
                                .block_size_tokens = args.block_size_tokens,
-                               .vocab_size = args.vocab_size};
+                               .vocab_size = args.vocab_size,
+                               .timeout_s = args.request_timeout_s};
   if (report_progress) {
     options.progress = [&](int64_t finished, int64_t total) {
       const double elapsed =
@@ -89,7 +90,7 @@ int run_replay(const ReplayArgs& args) {
     fmt::print("{}", cluster::format_table({report}, config->slo));
   }
   if (replayed->failed > 0) {
-    fmt::print(stderr, "warning: {} of {} requests failed (counted as rejected); first: {}\n",
+    fmt::print(stderr, "warning: {} of {} requests failed (the report's failed column); first: {}\n",
                replayed->failed, requests->size(), replayed->first_error);
     return 1;
   }
@@ -104,6 +105,10 @@ void register_replay(CLI::App& app, int& exit_code) {
   cmd->add_option("--url", args->url, "The server, http://HOST:PORT")->capture_default_str();
   cmd->add_option("--model", args->model, "Model to request (default: the first the server lists)");
   cmd->add_option("--api-key", args->api_key, "Sent as \"Authorization: Bearer KEY\"");
+  cmd->add_option("--request-timeout", args->request_timeout_s,
+                  "Seconds a request may take from its send to its last token; later, it fails")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--config", args->config_path,
                   fmt::format("Cluster config whose SLOs the report uses (default: the bundled {})",
                               kDefaultClusterConfig));

@@ -18,6 +18,7 @@ struct ReplayArgs {
   int64_t block_size_tokens = 512;
   int64_t length_divisor = 1;  // trace::ReadOptions::length_divisor
   int64_t vocab_size = 256;
+  double request_timeout_s = 600;  // serve::ReplayOptions::timeout_s
   bool skip_invalid = false;
   bool json = false;
   std::string requests_out;  // non-empty: one JSON line per request, as `simulate --requests-out`

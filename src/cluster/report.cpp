@@ -48,6 +48,10 @@ PolicyReport summarize(const std::string& name, const RunResult& result, const S
   double input_tokens = 0, hit_tokens = 0, fetched_tokens = 0, prefill_s = 0;
   r.slo_attainment_by_tbt.resize(slo.tbt_s.size());
   for (const auto& o : result.requests) {
+    if (o.failed) {
+      ++r.failed;
+      continue;
+    }
     if (o.rejected != conductor::RejectReason::kNone) {
       ++r.rejected;
       switch (o.rejected) {
@@ -63,8 +67,7 @@ PolicyReport summarize(const std::string& name, const RunResult& result, const S
         case conductor::RejectReason::kContextLength:
           ++r.rejected_context_length;
           break;
-        case conductor::RejectReason::kNoInstance:  // a live cluster's 503s and failures: no reason of their
-                                                    // own
+        case conductor::RejectReason::kNoInstance:  // a live cluster's 503 no-instance: no reason of its own
         case conductor::RejectReason::kNone:
           break;
       }
@@ -141,16 +144,18 @@ std::string requests_jsonl(const RunResult& result, std::string_view policy) {
   const nlohmann::json null;
   for (size_t i = 0; i < result.requests.size(); ++i) {
     const RequestOutcome& o = result.requests[i];
-    const bool done = o.rejected == conductor::RejectReason::kNone;
+    const bool done = o.rejected == conductor::RejectReason::kNone && !o.failed;
     const bool gaps = done && o.output_tokens > 1;
     auto when_done = [&](auto value) { return done ? nlohmann::json(value) : null; };
+    const char* outcome = done ? "completed" : o.failed ? "failed" : "rejected";
+    const bool rejected = !done && !o.failed;
     const nlohmann::ordered_json line = {
         {"request", i},
         {"line", o.trace_line > 0 ? nlohmann::json(o.trace_line) : null},
         {"policy", policy},
         {"arrival_s", o.arrival_s},
-        {"outcome", done ? "completed" : "rejected"},
-        {"reject_reason", done ? null : nlohmann::json(conductor::to_string(o.rejected))},
+        {"outcome", outcome},
+        {"reject_reason", rejected ? nlohmann::json(conductor::to_string(o.rejected)) : null},
         {"prefill_instance", when_done(o.prefill_instance)},
         {"decode_instance", when_done(o.decode_instance)},
         {"prompt_tokens", o.input_tokens},
@@ -179,7 +184,9 @@ std::string format_table(const std::vector<PolicyReport>& reports, const SloConf
       fmt::format("{:<{}} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}", "policy", name_width, "TTFT mean",
                   "p50", "p90", "p99", "TBT mean", "TBT p99", "hit", "prefill");
   for (double t : slo.tbt_s) out += fmt::format(" {:>10}", fmt::format("SLO@{:g}ms", t * 1000));
-  out += fmt::format(" {:>9} {:>8}\n", "completed", "rejected");
+  const bool failures = std::ranges::any_of(reports, [](const PolicyReport& r) { return r.failed > 0; });
+  out += fmt::format(" {:>9} {:>8}{}\n", "completed", "rejected",
+                     failures ? fmt::format(" {:>7}", "failed") : "");
   for (const auto& r : reports) {
     out += fmt::format(
         "{:<{}} {} {} {} {} {} {} {} {}", r.name, name_width, cell(r.ttft_mean_s, 9, 1, 2, "s"),
@@ -187,7 +194,8 @@ std::string format_table(const std::vector<PolicyReport>& reports, const SloConf
         cell(r.tbt_mean_s, 9, 1000, 1, "ms"), cell(r.tbt_p99_s, 9, 1000, 1, "ms"),
         cell(r.hit_ratio, 6, 100, 1, "%"), cell(r.prefill_compute_s_per_request, 9, 1, 3, "s"));
     for (const auto& a : r.slo_attainment_by_tbt) out += fmt::format(" {:>9.1f}%", a.attainment * 100);
-    out += fmt::format(" {:>9} {:>8}\n", r.completed, r.rejected);
+    out += fmt::format(" {:>9} {:>8}{}\n", r.completed, r.rejected,
+                       failures ? fmt::format(" {:>7}", r.failed) : "");
   }
   out += fmt::format(
       "(TTFT over completed requests, TBT over those with 2+ output tokens, n/a when there are none; SLO = "

@@ -32,6 +32,7 @@ struct PolicyReport {
   int64_t rejected_tbt = 0;
   int64_t rejected_decode_capacity = 0;
   int64_t rejected_context_length = 0;
+  int64_t failed = 0;  // a live run's failures (RequestOutcome::failed): neither completed nor rejected
   std::optional<double> ttft_mean_s, ttft_p50_s, ttft_p90_s, ttft_p99_s;
   std::optional<double> tbt_mean_s, tbt_p99_s;
   std::optional<double> hit_ratio;      // prefix hit tokens / input tokens, over completed requests
@@ -55,14 +56,14 @@ std::string no_completion_warning(const PolicyReport& report);
 /// The per-request results of `result` as JSON Lines, one object per request in trace order (what `crescent
 /// simulate --requests-out` writes): {"request" (0-based index among the trace's valid requests), "line" (its
 /// line in the trace file; null for a trace not read from a file), "policy",
-/// "arrival_s", "outcome" ("completed" | "rejected"), "reject_reason" (null | "ttft" | "tbt" |
-/// "decode-capacity" | "context-length"), "prefill_instance", "decode_instance" (colocated systems: the node,
-/// twice), "prompt_tokens", "output_tokens", "hit_tokens" = "local_hit_tokens" + "fetched_hit_tokens",
-/// "queue_wait_s", "prefix_load_s", "prefill_s" (GPU time), "ttft_s" (disaggregated: the sum of the three
-/// before), "tbt_s" (mean of the longest 10% of its token gaps), "max_token_gap_s", "e2e_s" (arrival → last
-/// token)}. Seconds of virtual time from the first arrival. What does not apply is null: every instance, hit
-/// and time field but arrival_s of a rejected request; tbt_s and max_token_gap_s of a request with one output
-/// token.
+/// "arrival_s", "outcome" ("completed" | "rejected" | "failed": a live run's), "reject_reason" (null | "ttft"
+/// | "tbt" | "decode-capacity" | "context-length"), "prefill_instance", "decode_instance" (colocated systems:
+/// the node, twice), "prompt_tokens", "output_tokens", "hit_tokens" = "local_hit_tokens" +
+/// "fetched_hit_tokens", "queue_wait_s", "prefix_load_s", "prefill_s" (GPU time), "ttft_s" (disaggregated:
+/// the sum of the three before), "tbt_s" (mean of the longest 10% of its token gaps), "max_token_gap_s",
+/// "e2e_s" (arrival → last token)}. Seconds of virtual time from the first arrival. What does not apply is
+/// null: every instance, hit and time field but arrival_s of a rejected request; tbt_s and max_token_gap_s of
+/// a request with one output token.
 std::string requests_jsonl(const RunResult& result, std::string_view policy);
 
 /// `value`, or NaN for a statistic of nothing (plots leave NaN points out).
@@ -70,7 +71,7 @@ inline double or_nan(std::optional<double> value) {
   return value.value_or(std::numeric_limits<double>::quiet_NaN());
 }
 
-/// A fixed-width table, one row per report, for terminals.
+/// A fixed-width table, one row per report, for terminals; a "failed" column when a report has failures.
 std::string format_table(const std::vector<PolicyReport>& reports, const SloConfig& slo);
 
 /// `{"name", "ttft_mean_s", ..., "slo_attainment", "completed", "rejected", ...}`.

@@ -31,6 +31,9 @@ struct RequestOutcome {
   InstanceId prefill_instance = 0;
   InstanceId decode_instance = 0;
   conductor::RejectReason rejected = conductor::RejectReason::kNone;
+  /// A live run's request that neither completed nor was refused (no answer in time, a 5xx, a broken
+  /// stream): counted apart from completed and rejected, and as a miss in SLO attainment.
+  bool failed = false;
 };
 
 /// Work done by a simulated run, for speed reports (a live run leaves it 0).

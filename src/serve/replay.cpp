@@ -7,8 +7,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "engine/step_log.h"
@@ -26,6 +26,25 @@ conductor::RejectReason reason_from_code(const std::string& code, int status) {
   return conductor::RejectReason::kTtft;
 }
 
+// Bytes of a body kept for an error's text.
+constexpr size_t kErrorBodyBytes = 64 << 10;
+
+// What an HTTP client error means for the person reading the report (httplib's own names are one word).
+std::string what_failed(httplib::Error error, double timeout_s) {
+  switch (error) {
+    case httplib::Error::Connection:
+      return "could not connect";
+    case httplib::Error::Read:
+      return fmt::format("the connection closed, or nothing came for {:g} s", timeout_s);
+    case httplib::Error::Write:
+      return "the request could not be sent";
+    case httplib::Error::ConnectionTimeout:
+      return "the connection was not accepted in time";
+    default:
+      return "the exchange failed";
+  }
+}
+
 // One request's exchange: sends it, reads the stream, fills `o`. Returns a failure description, or empty.
 std::string run_one(const ReplayOptions& options, const std::string& model, const trace::Request& r,
                     Clock::time_point start, cluster::RequestOutcome& o) {
@@ -36,9 +55,13 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
                      {"stream", true},
                      {"stream_options", {{"include_usage", true}}}};
   httplib::Client client(options.host, options.port);
-  client.set_connection_timeout(10, 0);
-  client.set_read_timeout(options.timeout_s, 0);
-  client.set_write_timeout(options.timeout_s, 0);
+  const auto seconds = [](double s) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(s));
+  };
+  client.set_connection_timeout(seconds(std::min(10.0, options.timeout_s)));
+  client.set_read_timeout(seconds(options.timeout_s));
+  client.set_write_timeout(seconds(options.timeout_s));
+  const Clock::time_point deadline = Clock::now() + seconds(options.timeout_s);
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
@@ -46,16 +69,18 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
   req.set_header("Content-Type", "application/json");
   if (!options.api_key.empty()) req.set_header("Authorization", "Bearer " + options.api_key);
 
-  std::string raw, pending, stream_error;
-  std::vector<double> chunk_s;  // when each token's chunk arrived (seconds since start)
+  std::string raw, pending, stream_error;  // raw: the body's first bytes, for an error's text
+  std::vector<double> chunk_s;             // when each token's chunk arrived (seconds since start)
   int64_t completion_tokens = -1;
   bool done = false;
   // Consumes the stream's bytes: SSE events, each a chunk, the usage, "[DONE]" or an error.
+  // False: the stream is broken (stream_error says how) and the request stops there.
   const auto receive = [&](const char* data, size_t n) {
     const double now = std::chrono::duration<double>(Clock::now() - start).count();
-    raw.append(data, n);
+    if (raw.size() < kErrorBodyBytes) raw.append(data, std::min(n, kErrorBodyBytes - raw.size()));
+    const size_t searched = pending.size() > 0 ? pending.size() - 1 : 0;  // "\n\n" may straddle
     pending.append(data, n);
-    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+    for (size_t end, from = searched; (end = pending.find("\n\n", from)) != std::string::npos; from = 0) {
       const std::string event = pending.substr(0, end);
       pending.erase(0, end + 2);
       if (event.rfind("data: ", 0) != 0) continue;
@@ -87,22 +112,39 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
         const json& choice = chunk["choices"][0];
         const bool last = choice.contains("finish_reason") && !choice["finish_reason"].is_null();
         if (!last || !choice.value("text", std::string()).empty()) chunk_s.push_back(now);
+        if (std::ssize(chunk_s) > r.output_tokens + options.extra_chunks_allowed) {
+          stream_error = fmt::format("the stream ran past max_tokens ({} token chunks for {})",
+                                     chunk_s.size(), r.output_tokens);
+          return false;
+        }
       }
     }
-  };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    try {
-      receive(data, n);
-    } catch (const std::exception& e) {  // a stream event of an unexpected shape (json type_error)
-      stream_error = fmt::format("unexpected stream event ({})", e.what());
+    if (pending.size() > options.max_event_bytes) {
+      stream_error = fmt::format("a stream event longer than {} bytes", options.max_event_bytes);
+      return false;
+    }
+    if (Clock::now() > deadline) {
+      stream_error = fmt::format("no whole answer within {:g} s", options.timeout_s);
       return false;
     }
     return true;
   };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    try {
+      return receive(data, n);
+    } catch (const std::exception& e) {  // a stream event of an unexpected shape (json type_error)
+      stream_error = fmt::format("unexpected stream event ({})", e.what());
+      return false;
+    }
+  };
   o.arrival_s = std::chrono::duration<double>(Clock::now() - start).count();
   auto res = client.send(req);
   const double end_s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!res) return fmt::format("request line {}: {}", r.line, httplib::to_string(res.error()));
+  if (!stream_error.empty()) return fmt::format("request line {}: {}", r.line, stream_error);
+  if (!res) {
+    return fmt::format("request line {}: {} after {:.1f} s ({})", r.line, httplib::to_string(res.error()),
+                       end_s - o.arrival_s, what_failed(res.error(), options.timeout_s));
+  }
   if (res->status == 429 || res->status == 400) {
     const json error = json::parse(raw.empty() ? res->body : raw, nullptr, false);
     std::string code;
@@ -122,7 +164,6 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
     return fmt::format("request line {}: HTTP {}: {}", r.line, res->status,
                        (raw.empty() ? res->body : raw).substr(0, 300));
   }
-  if (!stream_error.empty()) return fmt::format("request line {}: {}", r.line, stream_error);
   if (!done || chunk_s.empty()) return fmt::format("request line {}: the stream ended early", r.line);
   o.ttft_s = chunk_s.front() - o.arrival_s;
   o.finish_s = end_s;
@@ -242,9 +283,12 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
       if (!error.empty()) {
         ++out.failed;
         if (out.first_error.empty()) out.first_error = error;
-        // Counted as refused for the report's totals, under no reason (the failure count says how many).
-        o.rejected = conductor::RejectReason::kNoInstance;
-        o.finish_s = o.arrival_s;
+        o = {.arrival_s = o.arrival_s,
+             .finish_s = o.arrival_s,
+             .trace_line = o.trace_line,
+             .input_tokens = o.input_tokens,
+             .output_tokens = o.output_tokens,
+             .failed = true};
       }
       ++finished;
       if (options.progress) options.progress(finished, static_cast<int64_t>(trace.size()));
@@ -258,7 +302,8 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
   for (const cluster::RequestOutcome& o : out.result.requests) {
     out.result.makespan_s = std::max(out.result.makespan_s, o.finish_s);
   }
-  if (const auto exposed_after = server_histogram(options, kExposedTransfer); exposed_before && exposed_after) {
+  if (const auto exposed_after = server_histogram(options, kExposedTransfer);
+      exposed_before && exposed_after) {
     const double count = exposed_after->second - exposed_before->second;
     if (count > 0) out.kv_exposed_transfer_mean_s = (exposed_after->first - exposed_before->first) / count;
   }

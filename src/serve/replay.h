@@ -31,18 +31,26 @@ struct ReplayOptions {
   double time_scale = 1.0;
   int64_t block_size_tokens = 512;
   int64_t vocab_size = 256;  // token ids stay below this (the server's vocabulary)
-  int timeout_s = 600;       // per request
+  /// A request not answered in full within this many seconds of being sent fails (whatever the server
+  /// trickles meanwhile).
+  double timeout_s = 600;
+  /// A stream failing its request: an event (an SSE line) longer than this many bytes, or more token chunks
+  /// than max_tokens + this many.
+  size_t max_event_bytes = 1 << 20;
+  int64_t extra_chunks_allowed = 8;
   /// Called as requests finish (from the replay's threads, serialized): finished so far, total.
   std::function<void(int64_t finished, int64_t total)> progress = nullptr;
 };
 
 /// What a replay measured. `result` follows cluster::RunResult: times in seconds from the first send; a
 /// refused request (HTTP 429, or 400 for a prompt that can never fit) is rejected with the server's reason
-/// when it names one (error.code "ttft", "tbt", "decode-capacity", "context-length"), else kTtft for a 429.
+/// when it names one (error.code "ttft", "tbt", "decode-capacity", "context-length"), else kTtft for a 429;
+/// any other ending is a failure (RequestOutcome::failed), never a refusal.
 struct ReplayResult {
   cluster::RunResult result;
   std::string model;
-  int64_t failed = 0;       // requests that neither completed nor were refused (connection, 5xx, bad stream)
+  int64_t failed =
+      0;  // requests that neither completed nor were refused (no answer in time, 5xx, bad stream)
   std::string first_error;  // the first such failure, for the report
   /// A crescent server's mean exposed KV transfer over the replay's requests (from its /metrics,
   /// crescent_kv_exposed_transfer_seconds: prefill end to KV all at decode); nullopt from other servers.

@@ -6,14 +6,19 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "cluster/report.h"
 #include "serve/frontend.h"
 #include "test_cluster.h"
 
 namespace crescent::serve {
 namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 ReplayOptions at(int port, double time_scale = 1) {
   ReplayOptions options;
@@ -111,6 +116,76 @@ TEST(Replay, EmptyChunksBeforeTheLastAreTokens) {
   ASSERT_TRUE(replayed.ok()) << replayed.status().message();
   ASSERT_EQ(replayed->failed, 0);
   EXPECT_EQ(replayed->result.requests[0].output_tokens, 3);  // no usage: counted from the chunks
+}
+
+// A server that misbehaves cannot hang a replay or take its memory: each request has a deadline, a stream
+// may not run past max_tokens or send an endless event, and such requests are failures of their own in the
+// report, not refusals; the error says what happened (issue 22 §4). The fake server's behaviour is chosen by
+// the prompt's length.
+TEST(Replay, AServerThatMisbehavesFailsItsRequestsInTime) {
+  std::atomic<bool> stopping{false};
+  httplib::Server server;
+  server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    const size_t kind = nlohmann::json::parse(req.body)["prompt"].size();
+    if (kind == 11) {  // never answers
+      while (!stopping) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    res.set_chunked_content_provider("text/event-stream", [&, kind](size_t, httplib::DataSink& sink) {
+      if (stopping) return false;
+      std::string bytes;
+      if (kind == 12) {  // trickles comments: no token, no end
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        bytes = ": still here\n\n";
+      } else if (kind == 13) {  // tokens without end
+        bytes = "data: " + nlohmann::json{{"choices", {{{"index", 0}, {"text", "x"}}}}}.dump() + "\n\n";
+      } else {  // one event that never ends
+        bytes = "data: " + std::string(64 << 10, 'x');
+      }
+      return sink.write(bytes.data(), bytes.size());
+    });
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { server.listen_after_bind(); });
+  ReplayOptions options = at(port);
+  options.model = "fake";
+  options.timeout_s = 1;
+  const auto replay_of = [&](std::vector<int64_t> inputs) {
+    std::vector<trace::Request> trace;
+    for (int64_t n : inputs) trace.push_back(request(0, n, 3, {1}));
+    return replay(trace, options);
+  };
+  const auto started = std::chrono::steady_clock::now();
+  auto all = replay_of({11, 12, 13, 14});
+  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::vector<std::pair<std::string, std::string>> errors;  // what each kind alone says
+  for (const auto& [input, says] : std::vector<std::pair<int64_t, std::string>>{
+           {11, "Read after 1.0 s (the connection closed, or nothing came for 1 s)"},
+           {12, "no whole answer within 1 s"},
+           {13, "the stream ran past max_tokens (12 token chunks for 3)"},
+           {14, "a stream event longer than 1048576 bytes"}}) {
+    auto one = replay_of({input});
+    errors.emplace_back(one.ok() ? one->first_error : one.status().message(), says);
+  }
+  stopping = true;
+  server.stop();
+  serving.join();
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  EXPECT_LT(took_s, 10) << "every request ends within its deadline";
+  EXPECT_EQ(all->failed, 4);
+  for (const auto& o : all->result.requests) {
+    EXPECT_TRUE(o.failed);
+    EXPECT_EQ(o.rejected, conductor::RejectReason::kNone);
+  }
+  const cluster::PolicyReport report = cluster::summarize("live", all->result, {});
+  EXPECT_EQ(report.failed, 4);
+  EXPECT_EQ(report.rejected, 0);
+  EXPECT_THAT(cluster::format_table({report}, {}), HasSubstr("failed"));
+  const std::string jsonl = cluster::requests_jsonl(all->result, "live");
+  EXPECT_THAT(jsonl, HasSubstr("\"outcome\":\"failed\""));
+  EXPECT_THAT(jsonl, Not(HasSubstr("\"outcome\":\"rejected\"")));
+  for (const auto& [error, says] : errors) EXPECT_THAT(error, HasSubstr(says));
 }
 
 TEST(Replay, AnUnreachableServerIsAnErrorBeforeAnythingIsSent) {
