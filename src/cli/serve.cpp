@@ -283,10 +283,11 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   }
   const sigset_t signals = block_stop_signals();
   std::atomic<bool> failed{false};
-  Supervisor supervisor(run_dir, !args.no_restart, 5, [&failed](const std::string&) {
-    failed = true;
-    ::kill(::getpid(), SIGTERM);  // wakes the wait for a stop signal
-  });
+  Supervisor supervisor(run_dir, !args.no_restart, {.restarts = 5, .window = std::chrono::minutes(1)},
+                        [&failed](const std::string&) {
+                          failed = true;
+                          ::kill(::getpid(), SIGTERM);  // wakes the wait for a stop signal
+                        });
   const std::string self = self_path();
   const cluster::ClusterConfig& c = s.cluster.config;
   fmt::print(stderr, "crescent serve: starting a store, {} prefill and {} decode instances (logs in {})\n",
@@ -294,19 +295,26 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   if (!s.kv_cache_note.empty()) fmt::print(stderr, "crescent serve: {}\n", s.kv_cache_note);
   constexpr auto kStartTimeout = std::chrono::seconds(20);
   const std::string metadata_spec = "dir:" + run_dir + "/metadata";  // segments of this run's members
-  auto master = supervisor.start("store-master",
-                                 {self, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "",
-                                  "--transfer-metadata", metadata_spec},
-                                 "store master on ", kStartTimeout, /*restartable=*/false);
+  // The master's port is fixed now, so a restarted master is found where the node and the prefill
+  // instances look; the node mounts its segment again with what it holds, which rebuilds the master's view
+  // (docs/store.md). Meanwhile the pool only misses: it is a cache.
+  const uint16_t master_port = net::free_tcp_port();
+  if (master_port == 0) return fail(Status::unavailable("no free TCP port on this machine"));
+  auto master =
+      supervisor.start("store-master",
+                       {self, "store", "master", "--listen", fmt::format("127.0.0.1:{}", master_port),
+                        "--metrics", "", "--transfer-metadata", metadata_spec},
+                       "store master on ", kStartTimeout);
   if (!master.ok()) return fail(master.status());
   // "store master on HOST:PORT (metrics ..."
   const std::string master_address =
       master->substr(master->find(" on ") + 4, master->find(" (") - master->find(" on ") - 4);
-  auto node = supervisor.start(
-      "store-node",
-      {self, "store", "node", "--master", master_address, "--dram", std::to_string(c.serve.store_dram_bytes),
-       "--metrics", "", "--name", fmt::format("serve-{}-node-0", ::getpid())},
-      "store node: segment", kStartTimeout, /*restartable=*/false);
+  // (Its segment is named after its pid: a restarted node mounts a new one while the master still holds the
+  // old one's until it expires.)
+  auto node = supervisor.start("store-node",
+                               {self, "store", "node", "--master", master_address, "--dram",
+                                std::to_string(c.serve.store_dram_bytes), "--metrics", ""},
+                               "store node: segment", kStartTimeout);
   if (!node.ok()) return fail(node.status());
 
   // The Conductor is a child too: its ports are fixed now, so a restarted Conductor is found where the
@@ -415,7 +423,7 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
     if (!failed) fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   }
   supervisor.stop_all();
-  if (failed) fmt::print(stderr, "error: a child process kept dying; logs in {}\n", run_dir);
+  if (failed) fmt::print(stderr, "error: a child process could not be kept running; logs in {}\n", run_dir);
   return failed ? 1 : code;
 }
 

@@ -8,12 +8,9 @@
 
 namespace crescent::cli {
 
-Supervisor::Supervisor(std::string run_dir, bool restart, int max_restarts,
+Supervisor::Supervisor(std::string run_dir, bool restart, RestartLimit limit,
                        std::function<void(const std::string&)> on_give_up)
-    : run_dir_(std::move(run_dir)),
-      restart_(restart),
-      max_restarts_(max_restarts),
-      on_give_up_(std::move(on_give_up)) {}
+    : run_dir_(std::move(run_dir)), restart_(restart), limit_(limit), on_give_up_(std::move(on_give_up)) {}
 
 Supervisor::~Supervisor() {
   stop_all();
@@ -63,18 +60,23 @@ void Supervisor::watch() {
 void Supervisor::check(Child& child) {
   if (child.given_up || child.process->running()) return;
   echo_logs(child);
-  if (!restart_ || !child.restartable || child.restarts >= max_restarts_) {
+  const auto now = std::chrono::steady_clock::now();
+  while (!child.recent.empty() && now - child.recent.front() > limit_.window) child.recent.pop_front();
+  const auto window_s = std::chrono::duration_cast<std::chrono::seconds>(limit_.window).count();
+  if (!restart_ || !child.restartable || std::ssize(child.recent) >= limit_.restarts) {
     fmt::print(stderr, "crescent serve: {} exited{}\n", child.name,
-               !restart_            ? ""
-               : !child.restartable ? "; the others were given its address, so the run stops"
-                                    : fmt::format(" after {} restarts; giving up", child.restarts));
+               !restart_ ? ""
+               : !child.restartable
+                   ? "; the others were given its address, so the run stops"
+                   : fmt::format(" {} times within {} s; giving up", child.recent.size() + 1, window_s));
     child.given_up = true;
     on_give_up_(child.name);
     return;
   }
   ++child.restarts;
-  fmt::print(stderr, "crescent serve: {} exited; restarting it ({} of {})\n", child.name, child.restarts,
-             max_restarts_);
+  child.recent.push_back(now);
+  fmt::print(stderr, "crescent serve: {} exited; restarting it ({} within {} s, {} at most; {} in all)\n",
+             child.name, child.recent.size(), window_s, limit_.restarts, child.restarts);
   // Started from the watcher thread: the new child gets SIGKILL if this thread ends without stopping it.
   auto process = ChildProcess::start(child.argv, fmt::format("{}/{}.log", run_dir_, child.name));
   if (!process.ok()) {

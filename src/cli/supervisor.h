@@ -4,6 +4,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -16,11 +18,18 @@
 
 namespace crescent::cli {
 
+/// How often one child may be restarted: at most `restarts` times within any `window` (a child that dies
+/// now and then over a long run is restarted every time; one that keeps dying is given up).
+struct RestartLimit {
+  int restarts = 5;
+  std::chrono::steady_clock::duration window = std::chrono::minutes(1);
+};
+
 class Supervisor {
  public:
-  /// Logs go to `run_dir` (which must exist). `restart`: restart a child that dies (at most `max_restarts`
-  /// times each); otherwise, and when a child has used its restarts, `on_give_up(name)` is called.
-  Supervisor(std::string run_dir, bool restart, int max_restarts,
+  /// Logs go to `run_dir` (which must exist). `restart`: restart a child that dies, within `limit`;
+  /// otherwise, and when a child dies past its limit, `on_give_up(name)` is called.
+  Supervisor(std::string run_dir, bool restart, RestartLimit limit,
              std::function<void(const std::string&)> on_give_up);
   /// stop_all().
   ~Supervisor();
@@ -46,7 +55,8 @@ class Supervisor {
     std::unique_ptr<ChildProcess> process;
     std::string ready_text;
     uint64_t log_offset = 0;
-    int restarts = 0;
+    int restarts = 0;                                          // in all
+    std::deque<std::chrono::steady_clock::time_point> recent;  // restarts within the limit's window
     bool restartable = true;
     bool given_up = false;
   };
@@ -55,7 +65,7 @@ class Supervisor {
 
   const std::string run_dir_;
   const bool restart_;
-  const int max_restarts_;
+  const RestartLimit limit_;
   const std::function<void(const std::string&)> on_give_up_;
   mutable std::mutex mu_;  // children_
   std::vector<std::unique_ptr<Child>> children_;

@@ -209,6 +209,43 @@ TEST(ServeCluster, AKilledConductorIsRestartedWhereEveryoneLooksForIt) {
     EXPECT_EQ(complete(cluster.port(), "after " + std::to_string(i), 3).status, 200) << cluster.log();
 }
 
+// The store's roles are supervised children too (issue 22 §4: one death of either stopped the whole run):
+// killed, each is restarted (the master on the address the others were given, rebuilt from what the node
+// still holds), requests are served meanwhile (the pool is a cache: misses), and the pool takes new blocks
+// again afterwards.
+TEST(ServeCluster, AKilledStoreMasterOrNodeIsRestartedAndServingGoesOn) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const std::string pool_write = "crescent_kv_bytes_moved_total{path=\"pool_write\"}";
+  int prompts = 0;
+  // A prompt of 3 blocks nobody has sent yet: its prefill writes blocks to the pool.
+  const auto fresh_prompt = [&] { return std::to_string(prompts++) + std::string(1600, 'k'); };
+  ASSERT_EQ(complete(cluster.port(), fresh_prompt(), 2).status, 200);
+  EXPECT_GT(cluster.metric_when(pool_write, [](double v) { return v > 0; }), 0);
+  for (const char* role : {"store-master", "store-node"}) {
+    SCOPED_TRACE(role);
+    const pid_t victim = cluster.pid(role);
+    ASSERT_GT(victim, 0);
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(complete(cluster.port(), fresh_prompt(), 2).status, 200) << cluster.log();
+    ASSERT_TRUE(cluster.wait_for_count(std::string("started ") + role, 2, std::chrono::seconds(20)))
+        << cluster.log();
+    EXPECT_NE(cluster.pid(role), victim);
+    // The pool takes blocks again (a node's new segment is chosen once the master has it; the dead one's
+    // expires).
+    const double before = cluster.metric(pool_write);
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (cluster.metric(pool_write) <= before && Clock::now() < deadline) {
+      EXPECT_EQ(complete(cluster.port(), fresh_prompt(), 2).status, 200);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    EXPECT_GT(cluster.metric(pool_write), before) << cluster.log();
+  }
+  EXPECT_THAT(cluster.log(), ::testing::HasSubstr("store-node exited; restarting it (1 within 60 s"));
+  EXPECT_THAT(cluster.log(), ::testing::Not(::testing::HasSubstr("could not be kept running")));
+}
+
 TEST(ServeCluster, AKilledPrefillInstanceFailsItsQueuedRequestsWith503AndFreesTheirDecodeReservations) {
   ServedCluster cluster;
   ASSERT_GT(cluster.port(), 0) << cluster.log();
