@@ -131,8 +131,8 @@ class MountedSegment::Impl {
     queue_cv.notify_all();
   }
 
-  /// The SSD worker: carries out orders one at a time, off the renewal thread, so that file I/O does not delay
-  /// the periodic renewals (past segment_ttl the master would drop the segment).
+  /// The SSD worker: carries out orders one at a time, off the renewal thread, so that file I/O does not
+  /// delay the periodic renewals (past segment_ttl the master would drop the segment).
   void ssd_loop() {
     std::unique_lock<std::mutex> lock(queue_mu);
     for (;;) {
@@ -200,6 +200,13 @@ class MountedSegment::Impl {
         }
         if (!written.ok()) {
           outcome.failed.push_back({o.key, o.offset_bytes, o.size_bytes});
+          // Counted; logged the first time and then at every power of two, so a full or broken disk is
+          // seen without a line per object.
+          const uint64_t failures = ++spill_failures;
+          if ((failures & (failures - 1)) == 0) {
+            fmt::print(stderr, "store node: {} spill{} to the SSD tier failed; the latest: {}\n", failures,
+                       failures == 1 ? "" : "s", written.message());
+          }
           break;
         }
         outcome.spilled.push_back({o.key, o.offset_bytes, o.size_bytes});
@@ -301,6 +308,7 @@ class MountedSegment::Impl {
   std::chrono::milliseconds sync_interval{100};
   std::chrono::milliseconds ssd_delay{0};  // Options::ssd_delay_for_testing
   std::atomic<uint64_t> remounts{0};
+  std::atomic<uint64_t> spill_failures{0};    // spills the SSD tier could not write (the object is dropped)
   uint64_t version = kUnknownSegmentVersion;  // of the index; renewal thread only
   SegmentReport report;                       // to send with the next renewal; renewal thread only
   mutable std::mutex index_mu;
@@ -364,6 +372,9 @@ uint64_t MountedSegment::capacity_bytes() const {
 }
 uint64_t MountedSegment::remounts() const {
   return impl_->remounts.load();
+}
+uint64_t MountedSegment::ssd_spill_failures() const {
+  return impl_->spill_failures.load();
 }
 uint64_t MountedSegment::indexed_objects() const {
   std::lock_guard<std::mutex> lock(impl_->index_mu);

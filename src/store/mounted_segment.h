@@ -49,6 +49,8 @@ class MountedSegment {
   uint64_t capacity_bytes() const;
   /// Times the segment was mounted again after the master had lost it.
   uint64_t remounts() const;
+  /// Spills the SSD tier could not write (each logged at the first failure and every power of two after).
+  uint64_t ssd_spill_failures() const;
   /// Complete objects in the owner's index now (DRAM tier).
   uint64_t indexed_objects() const;
   /// Objects and bytes on the SSD tier now (0 without one).

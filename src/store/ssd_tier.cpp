@@ -28,6 +28,16 @@ Result<std::unique_ptr<SsdTier>> SsdTier::open(const std::string& dir, uint64_t 
     if (entry.path().filename().string().starts_with(kFilePrefix)) std::filesystem::remove(entry.path(), ec);
   }
   if (ec) return Status::io_error(fmt::format("ssd tier: cannot clean {}: {}", dir, ec.message()));
+  // A directory files cannot be written in would lose every spill: refused now, not found out later.
+  const std::string probe = fmt::format("{}/{}probe", dir, kFilePrefix);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const bool written = fd >= 0 && ::write(fd, "x", 1) == 1;
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  if (!written) {
+    return Status::io_error(fmt::format("ssd tier: cannot write files in {}: {}", dir, std::strerror(error)));
+  }
   return std::unique_ptr<SsdTier>(new SsdTier(dir, capacity_bytes));
 }
 

@@ -18,7 +18,8 @@ namespace crescent::store {
 class SsdTier {
  public:
   /// Uses `dir` (created if missing; files of a previous run in it are deleted: their index died with that
-  /// run). kInvalidArgument for capacity 0; kIoError when the directory cannot be made or cleaned.
+  /// run). kInvalidArgument for capacity 0; kIoError naming the directory and the reason when it cannot be
+  /// made, cleaned or written in (a file is written and removed to find out).
   static Result<std::unique_ptr<SsdTier>> open(const std::string& dir, uint64_t capacity_bytes);
 
   /// Writes `size_bytes` from `data` as `key`'s file (replacing an older one), first deleting least recently

@@ -38,6 +38,9 @@ std::vector<prometheus::MetricFamily> collect_node_metrics(const transfer::Trans
   add_sample(out.back(), static_cast<double>(segment.ssd_capacity_bytes()), {{"tier", "ssd"}});
   add_gauge(out, "crescent_store_node_ssd_used_bytes", "Bytes of objects in this node's SSD tier",
             static_cast<double>(segment.ssd_used_bytes()));
+  add_counter(out, "crescent_store_node_ssd_spill_failures_total",
+              "Spills the SSD tier could not write (those objects were dropped)",
+              static_cast<double>(segment.ssd_spill_failures()));
   add_gauge(out, "crescent_store_node_objects", "Objects this node holds, by tier",
             static_cast<double>(segment.indexed_objects()), {{"tier", "dram"}});
   add_sample(out.back(), static_cast<double>(segment.ssd_objects()), {{"tier", "ssd"}});
@@ -115,6 +118,9 @@ const std::string& StorageNode::metrics_address() const {
 }
 uint64_t StorageNode::indexed_objects() const {
   return impl_->segment->indexed_objects();
+}
+uint64_t StorageNode::ssd_spill_failures() const {
+  return impl_->segment->ssd_spill_failures();
 }
 
 }  // namespace crescent::store

@@ -49,6 +49,8 @@ class StorageNode {
   const std::string& metrics_address() const;
   /// Complete objects in the node's own index (what a re-mount would restore).
   uint64_t indexed_objects() const;
+  /// Spills its SSD tier could not write (crescent_store_node_ssd_spill_failures_total).
+  uint64_t ssd_spill_failures() const;
 
   class Impl;
 

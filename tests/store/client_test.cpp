@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "store/control_rpc.h"
@@ -318,6 +319,26 @@ TEST(StoreClient, ARestartedMasterIsRebuiltFromTheNodesAndTheBytesAreReadAgain) 
   Buffer o = view(out);
   ASSERT_TRUE((*client)->get("survivor-0", {&o, 1}).ok());
   EXPECT_EQ(out, values[0]);
+}
+
+// Spills the SSD tier cannot write (its directory went away) are counted and logged, not lost silently.
+TEST(StoreClient, SpillsTheSsdTierCannotWriteAreCounted) {
+  MasterServerOptions master;
+  master.master.lease_ttl = milliseconds(100);
+  StoreCluster cluster(0, 0, master);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  auto node = StorageNode::start(ssd_node_options(cluster, milliseconds(10)));
+  ASSERT_TRUE(node.ok()) << node.status().to_string();
+  std::filesystem::remove_all(cluster.dir() + "/ssd");  // the disk goes away under the node
+  auto client = Client::create(cluster.client_options());
+  ASSERT_TRUE(client.ok());
+  (void)put_64k_values(**client, "lost-", 40, 1000);  // 2.5 MiB through 1 MiB of DRAM: spills
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((*node)->ssd_spill_failures() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_GT((*node)->ssd_spill_failures(), 0u);
+  EXPECT_EQ(cluster.master().master().stats().ssd_used_bytes, 0u);
 }
 
 TEST(StoreClient, ObjectsEvictedFromDramLiveOnTheSsdTierAndReadBackIdentical) {

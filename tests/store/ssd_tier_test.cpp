@@ -55,5 +55,15 @@ TEST(SsdTier, KeepsBytesAndDropsTheLeastRecentlyUsedFilesBeyondItsCapacity) {
   EXPECT_FALSE(SsdTier::open(dir.path(), 0).ok());
 }
 
+// A directory no file can be written in is refused when the tier opens, not found out spill by spill
+// (issue 22 §4: `--ssd` on such a directory lost every spill silently).
+TEST(SsdTier, ADirectoryThatCannotBeWrittenIsRefusedAtOnce) {
+  auto tier = SsdTier::open("/proc/self", 1 << 20);  // exists, and takes no files, even from root
+  ASSERT_FALSE(tier.ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kIoError);
+  EXPECT_NE(tier.status().message().find("cannot write files in /proc/self"), std::string::npos)
+      << tier.status().message();
+}
+
 }  // namespace
 }  // namespace crescent::store
