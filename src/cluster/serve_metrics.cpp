@@ -66,6 +66,12 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
               .Register(*registry_)),
       prefill_computed_(counter(*registry_, "crescent_prefill_computed_tokens_total",
                                 "Prompt tokens the prefill instances' executors computed (not reused)", {})),
+      control_dropped_(
+          prometheus::BuildCounter()
+              .Name("crescent_control_messages_dropped_total")
+              .Help("Control messages the Conductor dropped: undecodable, or from no instance of "
+                    "its config")
+              .Register(*registry_)),
       kv_blocks_verified_(counter(*registry_, "crescent_kv_blocks_verified_total",
                                   "KV blocks decode instances checked on arrival", {})),
       kv_checksum_failures_(counter(*registry_, "crescent_kv_checksum_failures_total",
@@ -158,6 +164,12 @@ void ServeMetrics::observe_kv_exposed_transfer(double seconds) {
 
 void ServeMetrics::observe_prefill_computed(int64_t tokens) {
   prefill_computed_.Increment(static_cast<double>(tokens));
+}
+
+uint64_t ServeMetrics::observe_control_dropped(std::string_view reason) {
+  prometheus::Counter& c = control_dropped_.Add({{"reason", std::string(reason)}});
+  c.Increment();
+  return static_cast<uint64_t>(c.Value());
 }
 
 void ServeMetrics::observe_kv_checks(uint64_t verified_blocks, uint64_t failed_blocks) {

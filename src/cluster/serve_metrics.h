@@ -83,6 +83,10 @@ class ServeMetrics {
   /// KV blocks decode instances checked on arrival, and those that failed the check
   /// (crescent_kv_blocks_verified_total, crescent_kv_checksum_failures_total).
   void observe_kv_checks(uint64_t verified_blocks, uint64_t failed_blocks);
+  /// A control message the Conductor could not decode, or took from no instance of its config
+  /// (crescent_control_messages_dropped_total{reason="malformed"|"unknown_sender"}). Returns how many of that
+  /// reason so far, so the caller can log the first and a few more rather than one line per message.
+  uint64_t observe_control_dropped(std::string_view reason);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).
   void observe_token_gap(double seconds);
   /// A request that ended: vllm:request_success_total{finished_reason} counts it; "length" (all its
@@ -102,6 +106,7 @@ class ServeMetrics {
   prometheus::Family<prometheus::Counter>& kv_transport_bytes_;
   prometheus::Family<prometheus::Counter>& pool_prefix_;
   prometheus::Counter& prefill_computed_;
+  prometheus::Family<prometheus::Counter>& control_dropped_;
   prometheus::Counter& kv_blocks_verified_;
   prometheus::Counter& kv_checksum_failures_;
   prometheus::Counter& kv_writes_;

@@ -798,8 +798,11 @@ class InstanceServer::Impl final : public engine::EngineListener {
       if (!control_.recv(message, zmq::recv_flags::dontwait)) break;
       auto decoded = decode_instance_message(message.to_string_view());
       if (!decoded.ok()) {
-        fmt::print(stderr, "{}: dropped a malformed control message: {}\n", identity_,
-                   decoded.status().message());
+        // Logged the first time and at every power of two: a flood writes a few lines, not one each.
+        if (const uint64_t n = ++malformed_messages_; (n & (n - 1)) == 0) {
+          fmt::print(stderr, "{}: dropped a malformed control message ({} so far): {}\n", identity_, n,
+                     decoded.status().message());
+        }
         continue;
       }
       if (computing_) {
@@ -926,6 +929,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   bool load_dirty_ = false;
   double next_load_s_ = 0;                                // the next load report (heartbeat) is due then
   uint64_t checksum_failures_ = 0, blocks_verified_ = 0;  // since this process started
+  uint64_t malformed_messages_ = 0;                       // control messages that could not be decoded
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -281,6 +281,13 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     if (options_.log_instances) fmt::print(stderr, "conductor: {}\n", line);
   }
 
+  // A control message dropped for `reason`: counted (crescent_control_messages_dropped_total), and logged
+  // the first time and at every power of two, so a flood of junk writes a few lines, not one each.
+  void dropped(std::string_view reason, const std::string& what) {
+    const uint64_t n = core_.metrics().observe_control_dropped(reason);
+    if ((n & (n - 1)) == 0) log(fmt::format("dropped {} ({} {} so far)", what, n, reason));
+  }
+
   // An instance is up while it reports and (with etcd) is registered; `why` says why it would go down.
   void update_up(Slot& slot, const std::string& why) {
     const bool up = slot.reporting && (registry_ == nullptr || slot.registered);
@@ -327,7 +334,8 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     };
     Slot* slot = find_slot();
     if (slot == nullptr) {
-      log(fmt::format("ignored a message from '{}': no such instance in the config", printable(identity)));
+      dropped("unknown_sender",
+              fmt::format("a message from '{}': no such instance in the config", printable(identity)));
       return;
     }
     if (m.kind == InstanceMessage::Kind::kHello || m.kind == InstanceMessage::Kind::kLoad) {
@@ -468,8 +476,8 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
           }
         }
         if (!m.ok()) {
-          log(fmt::format("dropped a malformed message from '{}': {}", printable(frames[0].to_string()),
-                          m.status().message()));
+          dropped("malformed", fmt::format("a malformed message from '{}': {}",
+                                           printable(frames[0].to_string()), m.status().message()));
           continue;
         }
         handle(frames[0].to_string(), *m);

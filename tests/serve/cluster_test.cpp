@@ -10,9 +10,11 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <zmq.hpp>
 
 #include "served_cluster.h"
 
@@ -244,6 +246,43 @@ TEST(ServeCluster, AKilledStoreMasterOrNodeIsRestartedAndServingGoesOn) {
   }
   EXPECT_THAT(cluster.log(), ::testing::HasSubstr("store-node exited; restarting it (1 within 60 s"));
   EXPECT_THAT(cluster.log(), ::testing::Not(::testing::HasSubstr("could not be kept running")));
+}
+
+// Junk on the Conductor's control socket (issue 22 §1: 20,000 fuzzed frames wrote 19,128 log lines) is
+// counted in a metric and logged a few times, and serving goes on.
+TEST(ServeCluster, JunkOnTheControlSocketIsCountedNotLoggedLineByLine) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  std::smatch m;
+  const std::string log = cluster.log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(which connect to (tcp://127\.0\.0\.1:\d+))"))) << log;
+  constexpr int kFrames = 20'000;
+  {
+    zmq::context_t context;
+    std::mt19937 rng(7);
+    zmq::socket_t dealer(context, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::routing_id, std::string("prefill-9"));  // no instance of the config
+    dealer.set(zmq::sockopt::linger, 5000);
+    dealer.connect(m[1].str());
+    for (int i = 0; i < kFrames; ++i) {
+      std::string junk(1 + rng() % 64, '\0');
+      for (char& c : junk) c = static_cast<char>(rng());
+      junk[0] = static_cast<char>(0xff);  // never a valid kind
+      dealer.send(zmq::buffer(junk), zmq::send_flags::none);
+    }
+  }
+  const std::string malformed = "crescent_control_messages_dropped_total{reason=\"malformed\"}";
+  EXPECT_EQ(cluster.metric_when(
+                malformed, [](double v) { return v >= kFrames; }, std::chrono::seconds(30)),
+            kFrames);
+  size_t lines = 0;
+  const std::string after = cluster.log();
+  for (size_t at = after.find("conductor: dropped"); at != std::string::npos;
+       at = after.find("conductor: dropped", at + 1)) {
+    ++lines;
+  }
+  EXPECT_LE(lines, 40u) << "a line per power of two per reason, not one per frame";
+  EXPECT_EQ(complete(cluster.port(), "still serving", 3).status, 200);
 }
 
 TEST(ServeCluster, AKilledPrefillInstanceFailsItsQueuedRequestsWith503AndFreesTheirDecodeReservations) {
