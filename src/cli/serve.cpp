@@ -28,6 +28,7 @@
 #include "cluster/local_cluster.h"
 #include "cluster/serve_options.h"
 #include "common/atomic_file.h"
+#include "common/secret.h"
 #include "common/socket_io.h"
 #include "common/temp_dir.h"
 #include "conductor/conductor.h"
@@ -78,7 +79,18 @@ struct ServeArgs {
   std::string transfer_metadata;  // decode: where its KV segment is published (empty: etcd or default)
   std::string etcd;               // roles: the registry (etcd_registry.h); "" = none
   std::string etcd_prefix = "/crescent-serve";
+  std::string cluster_secret_file;  // roles: the members' secret (`crescent serve secret FILE` makes one)
 };
+
+// The members' secret of a role started alone: required (docs/serving.md, "Who may talk to what").
+Result<ClusterSecret> role_secret(const ServeArgs& args) {
+  if (args.cluster_secret_file.empty()) {
+    return Status::invalid_argument(
+        "--cluster-secret-file FILE is required: the members of a cluster share a secret (`crescent serve "
+        "secret FILE` writes one; copy it to every host of the cluster)");
+  }
+  return ClusterSecret::from_file(args.cluster_secret_file);
+}
 
 // Where the API key may come from instead of the command line; how the supervisor hands it to the Conductor.
 constexpr const char* kApiKeyVariable = "CRESCENT_API_KEY";
@@ -281,6 +293,18 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
     std::filesystem::create_directories(run_dir, ec);
     if (ec) return fail(Status::io_error(fmt::format("--run-dir {}: {}", run_dir, ec.message())));
   }
+  // Private to this user: it holds the cluster's secret, the children's logs and the transfer metadata.
+  std::error_code perms_error;
+  std::filesystem::permissions(run_dir, std::filesystem::perms::owner_all,
+                               std::filesystem::perm_options::replace, perms_error);
+  if (perms_error) {
+    return fail(Status::io_error(
+        fmt::format("--run-dir {}: cannot make it private: {}", run_dir, perms_error.message())));
+  }
+  // The members' secret, made afresh for this run: the children read it, nobody else can.
+  const std::string secret_path = run_dir + "/cluster-secret";
+  std::filesystem::remove(secret_path, perms_error);  // a reused run directory's
+  if (Status written = ClusterSecret::generate().write_to(secret_path); !written.ok()) return fail(written);
   const sigset_t signals = block_stop_signals();
   std::atomic<bool> failed{false};
   Supervisor supervisor(run_dir, !args.no_restart, {.restarts = 5, .window = std::chrono::minutes(1)},
@@ -344,7 +368,9 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
                                           "--model-name",
                                           s.cluster.model_name,
                                           "--body-limit",
-                                          std::to_string(args.body_limit_bytes)};
+                                          std::to_string(args.body_limit_bytes),
+                                          "--cluster-secret-file",
+                                          secret_path};
   // The key reaches the Conductor in its environment (readable by this user only), not on its command line
   // (which every local user can read in /proc).
   if (!args.api_key.empty() && ::setenv(kApiKeyVariable, args.api_key.c_str(), 1) != 0) {
@@ -376,7 +402,9 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
                                   "--config",
                                   s.config_path,
                                   "--block-size",
-                                  std::to_string(args.block_size_tokens)};
+                                  std::to_string(args.block_size_tokens),
+                                  "--cluster-secret-file",
+                                  secret_path};
     // A prefill instance uses the pool; a decode instance only publishes its KV segment where the store's
     // members look segments up.
     if (std::string_view(role) == "prefill") {
@@ -457,8 +485,11 @@ int run_conductor_role(const ServeArgs& args) {
   if (!s.ok()) return fail(s.status());
   if (Status trace = check_replay_trace(args); !trace.ok()) return fail(trace);
   const sigset_t signals = block_stop_signals();
+  auto secret = role_secret(args);
+  if (!secret.ok()) return fail(secret.status());
   serve::RemoteClusterOptions remote;
   remote.cluster = s->cluster;
+  remote.secret = *secret;
   auto control = control_endpoint(args);
   if (!control.ok()) return fail(control.status());
   remote.control_endpoint = *control;
@@ -491,8 +522,11 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
       return fail(Status::invalid_argument(fmt::format("--cpu {}: {}", args.cpu, std::strerror(errno))));
     }
   }
+  auto secret = role_secret(args);
+  if (!secret.ok()) return fail(secret.status());
   const sigset_t signals = block_stop_signals();
   serve::InstanceOptions options;
+  options.secret = *secret;
   options.role = role;
   options.index = args.index;
   options.conductor_endpoint = args.conductor;
@@ -609,6 +643,9 @@ void register_serve(CLI::App& app, int& exit_code) {
                         "Publish --control in this etcd and take as up only instances registered there");
   conductor->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
       ->capture_default_str();
+  conductor->add_option("--cluster-secret-file", args->cluster_secret_file,
+                        "The members' secret (required; `crescent serve secret FILE` writes one): only "
+                        "instances holding it may connect");
   conductor->callback([conductor, args, &exit_code] {
     run_guarded(exit_code, [&] {
       if (Status key = resolve_api_key(*conductor, *args); !key.ok()) return fail(key);
@@ -636,6 +673,8 @@ void register_serve(CLI::App& app, int& exit_code) {
                            "Where this instance's KV segment is published: dir:PATH or etcd:URL, the store's "
                            "(default: etcd:URL with --etcd, else the store's default directory)");
     }
+    instance->add_option("--cluster-secret-file", args->cluster_secret_file,
+                         "The members' secret (required): the Conductor's, from the same file");
     instance->add_option("--cpu", args->cpu, "Run on this core only (sched_setaffinity)");
     instance->add_option("--advertise-host", args->advertise_host,
                          "Address the Conductor and the other instances reach this one on (its KV event "
@@ -643,6 +682,20 @@ void register_serve(CLI::App& app, int& exit_code) {
     instance->callback(
         [args, role, &exit_code] { run_guarded(exit_code, [&] { return run_instance_role(*args, role); }); });
   }
+
+  auto secret_out = std::make_shared<std::string>();
+  CLI::App* secret = cmd->add_subcommand(
+      "secret", "Write a new cluster secret to FILE (mode 0600) for the roles of a cluster started alone");
+  secret->add_option("file", *secret_out, "Where to write it (must not exist)")->required();
+  secret->callback([secret_out, &exit_code] {
+    run_guarded(exit_code, [&] {
+      if (Status written = ClusterSecret::generate().write_to(*secret_out); !written.ok())
+        return fail(written);
+      fmt::print("wrote a cluster secret to {}: give it to every role with --cluster-secret-file\n",
+                 *secret_out);
+      return 0;
+    });
+  });
 
   cmd->callback([cmd, args, &exit_code] {
     if (!cmd->get_subcommands().empty()) return;  // a role ran

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/secret.h"
 #include "kv/block_key.h"
 
 namespace crescent::cluster {
@@ -33,17 +34,16 @@ ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links
       state_(options.config.prefill_instances, options.config.decode_instances, options.block_size_tokens,
              kv_capacity_tokens_),
       metrics_(options.model_name),
-      prefills_pending_(options.config.prefill_instances, 0) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::system_clock::now().time_since_epoch());
-  next_id_ = (static_cast<uint64_t>(ms.count()) << 20) + 1;
-}
+      prefills_pending_(options.config.prefill_instances, 0) {}
 
 conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id,
                                          double now_s) {
   // Recorded under the id it gets if accepted: an engine in this process may report on it from inside the
   // protocol's last step.
-  const uint64_t candidate = next_id_;
+  // Random (libsodium's source), so no id can be guessed from another, and a restarted Conductor does not
+  // reuse ids that instances may still hold from its predecessor.
+  uint64_t candidate = 0;
+  while (candidate == 0 || requests_.contains(candidate)) candidate = random_u64();
   Live& live = requests_[candidate];
   live.request = std::move(request);
   live.callbacks = std::move(callbacks);
@@ -67,7 +67,6 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
 
 void ConductorCore::on_placed(const conductor::Decision& decision, uint64_t id, double) {
   Live& live = requests_.at(id);
-  ++next_id_;
   metrics_.observe_prefix(live.summary.prompt_tokens, decision.local_prefix_tokens,
                           decision.fetched_prefix_tokens);
   metrics_.observe_kv_bytes("prefix_fetch",

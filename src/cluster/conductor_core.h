@@ -165,9 +165,6 @@ class ConductorCore final : private PlacementDriver {
   const int64_t kv_capacity_tokens_;
   conductor::ClusterState state_;
   ServeMetrics metrics_;  // thread-safe
-  // Request ids start from the wall clock (ms << 20), so a restarted Conductor does not reuse ids that
-  // instances may still hold from its predecessor.
-  uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, Live> requests_;
   std::vector<int64_t> prefills_pending_;  // per prefill instance: requests placed, prefill not done
   std::vector<uint64_t> scratch_ids_;

@@ -72,6 +72,9 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
               .Help("Control messages the Conductor dropped: undecodable, or from no instance of "
                     "its config")
               .Register(*registry_)),
+      clients_refused_(counter(*registry_, "crescent_control_clients_refused_total",
+                               "Connections to the Conductor's members-only sockets refused (no cluster key)",
+                               {})),
       kv_blocks_verified_(counter(*registry_, "crescent_kv_blocks_verified_total",
                                   "KV blocks decode instances checked on arrival", {})),
       kv_checksum_failures_(counter(*registry_, "crescent_kv_checksum_failures_total",
@@ -170,6 +173,11 @@ uint64_t ServeMetrics::observe_control_dropped(std::string_view reason) {
   prometheus::Counter& c = control_dropped_.Add({{"reason", std::string(reason)}});
   c.Increment();
   return static_cast<uint64_t>(c.Value());
+}
+
+void ServeMetrics::observe_clients_refused(uint64_t total) {
+  const double now = static_cast<double>(total);
+  if (now > clients_refused_.Value()) clients_refused_.Increment(now - clients_refused_.Value());
 }
 
 void ServeMetrics::observe_kv_checks(uint64_t verified_blocks, uint64_t failed_blocks) {

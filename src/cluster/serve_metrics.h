@@ -87,6 +87,9 @@ class ServeMetrics {
   /// (crescent_control_messages_dropped_total{reason="malformed"|"unknown_sender"}). Returns how many of that
   /// reason so far, so the caller can log the first and a few more rather than one line per message.
   uint64_t observe_control_dropped(std::string_view reason);
+  /// Clients the members-only sockets have refused so far in all (crescent_control_clients_refused_total:
+  /// connections without the cluster's keys); the counter is brought up to `total`.
+  void observe_clients_refused(uint64_t total);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).
   void observe_token_gap(double seconds);
   /// A request that ended: vllm:request_success_total{finished_reason} counts it; "length" (all its
@@ -107,6 +110,7 @@ class ServeMetrics {
   prometheus::Family<prometheus::Counter>& pool_prefix_;
   prometheus::Counter& prefill_computed_;
   prometheus::Family<prometheus::Counter>& control_dropped_;
+  prometheus::Counter& clients_refused_;
   prometheus::Counter& kv_blocks_verified_;
   prometheus::Counter& kv_checksum_failures_;
   prometheus::Counter& kv_writes_;

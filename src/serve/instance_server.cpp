@@ -26,6 +26,7 @@
 #include "serve/etcd_registry.h"
 #include "serve/kv_blocks.h"
 #include "serve/kv_events.h"
+#include "serve/members_only.h"
 #include "store/client.h"
 #include "store/segment_allocator.h"
 #include "transfer/metadata.h"
@@ -93,7 +94,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
     if (prefill()) {
       kv_memory_bytes_ = (max_prompt_blocks_ + 1) * block_bytes_;
       auto publisher = KvEventPublisher::start(fmt::format("tcp://{}:0", options_.advertise_host),
-                                               fmt::format("tcp://{}:0", options_.advertise_host));
+                                               fmt::format("tcp://{}:0", options_.advertise_host), "", 10'000,
+                                               &*options_.secret);
       if (!publisher.ok()) return publisher.status();
       kv_events_ = std::move(*publisher);
     } else {
@@ -112,7 +114,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
       CRESCENT_RETURN_IF_ERROR(transfer_.expose_segment(segment_, kv_memory_, kv_memory_bytes_));
     }
     try {
-      control_.set(zmq::sockopt::routing_id, identity_);
+      make_member_client(control_, *options_.secret);
+      // Each incarnation has a routing id of its own: the Conductor tells a restarted instance from its
+      // predecessor, and no connection takes over another's.
+      control_.set(zmq::sockopt::routing_id, fmt::format("{}#{:x}", identity_, incarnation_));
       control_.set(zmq::sockopt::linger, 0);
       control_.set(zmq::sockopt::reconnect_ivl, 100);
       control_.set(zmq::sockopt::sndhwm, 0);  // never drop a report (tokens, prefill done) for a slow reader
@@ -943,6 +948,9 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
                                                 options.index, count, to_string(options.role)));
   }
   CRESCENT_RETURN_IF_ERROR(validate(options.cluster));
+  if (!options.secret) {
+    return Status::invalid_argument("an instance joins its Conductor as a member: give the cluster secret");
+  }
   const bool prefill = options.role == InstanceRole::kPrefill;
   if (prefill && options.store_master.empty()) {
     return Status::invalid_argument("a prefill instance needs the store master (--store-master HOST:PORT)");

@@ -13,9 +13,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cluster/conductor_core.h"
+#include "common/secret.h"
 #include "common/status.h"
 #include "serve/instance_wire.h"
 
@@ -42,6 +44,9 @@ struct InstanceOptions {
   /// the Conductor's control socket there when conductor_endpoint is empty (etcd_registry.h).
   std::string etcd_endpoint;
   std::string etcd_prefix = "/crescent-serve";
+  /// The cluster's secret (required): the instance connects to the Conductor as a member, and its KV event
+  /// sockets admit members only (members_only.h).
+  std::optional<ClusterSecret> secret;
 };
 
 class InstanceServer {

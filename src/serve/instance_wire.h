@@ -93,7 +93,7 @@ struct InstanceMessage {
   int64_t hit_tokens = 0;               // prompt tokens reused (prefill start)
   int64_t pool_hit_tokens = 0;          // of them, read from the pool (prefill done)
   int64_t fetched_tokens_expected = 0;  // of them, the arranged prefix to read from the pool (prefill done)
-  int64_t computed_tokens = 0;  // prompt tokens its executor computed, not reused (prefill done)
+  int64_t computed_tokens = 0;          // prompt tokens its executor computed, not reused (prefill done)
   uint64_t kv_bytes = 0;                // KV bytes written to the decode instance (prefill done)
   std::string kv_transport;             // the transport that carried them ("tcp", "shm", "ucx"; prefill done)
   uint64_t kv_chunks = 0;        // in this many writes: chunks streamed while the prefill ran, then the rest

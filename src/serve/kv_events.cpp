@@ -6,11 +6,13 @@
 #include <deque>
 #include <msgpack.hpp>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include "conductor/cluster_state.h"
+#include "serve/members_only.h"
 
 namespace crescent::serve {
 namespace {
@@ -242,7 +244,14 @@ class KvEventPublisher::Impl {
     if (replay_thread_.joinable()) replay_thread_.join();
   }
 
-  Status start(const std::string& endpoint, const std::string& replay_endpoint) {
+  Status start(const std::string& endpoint, const std::string& replay_endpoint, const ClusterSecret* secret) {
+    if (secret != nullptr) {
+      auto zap = MembersOnly::start(context_, *secret);
+      if (!zap.ok()) return zap.status();
+      zap_ = std::move(*zap);
+      make_member_server(pub_, *secret);
+      make_member_server(router_, *secret);
+    }
     try {
       pub_.set(zmq::sockopt::linger, 0);
       pub_.set(zmq::sockopt::sndhwm, 100'000);
@@ -314,6 +323,7 @@ class KvEventPublisher::Impl {
   const std::string topic_;
   const size_t capacity_;
   zmq::context_t context_{1};
+  std::unique_ptr<MembersOnly> zap_;  // with a secret: admits members only (closed after the sockets below)
   zmq::socket_t pub_{context_, zmq::socket_type::pub};
   zmq::socket_t router_{context_, zmq::socket_type::router};
   std::mutex mu_;  // pub_, buffer_, next_seq_
@@ -325,9 +335,10 @@ class KvEventPublisher::Impl {
 
 Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::start(const std::string& endpoint,
                                                                   const std::string& replay_endpoint,
-                                                                  std::string topic, size_t buffer_batches) {
+                                                                  std::string topic, size_t buffer_batches,
+                                                                  const ClusterSecret* secret) {
   auto impl = std::make_unique<Impl>(std::move(topic), std::max<size_t>(1, buffer_batches));
-  CRESCENT_RETURN_IF_ERROR(impl->start(endpoint, replay_endpoint));
+  CRESCENT_RETURN_IF_ERROR(impl->start(endpoint, replay_endpoint, secret));
   return std::unique_ptr<KvEventPublisher>(new KvEventPublisher(std::move(impl)));
 }
 KvEventPublisher::KvEventPublisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -346,8 +357,11 @@ uint64_t KvEventPublisher::publish(const KvEventBatch& batch) {
 
 class KvEventSubscriber::Impl {
  public:
-  Status connect(const std::string& endpoint, const std::string& replay_endpoint, const std::string& topic) {
+  Status connect(const std::string& endpoint, const std::string& replay_endpoint, const std::string& topic,
+                 const ClusterSecret* secret) {
+    if (secret != nullptr) secret_ = *secret;
     try {
+      if (secret_) make_member_client(sub_, *secret_);
       sub_.set(zmq::sockopt::linger, 0);
       sub_.set(zmq::sockopt::subscribe, topic);
       sub_.connect(endpoint);
@@ -392,6 +406,7 @@ class KvEventSubscriber::Impl {
   // dropped by the publisher's ROUTER instead of being read as answers to the next request.
   void open_dealer() {
     dealer_ = zmq::socket_t(context_, zmq::socket_type::dealer);
+    if (secret_) make_member_client(dealer_, *secret_);
     dealer_.set(zmq::sockopt::linger, 0);
     dealer_.connect(replay_endpoint_);
   }
@@ -455,6 +470,7 @@ class KvEventSubscriber::Impl {
   zmq::context_t context_{1};
   zmq::socket_t sub_{context_, zmq::socket_type::sub};
   zmq::socket_t dealer_;
+  std::optional<ClusterSecret> secret_;  // a members-only publisher's
   std::string replay_endpoint_;
   uint64_t expected_ = 0;
   uint64_t malformed_ = 0;
@@ -462,9 +478,10 @@ class KvEventSubscriber::Impl {
 
 Result<std::unique_ptr<KvEventSubscriber>> KvEventSubscriber::connect(const std::string& endpoint,
                                                                       const std::string& replay_endpoint,
-                                                                      std::string topic) {
+                                                                      std::string topic,
+                                                                      const ClusterSecret* secret) {
   auto impl = std::make_unique<Impl>();
-  CRESCENT_RETURN_IF_ERROR(impl->connect(endpoint, replay_endpoint, topic));
+  CRESCENT_RETURN_IF_ERROR(impl->connect(endpoint, replay_endpoint, topic, secret));
   return std::unique_ptr<KvEventSubscriber>(new KvEventSubscriber(std::move(impl)));
 }
 KvEventSubscriber::KvEventSubscriber(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

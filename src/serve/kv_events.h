@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/instance_id.h"
+#include "common/secret.h"
 #include "common/status.h"
 #include "kv/block_key.h"
 
@@ -62,12 +63,14 @@ void apply_kv_events(const KvEventBatch& batch, InstanceId instance, conductor::
 /// Publishes batches on a PUB socket and answers replay requests from a buffer of the last batches.
 class KvEventPublisher {
  public:
-  /// Binds `endpoint` and `replay_endpoint` (e.g. "tcp://127.0.0.1:5557"; port 0 or "*" picks one).
-  /// kUnavailable naming the endpoint when it cannot be bound.
+  /// Binds `endpoint` and `replay_endpoint` (e.g. "tcp://127.0.0.1:5557"; port 0 or "*" picks one). With
+  /// `secret`, both are members-only (members_only.h): only subscribers holding it connect. kUnavailable
+  /// naming the endpoint when it cannot be bound.
   static Result<std::unique_ptr<KvEventPublisher>> start(const std::string& endpoint,
                                                          const std::string& replay_endpoint,
                                                          std::string topic = "",
-                                                         size_t buffer_batches = 10'000);
+                                                         size_t buffer_batches = 10'000,
+                                                         const ClusterSecret* secret = nullptr);
   ~KvEventPublisher();
   /// The endpoints as bound (with their ports).
   const std::string& endpoint() const;
@@ -86,10 +89,13 @@ class KvEventPublisher {
 /// Receives one publisher's batches in sequence order, filling gaps from its replay socket.
 class KvEventSubscriber {
  public:
-  /// Connects to a publisher's endpoints (ZeroMQ connects lazily: an absent publisher is not an error).
+  /// Connects to a publisher's endpoints (ZeroMQ connects lazily: an absent publisher is not an error). With
+  /// `secret`, as a member of a members-only publisher (a crescent instance); without, in the clear (an
+  /// engine's publisher, as vLLM binds it).
   static Result<std::unique_ptr<KvEventSubscriber>> connect(const std::string& endpoint,
                                                             const std::string& replay_endpoint,
-                                                            std::string topic = "");
+                                                            std::string topic = "",
+                                                            const ClusterSecret* secret = nullptr);
   ~KvEventSubscriber();
 
   /// Waits up to `timeout` for batches and hands each to `on_batch` in sequence order, from sequence 0. A

@@ -20,6 +20,7 @@
 #include "serve/instance_wire.h"
 #include "serve/kv_blocks.h"
 #include "serve/kv_events.h"
+#include "serve/members_only.h"
 
 namespace crescent::serve {
 namespace {
@@ -61,9 +62,18 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   }
 
   Status bind() {
+    if (!options_.secret) {
+      return Status::invalid_argument(
+          "the Conductor's control socket admits members only: give the cluster secret");
+    }
+    auto zap = MembersOnly::start(context_, *options_.secret);
+    if (!zap.ok()) return zap.status();
+    zap_ = std::move(*zap);
     try {
+      make_member_server(router_, *options_.secret);
       router_.set(zmq::sockopt::router_mandatory, 1);  // a send to an instance that left fails, not vanishes
-      router_.set(zmq::sockopt::router_handover, 1);   // a restarted instance takes over its identity
+      // No handover: each incarnation of an instance has a routing id of its own ("prefill-0#INCARNATION"),
+      // so no connection takes over another's, and a restarted instance is a new peer.
       router_.set(zmq::sockopt::linger, 0);
       // No high-water mark: an order is never dropped because an instance was slow to read (a stalled
       // instance's queue grows until it reads again or is declared down).
@@ -75,7 +85,11 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       // without waiting for its heartbeat timeout.
       const std::string monitor_endpoint =
           fmt::format("inproc://crescent-control-monitor-{}", fmt::ptr(this));
-      if (zmq_socket_monitor(router_.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
+      // And handshakes that fail: clients without the cluster's keys (counted,
+      // crescent_control_clients_refused_total).
+      constexpr int kEvents = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+      if (zmq_socket_monitor(router_.handle(), monitor_endpoint.c_str(), kEvents) != 0) {
         throw zmq::error_t();
       }
       monitor_ = zmq::socket_t(context_, zmq::socket_type::pair);
@@ -176,6 +190,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       }
       gauges.add_decode_pool(pool);
     }
+    core_.metrics().observe_clients_refused(clients_refused_.load());
     return core_.metrics().scrape(gauges);
   }
 
@@ -251,7 +266,8 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     uint64_t blocks_verified = 0, checksum_failures = 0;  // as the instance last reported them
     std::string kv_events_endpoint, kv_replay_endpoint;
     uint64_t kv_generation = 0;  // bumped when the KV event endpoints change (a new incarnation)
-    std::string name;            // "prefill-0": its ZeroMQ routing id and its name in logs and etcd
+    std::string name;            // "prefill-0": its name in logs and etcd
+    std::string routing_id;      // its current incarnation's ZeroMQ routing id, "prefill-0#INCARNATION"
     int fd = -1;                 // the control connection it last sent on
     const std::string& identity() const { return name; }
   };
@@ -273,7 +289,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
 
   void post(const Slot& slot, const InstanceMessage& m) {
     if (!slot.up) return;  // its requests have failed already
-    outbox_.emplace_back(slot.identity(), encode(m));
+    outbox_.emplace_back(slot.routing_id, encode(m));
     wake();
   }
 
@@ -324,27 +340,38 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     }
   }
 
-  void handle(const std::string& identity, const InstanceMessage& m) {
+  void handle(const std::string& routing_id, const InstanceMessage& m) {
     const double now = now_s();
+    const std::string_view name = std::string_view(routing_id).substr(0, routing_id.find('#'));
     auto find_slot = [&]() -> Slot* {
       for (Slot& s : slots_) {
-        if (s.identity() == identity) return &s;
+        if (s.name == name) return &s;
       }
       return nullptr;
     };
     Slot* slot = find_slot();
     if (slot == nullptr) {
       dropped("unknown_sender",
-              fmt::format("a message from '{}': no such instance in the config", printable(identity)));
+              fmt::format("a message from '{}': no such instance in the config", printable(routing_id)));
+      return;
+    }
+    // A hello comes once from each incarnation as it starts: the newest takes the slot (a restart). Anything
+    // else counts only from the incarnation that holds it; an older one (a process that was stopped and
+    // resumed after its successor started) is not heard.
+    if (routing_id != slot->routing_id && m.kind != InstanceMessage::Kind::kHello &&
+        !(slot->routing_id.empty() && m.kind == InstanceMessage::Kind::kLoad)) {
+      dropped("stale_incarnation", fmt::format("a message from '{}', which {} has replaced",
+                                               printable(routing_id), slot->routing_id));
       return;
     }
     if (m.kind == InstanceMessage::Kind::kHello || m.kind == InstanceMessage::Kind::kLoad) {
-      if (slot->reporting && slot->incarnation != m.incarnation) {
+      if (slot->reporting && (slot->incarnation != m.incarnation || routing_id != slot->routing_id)) {
         slot->reporting = false;  // a new process under the old name: what the old one had is gone
         update_up(*slot, "restarted");
       }
       if (!slot->reporting) {
         slot->reporting = true;
+        slot->routing_id = routing_id;
         slot->incarnation = m.incarnation;
         slot->blocks_verified = slot->checksum_failures = 0;
         slot->kv_events_endpoint = m.kv_events_endpoint;
@@ -367,6 +394,11 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     }
     if (!slot->up) return;  // a straggler from before it went down
     slot->last_seen_s = now;
+    if (!placed_here(*slot, m)) {
+      dropped("not_placed_here", fmt::format("a message of kind {} from {} about a request not placed there",
+                                             static_cast<int>(m.kind), slot->name));
+      return;
+    }
     switch (m.kind) {
       case InstanceMessage::Kind::kPrefillStart:
         core_.on_prefill_start(m.request_id, m.hit_tokens, now);
@@ -404,14 +436,44 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         break;
       case InstanceMessage::Kind::kKvTimeout:
         core_.fail(m.request_id, "kv_transfer_failed",
-                   fmt::format("its KV did not reach {} within kv_transfer_timeout_s", identity), now);
+                   fmt::format("its KV did not reach {} within kv_transfer_timeout_s", slot->name), now);
         break;
       case InstanceMessage::Kind::kKvError:
         core_.fail(m.request_id, "kv_transfer_failed", m.error, now);
         break;
       default:
-        log(fmt::format("ignored a message of kind {} from {}", static_cast<int>(m.kind), identity));
+        log(fmt::format("ignored a message of kind {} from {}", static_cast<int>(m.kind), slot->name));
         break;
+    }
+  }
+
+  // Whether `m`, from `slot`, is about requests placed on that instance: reports of a prefill from the
+  // request's prefill instance, of its decode (room, KV, tokens) from its decode instance. A kTokens
+  // message keeps its ids placed there (the rest were checked above: no message names none).
+  bool placed_here(const Slot& slot, const InstanceMessage& m) {
+    const auto on = [&](uint64_t id, InstanceRole role) {
+      const cluster::RequestSummary* s = core_.summary(id);
+      if (s == nullptr) return true;  // finished or failed meanwhile: the core ignores it
+      return slot.role == role &&
+             (role == InstanceRole::kPrefill ? s->prefill_instance : s->decode_instance) == slot.index;
+    };
+    switch (m.kind) {
+      case InstanceMessage::Kind::kPrefillStart:
+      case InstanceMessage::Kind::kFirstToken:
+      case InstanceMessage::Kind::kPrefillDone:
+      case InstanceMessage::Kind::kPoolWritten:
+        return on(m.request_id, InstanceRole::kPrefill);
+      case InstanceMessage::Kind::kReserved:
+      case InstanceMessage::Kind::kKvTimeout:
+      case InstanceMessage::Kind::kKvError:
+        return on(m.request_id, InstanceRole::kDecode);
+      case InstanceMessage::Kind::kTokens:
+        for (uint64_t id : m.request_ids) {
+          if (!on(id, InstanceRole::kDecode)) return false;
+        }
+        return true;
+      default:
+        return true;
     }
   }
 
@@ -424,7 +486,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     identity_of_fd_.erase(it);
     std::lock_guard lock(mu_);
     for (Slot& s : slots_) {
-      if (s.identity() != identity || s.fd != fd) continue;
+      if (s.routing_id != identity || s.fd != fd) continue;
       s.fd = -1;
       if (!s.reporting) continue;
       s.reporting = false;
@@ -442,7 +504,11 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       int32_t value = 0;
       std::memcpy(&event, frames[0].data(), sizeof(event));
       std::memcpy(&value, static_cast<const char*>(frames[0].data()) + 2, sizeof(value));
-      if (event == ZMQ_EVENT_DISCONNECTED) connection_closed(value);
+      if (event == ZMQ_EVENT_DISCONNECTED) {
+        connection_closed(value);
+      } else {
+        ++clients_refused_;
+      }
     }
   }
 
@@ -472,7 +538,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         std::lock_guard lock(mu_);
         if (fd >= 0) {
           for (Slot& s : slots_) {
-            if (s.identity() == frames[0].to_string_view()) s.fd = fd;
+            if (s.routing_id == frames[0].to_string_view()) s.fd = fd;
           }
         }
         if (!m.ok()) {
@@ -576,7 +642,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
           continue;
         }
         if (!subs[p].subscriber || subs[p].generation != generation) {
-          auto sub = KvEventSubscriber::connect(endpoint, replay);
+          auto sub = KvEventSubscriber::connect(endpoint, replay, "", &*options_.secret);
           if (!sub.ok()) continue;
           subs[p] = {generation, std::move(*sub)};
         }
@@ -605,8 +671,10 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   std::vector<Slot> slots_;                                  // prefill instances, then decode instances
   std::vector<std::pair<std::string, std::string>> outbox_;  // (identity, message) to send
   zmq::context_t context_;
-  zmq::socket_t router_;   // the control thread's
-  zmq::socket_t monitor_;  // the control thread's: router_'s closed connections
+  std::unique_ptr<MembersOnly> zap_;          // admits members only to router_ (closed after it)
+  std::atomic<uint64_t> clients_refused_{0};  // router_'s failed handshakes (the monitor's events)
+  zmq::socket_t router_;                      // the control thread's
+  zmq::socket_t monitor_;                     // the control thread's: router_'s closed connections
   std::unordered_map<int, std::string>
       identity_of_fd_;  // the control thread's: who last sent on each connection
   std::string endpoint_;

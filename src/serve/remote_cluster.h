@@ -9,10 +9,12 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cluster/cluster.h"
 #include "cluster/conductor_core.h"
+#include "common/secret.h"
 #include "common/status.h"
 
 namespace crescent::serve {
@@ -29,12 +31,16 @@ struct RemoteClusterOptions {
   /// socket is the registry.
   std::string etcd_endpoint;
   std::string etcd_prefix = "/crescent-serve";
+  /// The cluster's secret (required): the control socket admits members only and the KV-event subscribers
+  /// connect as members (members_only.h).
+  std::optional<ClusterSecret> secret;
 };
 
 class RemoteCluster final : public cluster::Cluster {
  public:
   /// Validates the config, binds the control socket, publishes it in etcd (when set) and starts the
-  /// Conductor's threads. kUnavailable when the endpoint cannot be bound or etcd cannot be reached.
+  /// Conductor's threads. kInvalidArgument without a secret; kUnavailable when the endpoint cannot be bound
+  /// or etcd cannot be reached.
   static Result<std::unique_ptr<RemoteCluster>> start(const RemoteClusterOptions& options);
   ~RemoteCluster() override;
 

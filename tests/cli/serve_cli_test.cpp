@@ -160,5 +160,31 @@ TEST(ServeCli, TheApiKeyIsGivenOnceAndNeverEmpty) {
   EXPECT_EQ(report["failed"], 0);
 }
 
+// A role started alone needs the members' secret, from a private file; `crescent serve secret FILE` makes
+// one (issue 22 §1).
+TEST(ServeCli, RolesStartedAloneNeedThePrivateClusterSecret) {
+  test::TempDir dir;
+  const std::string secret = dir.file("cluster-secret");
+  CliRun run = run_crescent("serve conductor --port 0 --control tcp://127.0.0.1:0");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("--cluster-secret-file FILE is required"));
+  run = run_crescent("serve decode --index 0 --conductor tcp://127.0.0.1:1");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("--cluster-secret-file FILE is required"));
+  run = run_crescent("serve secret " + quote(secret));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(std::filesystem::status(secret).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  run = run_crescent("serve secret " + quote(secret));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.err, HasSubstr("cannot create it"));
+  std::filesystem::permissions(secret, std::filesystem::perms::group_read,
+                               std::filesystem::perm_options::add);
+  run = run_crescent("serve decode --index 0 --conductor tcp://127.0.0.1:1 --cluster-secret-file " +
+                     quote(secret));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("lets others read it"));
+}
+
 }  // namespace
 }  // namespace crescent::cli_test

@@ -145,5 +145,32 @@ TEST(SecretsEqual, ComparesWholeSecrets) {
   EXPECT_FALSE(secrets_equal("", "x"));
 }
 
+// The members' secret: written private and read back; a file others may read, or that is not a secret's,
+// is refused by name; what is derived from it differs by purpose and is the same for every holder.
+TEST(ClusterSecret, IsWrittenPrivateReadBackAndDerivesKeysByPurpose) {
+  test::TempDir dir;
+  const std::string path = dir.file("secret");
+  const ClusterSecret secret = ClusterSecret::generate();
+  ASSERT_TRUE(secret.write_to(path).ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(secret.write_to(path).code(), StatusCode::kIoError) << "an existing secret is never overwritten";
+  auto read = ClusterSecret::from_file(path);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->derive("a"), secret.derive("a"));
+  EXPECT_NE(secret.derive("a"), secret.derive("b"));
+  EXPECT_NE(ClusterSecret::generate().derive("a"), secret.derive("a"));
+  EXPECT_EQ(read->curve_key_pair("k").public_key, secret.curve_key_pair("k").public_key);
+  EXPECT_NE(secret.curve_key_pair("k").public_key, secret.curve_key_pair("k").secret_key);
+
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
+  EXPECT_THAT(ClusterSecret::from_file(path).status().message(), HasSubstr("lets others read it"));
+  ASSERT_TRUE(write_file_atomically(dir.file("short"), "abcd\n").ok());
+  ASSERT_EQ(::chmod(dir.file("short").c_str(), 0600), 0);
+  EXPECT_THAT(ClusterSecret::from_file(dir.file("short")).status().message(), HasSubstr("64 hex digits"));
+  EXPECT_EQ(ClusterSecret::from_file(dir.file("missing")).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace crescent

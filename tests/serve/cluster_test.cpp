@@ -16,10 +16,13 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "serve/members_only.h"
 #include "served_cluster.h"
 
 namespace crescent {
 namespace {
+
+using serve::make_member_client;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -248,37 +251,71 @@ TEST(ServeCluster, AKilledStoreMasterOrNodeIsRestartedAndServingGoesOn) {
   EXPECT_THAT(cluster.log(), ::testing::Not(::testing::HasSubstr("could not be kept running")));
 }
 
-// Junk on the Conductor's control socket (issue 22 §1: 20,000 fuzzed frames wrote 19,128 log lines) is
-// counted in a metric and logged a few times, and serving goes on.
-TEST(ServeCluster, JunkOnTheControlSocketIsCountedNotLoggedLineByLine) {
+// The control plane as a rogue local process would try it (issue 22 §1): without the cluster's secret, a
+// connection under a member's name gets nowhere (refused, counted) and the genuine instance keeps serving
+// the same answers; a member's junk (20,000 fuzzed frames, which wrote 19,128 log lines) is counted in a
+// metric and logged a few times.
+TEST(ServeCluster, OnlyMembersReachTheControlSocketAndTheirJunkIsCounted) {
   ServedCluster cluster;
   ASSERT_GT(cluster.port(), 0) << cluster.log();
   std::smatch m;
   const std::string log = cluster.log();
   ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(which connect to (tcp://127\.0\.0\.1:\d+))"))) << log;
+  const std::string control = m[1].str();
+  const json greedy = {{"temperature", 0}};
+  const Answer before = complete(cluster.port(), "the same prompt", 4, greedy);
+  ASSERT_EQ(before.status, 200);
   constexpr int kFrames = 20'000;
-  {
-    zmq::context_t context;
+  const auto send_junk = [&](zmq::socket_t& dealer) {
     std::mt19937 rng(7);
-    zmq::socket_t dealer(context, zmq::socket_type::dealer);
-    dealer.set(zmq::sockopt::routing_id, std::string("prefill-9"));  // no instance of the config
-    dealer.set(zmq::sockopt::linger, 5000);
-    dealer.connect(m[1].str());
     for (int i = 0; i < kFrames; ++i) {
       std::string junk(1 + rng() % 64, '\0');
       for (char& c : junk) c = static_cast<char>(rng());
       junk[0] = static_cast<char>(0xff);  // never a valid kind
-      dealer.send(zmq::buffer(junk), zmq::send_flags::none);
+      (void)dealer.send(zmq::buffer(junk), zmq::send_flags::dontwait);
     }
+  };
+  zmq::context_t context;
+  // A stranger under decode-0's name, in the clear and with keys of its own: refused at the handshake.
+  for (bool curve : {false, true}) {
+    zmq::socket_t rogue(context, zmq::socket_type::dealer);
+    rogue.set(zmq::sockopt::routing_id, std::string("decode-0"));
+    rogue.set(zmq::sockopt::linger, 0);
+    if (curve) make_member_client(rogue, ClusterSecret::generate());
+    rogue.connect(control);
+    send_junk(rogue);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its handshake is tried
+  }
+  EXPECT_GE(cluster.metric_when(
+                "crescent_control_clients_refused_total", [](double v) { return v >= 1; },
+                std::chrono::seconds(10)),
+            1);
+  const Answer after = complete(cluster.port(), "the same prompt", 4, greedy);
+  ASSERT_EQ(after.status, 200) << cluster.log();
+  EXPECT_EQ(after.body["choices"][0]["text"], before.body["choices"][0]["text"])
+      << "the genuine decode-0 answered";
+  EXPECT_EQ(cluster.metric("crescent_instances_up{role=\"decode\"}"), 2);
+
+  // A member (it holds the run's secret) sending junk.
+  {
+    auto secret = ClusterSecret::from_file(cluster.run_dir() + "/cluster-secret");
+    ASSERT_TRUE(secret.ok()) << secret.status().message();
+    zmq::socket_t member(context, zmq::socket_type::dealer);
+    member.set(zmq::sockopt::routing_id, std::string("prefill-9"));
+    member.set(zmq::sockopt::linger, 10'000);
+    member.set(zmq::sockopt::sndhwm, 0);
+    make_member_client(member, *secret);
+    member.connect(control);
+    send_junk(member);
   }
   const std::string malformed = "crescent_control_messages_dropped_total{reason=\"malformed\"}";
   EXPECT_EQ(cluster.metric_when(
                 malformed, [](double v) { return v >= kFrames; }, std::chrono::seconds(30)),
             kFrames);
   size_t lines = 0;
-  const std::string after = cluster.log();
-  for (size_t at = after.find("conductor: dropped"); at != std::string::npos;
-       at = after.find("conductor: dropped", at + 1)) {
+  const std::string text = cluster.log();
+  for (size_t at = text.find("conductor: dropped"); at != std::string::npos;
+       at = text.find("conductor: dropped", at + 1)) {
     ++lines;
   }
   EXPECT_LE(lines, 40u) << "a line per power of two per reason, not one per frame";

@@ -27,6 +27,7 @@ cleanup() {
   wait 2>/dev/null
   for h in "${hosts[@]}"; do ip netns del "$tag-$h" 2>/dev/null; done
   ip netns del "$switch" 2>/dev/null
+  [ -n "${stage:-}" ] && rm -rf "$stage"
 }
 trap cleanup EXIT
 
@@ -44,6 +45,14 @@ ip netns add "$switch" 2> /dev/null || skip "cannot create a network namespace h
 ip -n "$switch" link add br0 type bridge && ip -n "$switch" link set br0 up || skip "no bridge in a namespace"
 
 rm -rf "$work" && mkdir -p "$work" || fail "cannot create $work"
+# What the hosts run and read, outside /tmp: each host has a /tmp of its own, so a build tree or a clone under
+# /tmp would not be there. The binary with the modules it loads from beside it, the config, the members'
+# secret, etcd's data.
+stage=$(mktemp -d /var/tmp/crescent-multihost.XXXXXX) || fail "cannot create a staging directory in /var/tmp"
+cp "$crescent" "$stage/" && cp "$(dirname "$crescent")"/lib*.so "$stage/" 2> /dev/null
+cp "$source_dir/configs/local.json" "$stage/" || fail "cannot stage the binary and the config in $stage"
+crescent="$stage/$(basename "$crescent")"
+"$crescent" serve secret "$stage/cluster-secret" > /dev/null || fail "cannot write the cluster secret"
 i=10
 for h in "${hosts[@]}"; do
   ns="$tag-$h"
@@ -77,13 +86,13 @@ wait_for() {
 }
 
 etcd_url="http://${address[etcd]}:2379"
-run_on etcd etcd etcd --data-dir "$work/etcd-data" --name multihost \
+run_on etcd etcd etcd --data-dir "$stage/etcd-data" --name multihost \
   --listen-client-urls "$etcd_url" --advertise-client-urls "$etcd_url" \
   --listen-peer-urls "http://${address[etcd]}:2380" --initial-advertise-peer-urls "http://${address[etcd]}:2380" \
   --initial-cluster "multihost=http://${address[etcd]}:2380"
 wait_for etcd "ready to serve client requests" 30
 
-config="$source_dir/configs/local.json"
+config="$stage/local.json"
 # The store: master (transfer metadata in etcd, as every member finds it) and one node.
 run_on store store-master "$crescent" store master --etcd "$etcd_url" --metrics ""
 wait_for store-master "store master: leading" 30
@@ -93,14 +102,14 @@ master_address=$(sed -n 's/^store master on \([^ ]*\) .*/\1/p' "$work/store-mast
 case "$master_address" in 10.213.*) ;; *) fail "the store master advertises '$master_address', not its own host's address" ;; esac
 
 run_on conductor conductor "$crescent" serve conductor --config "$config" --host "${address[conductor]}" \
-  --port 8000 --etcd "$etcd_url"
+  --port 8000 --etcd "$etcd_url" --cluster-secret-file "$stage/cluster-secret"
 wait_for conductor "conductor: model" 30
 for role in prefill decode; do
   for index in 0 1; do
     extra=()
     [ "$role" = prefill ] && extra=(--store-master "$master_address")
     run_on "$role$index" "$role-$index" "$crescent" serve "$role" --index "$index" --config "$config" \
-      --etcd "$etcd_url" "${extra[@]}"
+      --etcd "$etcd_url" --cluster-secret-file "$stage/cluster-secret" "${extra[@]}"
   done
 done
 for role in prefill-0 prefill-1 decode-0 decode-1; do wait_for conductor "conductor: $role up" 60; done

@@ -13,6 +13,7 @@
 
 #include "common/child_process.h"
 #include "common/etcd_client.h"
+#include "common/secret.h"
 #include "serve/etcd_registry.h"
 #include "test_support/etcd_server.h"
 #include "test_support/temp_dir.h"
@@ -56,10 +57,14 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
   ASSERT_TRUE(node.ok());
   ASSERT_TRUE((*node)->wait_for_line("store node: segment", std::chrono::seconds(20)).ok());
 
-  auto conductor = ChildProcess::start(
-      {CRESCENT_BINARY, "serve", "conductor", "--config", dir.file("one.json"), "--port", "0", "--control",
-       "tcp://127.0.0.1:0", "--etcd", etcd.endpoint(), "--etcd-prefix", prefix},
-      dir.file("conductor.log"));
+  // The members' secret, as an operator makes it once for all the roles.
+  const std::string secret = dir.file("cluster-secret");
+  ASSERT_TRUE(ClusterSecret::generate().write_to(secret).ok());
+  auto conductor =
+      ChildProcess::start({CRESCENT_BINARY, "serve", "conductor", "--config", dir.file("one.json"), "--port",
+                           "0", "--control", "tcp://127.0.0.1:0", "--etcd", etcd.endpoint(), "--etcd-prefix",
+                           prefix, "--cluster-secret-file", secret},
+                          dir.file("conductor.log"));
   ASSERT_TRUE(conductor.ok());
   auto line = (*conductor)->wait_for_line("conductor: model", std::chrono::seconds(20));
   ASSERT_TRUE(line.ok()) << line.status().message();
@@ -77,9 +82,19 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
   for (const char* role : {"prefill", "decode"}) {
     // No --conductor: found in etcd. A prefill instance uses the pool; a decode instance only publishes its
     // KV segment where the store's members look segments up.
-    std::vector<std::string> argv{
-        CRESCENT_BINARY, "serve",         role,  "--index", "0", "--config", dir.file("one.json"), "--etcd",
-        etcd.endpoint(), "--etcd-prefix", prefix};
+    std::vector<std::string> argv{CRESCENT_BINARY,
+                                  "serve",
+                                  role,
+                                  "--index",
+                                  "0",
+                                  "--config",
+                                  dir.file("one.json"),
+                                  "--etcd",
+                                  etcd.endpoint(),
+                                  "--etcd-prefix",
+                                  prefix,
+                                  "--cluster-secret-file",
+                                  secret};
     if (std::string_view(role) == "prefill") {
       argv.insert(argv.end(), {"--store-master", master_address});
     } else {

@@ -38,6 +38,8 @@ class ServedCluster {
   ~ServedCluster() { process_->stop(std::chrono::seconds(10)); }
 
   int port() const { return port_; }
+  /// Its run directory (children's logs, the cluster secret).
+  std::string run_dir() const { return dir_.file("run"); }
   std::string log() const {
     std::ifstream in(process_->log_path());
     std::stringstream s;
