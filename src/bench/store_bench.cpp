@@ -7,12 +7,14 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "bench/redis_baseline.h"
 #include "common/child_process.h"
 #include "common/percentile.h"
+#include "common/secret.h"
 #include "common/temp_dir.h"
 #include "store/client.h"
 #include "store/master_client.h"
@@ -32,6 +34,7 @@ struct StoreProcesses {
   std::unique_ptr<ChildProcess> master;
   std::unique_ptr<ChildProcess> node;
   std::string address;
+  std::optional<ClusterSecret> secret;  // members only, as in production: the handshake's cost is measured
 };
 
 Result<std::unique_ptr<StoreProcesses>> start_store(const StoreBenchOptions& options) {
@@ -40,9 +43,13 @@ Result<std::unique_ptr<StoreProcesses>> start_store(const StoreBenchOptions& opt
   if (!created.ok()) return created.status();
   p->dir = std::move(*created);
   const std::string& dir = p->dir.path();
-  auto master = ChildProcess::start({options.crescent_binary, "store", "master", "--listen", "127.0.0.1:0",
-                                     "--metrics", "", "--transfer-metadata", "dir:" + dir + "/metadata"},
-                                    dir + "/master.log");
+  p->secret = ClusterSecret::generate();
+  const std::string secret_file = dir + "/cluster-secret";
+  CRESCENT_RETURN_IF_ERROR(p->secret->write_to(secret_file));
+  auto master = ChildProcess::start(
+      {options.crescent_binary, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "",
+       "--transfer-metadata", "dir:" + dir + "/metadata", "--cluster-secret-file", secret_file},
+      dir + "/master.log");
   if (!master.ok()) return master.status();
   p->master = std::move(*master);
   auto line = p->master->wait_for_line("store master on ", std::chrono::seconds(20));
@@ -51,7 +58,8 @@ Result<std::unique_ptr<StoreProcesses>> start_store(const StoreBenchOptions& opt
   p->address = line->substr(at, line->find(' ', at) - at);
   auto node = ChildProcess::start({options.crescent_binary, "store", "node", "--master", p->address, "--dram",
                                    std::to_string(options.node_dram_bytes), "--metrics", "", "--name",
-                                   fmt::format("bench-node-{}", ::getpid()), "--transports", "shm,tcp"},
+                                   fmt::format("bench-node-{}", ::getpid()), "--transports", "shm,tcp",
+                                   "--cluster-secret-file", secret_file},
                                   dir + "/node.log");
   if (!node.ok()) return node.status();
   p->node = std::move(*node);
@@ -152,9 +160,10 @@ class CrescentWorker {
   uint64_t seq_ = 0;
 };
 
-KvRunResult run_crescent(const std::string& master, const KvRunSpec& spec, int run) {
+KvRunResult run_crescent(const StoreProcesses& store, const KvRunSpec& spec, int run) {
   store::ClientOptions options;
-  options.master.address = master;
+  options.master.address = store.address;
+  options.master.secret = store.secret;
   options.staging_bytes = 8 << 20;
   options.transports = {spec.system == "crescent-shm" ? transfer::TransportKind::kShm
                                                       : transfer::TransportKind::kTcp};
@@ -188,6 +197,7 @@ uint64_t rss_bytes(pid_t pid) {
 Status run_metadata(const StoreBenchOptions& options, StoreProcesses& store, StoreBenchReport& report) {
   store::MasterClientOptions master_options;
   master_options.address = store.address;
+  master_options.secret = store.secret;
   auto master = store::MasterClient::connect(master_options);
   if (!master.ok()) return master.status();
   for (int threads : options.metadata_threads) {
@@ -293,7 +303,7 @@ Result<StoreBenchReport> run_store_bench(const StoreBenchOptions& options) {
               result = drive_kv_load(
                   spec, [&](int thread) { return make_redis_worker(redis->port(), spec, thread); });
             } else {
-              result = run_crescent((*store)->address, spec, run++);
+              result = run_crescent(**store, spec, run++);
             }
             report.runs.push_back(result);
             if (options.progress) options.progress(result);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -68,6 +69,23 @@ Result<std::vector<long>> parse_int_list(std::string_view flag, const std::strin
     out.push_back(*value);
   }
   return out;
+}
+
+CLI::Option* add_cluster_secret_option(CLI::App* command, std::string& file, std::string_view what) {
+  return command
+      ->add_option(
+          "--cluster-secret-file", file,
+          fmt::format("The cluster's secret (required; `crescent serve secret FILE` writes one): {}", what))
+      ->envname("CRESCENT_CLUSTER_SECRET_FILE");
+}
+
+Result<ClusterSecret> load_cluster_secret(const std::string& file) {
+  if (file.empty()) {
+    return Status::invalid_argument(
+        "--cluster-secret-file FILE (or $CRESCENT_CLUSTER_SECRET_FILE) is required: the members of a cluster "
+        "share a secret (`crescent serve secret FILE` writes one; copy it to every host of the cluster)");
+  }
+  return ClusterSecret::from_file(file);
 }
 
 }  // namespace crescent::cli

@@ -84,12 +84,7 @@ struct ServeArgs {
 
 // The members' secret of a role started alone: required (docs/serving.md, "Who may talk to what").
 Result<ClusterSecret> role_secret(const ServeArgs& args) {
-  if (args.cluster_secret_file.empty()) {
-    return Status::invalid_argument(
-        "--cluster-secret-file FILE is required: the members of a cluster share a secret (`crescent serve "
-        "secret FILE` writes one; copy it to every host of the cluster)");
-  }
-  return ClusterSecret::from_file(args.cluster_secret_file);
+  return load_cluster_secret(args.cluster_secret_file);
 }
 
 // Where the API key may come from instead of the command line; how the supervisor hands it to the Conductor.
@@ -288,19 +283,11 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
     Result<TempDir> created = TempDir::create("crescent-serve");
     if (!created.ok()) return fail(created.status());
     run_dir = created->release();  // kept: the logs outlive the run
-  } else {
-    std::error_code ec;
-    std::filesystem::create_directories(run_dir, ec);
-    if (ec) return fail(Status::io_error(fmt::format("--run-dir {}: {}", run_dir, ec.message())));
   }
   // Private to this user: it holds the cluster's secret, the children's logs and the transfer metadata.
+  if (Status made = make_private_directory(run_dir); !made.ok())
+    return fail(Status(made.code(), "--run-dir: " + made.message()));
   std::error_code perms_error;
-  std::filesystem::permissions(run_dir, std::filesystem::perms::owner_all,
-                               std::filesystem::perm_options::replace, perms_error);
-  if (perms_error) {
-    return fail(Status::io_error(
-        fmt::format("--run-dir {}: cannot make it private: {}", run_dir, perms_error.message())));
-  }
   // The members' secret, made afresh for this run: the children read it, nobody else can.
   const std::string secret_path = run_dir + "/cluster-secret";
   std::filesystem::remove(secret_path, perms_error);  // a reused run directory's
@@ -324,21 +311,22 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   // (docs/store.md). Meanwhile the pool only misses: it is a cache.
   const uint16_t master_port = net::free_tcp_port();
   if (master_port == 0) return fail(Status::unavailable("no free TCP port on this machine"));
-  auto master =
-      supervisor.start("store-master",
-                       {self, "store", "master", "--listen", fmt::format("127.0.0.1:{}", master_port),
-                        "--metrics", "", "--transfer-metadata", metadata_spec},
-                       "store master on ", kStartTimeout);
+  auto master = supervisor.start(
+      "store-master",
+      {self, "store", "master", "--listen", fmt::format("127.0.0.1:{}", master_port), "--metrics", "",
+       "--transfer-metadata", metadata_spec, "--cluster-secret-file", secret_path},
+      "store master on ", kStartTimeout);
   if (!master.ok()) return fail(master.status());
   // "store master on HOST:PORT (metrics ..."
   const std::string master_address =
       master->substr(master->find(" on ") + 4, master->find(" (") - master->find(" on ") - 4);
   // (Its segment is named after its pid: a restarted node mounts a new one while the master still holds the
   // old one's until it expires.)
-  auto node = supervisor.start("store-node",
-                               {self, "store", "node", "--master", master_address, "--dram",
-                                std::to_string(c.serve.store_dram_bytes), "--metrics", ""},
-                               "store node: segment", kStartTimeout);
+  auto node = supervisor.start(
+      "store-node",
+      {self, "store", "node", "--master", master_address, "--dram", std::to_string(c.serve.store_dram_bytes),
+       "--metrics", "", "--cluster-secret-file", secret_path},
+      "store node: segment", kStartTimeout);
   if (!node.ok()) return fail(node.status());
 
   // The Conductor is a child too: its ports are fixed now, so a restarted Conductor is found where the
@@ -643,9 +631,7 @@ void register_serve(CLI::App& app, int& exit_code) {
                         "Publish --control in this etcd and take as up only instances registered there");
   conductor->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
       ->capture_default_str();
-  conductor->add_option("--cluster-secret-file", args->cluster_secret_file,
-                        "The members' secret (required; `crescent serve secret FILE` writes one): only "
-                        "instances holding it may connect");
+  add_cluster_secret_option(conductor, args->cluster_secret_file, "only instances holding it may connect");
   conductor->callback([conductor, args, &exit_code] {
     run_guarded(exit_code, [&] {
       if (Status key = resolve_api_key(*conductor, *args); !key.ok()) return fail(key);
@@ -673,8 +659,7 @@ void register_serve(CLI::App& app, int& exit_code) {
                            "Where this instance's KV segment is published: dir:PATH or etcd:URL, the store's "
                            "(default: etcd:URL with --etcd, else the store's default directory)");
     }
-    instance->add_option("--cluster-secret-file", args->cluster_secret_file,
-                         "The members' secret (required): the Conductor's, from the same file");
+    add_cluster_secret_option(instance, args->cluster_secret_file, "the Conductor's, from the same file");
     instance->add_option("--cpu", args->cpu, "Run on this core only (sched_setaffinity)");
     instance->add_option("--advertise-host", args->advertise_host,
                          "Address the Conductor and the other instances reach this one on (its KV event "

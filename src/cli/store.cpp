@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -47,6 +49,7 @@ struct MasterArgs {
   std::string etcd;
   long leader_ttl_s = 5;
   std::string etcd_prefix = "/crescent-store";
+  std::string cluster_secret_file;
 };
 
 /// Set from the election thread when this master is deposed; run_master then exits 1.
@@ -69,6 +72,9 @@ Result<std::string> address_toward(const std::string& peer, const std::string& f
 
 int run_master(const MasterArgs& args) {
   MasterServerOptions options;
+  Result<ClusterSecret> secret = load_cluster_secret(args.cluster_secret_file);
+  if (!secret.ok()) return store_fail(secret.status());
+  options.secret = *secret;
   options.listen_address = args.listen;
   if (options.listen_address.empty()) {
     auto host = address_toward(args.etcd, "127.0.0.1", "--listen");
@@ -133,6 +139,7 @@ struct NodeArgs {
   std::string tcp_host;  // empty: the interface that reaches the master
   std::string metrics = "127.0.0.1:0";
   std::string transports = "shm,tcp";
+  std::string cluster_secret_file;
 };
 
 Result<std::vector<transfer::TransportKind>> parse_transports(const std::string& text) {
@@ -149,6 +156,9 @@ Result<std::vector<transfer::TransportKind>> parse_transports(const std::string&
 
 int run_node(const NodeArgs& args) {
   StorageNodeOptions options;
+  Result<ClusterSecret> secret = load_cluster_secret(args.cluster_secret_file);
+  if (!secret.ok()) return store_fail(secret.status());
+  options.master.secret = *secret;
   options.master.address = args.master;
   options.master.etcd.endpoint = args.etcd;
   options.master.etcd.prefix = args.etcd_prefix;
@@ -194,9 +204,11 @@ struct MasterTarget {
   std::string address;
   std::string etcd;
   std::string etcd_prefix;
+  std::optional<ClusterSecret> secret;
 
   MasterClientOptions options() const {
     MasterClientOptions o;
+    o.secret = secret;
     o.address = address;
     o.etcd.endpoint = etcd;
     o.etcd.prefix = etcd_prefix;
@@ -346,6 +358,8 @@ void register_store(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   master->add_option("--etcd-prefix", master_args->etcd_prefix, "key prefix of this store in etcd")
       ->capture_default_str();
+  add_cluster_secret_option(master, master_args->cluster_secret_file,
+                            "only nodes and clients holding it are served");
   master->callback(
       [master_args, &exit_code] { run_guarded(exit_code, [&] { return run_master(*master_args); }); });
 
@@ -369,6 +383,7 @@ void register_store(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   node->add_option("--transports", node_args->transports, "comma list of shm, tcp, ucx")
       ->capture_default_str();
+  add_cluster_secret_option(node, node_args->cluster_secret_file, "the master's, from the same file");
   node->callback([node_args, &exit_code] { run_guarded(exit_code, [&] { return run_node(*node_args); }); });
 
   struct ShellArgs {
@@ -381,6 +396,7 @@ void register_store(CLI::App& app, int& exit_code) {
     std::string pin = "none";
     bool json = false;
     bool all = false;
+    std::string cluster_secret_file;
   };
   auto shell = std::make_shared<ShellArgs>();
   auto add_master = [&](CLI::App* cmd) {
@@ -388,13 +404,20 @@ void register_store(CLI::App& app, int& exit_code) {
                     "master address (default $CRESCENT_STORE_MASTER or 127.0.0.1:50051)");
     cmd->add_option("--etcd", shell->etcd, "find the leading master in this etcd instead of --master");
     cmd->add_option("--etcd-prefix", shell->etcd_prefix, "key prefix of this store in etcd");
+    add_cluster_secret_option(cmd, shell->cluster_secret_file, "the store's, from the same file");
   };
-  auto target = [shell] { return MasterTarget{shell->master, shell->etcd, shell->etcd_prefix}; };
+  // The master to call, as a member: `run` with it, or the error that the secret could not be had.
+  auto with_target = [shell](const std::function<int(const MasterTarget&)>& run) {
+    Result<ClusterSecret> secret = load_cluster_secret(shell->cluster_secret_file);
+    if (!secret.ok()) return store_fail(secret.status());
+    return run(MasterTarget{shell->master, shell->etcd, shell->etcd_prefix, *secret});
+  };
   CLI::App* stat = store->add_subcommand("stat", "Segments, objects, hits and misses, evictions, leases");
   add_master(stat);
   stat->add_flag("--json", shell->json, "JSON instead of a table");
-  stat->callback([shell, target, &exit_code] {
-    run_guarded(exit_code, [&] { return run_stat(target(), shell->json); });
+  stat->callback([shell, with_target, &exit_code] {
+    run_guarded(exit_code,
+                [&] { return with_target([&](const MasterTarget& t) { return run_stat(t, shell->json); }); });
   });
 
   CLI::App* put = store->add_subcommand("put", "Store a file's bytes under KEY");
@@ -403,25 +426,32 @@ void register_store(CLI::App& app, int& exit_code) {
   put->add_option("--file", shell->file, "the value")->required();
   put->add_option("--replicas", shell->replicas, "replicas on distinct segments")->check(CLI::Range(1, 64));
   put->add_option("--pin", shell->pin, "none, soft or hard");
-  put->callback([shell, target, &exit_code] {
-    run_guarded(exit_code,
-                [&] { return run_put(target(), shell->key, shell->file, shell->replicas, shell->pin); });
+  put->callback([shell, with_target, &exit_code] {
+    run_guarded(exit_code, [&] {
+      return with_target([&](const MasterTarget& t) {
+        return run_put(t, shell->key, shell->file, shell->replicas, shell->pin);
+      });
+    });
   });
 
   CLI::App* get = store->add_subcommand("get", "Write KEY's value to a file");
   add_master(get);
   get->add_option("KEY", shell->key, "key")->required();
   get->add_option("--file", shell->file, "where to write the value")->required();
-  get->callback([shell, target, &exit_code] {
-    run_guarded(exit_code, [&] { return run_get(target(), shell->key, shell->file); });
+  get->callback([shell, with_target, &exit_code] {
+    run_guarded(exit_code, [&] {
+      return with_target([&](const MasterTarget& t) { return run_get(t, shell->key, shell->file); });
+    });
   });
 
   CLI::App* rm = store->add_subcommand("rm", "Remove KEY (or --all: every object not being read)");
   add_master(rm);
   rm->add_option("KEY", shell->key, "key");
   rm->add_flag("--all", shell->all, "remove everything not under a read lease");
-  rm->callback([shell, target, &exit_code] {
-    run_guarded(exit_code, [&] { return run_rm(target(), shell->key, shell->all); });
+  rm->callback([shell, with_target, &exit_code] {
+    run_guarded(exit_code, [&] {
+      return with_target([&](const MasterTarget& t) { return run_rm(t, shell->key, shell->all); });
+    });
   });
 }
 

@@ -75,10 +75,13 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
       clients_refused_(counter(*registry_, "crescent_control_clients_refused_total",
                                "Connections to the Conductor's members-only sockets refused (no cluster key)",
                                {})),
-      kv_blocks_verified_(counter(*registry_, "crescent_kv_blocks_verified_total",
-                                  "KV blocks decode instances checked on arrival", {})),
+      kv_blocks_verified_(counter(
+          *registry_, "crescent_kv_blocks_verified_total",
+          "KV blocks checked on arrival: at decode (from prefill) and at prefill (from the pool)", {})),
       kv_checksum_failures_(counter(*registry_, "crescent_kv_checksum_failures_total",
-                                    "KV blocks that failed their checksum on arrival", {})),
+                                    "KV blocks that failed their check on arrival (corrupted, or not the "
+                                    "block of their key): never used",
+                                    {})),
       kv_writes_(counter(
           *registry_, "crescent_kv_transfer_writes_total",
           "Transfers that carried prompts' KV prefill -> decode (chunks, or a chunk's layers, streamed "

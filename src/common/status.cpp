@@ -30,6 +30,8 @@ const char* status_code_name(StatusCode code) {
       return "no space";
     case StatusCode::kTransferFailed:
       return "transfer failed";
+    case StatusCode::kPermissionDenied:
+      return "permission denied";
   }
   return "unknown";
 }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -47,6 +49,33 @@ std::string TempDir::file(std::string_view name) const {
 
 std::string TempDir::release() {
   return std::exchange(path_, std::string());
+}
+
+Status make_private_directory(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return Status::io_error(fmt::format("directory {}: cannot create it: {}", path, ec.message()));
+  const auto owned_by_us_or_root = [](const std::string& dir, bool root_ok) -> Status {
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0)
+      return Status::io_error(fmt::format("directory {}: {}", dir, std::strerror(errno)));
+    if (!S_ISDIR(st.st_mode)) return Status::io_error(fmt::format("{} is not a directory", dir));
+    if (st.st_uid != ::geteuid() && !(root_ok && st.st_uid == 0)) {
+      return Status::permission_denied(fmt::format(
+          "directory {} belongs to uid {}, not this user ({}): its owner could rewrite what crescent keeps "
+          "there; choose another",
+          dir, st.st_uid, ::geteuid()));
+    }
+    return Status();
+  };
+  const std::string parent = std::filesystem::absolute(path).parent_path().string();
+  if (Status s = owned_by_us_or_root(parent, true); !s.ok()) return s;
+  if (Status s = owned_by_us_or_root(path, false); !s.ok()) return s;
+  if (::chmod(path.c_str(), 0700) != 0) {
+    return Status::io_error(
+        fmt::format("directory {}: cannot make it private: {}", path, std::strerror(errno)));
+  }
+  return Status();
 }
 
 }  // namespace crescent

@@ -44,4 +44,10 @@ class TempDir {
   std::string path_;
 };
 
+/// Makes `path` (and missing parents) a directory private to this user: created if absent, owned by this
+/// user (else kPermissionDenied: another user made it and could rewrite what is put in it), mode set to
+/// 0700; its parent must be this user's or root's (a directory in /tmp, not one another user controls and
+/// could swap). kIoError naming the path when it cannot be created or its mode changed.
+Status make_private_directory(const std::string& path);
+
 }  // namespace crescent

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cassert>
 #include <chrono>
 #include <cmath>
@@ -150,20 +151,26 @@ class InstanceServer::Impl final : public engine::EngineListener {
     prefilling_ = id;
     order.reused_blocks = std::min<int64_t>(start.hit_tokens / block_tokens_, std::ssize(order.keys));
     order.computed_tokens = start.prefill_tokens;  // the mock's; the cpu executor's is its own count
-    // The reused prefix can stream at once (but the last block waits for prefill done).
-    order.computed_blocks = std::min(order.reused_blocks, blocks_of(std::ssize(order.token_ids)) - 1);
-    // The part of the arranged prefix this instance does not hold comes from the pool.
+    // The part of the arranged prefix this instance does not hold comes from the pool. What the pool did
+    // not give (a miss, a block failing its check) is computed: with the cpu executor, from the first such
+    // block on, so only the blocks before it count as reused.
     const int64_t first = start.local_hit_tokens / block_tokens_;
     if (order.reused_blocks > first) {
       order.fetched_tokens_expected = (order.reused_blocks - first) * block_tokens_;
       const int64_t read = read_from_pool(order, first) - first;
       order.pool_hit_tokens = read * block_tokens_;
       order.pool_read_bytes = static_cast<uint64_t>(read) * block_bytes_;
+      if (cpu_executor_) order.reused_blocks = first + read;
     }
+    // The reused prefix can stream at once (but the last block waits for prefill done).
+    order.computed_blocks = std::min(order.reused_blocks, blocks_of(std::ssize(order.token_ids)) - 1);
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kPrefillStart;
     m.request_id = id;
+    // What was reused (the user's cached_tokens): with the cpu executor, short of the arranged prefix when
+    // the pool missed.
     m.hit_tokens = start.hit_tokens;
+    if (cpu_executor_) m.hit_tokens = std::min(m.hit_tokens, order.reused_blocks * block_tokens_);
     // At once, before the iteration computes: the decode instance's room (the KV target) comes back while
     // it does, so the KV can ship the moment the prefill ends.
     send(m);
@@ -327,46 +334,71 @@ class InstanceServer::Impl final : public engine::EngineListener {
   // Reads blocks [first, order.reused_blocks) of `order` from the pool into staging and checks them; returns
   // how many blocks of the prefix are then here (first + the leading ones read intact).
   int64_t read_from_pool(const Order& order, int64_t first) {
-    // (With the cpu executor, blocks read intact are handed to it: its prompt starts from them.)
+    // The mock's blocks carry their check inside; real KV (the cpu executor's) carries a trailer beside it in
+    // the pool (kv_blocks.h), read into a buffer of its own. A block that fails its check is a miss, counted.
+    const bool trailed = cpu_executor_ != nullptr;
+    const uint64_t stride = block_bytes_ + (trailed ? kKvBlockTrailerBytes : 0);
+    std::vector<std::byte> pooled(trailed ? static_cast<size_t>(order.reused_blocks - first) * stride : 0);
     std::vector<std::string> names;
     std::vector<std::string_view> keys;
     std::vector<store::Buffer> out;
     for (int64_t b = first; b < order.reused_blocks; ++b) {
       names.push_back(store_->block_key(order.keys[static_cast<size_t>(b)]));
-      out.push_back({block_at(b).data(), block_bytes_});
+      out.push_back(trailed ? store::Buffer{pooled.data() + static_cast<uint64_t>(b - first) * stride, stride}
+                            : store::Buffer{block_at(b).data(), block_bytes_});
     }
     for (const std::string& n : names) keys.push_back(n);
     auto got = store_->batch_get(keys, out);
     int64_t blocks = first;
-    if (got.ok()) {
-      for (size_t i = 0; i < got->size(); ++i) {
-        const std::span<std::byte> block = block_at(first + static_cast<int64_t>(i));
-        if (!(*got)[i].ok()) break;
-        if (cpu_executor_) {
-          // Real KV carries no checksum of its own: the pool's copy is used as read.
-          if (!cpu_executor_->import_block(order.id, first + static_cast<int64_t>(i), block).ok()) break;
-        } else if (!kv_block_intact(block)) {
-          break;
+    if (!got.ok()) return blocks;
+    for (size_t i = 0; i < got->size(); ++i) {
+      if (!(*got)[i].ok()) break;
+      const int64_t b = first + static_cast<int64_t>(i);
+      const BlockKey key = order.keys[static_cast<size_t>(b)];
+      const std::span<const std::byte> read(static_cast<const std::byte*>(out[i].data), out[i].size_bytes);
+      const bool intact = trailed ? *(*got)[i] == stride && kv_block_sealed(key, read.first(block_bytes_),
+                                                                            read.subspan(block_bytes_))
+                                  : kv_block_matches(key, read);
+      if (!intact) {
+        ++checksum_failures_;
+        if (std::has_single_bit(checksum_failures_)) {
+          fmt::print(stderr, "{}: KV block {} read from the pool failed its check ({} so far): not used\n",
+                     identity_, store_->block_key(key), checksum_failures_);
         }
-        ++blocks;
+        break;
       }
+      ++blocks_verified_;
+      if (trailed && !cpu_executor_->import_block(order.id, b, read.first(block_bytes_)).ok()) break;
+      ++blocks;
     }
     return blocks;
   }
 
-  // Stores the full blocks this prefill computed in the pool, for other instances to reuse.
+  // Stores the full blocks this prefill computed in the pool, for other instances to reuse: real KV with its
+  // trailer (read_from_pool checks it), the mock's as it is.
   void write_to_pool(Order& order) {
     const int64_t full = std::ssize(order.keys);
     if (order.reused_blocks >= full || full > max_prompt_blocks_) return;
+    const bool trailed = cpu_executor_ != nullptr;
+    const uint64_t stride = block_bytes_ + (trailed ? kKvBlockTrailerBytes : 0);
+    std::vector<std::byte> pooled(trailed ? static_cast<size_t>(full - order.reused_blocks) * stride : 0);
     std::vector<store::ConstBuffer> blocks;
     for (int64_t b = order.reused_blocks; b < full; ++b) {
-      fill_block(order, b, order.keys[static_cast<size_t>(b)]);
-      blocks.push_back({block_at(b).data(), block_bytes_});
+      const BlockKey key = order.keys[static_cast<size_t>(b)];
+      fill_block(order, b, key);
+      if (!trailed) {
+        blocks.push_back({block_at(b).data(), block_bytes_});
+        continue;
+      }
+      std::byte* at = pooled.data() + static_cast<uint64_t>(b - order.reused_blocks) * stride;
+      std::ranges::copy(block_at(b), at);
+      seal_kv_block(key, block_at(b), {at + block_bytes_, kKvBlockTrailerBytes});
+      blocks.push_back({at, stride});
     }
     auto stored =
         store_->put_blocks(std::span(order.keys).subspan(static_cast<size_t>(order.reused_blocks)), blocks);
     if (!stored.ok()) return;  // the pool is a cache: the request goes on without it
-    for (const Status& s : *stored) order.pool_write_bytes += s.ok() ? block_bytes_ : 0;
+    for (const Status& s : *stored) order.pool_write_bytes += s.ok() ? stride : 0;
   }
 
   // Puts block `b` of `order`'s prompt KV (key `key`) in staging: the cpu executor's bytes, or the mock's
@@ -990,7 +1022,8 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
   if (prefill) {
     store::ClientOptions client_options;
     client_options.master.address = options.store_master;
-    client_options.staging_bytes = 4 << 20;  // KV buffers are registered: staging is for nothing else
+    client_options.master.secret = options.secret;  // the pool admits members only
+    client_options.staging_bytes = 4 << 20;         // KV buffers are registered: staging is for nothing else
     client_options.tcp_host = resolved.advertise_host;
     auto created = store::Client::create(client_options);
     if (!created.ok()) {
@@ -1005,6 +1038,7 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
     engine_options.name = fmt::format("serve-{}-{:x}", name, make_incarnation());
     engine_options.metadata = *metadata;
     engine_options.tcp.listen_host = resolved.advertise_host;
+    engine_options.secret = options.secret;  // only members write KV into this instance's segment
     auto created = transfer::TransferEngine::create(engine_options);
     if (!created.ok()) return created.status();
     engine = std::move(*created);

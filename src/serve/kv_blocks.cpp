@@ -58,4 +58,26 @@ bool kv_block_matches(BlockKey key, std::span<const std::byte> block) {
   return first == expected;
 }
 
+namespace {
+
+uint64_t seal_of(BlockKey key, std::span<const std::byte> payload) {
+  return XXH3_64bits_withSeed(payload.data(), payload.size(), key);
+}
+
+}  // namespace
+
+void seal_kv_block(BlockKey key, std::span<const std::byte> payload, std::span<std::byte> trailer) {
+  const uint64_t checksum = seal_of(key, payload);
+  std::memcpy(trailer.data(), &key, 8);
+  std::memcpy(trailer.data() + 8, &checksum, 8);
+}
+
+bool kv_block_sealed(BlockKey key, std::span<const std::byte> payload, std::span<const std::byte> trailer) {
+  if (trailer.size() != kKvBlockTrailerBytes) return false;
+  uint64_t stored_key = 0, stored = 0;
+  std::memcpy(&stored_key, trailer.data(), 8);
+  std::memcpy(&stored, trailer.data() + 8, 8);
+  return stored_key == key && stored == seal_of(key, payload);
+}
+
 }  // namespace crescent::serve

@@ -30,4 +30,15 @@ bool kv_block_intact(std::span<const std::byte> block);
 /// would not.
 bool kv_block_matches(BlockKey key, std::span<const std::byte> block);
 
+/// Bytes a real KV block (the cpu executor's) carries after its payload in the pool: its block key and the
+/// xxh3-64 checksum of payload and key. The payload is the executor's, so its check travels beside it.
+inline constexpr uint64_t kKvBlockTrailerBytes = 16;
+
+/// Writes into `trailer` (kKvBlockTrailerBytes) what seals `payload` as block `key`'s.
+void seal_kv_block(BlockKey key, std::span<const std::byte> payload, std::span<std::byte> trailer);
+
+/// Whether `trailer` seals `payload` as block `key`'s: false for bytes corrupted in the pool, or a block of
+/// another key stored under this one (a substitution), which a checksum of the payload alone would pass.
+bool kv_block_sealed(BlockKey key, std::span<const std::byte> payload, std::span<const std::byte> trailer);
+
 }  // namespace crescent::serve

@@ -507,6 +507,7 @@ Result<std::unique_ptr<Client>> Client::create(ClientOptions options) {
   engine_options.name = impl->options.name.empty() ? engine_name() : impl->options.name;
   engine_options.metadata = impl->metadata;
   engine_options.transports = impl->options.transports;
+  engine_options.secret = impl->options.master.secret;
   engine_options.tcp.listen_host = impl->options.tcp_host;
   if (engine_options.tcp.listen_host.empty()) {
     auto host = net::split_host_port(impl->master->address());

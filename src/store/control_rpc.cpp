@@ -78,12 +78,19 @@ Io send_frame(int fd, const Header& header, std::string_view body, Clock::time_p
 
 }  // namespace
 
+std::optional<net::MemberKey> store_member_key(const std::optional<ClusterSecret>& secret) {
+  if (!secret) return std::nullopt;
+  return secret->derive("store-control");
+}
+
 // ---- Server ---------------------------------------------------------------------------------------------
 
 class ControlServer::Impl {
  public:
   ControlHandler handler;
+  std::optional<net::MemberKey> members;
   std::chrono::milliseconds stall{0};
+  std::atomic<uint64_t> refused{0};
   int listen_fd = -1;
   int stop_fd = -1;
   int port = 0;
@@ -100,6 +107,14 @@ class ControlServer::Impl {
   }
 
   void serve(int fd) {
+    if (members) {
+      const Status member =
+          net::member_handshake(fd, net::HandshakeSide::kServer, *members, Clock::now() + stall, stop_fd);
+      if (!member.ok()) {
+        refused.fetch_add(1, std::memory_order_relaxed);
+        return;  // closed unserved
+      }
+    }
     std::byte header_bytes[kHeaderBytes];
     std::string body;
     for (;;) {
@@ -132,11 +147,13 @@ class ControlServer::Impl {
 
 Result<std::unique_ptr<ControlServer>> ControlServer::start(std::string_view listen_address,
                                                             ControlHandler handler,
+                                                            std::optional<net::MemberKey> members,
                                                             std::chrono::milliseconds stall) {
   auto host_port = net::split_host_port(listen_address);
   if (!host_port.ok()) return host_port.status();
   auto impl = std::make_unique<Impl>();
   impl->handler = std::move(handler);
+  impl->members = members;
   impl->stall = stall;
   impl->stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (impl->stop_fd < 0) return Status::unavailable(fmt::format("eventfd: {}", std::strerror(errno)));
@@ -154,12 +171,16 @@ ControlServer::~ControlServer() = default;
 int ControlServer::port() const {
   return impl_->port;
 }
+uint64_t ControlServer::clients_refused() const {
+  return impl_->refused.load(std::memory_order_relaxed);
+}
 
 // ---- Client ---------------------------------------------------------------------------------------------
 
 class ControlChannel::Pool {
  public:
-  Pool(std::string address, int max_idle) : address_(std::move(address)), max_idle_(max_idle) {}
+  Pool(std::string address, int max_idle, std::optional<net::MemberKey> member)
+      : address_(std::move(address)), max_idle_(max_idle), member_(member) {}
   ~Pool() {
     for (int fd : idle_) ::close(fd);
   }
@@ -194,7 +215,18 @@ class ControlChannel::Pool {
       resolved_ = resolved;
     }
     net::Connected connected = net::connect_tcp(*resolved, deadline, -1, net::set_nodelay);
-    if (connected.fd >= 0) return connected.fd;
+    if (connected.fd >= 0) {
+      if (!member_) return connected.fd;
+      const Status member =
+          net::member_handshake(connected.fd, net::HandshakeSide::kClient, *member_, deadline, -1);
+      if (member.ok()) return connected.fd;
+      ::close(connected.fd);
+      // Nothing of the call was sent: it has not run.
+      if (member.code() == StatusCode::kPermissionDenied)
+        return Status::permission_denied(fmt::format(
+            "{} (the store's members share the cluster secret: --cluster-secret-file)", member.message()));
+      return member;
+    }
     std::lock_guard lock(mu_);
     resolved_.reset();  // resolved again next time: the name may point elsewhere now
     // Nothing was sent: unavailable (worth retrying), also when the connect timed out.
@@ -218,14 +250,16 @@ class ControlChannel::Pool {
  private:
   const std::string address_;
   const int max_idle_;
+  const std::optional<net::MemberKey> member_;
   std::mutex mu_;
   std::vector<int> idle_;                       // guarded by mu_
   std::optional<net::SocketAddress> resolved_;  // guarded by mu_
   std::atomic<uint32_t> call_ids_{1};
 };
 
-ControlChannel::ControlChannel(std::string address, int max_idle_connections)
-    : pool_(std::make_unique<Pool>(std::move(address), std::max(1, max_idle_connections))) {}
+ControlChannel::ControlChannel(std::string address, int max_idle_connections,
+                               std::optional<net::MemberKey> member)
+    : pool_(std::make_unique<Pool>(std::move(address), std::max(1, max_idle_connections), member)) {}
 ControlChannel::~ControlChannel() = default;
 const std::string& ControlChannel::address() const {
   return pool_->address();
@@ -268,7 +302,7 @@ Result<std::string> ControlChannel::call(uint16_t method, std::string_view reque
   pool_->give_back(fd);
   if (may_have_run != nullptr) *may_have_run = false;  // it answered
   if (reply.kind == 0) return body;
-  if (reply.kind > static_cast<uint16_t>(StatusCode::kTransferFailed)) {
+  if (reply.kind > static_cast<uint16_t>(StatusCode::kPermissionDenied)) {
     return Status::internal(fmt::format("unknown status code {} in a reply: {}", reply.kind, body));
   }
   return Status(static_cast<StatusCode>(reply.kind), std::move(body));

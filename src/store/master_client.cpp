@@ -92,7 +92,8 @@ class MasterClient::Impl {
   }
 
   void connect_to(const std::string& address) {
-    auto fresh = std::make_shared<ControlChannel>(address, options.idle_connections);
+    auto fresh =
+        std::make_shared<ControlChannel>(address, options.idle_connections, store_member_key(options.secret));
     std::lock_guard<std::mutex> lock(mu);
     channel = std::move(fresh);
   }

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/secret.h"
 #include "common/status.h"
 #include "store/leader_election.h"
 #include "store/master.h"
@@ -27,6 +29,9 @@ struct MasterClientOptions {
   /// With an etcd endpoint: the address is the leading master's, found in etcd, and found again whenever the
   /// master cannot be reached (a failover); unreachable calls are then retried for failover_budget.
   EtcdStoreOptions etcd = {};
+  /// The members' secret, which a master started with one requires (kPermissionDenied without it). Nodes
+  /// and clients also give it to their transfer engines (transfer::EngineOptions::secret).
+  std::optional<ClusterSecret> secret = std::nullopt;
   std::chrono::milliseconds failover_budget{12000};
   std::chrono::milliseconds rpc_timeout{2000};    // deadline of each attempt
   int max_attempts = 4;                           // attempts while the master is unreachable, >= 1

@@ -307,7 +307,8 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
   Service* service = impl->service.get();
   auto server = ControlServer::start(
       impl->options.listen_address,
-      [service](uint16_t method, std::string_view body) { return service->handle(method, body); });
+      [service](uint16_t method, std::string_view body) { return service->handle(method, body); },
+      store_member_key(impl->options.secret));
   if (!server.ok()) {
     return Status(server.status().code(),
                   fmt::format("cannot serve the store master on {}: {}", impl->options.listen_address,
@@ -332,8 +333,14 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
   impl->address = net::endpoint_key(host, impl->server->port());
   if (!impl->options.metrics_address.empty()) {
     Master* master = &impl->master;
-    auto metrics = MetricsEndpoint::start(impl->options.metrics_address, impl->registry,
-                                          [master] { return collect_master_metrics(*master); });
+    const ControlServer* server = impl->server.get();
+    auto metrics = MetricsEndpoint::start(impl->options.metrics_address, impl->registry, [master, server] {
+      std::vector<prometheus::MetricFamily> out = collect_master_metrics(*master);
+      add_counter(out, "crescent_store_clients_refused_total",
+                  "Connections to the master closed unserved: no proof of membership",
+                  static_cast<double>(server->clients_refused()));
+      return out;
+    });
     if (!metrics.ok()) return metrics.status();
     impl->metrics = std::move(*metrics);
     impl->metrics_address = impl->metrics->address();

@@ -6,8 +6,10 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "common/secret.h"
 #include "common/status.h"
 #include "store/leader_election.h"
 #include "store/master.h"
@@ -32,6 +34,9 @@ struct MasterServerOptions {
   EtcdStoreOptions etcd = {};
   /// Called (from the election thread) when this master loses its leadership; it stops serving at once.
   std::function<void()> on_leadership_lost = nullptr;
+  /// The members' secret: only nodes and clients holding it are served (store/control_rpc.h, "Members
+  /// only"). Unset: everyone is, which only tests and benchmarks in one process should do.
+  std::optional<ClusterSecret> secret = std::nullopt;
 };
 
 class MasterServer {

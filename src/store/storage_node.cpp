@@ -50,6 +50,9 @@ std::vector<prometheus::MetricFamily> collect_node_metrics(const transfer::Trans
   add_counter(out, "crescent_store_node_remote_accesses_refused_total",
               "Peer accesses refused (unknown segment, out of bounds)",
               static_cast<double>(stats.remote_accesses_refused));
+  add_counter(out, "crescent_store_node_peers_refused_total",
+              "Connections to the node's transfer engine closed unserved: no proof of membership",
+              static_cast<double>(stats.peers_refused));
   return out;
 }
 
@@ -76,6 +79,7 @@ Result<std::unique_ptr<StorageNode>> StorageNode::start(StorageNodeOptions optio
   engine_options.name = impl->options.name;
   engine_options.metadata = *metadata;
   engine_options.transports = impl->options.transports;
+  engine_options.secret = impl->options.master.secret;
   engine_options.tcp.listen_host = impl->options.tcp_host;
   if (engine_options.tcp.listen_host.empty()) {
     // Clients reach this node's segment on the interface the master is reached through.

@@ -15,6 +15,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/temp_dir.h"
+
 namespace crescent::transfer {
 
 Status validate_metadata_name(std::string_view what, std::string_view name) {
@@ -140,6 +142,12 @@ class DirectoryMetadata final : public MetadataService {
   explicit DirectoryMetadata(std::filesystem::path root) : root_(std::move(root)) {}
 
   Status init() {
+    // Private to this user: another could otherwise rewrite a segment's descriptor (and so where members
+    // send KV) or read where segments lie. The default's parent (/tmp/crescent-store-UID) too.
+    if (root_.has_parent_path() && root_.parent_path().filename().string().starts_with("crescent-store-")) {
+      CRESCENT_RETURN_IF_ERROR(make_private_directory(root_.parent_path().string()));
+    }
+    CRESCENT_RETURN_IF_ERROR(make_private_directory(root_.string()));
     std::error_code ec;
     for (const char* sub : {"engines", "segments"}) {
       std::filesystem::create_directories(root_ / sub, ec);

@@ -52,6 +52,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/member_handshake.h"
 #include "common/socket_io.h"
 #include "transfer/transport.h"
 
@@ -314,7 +315,9 @@ class TcpRemoteSegment final : public RemoteSegment {
 class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(const TransportContext& context)
-      : context_(context), options_(*context.options), failure_(context.options->failure) {}
+      : context_(context), options_(*context.options), failure_(context.options->failure) {
+    if (options_.secret) member_key_ = options_.secret->derive("transfer-tcp");
+  }
   ~TcpTransport() override { shutdown(); }
 
   Status start();
@@ -334,6 +337,8 @@ class TcpTransport final : public Transport {
 
   // For the lanes.
   int stop_fd() const { return stop_fd_; }
+  // The key peers prove on connecting (nullopt: no handshake).
+  const std::optional<net::MemberKey>& member_key() const { return member_key_; }
   const FailureOptions& failure() const { return failure_; }
   Counters& counters() { return *context_.counters; }
   // Counts a connection of `peer` against max_endpoints, evicting an idle peer when `peer` is a new
@@ -349,6 +354,7 @@ class TcpTransport final : public Transport {
   const TransportContext context_;
   const EngineOptions& options_;
   const FailureOptions failure_;
+  std::optional<net::MemberKey> member_key_;
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd: readable once shutdown starts
   int port_ = 0;
@@ -638,6 +644,17 @@ void Peer::connect_lane(std::unique_lock<std::mutex>& lock, int index) {
   const uint64_t epoch = transport_->admit(this);
   // configure before connect: the window scale is negotiated in the handshake
   net::Connected connected = net::connect_tcp(address_, deadline, transport_->stop_fd(), configure_socket);
+  if (connected.fd >= 0 && transport_->member_key()) {
+    // Bytes go only to a peer that proves it is a member (and it serves us only once we have).
+    const Status member = net::member_handshake(connected.fd, net::HandshakeSide::kClient,
+                                                *transport_->member_key(), deadline, transport_->stop_fd());
+    if (!member.ok()) {
+      ::close(connected.fd);
+      connected.fd = -1;
+      connected.io.code = member.code() == StatusCode::kPermissionDenied ? Io::kError : Io::kTimeout;
+      connected.error = member.message();
+    }
+  }
   const int fd = connected.fd;
   std::string error = std::move(connected.error);
   const bool timed_out = connected.io.code == Io::kTimeout;
@@ -869,6 +886,12 @@ Status TcpTransport::refuse(int fd, uint64_t tag, const Status& why, Clock::time
 void TcpTransport::serve(int fd) {
   // A peer that stops mid-frame holds this thread (and, mid-payload, the segment) at most this long.
   const auto stall = failure_.request_timeout;
+  if (member_key_ && !net::member_handshake(fd, net::HandshakeSide::kServer, *member_key_,
+                                            Clock::now() + failure_.connect_timeout, stop_fd_)
+                          .ok()) {
+    context_.counters->peers_refused.fetch_add(1, std::memory_order_relaxed);
+    return;  // closed unserved: no segment is named to a stranger
+  }
   std::unique_ptr<std::byte[]> drain;  // for payloads of refused writes; allocated on first use
   std::byte header_bytes[kRequestHeaderBytes];
   std::byte response_bytes[kResponseHeaderBytes];

@@ -585,6 +585,7 @@ class TransferEngine::Impl {
             .bytes_transferred = counters_.bytes_transferred.load(),
             .slices_retried = counters_.slices_retried.load(),
             .remote_accesses_refused = counters_.remote_accesses_refused.load(),
+            .peers_refused = counters_.peers_refused.load(),
             .endpoints_evicted = counters_.endpoints_evicted.load()};
   }
 

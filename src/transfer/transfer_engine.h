@@ -20,11 +20,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/secret.h"
 #include "common/status.h"
 #include "transfer/metadata.h"
 
@@ -81,6 +83,11 @@ struct EngineOptions {
   TcpOptions tcp = {};
   UcxOptions ucx = {};
   FailureOptions failure = {};
+  /// The members' secret. Set: the tcp transport serves only peers that prove they hold it, and sends and
+  /// reads bytes only to and from peers that do (common/member_handshake.h); shm segments are files only
+  /// this user may open either way. Unset: tcp serves everyone, which only tests and benchmarks inside one
+  /// process should do. (ucx has no handshake: docs/store.md, "Who may use the pool".)
+  std::optional<ClusterSecret> secret = std::nullopt;
 };
 
 /// Direction of a transfer request, seen from the initiator.
@@ -129,6 +136,7 @@ struct EngineStats {
   uint64_t bytes_transferred = 0;        // payload bytes of completed slices, both directions
   uint64_t slices_retried = 0;           // slices re-sent after a lane failed
   uint64_t remote_accesses_refused = 0;  // accesses by peers to this engine refused (unknown segment, bounds)
+  uint64_t peers_refused = 0;            // tcp connections closed unserved: the peer proved no membership
   uint64_t endpoints_evicted = 0;        // idle peer connections closed to respect max_endpoints
 };
 

@@ -31,6 +31,7 @@ struct Counters {
   std::atomic<uint64_t> slices_retried{0};
   std::atomic<uint64_t> remote_accesses_refused{0};
   std::atomic<uint64_t> endpoints_evicted{0};
+  std::atomic<uint64_t> peers_refused{0};
 };
 
 class Batch;

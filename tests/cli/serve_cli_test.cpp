@@ -167,10 +167,12 @@ TEST(ServeCli, RolesStartedAloneNeedThePrivateClusterSecret) {
   const std::string secret = dir.file("cluster-secret");
   CliRun run = run_crescent("serve conductor --port 0 --control tcp://127.0.0.1:0");
   EXPECT_EQ(run.exit_code, 2);
-  EXPECT_THAT(run.err, HasSubstr("--cluster-secret-file FILE is required"));
+  EXPECT_THAT(run.err,
+              HasSubstr("--cluster-secret-file FILE (or $CRESCENT_CLUSTER_SECRET_FILE) is required"));
   run = run_crescent("serve decode --index 0 --conductor tcp://127.0.0.1:1");
   EXPECT_EQ(run.exit_code, 2);
-  EXPECT_THAT(run.err, HasSubstr("--cluster-secret-file FILE is required"));
+  EXPECT_THAT(run.err,
+              HasSubstr("--cluster-secret-file FILE (or $CRESCENT_CLUSTER_SECRET_FILE) is required"));
   run = run_crescent("serve secret " + quote(secret));
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_EQ(std::filesystem::status(secret).permissions() & std::filesystem::perms::all,

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -78,6 +79,29 @@ TEST(TempDir, ErrorNamesThePathAndTheReason) {
   EXPECT_EQ(dir.status().code(), StatusCode::kIoError);
   EXPECT_THAT(dir.status().message(), HasSubstr("no-such-parent-directory/x-XXXXXX"));
   EXPECT_THAT(dir.status().message(), HasSubstr("No such file or directory"));
+}
+
+// Run directories and transfer metadata (issue 22 §2): made private, and one another user made is refused.
+TEST(MakePrivateDirectory, MakesItPrivateAndRefusesOneAnotherUserOwns) {
+  Result<TempDir> base = TempDir::create("crescent-private-test");
+  ASSERT_TRUE(base.ok());
+  const std::string dir = base->file("a/b");
+  ASSERT_TRUE(make_private_directory(dir).ok());
+  EXPECT_EQ(fs::status(dir).permissions() & fs::perms::all, fs::perms::owner_all);
+  fs::permissions(dir, fs::perms::all);  // opened up since: made private again
+  ASSERT_TRUE(make_private_directory(dir).ok());
+  EXPECT_EQ(fs::status(dir).permissions() & fs::perms::all, fs::perms::owner_all);
+  if (::geteuid() != 0) GTEST_SKIP() << "giving a directory to another user needs root";
+  const std::string theirs = base->file("theirs");
+  fs::create_directory(theirs);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);  // nobody
+  Status refused = make_private_directory(theirs);
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.message(), HasSubstr(theirs));
+  EXPECT_THAT(refused.message(), HasSubstr("uid 65534"));
+  // Inside a directory another user controls (they could swap it): refused too.
+  refused = make_private_directory(theirs + "/mine");
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied) << refused.message();
 }
 
 }  // namespace

@@ -108,13 +108,14 @@ TEST(ServeCluster, KvBytesMoveThroughThePoolAndTheTransferEngineAndPassTheirChec
   EXPECT_EQ(cluster.metric("crescent_pool_prefix_tokens_total{result=\"miss\"}"), 0);
   EXPECT_EQ(cluster.metric("crescent_kv_bytes_moved_total{path=\"pool_read\"}"), 8 * 512 * 80);
   EXPECT_GT(cluster.metric("crescent_kv_bytes_moved_total{path=\"pool_write\"}"), 0);
-  // The one request that decoded (max_tokens 4): its 9 blocks reached decode and passed their checksums.
+  // The one request that decoded (max_tokens 4): its 9 blocks reached decode and passed their checks, as did
+  // the 8 blocks read from the pool (checked at prefill): 17.
   EXPECT_EQ(cluster.metric("crescent_kv_bytes_moved_total{path=\"prefill_to_decode\"}"), 9 * 512 * 80);
   const auto deadline = Clock::now() + std::chrono::seconds(2);  // checks arrive with the next load report
-  while (cluster.metric("crescent_kv_blocks_verified_total") < 9 && Clock::now() < deadline) {
+  while (cluster.metric("crescent_kv_blocks_verified_total") < 17 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_EQ(cluster.metric("crescent_kv_blocks_verified_total"), 9);
+  EXPECT_EQ(cluster.metric("crescent_kv_blocks_verified_total"), 17);
   EXPECT_EQ(cluster.metric("crescent_kv_checksum_failures_total"), 0);
   EXPECT_EQ(cluster.metric("crescent_kv_transfer_writes_total"), 2)
       << "the reused 8-block prefix at once when the prefill starts, then the computed last block";

@@ -11,12 +11,16 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
+#include "common/secret.h"
+#include "kv/block_key.h"
+#include "model/llama.h"
 #include "model/tokenizer.h"
 #include "served_cluster.h"
+#include "store/client.h"
 #include "test_support/corpus.h"
 #include "test_support/temp_dir.h"
 
@@ -181,7 +185,8 @@ TEST_F(CpuCluster, AReportedPrefixHitIsKvTheInstanceReallyReused) {
   ASSERT_GT(cluster.port(), 0) << cluster.log();
   const int port = cluster.port();
   const std::string model = "tiny-llama";
-  const std::vector<std::string> families = {std::string(80, 'a'), std::string(80, 'b'), std::string(80, 'c')};
+  const std::vector<std::string> families = {std::string(80, 'a'), std::string(80, 'b'),
+                                             std::string(80, 'c')};
   int64_t prompt_tokens = 0, cached_tokens = 0, partly_evicted = 0;
   std::map<std::string, int64_t> best_hit;  // per family: the longest hit seen so far
   std::mt19937 rng(7);
@@ -203,8 +208,8 @@ TEST_F(CpuCluster, AReportedPrefixHitIsKvTheInstanceReallyReused) {
                                << " of " << prompt_tokens << " prompt tokens cached)";
   // The metric counts at prefill done, which the last answer may precede.
   const auto expected = static_cast<double>(prompt_tokens - cached_tokens);
-  const double computed = cluster.metric_when("crescent_prefill_computed_tokens_total",
-                                              [&](double v) { return v >= expected; });
+  const double computed =
+      cluster.metric_when("crescent_prefill_computed_tokens_total", [&](double v) { return v >= expected; });
   EXPECT_EQ(computed, expected) << cluster.log();
 }
 
@@ -278,46 +283,115 @@ TEST_F(CpuCluster, APromptsKvShipsLayerByLayerWhileItComputes) {
 // A prefix read from the pool by the other prefill instance: the instance holding it is stopped (SIGSTOP)
 // with a long prompt queued, which the Conductor believes will take minutes (slow_config_path_), so it
 // fetches the prefix for the other instance (Algorithm 1).
-TEST_F(CpuCluster, APrefixFromThePoolGivesTheSameTokens) {
-  ServedCluster cluster({"--config", slow_config_path_, "--model", model_dir_, "--block-size", "16"});
-  ASSERT_GT(cluster.port(), 0) << cluster.log();
+// Sends `question` (which starts with `prefix`, already computed and written to the pool) so that its prefill
+// instance must read the prefix from the pool: the instance holding it in its cache is stopped meanwhile.
+// Which instance holds it is the Conductor's choice: stop one; if the prefix was on the other, a long
+// prompt sharing it goes there and completes, so stop that one instead. Fails the test when neither held
+// it; the answer has status 0 then.
+Completion complete_from_the_pool(const ServedCluster& cluster, const std::string& model,
+                                  const std::string& prefix, const std::string& question,
+                                  int64_t max_tokens) {
   const int port = cluster.port();
-  const std::string model = "tiny-llama";
-  const std::string prefix(160, 'p');  // 10 blocks
-  ASSERT_EQ(complete(port, model, prefix + "?", 1, {}).status, 200);
-  // The first token goes out before the prefill instance writes the prompt's blocks to the pool: wait for
-  // the write (reported with prefill done) before stopping anyone.
-  for (int i = 0; i < 200 && cluster.metric("crescent_kv_bytes_moved_total{path=\"pool_write\"}") <= 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_GT(cluster.metric("crescent_kv_bytes_moved_total{path=\"pool_write\"}"), 0);
-  // Which instance holds it is the Conductor's choice: stop one; if the prefix was on the other, a long
-  // prompt sharing it goes there and completes, so stop that one instead.
   for (const std::string victim : {"prefill-0", "prefill-1"}) {
     const pid_t pid = cluster.pid(victim);
-    ASSERT_GT(pid, 0);
-    ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+    EXPECT_GT(pid, 0);
+    EXPECT_EQ(::kill(pid, SIGSTOP), 0);
     Completion stuck;
     std::thread queued(
         [&] { stuck = complete(port, model, prefix + std::string(1500, 'q') + victim, 1, {}); });
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     if (stuck.status == 200) {  // it ran on the other instance: the prefix is not on `victim`
       queued.join();
-      ASSERT_EQ(::kill(pid, SIGCONT), 0);
+      EXPECT_EQ(::kill(pid, SIGCONT), 0);
       continue;
     }
-    const std::string question = prefix + "and the question";
-    const Completion fetched = complete(port, model, question, 6, {});
-    ASSERT_EQ(::kill(pid, SIGCONT), 0);
+    const Completion fetched = complete(port, model, question, max_tokens, {});
+    EXPECT_EQ(::kill(pid, SIGCONT), 0);
     queued.join();
-    ASSERT_EQ(fetched.status, 200) << fetched.body << cluster.log();
-    EXPECT_EQ(fetched.cached_tokens, 160);
-    EXPECT_EQ(cluster.metric("crescent_pool_prefix_tokens_total{result=\"hit\"}"), 160) << cluster.log();
-    EXPECT_EQ(fetched.text, colocated(model_dir_, question, 6, {}));
     EXPECT_EQ(stuck.status, 200) << stuck.body;
-    return;
+    return fetched;
   }
-  FAIL() << "neither prefill instance held the prefix\n" << cluster.log();
+  ADD_FAILURE() << "neither prefill instance held the prefix\n" << cluster.log();
+  return {};
+}
+
+// Waits until the prefill instance wrote a prompt's blocks to the pool (reported with prefill done, after
+// the first token went out).
+void wait_for_pool_write(const ServedCluster& cluster) {
+  EXPECT_GT(cluster.metric_when(
+                "crescent_kv_bytes_moved_total{path=\"pool_write\"}", [](double v) { return v > 0; },
+                std::chrono::seconds(5)),
+            0);
+}
+
+TEST_F(CpuCluster, APrefixFromThePoolGivesTheSameTokens) {
+  ServedCluster cluster({"--config", slow_config_path_, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const std::string model = "tiny-llama";
+  const std::string prefix(160, 'p');  // 10 blocks
+  ASSERT_EQ(complete(cluster.port(), model, prefix + "?", 1, {}).status, 200);
+  wait_for_pool_write(cluster);
+  const std::string question = prefix + "and the question";
+  const Completion fetched = complete_from_the_pool(cluster, model, prefix, question, 6);
+  ASSERT_EQ(fetched.status, 200) << fetched.body << cluster.log();
+  EXPECT_EQ(fetched.cached_tokens, 160);
+  EXPECT_EQ(cluster.metric("crescent_pool_prefix_tokens_total{result=\"hit\"}"), 160) << cluster.log();
+  EXPECT_EQ(fetched.text, colocated(model_dir_, question, 6, {}));
+}
+
+// A pool nobody can rewrite unseen (issue 22 §2): a member stores another block's KV (itself intact) under a
+// prompt's block key. The next request fetching that prefix from the pool finds the block sealed for
+// another key: it is a miss, counted in crescent_kv_checksum_failures_total, and the answer is still the
+// colocated one (before, it answered differently with cached_tokens 128 and nothing showed it).
+TEST_F(CpuCluster, AKvBlockSubstitutedInThePoolIsAMissCountedAndNeverUsed) {
+  ServedCluster cluster({"--config", slow_config_path_, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const std::string model = "tiny-llama";
+  const std::string prefix(160, 'p');  // 10 blocks
+  ASSERT_EQ(complete(cluster.port(), model, prefix + "?", 1, {}).status, 200);
+  wait_for_pool_write(cluster);
+
+  // The prompt's block keys, as the Conductor computes them (kv/block_key.h).
+  const json model_config = json::parse(std::ifstream(model_dir_ + "/config.json"));
+  auto tokenizer = model::load_tokenizer(model_dir_, model_config["vocab_size"].get<int64_t>());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+  auto identity = model::model_identity(model_dir_);
+  ASSERT_TRUE(identity.ok());
+  const std::string question = prefix + "and the question";
+  const std::vector<BlockKey> keys = kv::prompt_block_keys((*tokenizer)->encode(question), 16, *identity);
+  ASSERT_GE(keys.size(), 10u);
+
+  // A member of the cluster (it holds the run's secret) puts block 6's KV under block 5's key.
+  std::ifstream master_log(cluster.run_dir() + "/store-master.log");
+  std::string line, master;
+  while (master.empty() && std::getline(master_log, line)) {
+    if (line.starts_with("store master on ")) master = line.substr(16, line.find(' ', 16) - 16);
+  }
+  ASSERT_FALSE(master.empty());
+  auto secret = ClusterSecret::from_file(cluster.run_dir() + "/cluster-secret");
+  ASSERT_TRUE(secret.ok());
+  store::ClientOptions options;
+  options.master.address = master;
+  options.master.secret = *secret;
+  auto member = store::Client::create(options);
+  ASSERT_TRUE(member.ok()) << member.status().to_string();
+  const std::string victim = kv::pool_block_key("kv/", keys[5]);
+  auto other = (*member)->get_value(kv::pool_block_key("kv/", keys[6]));
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  ASSERT_TRUE((*member)->remove(victim).ok());
+  store::ConstBuffer substitute{other->data(), other->size()};
+  ASSERT_TRUE((*member)->put(victim, {&substitute, 1}).ok());
+
+  const Completion answer = complete_from_the_pool(cluster, model, prefix, question, 6);
+  ASSERT_EQ(answer.status, 200) << answer.body << cluster.log();
+  EXPECT_EQ(answer.text, colocated(model_dir_, question, 6, {}));
+  EXPECT_EQ(answer.cached_tokens, 80);
+  EXPECT_EQ(cluster.metric("crescent_pool_prefix_tokens_total{result=\"hit\"}"), 80)
+      << "blocks 0-4 from the pool, none from the substituted block on";
+  EXPECT_GE(
+      cluster.metric_when(
+          "crescent_kv_checksum_failures_total", [](double v) { return v >= 1; }, std::chrono::seconds(5)),
+      1);
 }
 
 // A model with a SentencePiece tokenizer.model (trained by `crescent model init --train-tokenizer`): the

@@ -94,9 +94,11 @@ wait_for etcd "ready to serve client requests" 30
 
 config="$stage/local.json"
 # The store: master (transfer metadata in etcd, as every member finds it) and one node.
-run_on store store-master "$crescent" store master --etcd "$etcd_url" --metrics ""
+run_on store store-master "$crescent" store master --etcd "$etcd_url" --metrics "" \
+  --cluster-secret-file "$stage/cluster-secret"
 wait_for store-master "store master: leading" 30
-run_on store store-node "$crescent" store node --etcd "$etcd_url" --dram 256MiB --metrics "" --name node-0
+run_on store store-node "$crescent" store node --etcd "$etcd_url" --dram 256MiB --metrics "" --name node-0 \
+  --cluster-secret-file "$stage/cluster-secret"
 wait_for store-node "store node: segment" 30
 master_address=$(sed -n 's/^store master on \([^ ]*\) .*/\1/p' "$work/store-master.log")
 case "$master_address" in 10.213.*) ;; *) fail "the store master advertises '$master_address', not its own host's address" ;; esac

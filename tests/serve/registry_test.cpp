@@ -43,23 +43,24 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
   std::ofstream(dir.file("one.json")) << config.dump();
   const std::string prefix = "/registry-" + std::to_string(::getpid());
 
-  auto master = ChildProcess::start({CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0",
-                                     "--metrics", "", "--transfer-metadata", "dir:" + dir.file("metadata")},
-                                    dir.file("master.log"));
+  // The members' secret, as an operator makes it once for all the roles.
+  const std::string secret = dir.file("cluster-secret");
+  ASSERT_TRUE(ClusterSecret::generate().write_to(secret).ok());
+  auto master = ChildProcess::start(
+      {CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "", "--transfer-metadata",
+       "dir:" + dir.file("metadata"), "--cluster-secret-file", secret},
+      dir.file("master.log"));
   ASSERT_TRUE(master.ok());
   auto master_line = (*master)->wait_for_line("store master on ", std::chrono::seconds(20));
   ASSERT_TRUE(master_line.ok()) << master_line.status().message();
   const size_t at = master_line->find("on ") + 3;
   const std::string master_address = master_line->substr(at, master_line->find(' ', at) - at);
-  auto node = ChildProcess::start(
-      {CRESCENT_BINARY, "store", "node", "--master", master_address, "--dram", "64MiB", "--metrics", ""},
-      dir.file("node.log"));
+  auto node = ChildProcess::start({CRESCENT_BINARY, "store", "node", "--master", master_address, "--dram",
+                                   "64MiB", "--metrics", "", "--cluster-secret-file", secret},
+                                  dir.file("node.log"));
   ASSERT_TRUE(node.ok());
   ASSERT_TRUE((*node)->wait_for_line("store node: segment", std::chrono::seconds(20)).ok());
 
-  // The members' secret, as an operator makes it once for all the roles.
-  const std::string secret = dir.file("cluster-secret");
-  ASSERT_TRUE(ClusterSecret::generate().write_to(secret).ok());
   auto conductor =
       ChildProcess::start({CRESCENT_BINARY, "serve", "conductor", "--config", dir.file("one.json"), "--port",
                            "0", "--control", "tcp://127.0.0.1:0", "--etcd", etcd.endpoint(), "--etcd-prefix",

@@ -441,7 +441,7 @@ TEST(StoreClient, MalformedRequestsToTheMasterAreRefusedAndItKeepsServing) {
   }
   // Frames of the control protocol with a method the master does not have, or a body that is not the
   // method's request: an error each, and the connection stays usable.
-  ControlChannel channel(address, 1);
+  ControlChannel channel(address, 1, store_member_key(cluster.secret()));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   Result<std::string> unknown = channel.call(99, "", deadline);
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);

@@ -209,5 +209,48 @@ TEST(ControlRpc, BadAddressesAreNamed) {
   EXPECT_EQ(malformed.call(kEcho, "", in(milliseconds(2000))).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Members only (issue 22 §2): a master started with the cluster secret serves its members and nobody else: a
+// client without the secret, one with another cluster's, and a raw frame get nothing run, and each refusal
+// is counted. A member calling a server that is not one is refused too.
+TEST(ControlRpc, OnlyMembersAreServed) {
+  const ClusterSecret cluster = ClusterSecret::generate();
+  std::atomic<int> calls{0};
+  auto server = ControlServer::start("127.0.0.1:0", test_handler(&calls), store_member_key(cluster));
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  ControlChannel member(address_of(**server), 1, store_member_key(cluster));
+  Result<std::string> reply = member.call(kEcho, "abc", in(milliseconds(2000)));
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  EXPECT_EQ(*reply, "cba");
+
+  ControlChannel stranger(address_of(**server), 1);
+  ControlChannel other_cluster(address_of(**server), 1, store_member_key(ClusterSecret::generate()));
+  for (ControlChannel* channel : {&stranger, &other_cluster}) {
+    Result<std::string> refused = channel->call(kEcho, "abc", in(milliseconds(2000)));
+    ASSERT_FALSE(refused.ok());
+    if (channel == &other_cluster) {
+      EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().to_string();
+      EXPECT_NE(refused.status().message().find("--cluster-secret-file"), std::string::npos);
+    }
+  }
+  const int raw = send_raw((*server)->port(), header(kEcho, 1, 3) + "abc");
+  std::string got;
+  char buffer[256];
+  for (ssize_t n; (n = ::recv(raw, buffer, sizeof(buffer), 0)) > 0;)
+    got.append(buffer, static_cast<size_t>(n));
+  ::close(raw);
+  EXPECT_EQ(got.size(), 36u) << "the server's hello (magic and nonce), then the connection closed unanswered";
+  EXPECT_EQ(got.substr(0, 4), "CRMB");
+  EXPECT_EQ(calls.load(), 1) << "only the member's call ran";
+  EXPECT_EQ((*server)->clients_refused(), 3u);
+
+  // A member does not call a server outside the cluster (its answers could be anything).
+  auto open_server = ControlServer::start("127.0.0.1:0", test_handler(&calls));
+  ASSERT_TRUE(open_server.ok());
+  ControlChannel careful(address_of(**open_server), 1, store_member_key(cluster));
+  EXPECT_EQ(careful.call(kEcho, "abc", in(milliseconds(2000))).status().code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(calls.load(), 1);
+}
+
 }  // namespace
 }  // namespace crescent::store

@@ -1,5 +1,6 @@
 // A store on loopback for tests, in this process: a master on a free port (its /metrics too), the transfer
-// metadata in a private directory, and storage nodes. Clients connect with client_options().
+// metadata in a private directory, and storage nodes, members of one cluster (a secret of their own, also in
+// secret_file() for `crescent store` processes). Clients connect with client_options().
 #pragma once
 
 #include <gtest/gtest.h>
@@ -26,6 +27,11 @@ class StoreCluster {
     options.listen_address = "127.0.0.1:0";
     options.metrics_address = "127.0.0.1:0";
     options.transfer_metadata = "dir:" + dir_.file("metadata");
+    if (!options.secret) options.secret = ClusterSecret::generate();
+    if (Status written = options.secret->write_to(secret_file()); !written.ok()) {
+      error_ = written.to_string();
+      return;
+    }
     options_ = options;
     auto master = MasterServer::start(options);
     if (!master.ok()) {
@@ -59,10 +65,14 @@ class StoreCluster {
   MasterServer& master() { return *master_; }
   std::vector<std::unique_ptr<StorageNode>>& nodes() { return nodes_; }
   const std::string& dir() const { return dir_.path(); }
+  /// The cluster's secret, as `--cluster-secret-file` takes it.
+  std::string secret_file() const { return dir_.file("cluster-secret"); }
+  const ClusterSecret& secret() const { return *options_.secret; }
 
   MasterClientOptions master_options() const {
     MasterClientOptions options;
     options.address = master_->address();
+    options.secret = options_.secret;
     return options;
   }
 

@@ -24,12 +24,16 @@ TEST(StoreFailover, AStandbyLeadsAfterTheLeaderIsKilledAndTheObjectsAreReadableA
   crescent::test::TempDir dir("crescent-failover");
   const std::string prefix = "/failover-" + std::to_string(::getpid());
   EtcdStoreOptions etcd_options{etcd.endpoint(), prefix, std::chrono::seconds(1), milliseconds(1000)};
+  const ClusterSecret secret = ClusterSecret::generate();
+  const std::string secret_file = dir.file("cluster-secret");
+  ASSERT_TRUE(secret.write_to(secret_file).ok());
 
   auto start_master = [&](const std::string& name) {
-    auto master = ChildProcess::start(
-        {CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "", "--etcd",
-         etcd.endpoint(), "--etcd-prefix", prefix, "--leader-ttl-s", "1", "--segment-ttl-ms", "3000"},
-        dir.file(name + ".log"));
+    auto master =
+        ChildProcess::start({CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "",
+                             "--etcd", etcd.endpoint(), "--etcd-prefix", prefix, "--leader-ttl-s", "1",
+                             "--segment-ttl-ms", "3000", "--cluster-secret-file", secret_file},
+                            dir.file(name + ".log"));
     EXPECT_TRUE(master.ok()) << master.status().to_string();
     return master.ok() ? std::move(*master) : nullptr;
   };
@@ -56,13 +60,14 @@ TEST(StoreFailover, AStandbyLeadsAfterTheLeaderIsKilledAndTheObjectsAreReadableA
   auto node =
       ChildProcess::start({CRESCENT_BINARY, "store", "node", "--etcd", etcd.endpoint(), "--etcd-prefix",
                            prefix, "--dram", "16MiB", "--name", "failover-node-" + std::to_string(::getpid()),
-                           "--metrics", "", "--transports", "tcp"},
+                           "--metrics", "", "--transports", "tcp", "--cluster-secret-file", secret_file},
                           dir.file("node.log"));
   ASSERT_TRUE(node.ok());
   ASSERT_TRUE((*node)->wait_for_line("store node: segment", std::chrono::seconds(20)).ok())
       << (*node)->log_tail();
   ClientOptions client_options;
   client_options.master.etcd = etcd_options;
+  client_options.master.secret = secret;
   client_options.transports = {transfer::TransportKind::kTcp};
   auto client = Client::create(client_options);
   ASSERT_TRUE(client.ok()) << client.status().to_string();

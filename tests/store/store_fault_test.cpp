@@ -19,10 +19,11 @@ using test::StoreCluster;
 
 /// A `crescent store node` process mounted on `master`; null (with a test failure) when it did not start.
 std::unique_ptr<ChildProcess> start_node_process(const std::string& master, const std::string& name,
-                                                 const std::string& log) {
-  auto node = ChildProcess::start({CRESCENT_BINARY, "store", "node", "--master", master, "--dram", "16MiB",
-                                   "--name", name, "--metrics", "", "--transports", "tcp"},
-                                  log);
+                                                 const std::string& log, const std::string& secret_file) {
+  auto node = ChildProcess::start(
+      {CRESCENT_BINARY, "store", "node", "--master", master, "--dram", "16MiB", "--name", name, "--metrics",
+       "", "--transports", "tcp", "--cluster-secret-file", secret_file},
+      log);
   if (!node.ok()) {
     ADD_FAILURE() << node.status().to_string();
     return nullptr;
@@ -42,10 +43,10 @@ TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
   StoreCluster cluster(0, 0, options);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string tag = std::to_string(::getpid());
-  auto doomed =
-      start_node_process(cluster.master().address(), "doomed-" + tag, cluster.dir() + "/doomed.log");
-  auto survivor =
-      start_node_process(cluster.master().address(), "survivor-" + tag, cluster.dir() + "/survivor.log");
+  auto doomed = start_node_process(cluster.master().address(), "doomed-" + tag, cluster.dir() + "/doomed.log",
+                                   cluster.secret_file());
+  auto survivor = start_node_process(cluster.master().address(), "survivor-" + tag,
+                                     cluster.dir() + "/survivor.log", cluster.secret_file());
   ASSERT_TRUE(doomed && survivor);
   ClientOptions client_options = cluster.client_options();
   client_options.transports = {transfer::TransportKind::kTcp};

@@ -348,6 +348,96 @@ TEST(TcpTransport, BatchOf1024SmallRequests) {
   EXPECT_EQ(initiator->stats().bytes_transferred, bytes);
 }
 
+// Members only (issue 22 §2): a target started with the cluster secret serves its members' reads and writes
+// and nobody else's: an engine without the secret, or with another cluster's, can neither read the segment
+// nor write into it, and each connection refused is counted. A member sends nothing to an engine outside
+// the cluster either.
+TEST(TcpTransport, OnlyMembersReadOrWriteASegment) {
+  auto metadata = make_in_process_metadata();
+  const ClusterSecret cluster = ClusterSecret::generate();
+  EngineOptions target_options = tcp_options("target", metadata);
+  target_options.secret = cluster;
+  auto target = make_engine(target_options);
+  EngineOptions member_options = tcp_options("member", metadata);
+  member_options.secret = cluster;
+  auto member = make_engine(member_options);
+  EngineOptions stranger_options = tcp_options("stranger", metadata);
+  stranger_options.failure.request_timeout = 3s;
+  auto stranger = make_engine(stranger_options);
+  EngineOptions other_options = tcp_options("other-cluster", metadata);
+  other_options.secret = ClusterSecret::generate();
+  other_options.failure.request_timeout = 3s;
+  auto other = make_engine(other_options);
+  ASSERT_TRUE(target && member && stranger && other);
+  constexpr size_t kBytes = 64 << 10;
+  std::byte* remote = allocate(*target, kBytes);
+  ASSERT_TRUE(remote);
+  fill_pattern(remote, kBytes, 7);
+  ASSERT_TRUE(target->expose_segment("target/kv", remote, kBytes).ok());
+
+  for (TransferEngine* outsider : {stranger.get(), other.get()}) {
+    std::byte* local = allocate(*outsider, kBytes);
+    ASSERT_TRUE(local);
+    fill_pattern(local, kBytes, 9);
+    auto segment = outsider->open_segment("target/kv");
+    ASSERT_TRUE(segment.ok()) << segment.status().message();
+    std::vector<std::string> errors;
+    const BatchSummary summary = run_batch(*outsider,
+                                           {{.op = TransferOp::kWrite,
+                                             .local_address = local,
+                                             .segment = *segment,
+                                             .offset_bytes = 0,
+                                             .length_bytes = kBytes},
+                                            {.op = TransferOp::kRead,
+                                             .local_address = local,
+                                             .segment = *segment,
+                                             .offset_bytes = 0,
+                                             .length_bytes = kBytes}},
+                                           20s, &errors);
+    EXPECT_EQ(summary.failed, 2u);
+    EXPECT_TRUE(matches_pattern(local, kBytes, 9, 0)) << "nothing was read";
+    if (outsider == other.get()) {
+      ASSERT_FALSE(errors.empty());
+      EXPECT_NE(errors[0].find("not a member"), std::string::npos) << errors[0];
+    }
+  }
+  EXPECT_TRUE(matches_pattern(remote, kBytes, 7, 0)) << "nothing was written";
+  EXPECT_GE(target->stats().peers_refused, 2u);
+
+  std::byte* local = allocate(*member, kBytes);
+  ASSERT_TRUE(local);
+  auto segment = member->open_segment("target/kv");
+  ASSERT_TRUE(segment.ok()) << segment.status().message();
+  EXPECT_EQ(run_batch(*member, {{.op = TransferOp::kRead,
+                                 .local_address = local,
+                                 .segment = *segment,
+                                 .offset_bytes = 0,
+                                 .length_bytes = kBytes}})
+                .completed,
+            1u);
+  EXPECT_TRUE(matches_pattern(local, kBytes, 7, 0));
+
+  // The member toward an engine without the secret: refused before a byte of the request leaves.
+  std::byte* open_memory = allocate(*stranger, kBytes);
+  ASSERT_TRUE(open_memory);
+  fill_pattern(open_memory, kBytes, 3);
+  ASSERT_TRUE(stranger->expose_segment("stranger/kv", open_memory, kBytes).ok());
+  auto open_segment = member->open_segment("stranger/kv");
+  ASSERT_TRUE(open_segment.ok());
+  fill_pattern(local, kBytes, 5);
+  std::vector<std::string> errors;
+  EXPECT_EQ(run_batch(*member,
+                      {{.op = TransferOp::kWrite,
+                        .local_address = local,
+                        .segment = *open_segment,
+                        .offset_bytes = 0,
+                        .length_bytes = kBytes}},
+                      20s, &errors)
+                .failed,
+            1u);
+  EXPECT_TRUE(matches_pattern(open_memory, kBytes, 3, 0));
+}
+
 // ---- Two processes -----------------------------------------------------------------------------------
 
 // Reads checked against the child's pattern; writes read back and compared.
