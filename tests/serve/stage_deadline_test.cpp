@@ -169,6 +169,7 @@ struct Streamed {
   std::string error_code;
   bool done = false;
   double seconds = 0;
+  std::string raw;  // every byte of the body, for messages
 };
 
 Streamed stream(int port, const std::string& prompt) {
@@ -183,6 +184,7 @@ Streamed stream(int port, const std::string& prompt) {
   std::string pending;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     pending.append(data, n);
+    out.raw.append(data, n);
     for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
       const std::string event = pending.substr(0, end);
       pending.erase(0, end + 2);
@@ -223,7 +225,8 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   config["prefill_instances"] = 1;
   config["decode_instances"] = 1;
   // A short prompt's stages are predicted to take milliseconds: each deadline is about the floor.
-  constexpr double kFloorS = 1.0;
+  constexpr double kFloorS = 2.0;
+  constexpr double kLateS = 1.5;  // how late past its deadline a request may end on a loaded machine
   config["serve"]["stage_timeout_floor_s"] = kFloorS;
   config["serve"]["stage_timeout_factor"] = 1;
   std::ofstream(dir.file("one.json")) << config.dump();
@@ -259,7 +262,7 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   EXPECT_EQ(queued.status, 503) << queued.body.dump();
   EXPECT_EQ(queued.body["error"]["code"], "queue_timeout") << queued.body.dump();
   EXPECT_GE(queued.seconds, kFloorS);
-  EXPECT_LT(queued.seconds, kFloorS + 1.0) << "it ends at its deadline (checked every 20 ms)";
+  EXPECT_LT(queued.seconds, kFloorS + kLateS) << "it ends at its deadline (checked every 20 ms)";
   auto placed = prefill.wait_for(Kind::kPrefill, 0, std::chrono::seconds(1));
   ASSERT_TRUE(placed.has_value());
   seen.push_back(placed->request_id);
@@ -269,7 +272,7 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value())
       << "its decode reservation is freed";
 
-  // 2. Started half a second after it was placed, never finished: 503 prefill_timeout, the deadline counted
+  // 2. Started half a second after it was placed (well before its queue deadline), never finished: 503 prefill_timeout, the deadline counted
   // from the start.
   prefill.answer_with(
       [](const InstanceMessage& order) {
@@ -286,7 +289,7 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   EXPECT_EQ(prefilling.status, 503) << prefilling.body.dump();
   EXPECT_EQ(prefilling.body["error"]["code"], "prefill_timeout") << prefilling.body.dump();
   EXPECT_GE(prefilling.seconds, 0.5 + kFloorS);
-  EXPECT_LT(prefilling.seconds, 0.5 + kFloorS + 1.0);
+  EXPECT_LT(prefilling.seconds, 0.5 + kFloorS + kLateS);
   placed = prefill.wait_for(Kind::kPrefill, 0, std::chrono::seconds(1), seen);
   ASSERT_TRUE(placed.has_value());
   seen.push_back(placed->request_id);
@@ -313,11 +316,11 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
       std::chrono::milliseconds(0));
   const Streamed streamed = stream(port, "never handed off");
   EXPECT_EQ(streamed.status, 200);
-  EXPECT_EQ(streamed.chunks, 1) << "the first token streamed";
+  EXPECT_EQ(streamed.chunks, 1) << "the first token streamed: " << streamed.raw;
   EXPECT_EQ(streamed.error_code, "kv_handoff_timeout");
   EXPECT_TRUE(streamed.done);
   EXPECT_GE(streamed.seconds, kFloorS);
-  EXPECT_LT(streamed.seconds, kFloorS + 1.0);
+  EXPECT_LT(streamed.seconds, kFloorS + kLateS);
   placed = prefill.wait_for(Kind::kPrefill, 0, std::chrono::seconds(1), seen);
   ASSERT_TRUE(placed.has_value());
   EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value());
