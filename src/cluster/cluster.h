@@ -35,7 +35,9 @@ struct RequestCallbacks {
   std::function<void(const RequestSummary& summary)> on_done;  // the last token was delivered
   /// The request failed after it was accepted: `code` says how ("instance_down": an instance serving it went
   /// down; "kv_transfer_failed": its KV did not reach decode in time, or failed its check; "prefill_failed":
-  /// its prefill instance could not run or ship it), `message` says why.
+  /// its prefill instance could not run or ship it; "queue_timeout", "prefill_timeout",
+  /// "kv_handoff_timeout": its prefill instance did not start it, finish it, or hand its KV to decode by the
+  /// stage's deadline: conductor_core.h, RequestStage), `message` says why.
   std::function<void(const std::string& code, const std::string& message)> on_error;
 };
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "common/secret.h"
 #include "kv/block_key.h"
@@ -65,8 +66,9 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
   return decision;
 }
 
-void ConductorCore::on_placed(const conductor::Decision& decision, uint64_t id, double) {
+void ConductorCore::on_placed(const conductor::Decision& decision, uint64_t id, double now_s) {
   Live& live = requests_.at(id);
+  enter_stage(id, live, RequestStage::kQueued, decision.queue_s, now_s);
   metrics_.observe_prefix(live.summary.prompt_tokens, decision.local_prefix_tokens,
                           decision.fetched_prefix_tokens);
   metrics_.observe_kv_bytes("prefix_fetch",
@@ -113,6 +115,7 @@ void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now
   live.summary.cached_tokens = hit_tokens;
   live.prefill_start_s = now_s;
   live.prefill_started = true;
+  enter_stage(id, live, RequestStage::kPrefill, live.predicted_prefill_s, now_s);
   if (live.request.max_tokens > 1) {
     links_.send_kv_coming(live.summary.decode_instance, id, live.summary.prompt_tokens,
                           live.predicted_prefill_s);
@@ -128,6 +131,9 @@ void ConductorCore::on_first_token(InstanceId instance, uint64_t id, int64_t fir
   state_.on_prefill_done(instance, it->second.block_keys, now_s);
   it->second.prefill_done = true;
   it->second.first_token = first_token;
+  // Its KV may still be on its way to decode (the whole prompt's transfer at most, streamed since the start).
+  enter_stage(id, it->second, RequestStage::kKvHandoff,
+              cost_.kv_transfer_time_s(it->second.summary.prompt_tokens), now_s);
   // Nothing else placed there is waiting: the instance is idle now, whatever its queue's prediction said
   // (a model faster than the cost model's roofline finishes early).
   if (--prefills_pending_[instance] == 0) state_.on_prefill_idle(instance, now_s);
@@ -139,7 +145,9 @@ void ConductorCore::on_first_token(InstanceId instance, uint64_t id, int64_t fir
 void ConductorCore::on_kv_shipped(uint64_t id, double now_s) {
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second.prefill_done || it->second.request.max_tokens <= 1) return;
-  const Live& live = it->second;
+  Live& live = it->second;
+  live.stage = RequestStage::kDecoding;
+  live.stage_deadline_s = std::numeric_limits<double>::infinity();
   const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
   metrics_.observe_kv_bytes("prefill_to_decode", static_cast<double>(input) * cost_.kv_bytes_per_token());
   metrics_.observe_kv_exposed_transfer(now_s - live.first_token_s);
@@ -161,6 +169,7 @@ void ConductorCore::fail(uint64_t id, const std::string& code, const std::string
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   drop(id, now_s);
+  metrics_.observe_failure(code);
   RequestCallbacks callbacks = std::move(it->second.callbacks);
   requests_.erase(it);
   if (callbacks.on_error) callbacks.on_error(code, message);
@@ -186,6 +195,61 @@ void ConductorCore::on_decode_down(InstanceId d, double now_s) {
   }
   const std::vector<uint64_t> ids = scratch_ids_;
   for (uint64_t id : ids) fail(id, "instance_down", fmt::format("decode instance {} went down", d), now_s);
+}
+
+void ConductorCore::enter_stage(uint64_t id, Live& live, RequestStage stage, double predicted_s,
+                                double now_s) {
+  const ServeConfig& serve = options_.config.serve;
+  live.stage = stage;
+  live.stage_deadline_s =
+      now_s + serve.stage_timeout_floor_s + serve.stage_timeout_factor * std::max(0.0, predicted_s);
+  deadlines_.emplace(live.stage_deadline_s, id);
+}
+
+size_t ConductorCore::expire_deadlines(double now_s) {
+  size_t expired = 0;
+  while (!deadlines_.empty() && deadlines_.top().first <= now_s) {
+    const auto [deadline_s, id] = deadlines_.top();
+    deadlines_.pop();
+    auto it = requests_.find(id);
+    if (it == requests_.end() || it->second.stage_deadline_s != deadline_s) continue;  // moved on, or ended
+    const Live& live = it->second;
+    const double waited_s = now_s - (live.stage == RequestStage::kQueued    ? live.submitted_s
+                                     : live.stage == RequestStage::kPrefill ? live.prefill_start_s
+                                                                            : live.first_token_s);
+    const InstanceId p = live.summary.prefill_instance;
+    std::string code, message;
+    switch (live.stage) {
+      case RequestStage::kQueued:
+        code = "queue_timeout";
+        message = fmt::format("prefill instance {} did not start its prefill within {:.1f} s", p, waited_s);
+        break;
+      case RequestStage::kPrefill:
+        code = "prefill_timeout";
+        message = fmt::format("prefill instance {} did not finish its prefill within {:.1f} s of its start",
+                              p, waited_s);
+        break;
+      case RequestStage::kKvHandoff:
+        code = "kv_handoff_timeout";
+        message = fmt::format("prefill instance {} did not hand its KV to decode instance {} within {:.1f} s",
+                              p, live.summary.decode_instance, waited_s);
+        break;
+      case RequestStage::kDecoding:
+        continue;  // no deadline (never queued)
+    }
+    fail(id, code, message, now_s);
+    ++expired;
+  }
+  return expired;
+}
+
+double ConductorCore::next_deadline_s() const {
+  return deadlines_.empty() ? std::numeric_limits<double>::infinity() : deadlines_.top().first;
+}
+
+double ConductorCore::stage_deadline_s(uint64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? std::numeric_limits<double>::infinity() : it->second.stage_deadline_s;
 }
 
 int64_t ConductorCore::next_mock_token(uint64_t id) const {

@@ -2,13 +2,15 @@
 // multi-process one (serve::RemoteCluster): it places requests with the real Conductor over a ClusterState
 // through the placement protocol (placement.h, the simulator's too), keeps
 // each accepted request until its last token, turns instance events into tokens for the request's owner and
-// into metrics, and fails the requests of an instance that went down. How orders reach instances is the
-// owner's InstanceLinks. Not thread-safe: the owner serializes every call (one mutex).
+// into metrics, and fails the requests of an instance that went down or that overran a stage deadline
+// (RequestStage: an instance that heartbeats but never answers). How orders reach instances is the owner's
+// InstanceLinks. Not thread-safe: the owner serializes every call (one mutex).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <queue>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,6 +79,17 @@ class InstanceLinks {
   virtual void send_cancel(InstanceId p, InstanceId d, uint64_t id) = 0;
 };
 
+/// Where an accepted request is, as the Conductor waits on its instances. The first three are the prefill
+/// instance's stages, each with a deadline (serve.stage_timeout_floor_s + serve.stage_timeout_factor x the
+/// stage's predicted time, from the stage's start): past it the request fails with the stage's code.
+enum class RequestStage : uint8_t {
+  kQueued,     // placed, its prefill not started (predicted: Decision::queue_s); "queue_timeout"
+  kPrefill,    // prefill started, no first token yet (Decision::transfer_s + prefill_s); "prefill_timeout"
+  kKvHandoff,  // first token out, its KV not yet all at decode (the whole prompt's KV transfer);
+               // "kv_handoff_timeout"
+  kDecoding,   // its KV is at decode: no deadline (it may wait for HBM room; decode has its own checks)
+};
+
 class ConductorCore final : private PlacementDriver {
  public:
   /// `links` must outlive the core. REQUIRES: validate(options) is ok.
@@ -109,6 +122,16 @@ class ConductorCore final : private PlacementDriver {
   void on_prefill_down(InstanceId p, double now_s);
   /// Decode instance `d` went down at `now_s`: it leaves the view and every request placed there fails.
   void on_decode_down(InstanceId d, double now_s);
+  /// Fails (as fail() does: its instances drop it, the Conductor's estimates give back what it held) every
+  /// request whose stage deadline (RequestStage) passed by `now_s`, with the stage's code; returns how many.
+  /// The owner calls it periodically (RemoteCluster's control loop, every 20 ms) or at next_deadline_s().
+  size_t expire_deadlines(double now_s);
+  /// The earliest stage deadline still pending, on the core's clock (seconds); infinity when none. It may be
+  /// one whose request has since moved on: expire_deadlines() then fails nothing.
+  double next_deadline_s() const;
+  /// The deadline of `id`'s current stage (seconds, the core's clock): infinity while it decodes or when it
+  /// is not in flight.
+  double stage_deadline_s(uint64_t id) const;
 
   /// The Conductor's state, fed directly with KV events, decode reports and instances coming up.
   conductor::ClusterState& state() { return state_; }
@@ -135,6 +158,8 @@ class ConductorCore final : private PlacementDriver {
     bool prefill_started = false, prefill_done = false;
     int64_t first_token = 0;
     double predicted_prefill_s = 0;  // the Conductor's prefix load + compute time (Decision)
+    RequestStage stage = RequestStage::kQueued;
+    double stage_deadline_s = 0;  // the current stage's (infinity while decoding)
     double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // core's clock
   };
 
@@ -157,6 +182,9 @@ class ConductorCore final : private PlacementDriver {
   // Request `id` ended well ("length": all its tokens; "stop": its owner's stop): metrics, the Conductor's
   // output-length observation, on_done.
   void finish(uint64_t id, double now_s, std::string_view finished_reason);
+  // `live` (request `id`) enters `stage` at `now_s`, predicted to take `predicted_s`: its deadline is set
+  // and queued.
+  void enter_stage(uint64_t id, Live& live, RequestStage stage, double predicted_s, double now_s);
 
   const ClusterOptions options_;
   InstanceLinks& links_;
@@ -168,6 +196,10 @@ class ConductorCore final : private PlacementDriver {
   std::unordered_map<uint64_t, Live> requests_;
   std::vector<int64_t> prefills_pending_;  // per prefill instance: requests placed, prefill not done
   std::vector<uint64_t> scratch_ids_;
+  // Stage deadlines, earliest on top: (deadline, request). An entry is stale when its request has moved to
+  // another stage or ended (its Live's stage_deadline_s differs); stale entries are dropped as they surface.
+  using Deadline = std::pair<double, uint64_t>;
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> deadlines_;
 };
 
 }  // namespace crescent::cluster

@@ -1,5 +1,6 @@
 #include "cluster/local_cluster.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <limits>
@@ -214,7 +215,8 @@ class LocalCluster::Impl final : public InstanceLinks {
     std::unique_lock lock(mu_);
     while (!stopping_) {
       advance_all(now_s());
-      const double next = next_event_s();
+      core_.expire_deadlines(now_s());
+      const double next = std::min(next_event_s(), core_.next_deadline_s());
       if (next == kInf) {
         cv_.wait(lock);
       } else {

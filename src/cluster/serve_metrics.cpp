@@ -39,6 +39,12 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
               .Name("crescent_requests_rejected_total")
               .Help("Requests refused before prefill, by reason (ttft, tbt, decode-capacity, context-length)")
               .Register(*registry_)),
+      failed_(prometheus::BuildCounter()
+                  .Name("crescent_requests_failed_total")
+                  .Help("Requests that failed after they were accepted, by the error code their client got "
+                        "(instance_down, kv_transfer_failed, prefill_failed, queue_timeout, "
+                        "prefill_timeout, kv_handoff_timeout)")
+                  .Register(*registry_)),
       prefix_tokens_(
           prometheus::BuildCounter()
               .Name("crescent_prefix_tokens_total")
@@ -138,6 +144,9 @@ void ServeMetrics::observe_decision(double seconds) {
 }
 void ServeMetrics::observe_rejection(std::string_view reason) {
   rejected_.Add({{"reason", std::string(reason)}}).Increment();
+}
+void ServeMetrics::observe_failure(std::string_view code) {
+  failed_.Add({{"reason", std::string(code)}}).Increment();
 }
 void ServeMetrics::observe_prefix(int64_t prompt_tokens, int64_t local_tokens, int64_t fetched_tokens) {
   prefix_tokens_.Add({{"source", "local"}}).Increment(static_cast<double>(local_tokens));

@@ -90,6 +90,10 @@ class ServeMetrics {
   /// Clients the members-only sockets have refused so far in all (crescent_control_clients_refused_total:
   /// connections without the cluster's keys); the counter is brought up to `total`.
   void observe_clients_refused(uint64_t total);
+  /// A request failed after it was accepted, with `code` (RequestCallbacks::on_error's: "instance_down",
+  /// "kv_transfer_failed", "prefill_failed", "queue_timeout", "prefill_timeout", "kv_handoff_timeout"):
+  /// crescent_requests_failed_total{reason=code}.
+  void observe_failure(std::string_view code);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).
   void observe_token_gap(double seconds);
   /// A request that ended: vllm:request_success_total{finished_reason} counts it; "length" (all its
@@ -103,6 +107,7 @@ class ServeMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   const std::string model_name_;
   prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Counter>& failed_;
   prometheus::Family<prometheus::Counter>& prefix_tokens_;
   prometheus::Family<prometheus::Counter>& kv_bytes_;
   prometheus::Family<prometheus::Counter>& kv_bytes_moved_;

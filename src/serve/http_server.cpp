@@ -40,7 +40,10 @@ std::string status_line(int status) {
 
 // What connections share with the server and with responders on other threads.
 struct HttpServerShared {
-  net::io_context io{1};
+  // No concurrency hint of 1: with it, what the loop's own thread posts (a handler's start_stream) waits in a
+  // private queue until the handler returns, behind what other threads post meanwhile (the stream's first
+  // token), which then found no stream and was dropped. Without it every post is queued in the order made.
+  net::io_context io;
   std::atomic<bool> stopped{false};
   HttpServerOptions options;
   HttpHandler handler;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -563,6 +564,18 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
             update_up(s, fmt::format("silent for {:.1f} s", now - s.last_seen_s));
           }
         }
+        // An instance that reports but never answers: its requests fail at their stage deadlines.
+        // Logged at the first and at every power of two, as dropped messages are.
+        if (const size_t expired = core_.expire_deadlines(now); expired > 0) {
+          const uint64_t before = deadlines_passed_;
+          deadlines_passed_ += expired;
+          if (std::bit_floor(deadlines_passed_) > before) {
+            log(fmt::format(
+                "{} request{} failed at a stage deadline so far (an instance that does not answer? "
+                "crescent_requests_failed_total)",
+                deadlines_passed_, deadlines_passed_ == 1 ? "" : "s"));
+          }
+        }
         sending.swap(outbox_);
       }
       for (auto& [identity, bytes] : sending) {
@@ -675,6 +688,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   std::atomic<uint64_t> clients_refused_{0};  // router_'s failed handshakes (the monitor's events)
   zmq::socket_t router_;                      // the control thread's
   zmq::socket_t monitor_;                     // the control thread's: router_'s closed connections
+  uint64_t deadlines_passed_ = 0;             // requests failed at a stage deadline (under mu_)
   std::unordered_map<int, std::string>
       identity_of_fd_;  // the control thread's: who last sent on each connection
   std::string endpoint_;

@@ -3,8 +3,9 @@
 // They connect to its control socket (ZeroMQ ROUTER, instance_wire.h), report their load every 50 ms, and are
 // down when their connection closes (the process died) or when silent for the config's heartbeat_timeout_s
 // (it hangs, or the network between is cut): their requests then fail (SSE error event, or 503)
-// and nothing more is placed there until they say hello again. Prefill instances' KV events (vLLM format)
-// feed the ClusterState from a subscriber per instance.
+// and nothing more is placed there until they say hello again. An instance that reports but does not answer
+// is not down: its requests fail at their stage deadlines (cluster::RequestStage, checked every 20 ms).
+// Prefill instances' KV events (vLLM format) feed the ClusterState from a subscriber per instance.
 #pragma once
 
 #include <chrono>

@@ -71,7 +71,7 @@ class Client::Impl {
   std::unordered_map<std::string, transfer::SegmentHandle> handles;
 
   std::atomic<uint64_t> puts{0}, gets{0}, bytes_written{0}, bytes_read{0}, staged_bytes{0},
-      replica_fallbacks{0}, leases_expired{0};
+      replica_fallbacks{0}, leases_expired{0}, replicas_unwritten{0};
 
   ~Impl() {
     segment.reset();
@@ -211,11 +211,15 @@ class Client::Impl {
     return out;
   }
 
-  /// Phase 2 and 3 of puts whose put_start succeeded: one transfer batch writing every replica of every key,
-  /// then put_end for the keys fully written and put_revoke for the others.
+  /// Puts of `keys`: put_start, one transfer batch writing every replica of every key, then put_end for the
+  /// keys with at least one replica written (naming the segments whose write failed: the master drops those
+  /// replicas and places nothing more there until their owners renew) and put_revoke for the others. A key
+  /// none of whose replicas could be written because their segments failed is started again, up to
+  /// kPutRounds times: the master then places it on other segments.
   Result<std::vector<Status>> write(std::span<const std::string_view> keys,
                                     std::span<const std::vector<Piece>> values,
                                     const ReplicateConfig& config) {
+    constexpr int kPutRounds = 3;
     const size_t n = keys.size();
     std::vector<Status> results(n);
     std::vector<uint64_t> sizes(n);
@@ -224,101 +228,137 @@ class Client::Impl {
       if (sizes[i] == 0)
         results[i] = Status::invalid_argument(fmt::format("put: the value of key #{} is empty", i));
     }
-    std::vector<std::string_view> asked;
-    std::vector<uint64_t> asked_sizes;
-    std::vector<size_t> asked_index;
+    std::vector<Local> locals(n);
+    std::vector<size_t> round;  // the keys to start in this round
+    // Stage before asking the master, so a put_start is never left waiting on a copy.
     for (size_t i = 0; i < n; ++i) {
       if (!results[i].ok()) continue;
-      asked.push_back(keys[i]);
-      asked_sizes.push_back(sizes[i]);
-      asked_index.push_back(i);
-    }
-    std::vector<Local> locals(n);
-    std::vector<std::vector<ReplicaLocation>> replicas(n);
-    // Stage before asking the master, so a put_start is never left waiting on a copy.
-    for (size_t i : asked_index) {
       Result<Local> local = prepare(values[i], sizes[i], /*copy_in=*/true);
       if (!local.ok()) {
         results[i] = local.status();
-      } else {
-        locals[i] = std::move(*local);
-      }
-    }
-    // Keys the master is making room for (spilling to SSD) answer kUnavailable and are asked again.
-    auto started = master->put_start(asked, asked_sizes, config, host_id);
-    if (started.ok()) {
-      Status retried = ask_again(*started, [&](const std::vector<size_t>& again) {
-        std::vector<std::string_view> retry_keys;
-        std::vector<uint64_t> retry_sizes;
-        for (size_t a : again) {
-          retry_keys.push_back(asked[a]);
-          retry_sizes.push_back(asked_sizes[a]);
-        }
-        return master->put_start(retry_keys, retry_sizes, config, host_id);
-      });
-      if (!retried.ok()) started = retried;
-    }
-    if (!started.ok()) {
-      for (Local& l : locals) release(l);
-      return started.status();
-    }
-    std::vector<TransferRequest> requests;
-    std::vector<std::pair<size_t, size_t>> request_range(n, {0, 0});  // [first, last) per key
-    for (size_t a = 0; a < asked.size(); ++a) {
-      const size_t i = asked_index[a];
-      Result<std::vector<ReplicaLocation>>& r = (*started)[a];
-      if (!r.ok()) {
-        if (results[i].ok()) results[i] = r.status();
         continue;
       }
-      replicas[i] = std::move(*r);
-      if (!results[i].ok()) continue;  // staging failed: revoked below
-      request_range[i].first = requests.size();
-      for (const ReplicaLocation& replica : replicas[i]) {
-        Status added = add_requests(TransferOp::kWrite, locals[i], replica, sizes[i], requests);
-        if (!added.ok()) results[i] = added;
-      }
-      request_range[i].second = requests.size();
+      locals[i] = std::move(*local);
+      round.push_back(i);
     }
-    Result<std::vector<transfer::TransferStatus>> done = run(requests);
-    std::vector<std::string_view> to_end, to_revoke;
-    std::vector<size_t> end_index;
-    for (size_t i = 0; i < n; ++i) {
-      if (replicas[i].empty()) continue;  // put_start failed: nothing to end or revoke
-      if (results[i].ok()) {
-        for (size_t r = request_range[i].first; r < request_range[i].second; ++r) {
-          if (!done.ok()) {
-            results[i] = done.status();
-          } else if ((*done)[r].state != transfer::TransferState::kCompleted) {
-            results[i] =
-                Status::transfer_failed(fmt::format("writing a replica failed: {}", (*done)[r].error));
-            forget(replicas[i][0].segment);
-            for (const ReplicaLocation& replica : replicas[i]) forget(replica.segment);
-            break;
+    for (int attempt = 1; attempt <= kPutRounds && !round.empty(); ++attempt) {
+      std::vector<std::string_view> asked;
+      std::vector<uint64_t> asked_sizes;
+      for (size_t i : round) {
+        asked.push_back(keys[i]);
+        asked_sizes.push_back(sizes[i]);
+      }
+      // Keys the master is making room for (spilling to SSD) answer kUnavailable and are asked again.
+      auto started = master->put_start(asked, asked_sizes, config, host_id);
+      if (started.ok()) {
+        Status retried = ask_again(*started, [&](const std::vector<size_t>& again) {
+          std::vector<std::string_view> retry_keys;
+          std::vector<uint64_t> retry_sizes;
+          for (size_t a : again) {
+            retry_keys.push_back(asked[a]);
+            retry_sizes.push_back(asked_sizes[a]);
+          }
+          return master->put_start(retry_keys, retry_sizes, config, host_id);
+        });
+        if (!retried.ok()) started = retried;
+      }
+      if (!started.ok()) {
+        if (attempt == 1) {  // the call fails as a whole only when the master cannot be reached
+          for (Local& l : locals) release(l);
+          return started.status();
+        }
+        for (size_t i : round) results[i] = started.status();
+        break;
+      }
+      // One transfer batch for every replica of every key; [first, last) of its requests per replica.
+      std::vector<TransferRequest> requests;
+      std::vector<std::vector<ReplicaLocation>> replicas(round.size());
+      std::vector<std::vector<std::pair<size_t, size_t>>> ranges(round.size());
+      std::vector<std::vector<std::string>> unwritten(round.size());  // segments whose write failed
+      std::vector<std::string> last_error(round.size());
+      for (size_t a = 0; a < round.size(); ++a) {
+        const size_t i = round[a];
+        Result<std::vector<ReplicaLocation>>& r = (*started)[a];
+        if (!r.ok()) {
+          results[i] = r.status();
+          continue;
+        }
+        replicas[a] = std::move(*r);
+        for (const ReplicaLocation& replica : replicas[a]) {
+          const size_t first = requests.size();
+          Status added = add_requests(TransferOp::kWrite, locals[i], replica, sizes[i], requests);
+          if (!added.ok()) {  // its segment cannot be opened: e.g. its owner process exited
+            requests.resize(first);
+            unwritten[a].push_back(replica.segment);
+            last_error[a] = added.message();
+          }
+          ranges[a].emplace_back(first, requests.size());
+        }
+      }
+      Result<std::vector<transfer::TransferStatus>> done = run(requests);
+      std::vector<std::string_view> to_end, to_revoke;
+      std::vector<std::vector<std::string>> end_unwritten, revoke_unwritten;
+      std::vector<size_t> end_index;
+      std::vector<size_t> next_round;
+      for (size_t a = 0; a < round.size(); ++a) {
+        const size_t i = round[a];
+        if (replicas[a].empty()) continue;  // put_start failed: nothing to end or revoke
+        if (!done.ok()) {                   // this engine could not run the batch: no segment is to blame
+          results[i] = done.status();
+          to_revoke.push_back(keys[i]);
+          revoke_unwritten.emplace_back();
+          continue;
+        }
+        size_t written = 0;
+        for (size_t r = 0; r < replicas[a].size(); ++r) {
+          const auto [first, last] = ranges[a][r];
+          if (first == last) continue;  // not even started (in unwritten already)
+          bool ok = true;
+          for (size_t q = first; q < last; ++q) {
+            if ((*done)[q].state != transfer::TransferState::kCompleted) {
+              ok = false;
+              last_error[a] = (*done)[q].error;
+            }
+          }
+          if (ok) {
+            ++written;
+          } else {
+            unwritten[a].push_back(replicas[a][r].segment);
+          }
+        }
+        for (const std::string& segment : unwritten[a]) forget(segment);  // looked up again next time
+        replicas_unwritten += unwritten[a].size();
+        if (written > 0) {
+          to_end.push_back(keys[i]);
+          end_unwritten.push_back(unwritten[a]);
+          end_index.push_back(i);
+          bytes_written += sizes[i] * written;
+          continue;
+        }
+        to_revoke.push_back(keys[i]);
+        revoke_unwritten.push_back(unwritten[a]);
+        results[i] =
+            Status::transfer_failed(fmt::format("writing every replica failed; last: {}", last_error[a]));
+        if (attempt < kPutRounds) next_round.push_back(i);  // the master places it elsewhere now
+      }
+      if (!to_revoke.empty()) {
+        // Best effort (put_timeout reclaims otherwise); a key to start again must be gone first.
+        auto revoked = master->put_revoke(to_revoke, revoke_unwritten);
+        if (!revoked.ok()) next_round.clear();
+      }
+      if (!to_end.empty()) {
+        auto ended = master->put_end(to_end, end_unwritten);
+        for (size_t e = 0; e < end_index.size(); ++e) {
+          if (!ended.ok()) {
+            results[end_index[e]] = ended.status();
+          } else {
+            results[end_index[e]] = (*ended)[e];
           }
         }
       }
-      if (results[i].ok()) {
-        to_end.push_back(keys[i]);
-        end_index.push_back(i);
-        bytes_written += sizes[i] * replicas[i].size();
-      } else {
-        to_revoke.push_back(keys[i]);
-      }
+      round = std::move(next_round);
     }
     for (Local& l : locals) release(l);
-    if (!to_revoke.empty())
-      (void)master->put_revoke(to_revoke);  // best effort: put_timeout reclaims otherwise
-    if (!to_end.empty()) {
-      auto ended = master->put_end(to_end);
-      for (size_t e = 0; e < end_index.size(); ++e) {
-        if (!ended.ok()) {
-          results[end_index[e]] = ended.status();
-        } else if (!(*ended)[e].ok()) {
-          results[end_index[e]] = (*ended)[e];
-        }
-      }
-    }
     puts += n;
     return results;
   }
@@ -672,9 +712,10 @@ Result<size_t> Client::get_prefix(std::span<const BlockKey> keys, std::span<cons
 }
 
 ClientStats Client::stats() const {
-  return {impl_->puts.load(),          impl_->gets.load(),         impl_->bytes_written.load(),
-          impl_->bytes_read.load(),    impl_->staged_bytes.load(), impl_->replica_fallbacks.load(),
-          impl_->leases_expired.load()};
+  return {impl_->puts.load(),           impl_->gets.load(),
+          impl_->bytes_written.load(),  impl_->bytes_read.load(),
+          impl_->staged_bytes.load(),   impl_->replica_fallbacks.load(),
+          impl_->leases_expired.load(), impl_->replicas_unwritten.load()};
 }
 
 MasterClient& Client::master() {

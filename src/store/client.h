@@ -78,6 +78,9 @@ struct ClientStats {
   uint64_t staged_bytes = 0;       // bytes copied through the staging pool
   uint64_t replica_fallbacks = 0;  // reads retried on another replica after a transfer failed
   uint64_t leases_expired = 0;     // reads refused because their lease ran out
+  /// Replicas a put could not write (their segment's owner was gone, or the path to it failed): the put
+  /// ended without them, or started again elsewhere.
+  uint64_t replicas_unwritten = 0;
 };
 
 class Client {
@@ -95,8 +98,11 @@ class Client {
   Status unregister_buffer(void* data);
 
   /// Stores the concatenation of `value` under `key`: put_start, one transfer batch writing every replica,
-  /// then put_end (put_revoke when a write failed). kInvalidArgument for an empty value or bad key; the
-  /// master's errors (kAlreadyExists, kNoSpace, ...); kTransferFailed.
+  /// then put_end. A replica whose write fails (its segment's owner died) is dropped and its segment
+  /// reported, so the master places nothing more there until the owner renews it: the put ends with the
+  /// replicas written, and when none was it is started again on other segments (3 attempts in all).
+  /// kInvalidArgument for an empty value or bad key; the master's errors (kAlreadyExists, kNoSpace, ...);
+  /// kTransferFailed (no replica could be written in 3 attempts).
   Status put(std::string_view key, std::span<const ConstBuffer> value, const ReplicateConfig& config = {});
   /// Reads `key` into `out` (filled in order); returns the value's size. kInvalidArgument when `out` holds
   /// fewer bytes than the value (nothing read); kNotFound; kLeaseExpired; kTransferFailed.
@@ -111,7 +117,8 @@ class Client {
   Result<uint64_t> remove_all();
 
   /// N keys, one value buffer each: one put_start RPC, one transfer batch, one put_end (and one put_revoke)
-  /// RPC. One Status per key; the call fails as a whole only when the master cannot be reached.
+  /// RPC, and again only for keys none of whose replicas could be written (as put). One Status per key; the
+  /// call fails as a whole only when the master cannot be reached.
   Result<std::vector<Status>> batch_put(std::span<const std::string_view> keys,
                                         std::span<const ConstBuffer> values,
                                         const ReplicateConfig& config = {});

@@ -26,6 +26,7 @@ Status validate(const MasterOptions& options) {
   const std::pair<const char*, std::chrono::milliseconds> durations[] = {
       {"lease_ttl", options.lease_ttl},
       {"segment_ttl", options.segment_ttl},
+      {"placement_stale_after", options.placement_stale_after},
       {"put_timeout", options.put_timeout},
       {"soft_pin_ttl", options.soft_pin_ttl}};
   for (const auto& [name, value] : durations) {
@@ -64,6 +65,8 @@ constexpr std::pair<std::string_view, uint64_t MasterStats::*> kStatsFields[] = 
     {"ssd_used_bytes", &MasterStats::ssd_used_bytes},
     {"spills", &MasterStats::spills},
     {"loads", &MasterStats::loads},
+    {"replicas_unwritten", &MasterStats::replicas_unwritten},
+    {"segments_suspected", &MasterStats::segments_suspected},
 };
 static_assert(sizeof(MasterStats) == std::size(kStatsFields) * sizeof(uint64_t),
               "a MasterStats field has no name");
@@ -144,6 +147,8 @@ struct Segment {
   SegmentMount mount;
   SegmentAllocator allocator;
   Nanos lease_until = 0;
+  Nanos renewed_at = 0;  // mounted or last renewed
+  bool suspect = false;  // a writer could not write it since its last renewal: no new replicas
   uint64_t replicas = 0;
   // The owner's index feed: changes with versions log_base + 1 .. version, not yet acknowledged.
   uint64_t version = 0;
@@ -154,8 +159,12 @@ struct Segment {
 
   bool has_ssd() const { return mount.ssd_capacity_bytes > 0; }
 
-  Segment(uint32_t id_, SegmentMount mount_, Nanos lease_until_)
-      : id(id_), mount(std::move(mount_)), allocator(mount.capacity_bytes), lease_until(lease_until_) {}
+  Segment(uint32_t id_, SegmentMount mount_, Nanos now, Nanos ttl)
+      : id(id_),
+        mount(std::move(mount_)),
+        allocator(mount.capacity_bytes),
+        lease_until(now + ttl),
+        renewed_at(now) {}
 };
 
 struct KeyHash {
@@ -186,7 +195,7 @@ class Master::Impl {
       return Status::already_exists(fmt::format("segment {} is already mounted", mount.segment));
     }
     const auto id = static_cast<uint32_t>(segments_.size());
-    segments_.push_back(std::make_unique<Segment>(id, mount, now() + to_nanos(options_.segment_ttl)));
+    segments_.push_back(std::make_unique<Segment>(id, mount, now(), to_nanos(options_.segment_ttl)));
     segment_by_name_.emplace(mount.segment, id);
     live_segments_.push_back(id);
     for (const HeldObject& h : held) restore(*segments_[id], h);
@@ -251,7 +260,9 @@ class Master::Impl {
     if (segment == nullptr) {
       return Status::not_found(fmt::format("segment {} is not mounted (its lease may have expired)", name));
     }
-    segment->lease_until = now() + to_nanos(options_.segment_ttl);
+    segment->renewed_at = now();
+    segment->lease_until = segment->renewed_at + to_nanos(options_.segment_ttl);
+    segment->suspect = false;  // its owner is alive
     apply(*segment, report);
     SegmentChanges out;
     out.version = segment->version;
@@ -414,7 +425,16 @@ class Master::Impl {
                       it->second.state == ObjectState::kComplete ? "already exists" : "is being written"));
     }
     const Nanos t = now();
-    std::optional<std::vector<Replica>> replicas = allocate(size_bytes, config, writer_host);
+    // Replicas go to segments that can be written now; with fewer of those than asked, one on each.
+    const std::vector<uint32_t> placeable = placeable_segments(t);
+    if (placeable.empty()) {
+      return Status::unavailable(fmt::format(
+          "put {}: every mounted segment was reported unreachable since its last renewal; retry shortly",
+          printable_key(key)));
+    }
+    ReplicateConfig asked = config;
+    asked.replica_num = std::min<uint32_t>(config.replica_num, static_cast<uint32_t>(placeable.size()));
+    std::optional<std::vector<Replica>> replicas = allocate(size_bytes, asked, writer_host, placeable);
     // Make room with what frees space at once (dropping, or evicting a DRAM copy that has an SSD copy)...
     // After a few evictions that did not make room, check that evicting everything evictable could (ranges
     // must be contiguous): a value that can never fit must not empty the pool on its way to "no space".
@@ -427,12 +447,12 @@ class Master::Impl {
         Object* next = victim->lru_prev;
         if (evictable(*victim, t, allow_soft_pins) && frees_at_once(*victim)) {
           if (++evicted == kEvictionsBeforeFeasibilityCheck &&
-              !eviction_can_fit(size_bytes, config.replica_num, t)) {
+              !eviction_can_fit(size_bytes, asked.replica_num, placeable, t)) {
             feasible = false;
             break;
           }
           evict(*victim);
-          replicas = allocate(size_bytes, config, writer_host);
+          replicas = allocate(size_bytes, asked, writer_host, placeable);
         }
         victim = next;
       }
@@ -447,7 +467,7 @@ class Master::Impl {
     }
     if (!replicas) {
       // ... else order spills to SSD tiers: the room comes when the owners report them written.
-      const uint64_t needed = aligned_size_bytes(size_bytes) * config.replica_num;
+      const uint64_t needed = aligned_size_bytes(size_bytes) * asked.replica_num;
       uint64_t ordered = spilling_bytes();
       for (Object* victim = lru_.tail; victim != nullptr && ordered < needed;) {
         Object* next = victim->lru_prev;
@@ -482,9 +502,25 @@ class Master::Impl {
     return locations(object);
   }
 
-  Status put_end(std::string_view key) {
+  Status put_end(std::string_view key, std::span<const std::string> unwritten) {
     Object* object = find_processing(key);
     if (object == nullptr) return no_put_in_progress(key);
+    suspect(unwritten);
+    for (size_t i = object->replicas.size(); i-- > 0;) {
+      const Replica r = object->replicas[i];
+      Segment& segment = *segments_[r.segment_id];
+      if (std::find(unwritten.begin(), unwritten.end(), segment.mount.segment) == unwritten.end()) continue;
+      segment.allocator.free(r.offset_bytes, object->size_bytes);
+      --segment.replicas;
+      object->replicas.erase(object->replicas.begin() + static_cast<long>(i));
+      ++stats_.replicas_unwritten;
+    }
+    if (object->replicas.empty()) {
+      drop(*object);
+      ++stats_.puts_revoked;
+      return Status::transfer_failed(fmt::format(
+          "put {}: no replica was written (every segment it was given was unreachable)", printable_key(key)));
+    }
     list_of(*object).unlink(*object);
     object->state = ObjectState::kComplete;
     object->deadline = object->pin == PinKind::kSoft ? now() + to_nanos(options_.soft_pin_ttl) : 0;
@@ -496,12 +532,30 @@ class Master::Impl {
     return Status();
   }
 
-  Status put_revoke(std::string_view key) {
+  Status put_revoke(std::string_view key, std::span<const std::string> unwritten) {
     Object* object = find_processing(key);
     if (object == nullptr) return no_put_in_progress(key);
+    suspect(unwritten);
+    for (const Replica& r : object->replicas) {
+      if (std::find(unwritten.begin(), unwritten.end(), segments_[r.segment_id]->mount.segment) !=
+          unwritten.end()) {
+        ++stats_.replicas_unwritten;
+      }
+    }
     drop(*object);
     ++stats_.puts_revoked;
     return Status();
+  }
+
+  /// A writer could not write to these segments: none takes new replicas until its owner renews it (a dead
+  /// owner never does, and its segment expires after segment_ttl). Names not mounted are ignored.
+  void suspect(std::span<const std::string> names) {
+    for (const std::string& name : names) {
+      Segment* segment = find_segment(name);
+      if (segment == nullptr || segment->suspect) continue;
+      segment->suspect = true;
+      ++stats_.segments_suspected;
+    }
   }
 
   Object* find_processing(std::string_view key) {
@@ -719,9 +773,24 @@ class Master::Impl {
     return capacity;
   }
 
-  /// Segments in the order the strategy tries them: the preferred segment first, then by strategy.
-  std::vector<uint32_t> candidate_order(const ReplicateConfig& config, std::string_view writer_host) {
-    std::vector<uint32_t> order = live_segments_;
+  /// The segments new replicas may go to at `t`: renewed within placement_stale_after and not reported
+  /// unreachable since. When none was renewed that recently (the master itself was stalled, or a test's
+  /// clock jumped), every segment not reported unreachable.
+  std::vector<uint32_t> placeable_segments(Nanos t) const {
+    const Nanos stale = to_nanos(std::min(options_.placement_stale_after, options_.segment_ttl));
+    std::vector<uint32_t> fresh, reported_alive;
+    for (uint32_t id : live_segments_) {
+      const Segment& segment = *segments_[id];
+      if (segment.suspect) continue;
+      reported_alive.push_back(id);
+      if (t - segment.renewed_at <= stale) fresh.push_back(id);
+    }
+    return fresh.empty() ? reported_alive : fresh;
+  }
+
+  /// `segments` in the order the strategy tries them: the preferred segment first, then by strategy.
+  std::vector<uint32_t> candidate_order(const ReplicateConfig& config, std::string_view writer_host,
+                                        std::vector<uint32_t> order) {
     switch (options_.strategy) {
       case AllocationStrategy::kRandom:
         std::shuffle(order.begin(), order.end(), rng_);
@@ -747,12 +816,13 @@ class Master::Impl {
     return order;
   }
 
-  /// One range on each of config.replica_num distinct segments, or nullopt (nothing kept) when they do not
-  /// fit.
+  /// One range on each of config.replica_num distinct segments of `segments`, or nullopt (nothing kept) when
+  /// they do not fit.
   std::optional<std::vector<Replica>> allocate(uint64_t size_bytes, const ReplicateConfig& config,
-                                               std::string_view writer_host) {
+                                               std::string_view writer_host,
+                                               const std::vector<uint32_t>& segments) {
     std::vector<Replica> replicas;
-    for (uint32_t id : candidate_order(config, writer_host)) {
+    for (uint32_t id : candidate_order(config, writer_host, segments)) {
       if (std::optional<uint64_t> offset = segments_[id]->allocator.allocate(size_bytes)) {
         replicas.push_back({id, *offset});
         if (replicas.size() == config.replica_num) return replicas;
@@ -783,8 +853,10 @@ class Master::Impl {
   }
 
   /// Whether evicting every object evictable at `t` (soft pins included) would leave a contiguous free range
-  /// of `size_bytes` on `replica_num` distinct segments. O(objects): for puts that evicting has not helped.
-  bool eviction_can_fit(uint64_t size_bytes, uint32_t replica_num, Nanos t) const {
+  /// of `size_bytes` on `replica_num` distinct segments of `segments`. O(objects): for puts that evicting
+  /// has not helped.
+  bool eviction_can_fit(uint64_t size_bytes, uint32_t replica_num, const std::vector<uint32_t>& segments,
+                        Nanos t) const {
     std::unordered_map<uint32_t, std::vector<std::pair<uint64_t, uint64_t>>> freeable;  // segment -> ranges
     for (const auto& [key, object] : objects_) {
       if (!evictable(object, t, /*allow_soft_pins=*/true)) continue;
@@ -794,7 +866,7 @@ class Master::Impl {
     }
     const uint64_t aligned = aligned_size_bytes(size_bytes);
     uint32_t fitting = 0;
-    for (uint32_t id : live_segments_) {
+    for (uint32_t id : segments) {
       auto it = freeable.find(id);
       const uint64_t largest =
           it == freeable.end() ? segments_[id]->allocator.largest_free_bytes()
@@ -966,13 +1038,13 @@ Result<std::vector<ReplicaLocation>> Master::put_start(std::string_view key, uin
   CRESCENT_LOCKED;
   return impl_->put_start(key, size_bytes, config, writer_host_id);
 }
-Status Master::put_end(std::string_view key) {
+Status Master::put_end(std::string_view key, std::span<const std::string> unwritten_segments) {
   CRESCENT_LOCKED;
-  return impl_->put_end(key);
+  return impl_->put_end(key, unwritten_segments);
 }
-Status Master::put_revoke(std::string_view key) {
+Status Master::put_revoke(std::string_view key, std::span<const std::string> unwritten_segments) {
   CRESCENT_LOCKED;
-  return impl_->put_revoke(key);
+  return impl_->put_revoke(key, unwritten_segments);
 }
 Result<ReadGrant> Master::get_replica_list(std::string_view key) {
   CRESCENT_LOCKED;
@@ -1015,15 +1087,30 @@ std::vector<Out> each_key(std::span<const std::string_view> keys, F&& f) {
   for (std::string_view key : keys) out.push_back(f(key));
   return out;
 }
+
+// The unwritten segments of key `i` of a batch: its list when one per key was given, else none.
+std::span<const std::string> unwritten_of(std::span<const std::vector<std::string>> unwritten, size_t i) {
+  return i < unwritten.size() ? std::span<const std::string>(unwritten[i]) : std::span<const std::string>();
+}
 }  // namespace
 
-std::vector<Status> Master::put_end_batch(std::span<const std::string_view> keys) {
+std::vector<Status> Master::put_end_batch(std::span<const std::string_view> keys,
+                                          std::span<const std::vector<std::string>> unwritten_segments) {
   CRESCENT_LOCKED;
-  return each_key<Status>(keys, [&](std::string_view k) { return impl_->put_end(k); });
+  std::vector<Status> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i)
+    out.push_back(impl_->put_end(keys[i], unwritten_of(unwritten_segments, i)));
+  return out;
 }
-std::vector<Status> Master::put_revoke_batch(std::span<const std::string_view> keys) {
+std::vector<Status> Master::put_revoke_batch(std::span<const std::string_view> keys,
+                                             std::span<const std::vector<std::string>> unwritten_segments) {
   CRESCENT_LOCKED;
-  return each_key<Status>(keys, [&](std::string_view k) { return impl_->put_revoke(k); });
+  std::vector<Status> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i)
+    out.push_back(impl_->put_revoke(keys[i], unwritten_of(unwritten_segments, i)));
+  return out;
 }
 std::vector<Result<ReadGrant>> Master::get_replica_list_batch(std::span<const std::string_view> keys) {
   CRESCENT_LOCKED;

@@ -35,8 +35,12 @@ using MasterClock = std::function<std::chrono::steady_clock::time_point()>;
 
 /// Settings of a master. Defaults follow Mooncake's (docs/store.md) unless said otherwise.
 struct MasterOptions {
-  std::chrono::milliseconds lease_ttl{5000};        // read lease granted by get_replica_list
-  std::chrono::milliseconds segment_ttl{10000};     // a segment not renewed for this long is unmounted
+  std::chrono::milliseconds lease_ttl{5000};     // read lease granted by get_replica_list
+  std::chrono::milliseconds segment_ttl{10000};  // a segment not renewed for this long is unmounted
+  /// A segment not renewed for this long (its owner renews every 100 ms) gets no new replicas; it keeps its
+  /// objects until segment_ttl. So a dead node's segment stops being chosen within about this long, not
+  /// segment_ttl. When no segment was renewed that recently (the master itself was stalled), any goes.
+  std::chrono::milliseconds placement_stale_after{1000};
   std::chrono::milliseconds put_timeout{30000};     // a put not ended by then is reclaimed
   std::chrono::milliseconds soft_pin_ttl{1800000};  // a soft pin lasts this long after the put ends (30 min)
   double high_watermark = 0.95;     // fraction of DRAM capacity above which eviction runs, (0, 1]
@@ -150,6 +154,10 @@ struct MasterStats {
   uint64_t ssd_used_bytes = 0;  // value bytes of SSD replicas
   uint64_t spills = 0;          // DRAM replicas written to an SSD tier on eviction
   uint64_t loads = 0;           // SSD replicas read back into DRAM for a reader
+  uint64_t replicas_unwritten =
+      0;  // replicas a writer could not write (their segment's owner was gone): dropped
+  uint64_t segments_suspected = 0;  // times a writer reported a segment unreachable (no new replicas until
+                                    // its owner renews it)
 };
 
 /// Every MasterStats field as (name, value), in declaration order: the one list the RPC reply, `store stat`
@@ -183,18 +191,26 @@ class Master {
                                        const SegmentReport& report = {});
 
   /// Phase 1 of a put: allocates `size_bytes` on config.replica_num distinct segments (evicting first when
-  /// there is no room) and records the object as processing. `writer_host_id` serves kLocalFirst.
+  /// there is no room) and records the object as processing. `writer_host_id` serves kLocalFirst. Only
+  /// segments that can be written now take replicas: renewed within placement_stale_after and not reported
+  /// unreachable since (put_end's `unwritten_segments`); when fewer than replica_num are, the object gets
+  /// one replica on each of them (a put must not fail because one node died).
   /// Errors: kInvalidArgument (bad key, size 0, replica_num 0 or more than the segments mounted, a value
   /// larger than every segment); kAlreadyExists (the key is complete or being written); kNoSpace (nothing
-  /// evictable makes room).
+  /// evictable makes room); kUnavailable (every segment was reported unreachable since its last renewal, or
+  /// room is being made by spills to SSD: retry shortly).
   Result<std::vector<ReplicaLocation>> put_start(std::string_view key, uint64_t size_bytes,
                                                  const ReplicateConfig& config,
                                                  std::string_view writer_host_id = "");
-  /// Phase 3: the bytes are written; the object becomes complete and visible. kNotFound when no put of `key`
-  /// is in progress (never started, revoked, reclaimed, or its segments went away).
-  Status put_end(std::string_view key);
-  /// Abandons a put in progress and frees its space. kNotFound as for put_end.
-  Status put_revoke(std::string_view key);
+  /// Phase 3: the bytes are written to every replica but those on `unwritten_segments` (segments the writer
+  /// could not write: their owner died, or the path to it failed). Those replicas are freed and dropped, and
+  /// each such segment takes no new replicas until its owner renews it. The object becomes complete and
+  /// visible with the rest. kNotFound when no put of `key` is in progress (never started, revoked,
+  /// reclaimed, or its segments went away); kTransferFailed (the put revoked) when no replica is left.
+  Status put_end(std::string_view key, std::span<const std::string> unwritten_segments = {});
+  /// Abandons a put in progress and frees its space; `unwritten_segments` are reported unreachable as for
+  /// put_end. kNotFound as for put_end.
+  Status put_revoke(std::string_view key, std::span<const std::string> unwritten_segments = {});
 
   /// The readable DRAM replicas of a complete object, with a read lease. kNotFound when absent or still
   /// processing. An object held only on an SSD tier is ordered loaded into its owner's segment and answers
@@ -213,8 +229,11 @@ class Master {
                                                                     std::span<const uint64_t> sizes_bytes,
                                                                     const ReplicateConfig& config,
                                                                     std::string_view writer_host_id = "");
-  std::vector<Status> put_end_batch(std::span<const std::string_view> keys);
-  std::vector<Status> put_revoke_batch(std::span<const std::string_view> keys);
+  /// `unwritten_segments`: empty, or one list per key (put_end's).
+  std::vector<Status> put_end_batch(std::span<const std::string_view> keys,
+                                    std::span<const std::vector<std::string>> unwritten_segments = {});
+  std::vector<Status> put_revoke_batch(std::span<const std::string_view> keys,
+                                       std::span<const std::vector<std::string>> unwritten_segments = {});
   std::vector<Result<ReadGrant>> get_replica_list_batch(std::span<const std::string_view> keys);
   std::vector<bool> exists_batch(std::span<const std::string_view> keys);
   std::vector<Status> remove_batch(std::span<const std::string_view> keys);

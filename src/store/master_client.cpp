@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -184,6 +185,23 @@ class MasterClient::Impl {
     });
   }
 
+  /// put_end or put_revoke of `keys`, with the segments each key's writer could not write.
+  template <MasterMethod Method>
+  Result<std::vector<Status>> finish_call(const char* what, std::span<const std::string_view> keys,
+                                          std::span<const std::vector<std::string>> unwritten) {
+    rpc::PutFinishRequest request;
+    add_keys(request.mutable_keys(), keys);
+    if (std::any_of(unwritten.begin(), unwritten.end(), [](const auto& names) { return !names.empty(); })) {
+      for (const std::vector<std::string>& names : unwritten) {
+        rpc::SegmentNames* out = request.add_unwritten();
+        for (const std::string& name : names) out->add_segments(name);
+      }
+    }
+    rpc::StatusesReply reply;
+    CRESCENT_RETURN_IF_ERROR(call(what, Method, request, &reply));
+    return statuses(reply, keys.size());
+  }
+
   template <MasterMethod Method>
   Result<std::vector<Status>> keys_call(const char* what, std::span<const std::string_view> keys) {
     rpc::KeysRequest request;
@@ -289,11 +307,13 @@ Result<std::vector<Result<std::vector<ReplicaLocation>>>> MasterClient::put_star
   return impl_->put_start(keys, sizes_bytes, config, writer_host_id);
 }
 
-Result<std::vector<Status>> MasterClient::put_end(std::span<const std::string_view> keys) {
-  return impl_->keys_call<MasterMethod::kPutEnd>("put_end", keys);
+Result<std::vector<Status>> MasterClient::put_end(
+    std::span<const std::string_view> keys, std::span<const std::vector<std::string>> unwritten_segments) {
+  return impl_->finish_call<MasterMethod::kPutEnd>("put_end", keys, unwritten_segments);
 }
-Result<std::vector<Status>> MasterClient::put_revoke(std::span<const std::string_view> keys) {
-  return impl_->keys_call<MasterMethod::kPutRevoke>("put_revoke", keys);
+Result<std::vector<Status>> MasterClient::put_revoke(
+    std::span<const std::string_view> keys, std::span<const std::vector<std::string>> unwritten_segments) {
+  return impl_->finish_call<MasterMethod::kPutRevoke>("put_revoke", keys, unwritten_segments);
 }
 Result<std::vector<Status>> MasterClient::remove(std::span<const std::string_view> keys) {
   return impl_->keys_call<MasterMethod::kRemove>("remove", keys);

@@ -78,8 +78,12 @@ class MasterClient {
                                                                       std::span<const uint64_t> sizes_bytes,
                                                                       const ReplicateConfig& config,
                                                                       std::string_view writer_host_id);
-  Result<std::vector<Status>> put_end(std::span<const std::string_view> keys);
-  Result<std::vector<Status>> put_revoke(std::span<const std::string_view> keys);
+  /// `unwritten_segments`: empty, or for each key the segments its writer could not write
+  /// (Master::put_end).
+  Result<std::vector<Status>> put_end(std::span<const std::string_view> keys,
+                                      std::span<const std::vector<std::string>> unwritten_segments = {});
+  Result<std::vector<Status>> put_revoke(std::span<const std::string_view> keys,
+                                         std::span<const std::vector<std::string>> unwritten_segments = {});
   Result<std::vector<Result<ReadGrant>>> get_replica_list(std::span<const std::string_view> keys);
   Result<std::vector<bool>> exists(std::span<const std::string_view> keys);
   Result<std::vector<Status>> remove(std::span<const std::string_view> keys);

@@ -112,15 +112,16 @@ class Service {
             to_proto(result, reply->add_results());
           }
         });
-    on<rpc::KeysRequest, rpc::StatusesReply>(
-        MasterMethod::kPutEnd, "put_end", [this](const rpc::KeysRequest* request, rpc::StatusesReply* reply) {
-          for (const Status& s : master_.put_end_batch(key_views(request->keys())))
+    on<rpc::PutFinishRequest, rpc::StatusesReply>(
+        MasterMethod::kPutEnd, "put_end",
+        [this](const rpc::PutFinishRequest* request, rpc::StatusesReply* reply) {
+          for (const Status& s : master_.put_end_batch(key_views(request->keys()), unwritten(*request)))
             to_proto(s, reply->add_statuses());
         });
-    on<rpc::KeysRequest, rpc::StatusesReply>(
+    on<rpc::PutFinishRequest, rpc::StatusesReply>(
         MasterMethod::kPutRevoke, "put_revoke",
-        [this](const rpc::KeysRequest* request, rpc::StatusesReply* reply) {
-          for (const Status& s : master_.put_revoke_batch(key_views(request->keys()))) {
+        [this](const rpc::PutFinishRequest* request, rpc::StatusesReply* reply) {
+          for (const Status& s : master_.put_revoke_batch(key_views(request->keys()), unwritten(*request))) {
             to_proto(s, reply->add_statuses());
           }
         });
@@ -164,6 +165,15 @@ class Service {
                                                out->set_ssd_used_bytes(s.ssd_used_bytes);
                                              }
                                            });
+  }
+
+  /// The segments each key's writer could not write (empty when it reported none).
+  static std::vector<std::vector<std::string>> unwritten(const rpc::PutFinishRequest& request) {
+    std::vector<std::vector<std::string>> out;
+    out.reserve(static_cast<size_t>(request.unwritten_size()));
+    for (const rpc::SegmentNames& names : request.unwritten())
+      out.emplace_back(names.segments().begin(), names.segments().end());
+    return out;
   }
 
   /// ControlHandler: the reply body of `method` for `body`.
@@ -244,7 +254,9 @@ std::vector<prometheus::MetricFamily> collect_master_metrics(const Master& maste
                                                        {"objects_restored", stats.objects_restored},
                                                        {"objects_rejected", stats.objects_rejected},
                                                        {"spills", stats.spills},
-                                                       {"loads", stats.loads}};
+                                                       {"loads", stats.loads},
+                                                       {"replicas_unwritten", stats.replicas_unwritten},
+                                                       {"segments_suspected", stats.segments_suspected}};
   for (const auto& [name, value] : counters) {
     add_counter(out, fmt::format("crescent_store_{}_total", name), fmt::format("MasterStats::{}", name),
                 static_cast<double>(value));

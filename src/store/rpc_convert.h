@@ -21,8 +21,8 @@ enum class MasterMethod : uint16_t {
   kUnmountSegment = 3,  // SegmentRequest -> StatusReply
   kRenewSegment = 4,    // RenewSegmentRequest -> RenewSegmentReply
   kPutStart = 5,        // PutStartRequest -> ReplicaListsReply
-  kPutEnd = 6,          // KeysRequest -> StatusesReply
-  kPutRevoke = 7,       // KeysRequest -> StatusesReply
+  kPutEnd = 6,          // PutFinishRequest -> StatusesReply
+  kPutRevoke = 7,       // PutFinishRequest -> StatusesReply
   kGetReplicaList = 8,  // KeysRequest -> ReplicaListsReply
   kExists = 9,          // KeysRequest -> ExistsReply
   kRemove = 10,         // KeysRequest -> StatusesReply

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace crescent::cluster {
@@ -26,13 +28,15 @@ class NoLinks final : public InstanceLinks {
 class ConductorCoreTest : public ::testing::Test {
  protected:
   // configs/local.json (the mock LLaMA3-70B on 8xA800: a 60k-token prompt is ~20 s of prefill), one prefill
-  // and one decode instance, both up.
-  void start(conductor::Admission admission) {
+  // and one decode instance, both up; stage deadlines of `floor_s` + `factor` x predicted.
+  void start(conductor::Admission admission, double floor_s = 30, double factor = 4) {
     auto config = load_cluster_config(CRESCENT_SOURCE_DIR "/configs/local.json", 512);
     ASSERT_TRUE(config.ok()) << config.status().to_string();
     config->prefill_instances = 1;
     config->decode_instances = 1;
     config->serve.admission = admission;
+    config->serve.stage_timeout_floor_s = floor_s;
+    config->serve.stage_timeout_factor = factor;
     options_.config = *config;
     options_.block_size_tokens = 512;
     ASSERT_TRUE(validate(options_).ok());
@@ -128,6 +132,117 @@ TEST_F(ConductorCoreTest, DroppedPromptsDoNotMakeAnIdleClusterRefuseEveryone) {
   for (uint64_t id : ids) core_->cancel(id, 0.5);
   EXPECT_TRUE(submit(60'000, 0.6).has_value())
       << "refused with reason " << conductor::to_string(last_decision_.rejected);
+}
+
+// A prefill instance that heartbeats but never answers must not hang its requests (issue 22 §4): each stage
+// it owns has a deadline of floor + factor x the stage's prediction, on the core's clock (the test's), and
+// past it the request fails like any other failure: its owner hears the stage's code, its instances drop it,
+// and the Conductor's estimates give back everything it held.
+TEST_F(ConductorCoreTest, AStageThatOverrunsItsDeadlineFailsTheRequestAndGivesBackItsEstimates) {
+  start(conductor::Admission::kNone, /*floor_s=*/2, /*factor=*/3);
+  std::vector<std::string> errors;
+  const auto submit_watched = [&](int64_t tokens, double now_s) {
+    ClusterRequest r;
+    for (int64_t i = 0; i < tokens; ++i) r.prompt_token_ids.push_back(next_token_++);
+    r.max_tokens = 16;
+    RequestCallbacks callbacks;
+    callbacks.on_error = [&](const std::string& code, const std::string&) { errors.push_back(code); };
+    uint64_t id = 0;
+    last_decision_ = core_->place(std::move(r), std::move(callbacks), id, now_s);
+    EXPECT_EQ(last_decision_.rejected, conductor::RejectReason::kNone);
+    return id;
+  };
+  // Three prompts queue on the one prefill instance, which never answers.
+  const uint64_t first = submit_watched(60'000, 0.0);
+  const double prefill_s = last_decision_.transfer_s + last_decision_.prefill_s;
+  ASSERT_GT(prefill_s, 10.0);
+  EXPECT_DOUBLE_EQ(core_->stage_deadline_s(first), 2.0) << "queued behind nothing: the floor";
+  const uint64_t second = submit_watched(60'000, 0.0);
+  const double second_deadline_s = 2.0 + 3 * last_decision_.queue_s;
+  ASSERT_NEAR(last_decision_.queue_s, prefill_s, 1e-6 * prefill_s);
+  EXPECT_DOUBLE_EQ(core_->stage_deadline_s(second), second_deadline_s) << "generous for a long queue";
+  const uint64_t third = submit_watched(1'000, 0.0);
+  const double third_deadline_s = 2.0 + 3 * last_decision_.queue_s;
+  EXPECT_DOUBLE_EQ(core_->next_deadline_s(), 2.0);
+
+  // The first starts at once; the prefill stage's deadline replaces its queued one.
+  core_->on_prefill_start(first, 0, 0.5);
+  const double first_deadline_s = 0.5 + 2.0 + 3 * prefill_s;
+  EXPECT_DOUBLE_EQ(core_->stage_deadline_s(first), first_deadline_s);
+  EXPECT_EQ(core_->expire_deadlines(2.0), 0u) << "the first moved on; the others wait behind it";
+  EXPECT_EQ(core_->requests_in_flight(), 3u);
+
+  // Nothing more comes: each fails at its stage's deadline, not before.
+  ASSERT_LT(second_deadline_s, first_deadline_s);
+  ASSERT_LT(first_deadline_s, third_deadline_s);
+  EXPECT_EQ(core_->expire_deadlines(second_deadline_s - 0.01), 0u);
+  EXPECT_EQ(core_->expire_deadlines(second_deadline_s), 1u);
+  EXPECT_EQ(core_->expire_deadlines(first_deadline_s), 1u);
+  EXPECT_EQ(errors, std::vector<std::string>({"queue_timeout", "prefill_timeout"}));
+  EXPECT_FALSE(core_->has_request(first));
+  EXPECT_TRUE(core_->has_request(third));
+  EXPECT_EQ(core_->expire_deadlines(third_deadline_s), 1u);
+  EXPECT_EQ(errors, std::vector<std::string>({"queue_timeout", "prefill_timeout", "queue_timeout"}));
+  EXPECT_EQ(core_->requests_in_flight(), 0u);
+  EXPECT_EQ(links_.cancelled, std::vector<uint64_t>({second, first, third}))
+      << "its instances were told to drop each one";
+  EXPECT_DOUBLE_EQ(queue_end_s(), third_deadline_s) << "no estimate is left behind: idle";
+  EXPECT_EQ(core_->next_deadline_s(), std::numeric_limits<double>::infinity());
+  const std::string metrics = core_->metrics().scrape({});
+  EXPECT_NE(metrics.find("crescent_requests_failed_total{reason=\"queue_timeout\"} 2"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("crescent_requests_failed_total{reason=\"prefill_timeout\"} 1"), std::string::npos);
+}
+
+// After its first token a request waits for its KV to reach decode (kv_handoff_timeout past the deadline);
+// once there it has no stage deadline: it may wait for HBM room, and decode reports its own failures.
+TEST_F(ConductorCoreTest, AfterTheFirstTokenTheKvHandoffHasADeadlineAndDecodingHasNone) {
+  start(conductor::Admission::kNone, /*floor_s=*/1, /*factor=*/2);
+  std::vector<std::string> errors;
+  const auto submit_watched = [&](double now_s) {
+    ClusterRequest r;
+    for (int64_t i = 0; i < 2000; ++i) r.prompt_token_ids.push_back(next_token_++);
+    r.max_tokens = 8;
+    RequestCallbacks callbacks;
+    callbacks.on_tokens = [](std::span<const int64_t>) { return true; };
+    callbacks.on_error = [&](const std::string& code, const std::string&) { errors.push_back(code); };
+    uint64_t id = 0;
+    last_decision_ = core_->place(std::move(r), std::move(callbacks), id, now_s);
+    return id;
+  };
+  const uint64_t shipped = submit_watched(0.0);
+  const uint64_t stuck = submit_watched(0.0);
+  core_->on_prefill_start(shipped, 0, 0.1);
+  core_->on_first_token(0, shipped, 7, 0.2);
+  const double handoff_s = core_->cost().kv_transfer_time_s(2000);
+  EXPECT_DOUBLE_EQ(core_->stage_deadline_s(shipped), 0.2 + 1 + 2 * handoff_s);
+  core_->on_kv_shipped(shipped, 0.25);
+  EXPECT_EQ(core_->stage_deadline_s(shipped), std::numeric_limits<double>::infinity());
+  core_->on_prefill_start(stuck, 0, 0.3);
+  core_->on_first_token(0, stuck, 7, 0.4);  // and its KV never arrives
+  EXPECT_EQ(core_->expire_deadlines(1000.0), 1u);
+  EXPECT_EQ(errors, std::vector<std::string>({"kv_handoff_timeout"}));
+  EXPECT_TRUE(core_->has_request(shipped)) << "a decoding request has no stage deadline";
+  EXPECT_FALSE(core_->has_request(stuck));
+}
+
+// With the defaults (30 s + 4 x predicted), an instance 3.9 times slower than the cost model says still has
+// every request of a long queue pass every stage.
+TEST_F(ConductorCoreTest, AnInstanceSlowerThanPredictedByLessThanTheFactorMeetsEveryDeadline) {
+  start(conductor::Admission::kNone);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(submit(60'000, 0.0).value());
+  const double predicted_s = queue_end_s() / static_cast<double>(ids.size());  // each prompt's prefill
+  double now = 0;
+  for (uint64_t id : ids) {
+    core_->on_prefill_start(id, 0, now);
+    now += 3.9 * predicted_s;
+    EXPECT_EQ(core_->expire_deadlines(now), 0u);
+    core_->on_first_token(0, id, 1, now);
+    core_->on_kv_shipped(id, now);
+  }
+  EXPECT_EQ(core_->expire_deadlines(now + 1000), 0u);
+  EXPECT_EQ(core_->requests_in_flight(), ids.size()) << "all decoding";
 }
 
 }  // namespace

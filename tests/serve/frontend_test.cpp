@@ -590,5 +590,30 @@ TEST_F(FrontendTest, ASlowClientIsCutOffAndOthersAreServed) {
   ::close(fd);
 }
 
+// A stream's first event can come from another thread (the cluster's) before the handler that started the
+// stream has returned: it must not be dropped. (With the event loop's concurrency hint of 1, what the loop's
+// own thread posted, start_stream here, waited in a private queue until the handler returned, behind what
+// other threads posted meanwhile; the first token of a fast prefill was lost, issue 22 §4's tests.)
+TEST(HttpServer, AnEventWrittenFromAnotherThreadBeforeTheHandlerReturnsIsKept) {
+  std::vector<std::thread> later;
+  auto server = HttpServer::start({.port = 0}, [&](HttpRequest, HttpResponder responder) {
+    responder.start_stream();
+    std::thread([responder] { responder.write("data: first\n\n"); }).join();  // posted before we return
+    later.emplace_back([responder] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      responder.write("data: second\n\n");
+      responder.end();
+    });
+  });
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  httplib::Client client("127.0.0.1", (*server)->port());
+  client.set_read_timeout(5, 0);
+  auto res = client.Get("/");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->body, "data: first\n\ndata: second\n\n");
+  for (std::thread& t : later) t.join();
+  (*server)->stop();
+}
+
 }  // namespace
 }  // namespace crescent::serve

@@ -187,6 +187,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   j["serve"] = {{"kv_bytes_scale", 512},
                 {"kv_transfer_timeout_s", 2.5},
                 {"heartbeat_timeout_s", 0.5},
+                {"stage_timeout_floor_s", 7.5},
+                {"stage_timeout_factor", 2.5},
                 {"store_dram_bytes", 1 << 26},
                 {"verify_kv_checksums", false},
                 {"kv_stream_layers", false},
@@ -201,6 +203,10 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   EXPECT_EQ(config->serve.kv_bytes_scale, 512);
   EXPECT_EQ(config->serve.kv_transfer_timeout_s, 2.5);
   EXPECT_EQ(config->serve.heartbeat_timeout_s, 0.5);
+  EXPECT_EQ(defaults->serve.stage_timeout_floor_s, 30);
+  EXPECT_EQ(defaults->serve.stage_timeout_factor, 4);
+  EXPECT_EQ(config->serve.stage_timeout_floor_s, 7.5);
+  EXPECT_EQ(config->serve.stage_timeout_factor, 2.5);
   EXPECT_EQ(config->serve.store_dram_bytes, 1 << 26);
   EXPECT_FALSE(config->serve.verify_kv_checksums);
   EXPECT_FALSE(config->serve.kv_stream_layers);
@@ -217,6 +223,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
            {"kv_stream_layers", 1, "'kv_stream_layers' must be true or false"},
            {"store_dram_bytes", 1000, "'store_dram_bytes'"},
            {"heartbeat", 1, "heartbeat"},
+           {"stage_timeout_floor_s", 0, "'stage_timeout_floor_s'"},
+           {"stage_timeout_factor", -1, "'stage_timeout_factor'"},
            {"policy", "fastest",
             "field 'policy': unknown prefill policy 'fastest' (valid: random, least-loaded"},
            {"admission", "maybe", "field 'admission': unknown admission policy 'maybe' (valid: none, slo"},

@@ -468,5 +468,83 @@ TEST_F(MasterTest, BatchCallsAnswerPerKey) {
   EXPECT_EQ(stats.misses, 1u);
 }
 
+// A writer that could not write a replica (its node died) names the segment at put_end: the replica is
+// dropped and the put completes with the rest; that segment takes no new replicas until its owner renews it
+// (a dead owner never does), so the next puts go to live segments, with fewer replicas if need be.
+TEST_F(MasterTest, AReplicaItsWriterCouldNotWriteIsDroppedAndItsSegmentAvoidedUntilItRenews) {
+  start(2, 1 << 20);
+  auto both = master_->put_start("both", 1000, {.replica_num = 2});
+  ASSERT_TRUE(both.ok());
+  ASSERT_EQ(both->size(), 2u);
+  const std::vector<std::string> dead = {"seg0"};
+  ASSERT_TRUE(master_->put_end("both", dead).ok());
+  auto grant = master_->get_replica_list("both");
+  ASSERT_TRUE(grant.ok());
+  ASSERT_EQ(grant->replicas.size(), 1u);
+  EXPECT_EQ(grant->replicas[0].segment, "seg1");
+  EXPECT_EQ(master_->segments()[0].used_bytes, 0u) << "seg0's range was freed";
+  EXPECT_EQ(master_->stats().replicas_unwritten, 1u);
+  EXPECT_EQ(master_->stats().segments_suspected, 1u);
+
+  // Until seg0's owner renews, puts go to seg1: asked for two replicas they get one, and seg0 is skipped
+  // even when preferred.
+  for (int i = 0; i < 10; ++i) {
+    auto two = master_->put_start(fmt::format("two{}", i), 100, {.replica_num = 2});
+    ASSERT_TRUE(two.ok()) << two.status().to_string();
+    ASSERT_EQ(two->size(), 1u);
+    EXPECT_EQ((*two)[0].segment, "seg1");
+    auto preferred = master_->put_start(fmt::format("pref{}", i), 100, {.preferred_segment = "seg0"});
+    ASSERT_TRUE(preferred.ok());
+    EXPECT_EQ((*preferred)[0].segment, "seg1");
+  }
+  ASSERT_TRUE(master_->renew_segment("seg0").ok());  // alive after all (a path that failed once)
+  auto back = master_->put_start("back", 100, {.replica_num = 2});
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->size(), 2u);
+
+  // A put none of whose replicas was written is revoked and frees its space.
+  auto lost = master_->put_start("lost", 1000, {.replica_num = 2});
+  ASSERT_TRUE(lost.ok());
+  const std::vector<std::string> all = {"seg0", "seg1"};
+  EXPECT_EQ(master_->put_end("lost", all).code(), StatusCode::kTransferFailed);
+  EXPECT_FALSE(master_->exists("lost"));
+  EXPECT_EQ(master_->put_start("again", 10, {}).status().code(), StatusCode::kUnavailable)
+      << "every segment is reported unreachable";
+  ASSERT_TRUE(master_->renew_segment("seg1").ok());
+  EXPECT_TRUE(master_->put_start("again", 10, {}).ok());
+  // put_revoke reports the same way.
+  ASSERT_TRUE(master_->renew_segment("seg0").ok());
+  auto revoked = master_->put_start("revoked", 10, {.preferred_segment = "seg1"});
+  ASSERT_TRUE(revoked.ok());
+  ASSERT_EQ((*revoked)[0].segment, "seg1");
+  const std::vector<std::string> seg1 = {"seg1"};
+  ASSERT_TRUE(master_->put_revoke("revoked", seg1).ok());
+  auto elsewhere = master_->put_start("elsewhere", 10, {.preferred_segment = "seg1"});
+  ASSERT_TRUE(elsewhere.ok());
+  EXPECT_EQ((*elsewhere)[0].segment, "seg0");
+}
+
+// A segment whose owner stopped renewing gets no new replicas after placement_stale_after (1 s), long
+// before segment_ttl (10 s) unmounts it; when none was renewed lately (the master itself stalled), any goes.
+TEST_F(MasterTest, ASegmentNotRenewedForASecondGetsNoNewReplicas) {
+  start(2, 1 << 20);
+  for (int step = 0; step < 12; ++step) {  // 1.2 s: seg1's owner renews every 100 ms, seg0's is silent
+    advance(milliseconds(100));
+    ASSERT_TRUE(master_->renew_segment("seg1").ok());
+  }
+  for (int i = 0; i < 10; ++i) {
+    auto r = master_->put_start(fmt::format("k{}", i), 100, {.replica_num = 2, .preferred_segment = "seg0"});
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->size(), 1u);
+    EXPECT_EQ((*r)[0].segment, "seg1");
+  }
+  EXPECT_EQ(master_->segments().size(), 2u) << "still mounted: its objects stay until segment_ttl";
+  advance(milliseconds(1500));  // nobody renewed: the master's own stall, not the nodes'
+  auto r = master_->put_start("stalled", 100, {.replica_num = 2});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size(), 2u);
+  EXPECT_FALSE(validate(MasterOptions{.placement_stale_after = milliseconds(0)}).ok());
+}
+
 }  // namespace
 }  // namespace crescent::store

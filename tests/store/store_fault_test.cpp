@@ -2,6 +2,7 @@
 // and removing at once. Nodes run as `crescent store node` processes where a crash must be real.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -106,6 +107,100 @@ TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
     EXPECT_TRUE(std::equal(values[i].begin(), values[i].end(), out.begin())) << i;
   }
   EXPECT_EQ(cluster.master().master().stats().segments_expired, 1u);
+}
+
+// Issue 22 §4: for up to segment_ttl (10 s) after a node died, puts still chose its segment and failed
+// ("segment ... not found"). Now a replica that cannot be written is dropped and its segment reported: the
+// put ends with the replicas written, or is placed again on a live segment, and the master chooses the dead
+// segment no more, long before segment_ttl unmounts it.
+TEST(StoreFaults, PutsRightAfterANodeDiesSucceedOnLiveSegments) {
+  MasterServerOptions options;  // segment_ttl 10 s (the default): the dead segment stays mounted throughout
+  options.tick_interval = milliseconds(50);
+  StoreCluster cluster(0, 0, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string tag = std::to_string(::getpid());
+  auto doomed =
+      start_node_process(cluster.master().address(), "doomed-" + tag, cluster.dir() + "/doomed.log");
+  auto survivor =
+      start_node_process(cluster.master().address(), "survivor-" + tag, cluster.dir() + "/survivor.log");
+  ASSERT_TRUE(doomed && survivor);
+  ClientOptions client_options = cluster.client_options();
+  client_options.transports = {transfer::TransportKind::kTcp};
+  client_options.transfer_timeout = milliseconds(2000);
+  auto client = Client::create(client_options);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  Client& c = **client;
+  const std::string doomed_segment = "doomed-" + tag + "/dram";
+  const std::vector<std::byte> value = pattern_bytes(100000, 7);
+  ConstBuffer in{value.data(), value.size()};
+  for (int i = 0; i < 4; ++i) {  // the client has written to both nodes
+    ASSERT_TRUE(c.put("warm-" + std::to_string(i), {&in, 1}, {.replica_num = 2}).ok());
+  }
+
+  doomed->kill();  // SIGKILL: no unmount; its segment stays mounted for segment_ttl
+  const auto killed = std::chrono::steady_clock::now();
+  std::vector<std::byte> out(value.size());
+  Buffer o{out.data(), out.size()};
+  // One replica, and the master asked to put it on the dead node: written on the survivor.
+  for (int i = 0; i < 10; ++i) {
+    const std::string key = "one-" + std::to_string(i);
+    const auto start = std::chrono::steady_clock::now();
+    Status put = c.put(key, {&in, 1}, {.replica_num = 1, .preferred_segment = doomed_segment});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << key;
+    ASSERT_TRUE(put.ok()) << key << ": " << put.to_string();
+    Result<uint64_t> got = c.get(key, {&o, 1});
+    ASSERT_TRUE(got.ok()) << key << ": " << got.status().to_string();
+    EXPECT_EQ(out, value) << key;
+  }
+  // Two replicas with one of the two nodes dead: each put ends with the one on the survivor.
+  for (int i = 0; i < 10; ++i) {
+    const std::string key = "two-" + std::to_string(i);
+    Status put = c.put(key, {&in, 1}, {.replica_num = 2});
+    ASSERT_TRUE(put.ok()) << key << ": " << put.to_string();
+    Result<uint64_t> got = c.get(key, {&o, 1});
+    ASSERT_TRUE(got.ok()) << key << ": " << got.status().to_string();
+    EXPECT_EQ(out, value) << key;
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - killed;
+  EXPECT_EQ(c.stats().replicas_unwritten, 1u)
+      << "only the first put tried the dead segment: the master chose it no more once it was reported";
+  const MasterStats stats = cluster.master().master().stats();
+  EXPECT_EQ(stats.segments_suspected, 1u);
+  EXPECT_EQ(stats.replicas_unwritten, 1u);
+  const auto segments = cluster.master().master().segments();
+  EXPECT_TRUE(std::any_of(segments.begin(), segments.end(),
+                          [&](const SegmentInfo& s) { return s.segment == doomed_segment; }))
+      << "all within segment_ttl: the dead segment was still mounted ("
+      << std::chrono::duration<double>(elapsed).count() << " s after the kill)";
+}
+
+// Without any writer's report, a segment whose node stopped renewing is chosen no more after
+// placement_stale_after (1 s), while it stays mounted until segment_ttl (10 s).
+TEST(StoreFaults, ASegmentWhoseNodeStoppedRenewingIsNotChosenAfterASecond) {
+  MasterServerOptions options;
+  options.tick_interval = milliseconds(50);
+  StoreCluster cluster(0, 0, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string tag = std::to_string(::getpid());
+  auto doomed = start_node_process(cluster.master().address(), "quiet-" + tag, cluster.dir() + "/quiet.log");
+  auto survivor =
+      start_node_process(cluster.master().address(), "alive-" + tag, cluster.dir() + "/alive.log");
+  ASSERT_TRUE(doomed && survivor);
+  ClientOptions client_options = cluster.client_options();
+  client_options.transports = {transfer::TransportKind::kTcp};
+  auto client = Client::create(client_options);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  doomed->kill();
+  std::this_thread::sleep_for(milliseconds(1300));
+  const std::vector<std::byte> value = pattern_bytes(4096, 3);
+  ConstBuffer in{value.data(), value.size()};
+  for (int i = 0; i < 10; ++i) {
+    Status put = (*client)->put("k" + std::to_string(i), {&in, 1},
+                                {.replica_num = 2, .preferred_segment = "quiet-" + tag + "/dram"});
+    ASSERT_TRUE(put.ok()) << put.to_string();
+  }
+  EXPECT_EQ((*client)->stats().replicas_unwritten, 0u) << "the master never gave out the silent segment";
+  EXPECT_EQ(cluster.master().master().segments().size(), 2u) << "still mounted (segment_ttl 10 s)";
 }
 
 /// Value of `size` bytes for (key id, version): 16-byte header (id, version) then a pattern from both, so a

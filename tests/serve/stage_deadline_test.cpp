@@ -1,0 +1,339 @@
+// A prefill instance that heartbeats but never answers must not hang its requests (issue 22 §4). A real
+// `crescent serve conductor` process, and in place of its two instances two members of the cluster (they
+// hold its secret) that report their load every 50 ms like any instance but carry out no order: whatever
+// stage a request reaches, it ends at that stage's deadline with 503 (or, once it streamed, an SSE error
+// event and [DONE]), its instances are told to drop it, and the failure is counted.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <thread>
+#include <zmq.hpp>
+
+#include "cluster/cluster_config.h"
+#include "common/child_process.h"
+#include "common/secret.h"
+#include "serve/instance_wire.h"
+#include "serve/members_only.h"
+#include "test_support/temp_dir.h"
+
+namespace crescent {
+namespace {
+
+using json = nlohmann::json;
+using serve::InstanceMessage;
+using Clock = std::chrono::steady_clock;
+using Kind = InstanceMessage::Kind;
+
+// A member of the cluster under an instance's name: it says hello, reports its load every 50 ms and records
+// the orders the Conductor sends, but answers only what answer() returns for an order, after `delay`.
+class SilentInstance {
+ public:
+  using Answer = std::function<std::vector<InstanceMessage>(const InstanceMessage& order)>;
+
+  SilentInstance(const std::string& control, const ClusterSecret& secret, serve::InstanceRole role,
+                 int64_t kv_capacity_tokens)
+      : role_(role),
+        kv_capacity_tokens_(kv_capacity_tokens),
+        thread_([this, control, secret] { run(control, secret); }) {}
+  ~SilentInstance() {
+    stopping_ = true;
+    thread_.join();
+  }
+
+  /// From now on each order gets `answer(order)` back, `delay` after it arrived (none: silence).
+  void answer_with(Answer answer, std::chrono::milliseconds delay) {
+    std::lock_guard lock(mu_);
+    answer_ = std::move(answer);
+    delay_ = delay;
+  }
+  /// The first order of `kind` about `request_id` (any request when 0, but not one of `seen`) received within
+  /// `timeout`.
+  std::optional<InstanceMessage> wait_for(Kind kind, uint64_t request_id, std::chrono::milliseconds timeout,
+                                          const std::vector<uint64_t>& seen = {}) {
+    const auto until = Clock::now() + timeout;
+    while (Clock::now() < until) {
+      {
+        std::lock_guard lock(mu_);
+        for (const InstanceMessage& m : orders_) {
+          if (m.kind != kind || (request_id != 0 && m.request_id != request_id)) continue;
+          if (std::find(seen.begin(), seen.end(), m.request_id) == seen.end()) return m;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return std::nullopt;
+  }
+
+ private:
+  InstanceMessage report(Kind kind) const {
+    InstanceMessage m;
+    m.kind = kind;
+    m.role = role_;
+    m.index = 0;
+    m.incarnation = 1;
+    if (role_ == serve::InstanceRole::kDecode) {
+      m.load.kv_capacity_tokens = kv_capacity_tokens_;
+      m.kv_capacity_tokens = kv_capacity_tokens_;
+    }
+    return m;
+  }
+
+  void run(const std::string& control, const ClusterSecret& secret) {
+    zmq::context_t context;
+    zmq::socket_t dealer(context, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::routing_id, fmt::format("{}-0#1", serve::to_string(role_)));
+    dealer.set(zmq::sockopt::linger, 0);
+    serve::make_member_client(dealer, secret);
+    dealer.connect(control);
+    const auto send = [&](const InstanceMessage& m) {
+      (void)dealer.send(zmq::buffer(serve::encode(m)), zmq::send_flags::dontwait);
+    };
+    send(report(Kind::kHello));
+    auto next_report = Clock::now();
+    std::vector<std::pair<Clock::time_point, InstanceMessage>> later;  // answers due
+    while (!stopping_) {
+      zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(5));
+      zmq::message_t frame;
+      while (dealer.recv(frame, zmq::recv_flags::dontwait)) {
+        auto m = serve::decode_instance_message(frame.to_string_view());
+        if (!m.ok()) continue;
+        std::lock_guard lock(mu_);
+        orders_.push_back(*m);
+        if (!answer_) continue;
+        for (InstanceMessage& a : answer_(*m)) later.emplace_back(Clock::now() + delay_, std::move(a));
+      }
+      const auto now = Clock::now();
+      if (now >= next_report) {  // the heartbeat goes on whatever happens to requests
+        send(report(Kind::kLoad));
+        next_report += std::chrono::milliseconds(50);
+      }
+      for (auto it = later.begin(); it != later.end();) {
+        if (it->first > now) {
+          ++it;
+          continue;
+        }
+        send(it->second);
+        it = later.erase(it);
+      }
+    }
+  }
+
+  const serve::InstanceRole role_;
+  const int64_t kv_capacity_tokens_;
+  std::mutex mu_;
+  std::vector<InstanceMessage> orders_;
+  Answer answer_;
+  std::chrono::milliseconds delay_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+struct Reply {
+  int status = 0;
+  json body;
+  double seconds = 0;
+};
+
+Reply complete(int port, const std::string& prompt) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(30, 0);
+  const auto start = Clock::now();
+  auto res =
+      client.Post("/v1/completions", json{{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 4}}.dump(),
+                  "application/json");
+  Reply r;
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!res) return r;
+  r.status = res->status;
+  r.body = json::parse(res->body, nullptr, false);
+  return r;
+}
+
+// A streamed completion: its chunks with text, the error event's code, whether [DONE] came, how long.
+struct Streamed {
+  int status = 0;
+  int chunks = 0;
+  std::string error_code;
+  bool done = false;
+  double seconds = 0;
+  std::string raw;  // every byte of the body, for messages
+};
+
+Streamed stream(int port, const std::string& prompt) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(30, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", true}}.dump();
+  req.set_header("Content-Type", "application/json");
+  Streamed out;
+  std::string pending;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    pending.append(data, n);
+    out.raw.append(data, n);
+    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (event == "data: [DONE]") {
+        out.done = true;
+        continue;
+      }
+      const json chunk = json::parse(event.substr(6), nullptr, false);
+      if (chunk.contains("error")) {
+        out.error_code = chunk["error"].value("code", "");
+      } else {
+        ++out.chunks;
+      }
+    }
+    return true;
+  };
+  const auto start = Clock::now();
+  auto res = client.send(req);
+  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (res) out.status = res->status;
+  return out;
+}
+
+double metric(int port, const std::string& name_and_labels) {
+  httplib::Client client("127.0.0.1", port);
+  auto res = client.Get("/metrics");
+  if (!res) return -1;
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name_and_labels + " ", 0) == 0) return std::stod(line.substr(name_and_labels.size() + 1));
+  }
+  return -1;
+}
+
+TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEachStagesDeadline) {
+  test::TempDir dir("crescent-deadlines");
+  json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
+  config["prefill_instances"] = 1;
+  config["decode_instances"] = 1;
+  // A short prompt's stages are predicted to take milliseconds: each deadline is about the floor.
+  constexpr double kFloorS = 2.0;
+  constexpr double kLateS = 1.5;  // how late past its deadline a request may end on a loaded machine
+  config["serve"]["stage_timeout_floor_s"] = kFloorS;
+  config["serve"]["stage_timeout_factor"] = 1;
+  std::ofstream(dir.file("one.json")) << config.dump();
+  auto parsed = cluster::load_cluster_config(dir.file("one.json"), 512);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  const std::string secret_file = dir.file("cluster-secret");
+  const ClusterSecret secret = ClusterSecret::generate();
+  ASSERT_TRUE(secret.write_to(secret_file).ok());
+
+  auto conductor =
+      ChildProcess::start({CRESCENT_BINARY, "serve", "conductor", "--config", dir.file("one.json"), "--port",
+                           "0", "--control", "tcp://127.0.0.1:0", "--cluster-secret-file", secret_file},
+                          dir.file("conductor.log"));
+  ASSERT_TRUE(conductor.ok()) << conductor.status().to_string();
+  auto line = (*conductor)->wait_for_line("which connect to", std::chrono::seconds(30));
+  ASSERT_TRUE(line.ok()) << line.status().message() << (*conductor)->log_tail();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) << *line;
+  const int port = std::stoi(m[1]);
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(which connect to (tcp://127\.0\.0\.1:\d+))")))
+      << *line;
+  const std::string control = m[1];
+
+  SilentInstance prefill(control, secret, serve::InstanceRole::kPrefill, 0);
+  SilentInstance decode(control, secret, serve::InstanceRole::kDecode,
+                        cluster::decode_kv_capacity_tokens(*parsed));
+  ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-0 up", std::chrono::seconds(10)).ok());
+  ASSERT_TRUE((*conductor)->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok());
+  std::vector<uint64_t> seen;  // requests of the earlier steps
+
+  // 1. Queued and never started: 503 queue_timeout at the deadline; both instances told to drop it.
+  const Reply queued = complete(port, "never started");
+  EXPECT_EQ(queued.status, 503) << queued.body.dump();
+  EXPECT_EQ(queued.body["error"]["code"], "queue_timeout") << queued.body.dump();
+  EXPECT_GE(queued.seconds, kFloorS);
+  EXPECT_LT(queued.seconds, kFloorS + kLateS) << "it ends at its deadline (checked every 20 ms)";
+  auto placed = prefill.wait_for(Kind::kPrefill, 0, std::chrono::seconds(1));
+  ASSERT_TRUE(placed.has_value());
+  seen.push_back(placed->request_id);
+  EXPECT_TRUE(prefill.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value())
+      << "the prefill instance is told to drop it";
+  EXPECT_TRUE(decode.wait_for(Kind::kExpect, placed->request_id, std::chrono::seconds(1)).has_value());
+  EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value())
+      << "its decode reservation is freed";
+
+  // 2. Started half a second after it was placed (well before its queue deadline), never finished: 503 prefill_timeout, the deadline counted
+  // from the start.
+  prefill.answer_with(
+      [](const InstanceMessage& order) {
+        std::vector<InstanceMessage> out;
+        if (order.kind != Kind::kPrefill) return out;
+        InstanceMessage started;
+        started.kind = Kind::kPrefillStart;
+        started.request_id = order.request_id;
+        out.push_back(started);
+        return out;
+      },
+      std::chrono::milliseconds(500));
+  const Reply prefilling = complete(port, "never finished");
+  EXPECT_EQ(prefilling.status, 503) << prefilling.body.dump();
+  EXPECT_EQ(prefilling.body["error"]["code"], "prefill_timeout") << prefilling.body.dump();
+  EXPECT_GE(prefilling.seconds, 0.5 + kFloorS);
+  EXPECT_LT(prefilling.seconds, 0.5 + kFloorS + kLateS);
+  placed = prefill.wait_for(Kind::kPrefill, 0, std::chrono::seconds(1), seen);
+  ASSERT_TRUE(placed.has_value());
+  seen.push_back(placed->request_id);
+  EXPECT_TRUE(prefill.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value());
+  EXPECT_TRUE(decode.wait_for(Kind::kKvComing, placed->request_id, std::chrono::seconds(1)).has_value());
+  EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value());
+
+  // 3. Streamed: its first token went out, its KV never reaches decode: the stream ends with the error
+  // event and [DONE] (the fake decode instance never reports its own KV timeout either).
+  prefill.answer_with(
+      [](const InstanceMessage& order) {
+        std::vector<InstanceMessage> out;
+        if (order.kind != Kind::kPrefill) return out;
+        InstanceMessage started;
+        started.kind = Kind::kPrefillStart;
+        started.request_id = order.request_id;
+        out.push_back(started);
+        InstanceMessage first = started;
+        first.kind = Kind::kFirstToken;
+        first.first_token = 'A';
+        out.push_back(first);
+        return out;
+      },
+      std::chrono::milliseconds(0));
+  const Streamed streamed = stream(port, "never handed off");
+  EXPECT_EQ(streamed.status, 200);
+  EXPECT_EQ(streamed.chunks, 1) << "the first token streamed: " << streamed.raw;
+  EXPECT_EQ(streamed.error_code, "kv_handoff_timeout");
+  EXPECT_TRUE(streamed.done);
+  EXPECT_GE(streamed.seconds, kFloorS);
+  EXPECT_LT(streamed.seconds, kFloorS + kLateS);
+  placed = prefill.wait_for(Kind::kPrefill, 0, std::chrono::seconds(1), seen);
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value());
+
+  // Counted by reason; the instances, which heartbeat, stay up, and nothing is left in flight.
+  for (const char* reason : {"queue_timeout", "prefill_timeout", "kv_handoff_timeout"}) {
+    EXPECT_EQ(metric(port, fmt::format("crescent_requests_failed_total{{reason=\"{}\"}}", reason)), 1)
+        << reason;
+  }
+  EXPECT_EQ(metric(port, "crescent_instances_up{role=\"prefill\"}"), 1);
+  EXPECT_EQ(metric(port, "vllm:num_requests_running{model_name=\"mock\"}"), 0);
+  EXPECT_TRUE((*conductor)->wait_for_line("failed at a stage deadline", std::chrono::seconds(1)).ok());
+}
+
+}  // namespace
+}  // namespace crescent
