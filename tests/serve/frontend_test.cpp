@@ -264,6 +264,39 @@ TEST_F(FrontendTest, BadRequestsGetTheRightStatusAndAJsonError) {
   EXPECT_EQ(ok->status, 200);
 }
 
+// The mock executor draws tokens without a distribution: a request asking for logprobs, on either endpoint,
+// streamed or not, is refused with 400 `unsupported` saying so, never answered with made-up numbers; what
+// asks for nothing (null, false, 0 alternatives without logprobs) is served (issue 22 §5).
+TEST_F(FrontendTest, TheMockRefusesLogprobs) {
+  start();
+  const json chat_messages = {{{"role", "user"}, {"content", "hi"}}};
+  for (const json& asks :
+       {json{{"prompt", "x"}, {"logprobs", 0}}, json{{"prompt", "x"}, {"logprobs", 5}, {"stream", true}},
+        json{{"messages", chat_messages}, {"logprobs", true}},
+        json{{"messages", chat_messages}, {"logprobs", true}, {"top_logprobs", 3}}}) {
+    json body = asks;
+    body["model"] = "mock";
+    const std::string path = body.contains("prompt") ? "/v1/completions" : "/v1/chat/completions";
+    auto res = post(path, body);
+    ASSERT_TRUE(res) << body;
+    EXPECT_EQ(res->status, 400) << body;
+    const json error = json::parse(res->body)["error"];
+    EXPECT_EQ(error["code"], "unsupported") << body;
+    EXPECT_EQ(error["param"], "logprobs") << body;
+    EXPECT_THAT(error["message"].get<std::string>(), HasSubstr("the mock executor has no logprobs")) << body;
+  }
+  for (const json& neutral : {json{{"prompt", "x"}, {"logprobs", nullptr}},
+                              json{{"messages", chat_messages}, {"logprobs", false}, {"top_logprobs", 0}}}) {
+    json body = neutral;
+    body["model"] = "mock";
+    body["max_tokens"] = 2;
+    auto res = post(body.contains("prompt") ? "/v1/completions" : "/v1/chat/completions", body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    EXPECT_TRUE(json::parse(res->body)["choices"][0]["logprobs"].is_null());
+  }
+}
+
 TEST_F(FrontendTest, OverloadIsA429WithRetryAfter) {
   start({}, {}, "slo", /*ttft_slo_s=*/1e-6);  // every prefill takes longer than this
   auto res =
