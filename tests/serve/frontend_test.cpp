@@ -623,5 +623,27 @@ TEST_F(FrontendTest, ASlowClientIsCutOffAndOthersAreServed) {
   ::close(fd);
 }
 
+// A stream written from another thread while its handler still runs (a fast cluster's first tokens) loses
+// nothing. Before, start_stream() called on the server's thread waited in Asio's queue private to that
+// thread until the handler returned; writes posted from the other thread meanwhile overtook it and were
+// dropped (no stream started yet): a client lost its first tokens, or waited forever when all came first.
+TEST(HttpServer, AStreamWrittenFromAnotherThreadWhileItsHandlerRunsLosesNothing) {
+  auto server = HttpServer::start({.port = 0}, [](HttpRequest, HttpResponder responder) {
+    responder.start_stream();
+    std::thread writer([responder] {
+      for (int i = 0; i < 3; ++i) responder.write("data: " + std::to_string(i) + "\n\n");
+      responder.end();
+    });
+    writer.join();  // all of it sent before the handler returns
+  });
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  httplib::Client client("127.0.0.1", (*server)->port());
+  client.set_read_timeout(5, 0);
+  auto res = client.Get("/");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->body, "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+  (*server)->stop();
+}
+
 }  // namespace
 }  // namespace crescent::serve
