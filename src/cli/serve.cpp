@@ -172,7 +172,9 @@ ReplayArgs replay_args(const ServeArgs& args, const cluster::ServeSetup& s, cons
 // `who` starts its lines ("crescent serve", or "conductor" for the role alone).
 int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Cluster& cluster,
                const sigset_t& signals, const std::string& who, const std::string& what) {
-  serve::FrontendOptions frontend{.model_name = s.cluster.model_name, .api_key = args.api_key};
+  serve::FrontendOptions frontend{.model_name = s.cluster.model_name,
+                                  .api_key = args.api_key,
+                                  .executor = s.cluster.config.serve.executor};
   if (s.cluster.config.serve.executor == cluster::ExecutorKind::kCpu) {
     auto llama = model::read_llama_config(s.cluster.config.serve.model_dir);
     if (!llama.ok()) return fail(llama.status());

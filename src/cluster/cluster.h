@@ -13,6 +13,7 @@
 #include "common/instance_id.h"
 #include "conductor/conductor.h"
 #include "kv/block_key.h"
+#include "model/logprobs.h"
 
 namespace crescent::cluster {
 
@@ -29,9 +30,11 @@ struct RequestSummary {
 /// never call back into the cluster from one, cancel() included: it holds its lock). After on_done or
 /// on_error nothing more comes.
 struct RequestCallbacks {
-  /// New output tokens, in order. Returning false stops the request there (the owner saw EOS or a stop
-  /// string): its instances drop it and on_done follows at once.
-  std::function<bool(std::span<const int64_t> tokens)> on_tokens;
+  /// New output tokens, in order, with their logprobs when the request asked for them
+  /// (ClusterRequest::top_logprobs: one per token; else empty). Returning false stops the request there (the
+  /// owner saw EOS or a stop string): its instances drop it and on_done follows at once.
+  std::function<bool(std::span<const int64_t> tokens, std::span<const model::TokenLogprobs> logprobs)>
+      on_tokens;
   std::function<void(const RequestSummary& summary)> on_done;  // the last token was delivered
   /// The request failed after it was accepted: `code` says how ("instance_down": an instance serving it went
   /// down; "kv_transfer_failed": its KV did not reach decode in time, or failed its check; "prefill_failed":
@@ -48,6 +51,9 @@ struct ClusterRequest {
   uint64_t seed = 0;       // the sampler's (the mock's tokens are a function of it)
   double temperature = 1;  // 0: greedy; OpenAI's range [0, 2]
   double top_p = 1;        // (0, 1]
+  /// model::kNoLogprobs, or 0..model::kMaxTopLogprobs: each token comes with its logprobs and this many
+  /// most likely alternatives (an executor with a distribution only: the cpu executor).
+  int32_t top_logprobs = model::kNoLogprobs;
 };
 
 /// A cluster behind the front end. Thread-safe.

@@ -122,7 +122,8 @@ void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now
   }
 }
 
-void ConductorCore::on_first_token(InstanceId instance, uint64_t id, int64_t first_token, double now_s) {
+void ConductorCore::on_first_token(InstanceId instance, uint64_t id, int64_t first_token, double now_s,
+                                   const model::TokenLogprobs* logprobs) {
   auto it = requests_.find(id);
   if (it == requests_.end()) {
     state_.on_prefill_done(instance, {}, now_s);
@@ -137,7 +138,7 @@ void ConductorCore::on_first_token(InstanceId instance, uint64_t id, int64_t fir
   // Nothing else placed there is waiting: the instance is idle now, whatever its queue's prediction said
   // (a model faster than the cost model's roofline finishes early).
   if (--prefills_pending_[instance] == 0) state_.on_prefill_idle(instance, now_s);
-  emit_token(id, first_token, now_s);  // the first token comes from the prefill
+  emit_token(id, first_token, now_s, logprobs);  // the first token comes from the prefill
   it = requests_.find(id);
   if (it != requests_.end() && it->second.request.max_tokens <= 1) finish(id, now_s, "length");
 }
@@ -154,10 +155,17 @@ void ConductorCore::on_kv_shipped(uint64_t id, double now_s) {
   links_.send_kv_handoff(live.summary.decode_instance, id, input, live.first_token, now_s);
 }
 
-void ConductorCore::on_tokens(std::span<const uint64_t> ids, std::span<const int64_t> tokens, double now_s) {
+void ConductorCore::on_tokens(std::span<const uint64_t> ids, std::span<const int64_t> tokens, double now_s,
+                              std::span<const uint32_t> logprob_rows,
+                              std::span<const model::TokenLogprobs> logprobs) {
+  size_t row = 0;  // the next of logprob_rows
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint64_t id = ids[i];
-    emit_token(id, i < tokens.size() ? tokens[i] : 0, now_s);
+    const model::TokenLogprobs* token_logprobs = nullptr;
+    if (row < logprob_rows.size() && row < logprobs.size() && logprob_rows[row] == i) {
+      token_logprobs = &logprobs[row++];
+    }
+    emit_token(id, i < tokens.size() ? tokens[i] : 0, now_s, token_logprobs);
     auto it = requests_.find(id);
     if (it != requests_.end() && it->second.summary.completion_tokens >= it->second.request.max_tokens) {
       finish(id, now_s, "length");
@@ -259,7 +267,8 @@ int64_t ConductorCore::next_mock_token(uint64_t id) const {
              : engine::mock_token(it->second.request.seed, it->second.summary.completion_tokens);
 }
 
-void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s) {
+void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s,
+                               const model::TokenLogprobs* logprobs) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Live& live = it->second;
@@ -271,7 +280,11 @@ void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s) {
   live.last_token_s = now_s;
   ++live.summary.completion_tokens;
   const InstanceId p = live.summary.prefill_instance, d = live.summary.decode_instance;
-  if (live.callbacks.on_tokens && !live.callbacks.on_tokens(std::span<const int64_t>(&token, 1))) {
+  // Logprobs go to a request that asked for them only.
+  std::span<const model::TokenLogprobs> token_logprobs;
+  if (logprobs != nullptr && live.request.top_logprobs != model::kNoLogprobs) token_logprobs = {logprobs, 1};
+  if (live.callbacks.on_tokens &&
+      !live.callbacks.on_tokens(std::span<const int64_t>(&token, 1), token_logprobs)) {
     // The owner's stop (EOS, a stop string): a finished request whose instances drop the rest.
     links_.send_cancel(p, d, id);
     finish(id, now_s, "stop");

@@ -104,13 +104,18 @@ class ConductorCore final : private PlacementDriver {
   // Events from instances (the core's clock).
   /// `id`'s prefill started with `hit_tokens` of its prompt reused.
   void on_prefill_start(uint64_t id, int64_t hit_tokens, double now_s);
-  /// `id`'s prefill on `instance` ended with `first_token`: it goes out (a one-token request is done).
-  void on_first_token(InstanceId instance, uint64_t id, int64_t first_token, double now_s);
+  /// `id`'s prefill on `instance` ended with `first_token`: it goes out (a one-token request is done), with
+  /// its `logprobs` when the request asked for them (nullptr: none came).
+  void on_first_token(InstanceId instance, uint64_t id, int64_t first_token, double now_s,
+                      const model::TokenLogprobs* logprobs = nullptr);
   /// `id`'s KV has reached its decode instance (after on_first_token): the decode instance is told.
   void on_kv_shipped(uint64_t id, double now_s);
   /// A decode step gave each of `ids` one token, `tokens[i]` to `ids[i]`; a request with all its tokens
-  /// finishes.
-  void on_tokens(std::span<const uint64_t> ids, std::span<const int64_t> tokens, double now_s);
+  /// finishes. `logprobs[j]` goes with the token of ids[logprob_rows[j]] (the requests that asked for them);
+  /// REQUIRES: logprob_rows increasing, below ids.size(), as long as logprobs.
+  void on_tokens(std::span<const uint64_t> ids, std::span<const int64_t> tokens, double now_s,
+                 std::span<const uint32_t> logprob_rows = {},
+                 std::span<const model::TokenLogprobs> logprobs = {});
   /// The mock model's next token for `id` (mock_token of its seed and the tokens it has): what an instance
   /// running the mock executor in this process reports. 0 for an unknown id.
   int64_t next_mock_token(uint64_t id) const;
@@ -177,8 +182,9 @@ class ConductorCore final : private PlacementDriver {
   // blocks, its pending count: an instance with nothing left pending is idle now). Every way a request can
   // end without finishing goes through here; the rest finish() or are finished by the first token.
   void drop(uint64_t id, double now_s);
-  // Delivers request `id`'s next token; the owner's stop (on_tokens false) finishes it there.
-  void emit_token(uint64_t id, int64_t token, double now_s);
+  // Delivers request `id`'s next token (with its logprobs, or nullptr); the owner's stop (on_tokens false)
+  // finishes it there.
+  void emit_token(uint64_t id, int64_t token, double now_s, const model::TokenLogprobs* logprobs);
   // Request `id` ended well ("length": all its tokens; "stop": its owner's stop): metrics, the Conductor's
   // output-length observation, on_done.
   void finish(uint64_t id, double now_s, std::string_view finished_reason);

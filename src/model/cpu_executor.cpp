@@ -50,6 +50,9 @@ Status CpuExecutor::add_request(engine::RequestId id, ExecutorRequest request) {
     return bad(fmt::format("{} block keys for {} full blocks", request.block_keys.size(),
                            n / options_.block_size_tokens));
   }
+  if (request.top_logprobs < kNoLogprobs || request.top_logprobs > kMaxTopLogprobs) {
+    return bad(fmt::format("top_logprobs {} (at most {})", request.top_logprobs, kMaxTopLogprobs));
+  }
   CRESCENT_RETURN_IF_ERROR(validate(request.sampling));
   const SamplingParams sampling = request.sampling;
   Request r{.spec = std::move(request), .sampler = Sampler(sampling)};
@@ -62,6 +65,12 @@ Status CpuExecutor::add_request(engine::RequestId id, ExecutorRequest request) {
 std::span<const int32_t> CpuExecutor::output(engine::RequestId id) const {
   auto it = requests_.find(id);
   return it == requests_.end() ? std::span<const int32_t>{} : std::span<const int32_t>(it->second.output);
+}
+
+std::span<const TokenLogprobs> CpuExecutor::logprobs(engine::RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? std::span<const TokenLogprobs>{}
+                               : std::span<const TokenLogprobs>(it->second.logprobs);
 }
 
 int64_t CpuExecutor::reused_tokens(engine::RequestId id) const {
@@ -221,9 +230,13 @@ double CpuExecutor::run_iteration_s(const engine::IterationPlan& plan) {
     const auto vocab = static_cast<size_t>(model_.config().vocab_size);
     for (size_t i = 0; i < batch_requests_.size(); ++i) {
       Request& r = *batch_requests_[i];
-      const int32_t token = r.sampler.sample(logits->subspan(i * vocab, vocab));
+      const std::span<const float> row = logits->subspan(i * vocab, vocab);
+      const int32_t token = r.sampler.sample(row);
       r.output.push_back(token);
       r.tokens.push_back(token);
+      // Only for a request that asked: the others pay nothing per token.
+      if (r.spec.top_logprobs != kNoLogprobs)
+        r.logprobs.push_back(token_logprobs(row, token, r.spec.top_logprobs));
     }
   }
   if (prefilled != nullptr && prefix_cache_ != nullptr) {
@@ -285,8 +298,13 @@ Status CpuExecutor::add_decoding(engine::RequestId id, const DecodingRequest& re
   if (std::ssize(kv) != prompt_blocks * block_bytes) {
     return bad(fmt::format("{} KV bytes, {} blocks of {} expected", kv.size(), prompt_blocks, block_bytes));
   }
+  if (request.top_logprobs < kNoLogprobs || request.top_logprobs > kMaxTopLogprobs) {
+    return bad(fmt::format("top_logprobs {} (at most {})", request.top_logprobs, kMaxTopLogprobs));
+  }
   CRESCENT_RETURN_IF_ERROR(validate(request.sampling));
-  Request r{.spec = {.output_tokens = request.output_tokens, .sampling = request.sampling},
+  Request r{.spec = {.output_tokens = request.output_tokens,
+                     .sampling = request.sampling,
+                     .top_logprobs = request.top_logprobs},
             .sampler = Sampler(request.sampling)};
   // The prefill drew the first token (a draw only when sampling at a temperature).
   if (request.sampling.temperature > 0) r.sampler.discard(1);

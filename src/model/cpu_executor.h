@@ -23,6 +23,7 @@
 #include "kv/block_cache.h"
 #include "kv/block_key.h"
 #include "model/llama_forward.h"
+#include "model/logprobs.h"
 #include "model/sampler.h"
 
 namespace crescent::model {
@@ -36,6 +37,9 @@ struct ExecutorRequest {
   SamplingParams sampling = {};
   /// Keep its KV blocks after the engine releases it, until drop(): a prefill instance still ships them.
   bool keep_after_release = false;
+  /// kNoLogprobs (nothing computed), or 0..kMaxTopLogprobs: each sampled token's logprobs with this many
+  /// most likely tokens (logprobs()).
+  int32_t top_logprobs = kNoLogprobs;
 };
 
 /// A request whose prompt was prefilled elsewhere, joining a decode instance with its KV.
@@ -44,6 +48,8 @@ struct DecodingRequest {
   int32_t first_token = 0;       // sampled by the prefill
   int64_t output_tokens = 2;     // in all, the first included (>= 2)
   SamplingParams sampling = {};  // the prefill's: this sampler goes on after its first draw
+  /// As ExecutorRequest::top_logprobs, for the tokens sampled here (the first token's came from the prefill).
+  int32_t top_logprobs = kNoLogprobs;
 };
 
 /// Where the executor keeps KV.
@@ -63,12 +69,14 @@ class CpuExecutor final : public engine::Executor {
   /// Registers request `id` before it is submitted to the engine (with the same prompt length, output
   /// tokens and block keys). Errors (kInvalidArgument, nothing registered): an empty prompt, a token id
   /// outside the vocabulary, prompt + output beyond the model's context ("... tokens, the model's context is
-  /// N"), block keys not one per full block, invalid sampling, `id` already registered.
+  /// N"), block keys not one per full block, invalid sampling, top_logprobs outside kNoLogprobs..
+  /// kMaxTopLogprobs, `id` already registered.
   Status add_request(engine::RequestId id, ExecutorRequest request);
   /// Registers request `id` to decode here: `kv` holds its prompt's KV, ceil(prompt / block) blocks of the
   /// layout back to back (what a prefill instance wrote), copied into this executor's blocks. Submit it to
   /// the engine with submit_decode afterwards. Errors: kInvalidArgument (`id` registered, a token or length
-  /// out of range, `kv` not that many blocks, invalid sampling); kOutOfRange when the blocks are not free.
+  /// out of range, `kv` not that many blocks, invalid sampling or top_logprobs); kOutOfRange when the blocks
+  /// are not free.
   Status add_decoding(engine::RequestId id, const DecodingRequest& request, std::span<const std::byte> kv);
   /// Frees request `id` whatever the engine did (ExecutorRequest::keep_after_release). No-op when unknown.
   void drop(engine::RequestId id);
@@ -77,6 +85,11 @@ class CpuExecutor final : public engine::Executor {
   std::span<const std::byte> kv_block(engine::RequestId id, int64_t index) const;
   /// The tokens generated so far for `id` (empty for an unknown id).
   std::span<const int32_t> output(engine::RequestId id) const;
+  /// The logprobs of the tokens this executor sampled for `id`, in order, when it asked for them
+  /// (top_logprobs); empty otherwise or for an unknown id. Each is the last output() token's once it is
+  /// sampled: a request from add_request has one per output token, one from add_decoding one per output
+  /// token after the first (which came with its KV).
+  std::span<const TokenLogprobs> logprobs(engine::RequestId id) const;
   /// Prompt tokens of `id` whose KV was found cached when its prefill started (0 before, or unknown).
   int64_t reused_tokens(engine::RequestId id) const;
   /// Why `id` stopped early ("" while fine): no free KV block when it needed one.
@@ -103,8 +116,8 @@ class CpuExecutor final : public engine::Executor {
   /// (layers_stored()); a decode-only pass does not signal it. Meanwhile
   /// `wait` must not call into the engine or this executor except: kv_block() of requests outside the pass
   /// (whose KV does not change) and, for pass_in_flight()'s prefill request, of the bytes of its layers below
-  /// layers_stored(); output(), reused_tokens(), pass_in_flight(), layers_stored(). The compute thread runs
-  /// on as many OpenMP threads as the caller's compute_threads().
+  /// layers_stored(); output(), logprobs(), reused_tokens(), pass_in_flight(), layers_stored(). The compute
+  /// thread runs on as many OpenMP threads as the caller's compute_threads().
   void compute_in_background(std::function<void(int done_fd, int progress_fd)> wait);
 
   /// The forward pass under way (while compute_in_background's wait runs): the prefill request in it, if
@@ -136,7 +149,8 @@ class CpuExecutor final : public engine::Executor {
     int64_t computed_tokens = 0;                         // prompt tokens whose KV is in its blocks
     int64_t reused_tokens = 0;
     std::vector<int32_t> output = {};
-    std::vector<int32_t> tokens = {};  // prompt then output, what the forward pass reads
+    std::vector<TokenLogprobs> logprobs = {};  // with spec.top_logprobs: of the tokens sampled here
+    std::vector<int32_t> tokens = {};          // prompt then output, what the forward pass reads
     std::string error = {};
     bool started = false;
     bool released = false;  // by the engine, kept for its owner (keep_after_release)

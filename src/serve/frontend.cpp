@@ -118,6 +118,24 @@ struct Exchange {
   bool first_chunk = true;
   std::string text;  // non-streamed: the answer so far
   std::optional<OutputText> output;
+  // With logprobs asked for: each token's, as text (non-streamed: the answer's so far), and where the next
+  // token's text starts in the answer (completions' text_offset).
+  std::shared_ptr<const model::Tokenizer> tokenizer;
+  bool logprobs = false;
+  std::vector<TokenLogprobsText> token_logprobs;
+  int64_t text_offset = 0;
+
+  // Adds the logprobs of delivered tokens to token_logprobs, their tokens as text.
+  void add_logprobs(std::span<const model::TokenLogprobs> delivered, std::span<const int64_t> tokens) {
+    for (size_t i = 0; i < delivered.size() && i < tokens.size(); ++i) {
+      TokenLogprobsText& t = token_logprobs.emplace_back();
+      t.token = tokenizer->token_bytes(tokens[i]);
+      t.logprob = delivered[i].logprob;
+      t.top.reserve(delivered[i].top.size());
+      for (const auto& [id, logprob] : delivered[i].top)
+        t.top.emplace_back(tokenizer->token_bytes(id), logprob);
+    }
+  }
 };
 
 class Frontend {
@@ -207,6 +225,15 @@ class Frontend {
           404, "invalid_request_error", "model_not_found",
           fmt::format("model '{}' does not exist; this server serves '{}'", r.model, options_.model_name))));
     }
+    if (r.top_logprobs != model::kNoLogprobs && options_.executor == cluster::ExecutorKind::kMock) {
+      // Refused, not answered with made-up numbers.
+      ApiError e = ApiError::bad_field("logprobs",
+                                       "'logprobs' is not supported by this server: the mock executor has no "
+                                       "logprobs (it draws tokens without a distribution; serve a model "
+                                       "with --executor cpu)");
+      e.code = "unsupported";
+      return responder.respond(error_response(e));
+    }
     cluster::ClusterRequest request;
     if (r.prompt_is_token_ids) {
       for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) {
@@ -244,12 +271,15 @@ class Frontend {
         r.seed.value_or(r.temperature == 0 ? prompt_seed(request.prompt_token_ids) : next_id_.load());
     request.temperature = r.temperature;
     request.top_p = r.top_p;
+    request.top_logprobs = r.top_logprobs;
 
     auto exchange = std::make_shared<Exchange>();
     exchange->responder = responder;
     exchange->endpoint = endpoint;
     exchange->stream = r.stream;
     exchange->include_usage = r.include_usage;
+    exchange->logprobs = r.top_logprobs != model::kNoLogprobs;
+    exchange->tokenizer = options_.tokenizer;
     const uint64_t serial = next_id_.fetch_add(1);
     exchange->header.id =
         fmt::format("{}-{:016x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl", serial);
@@ -263,12 +293,21 @@ class Frontend {
     exchange->output.emplace(
         options_.tokenizer,
         StopConditions{.stop = r.stop, .ignore_eos = r.ignore_eos, .min_tokens = r.min_tokens});
-    callbacks.on_tokens = [exchange](std::span<const int64_t> tokens) {
+    callbacks.on_tokens = [exchange](std::span<const int64_t> tokens,
+                                     std::span<const model::TokenLogprobs> logprobs) {
       const std::string piece = exchange->output->add(tokens);
+      if (exchange->logprobs) exchange->add_logprobs(logprobs, tokens);
       if (exchange->stream) {
-        // A chunk for every delivery, empty while text is held back: a client times each token by them.
+        // A chunk for every delivery, empty while text is held back: a client times each token by them. It
+        // carries the logprobs of its tokens.
+        json chunk_logprobs;
+        if (exchange->logprobs) {
+          chunk_logprobs = logprobs_json(exchange->endpoint, exchange->token_logprobs, exchange->text_offset);
+          exchange->token_logprobs.clear();
+        }
         exchange->responder.write(
-            sse_event(stream_chunk(exchange->endpoint, exchange->header, piece, exchange->first_chunk, "")));
+            sse_event(stream_chunk(exchange->endpoint, exchange->header, piece, exchange->first_chunk, "",
+                                   std::move(chunk_logprobs))));
         exchange->first_chunk = false;
       } else {
         exchange->text += piece;
@@ -289,9 +328,13 @@ class Frontend {
         exchange->responder.end();
       } else {
         exchange->text += rest;
-        exchange->responder.respond(json_response(
-            200,
-            completion_response(exchange->endpoint, exchange->header, exchange->text, finish_reason, usage)));
+        json logprobs;
+        if (exchange->logprobs) {
+          logprobs = logprobs_json(exchange->endpoint, exchange->token_logprobs, exchange->text_offset);
+        }
+        exchange->responder.respond(
+            json_response(200, completion_response(exchange->endpoint, exchange->header, exchange->text,
+                                                   finish_reason, usage, std::move(logprobs))));
       }
     };
     callbacks.on_error = [exchange](const std::string& code, const std::string& message) {

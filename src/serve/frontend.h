@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cluster/cluster.h"
+#include "cluster/cluster_config.h"
 #include "model/tokenizer.h"
 #include "serve/http_server.h"
 
@@ -24,6 +25,9 @@ struct FrontendOptions {
   int64_t default_max_tokens = 16;        // /v1/completions without max_tokens (the OpenAI default)
   int64_t default_chat_max_tokens = 256;  // /v1/chat/completions without max_tokens (the mock never stops)
   std::shared_ptr<const model::Tokenizer> tokenizer = model::byte_tokenizer();
+  /// The instances' executor (config.serve.executor): the mock draws tokens without a distribution, so a
+  /// request asking for logprobs is refused (400 `unsupported`); the cpu executor gives them.
+  cluster::ExecutorKind executor = cluster::ExecutorKind::kMock;
 };
 
 /// The handler serving the routes above with `cluster` (which must outlive every request it answers).

@@ -40,10 +40,7 @@ std::string status_line(int status) {
 
 // What connections share with the server and with responders on other threads.
 struct HttpServerShared {
-  // No concurrency hint of 1: with it, what the loop's own thread posts (a handler's start_stream) waits in a
-  // private queue until the handler returns, behind what other threads post meanwhile (the stream's first
-  // token), which then found no stream and was dropped. Without it every post is queued in the order made.
-  net::io_context io;
+  net::io_context io{1};
   std::atomic<bool> stopped{false};
   HttpServerOptions options;
   HttpHandler handler;
@@ -392,12 +389,15 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
 
 namespace {
 
-// Runs `fn(session)` on the event loop (a closed session ignores it). The posted call holds the session, so
-// a response given before the handler returns outlives the handler's responder.
+// Runs `fn(session)` on the event loop (a closed session ignores it): at once when called there (a
+// handler), else posted. Not posted from the loop itself: Asio keeps what a handler posts in a queue private
+// to its thread until the handler returns, and calls posted meanwhile from another thread (the cluster's
+// first tokens) would overtake it (a write before its start_stream is dropped). The posted call holds the
+// session, so a response given before the handler returns outlives the handler's responder.
 template <typename Fn>
-void post_to(const std::shared_ptr<HttpResponder::Session>& session, Fn fn) {
+void run_on_loop(const std::shared_ptr<HttpResponder::Session>& session, Fn fn) {
   if (!session || session->shared().stopped) return;
-  net::post(session->shared().io, [session, fn = std::move(fn)]() mutable { fn(*session); });
+  net::dispatch(session->shared().io, [session, fn = std::move(fn)]() mutable { fn(*session); });
 }
 
 }  // namespace
@@ -410,19 +410,19 @@ std::string HttpRequest::header(std::string_view name) const {
 }
 
 void HttpResponder::respond(HttpResponse response) const {
-  post_to(session_, [r = std::move(response)](Session& s) mutable { s.respond(std::move(r)); });
+  run_on_loop(session_, [r = std::move(response)](Session& s) mutable { s.respond(std::move(r)); });
 }
 void HttpResponder::start_stream() const {
-  post_to(session_, [](Session& s) { s.start_stream(); });
+  run_on_loop(session_, [](Session& s) { s.start_stream(); });
 }
 void HttpResponder::write(std::string bytes) const {
-  post_to(session_, [b = std::move(bytes)](Session& s) mutable { s.write(std::move(b)); });
+  run_on_loop(session_, [b = std::move(bytes)](Session& s) mutable { s.write(std::move(b)); });
 }
 void HttpResponder::end() const {
-  post_to(session_, [](Session& s) { s.end(); });
+  run_on_loop(session_, [](Session& s) { s.end(); });
 }
 void HttpResponder::on_disconnect(std::function<void()> callback) const {
-  post_to(session_, [c = std::move(callback)](Session& s) mutable { s.set_on_disconnect(std::move(c)); });
+  run_on_loop(session_, [c = std::move(callback)](Session& s) mutable { s.set_on_disconnect(std::move(c)); });
 }
 
 class HttpServer::Impl {

@@ -36,8 +36,10 @@ struct HttpResponse {
 };
 
 /// How a handler answers one request. Copyable handle; every method may be called from any thread, and
-/// calls after the connection closed are ignored. Exactly one of respond() or start_stream() must be
-/// called: a request never answered holds its connection until the client gives up.
+/// calls after the connection closed are ignored. Calls on the server's thread (the handler's) take effect
+/// at once, so calls made from another thread after them (a stream's writes) come after them. Exactly one of
+/// respond() or start_stream() must be called: a request never answered holds its connection until the client
+/// gives up.
 class HttpResponder {
  public:
   class Session;

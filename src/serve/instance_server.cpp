@@ -193,6 +193,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     Order& order = it->second;
     order.computed = true;
     if (prefilling_ == id) prefilling_.reset();
+    std::span<const model::TokenLogprobs> first_logprobs;
     if (cpu_executor_) {
       const std::span<const int32_t> output = cpu_executor_->output(id);
       if (output.empty()) {  // its executor could not run it (no free KV block)
@@ -201,6 +202,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       }
       order.first_token = output.front();
       order.computed_tokens = std::ssize(order.token_ids) - cpu_executor_->reused_tokens(id);
+      first_logprobs = cpu_executor_->logprobs(id);  // empty unless its request asked
     } else {
       order.first_token = engine::mock_token(order.seed, 0);
     }
@@ -210,6 +212,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     first.kind = InstanceMessage::Kind::kFirstToken;
     first.request_id = id;
     first.first_token = order.first_token;
+    if (!first_logprobs.empty()) first.logprobs.push_back(first_logprobs.front());
     send(first);
     if (order.output_tokens > 1 && !order.target) {
       write_to_pool(order);  // its KV ships when the decode instance's room is known (kKvTarget)
@@ -236,12 +239,22 @@ class InstanceServer::Impl final : public engine::EngineListener {
     m.kind = InstanceMessage::Kind::kTokens;
     m.request_ids.assign(ids.begin(), ids.end());
     m.tokens.reserve(ids.size());
-    for (engine::RequestId id : ids) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const engine::RequestId id = ids[i];
       auto it = expected_.find(id);
       int64_t token = 0;
       if (cpu_executor_) {
         const std::span<const int32_t> output = cpu_executor_->output(id);
         token = output.empty() ? 0 : output.back();
+        // The logprobs of this step's token, for a request that asked (one per token after the first, which
+        // came from the prefill).
+        if (it != expected_.end() && it->second.top_logprobs != model::kNoLogprobs) {
+          const std::span<const model::TokenLogprobs> logprobs = cpu_executor_->logprobs(id);
+          if (!logprobs.empty() && logprobs.size() + 1 == output.size()) {
+            m.logprob_rows.push_back(static_cast<uint32_t>(i));
+            m.logprobs.push_back(logprobs.back());
+          }
+        }
       } else if (it != expected_.end()) {
         token = engine::mock_token(it->second.sampling.seed, it->second.tokens);
       }
@@ -316,6 +329,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     std::vector<BlockKey> keys;
     int64_t input_tokens = 0, output_tokens = 0;
     model::SamplingParams sampling;
+    int32_t top_logprobs = model::kNoLogprobs;  // the cpu executor's tokens carry their logprobs
     int64_t tokens = 0;  // output tokens so far (the mock's next is mock_token(seed, tokens))
   };
   // Room a decode instance reserved for a request's KV.
@@ -634,7 +648,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
                              .block_keys = keys,
                              .output_tokens = 1,
                              .sampling = {.temperature = m.temperature, .top_p = m.top_p, .seed = m.seed},
-                             .keep_after_release = true});
+                             .keep_after_release = true,
+                             .top_logprobs = m.top_logprobs});
           if (!added.ok()) {
             InstanceMessage done;
             done.kind = InstanceMessage::Kind::kPrefillDone;
@@ -675,6 +690,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
             .input_tokens = m.input_tokens,
             .output_tokens = m.output_tokens,
             .sampling = {.temperature = m.temperature, .top_p = m.top_p, .seed = m.seed},
+            .top_logprobs = m.top_logprobs,
         };
         engine_->expect(m.request_id, m.input_tokens, m.output_tokens, now);
         // Held while its prompt waits for prefill (a queue of any length): the Conductor cancels it if its
@@ -725,7 +741,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
               {.prompt_tokens = e.input_tokens,
                .first_token = static_cast<int32_t>(m.first_token),
                .output_tokens = e.output_tokens,
-               .sampling = e.sampling},
+               .sampling = e.sampling,
+               .top_logprobs = e.top_logprobs},
               std::span<const std::byte>(kv_memory_ + it->second.offset, it->second.length));
           if (!added.ok()) {
             InstanceMessage error;

@@ -8,6 +8,10 @@ namespace crescent::serve {
 namespace {
 
 constexpr uint32_t kFields = 48;  // what encode packs, in order
+// The optional tail of a message with logprobs: top_logprobs, logprob_rows, then the logprobs flat (each
+// sampled token's, each entry's count of alternatives, their token ids, their logprobs), as the unpacker
+// reads no deeper than arrays of scalars.
+constexpr uint32_t kLogprobFields = 6;
 constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kPoolWritten);
 
 template <typename Packer>
@@ -36,6 +40,42 @@ class Reader {
   uint32_t i_ = 0;
 };
 
+// Checks the logprobs tail of `m` and unflattens it into m.logprobs.
+Status read_logprobs(InstanceMessage& m, const std::vector<float>& sampled,
+                     const std::vector<uint32_t>& counts, const std::vector<int32_t>& top_ids,
+                     const std::vector<float>& top_values) {
+  const auto bad = [](const std::string& what) {
+    return Status::invalid_argument(fmt::format("instance message: logprobs: {}", what));
+  };
+  if (m.top_logprobs < model::kNoLogprobs || m.top_logprobs > model::kMaxTopLogprobs) {
+    return bad(fmt::format("top_logprobs {}", m.top_logprobs));
+  }
+  if (counts.size() != sampled.size() || top_ids.size() != top_values.size()) {
+    return bad("parts of different lengths");
+  }
+  if (!m.logprob_rows.empty() && m.logprob_rows.size() != sampled.size()) {
+    return bad(fmt::format("{} rows for {} tokens", m.logprob_rows.size(), sampled.size()));
+  }
+  for (size_t j = 0; j < m.logprob_rows.size(); ++j) {
+    if (m.logprob_rows[j] >= m.request_ids.size() || (j > 0 && m.logprob_rows[j] <= m.logprob_rows[j - 1])) {
+      return bad("rows not increasing within request_ids");
+    }
+  }
+  size_t next = 0;
+  m.logprobs.resize(sampled.size());
+  for (size_t j = 0; j < sampled.size(); ++j) {
+    if (counts[j] > static_cast<uint32_t>(model::kMaxTopLogprobs) || counts[j] > top_ids.size() - next) {
+      return bad(fmt::format("{} alternatives", counts[j]));
+    }
+    model::TokenLogprobs& lp = m.logprobs[j];
+    lp.logprob = sampled[j];
+    lp.top.reserve(counts[j]);
+    for (uint32_t k = 0; k < counts[j]; ++k, ++next) lp.top.emplace_back(top_ids[next], top_values[next]);
+  }
+  if (next != top_ids.size()) return bad("alternatives beyond the counts");
+  return Status();
+}
+
 }  // namespace
 
 std::string_view to_string(InstanceRole role) {
@@ -45,7 +85,8 @@ std::string_view to_string(InstanceRole role) {
 std::string encode(const InstanceMessage& m) {
   msgpack::sbuffer buffer;
   msgpack::packer pk(buffer);
-  pk.pack_array(kFields);
+  const bool has_logprobs = m.top_logprobs != model::kNoLogprobs || !m.logprobs.empty();
+  pk.pack_array(has_logprobs ? kFields + kLogprobFields : kFields);
   pk.pack_uint8(static_cast<uint8_t>(m.kind));
   pk.pack_uint64(m.request_id);
   pk.pack_uint8(static_cast<uint8_t>(m.role));
@@ -88,6 +129,27 @@ std::string encode(const InstanceMessage& m) {
   pk.pack_double(m.top_p);
   pk.pack_int64(m.first_token);
   pk.pack(m.tokens);
+  if (has_logprobs) {
+    pk.pack_int32(m.top_logprobs);
+    pk.pack(m.logprob_rows);
+    std::vector<float> sampled, top_values;
+    std::vector<uint32_t> counts;
+    std::vector<int32_t> top_ids;
+    sampled.reserve(m.logprobs.size());
+    counts.reserve(m.logprobs.size());
+    for (const model::TokenLogprobs& lp : m.logprobs) {
+      sampled.push_back(lp.logprob);
+      counts.push_back(static_cast<uint32_t>(lp.top.size()));
+      for (const auto& [id, value] : lp.top) {
+        top_ids.push_back(id);
+        top_values.push_back(value);
+      }
+    }
+    pk.pack(sampled);
+    pk.pack(counts);
+    pk.pack(top_ids);
+    pk.pack(top_values);
+  }
   return std::string(buffer.data(), buffer.size());
 }
 
@@ -100,9 +162,12 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     const msgpack::object_handle handle =
         msgpack::unpack(bytes.data(), bytes.size(), nullptr, nullptr, limit);
     const msgpack::object& o = handle.get();
-    if (o.type != msgpack::type::ARRAY || o.via.array.size != kFields) {
+    if (o.type != msgpack::type::ARRAY ||
+        (o.via.array.size != kFields && o.via.array.size != kFields + kLogprobFields)) {
       return Status::invalid_argument(
-          fmt::format("instance message: expected an array of {} fields", kFields));
+          fmt::format("instance message: expected an array of {} fields ({} with "
+                      "logprobs)",
+                      kFields, kFields + kLogprobFields));
     }
     Reader r(o.via.array);
     const auto kind = r.next<uint8_t>();
@@ -152,6 +217,15 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     m.top_p = r.next<double>();
     m.first_token = r.next<int64_t>();
     m.tokens = r.next<std::vector<int64_t>>();
+    if (o.via.array.size == kFields + kLogprobFields) {
+      m.top_logprobs = r.next<int32_t>();
+      m.logprob_rows = r.next<std::vector<uint32_t>>();
+      const auto sampled = r.next<std::vector<float>>();
+      const auto counts = r.next<std::vector<uint32_t>>();
+      const auto top_ids = r.next<std::vector<int32_t>>();
+      const auto top_values = r.next<std::vector<float>>();
+      if (Status s = read_logprobs(m, sampled, counts, top_ids, top_values); !s.ok()) return s;
+    }
   } catch (const std::exception& e) {
     return Status::invalid_argument(fmt::format("instance message: {}", e.what()));
   }

@@ -6,13 +6,15 @@
 //   instance → Conductor                          Conductor → instance
 //   kHello       role, index, incarnation,        kPrefill    request_id, token_ids, output_tokens,
 //                kv_events endpoints, capacity                 reused/fetched_tokens, ready_in_s,
-//                                                             decode_index, seed, temperature, top_p
+//                                                             decode_index, seed, temperature, top_p,
+//                                                             top_logprobs
 //   kLoad        load (every 50 ms: heartbeat)     kKvTarget   request_id, segment, offset, length (prefill)
 //   kPrefillStart request_id, hit_tokens           kExpect     request_id, input/output_tokens, block_keys,
-//                                                             seed, temperature, top_p (decode: count it
-//                                                             as incoming)
-//   kFirstToken  request_id, first_token (the      kKvArrived  request_id, first_token (decode: the KV
-//                prefill ended: sent at once)                  is in place)
+//                                                             seed, temperature, top_p, top_logprobs
+//                                                             (decode: count it as incoming)
+//   kFirstToken  request_id, first_token,          kKvArrived  request_id, first_token (decode: the KV
+//                logprobs (the prefill ended:                  is in place)
+//                sent at once)
 //   kPrefillDone request_id, pool hits and bytes,  kCancel     request_id
 //                tokens computed, KV bytes
 //                written, error (its KV
@@ -26,9 +28,13 @@
 //   kPoolWritten request_id, pool bytes written (after
 //                kPrefillDone: decode does not wait for the pool)
 //   kReserved    request_id, segment, offset, length (decode: where the prefill writes the KV)
-//   kTokens      request_ids, tokens (one decode step: each gained a token)
+//   kTokens      request_ids, tokens (one decode step: each gained a token), logprob_rows, logprobs
 //   kKvTimeout   request_id (decode: its KV never came; the reservation is freed)
 //   kKvError     request_id, error (decode: a block failed its checksum)
+//
+// The logprobs fields (top_logprobs, logprob_rows, logprobs) travel only in a message that has some: an
+// optional tail of the array, so a message of a request that did not ask for logprobs is the same bytes as
+// without them.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +44,7 @@
 
 #include "common/status.h"
 #include "conductor/cluster_view.h"
+#include "model/logprobs.h"
 
 namespace crescent::serve {
 
@@ -107,6 +114,13 @@ struct InstanceMessage {
   // kTokens: each request's new token
   std::vector<uint64_t> request_ids;
   std::vector<int64_t> tokens;
+  // kPrefill, kExpect: model::kNoLogprobs, or how many alternatives each token's logprobs carry
+  // (cluster::ClusterRequest::top_logprobs)
+  int32_t top_logprobs = model::kNoLogprobs;
+  // kFirstToken: the first token's logprobs (one, when its request asked). kTokens: logprobs[j] goes with
+  // the token of request_ids[logprob_rows[j]], for the requests that asked only (rows increasing).
+  std::vector<uint32_t> logprob_rows;
+  std::vector<model::TokenLogprobs> logprobs;
   // kExpect: the keys of the prompt's KV blocks, in order (kv::shipped_block_keys)
   std::vector<uint64_t> block_keys;
   // kPrefillDone, kKvError: empty = fine
@@ -115,7 +129,9 @@ struct InstanceMessage {
 
 /// The msgpack encoding of `message`.
 std::string encode(const InstanceMessage& message);
-/// Parses encode's output; kInvalidArgument naming what is wrong (not msgpack, wrong shape, unknown kind).
+/// Parses encode's output; kInvalidArgument naming what is wrong (not msgpack, wrong shape, unknown kind,
+/// logprobs whose parts disagree in length, more than model::kMaxTopLogprobs alternatives, rows not
+/// increasing or beyond request_ids).
 Result<InstanceMessage> decode_instance_message(std::string_view bytes);
 
 }  // namespace crescent::serve

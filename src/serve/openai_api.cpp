@@ -192,12 +192,124 @@ json finish_value(std::string_view finish_reason) {
   return finish_reason.empty() ? json() : json(finish_reason);
 }
 
-// The one choice of an answer or chunk: {"index": 0, <field>: <content>, "logprobs": null, "finish_reason"}.
-json one_choice(const char* field, json content, std::string_view finish_reason) {
+// The one choice of an answer or chunk: {"index": 0, <field>: <content>, "logprobs", "finish_reason"}.
+json one_choice(const char* field, json content, std::string_view finish_reason, json logprobs) {
   return {{"index", 0},
           {field, std::move(content)},
-          {"logprobs", nullptr},
+          {"logprobs", std::move(logprobs)},
           {"finish_reason", finish_value(finish_reason)}};
+}
+
+// Reads the logprobs fields into r.top_logprobs (parse_completion_request says what each endpoint takes).
+bool read_logprobs(const json& body, CompletionRequest& r, ApiError& error) {
+  const json none;
+  auto it = body.find("logprobs");
+  const json& logprobs = it == body.end() ? none : *it;
+  it = body.find("top_logprobs");
+  const json& top = it == body.end() ? none : *it;
+  const std::string range = fmt::format("0 to {}", model::kMaxTopLogprobs);
+  const auto in_range = [](const json& v) {
+    return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= model::kMaxTopLogprobs &&
+           !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(model::kMaxTopLogprobs));
+  };
+  if (r.endpoint == Endpoint::kCompletions) {
+    // OpenAI's legacy `logprobs: N`: the sampled token's logprob and the N most likely (0: the sampled
+    // token's only). false, as null, asks for nothing.
+    if (!top.is_null() && !(top.is_number_integer() && top == 0)) {
+      error = ApiError::bad_field("top_logprobs",
+                                  "'top_logprobs' is a chat completions field; "
+                                  "/v1/completions takes 'logprobs': N");
+      return false;
+    }
+    if (logprobs.is_null() || (logprobs.is_boolean() && !logprobs.get<bool>())) return true;
+    if (!in_range(logprobs)) {
+      error = ApiError::bad_field(
+          "logprobs", fmt::format("'logprobs' must be an integer from {}, got {}", range, logprobs.dump()));
+      return false;
+    }
+    r.top_logprobs = logprobs.get<int32_t>();
+    return true;
+  }
+  // Chat: `logprobs: true`, with `top_logprobs: N` alternatives (0 when absent).
+  bool wanted = false;
+  if (logprobs.is_boolean()) {
+    wanted = logprobs.get<bool>();
+  } else if (!logprobs.is_null() && !(logprobs.is_number_integer() && logprobs == 0)) {
+    error = ApiError::bad_field("logprobs",
+                                fmt::format("'logprobs' must be a boolean, got {}", type_name(logprobs)));
+    return false;
+  }
+  if (!top.is_null() && !in_range(top)) {
+    error = ApiError::bad_field(
+        "top_logprobs", fmt::format("'top_logprobs' must be an integer from {}, got {}", range, top.dump()));
+    return false;
+  }
+  const int32_t alternatives = top.is_null() ? 0 : top.get<int32_t>();
+  if (!wanted) {
+    if (alternatives > 0) {
+      error = ApiError::bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      return false;
+    }
+    return true;
+  }
+  r.top_logprobs = alternatives;
+  return true;
+}
+
+// Whether `bytes[at..]` starts with a whole, valid UTF-8 character; its length then.
+size_t utf8_char_length(std::string_view bytes, size_t at) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  const unsigned char lead = b(at);
+  size_t n = 0;
+  uint32_t min = 0;
+  if (lead < 0x80) return 1;
+  if ((lead & 0xE0) == 0xC0) {
+    n = 2, min = 0x80;
+  } else if ((lead & 0xF0) == 0xE0) {
+    n = 3, min = 0x800;
+  } else if ((lead & 0xF8) == 0xF0) {
+    n = 4, min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (at + n > bytes.size()) return 0;
+  uint32_t code = lead & (0x7F >> n);
+  for (size_t i = 1; i < n; ++i) {
+    if ((b(at + i) & 0xC0) != 0x80) return 0;
+    code = (code << 6) | (b(at + i) & 0x3F);
+  }
+  // Overlong forms, surrogates and beyond Unicode are not valid.
+  if (code < min || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return 0;
+  return n;
+}
+
+// A token's text as the API shows it: its bytes, each byte outside valid UTF-8 as "\xNN"; and its length
+// in characters.
+std::pair<std::string, int64_t> token_text(std::string_view bytes) {
+  std::string out;
+  int64_t chars = 0;
+  for (size_t at = 0; at < bytes.size(); ++chars) {
+    if (const size_t n = utf8_char_length(bytes, at); n > 0) {
+      out.append(bytes.substr(at, n));
+      at += n;
+    } else {
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(bytes[at]));
+      chars += 3;  // the escape's 4 characters
+      ++at;
+    }
+  }
+  return {std::move(out), chars};
+}
+
+// A logprob as shown: -9999 at the least (vLLM's floor: JSON has no -inf).
+double shown(float logprob) {
+  return std::max(static_cast<double>(logprob), -9999.0);
+}
+
+json byte_list(std::string_view bytes) {
+  json out = json::array();
+  for (const char c : bytes) out.push_back(static_cast<unsigned char>(c));
+  return out;
 }
 
 }  // namespace
@@ -224,8 +336,6 @@ bool no_unsupported_fields(const json& body, ApiError& error) {
   const auto neutral = [](std::string_view name, const json& v) {
     if (v.is_null()) return true;
     if (name == "echo") return v.is_boolean() && !v.get<bool>();
-    if (name == "logprobs") return (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v == 0);
-    if (name == "top_logprobs") return v.is_number_integer() && v == 0;
     if (name == "best_of") return v.is_number_integer() && v == 1;
     if (name == "suffix") return v.is_string() && v.get_ref<const std::string&>().empty();
     if (name == "presence_penalty" || name == "frequency_penalty")
@@ -235,8 +345,6 @@ bool no_unsupported_fields(const json& body, ApiError& error) {
     return (v.is_array() || v.is_object()) && v.empty();  // logit_bias, tools, functions, tool_choice
   };
   static constexpr std::string_view kUnsupported[] = {"echo",
-                                                      "logprobs",
-                                                      "top_logprobs",
                                                       "best_of",
                                                       "suffix",
                                                       "presence_penalty",
@@ -269,6 +377,7 @@ std::optional<CompletionRequest> parse_completion_request(const json& body, Endp
   CompletionRequest r;
   r.endpoint = endpoint;
   if (!no_unsupported_fields(body, error)) return std::nullopt;
+  if (!read_logprobs(body, r, error)) return std::nullopt;
   auto model = body.find("model");
   if (model == body.end() || !model->is_string()) {
     error = ApiError::bad_field(
@@ -410,19 +519,53 @@ json to_json(const Usage& usage) {
           {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
 }
 
+json logprobs_json(Endpoint endpoint, std::span<const TokenLogprobsText> tokens, int64_t& text_offset) {
+  if (endpoint == Endpoint::kChatCompletions) {
+    json content = json::array();
+    for (const TokenLogprobsText& t : tokens) {
+      json top = json::array();
+      for (const auto& [bytes, logprob] : t.top) {
+        top.push_back(
+            {{"token", token_text(bytes).first}, {"logprob", shown(logprob)}, {"bytes", byte_list(bytes)}});
+      }
+      content.push_back({{"token", token_text(t.token).first},
+                         {"logprob", shown(t.logprob)},
+                         {"bytes", byte_list(t.token)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json texts = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprobsText& t : tokens) {
+    auto [text, chars] = token_text(t.token);
+    json top = json::object();
+    for (const auto& [bytes, logprob] : t.top) top.emplace(token_text(bytes).first, shown(logprob));
+    top.emplace(text, shown(t.logprob));  // the sampled token, when not among them
+    texts.push_back(std::move(text));
+    values.push_back(shown(t.logprob));
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += chars;
+  }
+  return {{"tokens", std::move(texts)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
 json completion_response(Endpoint endpoint, const ResponseHeader& header, std::string_view text,
-                         std::string_view finish_reason, const Usage& usage) {
+                         std::string_view finish_reason, const Usage& usage, json logprobs) {
   const bool chat = endpoint == Endpoint::kChatCompletions;
   json out = header_fields(header, chat ? "chat.completion" : "text_completion");
-  out["choices"] = json::array(
-      {one_choice(chat ? "message" : "text",
-                  chat ? json{{"role", "assistant"}, {"content", text}} : json(text), finish_reason)});
+  out["choices"] = json::array({one_choice(chat ? "message" : "text",
+                                           chat ? json{{"role", "assistant"}, {"content", text}} : json(text),
+                                           finish_reason, std::move(logprobs))});
   out["usage"] = to_json(usage);
   return out;
 }
 
 json stream_chunk(Endpoint endpoint, const ResponseHeader& header, std::string_view text, bool first,
-                  std::string_view finish_reason) {
+                  std::string_view finish_reason, json logprobs) {
   const bool chat = endpoint == Endpoint::kChatCompletions;
   json out = header_fields(header, chat ? "chat.completion.chunk" : "text_completion");
   json content = text;
@@ -430,7 +573,8 @@ json stream_chunk(Endpoint endpoint, const ResponseHeader& header, std::string_v
     content = {{"content", text}};
     if (first) content["role"] = "assistant";
   }
-  out["choices"] = json::array({one_choice(chat ? "delta" : "text", std::move(content), finish_reason)});
+  out["choices"] = json::array(
+      {one_choice(chat ? "delta" : "text", std::move(content), finish_reason, std::move(logprobs))});
   return out;
 }
 

@@ -6,9 +6,12 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "model/logprobs.h"
 
 namespace crescent::serve {
 
@@ -53,17 +56,23 @@ struct CompletionRequest {
   double temperature = 1.0;           // 0..2
   double top_p = 1.0;                 // (0, 1]
   std::vector<std::string> stop;      // stop strings (at most 4)
+  /// Logprobs asked for: model::kNoLogprobs, or how many most likely alternatives each token's logprobs
+  /// carry (0..model::kMaxTopLogprobs). Completions: `logprobs: N`; chat: `logprobs: true` with
+  /// `top_logprobs: N` (0 when absent).
+  int32_t top_logprobs = model::kNoLogprobs;
 };
 
 /// Parses and validates a request body (already parsed as JSON) for `endpoint`. Errors are 400s naming the
 /// field: a body that is not an object, missing `model` / `prompt` / `messages`, wrong types, negative or
 /// zero `max_tokens`, min_tokens above max_tokens, `n` other than 1, several prompts in one request,
 /// stream_options without stream, temperature or top_p out of range, a stop string over 1,024 bytes, a chat
-/// message without content or holding a role marker of the template (render_chat_prompt), and an OpenAI
-/// field this server does not implement asked for (`echo`, `logprobs`, `top_logprobs`, `best_of`, `suffix`,
-/// penalties, `logit_bias`, `response_format` other than text, `tools`, `functions`: code `unsupported`;
-/// their neutral values pass). Other unknown fields are ignored (as the OpenAI API does). Sets `error` and
-/// returns nullopt on failure.
+/// message without content or holding a role marker of the template (render_chat_prompt), logprobs out of
+/// range (completions: `logprobs` an integer 0..20, no `top_logprobs`; chat: `logprobs` a boolean,
+/// `top_logprobs` 0..20 and only with `logprobs: true`), and an OpenAI field this server does not implement
+/// asked for (`echo`, `best_of`, `suffix`, penalties, `logit_bias`, `response_format` other than text,
+/// `tools`, `functions`: code `unsupported`; their neutral values pass). Whether the executor can give
+/// logprobs is the caller's to check. Other unknown fields are ignored (as the OpenAI API does). Sets
+/// `error` and returns nullopt on failure.
 std::optional<CompletionRequest> parse_completion_request(const nlohmann::json& body, Endpoint endpoint,
                                                           ApiError& error);
 
@@ -87,15 +96,36 @@ struct ResponseHeader {
   std::string model;
 };
 
+/// One generated token's logprobs as an answer shows them: tokens as their bytes
+/// (model::Tokenizer::token_bytes).
+struct TokenLogprobsText {
+  std::string token;                                    // the sampled token's bytes
+  float logprob = 0;                                    // natural log, <= 0
+  std::vector<std::pair<std::string, float>> top = {};  // the most likely tokens' bytes, most likely first
+};
+
+/// A choice's `logprobs` object for consecutive generated tokens `tokens` (one streamed chunk's, or a whole
+/// answer's). Completions (OpenAI's legacy shape): {"tokens", "token_logprobs", "top_logprobs": one
+/// {token: logprob} object per token, the alternatives and the sampled token (up to N + 1 keys; a token
+/// text seen twice keeps its first, most likely, value), "text_offset": where each token's text starts in
+/// the answer, in characters, counted from `text_offset` (advanced past these tokens)}. Chat: {"content":
+/// [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}. A token's text is its
+/// bytes, each byte that is not part of valid UTF-8 written "\xNN" (as OpenAI does; `bytes` are exact). A
+/// logprob below -9999 (or -inf) is shown as -9999, as vLLM does.
+nlohmann::json logprobs_json(Endpoint endpoint, std::span<const TokenLogprobsText> tokens,
+                             int64_t& text_offset);
+
 /// The whole (non-streamed) answer: a text_completion or a chat.completion object with one choice.
-/// finish_reason: "stop" or "length".
+/// finish_reason: "stop" or "length"; `logprobs`: the choice's (null when not asked for).
 nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& header, std::string_view text,
-                                   std::string_view finish_reason, const Usage& usage);
+                                   std::string_view finish_reason, const Usage& usage,
+                                   nlohmann::json logprobs = nullptr);
 
 /// One streamed chunk (text_completion or chat.completion.chunk) carrying `text`; the chat endpoint's first
-/// chunk also carries the role (`first`); `finish_reason` empty means null.
+/// chunk also carries the role (`first`); `finish_reason` empty means null; `logprobs`: those of the tokens
+/// this chunk carries (null when not asked for, or none).
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseHeader& header, std::string_view text,
-                            bool first, std::string_view finish_reason);
+                            bool first, std::string_view finish_reason, nlohmann::json logprobs = nullptr);
 /// The last chunk with `include_usage`: empty choices and the usage.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseHeader& header, const Usage& usage);
 

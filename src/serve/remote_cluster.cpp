@@ -211,6 +211,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     m.seed = request.seed;
     m.temperature = request.temperature;
     m.top_p = request.top_p;
+    m.top_logprobs = request.top_logprobs;
     post(prefill_slot(p), m);
   }
   void send_expect(InstanceId d, uint64_t id, const cluster::ClusterRequest& request, double) override {
@@ -225,6 +226,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     m.seed = request.seed;
     m.temperature = request.temperature;
     m.top_p = request.top_p;
+    m.top_logprobs = request.top_logprobs;
     post(decode_slot(d), m);
   }
   void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) override {
@@ -405,7 +407,8 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         core_.on_prefill_start(m.request_id, m.hit_tokens, now);
         break;
       case InstanceMessage::Kind::kFirstToken:
-        core_.on_first_token(slot->index, m.request_id, m.first_token, now);
+        core_.on_first_token(slot->index, m.request_id, m.first_token, now,
+                             m.logprobs.empty() ? nullptr : &m.logprobs.front());
         break;
       case InstanceMessage::Kind::kPrefillDone:
         if (!m.error.empty()) {
@@ -433,7 +436,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         }
         break;
       case InstanceMessage::Kind::kTokens:
-        core_.on_tokens(m.request_ids, m.tokens, now);
+        core_.on_tokens(m.request_ids, m.tokens, now, m.logprob_rows, m.logprobs);
         break;
       case InstanceMessage::Kind::kKvTimeout:
         core_.fail(m.request_id, "kv_transfer_failed",

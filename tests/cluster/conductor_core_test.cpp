@@ -204,7 +204,7 @@ TEST_F(ConductorCoreTest, AfterTheFirstTokenTheKvHandoffHasADeadlineAndDecodingH
     for (int64_t i = 0; i < 2000; ++i) r.prompt_token_ids.push_back(next_token_++);
     r.max_tokens = 8;
     RequestCallbacks callbacks;
-    callbacks.on_tokens = [](std::span<const int64_t>) { return true; };
+    callbacks.on_tokens = [](std::span<const int64_t>, std::span<const model::TokenLogprobs>) { return true; };
     callbacks.on_error = [&](const std::string& code, const std::string&) { errors.push_back(code); };
     uint64_t id = 0;
     last_decision_ = core_->place(std::move(r), std::move(callbacks), id, now_s);
@@ -243,6 +243,47 @@ TEST_F(ConductorCoreTest, AnInstanceSlowerThanPredictedByLessThanTheFactorMeetsE
   }
   EXPECT_EQ(core_->expire_deadlines(now + 1000), 0u);
   EXPECT_EQ(core_->requests_in_flight(), ids.size()) << "all decoding";
+}
+
+// Logprobs reach the owner with their token (issue 22 §5): the first token's from the prefill, a decode
+// step's by row to the requests that asked, and none to a request that did not ask, even if an instance
+// sent some.
+TEST_F(ConductorCoreTest, LogprobsGoWithTheirTokensToTheRequestsThatAsked) {
+  start(conductor::Admission::kNone);
+  struct Heard {
+    std::vector<int64_t> tokens;
+    std::vector<model::TokenLogprobs> logprobs;
+  };
+  std::vector<Heard> heard(2);
+  std::vector<uint64_t> ids;
+  for (int32_t top : {2, model::kNoLogprobs}) {
+    ClusterRequest r{
+        .prompt_token_ids = {next_token_++, next_token_++}, .max_tokens = 3, .top_logprobs = top};
+    Heard& h = heard[ids.size()];
+    RequestCallbacks callbacks;
+    callbacks.on_tokens = [&h](std::span<const int64_t> tokens, std::span<const model::TokenLogprobs> lps) {
+      h.tokens.insert(h.tokens.end(), tokens.begin(), tokens.end());
+      h.logprobs.insert(h.logprobs.end(), lps.begin(), lps.end());
+      return true;
+    };
+    uint64_t id = 0;
+    ASSERT_EQ(core_->place(std::move(r), std::move(callbacks), id, 0.0).rejected,
+              conductor::RejectReason::kNone);
+    ids.push_back(id);
+  }
+  const model::TokenLogprobs first{.logprob = -0.5f, .top = {{7, -0.5f}, {8, -1.0f}}};
+  const model::TokenLogprobs second{.logprob = -2.0f, .top = {{3, -0.25f}, {9, -2.0f}}};
+  const model::TokenLogprobs stray{.logprob = -1.0f};
+  core_->on_first_token(0, ids[0], 7, 0.1, &first);
+  core_->on_first_token(0, ids[1], 5, 0.1, &stray);  // it did not ask: dropped
+  // A decode step for both, in the other order: row 1 is ids[0]'s.
+  const std::vector<uint64_t> step = {ids[1], ids[0]};
+  const std::vector<uint32_t> rows = {1};
+  core_->on_tokens(step, std::vector<int64_t>{6, 9}, 0.2, rows, std::vector<model::TokenLogprobs>{second});
+  EXPECT_EQ(heard[0].tokens, (std::vector<int64_t>{7, 9}));
+  EXPECT_EQ(heard[0].logprobs, (std::vector<model::TokenLogprobs>{first, second}));
+  EXPECT_EQ(heard[1].tokens, (std::vector<int64_t>{5, 6}));
+  EXPECT_TRUE(heard[1].logprobs.empty());
 }
 
 }  // namespace

@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -79,6 +82,7 @@ class Instance : public engine::EngineListener {
   std::map<engine::RequestId, std::vector<int32_t>> outputs;
   std::map<engine::RequestId, int64_t> hits, reused;
   std::map<engine::RequestId, std::string> errors;
+  std::map<engine::RequestId, std::vector<TokenLogprobs>> logprobs;
 
   void on_prefill_start(engine::RequestId id, double, const engine::PrefillStart& start) override {
     hits[id] = start.hit_tokens;
@@ -88,6 +92,8 @@ class Instance : public engine::EngineListener {
     const auto out = executor_.output(id);
     outputs[id].assign(out.begin(), out.end());
     errors[id] = executor_.error(id);
+    const auto lps = executor_.logprobs(id);
+    logprobs[id].assign(lps.begin(), lps.end());
   }
 
  private:
@@ -116,6 +122,22 @@ class CpuExecutorTest : public ::testing::Test {
     instance.submit(1, prompt, output_tokens, sampling);
     instance.run();
     return instance.outputs.at(1);
+  }
+
+  // The logprobs (with `top` alternatives) of each prompt's tokens alone on a fresh instance.
+  std::vector<TokenLogprobs> alone_logprobs(const std::vector<int32_t>& prompt, int64_t output_tokens,
+                                            SamplingParams sampling, int32_t top) {
+    Instance instance(*model_, kColocated);
+    EXPECT_TRUE(instance.executor()
+                    .add_request(1, {.prompt = prompt,
+                                     .block_keys = keys_of(prompt),
+                                     .output_tokens = output_tokens,
+                                     .sampling = sampling,
+                                     .top_logprobs = top})
+                    .ok());
+    instance.submit_only(1, prompt, output_tokens);
+    instance.run();
+    return instance.logprobs.at(1);
   }
 
   // Greedy tokens straight from the forward pass: the whole prompt, then one token at a time.
@@ -185,7 +207,9 @@ TEST_F(CpuExecutorTest, ImportedBlocksAreUsedLikeComputedOnes) {
   source.submit(1, prompt, 9);
   source.run();
   Instance target(*model_, kColocated);
-  ASSERT_TRUE(target.executor().add_request(2, {.prompt = prompt, .block_keys = keys_of(prompt), .output_tokens = 9}).ok());
+  ASSERT_TRUE(target.executor()
+                  .add_request(2, {.prompt = prompt, .block_keys = keys_of(prompt), .output_tokens = 9})
+                  .ok());
   const std::vector<BlockKey> keys = keys_of(prompt);
   for (size_t b = 0; b < keys.size(); ++b) {
     const auto bytes = source.executor().cached_block(keys[b]);
@@ -193,7 +217,8 @@ TEST_F(CpuExecutorTest, ImportedBlocksAreUsedLikeComputedOnes) {
     ASSERT_TRUE(target.executor().import_block(2, static_cast<int64_t>(b), *bytes).ok());
   }
   // Blocks of another size, outside the prompt's full blocks, or for an unknown request are refused.
-  EXPECT_THAT(target.executor().import_block(2, 0, std::vector<std::byte>(10)).message(), HasSubstr("10 bytes"));
+  EXPECT_THAT(target.executor().import_block(2, 0, std::vector<std::byte>(10)).message(),
+              HasSubstr("10 bytes"));
   EXPECT_THAT(target.executor().import_block(2, 2, *source.executor().cached_block(keys[0])).message(),
               HasSubstr("block 2 is not one of its 2 full blocks"));
   EXPECT_THAT(target.executor().import_block(3, 0, *source.executor().cached_block(keys[0])).message(),
@@ -220,7 +245,8 @@ TEST_F(CpuExecutorTest, PrefillHereDecodeThereGivesTheColocatedTokens) {
                                      .block_keys = keys_of(prompt),
                                      .output_tokens = 1,
                                      .sampling = sampling,
-                                     .keep_after_release = true})
+                                     .keep_after_release = true,
+                                     .top_logprobs = 3})
                     .ok());
     prefill.submit_only(1, prompt, 1);
     prefill.run();
@@ -241,11 +267,23 @@ TEST_F(CpuExecutorTest, PrefillHereDecodeThereGivesTheColocatedTokens) {
                                   {.prompt_tokens = std::ssize(prompt),
                                    .first_token = prefill.outputs[1][0],
                                    .output_tokens = 10,
-                                   .sampling = sampling},
+                                   .sampling = sampling,
+                                   .top_logprobs = 3},
                                   shipped)
                     .ok());
     decode.decode(7, std::ssize(prompt), 10);
     EXPECT_EQ(decode.outputs[7], alone(prompt, 10, sampling));
+    // Logprobs: the first token's from the prefill, the other 9 from the decode instance, as colocated.
+    const std::vector<TokenLogprobs> colocated = alone_logprobs(prompt, 10, sampling, 3);
+    ASSERT_EQ(colocated.size(), 10u);
+    ASSERT_EQ(prefill.logprobs[1].size(), 1u);
+    ASSERT_EQ(decode.logprobs[7].size(), 9u);
+    for (size_t t = 0; t < colocated.size(); ++t) {
+      const TokenLogprobs& got = t == 0 ? prefill.logprobs[1][0] : decode.logprobs[7][t - 1];
+      EXPECT_NEAR(got.logprob, colocated[t].logprob, 1e-4) << "token " << t;
+      ASSERT_EQ(got.top.size(), 3u);
+      EXPECT_EQ(got.top[0].first, colocated[t].top[0].first) << "token " << t;
+    }
     EXPECT_THAT(
         decode.executor().add_decoding(8, {.prompt_tokens = 10, .output_tokens = 2}, shipped).message(),
         HasSubstr("blocks of"));
@@ -336,6 +374,104 @@ TEST_F(CpuExecutorTest, AReportedHitIsAlwaysKvPresent) {
   EXPECT_GT(hit_tokens, 0) << "the workload reuses prefixes";
 }
 
+// Logprobs (issue 22 §5) against an independent model: each generated token's logprob and its top list are
+// the log-softmax of tests/model/reference_llama.py's logits (NumPy, float64, dense attention) at the
+// position that token was drawn from, for requests batched together, prefilled in chunks of 16, greedy and
+// sampled, with 0, 5 and 20 alternatives; a request that did not ask has none. Greedy tokens are the top-1.
+TEST_F(CpuExecutorTest, LogprobsAreTheLogSoftmaxOfTheNumpyModelsLogits) {
+  struct Asked {
+    std::vector<int32_t> prompt;
+    SamplingParams sampling;
+    int32_t top;
+  };
+  const std::vector<Asked> asked = {{random_tokens(37, 21), {}, 5},
+                                    {random_tokens(9, 22), {.temperature = 1, .seed = 9}, kMaxTopLogprobs},
+                                    {random_tokens(20, 23), {}, 0},
+                                    {random_tokens(12, 24), {}, kNoLogprobs}};
+  constexpr int64_t kOutput = 6;
+  engine::EngineOptions options = kColocated;
+  options.chunk_tokens = 16;
+  Instance instance(*model_, options);
+  for (size_t i = 0; i < asked.size(); ++i) {
+    ASSERT_TRUE(instance.executor()
+                    .add_request(i, {.prompt = asked[i].prompt,
+                                     .block_keys = keys_of(asked[i].prompt),
+                                     .output_tokens = kOutput,
+                                     .sampling = asked[i].sampling,
+                                     .top_logprobs = asked[i].top})
+                    .ok());
+    instance.submit_only(i, asked[i].prompt, kOutput);
+  }
+  instance.run();
+  // The reference reads each prompt and its output but the last token: a row per position whose next token
+  // was drawn.
+  const std::string prompts = dir_.path() + "/prompts.json", reference = dir_.path() + "/logprobs.bin";
+  {
+    std::ofstream out(prompts);
+    out << "[";
+    for (size_t i = 0; i < asked.size(); ++i) {
+      std::vector<int32_t> tokens = concat(asked[i].prompt, instance.outputs[i]);
+      tokens.pop_back();
+      out << (i ? "," : "") << "[";
+      for (size_t t = 0; t < tokens.size(); ++t) out << (t ? "," : "") << tokens[t];
+      out << "]";
+    }
+    out << "]";
+  }
+  const std::string command = CRESCENT_NUMPY_PYTHON " " CRESCENT_SOURCE_DIR
+                                                    "/tests/model/reference_llama.py " +
+                              dir_.path() + " " + prompts + " " + reference + " --log-softmax";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::ifstream in(reference, std::ios::binary);
+  constexpr size_t kVocab = 256;
+  // float32 against float64 through the whole model: measured under 1e-6 on the tiny model; a BLAS that
+  // sums in another order moves it by as much again, not 100 times.
+  constexpr double kTolerance = 1e-4;
+  double worst = 0;
+  for (size_t i = 0; i < asked.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "request " << i << ", top " << asked[i].top);
+    const size_t rows = asked[i].prompt.size() + kOutput - 1;
+    std::vector<float> ref(rows * kVocab);
+    in.read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 4));
+    ASSERT_TRUE(in.good());
+    const std::vector<int32_t>& output = instance.outputs[i];
+    const std::vector<TokenLogprobs>& got = instance.logprobs[i];
+    ASSERT_EQ(output.size(), static_cast<size_t>(kOutput));
+    if (asked[i].top == kNoLogprobs) {
+      EXPECT_TRUE(got.empty());
+      continue;
+    }
+    ASSERT_EQ(got.size(), static_cast<size_t>(kOutput));
+    for (size_t t = 0; t < got.size(); ++t) {
+      const float* row = ref.data() + (asked[i].prompt.size() - 1 + t) * kVocab;
+      std::vector<float> sorted(row, row + kVocab);
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      const auto check = [&](float value, float want) {
+        worst = std::max(worst, std::abs(static_cast<double>(value) - want));
+        EXPECT_NEAR(value, want, kTolerance) << "token " << t;
+      };
+      check(got[t].logprob, row[output[t]]);
+      EXPECT_LE(got[t].logprob, 0.0f);
+      ASSERT_EQ(got[t].top.size(), static_cast<size_t>(asked[i].top));
+      for (size_t r = 0; r < got[t].top.size(); ++r) {
+        const auto [id, value] = got[t].top[r];
+        check(value, row[id]);    // its token's
+        check(value, sorted[r]);  // and the r-th largest (near ties may swap ids, not values)
+        if (r > 0) {
+          EXPECT_GE(got[t].top[r - 1].second, value);
+        }
+        if (id == output[t]) {
+          EXPECT_EQ(value, got[t].logprob);
+        }
+      }
+      if (asked[i].sampling.temperature == 0 && !got[t].top.empty()) {
+        EXPECT_EQ(got[t].top[0].first, output[t]) << "the greedy token is the most likely";
+      }
+    }
+  }
+  std::printf("worst logprob error against NumPy: %.3g\n", worst);
+}
+
 TEST_F(CpuExecutorTest, BadRequestsAreRefused) {
   CpuExecutor executor(*model_, {.block_size_tokens = kBlock, .capacity_blocks = 4});
   const auto error = [&](engine::RequestId id, ExecutorRequest r) {
@@ -349,6 +485,7 @@ TEST_F(CpuExecutorTest, BadRequestsAreRefused) {
       HasSubstr("a prompt of 1 tokens and 4096 output tokens is 4097 tokens, the model's context is 4096"));
   EXPECT_THAT(error(1, {.prompt = random_tokens(17, 1)}), HasSubstr("0 block keys for 1 full blocks"));
   EXPECT_THAT(error(1, {.prompt = {3}, .sampling = {.top_p = 2}}), HasSubstr("'top_p'"));
+  EXPECT_THAT(error(1, {.prompt = {3}, .top_logprobs = 21}), HasSubstr("top_logprobs 21 (at most 20)"));
   EXPECT_TRUE(executor.add_request(1, {.prompt = {3}}).ok());
   EXPECT_THAT(error(1, {.prompt = {3}}), HasSubstr("already registered"));
 }

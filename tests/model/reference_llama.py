@@ -5,10 +5,11 @@ Written from the architecture (Hugging Face transformers' LlamaForCausalLM), not
 reads the model directory itself (config.json and the safetensors header and bytes), runs each prompt as one
 dense causal pass in float64 with no KV paging, and writes every position's logits.
 
-    reference_llama.py MODEL_DIR PROMPTS_JSON OUT_BIN
+    reference_llama.py MODEL_DIR PROMPTS_JSON OUT_BIN [--log-softmax]
 
 PROMPTS_JSON is a list of token-id lists; OUT_BIN gets, prompt after prompt, len(prompt) x vocab_size
-little-endian float32 logits. The KV cache's precision is part of the architecture as served: with bfloat16
+little-endian float32 logits, or with --log-softmax their log-softmax over the vocabulary (the logprobs of
+the next token at each position, OpenAI's `logprobs`), computed in float64 by reference_logprobs.py. The KV cache's precision is part of the architecture as served: with bfloat16
 weights, keys and values are rounded to bfloat16 (after the rotary embedding) before attention reads them.
 """
 import json
@@ -16,6 +17,8 @@ import struct
 import sys
 
 import numpy as np
+
+from reference_logprobs import log_softmax  # beside this file
 
 
 def read_safetensors(path):
@@ -105,6 +108,7 @@ def logits(config, w, tokens):
 
 def main():
     model_dir, prompts_path, out_path = sys.argv[1:4]
+    as_log_softmax = "--log-softmax" in sys.argv[4:]
     with open(f"{model_dir}/config.json") as f:
         config = json.load(f)
     weights = read_safetensors(f"{model_dir}/model.safetensors")
@@ -112,7 +116,10 @@ def main():
         prompts = json.load(f)
     with open(out_path, "wb") as out:
         for tokens in prompts:
-            out.write(logits(config, weights, np.asarray(tokens)).astype("<f4").tobytes())
+            rows = logits(config, weights, np.asarray(tokens))
+            if as_log_softmax:
+                rows = log_softmax(rows)
+            out.write(rows.astype("<f4").tobytes())
 
 
 if __name__ == "__main__":

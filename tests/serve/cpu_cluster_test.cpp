@@ -8,7 +8,9 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -19,6 +21,7 @@
 #include "kv/block_key.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "serve/openai_api.h"
 #include "served_cluster.h"
 #include "store/client.h"
 #include "test_support/corpus.h"
@@ -428,6 +431,201 @@ TEST_F(CpuCluster, ServesAModelWithASentencePieceTokenizer) {
   EXPECT_EQ(b.cached_tokens, shared / 4 * 4);
   EXPECT_GT(b.cached_tokens, 0);
   EXPECT_EQ(b.text, colocated(model_dir, second, 8, {}));
+}
+
+// POSTs `body` to `path`: the status and the parsed body (discarded when not JSON).
+std::pair<int, json> post(int port, const std::string& path, const json& body) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(20, 0);
+  auto res = client.Post(path, body.dump(), "application/json");
+  if (!res) return {0, json()};
+  return {res->status, json::parse(res->body, nullptr, false)};
+}
+
+// POSTs a streaming request: its SSE events' JSON payloads, [DONE] left out.
+std::vector<json> post_stream(int port, const std::string& path, const json& body) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(20, 0);
+  std::string raw;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    raw.append(data, n);
+    return true;
+  };
+  auto res = client.send(req);
+  EXPECT_TRUE(res && res->status == 200) << raw;
+  std::vector<json> events;
+  for (size_t at = 0; (at = raw.find("data: ", at)) != std::string::npos;) {
+    const size_t end = raw.find("\n\n", at);
+    const std::string payload = raw.substr(at + 6, end - at - 6);
+    if (payload != "[DONE]") events.push_back(json::parse(payload));
+    at = end;
+  }
+  return events;
+}
+
+// NumPy's log-softmax (tests/model/reference_llama.py --log-softmax) of the tiny model at each position of
+// `tokens`: rows of 256.
+std::vector<float> numpy_logprobs(const std::string& model_dir, const std::vector<int64_t>& tokens,
+                                  const test::TempDir& dir) {
+  const std::string prompts = dir.file("logprob-prompts.json"), out = dir.file("logprobs.bin");
+  std::ofstream(prompts) << json::array({tokens}).dump();
+  const std::string command = CRESCENT_NUMPY_PYTHON " " CRESCENT_SOURCE_DIR
+                                                    "/tests/model/reference_llama.py '" +
+                              model_dir + "' " + prompts + " " + out + " --log-softmax";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  std::vector<float> rows(tokens.size() * 256);
+  std::ifstream(out, std::ios::binary)
+      .read(reinterpret_cast<char*>(rows.data()), static_cast<std::streamsize>(rows.size() * 4));
+  return rows;
+}
+
+// Logprobs end to end (issue 22 §5): requested through the HTTP API of both endpoints, streamed and not,
+// computed by the prefill instance (the first token) and the decode instance (the rest), shipped to the
+// Conductor beside their tokens. Shapes are OpenAI's; values are <= 0; a top list is sorted, most likely
+// first; a greedy token is the top-1 and its logprob is that entry's exactly; streamed chunks carry their
+// token's logprobs, the same as the whole answer's; and the values are NumPy's log-softmax of an
+// independent implementation of the model (tests/model/reference_llama.py) at each position.
+TEST_F(CpuCluster, LogprobsComeWithTheirTokensOnBothEndpoints) {
+  ServedCluster cluster({"--config", config_path_, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const int port = cluster.port();
+  constexpr int64_t kTokens = 8;
+  // Against NumPy: as CpuExecutorTest.LogprobsAreTheLogSoftmaxOfTheNumpyModelsLogits. The same request
+  // again: another pass (its prefix from the cache, maybe another instance), the same to float rounding.
+  constexpr float kOracleTolerance = 1e-4f;
+  constexpr float kReplayTolerance = 1e-4f;
+
+  // /v1/completions, greedy, `logprobs: 5`, whole.
+  const std::string prompt = "Logprobs of a tiny model, please.";
+  const json request = {{"model", "tiny-llama"},
+                        {"prompt", prompt},
+                        {"max_tokens", kTokens},
+                        {"temperature", 0},
+                        {"logprobs", 5}};
+  const auto [status, whole] = post(port, "/v1/completions", request);
+  ASSERT_EQ(status, 200) << whole.dump() << cluster.log();
+  EXPECT_EQ(whole["choices"][0]["text"], colocated(model_dir_, prompt, kTokens, {}));
+  const json& lp = whole["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), kTokens) << lp.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), kTokens);
+  ASSERT_EQ(lp["top_logprobs"].size(), kTokens);
+  ASSERT_EQ(lp["text_offset"].size(), kTokens);
+  for (size_t i = 0; i < kTokens; ++i) {
+    SCOPED_TRACE(testing::Message() << "token " << i);
+    const auto value = lp["token_logprobs"][i].get<float>();
+    EXPECT_LE(value, 0);
+    const json& top = lp["top_logprobs"][i];
+    EXPECT_GE(top.size(), 1u);
+    EXPECT_LE(top.size(), 6u);  // 5 and the sampled token (one token text may stand for two ids)
+    float best = -1e9f;
+    for (const auto& [text, v] : top.items()) {
+      EXPECT_LE(v.get<float>(), 0);
+      best = std::max(best, v.get<float>());
+    }
+    // Greedy: the sampled token is the most likely, its entry its logprob exactly.
+    EXPECT_EQ(best, value);
+    EXPECT_EQ(top[lp["tokens"][i].get<std::string>()].get<float>(), value);
+    if (i > 0) {
+      EXPECT_GT(lp["text_offset"][i], lp["text_offset"][i - 1]);
+    }
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+
+  // The same, streamed: each token's chunk carries its logprobs, and together they are the whole answer's.
+  json streamed_request = request;
+  streamed_request["stream"] = true;
+  const std::vector<json> events = post_stream(port, "/v1/completions", streamed_request);
+  ASSERT_EQ(events.size(), kTokens + 1);  // a chunk per token, then the finish chunk
+  for (size_t i = 0; i < kTokens; ++i) {
+    const json& chunk = events[i]["choices"][0]["logprobs"];
+    ASSERT_EQ(chunk["tokens"].size(), 1u) << events[i].dump();
+    EXPECT_EQ(chunk["tokens"][0], lp["tokens"][i]);
+    EXPECT_EQ(chunk["text_offset"][0], lp["text_offset"][i]);
+    EXPECT_NEAR(chunk["token_logprobs"][0].get<float>(), lp["token_logprobs"][i].get<float>(),
+                kReplayTolerance);
+  }
+  EXPECT_TRUE(events.back()["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
+
+  // /v1/chat/completions, greedy, `logprobs: true, top_logprobs: 3`, whole; then against NumPy.
+  const json messages = {{{"role", "user"}, {"content", "Say something."}}};
+  const json chat_request = {{"model", "tiny-llama"}, {"messages", messages}, {"max_tokens", kTokens},
+                             {"temperature", 0},      {"logprobs", true},     {"top_logprobs", 3}};
+  const auto [chat_status, chat] = post(port, "/v1/chat/completions", chat_request);
+  ASSERT_EQ(chat_status, 200) << chat.dump();
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), kTokens) << chat.dump();
+  const std::string chat_prompt = serve::render_chat_prompt({{"user", "Say something."}});
+  std::vector<int64_t> chat_tokens(chat_prompt.begin(), chat_prompt.end());  // bytes: ASCII, the ids
+  for (size_t i = 0; i < kTokens; ++i) {
+    SCOPED_TRACE(testing::Message() << "chat token " << i);
+    const json& entry = content[i];
+    EXPECT_LE(entry["logprob"].get<float>(), 0);
+    ASSERT_EQ(entry["bytes"].size(), 1u);  // a byte token
+    ASSERT_EQ(entry["top_logprobs"].size(), 3u);
+    for (size_t r = 0; r < 3; ++r) {
+      EXPECT_LE(entry["top_logprobs"][r]["logprob"].get<float>(), 0);
+      if (r > 0) {
+        EXPECT_GE(entry["top_logprobs"][r - 1]["logprob"], entry["top_logprobs"][r]["logprob"]);
+      }
+    }
+    EXPECT_EQ(entry["top_logprobs"][0]["token"], entry["token"]);
+    EXPECT_EQ(entry["top_logprobs"][0]["bytes"], entry["bytes"]);
+    EXPECT_EQ(entry["top_logprobs"][0]["logprob"].get<float>(), entry["logprob"].get<float>());
+    chat_tokens.push_back(entry["bytes"][0].get<int64_t>());
+  }
+  // The oracle: NumPy's log-softmax at the position each token was drawn from (the prompt and the tokens
+  // before it), of the sampled token and of each alternative, and the alternatives are its 3 largest.
+  chat_tokens.pop_back();
+  const std::vector<float> reference = numpy_logprobs(model_dir_, chat_tokens, *dir_);
+  for (size_t i = 0; i < kTokens; ++i) {
+    SCOPED_TRACE(testing::Message() << "chat token " << i);
+    const float* row = reference.data() + (chat_prompt.size() - 1 + i) * 256;
+    std::vector<float> sorted(row, row + 256);
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    const json& entry = content[i];
+    EXPECT_NEAR(entry["logprob"].get<float>(), row[entry["bytes"][0].get<int>()], kOracleTolerance);
+    for (size_t r = 0; r < 3; ++r) {
+      const json& alternative = entry["top_logprobs"][r];
+      EXPECT_NEAR(alternative["logprob"].get<float>(), row[alternative["bytes"][0].get<int>()],
+                  kOracleTolerance);
+      EXPECT_NEAR(alternative["logprob"].get<float>(), sorted[r], kOracleTolerance);
+    }
+  }
+
+  // Chat streamed and sampled (temperature 1, a seed): each token's chunk carries that token's entry; the
+  // sampled token need not be the most likely, but is never more likely than the top-1.
+  json sampled = chat_request;
+  sampled["stream"] = true;
+  sampled["temperature"] = 1;
+  sampled["seed"] = 3;
+  sampled["top_logprobs"] = 2;
+  const std::vector<json> chunks = post_stream(port, "/v1/chat/completions", sampled);
+  ASSERT_EQ(chunks.size(), kTokens + 1);
+  for (size_t i = 0; i < kTokens; ++i) {
+    const json& entries = chunks[i]["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(entries.size(), 1u) << chunks[i].dump();
+    const json& entry = entries[0];
+    ASSERT_EQ(entry["top_logprobs"].size(), 2u);
+    EXPECT_LE(entry["logprob"].get<float>(), entry["top_logprobs"][0]["logprob"].get<float>());
+    for (const json& alternative : entry["top_logprobs"]) {
+      if (alternative["bytes"] == entry["bytes"]) {
+        EXPECT_EQ(alternative["logprob"], entry["logprob"]);
+      }
+    }
+  }
+  EXPECT_TRUE(chunks.back()["choices"][0]["logprobs"].is_null());
+
+  // A request that does not ask gets none.
+  const auto [plain_status, plain] =
+      post(port, "/v1/completions", {{"model", "tiny-llama"}, {"prompt", prompt}, {"max_tokens", 2}});
+  ASSERT_EQ(plain_status, 200);
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
 }
 
 }  // namespace

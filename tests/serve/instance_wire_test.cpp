@@ -65,6 +65,62 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back->kv_transport, "tcp");
 }
 
+// Logprobs travel in an optional tail (issue 22 §5): a decode step's, for the requests that asked only, come
+// back as sent, and a message without any is the same bytes as before logprobs existed (48 fields).
+TEST(InstanceWire, LogprobsTravelOnlyWhenAMessageHasSome) {
+  InstanceMessage step;
+  step.kind = InstanceMessage::Kind::kTokens;
+  step.request_ids = {30, 31, 32};
+  step.tokens = {5, 6, 7};
+  const std::string plain = encode(step);
+  EXPECT_EQ(static_cast<unsigned char>(plain[0]), 0xdc);  // array16
+  EXPECT_EQ(static_cast<unsigned char>(plain[2]), 48);
+  step.logprob_rows = {0, 2};
+  step.logprobs = {{.logprob = -0.5f, .top = {{5, -0.5f}, {9, -1.25f}}}, {.logprob = -3.0f, .top = {}}};
+  const std::string with = encode(step);
+  EXPECT_EQ(static_cast<unsigned char>(with[2]), 54);
+  EXPECT_EQ(with.substr(3, plain.size() - 3), plain.substr(3)) << "the same fields, then the tail";
+  auto back = decode_instance_message(with);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->logprob_rows, step.logprob_rows);
+  EXPECT_EQ(back->logprobs, step.logprobs);
+  EXPECT_EQ(back->top_logprobs, model::kNoLogprobs);
+  auto without = decode_instance_message(plain);
+  ASSERT_TRUE(without.ok());
+  EXPECT_TRUE(without->logprobs.empty() && without->logprob_rows.empty());
+
+  // An order asking for logprobs carries how many alternatives.
+  InstanceMessage order;
+  order.kind = InstanceMessage::Kind::kPrefill;
+  order.top_logprobs = 0;
+  auto decoded = decode_instance_message(encode(order));
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(decoded->top_logprobs, 0);
+  InstanceMessage no_logprobs;
+  no_logprobs.kind = InstanceMessage::Kind::kPrefill;
+  EXPECT_GT(encode(order).size(), encode(no_logprobs).size());
+
+  // Parts that disagree are refused: a row beyond the step's requests, rows out of order, more than 20
+  // alternatives.
+  const auto refused = [](InstanceMessage m) {
+    return decode_instance_message(encode(m)).status().message();
+  };
+  InstanceMessage bad = step;
+  bad.logprob_rows = {0, 3};
+  EXPECT_THAT(refused(bad), ::testing::HasSubstr("rows not increasing within request_ids"));
+  bad.logprob_rows = {2, 0};
+  EXPECT_THAT(refused(bad), ::testing::HasSubstr("rows not increasing"));
+  bad = step;
+  bad.logprob_rows = {0};
+  EXPECT_THAT(refused(bad), ::testing::HasSubstr("1 rows for 2 tokens"));
+  bad = step;
+  bad.logprobs[1].top.assign(21, {1, -1.0f});
+  EXPECT_THAT(refused(bad), ::testing::HasSubstr("21 alternatives"));
+  bad = order;
+  bad.top_logprobs = 21;
+  EXPECT_THAT(refused(bad), ::testing::HasSubstr("top_logprobs 21"));
+}
+
 TEST(InstanceWire, MalformedMessagesAreRefusedWithAReason) {
   EXPECT_THAT(decode_instance_message("not msgpack at all").status().message(),
               ::testing::HasSubstr("instance message"));

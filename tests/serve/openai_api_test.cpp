@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace crescent::serve {
 namespace {
 
@@ -108,9 +110,8 @@ TEST(OpenAiApi, BadRequestsNameTheField) {
 // honoured; its neutral value (what SDKs send by default) passes (issue 22 §5).
 TEST(OpenAiApi, FieldsThisServerDoesNotImplementAreRefusedUnlessNeutral) {
   for (const char* field :
-       {R"("echo": true)", R"("logprobs": 5)", R"("logprobs": true)", R"("top_logprobs": 2)",
-        R"("best_of": 3)", R"("suffix": "end")", R"("presence_penalty": 0.5)", R"("frequency_penalty": -1)",
-        R"("repetition_penalty": 1.2)", R"("logit_bias": {"50256": -100})",
+       {R"("echo": true)", R"("best_of": 3)", R"("suffix": "end")", R"("presence_penalty": 0.5)",
+        R"("frequency_penalty": -1)", R"("repetition_penalty": 1.2)", R"("logit_bias": {"50256": -100})",
         R"("response_format": {"type": "json_object"})", R"("tools": [{"type": "function"}])",
         R"("tool_choice": "auto")", R"("functions": [{}])"}) {
     ApiError error;
@@ -147,6 +148,98 @@ TEST(OpenAiApi, ChatMessagesNeedContentWithoutRoleMarkers) {
             Endpoint::kChatCompletions, error);
   ASSERT_TRUE(ok.has_value()) << error.message;
   EXPECT_EQ(render_chat_prompt(ok->messages), "<|user|>\na <|b|> and |> <| are fine\n<|assistant|>\n");
+}
+
+// Logprobs as each endpoint takes them (issue 22 §5): completions `logprobs: N`, chat `logprobs: true` with
+// `top_logprobs: N`; N in 0..20; what asks for nothing passes as before.
+TEST(OpenAiApi, ReadsLogprobsAsEachEndpointTakesThem) {
+  const auto top = [](const std::string& fields, Endpoint endpoint) {
+    ApiError error;
+    const std::string body =
+        endpoint == Endpoint::kCompletions
+            ? R"({"model": "m", "prompt": "hi")" + fields + "}"
+            : R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])" + fields + "}";
+    auto r = parse(body.c_str(), endpoint, error);
+    EXPECT_TRUE(r.has_value()) << fields << ": " << error.message;
+    return r ? r->top_logprobs : -100;
+  };
+  EXPECT_EQ(top("", Endpoint::kCompletions), model::kNoLogprobs);
+  EXPECT_EQ(top(R"(, "logprobs": null)", Endpoint::kCompletions), model::kNoLogprobs);
+  EXPECT_EQ(top(R"(, "logprobs": false)", Endpoint::kCompletions), model::kNoLogprobs);
+  EXPECT_EQ(top(R"(, "logprobs": 0)", Endpoint::kCompletions), 0);
+  EXPECT_EQ(top(R"(, "logprobs": 5, "top_logprobs": 0)", Endpoint::kCompletions), 5);
+  EXPECT_EQ(top(R"(, "logprobs": 20)", Endpoint::kCompletions), 20);
+  EXPECT_EQ(top("", Endpoint::kChatCompletions), model::kNoLogprobs);
+  EXPECT_EQ(top(R"(, "logprobs": false, "top_logprobs": 0)", Endpoint::kChatCompletions), model::kNoLogprobs);
+  EXPECT_EQ(top(R"(, "logprobs": true)", Endpoint::kChatCompletions), 0);
+  EXPECT_EQ(top(R"(, "logprobs": true, "top_logprobs": 20)", Endpoint::kChatCompletions), 20);
+  EXPECT_EQ(top(R"(, "logprobs": true, "top_logprobs": null)", Endpoint::kChatCompletions), 0);
+
+  struct Case {
+    const char* fields;
+    Endpoint endpoint;
+    const char* param;
+    const char* says;
+  };
+  for (const Case& c : {
+           Case{R"("logprobs": 21)", Endpoint::kCompletions, "logprobs", "an integer from 0 to 20, got 21"},
+           Case{R"("logprobs": -1)", Endpoint::kCompletions, "logprobs", "got -1"},
+           Case{R"("logprobs": true)", Endpoint::kCompletions, "logprobs", "got true"},
+           Case{R"("logprobs": 2, "top_logprobs": 2)", Endpoint::kCompletions, "top_logprobs",
+                "takes 'logprobs': N"},
+           Case{R"("logprobs": 5)", Endpoint::kChatCompletions, "logprobs", "must be a boolean"},
+           Case{R"("top_logprobs": 3)", Endpoint::kChatCompletions, "top_logprobs", "needs 'logprobs': true"},
+           Case{R"("logprobs": true, "top_logprobs": 21)", Endpoint::kChatCompletions, "top_logprobs",
+                "from 0 to 20, got 21"},
+           Case{R"("logprobs": true, "top_logprobs": 1.5)", Endpoint::kChatCompletions, "top_logprobs",
+                "got 1.5"},
+       }) {
+    ApiError error;
+    const std::string body =
+        c.endpoint == Endpoint::kCompletions
+            ? std::string(R"({"model": "m", "prompt": "hi", )") + c.fields + "}"
+            : std::string(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], )") + c.fields +
+                  "}";
+    EXPECT_FALSE(parse(body.c_str(), c.endpoint, error).has_value()) << c.fields;
+    EXPECT_EQ(error.http_status, 400) << c.fields;
+    EXPECT_EQ(error.param, c.param) << c.fields;
+    EXPECT_THAT(error.message, HasSubstr(c.says)) << c.fields;
+  }
+}
+
+// The logprobs objects of both endpoints, OpenAI's shapes: a token's text is its bytes (a byte outside UTF-8
+// written \xNN, its `bytes` exact), completions' text_offset counts characters on from the previous chunk,
+// its top_logprobs object holds the sampled token too, and -inf shows as -9999 (JSON has no infinity).
+TEST(OpenAiApi, BuildsTheLogprobsShapes) {
+  const std::vector<TokenLogprobsText> tokens = {
+      {.token = "Hé", .logprob = -0.25f, .top = {{"Hé", -0.25f}, {"H", -2.0f}}},
+      {.token = "\xe2", .logprob = -3.0f, .top = {{"x", -0.5f}}},
+      {.token = "!", .logprob = -std::numeric_limits<float>::infinity(), .top = {}}};
+  int64_t offset = 7;
+  const json chat = logprobs_json(Endpoint::kChatCompletions, tokens, offset);
+  EXPECT_EQ(offset, 7) << "chat has no offsets";
+  EXPECT_EQ(chat, json::parse(R"({"content": [
+      {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169],
+       "top_logprobs": [{"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
+                        {"token": "H", "logprob": -2.0, "bytes": [72]}]},
+      {"token": "\\xe2", "logprob": -3.0, "bytes": [226],
+       "top_logprobs": [{"token": "x", "logprob": -0.5, "bytes": [120]}]},
+      {"token": "!", "logprob": -9999.0, "bytes": [33], "top_logprobs": []}]})"));
+  const json completions = logprobs_json(Endpoint::kCompletions, tokens, offset);
+  EXPECT_EQ(completions, json::parse(R"({"tokens": ["Hé", "\\xe2", "!"],
+      "token_logprobs": [-0.25, -3.0, -9999.0],
+      "top_logprobs": [{"Hé": -0.25, "H": -2.0}, {"x": -0.5, "\\xe2": -3.0}, {"!": -9999.0}],
+      "text_offset": [7, 9, 13]})"));
+  EXPECT_EQ(offset, 14);
+
+  const ResponseHeader header{"cmpl-1", 1700000000, "m"};
+  EXPECT_EQ(completion_response(Endpoint::kCompletions, header, "x", "length", {},
+                                completions)["choices"][0]["logprobs"]["tokens"][2],
+            "!");
+  EXPECT_TRUE(completion_response(Endpoint::kCompletions, header, "x", "length", {})["choices"][0]["logprobs"]
+                  .is_null());
+  EXPECT_EQ(stream_chunk(Endpoint::kChatCompletions, header, "x", true, "", chat)["choices"][0]["logprobs"],
+            chat);
 }
 
 TEST(OpenAiApi, BuildsTheShapesClientsRead) {

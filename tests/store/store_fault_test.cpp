@@ -19,8 +19,10 @@ using test::pattern_bytes;
 using test::StoreCluster;
 
 /// A `crescent store node` process mounted on `master`; null (with a test failure) when it did not start.
-std::unique_ptr<ChildProcess> start_node_process(const std::string& master, const std::string& name,
-                                                 const std::string& log, const std::string& secret_file) {
+std::unique_ptr<ChildProcess> start_node_process(const StoreCluster& cluster, const std::string& name) {
+  const std::string master = cluster.master_options().address;
+  const std::string log = cluster.dir() + "/" + name + ".log";
+  const std::string secret_file = cluster.secret_file();
   auto node = ChildProcess::start(
       {CRESCENT_BINARY, "store", "node", "--master", master, "--dram", "16MiB", "--name", name, "--metrics",
        "", "--transports", "tcp", "--cluster-secret-file", secret_file},
@@ -44,10 +46,8 @@ TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
   StoreCluster cluster(0, 0, options);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string tag = std::to_string(::getpid());
-  auto doomed = start_node_process(cluster.master().address(), "doomed-" + tag, cluster.dir() + "/doomed.log",
-                                   cluster.secret_file());
-  auto survivor = start_node_process(cluster.master().address(), "survivor-" + tag,
-                                     cluster.dir() + "/survivor.log", cluster.secret_file());
+  auto doomed = start_node_process(cluster, "doomed-" + tag);
+  auto survivor = start_node_process(cluster, "survivor-" + tag);
   ASSERT_TRUE(doomed && survivor);
   ClientOptions client_options = cluster.client_options();
   client_options.transports = {transfer::TransportKind::kTcp};
@@ -120,9 +120,9 @@ TEST(StoreFaults, PutsRightAfterANodeDiesSucceedOnLiveSegments) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string tag = std::to_string(::getpid());
   auto doomed =
-      start_node_process(cluster.master().address(), "doomed-" + tag, cluster.dir() + "/doomed.log");
+      start_node_process(cluster, "doomed-" + tag);
   auto survivor =
-      start_node_process(cluster.master().address(), "survivor-" + tag, cluster.dir() + "/survivor.log");
+      start_node_process(cluster, "survivor-" + tag);
   ASSERT_TRUE(doomed && survivor);
   ClientOptions client_options = cluster.client_options();
   client_options.transports = {transfer::TransportKind::kTcp};
@@ -182,9 +182,9 @@ TEST(StoreFaults, ASegmentWhoseNodeStoppedRenewingIsNotChosenAfterASecond) {
   StoreCluster cluster(0, 0, options);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string tag = std::to_string(::getpid());
-  auto doomed = start_node_process(cluster.master().address(), "quiet-" + tag, cluster.dir() + "/quiet.log");
+  auto doomed = start_node_process(cluster, "quiet-" + tag);
   auto survivor =
-      start_node_process(cluster.master().address(), "alive-" + tag, cluster.dir() + "/alive.log");
+      start_node_process(cluster, "alive-" + tag);
   ASSERT_TRUE(doomed && survivor);
   ClientOptions client_options = cluster.client_options();
   client_options.transports = {transfer::TransportKind::kTcp};
