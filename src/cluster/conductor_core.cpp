@@ -41,10 +41,10 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
                                          double now_s) {
   // Recorded under the id it gets if accepted: an engine in this process may report on it from inside the
   // protocol's last step.
-  // Random (libsodium's source), so no id can be guessed from another, and a restarted Conductor does not
-  // reuse ids that instances may still hold from its predecessor.
+  // Unguessable (a keyed PRF of a counter, the key random per Conductor), so no id can be guessed from
+  // another, and a restarted Conductor does not reuse ids that instances may still hold from its predecessor.
   uint64_t candidate = 0;
-  while (candidate == 0 || requests_.contains(candidate)) candidate = random_u64();
+  while (candidate == 0 || requests_.contains(candidate)) candidate = request_ids_.next();
   Live& live = requests_[candidate];
   live.request = std::move(request);
   live.callbacks = std::move(callbacks);

@@ -21,6 +21,7 @@
 #include "cluster/cluster_config.h"
 #include "cluster/placement.h"
 #include "cluster/serve_metrics.h"
+#include "common/secret.h"
 #include "conductor/cluster_state.h"
 #include "conductor/conductor.h"
 #include "engine/engine_core.h"
@@ -200,6 +201,7 @@ class ConductorCore final : private PlacementDriver {
   conductor::ClusterState state_;
   ServeMetrics metrics_;  // thread-safe
   std::unordered_map<uint64_t, Live> requests_;
+  UnguessableIds request_ids_;  // ids no client or instance can guess from another
   std::vector<int64_t> prefills_pending_;  // per prefill instance: requests placed, prefill not done
   std::vector<uint64_t> scratch_ids_;
   // Stage deadlines, earliest on top: (deadline, request). An entry is stale when its request has moved to

@@ -37,11 +37,19 @@ bool secrets_equal(std::string_view a, std::string_view b) {
   return sodium_memcmp(da.data(), db.data(), da.size()) == 0;
 }
 
-uint64_t random_u64() {
+UnguessableIds::UnguessableIds() {
   require_sodium();
-  uint64_t value = 0;
-  randombytes_buf(&value, sizeof(value));
-  return value;
+  static_assert(sizeof(key_) == crypto_shorthash_KEYBYTES);
+  randombytes_buf(key_.data(), key_.size());
+}
+
+uint64_t UnguessableIds::next() {
+  const uint64_t counter = counter_++;
+  uint64_t id = 0;
+  static_assert(sizeof(id) == crypto_shorthash_BYTES);
+  crypto_shorthash(reinterpret_cast<unsigned char*>(&id), reinterpret_cast<const unsigned char*>(&counter),
+                   sizeof(counter), key_.data());
+  return id;
 }
 
 ClusterSecret ClusterSecret::generate() {

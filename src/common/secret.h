@@ -17,9 +17,20 @@ namespace crescent {
 /// in constant time.
 bool secrets_equal(std::string_view a, std::string_view b);
 
-/// 64 bits from the operating system's random source (libsodium's randombytes): identifiers nobody can
-/// guess from another.
-uint64_t random_u64();
+/// Identifiers nobody can guess from the others, cheaply: SipHash-2-4 (libsodium's crypto_shorthash, a
+/// pseudo-random function) of a counter under a key drawn from the operating system's random source once.
+/// Distinct counters give unrelated values (a repeat among 2^32 ids has probability ~2^-33). Not
+/// thread-safe.
+class UnguessableIds {
+ public:
+  UnguessableIds();
+  /// The next identifier (any 64-bit value, 0 included).
+  uint64_t next();
+
+ private:
+  std::array<uint8_t, 16> key_{};
+  uint64_t counter_ = 0;
+};
 
 /// A Curve25519 key pair (raw 32-byte keys), as ZeroMQ's CURVE mechanism takes them.
 struct CurveKeyPair {

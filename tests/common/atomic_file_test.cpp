@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 
 #include "common/secret.h"
@@ -170,6 +172,26 @@ TEST(ClusterSecret, IsWrittenPrivateReadBackAndDerivesKeysByPurpose) {
   ASSERT_EQ(::chmod(dir.file("short").c_str(), 0600), 0);
   EXPECT_THAT(ClusterSecret::from_file(dir.file("short")).status().message(), HasSubstr("64 hex digits"));
   EXPECT_EQ(ClusterSecret::from_file(dir.file("missing")).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Request ids (issue 22 §1): no repeats in a long run, and two Conductors' sequences unrelated (SipHash of
+// a counter under keys of their own), so no id tells another.
+TEST(UnguessableIds, DoNotRepeatAndDifferPerGenerator) {
+  UnguessableIds a, b;
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 100'000; ++i) EXPECT_TRUE(seen.insert(a.next()).second) << i;
+  int equal = 0;
+  for (int i = 0; i < 1000; ++i) equal += a.next() == b.next();
+  EXPECT_EQ(equal, 0);
+  // Not a counter in disguise: consecutive ids differ in about half their bits.
+  int bits = 0;
+  uint64_t previous = b.next();
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t id = b.next();
+    bits += std::popcount(id ^ previous);
+    previous = id;
+  }
+  EXPECT_NEAR(bits / 1000.0, 32.0, 2.0);
 }
 
 }  // namespace
