@@ -1,6 +1,7 @@
 #include "model/profiler.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <pthread.h>
 #include <sched.h>
 

@@ -25,7 +25,7 @@ constexpr double kMemoryBandwidthUtilization = 0.7;
 
 // Kept sorted by name. GPU figures are per GPU from NVIDIA's datasheets; dense bf16 Tensor Core FLOP/s is
 // half the "with sparsity" headline figure.
-const std::vector<HardwareSpec>& presets() {
+const std::vector<HardwareSpec>& hardware_presets() {
   static const std::vector<HardwareSpec> kPresets = {
       // The paper's testbed (§5.1, Table 1): 8x A800-SXM4-80GB and four 200 Gbps RDMA NICs per node.
       // A800 = A100 80GB SXM silicon with NVLink capped at 400 GB/s (A100/A800 datasheets).
@@ -76,7 +76,7 @@ Status check_share(std::string_view where, std::string_view field, double value)
       fmt::format("{}: field '{}' must be in (0, 1], got {}", where, field, value));
 }
 
-constexpr std::array<std::string_view, 9> kFields{"name",
+constexpr std::array<std::string_view, 9> kHardwareFields{"name",
                                                   "gpus",
                                                   "peak_flops_per_gpu",
                                                   "hbm_bytes_per_gpu",
@@ -89,7 +89,7 @@ constexpr std::array<std::string_view, 9> kFields{"name",
 }  // namespace
 
 std::span<const std::string_view> hardware_spec_fields() {
-  return kFields;
+  return kHardwareFields;
 }
 
 Status validate_hardware_spec(const HardwareSpec& spec, std::string_view where) {
@@ -111,7 +111,7 @@ Status validate_hardware_spec(const HardwareSpec& spec, std::string_view where) 
 }
 
 Result<HardwareSpec> hardware_preset(std::string_view name) {
-  const auto& all = presets();
+  const auto& all = hardware_presets();
   auto it = std::find_if(all.begin(), all.end(), [&](const HardwareSpec& h) { return h.name == name; });
   if (it == all.end()) {
     return Status::not_found(fmt::format("unknown hardware preset '{}' (valid: {})", name,
@@ -122,7 +122,7 @@ Result<HardwareSpec> hardware_preset(std::string_view name) {
 
 std::vector<std::string> hardware_preset_names() {
   std::vector<std::string> names;
-  for (const auto& h : presets()) names.push_back(h.name);
+  for (const auto& h : hardware_presets()) names.push_back(h.name);
   return names;
 }
 
@@ -137,7 +137,7 @@ Result<HardwareSpec> hardware_from_json(const nlohmann::json& j, const std::stri
         fmt::format("{}: must be a hardware preset name or an object, got {}", where, j.dump()));
   }
   JsonFields f(j, where);
-  auto base = spec_base<HardwareSpec>(j, where, kFields, &hardware_preset);
+  auto base = spec_base<HardwareSpec>(j, where, kHardwareFields, &hardware_preset);
   if (!base.ok()) return base.status();
   HardwareSpec spec = std::move(base).value();
   CRESCENT_RETURN_IF_ERROR(f.string("name", spec.name, false));

@@ -19,7 +19,7 @@ namespace {
 //   layers * (2*d^2 [q, o] + 2*d*kv_heads*(d/h) [k, v] + 3*d*f [gate, up, down] + 2*d [norms])
 //   + 2*V*d [untied embedding and LM head] + d [final norm],
 // which rounds to the size shown on the model's Hugging Face page. Kept sorted by name.
-const std::vector<ModelSpec>& presets() {
+const std::vector<ModelSpec>& model_presets() {
   static const std::vector<ModelSpec> kPresets = {
       // meta-llama/Llama-2-70b-hf config.json (vocab_size 32000, torch_dtype float16: 2 bytes like bf16);
       // model card: "70B" (Hugging Face page: 69B params).
@@ -57,13 +57,13 @@ Status check_count(std::string_view where, std::string_view field, int64_t value
   return Status::invalid_argument(fmt::format("{}: field '{}' must be >= 1, got {}", where, field, value));
 }
 
-constexpr std::array<std::string_view, 7> kFields{
+constexpr std::array<std::string_view, 7> kModelFields{
     "name", "layers", "hidden_size", "attention_heads", "kv_heads", "bytes_per_element", "parameters"};
 
 }  // namespace
 
 std::span<const std::string_view> model_spec_fields() {
-  return kFields;
+  return kModelFields;
 }
 
 Status validate_model_spec(const ModelSpec& spec, std::string_view where) {
@@ -93,7 +93,7 @@ Status validate_model_spec(const ModelSpec& spec, std::string_view where) {
 }
 
 Result<ModelSpec> model_preset(std::string_view name) {
-  const auto& all = presets();
+  const auto& all = model_presets();
   auto it = std::find_if(all.begin(), all.end(), [&](const ModelSpec& m) { return m.name == name; });
   if (it == all.end()) {
     return Status::not_found(
@@ -104,7 +104,7 @@ Result<ModelSpec> model_preset(std::string_view name) {
 
 std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
-  for (const auto& m : presets()) names.push_back(m.name);
+  for (const auto& m : model_presets()) names.push_back(m.name);
   return names;
 }
 
@@ -125,7 +125,7 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j, const std::string& wh
                     "'parameters'): remove it",
                     where));
   }
-  auto base = spec_base<ModelSpec>(j, where, kFields, &model_preset);
+  auto base = spec_base<ModelSpec>(j, where, kModelFields, &model_preset);
   if (!base.ok()) return base.status();
   ModelSpec spec = std::move(base).value();
   CRESCENT_RETURN_IF_ERROR(f.string("name", spec.name, false));

@@ -3,7 +3,7 @@
 // the hardware's datasheet figures. Times in seconds.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "common/status.h"

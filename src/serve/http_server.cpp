@@ -20,10 +20,10 @@
 
 namespace crescent::serve {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = net::ip::tcp;
+using tcp = asio::ip::tcp;
 
 namespace {
 
@@ -40,7 +40,7 @@ std::string status_line(int status) {
 
 // What connections share with the server and with responders on other threads.
 struct HttpServerShared {
-  net::io_context io{1};
+  asio::io_context io{1};
   std::atomic<bool> stopped{false};
   HttpServerOptions options;
   HttpHandler handler;
@@ -212,7 +212,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
           if (self->parser_->get().version() >= 11 && beast::iequals(expect, "100-continue") &&
               self->parser_->content_length().value_or(0) <= self->shared_->options.body_limit_bytes) {
             static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-            net::async_write(self->socket_, net::buffer(kContinue), [self](beast::error_code wec, size_t) {
+            asio::async_write(self->socket_, asio::buffer(kContinue), [self](beast::error_code wec, size_t) {
               if (wec) {
                 self->close();
                 return;
@@ -282,8 +282,8 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
       return;
     }
     if (ec) {
-      if (ec != http::error::end_of_stream && ec != net::error::eof && ec != net::error::operation_aborted &&
-          ec != net::error::connection_reset) {
+      if (ec != http::error::end_of_stream && ec != asio::error::eof && ec != asio::error::operation_aborted &&
+          ec != asio::error::connection_reset) {
         reject(400, fmt::format("malformed HTTP request: {}", ec.message()));
       } else {
         close();
@@ -339,7 +339,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     // A client that does not read what it asked for is cut off after the idle timeout without progress.
     arm_timer(shared_->options.idle_timeout_ms);
-    net::async_write(socket_, net::buffer(out_.front()),
+    asio::async_write(socket_, asio::buffer(out_.front()),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec || self->state_ == State::kClosed) {
                          self->writing_ = false;
@@ -371,7 +371,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<HttpServerShared>
       shared_;  // first: destroyed last, after the socket and timer using its loop
   tcp::socket socket_;
-  net::steady_timer timer_;
+  asio::steady_timer timer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   State state_ = State::kAwaiting;
@@ -397,7 +397,7 @@ namespace {
 template <typename Fn>
 void run_on_loop(const std::shared_ptr<HttpResponder::Session>& session, Fn fn) {
   if (!session || session->shared().stopped) return;
-  net::dispatch(session->shared().io, [session, fn = std::move(fn)]() mutable { fn(*session); });
+  asio::dispatch(session->shared().io, [session, fn = std::move(fn)]() mutable { fn(*session); });
 }
 
 }  // namespace
@@ -432,7 +432,7 @@ class HttpServer::Impl {
 
   Status listen() {
     beast::error_code ec;
-    const auto address = net::ip::make_address(shared_->options.host, ec);
+    const auto address = asio::ip::make_address(shared_->options.host, ec);
     if (ec) {
       return Status::invalid_argument(
           fmt::format("--host '{}' is not an IP address: {}", shared_->options.host, ec.message()));
@@ -441,10 +441,10 @@ class HttpServer::Impl {
     const std::string where = fmt::format("{}:{}", shared_->options.host, shared_->options.port);
     if (acceptor_.open(endpoint.protocol(), ec); ec)
       return Status::unavailable(fmt::format("http: open {}: {}", where, ec.message()));
-    acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
     if (acceptor_.bind(endpoint, ec); ec)
       return Status::unavailable(fmt::format("http: bind {}: {}", where, ec.message()));
-    if (acceptor_.listen(net::socket_base::max_listen_connections, ec); ec)
+    if (acceptor_.listen(asio::socket_base::max_listen_connections, ec); ec)
       return Status::unavailable(fmt::format("http: listen {}: {}", where, ec.message()));
     port_ = acceptor_.local_endpoint().port();
     accept();
@@ -454,7 +454,7 @@ class HttpServer::Impl {
 
   void stop() {
     if (shared_->stopped.exchange(true)) return;
-    net::post(shared_->io, [this] {
+    asio::post(shared_->io, [this] {
       beast::error_code ignored;
       acceptor_.close(ignored);
       accept_retry_.cancel();
@@ -473,7 +473,7 @@ class HttpServer::Impl {
  private:
   void accept() {
     acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
-      if (ec == net::error::operation_aborted || shared_->stopped) return;  // closed by stop()
+      if (ec == asio::error::operation_aborted || shared_->stopped) return;  // closed by stop()
       if (ec) {
         // Out of file descriptors, say: try again shortly rather than never accept again.
         accept_retry_.expires_after(std::chrono::milliseconds(100));
@@ -501,7 +501,7 @@ class HttpServer::Impl {
 
   std::shared_ptr<HttpServerShared> shared_;
   tcp::acceptor acceptor_;
-  net::steady_timer accept_retry_{shared_->io};
+  asio::steady_timer accept_retry_{shared_->io};
   std::thread thread_;
   int port_ = 0;
   std::unordered_map<HttpResponder::Session*, std::weak_ptr<HttpResponder::Session>> sessions_;  // loop only

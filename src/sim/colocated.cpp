@@ -20,7 +20,7 @@
 namespace crescent::sim {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNever = std::numeric_limits<double>::infinity();
 
 // Writes what the nodes' engines report into the requests' outcomes.
 class OutcomeRecorder final : public engine::EngineListener {
@@ -118,7 +118,7 @@ Result<cluster::RunResult> simulate_colocated(const cluster::ClusterConfig& conf
     }
   }
   for (auto& node : nodes) {
-    node->advance_until(kInf);
+    node->advance_until(kNever);
     result.counters.events += node->iterations();
     result.counters.decode_steps += node->decode_steps();
   }

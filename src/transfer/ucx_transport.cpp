@@ -157,7 +157,7 @@ struct Failure {
 };
 
 class UcxTransport;
-struct Peer;
+struct UcxPeer;
 
 // One UCX operation: one part of a request.
 struct Op {
@@ -171,7 +171,7 @@ struct Op {
   std::shared_ptr<const RemoteInfo> remote;
 
   // Owned by the progress thread from here on.
-  Peer* peer = nullptr;     // set while a UCX request is outstanding
+  UcxPeer* peer = nullptr;     // set while a UCX request is outstanding
   void* request = nullptr;  // the get, or the flush that follows the put
   ucs_status_t ucx_status = UCS_INPROGRESS;
   std::unique_ptr<std::byte[]> bounce;  // NONE-mode endpoints: UCX reads/writes this copy (see the top)
@@ -187,7 +187,7 @@ struct Op {
 };
 
 // An endpoint to one remote worker and the rkeys unpacked on it.
-struct Peer {
+struct UcxPeer {
   std::string key;
   uint64_t serial = 0;  // distinguishes successive endpoints to one remote worker
   std::string engine;
@@ -197,7 +197,7 @@ struct Peer {
   int pidfd = -1;
   std::unordered_map<uint64_t, ucp_rkey_h> rkeys;  // by remote segment id
   std::unordered_set<Op*> in_flight;               // includes reported ones UCX still holds (NONE mode)
-  std::list<Peer*>::iterator lru;
+  std::list<UcxPeer*>::iterator lru;
 };
 
 std::string describe(const Op& op) {
@@ -259,20 +259,20 @@ class UcxTransport final : public Transport {
   bool post_submitted();
   bool post_retries();
   void post(Op* op);
-  Result<Peer*> connect(const RemoteInfo& remote);
-  Result<ucp_rkey_h> rkey_for(Peer& peer, const RemoteInfo& remote);
-  void touch(Peer& peer);
+  Result<UcxPeer*> connect(const RemoteInfo& remote);
+  Result<ucp_rkey_h> rkey_for(UcxPeer& peer, const RemoteInfo& remote);
+  void touch(UcxPeer& peer);
   void ucx_done(Op* op, ucs_status_t status);
   void finish(Op* op, ucs_status_t status);
   void report(Op* op, std::optional<ucs_status_t> ucx);
   void expire(Clock::time_point now);
   bool handle_ep_errors();
-  void peer_failed(Peer* peer, const Failure& failure);
+  void peer_failed(UcxPeer* peer, const Failure& failure);
   // Closes `peer`'s endpoint and forgets it (FORCE completes its operations with UCS_ERR_CANCELED first).
-  void close_peer(Peer* peer, bool force);
+  void close_peer(UcxPeer* peer, bool force);
   // Keeps `peer` (and the operations UCX still holds) until the worker is destroyed; forgets it otherwise.
-  void bury(Peer* peer);
-  std::unique_ptr<Peer> detach(Peer* peer);
+  void bury(UcxPeer* peer);
+  std::unique_ptr<UcxPeer> detach(UcxPeer* peer);
   void make_room(size_t limit);
   void reap_closing();
   void poll_fds(int timeout_ms);
@@ -297,10 +297,10 @@ class UcxTransport final : public Transport {
 
   // Progress thread only.
   std::unordered_map<uint64_t, ucp_mem_h> exposed_;  // by local segment id
-  std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
-  std::list<Peer*> lru_;  // most recently used first
-  std::unordered_map<ucp_ep_h, Peer*> by_ep_;
-  std::vector<std::unique_ptr<Peer>> graveyard_;
+  std::unordered_map<std::string, std::unique_ptr<UcxPeer>> peers_;
+  std::list<UcxPeer*> lru_;  // most recently used first
+  std::unordered_map<ucp_ep_h, UcxPeer*> by_ep_;
+  std::vector<std::unique_ptr<UcxPeer>> graveyard_;
   std::unordered_set<std::string> hosts_without_peer_mode_;
   struct Cooldown {
     Clock::time_point until;
@@ -513,7 +513,7 @@ Result<std::shared_ptr<RemoteSegment>> UcxTransport::open(const SegmentDescripto
   // connects asynchronously, so this does not wait for the peer.
   Status opened =
       call(fmt::format("open segment '{}' of engine '{}'", info->segment, info->engine), [&]() -> Status {
-        Result<Peer*> peer = connect(*info);
+        Result<UcxPeer*> peer = connect(*info);
         if (!peer.ok()) return peer.status();
         return rkey_for(**peer, *info).status();
       });
@@ -668,7 +668,7 @@ void UcxTransport::post(Op* op) {
     delete op;
     return;
   }
-  Result<Peer*> connected = connect(*op->remote);
+  Result<UcxPeer*> connected = connect(*op->remote);
   Result<ucp_rkey_h> rkey = connected.ok() ? rkey_for(**connected, *op->remote) : connected.status();
   if (!rkey.ok()) {
     op->failure = Failure{rkey.status().code(), rkey.status().message()};
@@ -676,7 +676,7 @@ void UcxTransport::post(Op* op) {
     delete op;
     return;
   }
-  Peer& peer = **connected;
+  UcxPeer& peer = **connected;
   void* buffer = op->local;
   if (!peer.peer_mode) {
     if (!op->bounce) {
@@ -721,7 +721,7 @@ void UcxTransport::post(Op* op) {
   ++busy_ops_;
 }
 
-Result<Peer*> UcxTransport::connect(const RemoteInfo& remote) {
+Result<UcxPeer*> UcxTransport::connect(const RemoteInfo& remote) {
   auto found = peers_.find(remote.peer_key);
   if (found != peers_.end()) {
     touch(*found->second);
@@ -775,7 +775,7 @@ Result<Peer*> UcxTransport::connect(const RemoteInfo& remote) {
         fmt::format("ucx: cannot reach engine '{}' for segment '{}': ucp_ep_create: {}", remote.engine,
                     remote.segment, ucs_status_string(status)));
   }
-  auto peer = std::make_unique<Peer>();
+  auto peer = std::make_unique<UcxPeer>();
   peer->key = remote.peer_key;
   peer->serial = ++next_serial_;
   peer->engine = remote.engine;
@@ -786,12 +786,12 @@ Result<Peer*> UcxTransport::connect(const RemoteInfo& remote) {
   lru_.push_front(peer.get());
   peer->lru = lru_.begin();
   by_ep_[ep] = peer.get();
-  Peer* raw = peer.get();
+  UcxPeer* raw = peer.get();
   peers_.emplace(remote.peer_key, std::move(peer));
   return raw;
 }
 
-Result<ucp_rkey_h> UcxTransport::rkey_for(Peer& peer, const RemoteInfo& remote) {
+Result<ucp_rkey_h> UcxTransport::rkey_for(UcxPeer& peer, const RemoteInfo& remote) {
   auto found = peer.rkeys.find(remote.segment_id);
   if (found != peer.rkeys.end()) return found->second;
   ucp_rkey_h rkey = nullptr;
@@ -805,7 +805,7 @@ Result<ucp_rkey_h> UcxTransport::rkey_for(Peer& peer, const RemoteInfo& remote) 
   return rkey;
 }
 
-void UcxTransport::touch(Peer& peer) {
+void UcxTransport::touch(UcxPeer& peer) {
   if (peer.lru != lru_.begin()) lru_.splice(lru_.begin(), lru_, peer.lru);
 }
 
@@ -878,7 +878,7 @@ void UcxTransport::expire(Clock::time_point now) {
   const Failure timed_out{
       StatusCode::kDeadlineExceeded,
       fmt::format("ucx: request timed out after {} ms", context_.options->failure.request_timeout.count())};
-  std::vector<Peer*> to_close;
+  std::vector<UcxPeer*> to_close;
   for (Op* op : expired) {
     op->failure = timed_out;
     op->pinned = true;
@@ -893,7 +893,7 @@ void UcxTransport::expire(Clock::time_point now) {
       report(op, UCS_INPROGRESS);  // UCX keeps its bounce buffer until the peer answers or the worker goes
     }
   }
-  for (Peer* peer : to_close) {
+  for (UcxPeer* peer : to_close) {
     const std::string reason = fmt::format(
         "endpoint to engine '{}' force-closed because another operation on it timed out after {} ms",
         peer->engine, context_.options->failure.request_timeout.count());
@@ -916,7 +916,7 @@ bool UcxTransport::handle_ep_errors() {
   for (const auto& [ep, status] : errors) {
     auto found = by_ep_.find(ep);
     if (found == by_ep_.end()) continue;  // already closed
-    Peer* peer = found->second;
+    UcxPeer* peer = found->second;
     peer_failed(peer,
                 Failure{StatusCode::kUnavailable, fmt::format("ucx: endpoint to engine '{}' failed ({})",
                                                               peer->engine, ucs_status_string(status))});
@@ -933,7 +933,7 @@ bool UcxTransport::handle_ep_errors() {
   return !errors.empty() || !broken.empty();
 }
 
-void UcxTransport::peer_failed(Peer* peer, const Failure& failure) {
+void UcxTransport::peer_failed(UcxPeer* peer, const Failure& failure) {
   const auto cooldown = context_.options->failure.path_cooldown;
   if (cooldown.count() > 0) {
     const auto now = Clock::now();
@@ -962,9 +962,9 @@ void UcxTransport::peer_failed(Peer* peer, const Failure& failure) {
   bury(peer);
 }
 
-std::unique_ptr<Peer> UcxTransport::detach(Peer* peer) {
+std::unique_ptr<UcxPeer> UcxTransport::detach(UcxPeer* peer) {
   auto found = peers_.find(peer->key);
-  std::unique_ptr<Peer> owned = std::move(found->second);
+  std::unique_ptr<UcxPeer> owned = std::move(found->second);
   peers_.erase(found);
   lru_.erase(peer->lru);
   by_ep_.erase(peer->ep);
@@ -975,8 +975,8 @@ std::unique_ptr<Peer> UcxTransport::detach(Peer* peer) {
   return owned;
 }
 
-void UcxTransport::close_peer(Peer* peer, bool force) {
-  std::unique_ptr<Peer> owned = detach(peer);
+void UcxTransport::close_peer(UcxPeer* peer, bool force) {
+  std::unique_ptr<UcxPeer> owned = detach(peer);
   // rkeys go after the endpoint's operations and before the endpoint: a graceful close is only used on
   // idle endpoints, and a forced one completes every operation before it returns.
   if (!force) {
@@ -1014,19 +1014,19 @@ void UcxTransport::close_peer(Peer* peer, bool force) {
   }
 }
 
-void UcxTransport::bury(Peer* peer) {
+void UcxTransport::bury(UcxPeer* peer) {
   graveyard_.push_back(detach(peer));
 }
 
 void UcxTransport::make_room(size_t limit) {
   if (peers_.size() <= limit) return;
   const size_t excess = peers_.size() - limit;
-  std::vector<Peer*> idle;
+  std::vector<UcxPeer*> idle;
   for (auto it = lru_.rbegin(); it != lru_.rend() && idle.size() < excess; ++it) {
     if ((*it)->in_flight.empty()) idle.push_back(*it);
   }
   // Endpoints with requests in flight are never closed here: the cap is exceeded until they go idle.
-  for (Peer* peer : idle) {
+  for (UcxPeer* peer : idle) {
     close_peer(peer, /*force=*/false);
     context_.counters->endpoints_evicted.fetch_add(1, std::memory_order_relaxed);
   }
@@ -1042,11 +1042,11 @@ void UcxTransport::reap_closing() {
 
 void UcxTransport::poll_fds(int timeout_ms) {
   std::vector<pollfd> fds;
-  std::vector<Peer*> watched;
+  std::vector<UcxPeer*> watched;
   fds.push_back(pollfd{.fd = wake_fd_, .events = POLLIN, .revents = 0});
   if (worker_fd_ >= 0) fds.push_back(pollfd{.fd = worker_fd_, .events = POLLIN, .revents = 0});
   const size_t first_pidfd = fds.size();
-  for (Peer* peer : lru_) {
+  for (UcxPeer* peer : lru_) {
     if (peer->pidfd < 0) continue;
     fds.push_back(pollfd{.fd = peer->pidfd, .events = POLLIN, .revents = 0});
     watched.push_back(peer);
@@ -1063,7 +1063,7 @@ void UcxTransport::poll_fds(int timeout_ms) {
   for (const std::string& key : exited) {
     auto found = peers_.find(key);
     if (found == peers_.end()) continue;
-    Peer* peer = found->second.get();
+    UcxPeer* peer = found->second.get();
     peer_failed(peer, Failure{StatusCode::kUnavailable,
                               fmt::format("ucx: engine '{}' (pid {}) exited", peer->engine, peer->pid)});
   }
@@ -1091,8 +1091,8 @@ void UcxTransport::teardown() {
   }
   // PEER-mode endpoints: a forced close completes their operations (UCS_ERR_CANCELED). NONE-mode ones are
   // left to ucp_worker_destroy, which cancels their operations as well.
-  std::vector<Peer*> peers(lru_.begin(), lru_.end());
-  for (Peer* peer : peers) {
+  std::vector<UcxPeer*> peers(lru_.begin(), lru_.end());
+  for (UcxPeer* peer : peers) {
     for (Op* op : peer->in_flight) {
       op->retry = false;
       if (!op->failure) op->failure = shutting_down;

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
