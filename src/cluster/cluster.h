@@ -40,7 +40,8 @@ struct RequestCallbacks {
   /// down; "kv_transfer_failed": its KV did not reach decode in time, or failed its check; "prefill_failed":
   /// its prefill instance could not run or ship it; "queue_timeout", "prefill_timeout",
   /// "kv_handoff_timeout": its prefill instance did not start it, finish it, or hand its KV to decode by the
-  /// stage's deadline: conductor_core.h, RequestStage), `message` says why.
+  /// stage's deadline; "decode_timeout": its decode instance gave no token for the decoding stage's timeout:
+  /// conductor_core.h, RequestStage), `message` says why.
   std::function<void(const std::string& code, const std::string& message)> on_error;
 };
 

@@ -48,10 +48,10 @@ struct ServeConfig {
   int64_t kv_bytes_scale = 4096;
   double kv_transfer_timeout_s = 5;  // decode frees a reservation whose KV has not arrived by then
   double heartbeat_timeout_s = 3;    // an instance that sent nothing for this long is down
-  /// A request's stages on its prefill instance (queued, prefilling, shipping its KV to decode) each have a
-  /// deadline of stage_timeout_floor_s + stage_timeout_factor x the stage's predicted time, counted from the
-  /// stage's start; past it the request fails (an instance that heartbeats but never answers must not hang
-  /// it). docs/serving.md says why these defaults. Both > 0.
+  /// A request's stages (queued, prefilling, shipping its KV to decode, decoding) each have a deadline of
+  /// stage_timeout_floor_s + stage_timeout_factor x the stage's predicted time, counted from the stage's
+  /// start (decoding: from its last token); past it the request fails (an instance that heartbeats but never
+  /// answers must not hang it). docs/serving.md says why these defaults. Both > 0.
   double stage_timeout_floor_s = 30;
   double stage_timeout_factor = 4;
   int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts

@@ -147,9 +147,13 @@ void ConductorCore::on_kv_shipped(uint64_t id, double now_s) {
   auto it = requests_.find(id);
   if (it == requests_.end() || !it->second.prefill_done || it->second.request.max_tokens <= 1) return;
   Live& live = it->second;
-  live.stage = RequestStage::kDecoding;
-  live.stage_deadline_s = std::numeric_limits<double>::infinity();
   const auto input = static_cast<int64_t>(live.request.prompt_token_ids.size());
+  // Decoding may wait for a place in a batch, but a decode instance that heartbeats and stopped stepping
+  // must not hang its requests: the gap since the last progress has a deadline, moved on by each token.
+  const double step_s = cost_.decode_step_time_s(1, input + live.request.max_tokens);
+  enter_stage(id, live, RequestStage::kDecoding, step_s, now_s);
+  live.decode_window_s = live.stage_deadline_s - now_s;
+  live.decode_progress_s = now_s;
   metrics_.observe_kv_bytes("prefill_to_decode", static_cast<double>(input) * cost_.kv_bytes_per_token());
   metrics_.observe_kv_exposed_transfer(now_s - live.first_token_s);
   links_.send_kv_handoff(live.summary.decode_instance, id, input, live.first_token, now_s);
@@ -221,10 +225,17 @@ size_t ConductorCore::expire_deadlines(double now_s) {
     deadlines_.pop();
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second.stage_deadline_s != deadline_s) continue;  // moved on, or ended
-    const Live& live = it->second;
-    const double waited_s = now_s - (live.stage == RequestStage::kQueued    ? live.submitted_s
-                                     : live.stage == RequestStage::kPrefill ? live.prefill_start_s
-                                                                            : live.first_token_s);
+    Live& live = it->second;
+    if (live.stage == RequestStage::kDecoding && live.decode_progress_s + live.decode_window_s > now_s) {
+      // Tokens came since this deadline was set: one heap entry per window, not one per token.
+      live.stage_deadline_s = live.decode_progress_s + live.decode_window_s;
+      deadlines_.emplace(live.stage_deadline_s, id);
+      continue;
+    }
+    const double waited_s = now_s - (live.stage == RequestStage::kQueued     ? live.submitted_s
+                                     : live.stage == RequestStage::kPrefill  ? live.prefill_start_s
+                                     : live.stage == RequestStage::kDecoding ? live.decode_progress_s
+                                                                             : live.first_token_s);
     const InstanceId p = live.summary.prefill_instance;
     std::string code, message;
     switch (live.stage) {
@@ -243,7 +254,10 @@ size_t ConductorCore::expire_deadlines(double now_s) {
                               p, live.summary.decode_instance, waited_s);
         break;
       case RequestStage::kDecoding:
-        continue;  // no deadline (never queued)
+        code = "decode_timeout";
+        message = fmt::format("decode instance {} gave no token for {:.1f} s", live.summary.decode_instance,
+                              waited_s);
+        break;
     }
     fail(id, code, message, now_s);
     ++expired;
@@ -278,6 +292,7 @@ void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s,
     metrics_.observe_token_gap(now_s - live.last_token_s);
   }
   live.last_token_s = now_s;
+  live.decode_progress_s = now_s;  // its decoding deadline moves when it surfaces (expire_deadlines)
   ++live.summary.completion_tokens;
   const InstanceId p = live.summary.prefill_instance, d = live.summary.decode_instance;
   // Logprobs go to a request that asked for them only.

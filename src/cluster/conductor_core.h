@@ -80,15 +80,17 @@ class InstanceLinks {
   virtual void send_cancel(InstanceId p, InstanceId d, uint64_t id) = 0;
 };
 
-/// Where an accepted request is, as the Conductor waits on its instances. The first three are the prefill
-/// instance's stages, each with a deadline (serve.stage_timeout_floor_s + serve.stage_timeout_factor x the
-/// stage's predicted time, from the stage's start): past it the request fails with the stage's code.
+/// Where an accepted request is, as the Conductor waits on its instances. Each stage has a deadline
+/// (serve.stage_timeout_floor_s + serve.stage_timeout_factor x the stage's predicted time): past it the
+/// request fails with the stage's code. The first three count from the stage's start; decoding's from the
+/// request's last progress (its KV's arrival, then each token), so only a decode that stopped is caught.
 enum class RequestStage : uint8_t {
   kQueued,     // placed, its prefill not started (predicted: Decision::queue_s); "queue_timeout"
   kPrefill,    // prefill started, no first token yet (Decision::transfer_s + prefill_s); "prefill_timeout"
   kKvHandoff,  // first token out, its KV not yet all at decode (the whole prompt's KV transfer);
                // "kv_handoff_timeout"
-  kDecoding,   // its KV is at decode: no deadline (it may wait for HBM room; decode has its own checks)
+  kDecoding,   // its KV is at decode: the gap since its last token (one decode step of its context alone);
+               // "decode_timeout"
 };
 
 class ConductorCore final : private PlacementDriver {
@@ -135,8 +137,8 @@ class ConductorCore final : private PlacementDriver {
   /// The earliest stage deadline still pending, on the core's clock (seconds); infinity when none. It may be
   /// one whose request has since moved on: expire_deadlines() then fails nothing.
   double next_deadline_s() const;
-  /// The deadline of `id`'s current stage (seconds, the core's clock): infinity while it decodes or when it
-  /// is not in flight.
+  /// The deadline of `id`'s current stage (seconds, the core's clock; while it decodes, its last progress +
+  /// the stage's timeout); infinity when it is not in flight.
   double stage_deadline_s(uint64_t id) const;
 
   /// The Conductor's state, fed directly with KV events, decode reports and instances coming up.
@@ -165,8 +167,10 @@ class ConductorCore final : private PlacementDriver {
     int64_t first_token = 0;
     double predicted_prefill_s = 0;  // the Conductor's prefix load + compute time (Decision)
     RequestStage stage = RequestStage::kQueued;
-    double stage_deadline_s = 0;  // the current stage's (infinity while decoding)
+    double stage_deadline_s = 0;  // the current stage's, as queued in deadlines_
     double submitted_s = 0, prefill_start_s = 0, first_token_s = 0, last_token_s = 0;  // core's clock
+    double decode_window_s = 0;    // decoding: how long it may go without a token (the stage's timeout)
+    double decode_progress_s = 0;  // decoding: its KV's arrival or its last token, the core's clock
   };
 
   // PlacementDriver: the protocol's steps, as orders through links_.

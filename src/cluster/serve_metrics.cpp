@@ -43,7 +43,7 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                   .Name("crescent_requests_failed_total")
                   .Help("Requests that failed after they were accepted, by the error code their client got "
                         "(instance_down, kv_transfer_failed, prefill_failed, queue_timeout, "
-                        "prefill_timeout, kv_handoff_timeout)")
+                        "prefill_timeout, kv_handoff_timeout, decode_timeout)")
                   .Register(*registry_)),
       prefix_tokens_(
           prometheus::BuildCounter()

@@ -91,7 +91,8 @@ class ServeMetrics {
   /// connections without the cluster's keys); the counter is brought up to `total`.
   void observe_clients_refused(uint64_t total);
   /// A request failed after it was accepted, with `code` (RequestCallbacks::on_error's: "instance_down",
-  /// "kv_transfer_failed", "prefill_failed", "queue_timeout", "prefill_timeout", "kv_handoff_timeout"):
+  /// "kv_transfer_failed", "prefill_failed", "queue_timeout", "prefill_timeout", "kv_handoff_timeout",
+  /// "decode_timeout"):
   /// crescent_requests_failed_total{reason=code}.
   void observe_failure(std::string_view code);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).

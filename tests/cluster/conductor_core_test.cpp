@@ -195,8 +195,9 @@ TEST_F(ConductorCoreTest, AStageThatOverrunsItsDeadlineFailsTheRequestAndGivesBa
 }
 
 // After its first token a request waits for its KV to reach decode (kv_handoff_timeout past the deadline);
-// once there it has no stage deadline: it may wait for HBM room, and decode reports its own failures.
-TEST_F(ConductorCoreTest, AfterTheFirstTokenTheKvHandoffHasADeadlineAndDecodingHasNone) {
+// once there, each token moves its decoding deadline on, and a decode instance that stops stepping fails it
+// with decode_timeout one window after its last token, not one window after its KV arrived.
+TEST_F(ConductorCoreTest, AfterTheFirstTokenTheKvHandoffAndEachDecodeGapHaveADeadline) {
   start(conductor::Admission::kNone, /*floor_s=*/1, /*factor=*/2);
   std::vector<std::string> errors;
   const auto submit_watched = [&](double now_s) {
@@ -217,22 +218,54 @@ TEST_F(ConductorCoreTest, AfterTheFirstTokenTheKvHandoffHasADeadlineAndDecodingH
   const double handoff_s = core_->cost().kv_transfer_time_s(2000);
   EXPECT_DOUBLE_EQ(core_->stage_deadline_s(shipped), 0.2 + 1 + 2 * handoff_s);
   core_->on_kv_shipped(shipped, 0.25);
-  EXPECT_EQ(core_->stage_deadline_s(shipped), std::numeric_limits<double>::infinity());
+  const double window_s = 1 + 2 * core_->cost().decode_step_time_s(1, 2000 + 8);
+  EXPECT_DOUBLE_EQ(core_->stage_deadline_s(shipped), 0.25 + window_s);
   core_->on_prefill_start(stuck, 0, 0.3);
   core_->on_first_token(0, stuck, 7, 0.4);  // and its KV never arrives
-  EXPECT_EQ(core_->expire_deadlines(1000.0), 1u);
+  const double stuck_deadline_s = core_->stage_deadline_s(stuck);
+  EXPECT_DOUBLE_EQ(stuck_deadline_s, 0.4 + 1 + 2 * handoff_s);
+
+  // The decode instance steps for a while: one token every 0.5 s keeps it alive well past its first window.
+  double now = 0.25;
+  bool stuck_failed = false;
+  for (int step = 0; step < 5; ++step) {
+    now += 0.5;
+    const uint64_t ids[] = {shipped};
+    const int64_t tokens[] = {9};
+    core_->on_tokens(ids, tokens, now);
+    const bool stuck_due = !stuck_failed && now >= stuck_deadline_s;
+    stuck_failed = stuck_failed || stuck_due;
+    EXPECT_EQ(core_->expire_deadlines(now), stuck_due ? 1u : 0u) << "only the stuck hand-off fails, at " << now;
+  }
+  EXPECT_TRUE(stuck_failed);
   EXPECT_EQ(errors, std::vector<std::string>({"kv_handoff_timeout"}));
-  EXPECT_TRUE(core_->has_request(shipped)) << "a decoding request has no stage deadline";
   EXPECT_FALSE(core_->has_request(stuck));
+  ASSERT_TRUE(core_->has_request(shipped)) << "a request that gets tokens is never cut";
+  ASSERT_GT(now, 0.25 + window_s);
+
+  // Then it stops stepping (it still heartbeats: nothing says it is down).
+  const double last_token_s = now;
+  EXPECT_EQ(core_->expire_deadlines(last_token_s + window_s - 0.01), 0u);
+  EXPECT_DOUBLE_EQ(core_->stage_deadline_s(shipped), last_token_s + window_s) << "moved on by its tokens";
+  EXPECT_EQ(core_->expire_deadlines(last_token_s + window_s), 1u);
+  EXPECT_EQ(errors, std::vector<std::string>({"kv_handoff_timeout", "decode_timeout"}));
+  EXPECT_FALSE(core_->has_request(shipped));
+  EXPECT_EQ(core_->requests_in_flight(), 0u);
+  EXPECT_EQ(links_.cancelled, std::vector<uint64_t>({stuck, shipped})) << "its instances were told to drop it";
+  EXPECT_EQ(core_->next_deadline_s(), std::numeric_limits<double>::infinity());
+  const std::string metrics = core_->metrics().scrape({});
+  EXPECT_NE(metrics.find("crescent_requests_failed_total{reason=\"decode_timeout\"} 1"), std::string::npos)
+      << metrics;
 }
 
-// With the defaults (30 s + 4 x predicted), an instance 3.9 times slower than the cost model says still has
-// every request of a long queue pass every stage.
+// With the defaults (30 s + 4 x predicted), instances 3.9 times slower than the cost model says still have
+// every request of a long queue pass every stage: each prefill, and each decode step after it.
 TEST_F(ConductorCoreTest, AnInstanceSlowerThanPredictedByLessThanTheFactorMeetsEveryDeadline) {
   start(conductor::Admission::kNone);
   std::vector<uint64_t> ids;
   for (int i = 0; i < 6; ++i) ids.push_back(submit(60'000, 0.0).value());
   const double predicted_s = queue_end_s() / static_cast<double>(ids.size());  // each prompt's prefill
+  const double step_s = 3.9 * core_->cost().decode_step_time_s(1, 60'000 + 16);
   double now = 0;
   for (uint64_t id : ids) {
     core_->on_prefill_start(id, 0, now);
@@ -240,9 +273,17 @@ TEST_F(ConductorCoreTest, AnInstanceSlowerThanPredictedByLessThanTheFactorMeetsE
     EXPECT_EQ(core_->expire_deadlines(now), 0u);
     core_->on_first_token(0, id, 1, now);
     core_->on_kv_shipped(id, now);
+    for (int token = 1; token < 16; ++token) {
+      now += step_s;
+      const uint64_t decoded[] = {id};
+      const int64_t tokens[] = {1};
+      core_->on_tokens(decoded, tokens, now);
+      EXPECT_EQ(core_->expire_deadlines(now), 0u);
+    }
+    EXPECT_FALSE(core_->has_request(id)) << "finished";
   }
-  EXPECT_EQ(core_->expire_deadlines(now + 1000), 0u);
-  EXPECT_EQ(core_->requests_in_flight(), ids.size()) << "all decoding";
+  EXPECT_EQ(core_->requests_in_flight(), 0u);
+  EXPECT_EQ(core_->metrics().scrape({}).find("crescent_requests_failed_total{"), std::string::npos);
 }
 
 // Logprobs reach the owner with their token (issue 22 §5): the first token's from the prefill, a decode

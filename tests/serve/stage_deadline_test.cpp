@@ -1,8 +1,9 @@
-// A prefill instance that heartbeats but never answers must not hang its requests (issue 22 §4). A real
+// An instance that heartbeats but never answers must not hang its requests (issue 22 §4). A real
 // `crescent serve conductor` process, and in place of its two instances two members of the cluster (they
 // hold its secret) that report their load every 50 ms like any instance but carry out no order: whatever
 // stage a request reaches, it ends at that stage's deadline with 503 (or, once it streamed, an SSE error
-// event and [DONE]), its instances are told to drop it, and the failure is counted.
+// event and [DONE]), its instances are told to drop it, and the failure is counted. Members are trusted
+// only with their own requests: tokens from the wrong instance or a replaced incarnation are dropped.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -166,6 +167,7 @@ Reply complete(int port, const std::string& prompt) {
 struct Streamed {
   int status = 0;
   int chunks = 0;
+  std::string text;  // the chunks' text, in order
   std::string error_code;
   bool done = false;
   double seconds = 0;
@@ -197,6 +199,7 @@ Streamed stream(int port, const std::string& prompt) {
         out.error_code = chunk["error"].value("code", "");
       } else {
         ++out.chunks;
+        out.text += chunk["choices"][0].value("text", "");
       }
     }
     return true;
@@ -206,6 +209,19 @@ Streamed stream(int port, const std::string& prompt) {
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (res) out.status = res->status;
   return out;
+}
+
+// Sends `message` once on a connection of its own as the cluster member `routing_id` ("decode-0#0"), as a
+// process that already said hello would (none is sent); waits until it is flushed.
+void send_as(const std::string& control, const ClusterSecret& secret, const std::string& routing_id,
+             const InstanceMessage& message) {
+  zmq::context_t context;
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::routing_id, routing_id);
+  dealer.set(zmq::sockopt::linger, 2000);
+  serve::make_member_client(dealer, secret);
+  dealer.connect(control);
+  (void)dealer.send(zmq::buffer(serve::encode(message)), zmq::send_flags::none);
 }
 
 double metric(int port, const std::string& name_and_labels) {
@@ -325,8 +341,65 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   ASSERT_TRUE(placed.has_value());
   EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value());
 
+  seen.push_back(placed->request_id);
+
+  // 4. Decoding, on a decode instance that stops stepping: its first decode token streams, then nothing:
+  // the error event decode_timeout a floor after that token. Meanwhile two members try to put words in its
+  // mouth: prefill-0 (the genuine member, in the wrong role) sends a decode step for it, and a stopped
+  // incarnation of decode-0 (#0, replaced by #1) sends one too. Neither is heard: only "AB" streams.
+  const auto tokens_for = [](uint64_t id, int64_t token) {
+    InstanceMessage step;
+    step.kind = Kind::kTokens;
+    step.request_ids = {id};
+    step.tokens = {token};
+    return step;
+  };
+  prefill.answer_with(
+      [&](const InstanceMessage& order) {
+        std::vector<InstanceMessage> out;
+        if (order.kind != Kind::kPrefill) return out;
+        InstanceMessage started;
+        started.kind = Kind::kPrefillStart;
+        started.request_id = order.request_id;
+        out.push_back(started);
+        InstanceMessage first = started;
+        first.kind = Kind::kFirstToken;
+        first.first_token = 'A';
+        out.push_back(first);
+        InstanceMessage done = started;
+        done.kind = Kind::kPrefillDone;
+        out.push_back(done);
+        out.push_back(tokens_for(order.request_id, 'P'));  // not_placed_here
+        return out;
+      },
+      std::chrono::milliseconds(0));
+  decode.answer_with(
+      [&](const InstanceMessage& order) {
+        std::vector<InstanceMessage> out;
+        if (order.kind == Kind::kKvArrived) out.push_back(tokens_for(order.request_id, 'B'));
+        return out;
+      },
+      std::chrono::milliseconds(0));
+  std::thread stale([&] {
+    auto arrived = decode.wait_for(Kind::kKvArrived, 0, std::chrono::seconds(5), seen);
+    if (arrived) send_as(control, secret, "decode-0#0", tokens_for(arrived->request_id, 'S'));
+  });
+  const Streamed decoding = stream(port, "decode stops");
+  stale.join();
+  EXPECT_EQ(decoding.status, 200);
+  EXPECT_EQ(decoding.text, "AB") << "the first token and the one decode step, nothing forged: " << decoding.raw;
+  EXPECT_EQ(decoding.error_code, "decode_timeout") << decoding.raw;
+  EXPECT_TRUE(decoding.done);
+  EXPECT_GE(decoding.seconds, kFloorS);
+  EXPECT_LT(decoding.seconds, kFloorS + kLateS);
+  placed = prefill.wait_for(Kind::kPrefill, 0, std::chrono::seconds(1), seen);
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value());
+  EXPECT_EQ(metric(port, "crescent_control_messages_dropped_total{reason=\"not_placed_here\"}"), 1);
+  EXPECT_EQ(metric(port, "crescent_control_messages_dropped_total{reason=\"stale_incarnation\"}"), 1);
+
   // Counted by reason; the instances, which heartbeat, stay up, and nothing is left in flight.
-  for (const char* reason : {"queue_timeout", "prefill_timeout", "kv_handoff_timeout"}) {
+  for (const char* reason : {"queue_timeout", "prefill_timeout", "kv_handoff_timeout", "decode_timeout"}) {
     EXPECT_EQ(metric(port, fmt::format("crescent_requests_failed_total{{reason=\"{}\"}}", reason)), 1)
         << reason;
   }
