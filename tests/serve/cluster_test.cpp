@@ -18,6 +18,7 @@
 
 #include "serve/members_only.h"
 #include "served_cluster.h"
+#include "test_support/sse.h"
 
 namespace crescent {
 namespace {
@@ -55,32 +56,21 @@ struct Stream {
 void stream(int port, const std::string& prompt, int64_t max_tokens, Stream& out) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(60, 0);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = json{{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", true}}.dump();
-  req.set_header("Content-Type", "application/json");
-  std::string pending;
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    pending.append(data, n);
-    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
-      const std::string event = pending.substr(0, end);
-      pending.erase(0, end + 2);
-      if (event == "data: [DONE]") {
-        out.done = true;
-        continue;
-      }
-      const json chunk = json::parse(event.substr(6), nullptr, false);
-      if (chunk.contains("error")) {
-        out.error = chunk["error"].value("message", "?");
-      } else if (!chunk["choices"].empty() && !chunk["choices"][0]["text"].get<std::string>().empty()) {
-        ++out.tokens;
-        ++out.live_tokens;
-      }
+  const json body = {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", true}};
+  test::post_sse(client, "/v1/completions", body.dump(), [&](const std::string& event) {
+    if (event == "[DONE]") {
+      out.done = true;
+      return true;
+    }
+    const json chunk = json::parse(event, nullptr, false);
+    if (chunk.contains("error")) {
+      out.error = chunk["error"].value("message", "?");
+    } else if (!chunk["choices"].empty() && !chunk["choices"][0]["text"].get<std::string>().empty()) {
+      ++out.tokens;
+      ++out.live_tokens;
     }
     return true;
-  };
-  (void)client.send(req);
+  });
   out.end = Clock::now();
 }
 

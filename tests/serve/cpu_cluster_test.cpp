@@ -25,6 +25,7 @@
 #include "served_cluster.h"
 #include "store/client.h"
 #include "test_support/corpus.h"
+#include "test_support/sse.h"
 #include "test_support/temp_dir.h"
 
 namespace crescent {
@@ -446,24 +447,11 @@ std::pair<int, json> post(int port, const std::string& path, const json& body) {
 std::vector<json> post_stream(int port, const std::string& path, const json& body) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(20, 0);
-  std::string raw;
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    raw.append(data, n);
-    return true;
-  };
-  auto res = client.send(req);
-  EXPECT_TRUE(res && res->status == 200) << raw;
+  const test::SseReply reply = test::post_sse(client, path, body.dump());
+  EXPECT_EQ(reply.status, 200) << reply.raw;
   std::vector<json> events;
-  for (size_t at = 0; (at = raw.find("data: ", at)) != std::string::npos;) {
-    const size_t end = raw.find("\n\n", at);
-    const std::string payload = raw.substr(at + 6, end - at - 6);
+  for (const std::string& payload : reply.events) {
     if (payload != "[DONE]") events.push_back(json::parse(payload));
-    at = end;
   }
   return events;
 }

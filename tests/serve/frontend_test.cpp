@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "test_cluster.h"
+#include "test_support/sse.h"
 
 namespace crescent::serve {
 namespace {
@@ -50,29 +51,10 @@ class FrontendTest : public ::testing::Test {
 
   // Posts a streaming request; returns the SSE data payloads in order ("[DONE]" included).
   std::vector<std::string> stream(const std::string& path, const json& body) {
-    std::string raw;
-    httplib::Request req;
-    req.method = "POST";
-    req.path = path;
-    req.body = body.dump();
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-      raw.append(data, n);
-      return true;
-    };
-    auto res = client_->send(req);
-    EXPECT_TRUE(res) << httplib::to_string(res.error());
-    if (res) {
-      EXPECT_EQ(res->status, 200);
-      EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
-    }
-    std::vector<std::string> events;
-    for (size_t at = 0; (at = raw.find("data: ", at)) != std::string::npos;) {
-      const size_t end = raw.find("\n\n", at);
-      events.push_back(raw.substr(at + 6, end - at - 6));
-      at = end;
-    }
-    return events;
+    const test::SseReply reply = test::post_sse(*client_, path, body.dump());
+    EXPECT_EQ(reply.status, 200) << reply.raw;
+    EXPECT_EQ(reply.content_type, "text/event-stream");
+    return reply.events;
   }
 
   // The value of the metric sample whose line starts with `series` (name and labels), or -1.

@@ -27,6 +27,7 @@
 #include "common/secret.h"
 #include "serve/instance_wire.h"
 #include "serve/members_only.h"
+#include "test_support/sse.h"
 #include "test_support/temp_dir.h"
 
 namespace crescent {
@@ -177,37 +178,26 @@ struct Streamed {
 Streamed stream(int port, const std::string& prompt) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(30, 0);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = json{{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", true}}.dump();
-  req.set_header("Content-Type", "application/json");
+  const json body = {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", true}};
   Streamed out;
-  std::string pending;
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    pending.append(data, n);
-    out.raw.append(data, n);
-    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
-      const std::string event = pending.substr(0, end);
-      pending.erase(0, end + 2);
-      if (event == "data: [DONE]") {
-        out.done = true;
-        continue;
-      }
-      const json chunk = json::parse(event.substr(6), nullptr, false);
-      if (chunk.contains("error")) {
-        out.error_code = chunk["error"].value("code", "");
-      } else {
-        ++out.chunks;
-        out.text += chunk["choices"][0].value("text", "");
-      }
-    }
-    return true;
-  };
   const auto start = Clock::now();
-  auto res = client.send(req);
+  const test::SseReply reply = test::post_sse(client, "/v1/completions", body.dump());
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (res) out.status = res->status;
+  out.status = reply.status;
+  out.raw = reply.raw;
+  for (const std::string& event : reply.events) {
+    if (event == "[DONE]") {
+      out.done = true;
+      continue;
+    }
+    const json chunk = json::parse(event, nullptr, false);
+    if (chunk.contains("error")) {
+      out.error_code = chunk["error"].value("code", "");
+    } else {
+      ++out.chunks;
+      out.text += chunk["choices"][0].value("text", "");
+    }
+  }
   return out;
 }
 
