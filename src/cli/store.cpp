@@ -42,6 +42,7 @@ struct MasterArgs {
   std::string transfer_metadata;
   long lease_ttl_ms = 5000;
   long segment_ttl_ms = 10000;
+  long placement_stale_after_ms = 1000;
   long put_timeout_ms = 30000;
   double high_watermark = 0.95;
   double eviction_fraction = 0.05;
@@ -86,6 +87,7 @@ int run_master(const MasterArgs& args) {
   options.transfer_metadata = args.transfer_metadata;
   options.master.lease_ttl = std::chrono::milliseconds(args.lease_ttl_ms);
   options.master.segment_ttl = std::chrono::milliseconds(args.segment_ttl_ms);
+  options.master.placement_stale_after = std::chrono::milliseconds(args.placement_stale_after_ms);
   options.master.put_timeout = std::chrono::milliseconds(args.put_timeout_ms);
   options.master.high_watermark = args.high_watermark;
   options.master.eviction_fraction = args.eviction_fraction;
@@ -334,6 +336,10 @@ void register_store(CLI::App& app, int& exit_code) {
   master
       ->add_option("--segment-ttl-ms", master_args->segment_ttl_ms,
                    "a segment not renewed this long is unmounted")
+      ->capture_default_str();
+  master
+      ->add_option("--placement-stale-after-ms", master_args->placement_stale_after_ms,
+                   "a segment not renewed this long gets no new replicas (at most --segment-ttl-ms)")
       ->capture_default_str();
   master->add_option("--put-timeout-ms", master_args->put_timeout_ms, "a put not ended by then is reclaimed")
       ->capture_default_str();

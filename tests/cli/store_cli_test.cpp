@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "common/child_process.h"
@@ -76,6 +77,23 @@ TEST(StoreCli, TheShellCommandsNeedTheClusterSecretAndStrangersChangeNothing) {
   run = run_shell("CRESCENT_CLUSTER_SECRET_FILE=" + quote(secret) + " " + quote(CRESCENT_BINARY) +
                   " store put kv/0003 --file " + quote(dir.file("value")) + master_flag);
   EXPECT_EQ(run.exit_code, 0) << run.err;
+}
+
+// Every duration of the master is a flag, checked before it listens: 0 is refused, naming the setting.
+TEST(StoreCli, AMasterDurationOfZeroIsRefusedNamingIt) {
+  test::TempDir dir("crescent-store-cli");
+  const std::string secret = dir.file("cluster-secret");
+  ASSERT_TRUE(ClusterSecret::generate().write_to(secret).ok());
+  const std::string common = "store master --listen 127.0.0.1:0 --metrics '' --transfer-metadata dir:" +
+                             quote(dir.file("metadata")) + " --cluster-secret-file " + quote(secret) + " ";
+  for (const std::string flag : {"--lease-ttl-ms", "--segment-ttl-ms", "--placement-stale-after-ms",
+                                 "--put-timeout-ms"}) {
+    const CliRun run = run_crescent(common + flag + " 0");
+    EXPECT_EQ(run.exit_code, 2) << flag << ": " << run.err;
+    std::string setting = flag.substr(2, flag.size() - 5);  // "--lease-ttl-ms" -> "lease-ttl"
+    std::replace(setting.begin(), setting.end(), '-', '_');
+    EXPECT_THAT(run.err, HasSubstr(setting + " must be > 0 ms, got 0")) << flag;
+  }
 }
 
 }  // namespace
