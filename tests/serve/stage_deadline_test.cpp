@@ -14,6 +14,7 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -142,6 +143,21 @@ class SilentInstance {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
+
+// What a prefill instance reports about `order`'s request: one message of each of `kinds`, in order (the
+// first token is 'A'); nothing about an order that is not a prefill.
+std::vector<InstanceMessage> prefill_reports(const InstanceMessage& order, std::initializer_list<Kind> kinds) {
+  std::vector<InstanceMessage> out;
+  if (order.kind != Kind::kPrefill) return out;
+  for (Kind kind : kinds) {
+    InstanceMessage m;
+    m.kind = kind;
+    m.request_id = order.request_id;
+    if (kind == Kind::kFirstToken) m.first_token = 'A';
+    out.push_back(m);
+  }
+  return out;
+}
 
 struct Reply {
   int status = 0;
@@ -280,17 +296,8 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
 
   // 2. Started half a second after it was placed (well before its queue deadline), never finished: 503 prefill_timeout, the deadline counted
   // from the start.
-  prefill.answer_with(
-      [](const InstanceMessage& order) {
-        std::vector<InstanceMessage> out;
-        if (order.kind != Kind::kPrefill) return out;
-        InstanceMessage started;
-        started.kind = Kind::kPrefillStart;
-        started.request_id = order.request_id;
-        out.push_back(started);
-        return out;
-      },
-      std::chrono::milliseconds(500));
+  prefill.answer_with([](const InstanceMessage& order) { return prefill_reports(order, {Kind::kPrefillStart}); },
+                      std::chrono::milliseconds(500));
   const Reply prefilling = complete(port, "never finished");
   EXPECT_EQ(prefilling.status, 503) << prefilling.body.dump();
   EXPECT_EQ(prefilling.body["error"]["code"], "prefill_timeout") << prefilling.body.dump();
@@ -307,17 +314,7 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   // event and [DONE] (the fake decode instance never reports its own KV timeout either).
   prefill.answer_with(
       [](const InstanceMessage& order) {
-        std::vector<InstanceMessage> out;
-        if (order.kind != Kind::kPrefill) return out;
-        InstanceMessage started;
-        started.kind = Kind::kPrefillStart;
-        started.request_id = order.request_id;
-        out.push_back(started);
-        InstanceMessage first = started;
-        first.kind = Kind::kFirstToken;
-        first.first_token = 'A';
-        out.push_back(first);
-        return out;
+        return prefill_reports(order, {Kind::kPrefillStart, Kind::kFirstToken});
       },
       std::chrono::milliseconds(0));
   const Streamed streamed = stream(port, "never handed off");
@@ -346,20 +343,8 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   };
   prefill.answer_with(
       [&](const InstanceMessage& order) {
-        std::vector<InstanceMessage> out;
-        if (order.kind != Kind::kPrefill) return out;
-        InstanceMessage started;
-        started.kind = Kind::kPrefillStart;
-        started.request_id = order.request_id;
-        out.push_back(started);
-        InstanceMessage first = started;
-        first.kind = Kind::kFirstToken;
-        first.first_token = 'A';
-        out.push_back(first);
-        InstanceMessage done = started;
-        done.kind = Kind::kPrefillDone;
-        out.push_back(done);
-        out.push_back(tokens_for(order.request_id, 'P'));  // not_placed_here
+        auto out = prefill_reports(order, {Kind::kPrefillStart, Kind::kFirstToken, Kind::kPrefillDone});
+        if (!out.empty()) out.push_back(tokens_for(order.request_id, 'P'));  // not_placed_here
         return out;
       },
       std::chrono::milliseconds(0));
