@@ -98,14 +98,16 @@ void print_text(const std::string& path, const trace::TraceStats& stats, int64_t
   print_length("output tokens", stats.output_tokens);
   fmt::print("  reuse ceiling   {} of input tokens (unbounded cache, {}-token blocks)\n",
              percent(stats.reuse_ceiling), block_size_tokens);
-  fmt::print("\n  {:>21}  {:>9}  {:>16}\n", "LRU capacity (tokens)", "hit ratio", "share of ceiling");
+  fmt::print("\n  {:>21}  {:>9}  {:>16}  {:>13}\n", "LRU capacity (tokens)", "hit ratio", "share of ceiling",
+             "optimal (MIN)");
   for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
     const std::string capacity = point.capacity_tokens ? std::to_string(*point.capacity_tokens) : "unbounded";
     std::optional<double> share;  // of a zero ceiling: nothing to share
     if (point.hit_ratio && stats.reuse_ceiling && *stats.reuse_ceiling > 0) {
       share = *point.hit_ratio / *stats.reuse_ceiling;
     }
-    fmt::print("  {:>21}  {:>9}  {:>16}\n", capacity, percent(point.hit_ratio), percent(share));
+    fmt::print("  {:>21}  {:>9}  {:>16}  {:>13}\n", capacity, percent(point.hit_ratio), percent(share),
+               percent(point.optimal_hit_ratio));
   }
   fmt::print("\n  {:>21}  {:>10}  {:>17}\n", "hottest block key", "references", "share of requests");
   for (const trace::HotBlock& block : stats.hottest_blocks) {
@@ -120,7 +122,8 @@ nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats&
     hit_ratios.push_back(
         {{"capacity_tokens", point.capacity_tokens ? nlohmann::ordered_json(*point.capacity_tokens)
                                                    : nlohmann::ordered_json(nullptr)},
-         {"hit_ratio", json_or_null(point.hit_ratio)}});
+         {"hit_ratio", json_or_null(point.hit_ratio)},
+         {"optimal_hit_ratio", json_or_null(point.optimal_hit_ratio)}});
   }
   nlohmann::ordered_json hottest = nlohmann::ordered_json::array();
   for (const trace::HotBlock& block : stats.hottest_blocks) {
@@ -196,7 +199,7 @@ void register_analyze(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<AnalyzeArgs>();
   CLI::App* command = app.add_subcommand(
       "analyze",
-      "Statistics and prefix-cache reuse potential (hit ratio vs LRU capacity) of Mooncake traces");
+      "Statistics and prefix-cache reuse potential (hit ratio vs capacity: LRU and optimal) of Mooncake traces");
   command->add_option("traces", args->traces, "Mooncake JSONL traces (.jsonl or .jsonl.gz)")->required();
   command->add_option("--block-size", args->block_size_tokens, "Tokens per hash_ids block (>= 1)")
       ->capture_default_str();

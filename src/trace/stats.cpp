@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cassert>
+#include <limits>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "common/percentile.h"
@@ -9,7 +12,7 @@
 namespace crescent::trace {
 namespace {
 
-std::optional<LengthStats> length_stats(std::vector<int64_t>& values) {
+std::optional<LengthStats> length_stats(std::vector<int64_t> values) {
   if (values.empty()) return std::nullopt;
   std::sort(values.begin(), values.end());
   LengthStats stats;
@@ -21,7 +24,66 @@ std::optional<LengthStats> length_stats(std::vector<int64_t>& values) {
   return stats;
 }
 
+// min(run * block_size, input_tokens), without overflow: the product exceeds the input iff
+// run > input / block_size.
+int64_t prefix_hit_tokens(int64_t input_tokens, int64_t block_size, int64_t run) {
+  return run > input_tokens / block_size ? input_tokens : run * block_size;
+}
+
 }  // namespace
+
+double optimal_hit_tokens(std::span<const BlockKey> keys, std::span<const size_t> offsets,
+                          std::span<const int64_t> input_tokens, int64_t block_size_tokens,
+                          int64_t capacity_blocks) {
+  assert(offsets.size() == input_tokens.size() + 1 && capacity_blocks >= 1);
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  const auto requests = static_cast<int64_t>(input_tokens.size());
+  // next_request[k]: the next request after the one holding keys[k] that holds the same key, or kNever. A
+  // key repeated within a request is handled at its first place only (the loop below skips the others).
+  std::vector<int64_t> next_request(keys.size(), kNever);
+  {
+    std::unordered_map<BlockKey, int64_t> next_holder;  // key -> the earliest request after r holding it
+    for (int64_t r = requests - 1; r >= 0; --r) {
+      for (size_t k = offsets[r]; k < offsets[r + 1]; ++k) {
+        if (auto it = next_holder.find(keys[k]); it != next_holder.end()) next_request[k] = it->second;
+      }
+      for (size_t k = offsets[r]; k < offsets[r + 1]; ++k) next_holder[keys[k]] = r;
+    }
+  }
+  // Cached blocks ordered by (next request, order stored): the last is evicted first.
+  using Entry = std::tuple<int64_t, int64_t, BlockKey>;
+  std::set<Entry> by_next;
+  std::unordered_map<BlockKey, Entry> cached;
+  int64_t stored = 0;
+  double hit = 0;
+  std::unordered_map<BlockKey, int64_t> in_request;  // keys of the current request already handled
+  for (int64_t r = 0; r < requests; ++r) {
+    int64_t run = 0;
+    for (size_t k = offsets[r]; k < offsets[r + 1] && cached.count(keys[k]); ++k) ++run;
+    hit += static_cast<double>(prefix_hit_tokens(input_tokens[r], block_size_tokens, run));
+    in_request.clear();
+    for (size_t k = offsets[r]; k < offsets[r + 1]; ++k) {
+      const BlockKey key = keys[k];
+      if (!in_request.emplace(key, 0).second) continue;  // repeated within the request
+      const Entry entry{next_request[k], stored++, key};
+      if (auto it = cached.find(key); it != cached.end()) {
+        by_next.erase(it->second);
+        it->second = entry;
+        by_next.insert(entry);
+        continue;
+      }
+      if (static_cast<int64_t>(cached.size()) >= capacity_blocks) {
+        const Entry farthest = *by_next.rbegin();
+        if (std::get<0>(farthest) <= std::get<0>(entry)) break;  // this block goes first: store no more
+        by_next.erase(std::prev(by_next.end()));
+        cached.erase(std::get<2>(farthest));
+      }
+      cached.emplace(key, entry);
+      by_next.insert(entry);
+    }
+  }
+  return hit;
+}
 
 TraceAnalyzer::TraceAnalyzer(AnalyzerOptions options) : options_(std::move(options)) {
   assert(options_.block_size_tokens >= 1);
@@ -34,10 +96,7 @@ TraceAnalyzer::TraceAnalyzer(AnalyzerOptions options) : options_(std::move(optio
 }
 
 int64_t TraceAnalyzer::hit_tokens(const Request& request, int64_t run) const {
-  // min(run * block_size, input_tokens), without overflow: the product exceeds the input iff
-  // run > input / block_size.
-  const int64_t block_size = options_.block_size_tokens;
-  return run > request.input_tokens / block_size ? request.input_tokens : run * block_size;
+  return prefix_hit_tokens(request.input_tokens, options_.block_size_tokens, run);
 }
 
 void TraceAnalyzer::add(const Request& request) {
@@ -64,6 +123,10 @@ void TraceAnalyzer::add(const Request& request) {
     cache_hit_tokens_[i] += static_cast<double>(hit_tokens(request, caches_[i].prefix_match_blocks(keys)));
     caches_[i].touch(keys, /*pin=*/false);
   }
+  if (options_.optimal_curve) {
+    all_keys_.insert(all_keys_.end(), keys.begin(), keys.end());
+    key_offsets_.push_back(all_keys_.size());
+  }
 }
 
 TraceStats TraceAnalyzer::finish() {
@@ -79,7 +142,15 @@ TraceStats TraceAnalyzer::finish() {
   };
   stats.reuse_ceiling = ratio(ceiling_hit_tokens_);
   for (size_t i = 0; i < caches_.size(); ++i) {
-    stats.hit_ratio_by_capacity.push_back({options_.capacities_tokens[i], ratio(cache_hit_tokens_[i])});
+    CapacityHitRatio point{options_.capacities_tokens[i], ratio(cache_hit_tokens_[i]), std::nullopt};
+    if (options_.optimal_curve) {
+      const std::optional<int64_t>& capacity = options_.capacities_tokens[i];
+      point.optimal_hit_ratio =
+          capacity ? ratio(optimal_hit_tokens(all_keys_, key_offsets_, input_tokens_, options_.block_size_tokens,
+                                              std::max<int64_t>(1, *capacity / options_.block_size_tokens)))
+                   : stats.reuse_ceiling;  // unbounded: nothing is ever evicted
+    }
+    stats.hit_ratio_by_capacity.push_back(point);
   }
 
   for (const auto& [key, reference] : references_) {

@@ -8,13 +8,20 @@ the request's blocks are touched so that its first block ends up the most recent
 request's tail is evicted first), and absent blocks are stored first to last, never evicting a block of the
 same request (a request longer than the cache keeps its head).
 
+The optimal curve is Belady's MIN rule under the same definitions: after each lookup the request's distinct keys
+are stored first to last; when the cache is full, the cached key whose next request (the next request holding it)
+is farthest goes, ties to the key stored last; when the key being stored would be that one, it and the rest of
+the request are not stored. An unbounded cache's optimum is the ceiling. On the shipped traces it is checked to be never below LRU.
+
 Usage:
   reference_analyzer.py TRACE [CAPACITY_TOKENS...]   one JSON object: ceiling and hit ratio per capacity
   reference_analyzer.py --check CRESCENT TRACE...     compares `CRESCENT analyze --json` with this reference on
                                                       the given traces and on random small traces (exit 1 on a
                                                       difference above 1e-12)
 """
+import bisect
 import gzip
+import heapq
 import json
 import os
 import random
@@ -62,6 +69,37 @@ def lru_hits(requests, capacity_blocks, block_size):
     return hit
 
 
+def optimal_hits(requests, capacity_blocks, block_size):
+    holders = {}  # key -> ascending indices of the requests holding it
+    for i, (_, keys) in enumerate(requests):
+        for key in dict.fromkeys(keys):
+            holders.setdefault(key, []).append(i)
+
+    def next_use(key, i):
+        later = holders[key]
+        at = bisect.bisect_right(later, i)
+        return later[at] if at < len(later) else float("inf")
+
+    cache = {}  # key -> (next use, order stored)
+    heap = []  # (-next use, -order, key); entries that no longer match `cache` are stale
+    order = 0
+    hit = 0
+    for i, (input_length, keys) in enumerate(requests):
+        hit += hit_tokens(input_length, keys, cache, block_size)
+        for key in dict.fromkeys(keys):
+            entry = (next_use(key, i), order)
+            order += 1
+            if key not in cache and len(cache) >= capacity_blocks:
+                while cache.get(heap[0][2]) != (-heap[0][0], -heap[0][1]):
+                    heapq.heappop(heap)
+                if -heap[0][0] <= entry[0]:
+                    break  # the key being stored would go first: store no more of this request
+                del cache[heapq.heappop(heap)[2]]
+            cache[key] = entry
+            heapq.heappush(heap, (-entry[0], -entry[1], key))
+    return hit
+
+
 def read(path):
     requests = []
     with open_trace(path) as f:
@@ -84,7 +122,8 @@ def reference(path, capacities, block_size=512):
     for c in capacities:
         blocks = max(1, c // block_size)
         out["hit_ratio_by_capacity"].append(
-            {"capacity_tokens": c, "hit_ratio": lru_hits(requests, blocks, block_size) / total})
+            {"capacity_tokens": c, "hit_ratio": lru_hits(requests, blocks, block_size) / total,
+             "optimal_hit_ratio": optimal_hits(requests, blocks, block_size) / total})
     return out
 
 
@@ -106,6 +145,7 @@ def random_trace(path, rng):
 def check(crescent, traces):
     capacities = [512, 1024, 2048, 5000, 20000, 1_000_000, 3_000_000, 10_000_000, 50_000_000]
     failures = 0
+    chained = set(traces)  # real traces: their keys chain (a key implies its request's earlier keys)
     with tempfile.TemporaryDirectory() as tmp:
         rng = random.Random(8)
         for n in range(20):
@@ -126,6 +166,13 @@ def check(crescent, traces):
                      ("reuse_ceiling", got["reuse_ceiling"], expected["reuse_ceiling"])]
             for g, e in zip(got["hit_ratio_by_capacity"], expected["hit_ratio_by_capacity"]):
                 pairs.append((f"hit_ratio@{e['capacity_tokens']}", g["hit_ratio"], e["hit_ratio"]))
+                pairs.append((f"optimal_hit_ratio@{e['capacity_tokens']}", g["optimal_hit_ratio"],
+                              e["optimal_hit_ratio"]))
+                # On chained keys MIN is never below LRU. On the random traces' unchained keys it can be at a
+                # few blocks (a stored key after a missing one can still hit there); not checked.
+                if path in chained and e["optimal_hit_ratio"] < e["hit_ratio"] - 1e-12:
+                    print(f"{path}: the optimum is below LRU at {e['capacity_tokens']}")
+                    failures += 1
             for name, g, e in pairs:
                 if abs(g - e) > 1e-12:
                     print(f"{path}: {name}: crescent {g}, reference {e}")

@@ -119,6 +119,38 @@ TEST(TraceAnalyzerTest, LruCapacityCurve) {
   }
 }
 
+// Three one-block prompts in a loop through a cache of two blocks: LRU always evicts the block needed next
+// and hits nothing; Belady's rule keeps the two needed soonest (at the third prompt, block 3 is needed
+// farthest away, so it is not stored) and hits the fourth and fifth. Worked by hand from the definitions.
+TEST(TraceAnalyzerTest, TheOptimalCurveKeepsWhatIsNeededSoonest) {
+  std::vector<Request> loop;
+  for (BlockKey key : {1, 2, 3, 1, 2, 3}) loop.push_back(request(0, 1, {key}));
+  AnalyzerOptions options;
+  options.block_size_tokens = 1;
+  options.capacities_tokens = {2, std::nullopt};
+  const TraceStats stats = analyze(loop, options);
+  ASSERT_EQ(stats.hit_ratio_by_capacity.size(), 2u);
+  EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[0].hit_ratio.value(), 0.0);
+  EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[0].optimal_hit_ratio.value(), 2.0 / 6);
+  EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[1].optimal_hit_ratio.value(), 3.0 / 6) << "unbounded: ceiling";
+  EXPECT_DOUBLE_EQ(stats.reuse_ceiling.value(), 3.0 / 6);
+
+  options.optimal_curve = false;
+  EXPECT_FALSE(analyze(loop, options).hit_ratio_by_capacity[0].optimal_hit_ratio.has_value());
+}
+
+// A request longer than the cache keeps its head under Belady's rule too: a chain's later blocks are never
+// needed before its earlier ones, so they go first, and a block past a missing one is not stored.
+TEST(TraceAnalyzerTest, TheOptimalCurveKeepsAChainsHead) {
+  const std::vector<Request> twice = {request(0, 4, {10, 11, 12, 13}), request(1, 4, {10, 11, 12, 13})};
+  AnalyzerOptions options;
+  options.block_size_tokens = 1;
+  options.capacities_tokens = {2};
+  const TraceStats stats = analyze(twice, options);
+  EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[0].optimal_hit_ratio.value(), 2.0 / 8) << "blocks 10 and 11";
+  EXPECT_DOUBLE_EQ(stats.hit_ratio_by_capacity[0].hit_ratio.value(), 2.0 / 8) << "LRU keeps the head too";
+}
+
 TEST(TraceAnalyzerTest, HottestBlocksAreTopTenAndCountAKeyOncePerRequest) {
   // Keys 100..111 appear in one request each, key 50 twice within one request (counts once), key 200 in 3.
   std::vector<Request> requests;
