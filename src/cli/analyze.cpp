@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,8 @@
 #include "common/json_util.h"
 #include "common/status.h"
 #include "common/text_format.h"
+#include "model/llama.h"
+#include "perf/model_spec.h"
 #include "trace/reader.h"
 #include "trace/stats.h"
 
@@ -29,7 +32,36 @@ struct AnalyzeArgs {
   std::string capacities = "1M,3M,10M,50M,inf";
   bool skip_invalid = false;
   bool json = false;
+  std::string model;  // a model preset or directory: capacities also in bytes of its KV
 };
+
+// A model's KV bytes per token, for capacities in bytes: `model` names a directory with a config.json
+// (`crescent model init` writes one; Hugging Face's) or a preset of the cost model.
+struct ModelKv {
+  std::string name;
+  int64_t bytes_per_token = 0;
+};
+
+Result<ModelKv> model_kv(const std::string& model) {
+  if (std::filesystem::is_directory(model)) {
+    Result<model::LlamaConfig> config = model::read_llama_config(model);
+    if (!config.ok()) return config.status();
+    return ModelKv{model, perf::kv_bytes_per_token(model::model_spec(*config, model))};
+  }
+  Result<perf::ModelSpec> spec = perf::model_preset(model);
+  if (!spec.ok()) {
+    return Status::invalid_argument(
+        fmt::format("--model '{}': not a model directory, and {}", model, spec.status().message()));
+  }
+  return ModelKv{spec->name, perf::kv_bytes_per_token(*spec)};
+}
+
+// `tokens` of KV of `model` in GiB, as text ("n/a" without a model or capacity).
+std::string gib(const std::optional<ModelKv>& model, std::optional<int64_t> tokens) {
+  if (!model || !tokens) return "n/a";
+  return fmt::format("{:.1f}", static_cast<double>(*tokens) * static_cast<double>(model->bytes_per_token) /
+                                   static_cast<double>(1ll << 30));
+}
 
 std::string_view trim(std::string_view text) {
   const size_t begin = text.find_first_not_of(' ');
@@ -80,7 +112,8 @@ std::string percent(std::optional<double> ratio) {
   return format_or_na(ratio, 100, 2, "%");
 }
 
-void print_text(const std::string& path, const trace::TraceStats& stats, int64_t block_size_tokens) {
+void print_text(const std::string& path, const trace::TraceStats& stats, int64_t block_size_tokens,
+                const std::optional<ModelKv>& model) {
   fmt::print("{}\n", path);
   fmt::print("  requests        {}\n", stats.requests);
   fmt::print("  span            {:.3f} s\n", stats.span_s);
@@ -98,15 +131,18 @@ void print_text(const std::string& path, const trace::TraceStats& stats, int64_t
   print_length("output tokens", stats.output_tokens);
   fmt::print("  reuse ceiling   {} of input tokens (unbounded cache, {}-token blocks)\n",
              percent(stats.reuse_ceiling), block_size_tokens);
-  fmt::print("\n  {:>21}  {:>9}  {:>16}  {:>13}\n", "LRU capacity (tokens)", "hit ratio", "share of ceiling",
-             "optimal (MIN)");
+  if (model) fmt::print("  KV of {}   {} bytes per token\n", model->name, model->bytes_per_token);
+  const std::string bytes_header = model ? "KV (GiB)" : "";
+  fmt::print("\n  {:>21}  {:>8}  {:>9}  {:>16}  {:>13}\n", "LRU capacity (tokens)", bytes_header, "hit ratio",
+             "share of ceiling", "optimal (MIN)");
   for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
     const std::string capacity = point.capacity_tokens ? std::to_string(*point.capacity_tokens) : "unbounded";
     std::optional<double> share;  // of a zero ceiling: nothing to share
     if (point.hit_ratio && stats.reuse_ceiling && *stats.reuse_ceiling > 0) {
       share = *point.hit_ratio / *stats.reuse_ceiling;
     }
-    fmt::print("  {:>21}  {:>9}  {:>16}  {:>13}\n", capacity, percent(point.hit_ratio), percent(share),
+    fmt::print("  {:>21}  {:>8}  {:>9}  {:>16}  {:>13}\n", capacity,
+               model ? gib(model, point.capacity_tokens) : "", percent(point.hit_ratio), percent(share),
                percent(point.optimal_hit_ratio));
   }
   fmt::print("\n  {:>21}  {:>10}  {:>17}\n", "hottest block key", "references", "share of requests");
@@ -115,13 +151,16 @@ void print_text(const std::string& path, const trace::TraceStats& stats, int64_t
   }
 }
 
-nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats& stats,
-                               int64_t skipped_lines) {
+nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats& stats, int64_t skipped_lines,
+                               const std::optional<ModelKv>& model) {
   nlohmann::ordered_json hit_ratios = nlohmann::ordered_json::array();
   for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
     hit_ratios.push_back(
         {{"capacity_tokens", point.capacity_tokens ? nlohmann::ordered_json(*point.capacity_tokens)
                                                    : nlohmann::ordered_json(nullptr)},
+         {"capacity_bytes", model && point.capacity_tokens
+                                ? nlohmann::ordered_json(*point.capacity_tokens * model->bytes_per_token)
+                                : nlohmann::ordered_json(nullptr)},
          {"hit_ratio", json_or_null(point.hit_ratio)},
          {"optimal_hit_ratio", json_or_null(point.optimal_hit_ratio)}});
   }
@@ -143,6 +182,7 @@ nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats&
           {"output_tokens_mean", out.mean},
           {"output_tokens_p50", out.p50},
           {"output_tokens_p99", out.p99},
+          {"kv_bytes_per_token", model ? nlohmann::ordered_json(model->bytes_per_token) : nullptr},
           {"reuse_ceiling", json_or_null(stats.reuse_ceiling)},
           {"hit_ratio_by_capacity", std::move(hit_ratios)},
           {"hottest_blocks", std::move(hottest)},
@@ -150,7 +190,8 @@ nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats&
 }
 
 // Analyzes one trace and prints its report.
-Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::AnalyzerOptions& options) {
+Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::AnalyzerOptions& options,
+               const std::optional<ModelKv>& model) {
   Result<std::unique_ptr<trace::TraceReader>> reader = trace::TraceReader::open(
       path, {.block_size_tokens = args.block_size_tokens, .skip_invalid = args.skip_invalid});
   if (!reader.ok()) return reader.status();
@@ -167,9 +208,9 @@ Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::An
   const trace::TraceStats stats = analyzer.finish();
   if (stats.requests == 0) return trace::empty_trace_error(path, skipped);
   if (args.json) {
-    fmt::print("{}\n", dump_json(to_json(path, stats, skipped.total_lines)));
+    fmt::print("{}\n", dump_json(to_json(path, stats, skipped.total_lines, model)));
   } else {
-    print_text(path, stats, args.block_size_tokens);
+    print_text(path, stats, args.block_size_tokens, model);
   }
   return Status::ok_status();
 }
@@ -184,9 +225,15 @@ int run(const AnalyzeArgs& args) {
   if (!capacities.ok()) return fail(capacities.status());
   const trace::AnalyzerOptions options{.block_size_tokens = args.block_size_tokens,
                                        .capacities_tokens = std::move(*capacities)};
+  std::optional<ModelKv> model;
+  if (!args.model.empty()) {
+    Result<ModelKv> kv = model_kv(args.model);
+    if (!kv.ok()) return fail(kv.status());
+    model = *kv;
+  }
   for (size_t i = 0; i < args.traces.size(); ++i) {
     if (i > 0 && !args.json) fmt::print("\n");
-    if (Status status = analyze(args.traces[i], args, options); !status.ok()) {
+    if (Status status = analyze(args.traces[i], args, options, model); !status.ok()) {
       return fail(with_bundled_trace_hint(status, args.traces[i]));
     }
   }
@@ -210,6 +257,8 @@ void register_analyze(CLI::App& app, int& exit_code) {
   command->add_flag("--skip-invalid", args->skip_invalid,
                     "Skip invalid lines (summary on stderr) instead of failing");
   command->add_flag("--json", args->json, "One JSON object per trace per line");
+  command->add_option("--model", args->model,
+                      "Also give capacities in GiB of this model's KV: a preset (llama3-70b) or a model directory");
   command->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run(*args); }); });
 }
 

@@ -11,9 +11,7 @@ CostModel::CostModel(ModelSpec model, HardwareSpec hardware, const Profile* prof
   assert(validate_hardware_spec(hardware_, "CostModel hardware").ok());
   const auto& m = model_;
   const auto& h = hardware_;
-  // hidden_size / gqa = kv_heads * head_dim, exact in integers since attention_heads divides hidden_size.
-  const int64_t kv_width = m.kv_heads * (m.hidden_size / m.attention_heads);
-  kv_bytes_per_token_ = static_cast<double>(m.layers * 2 * kv_width * m.bytes_per_element);
+  kv_bytes_per_token_ = static_cast<double>(perf::kv_bytes_per_token(m));
   weight_bytes_ = m.parameters * static_cast<double>(m.bytes_per_element);
   linear_flops_per_token_ = 2 * m.parameters;
   attention_flops_per_token_context_ = 4.0 * static_cast<double>(m.layers * m.hidden_size);

@@ -92,6 +92,12 @@ Status validate_model_spec(const ModelSpec& spec, std::string_view where) {
   return Status();
 }
 
+int64_t kv_bytes_per_token(const ModelSpec& model) {
+  // hidden_size / gqa = kv_heads * head_dim, exact in integers since attention_heads divides hidden_size.
+  const int64_t kv_width = model.kv_heads * (model.hidden_size / model.attention_heads);
+  return model.layers * 2 * kv_width * model.bytes_per_element;
+}
+
 Result<ModelSpec> model_preset(std::string_view name) {
   const auto& all = model_presets();
   auto it = std::find_if(all.begin(), all.end(), [&](const ModelSpec& m) { return m.name == name; });

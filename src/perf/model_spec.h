@@ -29,6 +29,10 @@ struct ModelSpec {
 /// and `parameters` is finite and > 0. Errors (kInvalidArgument) name `where` and the field.
 Status validate_model_spec(const ModelSpec& spec, std::string_view where);
 
+/// KV cache bytes one token takes across all layers: layers x 2 (K and V) x kv_heads x head_dim x
+/// bytes_per_element (paper §2.2). REQUIRES: validate_model_spec(model) is ok.
+int64_t kv_bytes_per_token(const ModelSpec& model);
+
 /// The preset called `name`. Errors: kNotFound listing the valid names.
 Result<ModelSpec> model_preset(std::string_view name);
 

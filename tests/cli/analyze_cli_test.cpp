@@ -68,6 +68,39 @@ TEST(AnalyzeCliTest, JsonLinePerTraceAndCustomCapacities) {
   EXPECT_EQ(traces, 2);
 }
 
+// Capacities in bytes of a model's KV: Llama 3 70B's config.json says 80 layers, 8 KV heads of 128, bf16:
+// 80 x 2 (K, V) x 8 x 128 x 2 bytes a token. A model directory's config.json is read the same way; a name
+// that is neither is refused, listing the presets.
+TEST(AnalyzeCliTest, CapacitiesInBytesOfAModelsKv) {
+  constexpr int64_t kLlama3_70bBytesPerToken = 80 * 2 * 8 * 128 * 2;
+  auto run = run_crescent("analyze --json --capacities 1M,inf --model llama3-70b " + quote(kConversation));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  nlohmann::json stats = nlohmann::json::parse(run.out);
+  EXPECT_EQ(stats["kv_bytes_per_token"], kLlama3_70bBytesPerToken);
+  EXPECT_EQ(stats["hit_ratio_by_capacity"][0]["capacity_bytes"], 1'000'000 * kLlama3_70bBytesPerToken);
+  EXPECT_TRUE(stats["hit_ratio_by_capacity"][1]["capacity_bytes"].is_null()) << "unbounded";
+
+  const std::filesystem::path dir = temp_path("crescent_cli_analyze_model");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(run_crescent("model init --preset tiny --out " + quote(dir.string())).exit_code, 0);
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  const int64_t head_dim = config["hidden_size"].get<int64_t>() / config["num_attention_heads"].get<int64_t>();
+  const int64_t element_bytes = config.value("torch_dtype", "float32") == "bfloat16" ? 2 : 4;
+  const int64_t bytes_per_token = config["num_hidden_layers"].get<int64_t>() * 2 *
+                                  config["num_key_value_heads"].get<int64_t>() * head_dim * element_bytes;
+  run = run_crescent("analyze --json --capacities 1000 --model " + quote(dir.string()) + " " + quote(kConversation));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  stats = nlohmann::json::parse(run.out);
+  EXPECT_EQ(stats["kv_bytes_per_token"], bytes_per_token);
+  EXPECT_EQ(stats["hit_ratio_by_capacity"][0]["capacity_bytes"], 1000 * bytes_per_token);
+  std::filesystem::remove_all(dir);
+
+  run = run_crescent("analyze --model llama9 " + quote(kConversation));
+  expect_one_error_line(run);
+  EXPECT_THAT(run.err, HasSubstr("--model 'llama9': not a model directory"));
+  EXPECT_THAT(run.err, HasSubstr("llama3-70b"));
+}
+
 TEST(AnalyzeCliTest, TextReport) {
   const auto run = run_crescent("analyze " + quote(kConversation));
   ASSERT_EQ(run.exit_code, 0) << run.err;
