@@ -5,6 +5,7 @@
 #include <pcre2.h>
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <array>
@@ -12,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <sstream>
 #include <unordered_map>
 
@@ -152,6 +152,49 @@ struct Merge {
   int32_t merged_id;
 };
 
+// Merges by (left id, right id): open addressing, linear probing, a power-of-two table at most half full.
+// std::unordered_map spent a third of encode's time in its bucket arithmetic.
+class MergeTable {
+ public:
+  void reserve(size_t n) {
+    size_t capacity = 16;
+    while (capacity < 2 * n) capacity *= 2;
+    slots_.assign(capacity, Slot{kEmpty, {}});
+    mask_ = capacity - 1;
+  }
+  // A pair listed twice keeps its last rank, as HF's (Rust HashMap collect) and the oracle's (JS Map) do.
+  void insert(uint64_t key, Merge merge) {
+    for (size_t i = index(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) {
+        slots_[i].merge = merge;
+        return;
+      }
+      if (slots_[i].key == kEmpty) {
+        slots_[i] = {key, merge};
+        return;
+      }
+    }
+  }
+  const Merge* find(uint64_t key) const {
+    for (size_t i = index(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return &slots_[i].merge;
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // ids are >= 0: no pair has this key
+  struct Slot {
+    uint64_t key;
+    Merge merge;
+  };
+  size_t index(uint64_t key) const {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20) & mask_;
+  }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+};
+
 // Added tokens in a byte trie: leftmost-longest match, as HF's aho-corasick (MatchKind::LeftmostLongest).
 struct AddedToken {
   std::string content;
@@ -284,9 +327,13 @@ class HuggingFaceTokenizer final : public Tokenizer {
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t offset = 0, last = 0;
     while (offset < text.size()) {
-      const int rc = pcre2_match(regex.code.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK,
-                                 data.get(), nullptr);
-      if (rc < 0) break;  // no more matches (or a match error: the rest stays one piece)
+      int rc = pcre2_match(regex.code.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK, data.get(),
+                           nullptr);
+      if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {  // e.g. JIT stack exhausted: the interpreter keeps its own
+        rc = pcre2_match(regex.code.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                         data.get(), nullptr);
+      }
+      if (rc < 0) break;  // no more matches (or the interpreter's heap limit: the rest is one piece)
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
       const size_t start = ovector[0], end = ovector[1];
       if (end == start) {  // an empty match splits nothing: move on one code point
@@ -301,38 +348,47 @@ class HuggingFaceTokenizer final : public Tokenizer {
     if (last < text.size()) out.push_back(text.substr(last));
   }
 
-  // One pre-tokenized piece through BPE, its ids appended; words seen recently come from this thread's cache.
+  // One pre-tokenized piece through BPE, its ids appended. Words seen recently come from this thread's cache:
+  // direct-mapped by the word's hash (a miss overwrites the slot), so its memory is bounded and a lookup is
+  // one hash and one compare.
   void encode_word(std::string_view word, std::vector<int64_t>& ids) const {
     if (word.empty()) return;
-    if (ignore_merges_) {
+    struct Entry {
+      std::string word;
+      std::vector<int32_t> ids;
+    };
+    // This thread's caches, by tokenizer serial (a thread may use a few tokenizers; at most 4 are kept).
+    thread_local std::vector<std::pair<uint64_t, std::unique_ptr<std::vector<Entry>>>> caches;
+    thread_local std::vector<Entry>* cache = nullptr;
+    thread_local uint64_t cache_serial = 0;
+    if (cache == nullptr || cache_serial != serial_) {
+      auto it = std::find_if(caches.begin(), caches.end(), [&](const auto& c) { return c.first == serial_; });
+      if (it == caches.end()) {
+        if (caches.size() >= 4) caches.erase(caches.begin());
+        caches.emplace_back(serial_, std::make_unique<std::vector<Entry>>(kCacheWords));
+        it = caches.end() - 1;
+      }
+      cache = it->second.get();
+      cache_serial = serial_;
+    }
+    Entry& entry = (*cache)[XXH3_64bits(word.data(), word.size()) & (kCacheWords - 1)];
+    if (entry.word.size() == word.size() && !entry.ids.empty() && entry.word == word) {
+      ids.insert(ids.end(), entry.ids.begin(), entry.ids.end());
+      return;
+    }
+    const size_t first = ids.size();
+    bool whole = false;
+    if (ignore_merges_) {  // Llama 3: a piece that is a token is that token, whatever the merges would make
       auto it = vocab_by_bytes_.find(std::string(word));
       if (it != vocab_by_bytes_.end()) {
         ids.push_back(it->second);
-        return;
+        whole = true;
       }
     }
-    struct Cache {
-      uint64_t serial = 0;
-      std::unordered_map<std::string, std::vector<int32_t>> words;
-    };
-    thread_local Cache cache;
-    if (cache.serial != serial_) {
-      cache.words.clear();
-      cache.serial = serial_;
-    }
-    const bool cacheable = word.size() <= 64;
-    if (cacheable) {
-      auto it = cache.words.find(std::string(word));
-      if (it != cache.words.end()) {
-        ids.insert(ids.end(), it->second.begin(), it->second.end());
-        return;
-      }
-    }
-    const size_t first = ids.size();
-    bpe(word, ids);
-    if (cacheable) {
-      if (cache.words.size() >= kCacheWords) cache.words.clear();
-      cache.words.emplace(std::string(word), std::vector<int32_t>(ids.begin() + first, ids.end()));
+    if (!whole) bpe(word, ids);
+    if (word.size() <= kCacheWordBytes) {
+      entry.word.assign(word);
+      entry.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end());
     }
   }
 
@@ -353,24 +409,26 @@ class HuggingFaceTokenizer final : public Tokenizer {
     for (int32_t i = 0; i < n; ++i) {
       symbols.push_back({byte_ids_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : kNone});
     }
-    heap_storage.clear();
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap(std::greater<>{},
-                                                                                std::move(heap_storage));
+    std::vector<Candidate>& heap = heap_storage;  // a min-heap (std::greater) reused across calls
+    heap.clear();
     auto consider = [&](int32_t pos) {
       const int32_t next = symbols[pos].next;
       if (next == kNone) return;
-      auto it = merges_.find(pair_key(symbols[pos].id, symbols[next].id));
-      if (it != merges_.end()) heap.push({it->second.rank, pos, it->second.merged_id});
+      if (const Merge* m = merges_.find(pair_key(symbols[pos].id, symbols[next].id))) {
+        heap.push_back({m->rank, pos, m->merged_id});
+        std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+      }
     };
     for (int32_t i = 0; i + 1 < n; ++i) consider(i);
     while (!heap.empty()) {
-      const Candidate top = heap.top();
-      heap.pop();
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+      const Candidate top = heap.back();
+      heap.pop_back();
       Symbol& left = symbols[top.pos];
       if (left.id == kNone || left.next == kNone) continue;  // merged away, or nothing to its right
       Symbol& right = symbols[left.next];
-      auto it = merges_.find(pair_key(left.id, right.id));
-      if (it == merges_.end() || it->second.merged_id != top.merged_id) continue;  // stale
+      const Merge* m = merges_.find(pair_key(left.id, right.id));
+      if (m == nullptr || m->merged_id != top.merged_id) continue;  // stale
       left.id = top.merged_id;
       right.id = kNone;
       left.next = right.next;
@@ -383,11 +441,12 @@ class HuggingFaceTokenizer final : public Tokenizer {
     }
   }
 
-  static constexpr size_t kCacheWords = 1 << 17;
+  static constexpr size_t kCacheWords = 1 << 16;  // slots of each thread's word cache
+  static constexpr size_t kCacheWordBytes = 256;  // longer words are not cached
 
   const uint64_t serial_ = next_serial.fetch_add(1);  // names this tokenizer in the threads' caches
   std::array<int32_t, 256> byte_ids_{};
-  std::unordered_map<uint64_t, Merge> merges_;
+  MergeTable merges_;
   std::unordered_map<std::string, int32_t> vocab_by_bytes_;  // for ignore_merges
   bool ignore_merges_ = false;
   const icu::Normalizer2* nfc_ = nullptr;
@@ -611,9 +670,7 @@ Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string&
                                 : r == vocab_by_string.end() ? json(right).dump()
                                                              : json(left + right).dump()));
       }
-      // The first of duplicate merges keeps its rank, as HF's HashMap::insert keeps the last: they never
-      // differ in the files crescent reads, and the lower rank is the one that can fire.
-      t->merges_.emplace(pair_key(l->second, r->second), Merge{static_cast<int32_t>(rank), merged->second});
+      t->merges_.insert(pair_key(l->second, r->second), Merge{static_cast<int32_t>(rank), merged->second});
     }
 
     for (size_t i = 0; i < added.size(); ++i) {

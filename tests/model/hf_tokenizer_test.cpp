@@ -10,12 +10,14 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "model/tokenizer.h"
 #include "test_support/temp_dir.h"
@@ -176,6 +178,11 @@ std::vector<std::string> make_corpus(size_t count, uint64_t seed) {
     for (size_t k = i - 40; k < i; ++k) long_text += corpus[k];
     corpus[i] = long_text;
   }
+  // And a few very long runs (one regex match each, a BPE word of 100,000 symbols): index 250 and on.
+  const std::vector<std::string> runs = {std::string(50000, ' ') + "x", std::string(100000, 'a'),
+                                         std::string(30000, '\n'), std::string(40000, '7'),
+                                         std::string(20000, '!')};
+  for (size_t k = 0; k < runs.size() && 250 + k < corpus.size(); ++k) corpus[250 + k] = runs[k];
   return corpus;
 }
 
@@ -249,6 +256,29 @@ TEST_P(HfTokenizerOracle, IdsAndDecodingMatchTheOracleOnTheWholeCorpus) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaAndQwen, HfTokenizerOracle, ::testing::Values("llama3", "qwen3"));
+
+// encode() from several threads at once (each with its own word cache) gives what one thread gives.
+TEST(HfTokenizer, EncodesTheSameFromSeveralThreads) {
+  ASSERT_TRUE(oracle_installed());
+  auto loaded = load_huggingface_tokenizer(package_dir("llama3") + "/tokenizer.json");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  const Tokenizer& t = **loaded;
+  const std::vector<std::string> corpus = make_corpus(2000, 5);
+  std::vector<std::vector<int64_t>> alone;
+  for (const std::string& s : corpus) alone.push_back(t.encode(s));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int k = 0; k < 3; ++k) {
+    threads.emplace_back([&, k] {
+      for (size_t i = 0; i < corpus.size(); ++i) {
+        const size_t j = (i * (k + 1)) % corpus.size();
+        if (t.encode(corpus[j]) != alone[j]) ++mismatches;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
 
 // load_tokenizer prefers tokenizer.json, takes EOS from tokenizer_config.json beside it, and checks the
 // vocabulary against the model's.
