@@ -20,8 +20,8 @@
 // HF's Rust tokenizers only take valid strings). So invalid bytes encode as the tokens of "\xEF\xBF\xBD", and
 // decoding gives U+FFFD back, not the original bytes.
 //
-// Known difference from the JS oracle, not from HF: "(?i:'s|...)" runs case-insensitively on PCRE2 as in HF's
-// Rust, so it also matches U+017F (long s) and U+212A (Kelvin sign), where the JS rewrite ([sS]) does not.
+// A possible difference from the JS oracle, not from HF: "(?i:'s|...)" runs case-insensitively on PCRE2 as in
+// HF's Rust, so "'ſ" (U+017F, long s) can be a contraction piece, where the JS rewrite ([sS]) does not match it.
 #pragma once
 
 #include <memory>
