@@ -240,8 +240,43 @@ class Trie {
   std::array<bool, 256> first_bytes_{};
 };
 
-bool is_ascii_space(unsigned char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+// Unicode's White_Space property (what HF's Rust char::is_whitespace and JS's trim take off for
+// lstrip/rstrip).
+bool is_white_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
+}
+
+// The code point of the valid UTF-8 sequence of `n` bytes at s[i].
+char32_t decode_at(std::string_view s, size_t i, size_t n) {
+  char32_t c = static_cast<unsigned char>(s[i]);
+  if (n == 1) return c;
+  c &= (0xFF >> (n + 1));
+  for (size_t k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return c;
+}
+
+// Bytes of white space in valid UTF-8 `s` from `i` on (rstrip), or ending at `end` (lstrip).
+size_t white_space_after(std::string_view s, size_t i) {
+  size_t at = i, maximal = 0;
+  while (at < s.size()) {
+    const size_t n = utf8_sequence(s, at, &maximal);
+    if (n == 0 || !is_white_space(decode_at(s, at, n))) break;
+    at += n;
+  }
+  return at - i;
+}
+size_t white_space_before(std::string_view s, size_t begin, size_t end) {
+  size_t at = end, maximal = 0;
+  while (at > begin) {
+    size_t start = at - 1;
+    while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    const size_t n = utf8_sequence(s, start, &maximal);
+    if (n != at - start || !is_white_space(decode_at(s, start, n))) break;
+    at = start;
+  }
+  return end - at;
 }
 
 std::atomic<uint64_t> next_serial{1};
@@ -270,13 +305,13 @@ class HuggingFaceTokenizer final : public Tokenizer {
       const AddedToken& token = added_tokens_[index];
       size_t end = i;
       if (token.lstrip) {
-        while (end > section_start && is_ascii_space(static_cast<unsigned char>(text[end - 1]))) --end;
+        end -= white_space_before(text, section_start, end);
       }
       encode_section(text.substr(section_start, end - section_start), ids);
       ids.push_back(token.id);
       i += length;
       if (token.rstrip) {
-        while (i < text.size() && is_ascii_space(static_cast<unsigned char>(text[i]))) ++i;
+        i += white_space_after(text, i);
       }
       section_start = i;
     }
@@ -583,12 +618,7 @@ Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string&
       for (size_t i = 0; i < s.size();) {
         const size_t n = utf8_sequence(s, i, &maximal);
         if (n == 0) return s;
-        char32_t c = static_cast<unsigned char>(s[i]);
-        if (n > 1) {
-          c &= (0xFF >> (n + 1));
-          for (size_t k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-        }
-        auto it = to_byte.find(c);
+        auto it = to_byte.find(decode_at(s, i, n));
         if (it == to_byte.end()) return s;
         out += static_cast<char>(it->second);
         i += n;

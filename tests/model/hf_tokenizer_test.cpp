@@ -349,6 +349,21 @@ TEST(HfTokenizer, UnsupportedFeaturesAreRefusedByName) {
   // GPT-2's split gives "ab" and " a": one merge, then the bytes ' ' and 'a' (ids 32 and 97 here).
   EXPECT_EQ((*loaded)->encode("ab a"), (std::vector<int64_t>{256, 32, 97}));
 
+  // Added tokens: lstrip/rstrip take the white space beside a match (Unicode's, here U+3000) into it, as HF's
+  // AddedVocabulary does; a special token's text is empty, a non-special one's is its content.
+  json with_added = good;
+  with_added["model"]["vocab"]["<m>"] = 257;
+  with_added["added_tokens"] = {
+      {{"id", 257}, {"content", "<m>"}, {"lstrip", true}, {"rstrip", true}, {"special", true}},
+      {{"id", 258}, {"content", "<n>"}, {"special", false}}};
+  auto added = load_huggingface_tokenizer(write(with_added));
+  ASSERT_TRUE(added.ok()) << added.status().message();
+  EXPECT_EQ((*added)->encode("a \u3000<m>\t b"), (std::vector<int64_t>{97, 257, 98}));
+  EXPECT_EQ((*added)->encode("x<n>y<m"), (std::vector<int64_t>{120, 258, 121, 60, 109}));
+  EXPECT_EQ((*added)->token_bytes(257), "");
+  EXPECT_EQ((*added)->token_bytes(258), "<n>");
+  EXPECT_EQ((*added)->vocab_size(), 259);
+
   auto refused = [&](json j, const std::string& message) {
     const auto status = load_huggingface_tokenizer(write(j)).status();
     EXPECT_THAT(status.message(), HasSubstr(dir.file("tokenizer.json") + ": " + message))
