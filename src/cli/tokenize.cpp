@@ -1,0 +1,116 @@
+// `crescent tokenize`: text on stdin → token ids on stdout, as the server tokenizes prompts (issue 23 §1).
+//   crescent tokenize (--model DIR | --tokenizer FILE) [--json] [--jsonl] [--chat]
+// Special-token strings in the text become their ids; nothing is added around the text (no BOS/EOS).
+// --json prints a JSON array instead of space-separated ids; --jsonl reads one JSON string a line and prints
+// one JSON array a line. Exit 2 on bad input (unreadable tokenizer, a line that is not a JSON string).
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/commands.h"
+#include "model/hf_tokenizer.h"
+#include "model/tokenizer.h"
+
+namespace crescent::cli {
+namespace {
+
+struct TokenizeArgs {
+  std::string model_dir;
+  std::string tokenizer_file;
+  bool chat = false;
+  bool json = false;
+  bool jsonl = false;
+};
+
+// The model directory's vocab_size (config.json), or no limit when it has no config.json.
+Result<int64_t> model_vocab_size(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  std::ifstream in(path);
+  if (!in) return std::numeric_limits<int64_t>::max();
+  try {
+    const nlohmann::json config = nlohmann::json::parse(in);
+    if (!config.contains("vocab_size")) return std::numeric_limits<int64_t>::max();
+    return config.at("vocab_size").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return Status::invalid_argument(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+std::string ids_text(const std::vector<int64_t>& ids, bool json) {
+  if (json) return nlohmann::json(ids).dump();
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out += ' ';
+    out += std::to_string(ids[i]);
+  }
+  return out;
+}
+
+int run_tokenize(const TokenizeArgs& args) {
+  if (args.chat) return fail(Status::invalid_argument("--chat: chat templates are not supported yet"));
+  Result<std::unique_ptr<model::Tokenizer>> tokenizer = Status::invalid_argument("no tokenizer");
+  if (!args.tokenizer_file.empty()) {
+    tokenizer = model::load_huggingface_tokenizer(args.tokenizer_file);
+  } else {
+    auto vocab_size = model_vocab_size(args.model_dir);
+    if (!vocab_size.ok()) return fail(vocab_size.status());
+    if (!std::filesystem::is_directory(args.model_dir)) {
+      return fail(Status::invalid_argument(fmt::format("--model {}: not a directory", args.model_dir)));
+    }
+    tokenizer = model::load_tokenizer(args.model_dir, *vocab_size);
+  }
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+  const model::Tokenizer& t = **tokenizer;
+  if (!args.jsonl) {
+    const std::string text(std::istreambuf_iterator<char>(std::cin), {});
+    fmt::print("{}\n", ids_text(t.encode(text), args.json));
+    return 0;
+  }
+  std::string line;
+  for (int64_t number = 1; std::getline(std::cin, line); ++number) {
+    std::string text;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (!j.is_string()) throw std::invalid_argument("not a JSON string");
+      text = j.get<std::string>();
+    } catch (const std::exception& e) {
+      return fail(Status::invalid_argument(
+          fmt::format("<stdin>:{}: each --jsonl line must be one JSON string: {}", number, e.what())));
+    }
+    fmt::print("{}\n", ids_text(t.encode(text), true));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_tokenize(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize", "Text on stdin to token ids (special-token strings recognised; no BOS/EOS)");
+  CLI::Option* model = cmd->add_option(
+      "--model", args->model_dir, "A model directory: its tokenizer.json, else tokenizer.model, else bytes");
+  CLI::Option* file = cmd->add_option("--tokenizer", args->tokenizer_file, "A Hugging Face tokenizer.json");
+  model->excludes(file);
+  cmd->add_flag("--chat", args->chat,
+                "Render stdin's messages with the chat template first (not supported yet)");
+  cmd->add_flag("--json", args->json, "Print the ids as a JSON array");
+  cmd->add_flag("--jsonl", args->jsonl,
+                "Each stdin line is a JSON string; print one JSON array of ids a line");
+  cmd->callback([args, model, file, &exit_code] {
+    if (model->count() == 0 && file->count() == 0) {
+      exit_code = fail(Status::invalid_argument("tokenize: give --model DIR or --tokenizer FILE"));
+      return;
+    }
+    run_guarded(exit_code, [&] { return run_tokenize(*args); });
+  });
+}
+
+}  // namespace crescent::cli

@@ -1,0 +1,744 @@
+#include "model/hf_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <fmt/format.h>
+#include <pcre2.h>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+namespace crescent::model {
+namespace {
+
+using nlohmann::json;
+
+// GPT-2's bytes_to_unicode: each byte stands for one printable code point in the vocab's strings (the
+// printable Latin-1 bytes for themselves, the others for U+0100 on, in order).
+std::array<char32_t, 256> byte_to_code_point() {
+  std::array<char32_t, 256> map{};
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    map[b] = printable ? static_cast<char32_t>(b) : next++;
+  }
+  return map;
+}
+
+void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+}
+
+// The length of the well-formed UTF-8 sequence at s[i], or 0 when it is ill-formed; `*maximal` gets the
+// length of the maximal subpart to replace by one U+FFFD (Unicode §3.9, the WHATWG decoder's rule: at least
+// 1).
+size_t utf8_sequence(std::string_view s, size_t i, size_t* maximal) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = byte(i);
+  *maximal = 1;
+  if (c < 0x80) return 1;
+  size_t need;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    need = 1;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    need = 2;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    need = 3;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  for (size_t k = 1; k <= need; ++k) {
+    if (i + k >= s.size()) return 0;
+    const unsigned char b = byte(i + k);
+    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return 0;
+    *maximal = k + 1;
+  }
+  return need + 1;
+}
+
+// `text` with each maximal ill-formed subsequence replaced by U+FFFD; `text` itself when it is valid.
+std::string_view valid_utf8(std::string_view text, std::string& storage) {
+  size_t i = 0;
+  size_t maximal = 0;
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    const size_t n = utf8_sequence(text, i, &maximal);
+    if (n == 0) break;
+    i += n;
+  }
+  if (i == text.size()) return text;
+  storage.assign(text.substr(0, i));
+  while (i < text.size()) {
+    const size_t n = utf8_sequence(text, i, &maximal);
+    if (n == 0) {
+      storage += "\xEF\xBF\xBD";
+      i += maximal;
+    } else {
+      storage.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  return storage;
+}
+
+// A compiled split pattern (PCRE2 owns the memory).
+struct Regex {
+  std::shared_ptr<pcre2_code> code;
+};
+
+Result<Regex> compile_regex(const std::string& pattern, bool literal) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK;
+  if (literal) options |= PCRE2_LITERAL;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+                                   &error, &offset, nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof message);
+    return Status::invalid_argument(fmt::format("the regex {} does not compile at offset {}: {}",
+                                                json(pattern).dump(), offset,
+                                                reinterpret_cast<char*>(message)));
+  }
+  (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // without JIT (not built in), pcre2_match interprets
+  return Regex{std::shared_ptr<pcre2_code>(code, pcre2_code_free)};
+}
+
+// One pre-tokenization step: Split (Isolated) by `regex`. ByteLevel is not a step: the model works on bytes.
+struct SplitStep {
+  Regex regex;
+};
+
+// The model's vocabulary maps strings of byte-level code points; crescent keeps ids by their bytes.
+constexpr int32_t kNone = -1;
+
+uint64_t pair_key(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+struct Merge {
+  int32_t rank;
+  int32_t merged_id;
+};
+
+// Merges by (left id, right id): open addressing, linear probing, a power-of-two table at most half full.
+// std::unordered_map spent a third of encode's time in its bucket arithmetic.
+class MergeTable {
+ public:
+  void reserve(size_t n) {
+    size_t capacity = 16;
+    while (capacity < 2 * n) capacity *= 2;
+    slots_.assign(capacity, Slot{kEmpty, {}});
+    mask_ = capacity - 1;
+  }
+  // A pair listed twice keeps its last rank, as HF's (Rust HashMap collect) and the oracle's (JS Map) do.
+  void insert(uint64_t key, Merge merge) {
+    for (size_t i = index(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) {
+        slots_[i].merge = merge;
+        return;
+      }
+      if (slots_[i].key == kEmpty) {
+        slots_[i] = {key, merge};
+        return;
+      }
+    }
+  }
+  const Merge* find(uint64_t key) const {
+    for (size_t i = index(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return &slots_[i].merge;
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // ids are >= 0: no pair has this key
+  struct Slot {
+    uint64_t key;
+    Merge merge;
+  };
+  size_t index(uint64_t key) const {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20) & mask_;
+  }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+};
+
+// Added tokens in a byte trie: leftmost-longest match, as HF's aho-corasick (MatchKind::LeftmostLongest).
+struct AddedToken {
+  std::string content;
+  int32_t id;
+  bool lstrip, rstrip, special;
+};
+
+class Trie {
+ public:
+  void insert(std::string_view s, int32_t value) {
+    int32_t node = 0;
+    for (unsigned char c : s) {
+      auto& child = nodes_[node].next[c];
+      if (child == 0) {
+        child = static_cast<int32_t>(nodes_.size());
+        nodes_.emplace_back();
+      }
+      node = nodes_[node].next[c];  // nodes_ may have moved
+    }
+    nodes_[node].value = value;
+    first_bytes_[static_cast<unsigned char>(s[0])] = true;
+  }
+  bool may_start(unsigned char c) const { return first_bytes_[c]; }
+  // The value and length of the longest key at text[i], or {kNone, 0}.
+  std::pair<int32_t, size_t> longest(std::string_view text, size_t i) const {
+    int32_t node = 0;
+    std::pair<int32_t, size_t> best{kNone, 0};
+    for (size_t k = i; k < text.size(); ++k) {
+      auto it = nodes_[node].next.find(static_cast<unsigned char>(text[k]));
+      if (it == nodes_[node].next.end()) break;
+      node = it->second;
+      if (nodes_[node].value != kNone) best = {nodes_[node].value, k + 1 - i};
+    }
+    return best;
+  }
+
+ private:
+  struct Node {
+    std::unordered_map<unsigned char, int32_t> next;
+    int32_t value = kNone;
+  };
+  std::vector<Node> nodes_ = std::vector<Node>(1);
+  std::array<bool, 256> first_bytes_{};
+};
+
+// Unicode's White_Space property (what HF's Rust char::is_whitespace and JS's trim take off for
+// lstrip/rstrip).
+bool is_white_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
+}
+
+// The code point of the valid UTF-8 sequence of `n` bytes at s[i].
+char32_t decode_at(std::string_view s, size_t i, size_t n) {
+  char32_t c = static_cast<unsigned char>(s[i]);
+  if (n == 1) return c;
+  c &= (0xFF >> (n + 1));
+  for (size_t k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return c;
+}
+
+// Bytes of white space in valid UTF-8 `s` from `i` on (rstrip), or ending at `end` (lstrip).
+size_t white_space_after(std::string_view s, size_t i) {
+  size_t at = i, maximal = 0;
+  while (at < s.size()) {
+    const size_t n = utf8_sequence(s, at, &maximal);
+    if (n == 0 || !is_white_space(decode_at(s, at, n))) break;
+    at += n;
+  }
+  return at - i;
+}
+size_t white_space_before(std::string_view s, size_t begin, size_t end) {
+  size_t at = end, maximal = 0;
+  while (at > begin) {
+    size_t start = at - 1;
+    while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    const size_t n = utf8_sequence(s, start, &maximal);
+    if (n != at - start || !is_white_space(decode_at(s, start, n))) break;
+    at = start;
+  }
+  return end - at;
+}
+
+std::atomic<uint64_t> next_serial{1};
+
+class HuggingFaceTokenizer final : public Tokenizer {
+ public:
+  static Result<std::unique_ptr<Tokenizer>> load(const std::string& path);
+
+  std::vector<int64_t> encode(std::string_view raw) const override {
+    std::vector<int64_t> ids;
+    std::string storage;
+    const std::string_view text = valid_utf8(raw, storage);
+    // Added tokens first, on the raw text: the sections between them go through the pipeline.
+    size_t section_start = 0;
+    size_t i = 0;
+    while (i < text.size()) {
+      if (!added_.may_start(static_cast<unsigned char>(text[i]))) {
+        ++i;
+        continue;
+      }
+      const auto [index, length] = added_.longest(text, i);
+      if (index == kNone) {
+        ++i;
+        continue;
+      }
+      const AddedToken& token = added_tokens_[index];
+      size_t end = i;
+      if (token.lstrip) {
+        end -= white_space_before(text, section_start, end);
+      }
+      encode_section(text.substr(section_start, end - section_start), ids);
+      ids.push_back(token.id);
+      i += length;
+      if (token.rstrip) {
+        i += white_space_after(text, i);
+      }
+      section_start = i;
+    }
+    encode_section(text.substr(section_start), ids);
+    return ids;
+  }
+
+  std::string token_bytes(int64_t id) const override {
+    return id >= 0 && id < static_cast<int64_t>(bytes_.size()) ? bytes_[id] : std::string();
+  }
+  std::optional<int64_t> eos_token() const override { return eos_; }
+  int64_t vocab_size() const override { return static_cast<int64_t>(bytes_.size()); }
+  std::string_view kind() const override { return "huggingface"; }
+
+ private:
+  // A section of text between added tokens: normalize, pre-tokenize, BPE each piece.
+  void encode_section(std::string_view section, std::vector<int64_t>& ids) const {
+    if (section.empty()) return;
+    std::string normalized;
+    if (nfc_ && needs_nfc(section)) {
+      UErrorCode status = U_ZERO_ERROR;
+      icu::StringByteSink<std::string> sink(&normalized);
+      nfc_->normalizeUTF8(0, icu::StringPiece(section.data(), static_cast<int32_t>(section.size())), sink,
+                          nullptr, status);
+      if (U_SUCCESS(status)) section = normalized;  // valid UTF-8 in: ICU does not fail
+    }
+    std::vector<std::string_view> pieces{section}, next;
+    for (const SplitStep& step : splits_) {
+      next.clear();
+      for (std::string_view piece : pieces) split_isolated(step.regex, piece, next);
+      pieces.swap(next);
+    }
+    for (std::string_view piece : pieces) encode_word(piece, ids);
+  }
+
+  // Code points below U+0300 are NFC and never combine with what follows: text of only those is left as is.
+  static bool needs_nfc(std::string_view s) {
+    for (unsigned char c : s) {
+      if (c >= 0xCC) return true;
+    }
+    return false;
+  }
+
+  // HF's Split with behavior Isolated: each match is a piece, and so is each stretch between matches.
+  static void split_isolated(const Regex& regex, std::string_view text, std::vector<std::string_view>& out) {
+    thread_local std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
+        pcre2_match_data_create(8, nullptr), pcre2_match_data_free);
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    size_t offset = 0, last = 0;
+    while (offset < text.size()) {
+      int rc = pcre2_match(regex.code.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK, data.get(),
+                           nullptr);
+      if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {  // e.g. JIT stack exhausted: the interpreter keeps its own
+        rc = pcre2_match(regex.code.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                         data.get(), nullptr);
+      }
+      if (rc < 0) break;  // no more matches (or the interpreter's heap limit: the rest is one piece)
+      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
+      const size_t start = ovector[0], end = ovector[1];
+      if (end == start) {  // an empty match splits nothing: move on one code point
+        offset = start + 1;
+        while (offset < text.size() && (static_cast<unsigned char>(text[offset]) & 0xC0) == 0x80) ++offset;
+        continue;
+      }
+      if (start > last) out.push_back(text.substr(last, start - last));
+      out.push_back(text.substr(start, end - start));
+      last = offset = end;
+    }
+    if (last < text.size()) out.push_back(text.substr(last));
+  }
+
+  // One pre-tokenized piece through BPE, its ids appended. Words seen recently come from this thread's cache:
+  // direct-mapped by the word's hash (a miss overwrites the slot), so its memory is bounded and a lookup is
+  // one hash and one compare.
+  void encode_word(std::string_view word, std::vector<int64_t>& ids) const {
+    if (word.empty()) return;
+    struct Entry {
+      std::string word;
+      std::vector<int32_t> ids;
+    };
+    // This thread's caches, by tokenizer serial (a thread may use a few tokenizers; at most 4 are kept).
+    thread_local std::vector<std::pair<uint64_t, std::unique_ptr<std::vector<Entry>>>> caches;
+    thread_local std::vector<Entry>* cache = nullptr;
+    thread_local uint64_t cache_serial = 0;
+    if (cache == nullptr || cache_serial != serial_) {
+      auto it = std::find_if(caches.begin(), caches.end(), [&](const auto& c) { return c.first == serial_; });
+      if (it == caches.end()) {
+        if (caches.size() >= 4) caches.erase(caches.begin());
+        caches.emplace_back(serial_, std::make_unique<std::vector<Entry>>(kCacheWords));
+        it = caches.end() - 1;
+      }
+      cache = it->second.get();
+      cache_serial = serial_;
+    }
+    Entry& entry = (*cache)[XXH3_64bits(word.data(), word.size()) & (kCacheWords - 1)];
+    if (entry.word.size() == word.size() && !entry.ids.empty() && entry.word == word) {
+      ids.insert(ids.end(), entry.ids.begin(), entry.ids.end());
+      return;
+    }
+    const size_t first = ids.size();
+    bool whole = false;
+    if (ignore_merges_) {  // Llama 3: a piece that is a token is that token, whatever the merges would make
+      auto it = vocab_by_bytes_.find(std::string(word));
+      if (it != vocab_by_bytes_.end()) {
+        ids.push_back(it->second);
+        whole = true;
+      }
+    }
+    if (!whole) bpe(word, ids);
+    if (word.size() <= kCacheWordBytes) {
+      entry.word.assign(word);
+      entry.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end());
+    }
+  }
+
+  // Byte-pair merging as HF's BPE::merge_word: repeatedly merge the adjacent pair of lowest rank, the
+  // leftmost of equal ranks, with a heap of candidate merges checked when popped.
+  void bpe(std::string_view word, std::vector<int64_t>& ids) const {
+    struct Symbol {
+      int32_t id, prev, next;
+    };
+    struct Candidate {
+      int32_t rank, pos, merged_id;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    thread_local std::vector<Symbol> symbols;
+    thread_local std::vector<Candidate> heap_storage;
+    symbols.clear();
+    const int32_t n = static_cast<int32_t>(word.size());
+    for (int32_t i = 0; i < n; ++i) {
+      symbols.push_back({byte_ids_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : kNone});
+    }
+    std::vector<Candidate>& heap = heap_storage;  // a min-heap (std::greater) reused across calls
+    heap.clear();
+    auto consider = [&](int32_t pos) {
+      const int32_t next = symbols[pos].next;
+      if (next == kNone) return;
+      if (const Merge* m = merges_.find(pair_key(symbols[pos].id, symbols[next].id))) {
+        heap.push_back({m->rank, pos, m->merged_id});
+        std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+      }
+    };
+    for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+      const Candidate top = heap.back();
+      heap.pop_back();
+      Symbol& left = symbols[top.pos];
+      if (left.id == kNone || left.next == kNone) continue;  // merged away, or nothing to its right
+      Symbol& right = symbols[left.next];
+      const Merge* m = merges_.find(pair_key(left.id, right.id));
+      if (m == nullptr || m->merged_id != top.merged_id) continue;  // stale
+      left.id = top.merged_id;
+      right.id = kNone;
+      left.next = right.next;
+      if (left.next != kNone) symbols[left.next].prev = top.pos;
+      if (left.prev != kNone) consider(left.prev);
+      consider(top.pos);
+    }
+    for (int32_t i = 0; i != kNone; i = symbols[i].next) {
+      if (symbols[i].id != kNone) ids.push_back(symbols[i].id);
+    }
+  }
+
+  static constexpr size_t kCacheWords = 1 << 16;  // slots of each thread's word cache
+  static constexpr size_t kCacheWordBytes = 256;  // longer words are not cached
+
+  const uint64_t serial_ = next_serial.fetch_add(1);  // names this tokenizer in the threads' caches
+  std::array<int32_t, 256> byte_ids_{};
+  MergeTable merges_;
+  std::unordered_map<std::string, int32_t> vocab_by_bytes_;  // for ignore_merges
+  bool ignore_merges_ = false;
+  const icu::Normalizer2* nfc_ = nullptr;
+  std::vector<SplitStep> splits_;
+  std::vector<AddedToken> added_tokens_;
+  Trie added_;
+  std::vector<std::string> bytes_;  // by id
+  std::optional<int64_t> eos_;
+};
+
+// GPT-2's split pattern, what ByteLevel's use_regex means.
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string type_of(const json& j) {
+  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?";
+}
+
+bool is_null_or_empty(const json& j, const char* key) {
+  return !j.contains(key) || j[key].is_null() || (j[key].is_string() && j[key].get<std::string>().empty());
+}
+
+bool is_true(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_boolean() && j[key].get<bool>();
+}
+
+Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string& path) {
+  auto fail = [&](const std::string& what) -> Status {
+    return Status::invalid_argument(fmt::format("{}: {}", path, what));
+  };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail("cannot be read");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  json file;
+  try {
+    file = json::parse(buffer.str());
+  } catch (const json::exception& e) {
+    return fail(fmt::format("not JSON: {}", e.what()));
+  }
+  if (!file.is_object() || !file.contains("model") || !file["model"].is_object()) {
+    return fail("not a tokenizer.json (no \"model\" object)");
+  }
+  auto t = std::unique_ptr<HuggingFaceTokenizer>(new HuggingFaceTokenizer());
+  try {
+    // Normalizer.
+    const json normalizer = file.value("normalizer", json());
+    std::vector<json> normalizers;
+    if (type_of(normalizer) == "Sequence") {
+      for (const json& n : normalizer.value("normalizers", json::array())) normalizers.push_back(n);
+    } else if (!normalizer.is_null()) {
+      normalizers.push_back(normalizer);
+    }
+    for (const json& n : normalizers) {
+      if (type_of(n) != "NFC") {
+        return fail(fmt::format("normalizer type \"{}\" is not supported (only NFC, or none)", type_of(n)));
+      }
+      UErrorCode status = U_ZERO_ERROR;
+      t->nfc_ = icu::Normalizer2::getNFCInstance(status);
+      if (U_FAILURE(status)) return fail(fmt::format("ICU's NFC is unavailable: {}", u_errorName(status)));
+    }
+
+    // Pre-tokenizer: Split steps, then ByteLevel last.
+    const json pre = file.value("pre_tokenizer", json());
+    std::vector<json> steps;
+    if (type_of(pre) == "Sequence") {
+      for (const json& p : pre.value("pretokenizers", json::array())) steps.push_back(p);
+    } else if (!pre.is_null()) {
+      steps.push_back(pre);
+    }
+    if (steps.empty() || type_of(steps.back()) != "ByteLevel") {
+      return fail("pre_tokenizer: only byte-level BPE is supported (a ByteLevel pre-tokenizer, last), got " +
+                  (pre.is_null() ? std::string("none") : pre.dump().substr(0, 200)));
+    }
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const json& step = steps[i];
+      const std::string type = type_of(step);
+      if (type == "ByteLevel") {
+        if (i + 1 != steps.size()) return fail("pre_tokenizer: ByteLevel must be the last step");
+        if (is_true(step, "add_prefix_space")) {
+          return fail("pre_tokenizer ByteLevel with add_prefix_space true is not supported");
+        }
+        if (step.value("use_regex", true)) {
+          auto regex = compile_regex(kGpt2Pattern, false);
+          if (!regex.ok()) return fail(regex.status().message());
+          t->splits_.push_back({*regex});
+        }
+      } else if (type == "Split") {
+        if (step.value("behavior", std::string()) != "Isolated" || is_true(step, "invert")) {
+          return fail(fmt::format(
+              "pre_tokenizer Split with behavior \"{}\"{} is not supported (only Isolated)",
+              step.value("behavior", std::string("?")), is_true(step, "invert") ? " and invert" : ""));
+        }
+        const json& pattern = step.at("pattern");
+        const bool literal = pattern.contains("String");
+        if (!literal && !pattern.contains("Regex"))
+          return fail("pre_tokenizer Split: no Regex or String pattern");
+        auto regex = compile_regex(pattern.at(literal ? "String" : "Regex").get<std::string>(), literal);
+        if (!regex.ok()) return fail("pre_tokenizer Split: " + regex.status().message());
+        t->splits_.push_back({*regex});
+      } else {
+        return fail(
+            fmt::format("pre_tokenizer type \"{}\" is not supported (only Split and ByteLevel)", type));
+      }
+    }
+
+    // Decoder.
+    const json decoder = file.value("decoder", json());
+    if (!decoder.is_null() && type_of(decoder) != "ByteLevel") {
+      return fail(fmt::format("decoder type \"{}\" is not supported (only ByteLevel)", type_of(decoder)));
+    }
+
+    // Model.
+    const json& model = file["model"];
+    if (type_of(model) != "BPE") {
+      return fail(fmt::format("model type \"{}\" is not supported (only BPE)", type_of(model)));
+    }
+    if (!model.value("dropout", json()).is_null()) return fail("model BPE with dropout is not supported");
+    if (is_true(model, "byte_fallback")) return fail("model BPE with byte_fallback is not supported");
+    if (!is_null_or_empty(model, "continuing_subword_prefix") ||
+        !is_null_or_empty(model, "end_of_word_suffix")) {
+      return fail("model BPE with continuing_subword_prefix or end_of_word_suffix is not supported");
+    }
+    t->ignore_merges_ = is_true(model, "ignore_merges");
+
+    std::array<char32_t, 256> to_code_point = byte_to_code_point();
+    std::unordered_map<char32_t, unsigned char> to_byte;
+    for (int b = 0; b < 256; ++b) to_byte[to_code_point[b]] = static_cast<unsigned char>(b);
+    // A vocab string's bytes: each code point is a byte (ByteLevel); a string with any other code point
+    // stands for its own UTF-8, as HF's ByteLevel decoder does.
+    auto vocab_bytes = [&](const std::string& s) {
+      std::string out;
+      size_t maximal = 0;
+      for (size_t i = 0; i < s.size();) {
+        const size_t n = utf8_sequence(s, i, &maximal);
+        if (n == 0) return s;
+        auto it = to_byte.find(decode_at(s, i, n));
+        if (it == to_byte.end()) return s;
+        out += static_cast<char>(it->second);
+        i += n;
+      }
+      return out;
+    };
+
+    const json& vocab = model.at("vocab");
+    if (!vocab.is_object()) return fail("model.vocab is not an object");
+    std::unordered_map<std::string, int32_t> vocab_by_string;
+    vocab_by_string.reserve(vocab.size());
+    int64_t max_id = -1;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      const int64_t id = it.value().get<int64_t>();
+      if (id < 0 || id >= (int64_t{1} << 30)) return fail(fmt::format("vocab id {} is out of range", id));
+      vocab_by_string.emplace(it.key(), static_cast<int32_t>(id));
+      max_id = std::max(max_id, id);
+    }
+    std::vector<AddedToken> added;
+    for (const json& a : file.value("added_tokens", json::array())) {
+      AddedToken token{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), is_true(a, "lstrip"),
+                       is_true(a, "rstrip"), is_true(a, "special")};
+      if (token.content.empty()) return fail("an added token has empty content");
+      if (is_true(a, "single_word")) {
+        return fail(fmt::format("added token {} has single_word true, which is not supported",
+                                json(token.content).dump()));
+      }
+      if (is_true(a, "normalized") && t->nfc_ != nullptr) {
+        return fail(
+            fmt::format("added token {} has normalized true with a normalizer, which is not supported",
+                        json(token.content).dump()));
+      }
+      if (token.id < 0)
+        return fail(fmt::format("added token {} has a negative id", json(token.content).dump()));
+      max_id = std::max<int64_t>(max_id, token.id);
+      added.push_back(std::move(token));
+    }
+    t->bytes_.assign(static_cast<size_t>(max_id + 1), std::string());
+    t->vocab_by_bytes_.reserve(vocab_by_string.size());
+    for (const auto& [s, id] : vocab_by_string) {
+      t->bytes_[id] = vocab_bytes(s);
+      t->vocab_by_bytes_.emplace(t->bytes_[id], id);
+    }
+    for (int b = 0; b < 256; ++b) {
+      std::string s;
+      append_utf8(s, to_code_point[b]);
+      auto it = vocab_by_string.find(s);
+      if (it == vocab_by_string.end()) {
+        return fail(
+            fmt::format("the vocab has no token for byte 0x{:02X} (\"{}\"): not a byte-level BPE", b, s));
+      }
+      t->byte_ids_[b] = it->second;
+    }
+
+    const json& merges = model.at("merges");
+    t->merges_.reserve(merges.size());
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      const json& m = merges[rank];
+      std::string left, right;
+      if (m.is_string()) {
+        const std::string s = m.get<std::string>();
+        const size_t space = s.find(' ');
+        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+          return fail(fmt::format("merge {} is not two tokens separated by one space", m.dump()));
+        }
+        left = s.substr(0, space);
+        right = s.substr(space + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        left = m[0].get<std::string>();
+        right = m[1].get<std::string>();
+      } else {
+        return fail(fmt::format("merge {} is neither \"a b\" nor [\"a\", \"b\"]", m.dump()));
+      }
+      auto l = vocab_by_string.find(left), r = vocab_by_string.find(right),
+           merged = vocab_by_string.find(left + right);
+      if (l == vocab_by_string.end() || r == vocab_by_string.end() || merged == vocab_by_string.end()) {
+        return fail(fmt::format("merge {}: {} is not in the vocab", m.dump(),
+                                l == vocab_by_string.end()   ? json(left).dump()
+                                : r == vocab_by_string.end() ? json(right).dump()
+                                                             : json(left + right).dump()));
+      }
+      t->merges_.insert(pair_key(l->second, r->second), Merge{static_cast<int32_t>(rank), merged->second});
+    }
+
+    for (size_t i = 0; i < added.size(); ++i) {
+      const AddedToken& token = added[i];
+      t->bytes_[token.id] = token.special ? std::string() : token.content;
+      t->added_.insert(token.content, static_cast<int32_t>(i));
+    }
+    t->added_tokens_ = std::move(added);
+  } catch (const json::exception& e) {
+    return fail(fmt::format("not a tokenizer.json crescent understands: {}", e.what()));
+  }
+
+  // EOS: tokenizer_config.json's eos_token beside the file.
+  const std::string config_path =
+      (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
+  std::ifstream config_in(config_path);
+  if (config_in) {
+    try {
+      const json config = json::parse(config_in);
+      json eos = config.value("eos_token", json());
+      if (eos.is_object()) eos = eos.value("content", json());
+      if (eos.is_string()) {
+        const std::string name = eos.get<std::string>();
+        for (const AddedToken& token : t->added_tokens_) {
+          if (token.content == name) t->eos_ = token.id;
+        }
+      }
+    } catch (const json::exception& e) {
+      return Status::invalid_argument(fmt::format("{}: not JSON: {}", config_path, e.what()));
+    }
+  }
+  return std::unique_ptr<Tokenizer>(std::move(t));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Tokenizer>> load_huggingface_tokenizer(const std::string& path) {
+  return HuggingFaceTokenizer::load(path);
+}
+
+}  // namespace crescent::model

