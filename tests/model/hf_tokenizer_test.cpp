@@ -419,8 +419,8 @@ TEST(HfTokenizer, UnsupportedFeaturesAreRefusedByName) {
 
 // Text per second per core, crescent against the oracle on the same corpus in the same run
 // (docs/benchmarks.md quotes it): crescent must be at least 5x the JS implementation. One thread each, warm
-// caches both.
-TEST_P(HfTokenizerOracle, AtLeastFiveTimesTheOraclesThroughput) {
+// caches both. A benchmark, not a unit test (timed: it runs only when asked, see docs/benchmarks.md).
+TEST_P(HfTokenizerOracle, DISABLED_AtLeastFiveTimesTheOraclesThroughput) {
   ASSERT_TRUE(oracle_installed());
   const std::string name = GetParam();
   test::TempDir dir;
@@ -447,9 +447,9 @@ TEST_P(HfTokenizerOracle, AtLeastFiveTimesTheOraclesThroughput) {
   const double crescent_mb_per_s = static_cast<double>(bytes_per_round * rounds) / seconds / 1e6;
   const double oracle_mb_per_s = oracle.at("mb_per_s").get<double>();
   std::printf(
-      "bench tokenizer %s: crescent %.2f MB/s, oracle (@lenml/tokenizers on node %s) %.2f MB/s: %.1fx "
+      "bench tokenizer %s: crescent %.2f MB/s, oracle (@lenml/tokenizers) %.2f MB/s: %.1fx "
       "(%zu bytes a round, %zu tokens)\n",
-      name.c_str(), crescent_mb_per_s, "20", oracle_mb_per_s, crescent_mb_per_s / oracle_mb_per_s,
+      name.c_str(), crescent_mb_per_s, oracle_mb_per_s, crescent_mb_per_s / oracle_mb_per_s,
       bytes_per_round, sink);
   EXPECT_GE(crescent_mb_per_s, 5 * oracle_mb_per_s);
 }
