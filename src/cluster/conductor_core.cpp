@@ -271,7 +271,11 @@ double ConductorCore::next_deadline_s() const {
 
 double ConductorCore::stage_deadline_s(uint64_t id) const {
   auto it = requests_.find(id);
-  return it == requests_.end() ? std::numeric_limits<double>::infinity() : it->second.stage_deadline_s;
+  if (it == requests_.end()) return std::numeric_limits<double>::infinity();
+  const Live& live = it->second;
+  // Decoding's queued entry moves on lazily; the deadline itself moved with the last token.
+  return live.stage == RequestStage::kDecoding ? live.decode_progress_s + live.decode_window_s
+                                               : live.stage_deadline_s;
 }
 
 int64_t ConductorCore::next_mock_token(uint64_t id) const {
