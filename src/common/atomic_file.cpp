@@ -111,6 +111,59 @@ Status write_file_atomically(const std::string& path, std::string_view content) 
   return write_files_atomically({&file, 1});
 }
 
+Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::open(const std::string& path) {
+  std::string target = resolved_target(path);
+  std::string temp;
+  int fd = -1;
+  if (is_special(target)) {
+    fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+  } else {
+    fd = create_temp_beside(target, temp);
+  }
+  if (fd < 0) return Status::io_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, std::move(target), std::move(temp), fd));
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path, std::string target, std::string temp, int fd)
+    : path_(std::move(path)), target_(std::move(target)), temp_(std::move(temp)), fd_(fd) {}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+}
+
+Status AtomicFileWriter::flush() {
+  if (error_.ok() && !write_all(fd_, buffer_)) {
+    error_ = Status::io_error(fmt::format("cannot write '{}': {}", path_, std::strerror(errno)));
+  }
+  buffer_.clear();
+  return error_;
+}
+
+Status AtomicFileWriter::write(std::string_view content) {
+  if (!error_.ok() || fd_ < 0) return error_.ok() ? Status::io_error(path_ + ": already committed") : error_;
+  buffer_.append(content);
+  if (buffer_.size() >= (size_t{1} << 20)) return flush();
+  return Status();
+}
+
+Status AtomicFileWriter::commit() {
+  if (fd_ < 0) return Status::io_error(path_ + ": already committed");
+  CRESCENT_RETURN_IF_ERROR(flush());
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    error_ = Status::io_error(fmt::format("cannot write '{}': {}", path_, std::strerror(errno)));
+    return error_;
+  }
+  if (!temp_.empty() && std::rename(temp_.c_str(), target_.c_str()) != 0) {
+    error_ = Status::io_error(fmt::format("cannot write '{}': {}", path_, std::strerror(errno)));
+    return error_;
+  }
+  temp_.clear();
+  return Status();
+}
+
 Status ensure_writable_directory(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -1,6 +1,7 @@
 // Writing result files so that no reader ever sees a partial one; reading small files (keys, secrets) whole.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,6 +27,35 @@ Status write_files_atomically(std::span<const FileContent> files);
 /// holding all of `content` or stays as it was. Errors (kIoError) name the path and the OS's reason; the
 /// temporary file is removed.
 Status write_file_atomically(const std::string& path, std::string_view content);
+
+/// A file written piece by piece (an output too large to hold, such as an imported trace) that readers see
+/// whole or not at all: the pieces go to a temporary file beside the target, renamed onto it by commit(). A
+/// target that exists and is not a regular file (a pipe, a terminal, /dev/stdout) is written in place as the
+/// pieces come. Destroyed without commit(), the temporary file is removed and the target is unchanged.
+class AtomicFileWriter {
+ public:
+  /// Starts writing `path`. Errors (kIoError) name the path and the OS's reason.
+  static Result<std::unique_ptr<AtomicFileWriter>> open(const std::string& path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  /// Appends `content` (buffered). Errors (kIoError) name the path; after one, commit() fails.
+  Status write(std::string_view content);
+  /// Flushes and renames the file into place. Errors (kIoError) name the path; the temporary file is removed.
+  Status commit();
+
+ private:
+  AtomicFileWriter(std::string path, std::string target, std::string temp, int fd);
+  Status flush();
+
+  std::string path_;    // as given, for messages
+  std::string target_;  // symlinks resolved
+  std::string temp_;    // empty when written in place
+  int fd_ = -1;
+  std::string buffer_;
+  Status error_;
+};
 
 /// Creates directory `dir` and its parents when missing, and checks that files can be created in it.
 /// Errors (kIoError) name the directory and the OS's reason.

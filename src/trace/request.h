@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -17,6 +18,12 @@ struct Request {
   int64_t output_tokens = 0;  // generated tokens, including the first one (`output_length`)
   /// One key per block of the prompt (`hash_ids`): ceil(input_tokens / block_size) entries.
   std::vector<BlockKey> block_keys;
+  /// The session (conversation, user) the request belongs to (`session_id`, optional): requests of one session
+  /// share it. Written by `crescent trace import`; the released Mooncake traces have none.
+  std::optional<int64_t> session_id = std::nullopt;
+  /// The prompt's token ids (`token_ids`, optional, input_tokens of them), kept by `trace import --keep-tokens`
+  /// so the trace can be re-keyed at another block size; empty when the trace has none or they were not read.
+  std::vector<int64_t> token_ids = {};
   int64_t line = 0;  // 1-based line of the trace file it was read from (0 when not read from a file)
 };
 
