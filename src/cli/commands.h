@@ -90,6 +90,12 @@ void register_replay(CLI::App& app, int& exit_code);
 void register_profile(CLI::App& app, int& exit_code);
 /// `crescent model init|check`: model directories for the real executor (cli/model.cpp).
 void register_model(CLI::App& app, int& exit_code);
+/// `crescent trace import|transform` (cli/trace.cpp).
+void register_trace(CLI::App& app, int& exit_code);
+/// `crescent trace import` under `trace` (cli/trace_import.cpp).
+void register_trace_import(CLI::App& trace_cmd, int& exit_code);
+/// `crescent trace transform` under `trace` (cli/trace_transform.cpp).
+void register_trace_transform(CLI::App& trace_cmd, int& exit_code);
 /// `crescent tokenize` (tokenize.cpp).
 void register_tokenize(CLI::App& app, int& exit_code);
 

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   crescent::cli::register_model(app, exit_code);
   crescent::cli::register_profile(app, exit_code);
   crescent::cli::register_tokenize(app, exit_code);
+  crescent::cli::register_trace(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
