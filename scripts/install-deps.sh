@@ -12,7 +12,7 @@ packages=(
   libboost-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
   gnuplot-nox
   libopenblas-dev libdnnl-dev libeigen3-dev python3-numpy libsentencepiece-dev
-  libpcre2-dev libicu-dev
+  libpcre2-dev libicu-dev libcsv-dev libhowardhinnant-date-dev
   python3-xxhash python3-jinja2
 )
 

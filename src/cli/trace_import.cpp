@@ -1,11 +1,220 @@
-// `crescent trace import` (issue 23): being written; until then the command says so and exits 2.
+// `crescent trace import`: request logs -> a Mooncake-format trace (issue 23 §3; docs/traces.md).
+//   crescent trace import --format openai-log|sharegpt|csv [--model DIR | --tokenizer FILE] --out TRACE LOG...
+// Tokens from the model's tokenizer and chat template; block keys by the project's chained hash from a secret
+// salt (--salt-file, else a random one), renumbered densely unless --raw-keys; a summary on stderr and, on a
+// terminal, a progress bar. Exit 2 on bad input (file:line and the field), nothing written.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "common/atomic_file.h"
+#include "common/secret.h"
+#include "common/status_line.h"
+#include "common/text_format.h"
+#include "model/hf_tokenizer.h"
+#include "model/tokenizer.h"
+#include "trace/import.h"
+#include "trace/log_import.h"
+#include "trace/writer.h"
 
 namespace crescent::cli {
+namespace {
+
+struct ImportArgs {
+  std::vector<std::string> logs;
+  std::string format = "openai-log";
+  std::string model_dir;
+  std::string tokenizer_file;
+  std::string out;
+  int64_t block_size_tokens = 512;
+  std::string salt_file;
+  bool raw_keys = false;
+  bool keep_tokens = false;
+  bool skip_invalid = false;
+  int64_t default_output_tokens = 256;
+  double reorder_window_s = 300;
+  double session_rate_per_s = 1.0;
+  double think_time_s = 30;
+  uint64_t seed = 1;
+  std::string columns = "azure";
+};
+
+// The salt: the file's bytes without trailing white space, or 32 random bytes nobody keeps.
+Result<std::string> load_salt(const std::string& file) {
+  if (file.empty()) {
+    const auto bytes = ClusterSecret::generate().derive("trace-import-salt");
+    return std::string(bytes.begin(), bytes.end());
+  }
+  Result<std::string> salt = read_small_file(file);
+  if (!salt.ok()) return Status::invalid_argument(fmt::format("--salt-file: {}", salt.status().message()));
+  while (!salt->empty() && std::isspace(static_cast<unsigned char>(salt->back()))) salt->pop_back();
+  if (salt->size() < 16) {
+    return Status::invalid_argument(fmt::format(
+        "--salt-file {}: {} bytes; a salt must be at least 16 (e.g. head -c 32 /dev/urandom | base64)", file,
+        salt->size()));
+  }
+  return salt;
+}
+
+Status check_args(const ImportArgs& args) {
+  auto bad = [](std::string_view flag, auto value, std::string_view expected) {
+    return Status::invalid_argument(fmt::format("{}: must be {}, got {}", flag, expected, value));
+  };
+  if (args.block_size_tokens < 1) return bad("--block-size", args.block_size_tokens, ">= 1");
+  if (args.default_output_tokens < 1) return bad("--default-output-tokens", args.default_output_tokens, ">= 1");
+  if (!(args.reorder_window_s >= 0) || args.reorder_window_s > 1e9) {
+    return bad("--reorder-window-s", args.reorder_window_s, ">= 0");
+  }
+  if (!(args.session_rate_per_s > 0) || args.session_rate_per_s > 1e9) {
+    return bad("--session-rate", args.session_rate_per_s, "> 0");
+  }
+  if (!(args.think_time_s >= 0) || args.think_time_s > 1e9) return bad("--think-time-s", args.think_time_s, ">= 0");
+  if (args.out.empty()) return Status::invalid_argument("trace import: give --out TRACE");
+  return Status();
+}
+
+int run_import(const ImportArgs& args) {
+  if (Status checked = check_args(args); !checked.ok()) return fail(checked);
+  const std::optional<trace::LogFormat> format = trace::parse_log_format(args.format);
+  if (!format) {
+    return fail(Status::invalid_argument(
+        fmt::format("--format: must be openai-log, sharegpt or csv, got '{}'", args.format)));
+  }
+  trace::LogImportOptions options;
+  options.format = *format;
+  options.skip_invalid = args.skip_invalid;
+  options.default_output_tokens = args.default_output_tokens;
+  options.reorder_window_ms = static_cast<int64_t>(args.reorder_window_s * 1000.0);
+  options.session_rate_per_s = args.session_rate_per_s;
+  options.think_time_s = args.think_time_s;
+  options.seed = args.seed;
+  if (*format == trace::LogFormat::kCsv) {
+    Result<trace::CsvColumns> columns = trace::parse_csv_columns(args.columns);
+    if (!columns.ok()) return fail(columns.status());
+    options.csv_columns = *columns;
+  }
+
+  // The tokenizer and chat template of the model the logged requests were served by.
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  trace::PromptEncoder encoder;
+  if (!args.tokenizer_file.empty() || !args.model_dir.empty()) {
+    Result<std::unique_ptr<model::Tokenizer>> loaded =
+        args.tokenizer_file.empty() ? model::load_tokenizer(args.model_dir, std::numeric_limits<int64_t>::max())
+                                    : model::load_huggingface_tokenizer(args.tokenizer_file);
+    if (!loaded.ok()) return fail(loaded.status());
+    tokenizer = std::move(*loaded);
+    encoder.tokenizer = tokenizer.get();
+  } else if (*format != trace::LogFormat::kCsv) {
+    return fail(Status::invalid_argument(fmt::format(
+        "--format {}: give --model DIR or --tokenizer FILE: prompts are counted in the model's tokens",
+        args.format)));
+  }
+
+  Result<std::string> salt = load_salt(args.salt_file);
+  if (!salt.ok()) return fail(salt.status());
+  for (const std::string& log : args.logs) {
+    if (!std::filesystem::exists(log)) {
+      return fail(Status::invalid_argument(fmt::format("{}: no such file", log)));
+    }
+  }
+  auto writer = trace::TraceWriter::open(args.out);
+  if (!writer.ok()) return fail(writer.status());
+  trace::TraceImporter importer({.block_size_tokens = args.block_size_tokens,
+                                 .salt = std::move(*salt),
+                                 .dense_ids = !args.raw_keys,
+                                 .keep_tokens = args.keep_tokens},
+                                **writer);
+
+  // A progress bar on a terminal: bytes of the logs read.
+  StatusLine line;
+  int64_t total_bytes = 0, done_bytes = 0;
+  for (const std::string& log : args.logs) total_bytes += static_cast<int64_t>(std::filesystem::file_size(log));
+  if (line.enabled()) {
+    options.progress = [&](int64_t file_bytes_read) {
+      if (!line.due()) return;
+      const double share = total_bytes > 0 ? static_cast<double>(done_bytes + file_bytes_read) / total_bytes : 1;
+      const int width = 30;
+      const int filled = std::clamp(static_cast<int>(share * width), 0, width);
+      line.draw(fmt::format("importing [{}{}] {:.0f}%, {} requests", std::string(filled, '#'),
+                            std::string(width - filled, '.'), share * 100, grouped(importer.report().requests)));
+    };
+  }
+  trace::LogImporter reader(options, encoder, importer);
+  for (const std::string& log : args.logs) {
+    if (Status read = reader.read(log); !read.ok()) return fail(read);
+    done_bytes += static_cast<int64_t>(std::filesystem::file_size(log));
+  }
+  if (Status finished = importer.finish(); !finished.ok()) return fail(finished);
+  if (importer.report().requests == 0) {
+    return fail(Status::invalid_argument(
+        fmt::format("no requests imported{}", reader.skipped().total_lines > 0
+                                                  ? fmt::format(" ({})", reader.skipped().summary())
+                                                  : std::string())));
+  }
+  if (Status committed = (*writer)->commit(); !committed.ok()) return fail(committed);
+
+  const trace::ImportReport& report = importer.report();
+  if (!reader.skipped().reasons.empty()) fmt::print(stderr, "trace import: {}\n", reader.skipped().summary());
+  fmt::print(stderr,
+             "trace import: {} requests ({} sessions), {} input tokens in {} distinct blocks of {} tokens, {} "
+             "output tokens -> {}\n",
+             grouped(report.requests), grouped(report.sessions), grouped(report.input_tokens),
+             grouped(report.distinct_blocks), args.block_size_tokens, grouped(report.output_tokens), args.out);
+  if (report.lengths_only_requests > 0) {
+    fmt::print(stderr,
+               "trace import: {} requests had lengths only (no text): each of their blocks has a key of its own, "
+               "so this trace carries no prefix reuse from them; its reuse ceiling says nothing about your "
+               "workload's\n",
+               grouped(report.lengths_only_requests));
+  }
+  return 0;
+}
+
+}  // namespace
 
 void register_trace_import(CLI::App& trace_cmd, int& exit_code) {
-  CLI::App* cmd = trace_cmd.add_subcommand("import", "Not implemented yet (issue 23)");
-  cmd->callback([&exit_code] { exit_code = fail(Status::invalid_argument("trace import: not implemented yet")); });
+  auto args = std::make_shared<ImportArgs>();
+  CLI::App* cmd = trace_cmd.add_subcommand(
+      "import", "Request logs -> a Mooncake-format trace (salted block keys: no text is written)");
+  cmd->add_option("logs", args->logs, "Log files (plain or .gz)")->required();
+  cmd->add_option("--format", args->format,
+                  "openai-log (JSONL of request bodies), sharegpt (conversations) or csv (lengths only)")
+      ->capture_default_str();
+  CLI::Option* model = cmd->add_option("--model", args->model_dir,
+                                       "Model directory: its tokenizer and chat template count the prompts");
+  CLI::Option* file = cmd->add_option("--tokenizer", args->tokenizer_file, "A Hugging Face tokenizer.json");
+  model->excludes(file);
+  cmd->add_option("--out", args->out, "The trace to write (JSONL; '-' for stdout)")->required();
+  cmd->add_option("--block-size", args->block_size_tokens, "Tokens per block key")->capture_default_str();
+  cmd->add_option("--salt-file", args->salt_file,
+                  "A secret (>= 16 bytes) seeding the block keys; default: a random one, not kept");
+  cmd->add_flag("--raw-keys", args->raw_keys,
+                "Write the salted 64-bit keys instead of renumbering them 0, 1, 2, ... (imports sharing a salt "
+                "file can then be compared)");
+  cmd->add_flag("--keep-tokens", args->keep_tokens,
+                "Also write each prompt's token ids (re-analysis at other block sizes; reveals the text to "
+                "anyone with the tokenizer)");
+  cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid records (counted on stderr) instead of failing");
+  cmd->add_option("--default-output-tokens", args->default_output_tokens,
+                  "Output length of a request whose record says none")
+      ->capture_default_str();
+  cmd->add_option("--reorder-window-s", args->reorder_window_s,
+                  "openai-log, csv: how far out of time order records may be")
+      ->capture_default_str();
+  cmd->add_option("--session-rate", args->session_rate_per_s, "sharegpt: conversations starting per second")
+      ->capture_default_str();
+  cmd->add_option("--think-time-s", args->think_time_s, "sharegpt: seconds between a conversation's turns")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "sharegpt: seed of the conversations' start times")->capture_default_str();
+  cmd->add_option("--columns", args->columns,
+                  "csv: 'azure', 'burstgpt' or timestamp=COL,input=COL,output=COL[,session=COL]")
+      ->capture_default_str();
+  cmd->callback([args, &exit_code] { run_guarded(exit_code, [&] { return run_import(*args); }); });
 }
 
 }  // namespace crescent::cli

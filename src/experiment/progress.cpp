@@ -10,8 +10,6 @@
 namespace crescent::experiment {
 namespace {
 
-constexpr auto kMinRedraw = std::chrono::milliseconds(100);  // at most 10 updates a second
-
 // 12031 -> "12,031". REQUIRES: n >= 0.
 
 }  // namespace
@@ -26,35 +24,25 @@ std::string format_progress(std::string_view experiment, int run, int total_runs
 ProgressLine::ProgressLine(std::string experiment, int total_runs, std::string time_word)
     : experiment_(std::move(experiment)),
       total_runs_(total_runs),
-      time_word_(std::move(time_word)),
-      enabled_(isatty(STDERR_FILENO) == 1) {}
-
-ProgressLine::~ProgressLine() {
-  if (drawn_) std::fputs("\r\033[K", stderr);
-}
+      time_word_(std::move(time_word)) {}
 
 std::function<void(const sim::SimProgress&)> ProgressLine::start_run(std::string label) {
   ++run_;
   label_ = std::move(label);
-  if (!enabled_) return nullptr;
+  if (!line_.enabled()) return nullptr;
   return [this](const sim::SimProgress& progress) { update(progress); };
 }
 
 void ProgressLine::update(const sim::SimProgress& progress) {
+  if (!line_.due()) return;
   const auto now = Clock::now();
-  if (drawn_ && now - last_drawn_ < kMinRedraw) return;
   const double run_done = progress.requests_total > 0 ? static_cast<double>(progress.requests_arrived) /
                                                             static_cast<double>(progress.requests_total)
                                                       : 0;
   const double done = (run_ - 1 + run_done) / total_runs_;
   const double elapsed_s = std::chrono::duration<double>(now - started_).count();
   const double eta_s = done > 0 ? elapsed_s * (1 - done) / done : -1;
-  // \033[K erases what a longer previous line left on the right.
-  fmt::print(stderr, "\r{}\033[K",
-             format_progress(experiment_, run_, total_runs_, label_, progress, eta_s, time_word_));
-  std::fflush(stderr);
-  drawn_ = true;
-  last_drawn_ = now;
+  line_.draw(format_progress(experiment_, run_, total_runs_, label_, progress, eta_s, time_word_));
 }
 
 }  // namespace crescent::experiment

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/status_line.h"
 #include "sim/simulator.h"
 
 namespace crescent::experiment {
@@ -23,8 +24,6 @@ std::string format_progress(std::string_view experiment, int run, int total_runs
 class ProgressLine {
  public:
   ProgressLine(std::string experiment, int total_runs, std::string time_word = "simulated");
-  /// Clears the line.
-  ~ProgressLine();
   ProgressLine(const ProgressLine&) = delete;
   ProgressLine& operator=(const ProgressLine&) = delete;
 
@@ -36,15 +35,13 @@ class ProgressLine {
   void update(const sim::SimProgress& progress);
 
   using Clock = std::chrono::steady_clock;
+  StatusLine line_;
   std::string experiment_;
   int total_runs_;
   std::string time_word_;
   int run_ = 0;  // 1-based index of the current run
   std::string label_;
-  bool enabled_;
-  bool drawn_ = false;
   Clock::time_point started_ = Clock::now();
-  Clock::time_point last_drawn_{};
 };
 
 }  // namespace crescent::experiment
