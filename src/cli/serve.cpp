@@ -70,6 +70,8 @@ struct ServeArgs {
   double replay_time_scale = 1.0;
   bool json = false;
   std::string requests_out;
+  std::string request_log;                  // --request-log FILE: every answered request, openai-log format
+  std::string request_log_content = "text";  // --request-log-content: text | token-ids
   // Roles started alone.
   std::string control;       // conductor: where instances connect (empty: control_endpoint_default)
   std::string conductor;     // prefill/decode: the Conductor's control endpoint
@@ -181,6 +183,13 @@ int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Clu
     auto tokenizer = model::load_tokenizer(s.cluster.config.serve.model_dir, llama->vocab_size);
     if (!tokenizer.ok()) return fail(tokenizer.status());
     frontend.tokenizer = std::move(*tokenizer);
+  }
+  if (!args.request_log.empty()) {
+    auto log = serve::RequestLog::open(args.request_log, args.request_log_content == "token-ids"
+                                                             ? serve::RequestLogContent::kTokenIds
+                                                             : serve::RequestLogContent::kText);
+    if (!log.ok()) return fail(log.status());
+    frontend.request_log = std::move(*log);
   }
   serve::HttpServerOptions http{.host = args.host,
                                 .port = s.port,
@@ -598,6 +607,14 @@ void add_http_flags(CLI::App* cmd, ServeArgs& args) {
       ->capture_default_str();
   cmd->add_flag("--json", args.json, "With --replay: print JSON instead of a table");
   cmd->add_option("--requests-out", args.requests_out, "With --replay: write one JSON line per request here");
+  cmd->add_option("--request-log", args.request_log,
+                  "Append every answered request to this file (mode 0600) in the openai-log format "
+                  "`crescent trace import` reads");
+  cmd->add_option("--request-log-content", args.request_log_content,
+                  "What --request-log keeps of a prompt: text (the request body) or token-ids (the ids instead "
+                  "of messages/prompt)")
+      ->check(CLI::IsMember({"text", "token-ids"}))
+      ->capture_default_str();
 }
 
 }  // namespace

@@ -109,11 +109,7 @@ int run_import(const ImportArgs& args) {
     if (!loaded.ok()) return fail(loaded.status());
     tokenizer = std::move(*loaded);
     encoder.tokenizer = tokenizer.get();
-  } else if (*format != trace::LogFormat::kCsv) {
-    return fail(Status::invalid_argument(fmt::format(
-        "--format {}: give --model DIR or --tokenizer FILE: prompts are counted in the model's tokens",
-        args.format)));
-  }
+  }  // else only records with token ids can be read (a text prompt is then an error naming the flags)
 
   Result<std::string> salt = load_salt(args.salt_file);
   if (!salt.ok()) return fail(salt.status());

@@ -124,6 +124,11 @@ struct Exchange {
   bool logprobs = false;
   std::vector<TokenLogprobsText> token_logprobs;
   int64_t text_offset = 0;
+  // With a request log: what it records when the request is answered.
+  std::shared_ptr<RequestLog> request_log;
+  int64_t arrival_unix_ms = 0;
+  json body;
+  std::vector<int64_t> prompt_token_ids;
 
   // Adds the logprobs of delivered tokens to token_logprobs, their tokens as text.
   void add_logprobs(std::span<const model::TokenLogprobs> delivered, std::span<const int64_t> tokens) {
@@ -208,6 +213,9 @@ class Frontend {
   }
 
   void complete(Endpoint endpoint, const HttpRequest& http_request, HttpResponder responder) {
+    const int64_t arrival_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count();
     if (json_depth_exceeds(http_request.body, kMaxJsonDepth)) {
       return responder.respond(error_response(ApiError::bad_field(
           "", fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth))));
@@ -280,6 +288,12 @@ class Frontend {
     exchange->include_usage = r.include_usage;
     exchange->logprobs = r.top_logprobs != model::kNoLogprobs;
     exchange->tokenizer = options_.tokenizer;
+    if (options_.request_log) {
+      exchange->request_log = options_.request_log;
+      exchange->arrival_unix_ms = arrival_unix_ms;
+      exchange->body = std::move(body);
+      exchange->prompt_token_ids = request.prompt_token_ids;
+    }
     const uint64_t serial = next_id_.fetch_add(1);
     exchange->header.id =
         fmt::format("{}-{:016x}", endpoint == Endpoint::kCompletions ? "cmpl" : "chatcmpl", serial);
@@ -316,6 +330,10 @@ class Frontend {
     };
     callbacks.on_done = [exchange](const cluster::RequestSummary& s) {
       const Usage usage{s.prompt_tokens, s.completion_tokens, s.cached_tokens};
+      if (exchange->request_log) {
+        exchange->request_log->append(exchange->arrival_unix_ms, exchange->body, exchange->prompt_token_ids,
+                                      s.completion_tokens, s.cached_tokens);
+      }
       const std::string rest = exchange->output->flush();
       const std::string_view finish_reason = exchange->output->finish_reason();
       if (exchange->stream) {

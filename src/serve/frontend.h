@@ -15,6 +15,7 @@
 #include "cluster/cluster_config.h"
 #include "model/tokenizer.h"
 #include "serve/http_server.h"
+#include "serve/request_log.h"
 
 namespace crescent::serve {
 
@@ -28,6 +29,8 @@ struct FrontendOptions {
   /// The instances' executor (config.serve.executor): the mock draws tokens without a distribution, so a
   /// request asking for logprobs is refused (400 `unsupported`); the cpu executor gives them.
   cluster::ExecutorKind executor = cluster::ExecutorKind::kMock;
+  /// When set, every answered request is appended to it (`serve --request-log`; serve/request_log.h).
+  std::shared_ptr<RequestLog> request_log = nullptr;
 };
 
 /// The handler serving the routes above with `cluster` (which must outlive every request it answers).
