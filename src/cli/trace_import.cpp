@@ -128,16 +128,17 @@ int run_import(const ImportArgs& args) {
 
   // A progress bar on a terminal: bytes of the logs read.
   StatusLine line;
-  int64_t total_bytes = 0, done_bytes = 0;
+  int64_t total_bytes = 0, done_bytes = 0, records = 0;
   for (const std::string& log : args.logs) total_bytes += static_cast<int64_t>(std::filesystem::file_size(log));
   if (line.enabled()) {
     options.progress = [&](int64_t file_bytes_read) {
+      ++records;
       if (!line.due()) return;
       const double share = total_bytes > 0 ? static_cast<double>(done_bytes + file_bytes_read) / total_bytes : 1;
       const int width = 30;
       const int filled = std::clamp(static_cast<int>(share * width), 0, width);
-      line.draw(fmt::format("importing [{}{}] {:.0f}%, {} requests", std::string(filled, '#'),
-                            std::string(width - filled, '.'), share * 100, grouped(importer.report().requests)));
+      line.draw(fmt::format("importing [{}{}] {:.0f}%, {} records read", std::string(filled, '#'),
+                            std::string(width - filled, '.'), share * 100, grouped(records)));
     };
   }
   trace::LogImporter reader(options, encoder, importer);
