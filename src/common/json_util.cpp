@@ -8,6 +8,41 @@
 #include <fstream>
 
 namespace crescent {
+namespace {
+
+// A SAX pass that only counts nesting; false from a handler stops the parse.
+struct DepthCheck : nlohmann::json_sax<nlohmann::json> {
+  int depth = 0, limit = 0;
+  bool exceeded = false;
+  bool push() {
+    exceeded = ++depth > limit;
+    return !exceeded;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return push(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return push(); }
+  bool end_array() override { return --depth, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+};
+
+}  // namespace
+
+bool json_depth_exceeds(std::string_view text, int limit) {
+  DepthCheck check;
+  check.limit = limit;
+  nlohmann::json::sax_parse(text, &check, nlohmann::json::input_format_t::json, /*strict=*/true);
+  return check.exceeded;
+}
 
 Result<nlohmann::json> read_json_file(const std::string& path) {
   std::ifstream in(path);

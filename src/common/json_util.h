@@ -16,6 +16,11 @@ namespace crescent {
 /// parser's byte offset if it is not JSON.
 Result<nlohmann::json> read_json_file(const std::string& path);
 
+/// Whether JSON `text` nests arrays and objects deeper than `limit` levels, found by a SAX pass that builds
+/// nothing (false for text that is not JSON up to that depth). Untrusted JSON is checked before it is parsed
+/// into a tree: copying, printing or destroying a deep tree recurses, and 200,000 levels overflow a stack.
+bool json_depth_exceeds(std::string_view text, int limit);
+
 /// `value` as JSON, `null` when there is none (a statistic of nothing is not 0).
 inline nlohmann::json json_or_null(std::optional<double> value) {
   return value ? nlohmann::json(*value) : nlohmann::json(nullptr);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "common/json_util.h"
 #include "common/secret.h"
 #include "serve/openai_api.h"
 #include "serve/output_text.h"
@@ -43,30 +44,6 @@ ApiError make_error(int status, std::string type, std::string code, std::string 
 // recurses, and 200,000 levels would overflow the event loop's stack.
 constexpr int kMaxJsonDepth = 64;
 
-// A SAX pass that only counts nesting; false from a handler stops the parse.
-struct DepthCheck : nlohmann::json_sax<json> {
-  int depth = 0, limit = 0;
-  bool exceeded = false;
-  bool push() {
-    exceeded = ++depth > limit;
-    return !exceeded;
-  }
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return push(); }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return --depth, true; }
-  bool start_array(std::size_t) override { return push(); }
-  bool end_array() override { return --depth, true; }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
-    return false;
-  }
-};
 
 // Whether `request` carries `api_key` (empty: no key is asked): "Authorization: Bearer <key>", the scheme in
 // any case (RFC 9110 §11.1), the key compared in constant time.
@@ -101,12 +78,6 @@ bool needs_key(const HttpRequest& request) {
   return request.path.starts_with("/v1/") || request.path == "/v1";
 }
 
-bool json_depth_exceeds(const std::string& text, int limit) {
-  DepthCheck check;
-  check.limit = limit;
-  json::sax_parse(text, &check, json::input_format_t::json, /*strict=*/true);
-  return check.exceeded;
-}
 
 // What one request's callbacks share; touched only on the cluster's driver thread after submit.
 struct Exchange {

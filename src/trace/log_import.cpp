@@ -14,6 +14,7 @@
 #include <sstream>
 #include <streambuf>
 
+#include "common/json_util.h"
 #include "trace/line_reader.h"
 
 namespace crescent::trace {
@@ -35,6 +36,9 @@ using Outcome = std::optional<Problem>;
 
 // Far above any real request (a 1M-token prompt is ~4 MB of text); bounds memory on garbage input.
 constexpr size_t kMaxRecordBytes = size_t{64} << 20;
+// Records nesting deeper are refused before they are parsed into a tree (common/json_util.h); chat bodies
+// nest 4 or 5 levels.
+constexpr int kMaxJsonDepth = 64;
 // Numbers at least this large are milliseconds; smaller ones are seconds (see log_import.h).
 constexpr double kMillisecondsFrom = 1e11;
 
@@ -475,6 +479,11 @@ Status LogImporter::read_openai_log(const std::string& path) {
       continue;
     }
     if (trim(lines.line()).empty()) continue;
+    if (json_depth_exceeds(lines.line(), kMaxJsonDepth)) {
+      CRESCENT_RETURN_IF_ERROR(
+          on_problem({"too deep", fmt::format("{}: nests deeper than {} levels", where, kMaxJsonDepth)}));
+      continue;
+    }
     LoggedRequest request;
     request.where = where;
     Outcome problem = parse_openai_record(json::parse(lines.line(), nullptr, false), where, encoder_,
@@ -587,6 +596,9 @@ Status LogImporter::read_sharegpt(const std::string& path) {
         if (lines.line_too_long()) {
           CRESCENT_RETURN_IF_ERROR(
               on_problem({"line too long", fmt::format("{}: line longer than {} bytes", where, kMaxRecordBytes)}));
+        } else if (json_depth_exceeds(lines.line(), kMaxJsonDepth)) {
+          CRESCENT_RETURN_IF_ERROR(
+              on_problem({"too deep", fmt::format("{}: nests deeper than {} levels", where, kMaxJsonDepth)}));
         } else if (!trim(lines.line()).empty()) {
           json conversation = json::parse(lines.line(), nullptr, false);
           if (conversation.is_discarded()) {
@@ -615,6 +627,10 @@ Status LogImporter::read_sharegpt(const std::string& path) {
     if (depth == 0 && event == json::parse_event_t::value && !parsed.is_array()) {
       throw StopParsing{Status::invalid_argument(
           fmt::format("{}: must be a JSON array of conversations (or JSONL, one a line), got {}", path, excerpt(parsed)))};
+    }
+    if (depth > kMaxJsonDepth) {
+      throw StopParsing{Status::invalid_argument(fmt::format("{}: conversation {} nests deeper than {} levels",
+                                                             path, index, kMaxJsonDepth))};
     }
     if (depth != 1 || (event != json::parse_event_t::object_end && event != json::parse_event_t::value)) {
       return true;

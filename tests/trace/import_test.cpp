@@ -42,6 +42,13 @@ std::vector<json> lines_of(const std::string& path) {
   return out;
 }
 
+// `before`, 100,000 nested arrays, `after`: JSON that would overflow a stack as a tree.
+std::string deeply_nested(std::string_view before, std::string_view after) {
+  std::string text(before);
+  text.append(100'000, '[').append(100'000, ']').append(after);
+  return text;
+}
+
 class ImportTest : public ::testing::Test {
  protected:
   std::string path(const std::string& name) const { return (fs::path(dir_.path()) / name).string(); }
@@ -229,6 +236,8 @@ TEST_F(LogImportTest, BadRecordsNameTheLineAndFieldOrAreSkippedAndCounted) {
        "field 'usage.completion_tokens': is 0"},
       {R"({"timestamp": 1, "request": {"prompt": ""}})", "the prompt has no tokens"},
       {R"({"timestamp": 1, "request": {"prompt": "x"}, "session_id": [1]})", "field 'session_id'"},
+      {deeply_nested(R"({"timestamp": 1, "x": )", "}"),
+       "nests deeper than 64 levels"},
   };
   for (const auto& [line, message] : cases) {
     const std::string log = write("log.jsonl", line + "\n");
@@ -301,6 +310,10 @@ TEST_F(LogImportTest, ShareGptTurnsArePromptsOfTheConversationSoFar) {
   failed = read({truncated}, {.format = LogFormat::kShareGpt});
   ASSERT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().message(), HasSubstr("cut.json: not JSON"));
+  const std::string deep = write("deep.json", deeply_nested("[", "]"));
+  failed = read({deep}, {.format = LogFormat::kShareGpt});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(), HasSubstr("deep.json: conversation 0 nests deeper than 64 levels"));
   const std::string object = write("object.json", R"({"conversations": 5})");
   failed = read({object}, {.format = LogFormat::kShareGpt});
   ASSERT_FALSE(failed.ok());
