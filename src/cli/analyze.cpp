@@ -181,18 +181,18 @@ void print_text(const std::string& path, const trace::TraceStats& stats, const A
              percent(stats.reuse_ceiling), args.block_size_tokens,
              args.keys_from_tokens ? ", keys from token ids" : "");
   if (model) fmt::print("  KV of {}   {} bytes per token\n", model->name, model->bytes_per_token);
-  const std::string bytes_header = model ? "KV (GiB)" : "";
-  fmt::print("\n  {:>21}  {:>8}  {:>9}  {:>16}  {:>13}\n", "LRU capacity (tokens)", bytes_header, "hit ratio",
-             "share of ceiling", "optimal (MIN)");
+  // The KV column only with a model: "  " + 8 characters wide.
+  auto kv_column = [&](const std::string& text) { return model ? fmt::format("  {:>8}", text) : ""; };
+  fmt::print("\n  {:>21}{}  {:>9}  {:>16}  {:>13}\n", "LRU capacity (tokens)", kv_column("KV (GiB)"),
+             "hit ratio", "share of ceiling", "optimal (MIN)");
   for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
     const std::string capacity = point.capacity_tokens ? std::to_string(*point.capacity_tokens) : "unbounded";
     std::optional<double> share;  // of a zero ceiling: nothing to share
     if (point.hit_ratio && stats.reuse_ceiling && *stats.reuse_ceiling > 0) {
       share = *point.hit_ratio / *stats.reuse_ceiling;
     }
-    fmt::print("  {:>21}  {:>8}  {:>9}  {:>16}  {:>13}\n", capacity,
-               model ? gib(model, point.capacity_tokens) : "", percent(point.hit_ratio), percent(share),
-               percent(point.optimal_hit_ratio));
+    fmt::print("  {:>21}{}  {:>9}  {:>16}  {:>13}\n", capacity, kv_column(gib(model, point.capacity_tokens)),
+               percent(point.hit_ratio), percent(share), percent(point.optimal_hit_ratio));
   }
   fmt::print("\n  {:>21}  {:>10}  {:>17}\n", "hottest block key", "references", "share of requests");
   for (const trace::HotBlock& block : stats.hottest_blocks) {
