@@ -33,6 +33,9 @@ struct AnalyzeArgs {
   bool skip_invalid = false;
   bool json = false;
   std::string model;  // a model preset or directory: capacities also in bytes of its KV
+  bool keys_from_tokens = false;  // block keys from each line's token_ids at block_size_tokens
+  int top_roots = 10;
+  int64_t root_blocks = 1;  // a request's prefix root: the key ending its first root_blocks blocks
 };
 
 // A model's KV bytes per token, for capacities in bytes: `model` names a directory with a config.json
@@ -112,7 +115,52 @@ std::string percent(std::optional<double> ratio) {
   return format_or_na(ratio, 100, 2, "%");
 }
 
-void print_text(const std::string& path, const trace::TraceStats& stats, int64_t block_size_tokens,
+// `tokens` as a share of `whole` tokens; none when `whole` is 0.
+std::optional<double> share_of(double tokens, double whole) {
+  return whole > 0 ? std::optional<double>(tokens / whole) : std::nullopt;
+}
+
+// Where the reuse comes from: the top prefix roots, and within vs across sessions.
+void print_reuse_sources(const trace::TraceStats& stats, int64_t root_blocks) {
+  double top_share = 0;
+  for (const trace::PrefixRoot& root : stats.top_roots) top_share += root.reused_share;
+  fmt::print("\n  prefix roots    {} ({}), {} with reused tokens", stats.distinct_roots,
+             root_blocks == 1 ? "first blocks" : fmt::format("prefixes of {} blocks", root_blocks),
+             stats.roots_with_reuse);
+  if (!stats.top_roots.empty()) {
+    fmt::print("; the top {} hold {} of reused tokens", stats.top_roots.size(), percent(top_share));
+  }
+  fmt::print("\n");
+  if (!stats.top_roots.empty()) {
+    fmt::print("  {:>21}  {:>8}  {:>13}  {:>14}  {:>13}  {:>15}  {:>11}\n", "root key", "requests",
+               "reused tokens", "share of reuse", "common blocks", "reuse in common", "deepest hit");
+    for (const trace::PrefixRoot& root : stats.top_roots) {
+      fmt::print("  {:>21}  {:>8}  {:>13.0f}  {:>14}  {:>13}  {:>15}  {:>11}\n", root.key, root.requests,
+                 root.reused_tokens, percent(root.reused_share), root.common_blocks,
+                 percent(share_of(root.common_reused_tokens, root.reused_tokens)),
+                 fmt::format("{} blocks", root.deepest_hit_blocks));
+    }
+  }
+  if (!stats.sessions) {
+    fmt::print("\n  sessions        no sessions in this trace\n");
+    return;
+  }
+  const trace::SessionReuse& sessions = *stats.sessions;
+  fmt::print("\n  sessions        {}, on {} of {} requests\n", sessions.sessions,
+             sessions.requests_with_session, stats.requests);
+  fmt::print("  {:<23}  {:>9} of input tokens  {:>9} of reused tokens\n", "reused within a session",
+             percent(sessions.within_input_share), percent(sessions.within_reused_share));
+  fmt::print("  {:<23}  {:>9} of input tokens  {:>9} of reused tokens\n", "reused across sessions",
+             percent(sessions.across_input_share), percent(sessions.across_reused_share));
+  if (sessions.unattributed_tokens > 0) {
+    fmt::print(
+        "  {:<23}  {:>9} of input tokens  {:>9} of reused tokens (request or block without a session)\n",
+        "reused, unattributed", percent(sessions.unattributed_input_share),
+        percent(sessions.unattributed_reused_share));
+  }
+}
+
+void print_text(const std::string& path, const trace::TraceStats& stats, const AnalyzeArgs& args,
                 const std::optional<ModelKv>& model) {
   fmt::print("{}\n", path);
   fmt::print("  requests        {}\n", stats.requests);
@@ -129,29 +177,37 @@ void print_text(const std::string& path, const trace::TraceStats& stats, int64_t
   };
   print_length("input tokens", stats.input_tokens);
   print_length("output tokens", stats.output_tokens);
-  fmt::print("  reuse ceiling   {} of input tokens (unbounded cache, {}-token blocks)\n",
-             percent(stats.reuse_ceiling), block_size_tokens);
+  fmt::print("  reuse ceiling   {} of input tokens (unbounded cache, {}-token blocks{})\n",
+             percent(stats.reuse_ceiling), args.block_size_tokens,
+             args.keys_from_tokens ? ", keys from token ids" : "");
   if (model) fmt::print("  KV of {}   {} bytes per token\n", model->name, model->bytes_per_token);
-  const std::string bytes_header = model ? "KV (GiB)" : "";
-  fmt::print("\n  {:>21}  {:>8}  {:>9}  {:>16}  {:>13}\n", "LRU capacity (tokens)", bytes_header, "hit ratio",
-             "share of ceiling", "optimal (MIN)");
+  // The KV column only with a model: "  " + 8 characters wide.
+  auto kv_column = [&](const std::string& text) { return model ? fmt::format("  {:>8}", text) : ""; };
+  fmt::print("\n  {:>21}{}  {:>9}  {:>16}  {:>13}\n", "LRU capacity (tokens)", kv_column("KV (GiB)"),
+             "hit ratio", "share of ceiling", "optimal (MIN)");
   for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
     const std::string capacity = point.capacity_tokens ? std::to_string(*point.capacity_tokens) : "unbounded";
     std::optional<double> share;  // of a zero ceiling: nothing to share
     if (point.hit_ratio && stats.reuse_ceiling && *stats.reuse_ceiling > 0) {
       share = *point.hit_ratio / *stats.reuse_ceiling;
     }
-    fmt::print("  {:>21}  {:>8}  {:>9}  {:>16}  {:>13}\n", capacity,
-               model ? gib(model, point.capacity_tokens) : "", percent(point.hit_ratio), percent(share),
-               percent(point.optimal_hit_ratio));
+    fmt::print("  {:>21}{}  {:>9}  {:>16}  {:>13}\n", capacity, kv_column(gib(model, point.capacity_tokens)),
+               percent(point.hit_ratio), percent(share), percent(point.optimal_hit_ratio));
   }
   fmt::print("\n  {:>21}  {:>10}  {:>17}\n", "hottest block key", "references", "share of requests");
   for (const trace::HotBlock& block : stats.hottest_blocks) {
     fmt::print("  {:>21}  {:>10}  {:>17}\n", block.key, block.references, percent(block.request_share));
   }
+  print_reuse_sources(stats, args.root_blocks);
 }
 
-nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats& stats, int64_t skipped_lines,
+// A token count the analyzer sums in a double (exact far beyond any trace) as a JSON integer.
+nlohmann::ordered_json json_tokens(double tokens) {
+  return static_cast<int64_t>(tokens);
+}
+
+nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats& stats,
+                               const AnalyzeArgs& args, int64_t skipped_lines,
                                const std::optional<ModelKv>& model) {
   nlohmann::ordered_json hit_ratios = nlohmann::ordered_json::array();
   for (const trace::CapacityHitRatio& point : stats.hit_ratio_by_capacity) {
@@ -169,6 +225,31 @@ nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats&
     hottest.push_back(
         {{"block_key", block.key}, {"references", block.references}, {"request_share", block.request_share}});
   }
+  nlohmann::ordered_json roots = nlohmann::ordered_json::array();
+  for (const trace::PrefixRoot& root : stats.top_roots) {
+    roots.push_back({{"root_key", root.key},
+                     {"requests", root.requests},
+                     {"reused_tokens", json_tokens(root.reused_tokens)},
+                     {"reused_share", root.reused_share},
+                     {"common_blocks", root.common_blocks},
+                     {"common_reused_tokens", json_tokens(root.common_reused_tokens)},
+                     {"deepest_hit_blocks", root.deepest_hit_blocks}});
+  }
+  nlohmann::ordered_json sessions = nullptr;
+  if (stats.sessions) {
+    const trace::SessionReuse& s = *stats.sessions;
+    sessions = {{"sessions", s.sessions},
+                {"requests_with_session", s.requests_with_session},
+                {"within_session_tokens", json_tokens(s.within_tokens)},
+                {"across_sessions_tokens", json_tokens(s.across_tokens)},
+                {"unattributed_tokens", json_tokens(s.unattributed_tokens)},
+                {"within_session_input_share", json_or_null(s.within_input_share)},
+                {"across_sessions_input_share", json_or_null(s.across_input_share)},
+                {"within_session_reused_share", json_or_null(s.within_reused_share)},
+                {"across_sessions_reused_share", json_or_null(s.across_reused_share)},
+                {"unattributed_input_share", json_or_null(s.unattributed_input_share)},
+                {"unattributed_reused_share", json_or_null(s.unattributed_reused_share)}};
+  }
   // Lengths are known whenever the trace has requests (an empty trace is refused before this).
   const trace::LengthStats in = stats.input_tokens.value_or(trace::LengthStats{});
   const trace::LengthStats out = stats.output_tokens.value_or(trace::LengthStats{});
@@ -183,17 +264,27 @@ nlohmann::ordered_json to_json(const std::string& path, const trace::TraceStats&
           {"output_tokens_p50", out.p50},
           {"output_tokens_p99", out.p99},
           {"kv_bytes_per_token", model ? nlohmann::ordered_json(model->bytes_per_token) : nullptr},
+          {"block_size_tokens", args.block_size_tokens},
+          {"keys_from_token_ids", args.keys_from_tokens},
           {"reuse_ceiling", json_or_null(stats.reuse_ceiling)},
+          {"reused_tokens", json_tokens(stats.reused_tokens)},
           {"hit_ratio_by_capacity", std::move(hit_ratios)},
           {"hottest_blocks", std::move(hottest)},
+          {"root_blocks", args.root_blocks},
+          {"distinct_roots", stats.distinct_roots},
+          {"roots_with_reuse", stats.roots_with_reuse},
+          {"top_roots", std::move(roots)},
+          {"sessions", std::move(sessions)},
           {"skipped_lines", skipped_lines}};
 }
 
 // Analyzes one trace and prints its report.
 Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::AnalyzerOptions& options,
                const std::optional<ModelKv>& model) {
-  Result<std::unique_ptr<trace::TraceReader>> reader = trace::TraceReader::open(
-      path, {.block_size_tokens = args.block_size_tokens, .skip_invalid = args.skip_invalid});
+  Result<std::unique_ptr<trace::TraceReader>> reader =
+      trace::TraceReader::open(path, {.block_size_tokens = args.block_size_tokens,
+                                      .skip_invalid = args.skip_invalid,
+                                      .keys_from_token_ids = args.keys_from_tokens});
   if (!reader.ok()) return reader.status();
   trace::TraceAnalyzer analyzer(options);
   trace::Request request;
@@ -208,9 +299,9 @@ Status analyze(const std::string& path, const AnalyzeArgs& args, const trace::An
   const trace::TraceStats stats = analyzer.finish();
   if (stats.requests == 0) return trace::empty_trace_error(path, skipped);
   if (args.json) {
-    fmt::print("{}\n", dump_json(to_json(path, stats, skipped.total_lines, model)));
+    fmt::print("{}\n", dump_json(to_json(path, stats, args, skipped.total_lines, model)));
   } else {
-    print_text(path, stats, args.block_size_tokens, model);
+    print_text(path, stats, args, model);
   }
   return Status::ok_status();
 }
@@ -221,10 +312,19 @@ int run(const AnalyzeArgs& args) {
     return fail(
         Status::invalid_argument(fmt::format("--block-size must be >= 1, got {}", args.block_size_tokens)));
   }
+  if (args.top_roots < 0) {
+    return fail(Status::invalid_argument(fmt::format("--top-roots must be >= 0, got {}", args.top_roots)));
+  }
+  if (args.root_blocks < 1) {
+    return fail(
+        Status::invalid_argument(fmt::format("--root-blocks must be >= 1, got {}", args.root_blocks)));
+  }
   Result<std::vector<std::optional<int64_t>>> capacities = parse_capacities(args.capacities);
   if (!capacities.ok()) return fail(capacities.status());
   const trace::AnalyzerOptions options{.block_size_tokens = args.block_size_tokens,
-                                       .capacities_tokens = std::move(*capacities)};
+                                       .capacities_tokens = std::move(*capacities),
+                                       .top_roots = args.top_roots,
+                                       .root_blocks = args.root_blocks};
   std::optional<ModelKv> model;
   if (!args.model.empty()) {
     Result<ModelKv> kv = model_kv(args.model);
@@ -248,7 +348,25 @@ void register_analyze(CLI::App& app, int& exit_code) {
       "analyze",
       "Statistics and prefix-cache reuse potential (hit ratio vs capacity: LRU and optimal) of Mooncake traces");
   command->add_option("traces", args->traces, "Mooncake JSONL traces (.jsonl or .jsonl.gz)")->required();
-  command->add_option("--block-size", args->block_size_tokens, "Tokens per hash_ids block (>= 1)")
+  command
+      ->add_option(
+          "--block-size", args->block_size_tokens,
+          "Tokens per block (>= 1): what one hash_ids entry stands for, or with --keys-from-tokens the "
+          "block size to re-key the prompts at")
+      ->capture_default_str();
+  command->add_flag(
+      "--keys-from-tokens", args->keys_from_tokens,
+      "Compute block keys from each line's token_ids (a trace from `crescent trace import "
+      "--keep-tokens`) at --block-size instead of using hash_ids, e.g. to see reuse at 16 or 64 "
+      "tokens a block");
+  command
+      ->add_option("--top-roots", args->top_roots,
+                   "How many prefix roots (first blocks) to list, most reused tokens first")
+      ->capture_default_str();
+  command
+      ->add_option("--root-blocks", args->root_blocks,
+                   "A request's prefix root is the prefix of its first N blocks (>= 1; its whole prompt when "
+                   "shorter): more than 1 when every request starts with the same block")
       ->capture_default_str();
   command
       ->add_option("--capacities", args->capacities,

@@ -56,6 +56,8 @@ constexpr std::string_view kCountExpected = "a non-negative integer";  // timest
 constexpr std::string_view kCountBelowExpected = "a non-negative integer below 2^63";  // ... when >= 2^63
 constexpr std::string_view kKeyExpected = "an integer in [0, 2^64)";                   // hash_ids entries
 constexpr std::string_view kKeysExpected = "an array of integers in [0, 2^64)";        // hash_ids
+constexpr std::string_view kTokenExpected = "an integer in [0, 2^63)";                 // token_ids entries
+constexpr std::string_view kTokensExpected = "an array of integers in [0, 2^63)";      // token_ids
 
 // The problem with `value` as an integer in [0, 2^63), or none, in which case the integer is stored in `out`.
 std::optional<CountProblem> count_problem(simdjson::dom::element value, int64_t& out) {
@@ -69,6 +71,14 @@ std::optional<CountProblem> count_problem(simdjson::dom::element value, int64_t&
     default:
       return CountProblem{"not an integer", kCountExpected};
   }
+}
+
+// The problem with `value` as a token id, an integer in [0, 2^63), or none, in which case it is stored in
+// `out`.
+std::optional<CountProblem> token_problem(simdjson::dom::element value, int64_t& out) {
+  std::optional<CountProblem> problem = count_problem(value, out);
+  if (problem) problem->expected = kTokenExpected;
+  return problem;
 }
 
 // The problem with `value` as an integer in [0, 2^64), or none, in which case the integer is stored in `out`.
@@ -91,11 +101,13 @@ std::optional<CountProblem> key_problem(simdjson::dom::element value, BlockKey& 
 // The first integer literal of a JSON line that simdjson cannot represent (below -2^63 or above 2^64 - 1):
 // simdjson 3.0.1 fails the whole line with NUMBER_ERROR instead of returning such a number, so the line is
 // read again by nlohmann::json's SAX parser, which hands it over as a float along with its text. Follows the
-// structure just enough to name the field: a member of the top-level object, or an entry of its "hash_ids".
+// structure just enough to name the field: a member of the top-level object, or an entry of its "hash_ids" or
+// "token_ids".
 class UnrepresentableIntegerFinder final : public nlohmann::json_sax<nlohmann::json> {
  public:
   bool found = false;
-  std::string field;  // "timestamp", "hash_ids[2]", ...; empty when not a field the reader checks
+  // "timestamp", "hash_ids[2]", "token_ids[5]", ...; empty when not a field the reader checks.
+  std::string field;
   std::string text;   // the literal, as written
   bool negative = false;
 
@@ -106,8 +118,9 @@ class UnrepresentableIntegerFinder final : public nlohmann::json_sax<nlohmann::j
     negative = literal.starts_with('-');
     if (open_.size() == 1 && open_[0].object && is_checked_field(open_[0].key)) {
       field = open_[0].key;
-    } else if (open_.size() == 2 && open_[0].key == "hash_ids" && !open_[1].object) {
-      field = fmt::format("hash_ids[{}]", open_[1].entries);
+    } else if (open_.size() == 2 && (open_[0].key == "hash_ids" || open_[0].key == "token_ids") &&
+               !open_[1].object) {
+      field = fmt::format("{}[{}]", open_[0].key, open_[1].entries);
     }
     return false;  // stop: the first one is reported
   }
@@ -136,7 +149,8 @@ class UnrepresentableIntegerFinder final : public nlohmann::json_sax<nlohmann::j
     size_t entries = 0;  // arrays: values seen so far (the index of the next)
   };
   static bool is_checked_field(std::string_view key) {
-    return key == "timestamp" || key == "input_length" || key == "output_length" || key == "hash_ids";
+    return key == "timestamp" || key == "input_length" || key == "output_length" || key == "hash_ids" ||
+           key == "session_id" || key == "token_ids";
   }
   bool value() {
     if (!open_.empty()) ++open_.back().entries;
@@ -234,6 +248,47 @@ struct TraceReader::Impl {
     return std::nullopt;
   }
 
+  // Reads the optional field "session_id" (an integer in [0, 2^63)) into out.session_id.
+  std::optional<LineError> read_session_id(simdjson::dom::object object, Request& out) const {
+    out.session_id.reset();
+    simdjson::dom::element value;
+    if (object.at_key("session_id").get(value)) return std::nullopt;  // absent: no session
+    int64_t session = 0;
+    if (auto problem = count_problem(value, session)) return count_error(*problem, "session_id", value);
+    out.session_id = session;
+    return std::nullopt;
+  }
+
+  // Reads the field "token_ids" into out.token_ids: exactly out.input_tokens integers in [0, 2^63).
+  std::optional<LineError> read_token_ids(simdjson::dom::object object, Request& out) const {
+    simdjson::dom::element value;
+    if (object.at_key("token_ids").get(value)) {
+      return LineError{"missing field",
+                       fmt::format("{}:{}: missing field 'token_ids' (block keys from token ids need the "
+                                   "prompt's tokens on every line)",
+                                   path, line_number)};
+    }
+    simdjson::dom::array tokens;
+    if (value.get(tokens)) {
+      return field_error("not an array", "token_ids",
+                         fmt::format("must be {}, got {}", kTokensExpected, excerpt(value)));
+    }
+    if (static_cast<int64_t>(tokens.size()) != out.input_tokens) {
+      return field_error(
+          "token count mismatch", "token_ids",
+          fmt::format("has {} entries, expected input_length = {}", tokens.size(), out.input_tokens));
+    }
+    out.token_ids.reserve(tokens.size());
+    for (simdjson::dom::element token : tokens) {
+      int64_t id = 0;
+      if (auto problem = token_problem(token, id)) {
+        return count_error(*problem, fmt::format("token_ids[{}]", out.token_ids.size()), token);
+      }
+      out.token_ids.push_back(id);
+    }
+    return std::nullopt;
+  }
+
   // The error for a line simdjson rejected with NUMBER_ERROR: names the field when the cause is an integer
   // outside [-2^63, 2^64), which simdjson cannot represent.
   LineError number_error(size_t length) const {
@@ -255,6 +310,13 @@ struct TraceReader::Impl {
     }
     if (found.field.starts_with("hash_ids[")) {
       return field_error(reason, found.field, fmt::format("must be {}, got {}", kKeyExpected, text));
+    }
+    if (found.field == "token_ids") {
+      return field_error("not an array", "token_ids",
+                         fmt::format("must be {}, got {}", kTokensExpected, text));
+    }
+    if (found.field.starts_with("token_ids[")) {
+      return field_error(reason, found.field, fmt::format("must be {}, got {}", kTokenExpected, text));
     }
     return field_error(
         reason, found.field,
@@ -309,6 +371,15 @@ struct TraceReader::Impl {
       }
       out.block_keys.push_back(value);
     }
+    if (auto error = read_session_id(object, out)) return error;
+    out.token_ids.clear();
+    if (options.keys_from_token_ids) {
+      if (auto error = read_token_ids(object, out)) return error;
+      // The hash_ids were checked above as integers; the keys now come from the tokens, whose count matches
+      // input_length, so there are ceil(input_length / block size) of them.
+      out.block_keys =
+          kv::shipped_block_keys(out.token_ids, options.block_size_tokens, options.token_key_seed);
+    }
     const int64_t block_size = options.block_size_tokens;
     const int64_t expected_blocks = out.input_tokens / block_size + (out.input_tokens % block_size != 0);
     if (static_cast<int64_t>(out.block_keys.size()) != expected_blocks) {
@@ -362,6 +433,12 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path, 
   if (options.block_size_tokens < 1) {
     return Status::invalid_argument(
         fmt::format("block size must be >= 1 token, got {}", options.block_size_tokens));
+  }
+  if (options.keys_from_token_ids && options.length_divisor != 1) {
+    return Status::invalid_argument(
+        fmt::format("block keys from token ids cannot be combined with a length divisor ({}): token ids "
+                    "cannot be divided",
+                    options.length_divisor));
   }
   errno = 0;
   gzFile file = gzopen(path.c_str(), "rb");

@@ -14,6 +14,16 @@
 // name the file, the line and the field, e.g. "conv.jsonl:17: field 'input_length': must be a non-negative
 // integer, got -5" or "conv.jsonl:18: field 'hash_ids[2]': must be an integer in [0, 2^64), got
 // 18446744073709551616".
+//
+// Two optional fields, written by `crescent trace import`:
+// - "session_id": the conversation or user the request belongs to, a non-negative integer (the same rules as
+//   timestamp); read into Request::session_id whenever present, and the line is invalid when it is not one.
+// - "token_ids": the prompt's token ids (`trace import --keep-tokens`). Ignored, not even validated, unless
+//   ReadOptions::keys_from_token_ids: then the line must have them, exactly input_length integers in
+//   [0, 2^63), and the request's block keys are computed from them at ReadOptions::block_size_tokens by the
+//   block-key recurrence (kv::shipped_block_keys: every full block, then the partial tail, ceil(input_length
+//   / block_size) keys, the meaning hash_ids have); hash_ids must still be an array of integers in [0, 2^64),
+//   but their count is not checked (they were made at the importer's block size) and they are not used.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +33,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kv/block_key.h"
 #include "trace/request.h"
 
 namespace crescent::trace {
@@ -36,6 +47,15 @@ struct ReadOptions {
   /// Every input and output length is divided by this (rounded up) before it is checked: a trace scaled to
   /// a model with a smaller context. A hash id then stands for block_size_tokens = the trace's / divisor.
   int64_t length_divisor = 1;  // >= 1
+  /// Compute each request's block keys from its `token_ids` at block_size_tokens instead of taking its
+  /// hash_ids (the header comment has the rules), so a trace imported with its tokens can be analysed at
+  /// any block size. The token ids are then kept in Request::token_ids; without this option they are
+  /// neither validated nor stored. REQUIRES (checked by TraceReader::open): length_divisor == 1, since
+  /// token ids cannot be divided.
+  bool keys_from_token_ids = false;
+  /// The model seed of the recurrence under keys_from_token_ids (kv/block_key.h). Which requests share which
+  /// prefixes does not depend on it, only the keys' values do.
+  BlockKey token_key_seed = kv::kMockModelSeed;
 };
 
 /// The invalid lines skipped under ReadOptions::skip_invalid, grouped by reason.
@@ -62,7 +82,8 @@ struct SkipReport {
 class TraceReader {
  public:
   /// Opens `path`. Errors: kNotFound if it does not exist, kIoError if it cannot be opened,
-  /// kInvalidArgument if options.block_size_tokens < 1.
+  /// kInvalidArgument if options.block_size_tokens < 1, options.length_divisor < 1, or keys_from_token_ids
+  /// with a length_divisor other than 1.
   static Result<std::unique_ptr<TraceReader>> open(const std::string& path, ReadOptions options);
   ~TraceReader();
   TraceReader(const TraceReader&) = delete;

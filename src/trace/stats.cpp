@@ -86,7 +86,7 @@ double optimal_hit_tokens(std::span<const BlockKey> keys, std::span<const size_t
 }
 
 TraceAnalyzer::TraceAnalyzer(AnalyzerOptions options) : options_(std::move(options)) {
-  assert(options_.block_size_tokens >= 1);
+  assert(options_.block_size_tokens >= 1 && options_.root_blocks >= 1);
   for (const std::optional<int64_t>& capacity : options_.capacities_tokens) {
     assert(!capacity || *capacity >= 1);
     caches_.emplace_back(capacity ? std::max<int64_t>(1, *capacity / options_.block_size_tokens)
@@ -99,6 +99,35 @@ int64_t TraceAnalyzer::hit_tokens(const Request& request, int64_t run) const {
   return prefix_hit_tokens(request.input_tokens, options_.block_size_tokens, run);
 }
 
+int64_t TraceAnalyzer::block_hit_tokens(const Request& request, int64_t block) const {
+  return hit_tokens(request, block + 1) - hit_tokens(request, block);
+}
+
+void TraceAnalyzer::add_to_root(const Request& request, int64_t run, double request_hit_tokens) {
+  const std::vector<BlockKey>& keys = request.block_keys;
+  const auto depth =
+      static_cast<size_t>(std::min<int64_t>(options_.root_blocks, static_cast<int64_t>(keys.size())));
+  Root& root = roots_[keys[depth - 1]];
+  if (root.requests == 0) {
+    root.common_keys = keys;
+    root.common_hit_tokens.assign(keys.size(), 0);
+  } else {
+    // The common prefix can only shrink: to where this request's keys leave it.
+    const size_t common = static_cast<size_t>(
+        std::mismatch(root.common_keys.begin(), root.common_keys.end(), keys.begin(), keys.end()).first -
+        root.common_keys.begin());
+    root.common_keys.resize(common);
+    root.common_hit_tokens.resize(common);
+  }
+  ++root.requests;
+  root.reused_tokens += request_hit_tokens;
+  root.deepest_hit_blocks = std::max(root.deepest_hit_blocks, run);
+  const int64_t common_hit = std::min(run, static_cast<int64_t>(root.common_hit_tokens.size()));
+  for (int64_t j = 0; j < common_hit; ++j) {
+    root.common_hit_tokens[static_cast<size_t>(j)] += static_cast<double>(block_hit_tokens(request, j));
+  }
+}
+
 void TraceAnalyzer::add(const Request& request) {
   const auto index = static_cast<int64_t>(input_tokens_.size());
   if (index == 0) earliest_timestamp_ms_ = latest_timestamp_ms_ = request.timestamp_ms;
@@ -109,15 +138,39 @@ void TraceAnalyzer::add(const Request& request) {
   input_tokens_total_ += static_cast<double>(request.input_tokens);
 
   const std::vector<BlockKey>& keys = request.block_keys;
+  const int64_t session = request.session_id.value_or(kNoSession);
+  if (request.session_id) {
+    ++requests_with_session_;
+    sessions_.insert(*request.session_id);
+  }
+  // The ceiling's hit, block by block: each hit block's tokens go to the session split by its origin.
   size_t ceiling_run = 0;
-  while (ceiling_run < keys.size() && references_.count(keys[ceiling_run])) ++ceiling_run;
-  ceiling_hit_tokens_ += static_cast<double>(hit_tokens(request, static_cast<int64_t>(ceiling_run)));
+  for (; ceiling_run < keys.size(); ++ceiling_run) {
+    const auto it = references_.find(keys[ceiling_run]);
+    if (it == references_.end()) break;
+    const auto block_tokens =
+        static_cast<double>(block_hit_tokens(request, static_cast<int64_t>(ceiling_run)));
+    const int64_t origin = it->second.origin_session;
+    if (session == kNoSession || origin == kNoSession) {
+      unattributed_tokens_ += block_tokens;
+    } else if (origin == session) {
+      within_session_tokens_ += block_tokens;
+    } else {
+      across_sessions_tokens_ += block_tokens;
+    }
+  }
+  const auto run = static_cast<int64_t>(ceiling_run);
+  const auto request_hit_tokens = static_cast<double>(hit_tokens(request, run));
+  ceiling_hit_tokens_ += request_hit_tokens;
   for (BlockKey key : keys) {
-    Reference& reference = references_[key];
+    auto [it, inserted] = references_.try_emplace(key);
+    Reference& reference = it->second;
+    if (inserted) reference.origin_session = session;
     if (reference.last_request == index) continue;
     reference.last_request = index;
     ++reference.requests;
   }
+  if (!keys.empty()) add_to_root(request, run, request_hit_tokens);
 
   for (size_t i = 0; i < caches_.size(); ++i) {
     cache_hit_tokens_[i] += static_cast<double>(hit_tokens(request, caches_[i].prefix_match_blocks(keys)));
@@ -166,6 +219,51 @@ TraceStats TraceAnalyzer::finish() {
   stats.hottest_blocks.resize(top);
   for (HotBlock& block : stats.hottest_blocks) {
     block.request_share = static_cast<double>(block.references) / static_cast<double>(stats.requests);
+  }
+
+  stats.reused_tokens = ceiling_hit_tokens_;
+  stats.distinct_roots = static_cast<int64_t>(roots_.size());
+  std::vector<std::pair<BlockKey, const Root*>> reused;  // the roots with reused tokens
+  for (const auto& [key, root] : roots_) {
+    if (root.reused_tokens > 0) reused.emplace_back(key, &root);
+  }
+  stats.roots_with_reuse = static_cast<int64_t>(reused.size());
+  auto more_reused = [](const auto& a, const auto& b) {
+    return a.second->reused_tokens != b.second->reused_tokens
+               ? a.second->reused_tokens > b.second->reused_tokens
+               : a.first < b.first;
+  };
+  const size_t top_roots = std::min(reused.size(), static_cast<size_t>(std::max(0, options_.top_roots)));
+  std::partial_sort(reused.begin(), reused.begin() + static_cast<ptrdiff_t>(top_roots), reused.end(),
+                    more_reused);
+  for (size_t i = 0; i < top_roots; ++i) {
+    const Root& root = *reused[i].second;
+    double common_reused_tokens = 0;
+    for (double tokens : root.common_hit_tokens) common_reused_tokens += tokens;
+    stats.top_roots.push_back({.key = reused[i].first,
+                               .requests = root.requests,
+                               .reused_tokens = root.reused_tokens,
+                               .reused_share = root.reused_tokens / ceiling_hit_tokens_,
+                               .common_blocks = static_cast<int64_t>(root.common_keys.size()),
+                               .common_reused_tokens = common_reused_tokens,
+                               .deepest_hit_blocks = root.deepest_hit_blocks});
+  }
+
+  if (requests_with_session_ > 0) {
+    auto reused_ratio = [&](double tokens) {
+      return ceiling_hit_tokens_ > 0 ? std::optional<double>(tokens / ceiling_hit_tokens_) : std::nullopt;
+    };
+    stats.sessions = SessionReuse{.sessions = static_cast<int64_t>(sessions_.size()),
+                                  .requests_with_session = requests_with_session_,
+                                  .within_tokens = within_session_tokens_,
+                                  .across_tokens = across_sessions_tokens_,
+                                  .unattributed_tokens = unattributed_tokens_,
+                                  .within_input_share = ratio(within_session_tokens_),
+                                  .across_input_share = ratio(across_sessions_tokens_),
+                                  .within_reused_share = reused_ratio(within_session_tokens_),
+                                  .across_reused_share = reused_ratio(across_sessions_tokens_),
+                                  .unattributed_input_share = ratio(unattributed_tokens_),
+                                  .unattributed_reused_share = reused_ratio(unattributed_tokens_)};
   }
   return stats;
 }

@@ -8,7 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "kv/block_key.h"
 #include "run_crescent.h"
 
 namespace crescent::cli_test {
@@ -111,6 +114,121 @@ TEST(AnalyzeCliTest, TextReport) {
   EXPECT_EQ(run.err, "");
 }
 
+// Where the reuse comes from on the conversation trace (the roots also checked against the independent Python
+// reference, tests/trace/reference_analyzer.py): every request starts with block 0, which alone holds 11.4%
+// of the reused tokens; one block further, the conversations appear.
+TEST(AnalyzeCliTest, PrefixRootsAndSessionsOnShippedTrace) {
+  auto run = run_crescent("analyze --json --capacities inf " + quote(kConversation));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  nlohmann::json stats = nlohmann::json::parse(run.out);
+  EXPECT_EQ(stats["reused_tokens"], 54098411);
+  EXPECT_EQ(stats["root_blocks"], 1);
+  EXPECT_EQ(stats["distinct_roots"], 1);
+  EXPECT_EQ(stats["roots_with_reuse"], 1);
+  ASSERT_EQ(stats["top_roots"].size(), 1u);
+  const nlohmann::json& root = stats["top_roots"][0];
+  EXPECT_EQ(root["root_key"], 0);
+  EXPECT_EQ(root["requests"], 12031);
+  EXPECT_EQ(root["reused_tokens"], 54098411);
+  EXPECT_EQ(root["reused_share"], 1.0);
+  EXPECT_EQ(root["common_blocks"], 1);
+  EXPECT_EQ(root["common_reused_tokens"], 12030 * 512) << "every later request hits block 0";
+  EXPECT_EQ(root["deepest_hit_blocks"], 240);
+  EXPECT_TRUE(stats["sessions"].is_null()) << "the released traces have no session_id";
+
+  run = run_crescent("analyze --json --capacities inf --root-blocks 2 --top-roots 3 " + quote(kConversation));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  stats = nlohmann::json::parse(run.out);
+  EXPECT_EQ(stats["distinct_roots"], 7373);
+  ASSERT_EQ(stats["top_roots"].size(), 3u);
+  EXPECT_EQ(stats["top_roots"][0]["root_key"], 9382);
+  EXPECT_EQ(stats["top_roots"][0]["requests"], 17);
+  EXPECT_EQ(stats["top_roots"][0]["reused_tokens"], 1252864);
+  EXPECT_EQ(stats["top_roots"][0]["deepest_hit_blocks"], 185);
+
+  run = run_crescent("analyze --capacities inf " + quote(kConversation));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.out, HasSubstr("prefix roots    1 (first blocks), 1 with reused tokens"));
+  EXPECT_THAT(run.out, HasSubstr("11.39%"));
+  EXPECT_THAT(run.out, HasSubstr("sessions        no sessions in this trace"));
+}
+
+// A trace as `crescent trace import --keep-tokens` writes it, hash_ids at 512 tokens by the block-key
+// recurrence; R3 repeats R1, R2 shares R1's first 60 tokens. Sessions: R1, R3 in 0, R2 in 1.
+std::string write_token_trace(const std::string& name, bool tokens_on_line_3 = true) {
+  std::vector<int64_t> r1(100);
+  for (int64_t i = 0; i < 100; ++i) r1[static_cast<size_t>(i)] = i;
+  std::vector<int64_t> r2(r1.begin(), r1.begin() + 60);
+  for (int64_t i = 0; i < 60; ++i) r2.push_back(1000 + i);
+  const std::filesystem::path path = temp_path(name);
+  std::ofstream out(path);
+  int64_t timestamp = 0;
+  for (const auto& [tokens, session] :
+       std::vector<std::pair<std::vector<int64_t>, int>>{{r1, 0}, {r2, 1}, {r1, 0}}) {
+    nlohmann::json line = {{"timestamp", timestamp},
+                           {"input_length", tokens.size()},
+                           {"output_length", 5},
+                           {"hash_ids", kv::shipped_block_keys(tokens, 512, kv::kMockModelSeed)},
+                           {"session_id", session}};
+    if (timestamp < 2 || tokens_on_line_3) line["token_ids"] = tokens;
+    out << line.dump() << "\n";
+    ++timestamp;
+  }
+  return path.string();
+}
+
+TEST(AnalyzeCliTest, KeysFromTokensReanalyseAtOtherBlockSizes) {
+  const std::string path = write_token_trace("crescent_cli_tokens.jsonl");
+  // At 512, keys from the tokens are the hash_ids: the same report.
+  auto from_hash_ids = run_crescent("analyze --json " + quote(path));
+  auto from_tokens = run_crescent("analyze --json --keys-from-tokens --block-size 512 " + quote(path));
+  ASSERT_EQ(from_hash_ids.exit_code, 0) << from_hash_ids.err;
+  ASSERT_EQ(from_tokens.exit_code, 0) << from_tokens.err;
+  nlohmann::json hash_stats = nlohmann::json::parse(from_hash_ids.out);
+  nlohmann::json token_stats = nlohmann::json::parse(from_tokens.out);
+  EXPECT_EQ(token_stats["keys_from_token_ids"], true);
+  token_stats["keys_from_token_ids"] = false;
+  EXPECT_EQ(token_stats, hash_stats);
+  // Each prompt is one partial block: only R3, equal to R1, hits, all of its 100 tokens, in its own session.
+  EXPECT_DOUBLE_EQ(hash_stats["reuse_ceiling"].get<double>(), 100.0 / 320);
+  EXPECT_EQ(hash_stats["sessions"]["within_session_tokens"], 100);
+  EXPECT_EQ(hash_stats["sessions"]["across_sessions_tokens"], 0);
+
+  // At 16 tokens a block, R2 also hits the 3 whole blocks of 16 it shares with R1 (48 of its 60 shared
+  // tokens), blocks that came from session 0: (48 + 100) / 320, 48 across sessions, 100 within.
+  from_tokens = run_crescent("analyze --json --keys-from-tokens --block-size 16 " + quote(path));
+  ASSERT_EQ(from_tokens.exit_code, 0) << from_tokens.err;
+  token_stats = nlohmann::json::parse(from_tokens.out);
+  EXPECT_EQ(token_stats["block_size_tokens"], 16);
+  EXPECT_DOUBLE_EQ(token_stats["reuse_ceiling"].get<double>(), 148.0 / 320);
+  EXPECT_EQ(token_stats["sessions"]["sessions"], 2);
+  EXPECT_EQ(token_stats["sessions"]["within_session_tokens"], 100);
+  EXPECT_EQ(token_stats["sessions"]["across_sessions_tokens"], 48);
+  EXPECT_DOUBLE_EQ(token_stats["sessions"]["across_sessions_input_share"].get<double>(), 48.0 / 320);
+  EXPECT_DOUBLE_EQ(token_stats["sessions"]["within_session_reused_share"].get<double>(), 100.0 / 148);
+  ASSERT_EQ(token_stats["top_roots"].size(), 1u) << "R1, R2, R3 start with the same 16 tokens";
+  EXPECT_EQ(token_stats["top_roots"][0]["requests"], 3);
+  EXPECT_EQ(token_stats["top_roots"][0]["common_blocks"], 3);
+  EXPECT_EQ(token_stats["top_roots"][0]["deepest_hit_blocks"], 7);
+
+  const auto text = run_crescent("analyze --keys-from-tokens --block-size 16 " + quote(path));
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("(unbounded cache, 16-token blocks, keys from token ids)"));
+  EXPECT_THAT(text.out, HasSubstr("sessions        2, on 3 of 3 requests"));
+  std::filesystem::remove(path);
+}
+
+TEST(AnalyzeCliTest, KeysFromTokensNeedTokenIdsOnEveryLine) {
+  const std::string path = write_token_trace("crescent_cli_tokens_missing.jsonl", /*tokens_on_line_3=*/false);
+  auto run = run_crescent("analyze --keys-from-tokens --block-size 64 " + quote(path));
+  expect_one_error_line(run);
+  EXPECT_THAT(run.err, HasSubstr(path + ":3: missing field 'token_ids'"));
+  run = run_crescent("analyze --keys-from-tokens " + quote(kConversation));
+  expect_one_error_line(run);
+  EXPECT_THAT(run.err, HasSubstr(kConversation + ":1: missing field 'token_ids'"));
+  std::filesystem::remove(path);
+}
+
 TEST(AnalyzeCliTest, MalformedTraceFailsNamingTheLine) {
   const std::string path = write_malformed_trace();
   const auto run = run_crescent("analyze " + quote(path));
@@ -188,6 +306,12 @@ TEST(AnalyzeCliTest, BadOptionsFail) {
   const auto block_size = run_crescent("analyze --block-size 0 " + quote(kConversation));
   expect_one_error_line(block_size);
   EXPECT_THAT(block_size.err, HasSubstr("--block-size"));
+  const auto top_roots = run_crescent("analyze --top-roots -1 " + quote(kConversation));
+  expect_one_error_line(top_roots);
+  EXPECT_THAT(top_roots.err, HasSubstr("--top-roots must be >= 0, got -1"));
+  const auto root_blocks = run_crescent("analyze --root-blocks 0 " + quote(kConversation));
+  expect_one_error_line(root_blocks);
+  EXPECT_THAT(root_blocks.err, HasSubstr("--root-blocks must be >= 1, got 0"));
 }
 
 }  // namespace

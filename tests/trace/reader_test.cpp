@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -197,6 +198,18 @@ TEST_F(ReaderTest, EachValidationRuleNamesFileLineAndField) {
        "field 'output_length'", "zero length", "must be >= 1, got 0"},
       {R"({"timestamp": 99, "input_length": 1, "output_length": 1, "hash_ids": [1]})", "field 'timestamp'",
        "timestamp went backwards", "99 is smaller than the previous request's 100"},
+      // The optional session_id, when present, follows the rules of the counts.
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": -3})",
+       "field 'session_id'", "negative value", "must be a non-negative integer, got -3"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": "u7"})",
+       "field 'session_id'", "not an integer", R"(got "u7")"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": 2.5})",
+       "field 'session_id'", "not an integer", "got 2.5"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": null})",
+       "field 'session_id'", "not an integer", "got null"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], )"
+       R"("session_id": 9223372036854775808})",
+       "field 'session_id'", "out of range", "must be a non-negative integer below 2^63"},
   };
   for (bool gzip : {false, true}) {
     for (const InvalidCase& c : cases) {
@@ -479,6 +492,14 @@ TEST_F(ReaderTest, HashIdAbove2To64IsRejectedNamingLineAndField) {
        "must be a non-negative integer below 2^63, got 18446744073709551616"},
       {R"({"timestamp": 5, "input_length": 1, "output_length": -9223372036854775809, "hash_ids": [1]})",
        "field 'output_length'", "negative value", "must be a non-negative integer, got -9223372036854775809"},
+      {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [1], )"
+       R"("session_id": 18446744073709551616})",
+       "field 'session_id'", "out of range",
+       "must be a non-negative integer below 2^63, got 18446744073709551616"},
+      // token_ids are not read here, but simdjson cannot hold such a number wherever it is.
+      {R"({"timestamp": 5, "input_length": 2, "output_length": 1, "hash_ids": [1], )"
+       R"("token_ids": [7, 18446744073709551616]})",
+       "field 'token_ids[1]'", "out of range", "must be an integer in [0, 2^63), got 18446744073709551616"},
       {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [1], "x": {"hash_ids": [1, )"
        R"(18446744073709551616]}})",
        "number out of range", "out of range",
@@ -562,6 +583,156 @@ TEST_F(ReaderTest, ZeroInputOrOutputLengthIsRejected) {
               HasSubstr("skipped 3 invalid lines: 3 zero length (first: " + path + ":2: "));
 }
 
+// ---- The optional fields of `crescent trace import`: session_id, token_ids.
+
+TEST_F(ReaderTest, SessionIdIsReadWhenPresentAndAbsentOtherwise) {
+  const std::string path =
+      write("sessions.jsonl",
+            R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": 7})"
+            "\n" +
+                line(1, 1, 1, "2") +
+                R"({"session_id": 0, "timestamp": 2, "input_length": 1, "output_length": 1, "hash_ids": [3]})"
+                "\n" +
+                R"({"timestamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [4], )"
+                R"("session_id": 9223372036854775807})");
+  // Read one request at a time into the same Request, as the analyzer does: an absent session_id is absent,
+  // not the previous line's.
+  Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, {});
+  ASSERT_TRUE(reader.ok()) << reader.status().to_string();
+  std::vector<std::optional<int64_t>> sessions;
+  for (Request request;;) {
+    Result<bool> next = (*reader)->next(request);
+    ASSERT_TRUE(next.ok()) << next.status().to_string();
+    if (!*next) break;
+    sessions.push_back(request.session_id);
+  }
+  EXPECT_EQ(sessions, (std::vector<std::optional<int64_t>>{7, std::nullopt, 0, 9223372036854775807}));
+}
+
+TEST_F(ReaderTest, TokenIdsAreIgnoredUnlessKeysComeFromThem) {
+  // Not JSON integers, wrong count: no matter, they are not read.
+  const std::string path = write(
+      "ignored.jsonl",
+      std::string(
+          R"({"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [1], "token_ids": [5, "x"]})"
+          "\n") +
+          R"({"timestamp": 1, "input_length": 3, "output_length": 1, "hash_ids": [1], "token_ids": [5, 6, 7]})");
+  const std::vector<Request> requests = read_ok(path);
+  ASSERT_EQ(requests.size(), 2u);
+  for (const Request& request : requests) {
+    EXPECT_TRUE(request.token_ids.empty()) << "not stored";
+    EXPECT_EQ(request.block_keys, std::vector<BlockKey>{1});
+  }
+}
+
+// The prompt of `n` tokens 1000, 1001, ... as a JSON array's contents.
+std::string token_list(int64_t n, int64_t first = 1000) {
+  std::string ids;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i > 0) ids += ',';
+    ids += std::to_string(first + i);
+  }
+  return ids;
+}
+
+std::vector<int64_t> token_vector(int64_t n, int64_t first = 1000) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(first + i);
+  return ids;
+}
+
+// A line with `n` tokens 1000.. and one hash id (made at some other block size), in a session.
+std::string token_line(int64_t timestamp, int64_t n, const std::string& tokens) {
+  return "{\"timestamp\": " + std::to_string(timestamp) + ", \"input_length\": " + std::to_string(n) +
+         R"(, "output_length": 1, "hash_ids": [99], "session_id": 4, "token_ids": [)" + tokens + "]}\n";
+}
+
+TEST_F(ReaderTest, KeysFromTokenIdsAreTheRecurrenceAtTheBlockSize) {
+  // 10 tokens at block size 4: two full blocks and a tail of 2 (3 keys); 8 tokens: exactly 2 blocks. The one
+  // hash id of each line stands for the importer's block size and is not checked.
+  const std::string path =
+      write("tokens.jsonl", token_line(0, 10, token_list(10)) + token_line(1, 8, token_list(8)));
+  for (BlockKey seed : {kv::kMockModelSeed, BlockKey{77}}) {
+    SCOPED_TRACE(seed);
+    const std::vector<Request> requests =
+        read_ok(path, {.block_size_tokens = 4, .keys_from_token_ids = true, .token_key_seed = seed});
+    ASSERT_EQ(requests.size(), 2u);
+    EXPECT_EQ(requests[0].token_ids, token_vector(10));
+    EXPECT_EQ(requests[0].block_keys, kv::shipped_block_keys(token_vector(10), 4, seed));
+    ASSERT_EQ(requests[0].block_keys.size(), 3u);
+    EXPECT_EQ(requests[1].block_keys, kv::prompt_block_keys(token_vector(8), 4, seed));
+    // The first 8 tokens are the same, so are the first two keys: a prefix shared at block size 4.
+    EXPECT_EQ(requests[1].block_keys[1], requests[0].block_keys[1]);
+    EXPECT_EQ(requests[0].session_id, 4);
+  }
+  // At block size 16 both prompts are one partial block each, with different keys; at 512 as well.
+  const std::vector<Request> coarse = read_ok(path, {.block_size_tokens = 16, .keys_from_token_ids = true});
+  ASSERT_EQ(coarse.size(), 2u);
+  EXPECT_EQ(coarse[0].block_keys.size(), 1u);
+  EXPECT_NE(coarse[0].block_keys[0], coarse[1].block_keys[0]);
+  // Without the option the hash ids are the keys, and one of them is too few for 10 tokens at 4.
+  EXPECT_THAT(
+      read_trace(path, {.block_size_tokens = 4}).status().message(),
+      HasSubstr(":1: field 'hash_ids': has 1 entries, expected ceil(input_length 10 / block size 4) = 3"));
+}
+
+TEST_F(ReaderTest, KeysFromTokenIdsRejectLinesWithoutValidTokens) {
+  const std::vector<InvalidCase> cases = {
+      {line(5, 3, 1, "1"), "'token_ids'", "missing field", "missing field 'token_ids'"},
+      {token_line(5, 3, "1, 2"), "field 'token_ids'", "token count mismatch",
+       "has 2 entries, expected input_length = 3"},
+      {token_line(5, 3, "1, 2, 3, 4"), "field 'token_ids'", "token count mismatch", "has 4 entries"},
+      {R"({"timestamp": 5, "input_length": 3, "output_length": 1, "hash_ids": [1], "token_ids": "abc"})",
+       "field 'token_ids'", "not an array", R"(must be an array of integers in [0, 2^63), got "abc")"},
+      {token_line(5, 3, "1, -2, 3"), "field 'token_ids[1]'", "negative value",
+       "must be an integer in [0, 2^63), got -2"},
+      {token_line(5, 3, "1, 2, 3.0"), "field 'token_ids[2]'", "not an integer", "got 3.0"},
+      {token_line(5, 3, "1, 2, null"), "field 'token_ids[2]'", "not an integer", "got null"},
+      {token_line(5, 3, "9223372036854775808, 2, 3"), "field 'token_ids[0]'", "out of range",
+       "must be an integer in [0, 2^63), got 9223372036854775808"},
+      {token_line(5, 3, "1, 99999999999999999999999, 3"), "field 'token_ids[1]'", "out of range",
+       "must be an integer in [0, 2^63), got 99999999999999999999999"},
+      {R"({"timestamp": 5, "input_length": 3, "output_length": 1, "hash_ids": [1], )"
+       R"("token_ids": 99999999999999999999999})",
+       "field 'token_ids'", "not an array", "must be an array of integers in [0, 2^63)"},
+      // hash_ids are not used, but must still be what the format says.
+      {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [-1], "token_ids": [1]})",
+       "field 'hash_ids[0]'", "negative value", "got -1"},
+      {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "token_ids": [1]})", "'hash_ids'",
+       "missing field", "missing field 'hash_ids'"},
+  };
+  const ReadOptions strict{.block_size_tokens = 2, .keys_from_token_ids = true};
+  for (const InvalidCase& c : cases) {
+    SCOPED_TRACE(c.line);
+    const std::string path =
+        write("bad_tokens.jsonl", token_line(0, 3, "1, 2, 3") + token_line(1, 3, "1, 2, 3") + c.line +
+                                      (c.line.ends_with('\n') ? "" : "\n") + token_line(9, 3, "1, 2, 3"));
+    Result<std::vector<Request>> read = read_trace(path, strict);
+    ASSERT_FALSE(read.ok());
+    EXPECT_EQ(read.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(read.status().message(), HasSubstr(path + ":3: "));
+    EXPECT_THAT(read.status().message(), HasSubstr(c.field));
+    EXPECT_THAT(read.status().message(), HasSubstr(c.detail));
+    SkipReport skipped;
+    ReadOptions skipping = strict;
+    skipping.skip_invalid = true;
+    Result<std::vector<Request>> rest = read_trace(path, skipping, &skipped);
+    ASSERT_TRUE(rest.ok()) << rest.status().to_string();
+    EXPECT_EQ(rest->size(), 3u);
+    ASSERT_EQ(skipped.reasons.size(), 1u);
+    EXPECT_EQ(skipped.reasons[0].reason, c.reason);
+    EXPECT_EQ(skipped.reasons[0].first_message, read.status().message());
+  }
+}
+
+TEST_F(ReaderTest, KeysFromTokenIdsRefuseALengthDivisor) {
+  const std::string path = write("div_tokens.jsonl", token_line(0, 3, "1, 2, 3"));
+  Result<std::vector<Request>> read = read_trace(path, {.length_divisor = 2, .keys_from_token_ids = true});
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr("cannot be combined with a length divisor (2)"));
+}
+
 TEST_F(ReaderTest, EpochMillisecondTimestampsReadExactly) {
   // Not rebased: the reader returns timestamps as written.
   const std::string path =
@@ -576,8 +747,9 @@ TEST_F(ReaderTest, EpochMillisecondTimestampsReadExactly) {
 
 // Reads `path` to the end or the first error, checking each request the reader accepts satisfies the rules.
 // Returns how many it accepted.
-int expect_valid_requests_or_error(const std::string& path, bool skip_invalid) {
-  Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, {.skip_invalid = skip_invalid});
+int expect_valid_requests_or_error(const std::string& path, bool skip_invalid, ReadOptions options = {}) {
+  options.skip_invalid = skip_invalid;
+  Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, options);
   if (!reader.ok()) {
     ADD_FAILURE() << reader.status().to_string();
     return 0;
@@ -598,14 +770,25 @@ int expect_valid_requests_or_error(const std::string& path, bool skip_invalid) {
     EXPECT_GE(request.timestamp_ms, previous_timestamp_ms);
     EXPECT_GE(request.input_tokens, 1);
     EXPECT_GE(request.output_tokens, 1);
-    EXPECT_EQ(static_cast<int64_t>(request.block_keys.size()), (request.input_tokens + 511) / 512);
+    const int64_t block = options.block_size_tokens;
+    EXPECT_EQ(static_cast<int64_t>(request.block_keys.size()), (request.input_tokens + block - 1) / block);
+    if (options.keys_from_token_ids) {
+      EXPECT_EQ(static_cast<int64_t>(request.token_ids.size()), request.input_tokens);
+      EXPECT_EQ(request.block_keys, kv::shipped_block_keys(request.token_ids, block, options.token_key_seed));
+    } else {
+      EXPECT_TRUE(request.token_ids.empty());
+    }
+    if (request.session_id) {
+      EXPECT_GE(*request.session_id, 0);
+    }
     previous_timestamp_ms = request.timestamp_ms;
   }
 }
 
 // Each case is one or more lines followed by a valid line; all of them go into one file (files are slow to
 // create on some machines), read plain and gzip-compressed, strictly (stops at the first invalid line) and
-// skipping.
+// skipping. The valid line has a session and token ids, read both ways: hash_ids as keys at block size 512,
+// and keys from the token ids at block size 2.
 class ReaderFuzzTest : public ReaderTest {
  protected:
   void check(const std::vector<std::string>& cases) {
@@ -614,15 +797,20 @@ class ReaderFuzzTest : public ReaderTest {
     content += cases.back();  // the last case also ends the file without a newline
     for (bool gzip : {false, true}) {
       const std::string path = write("fuzz.jsonl", content, gzip);
-      expect_valid_requests_or_error(path, /*skip_invalid=*/false);
-      // At least the first valid line, or a mutated line accepted before it, gets through.
-      EXPECT_GT(expect_valid_requests_or_error(path, /*skip_invalid=*/true), 0);
+      for (const ReadOptions& options : {kHashIds, kTokens}) {
+        expect_valid_requests_or_error(path, /*skip_invalid=*/false, options);
+        // At least the first valid line, or a mutated line accepted before it, gets through.
+        EXPECT_GT(expect_valid_requests_or_error(path, /*skip_invalid=*/true, options), 0);
+      }
     }
   }
 
+  static constexpr ReadOptions kHashIds{};
+  static constexpr ReadOptions kTokens{.block_size_tokens = 2, .keys_from_token_ids = true};
   std::mt19937 rng_{12345};
   const std::string valid_ =
-      R"({"timestamp": 12, "input_length": 1100, "output_length": 7, "hash_ids": [3, 4, 5]})";
+      R"({"timestamp": 12, "input_length": 5, "output_length": 7, "hash_ids": [3], "session_id": 42, )"
+      R"("token_ids": [10, 11, 12, 13, 14]})";
 };
 
 TEST_F(ReaderFuzzTest, TruncationAtEveryPosition) {
@@ -656,8 +844,8 @@ TEST_F(ReaderFuzzTest, ExtremeNumbers) {
       "0x10 01 +1 NaN Infinity \"\" [] {}");
   std::vector<std::string> cases;
   for (std::string number; numbers >> number;) {
-    // Replace, in turn, the timestamp, input_length, output_length and the second hash id.
-    for (const std::string target : {" 12,", " 1100,", " 7,", " 4,"}) {
+    // Replace, in turn, the timestamp, input_length, output_length, the hash id, the session and a token id.
+    for (const std::string target : {" 12,", " 5,", " 7,", "[3]", " 42,", " 11,"}) {
       std::string line = valid_;
       line.replace(line.find(target) + 1, target.size() - 2, number);
       cases.push_back(line);

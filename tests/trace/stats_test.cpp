@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <optional>
+#include <random>
+#include <tuple>
 #include <vector>
 
+#include "test_support/temp_dir.h"
 #include "trace/reader.h"
+#include "trace/writer.h"
 
 namespace crescent::trace {
 namespace {
@@ -169,6 +174,215 @@ TEST(TraceAnalyzerTest, HottestBlocksAreTopTenAndCountAKeyOncePerRequest) {
   // Hits: none for the distinct keys nor for [50, 50] (50 is not cached before that request), 512 tokens for
   // the second and third [200]. Ceiling = 1024 / (12 * 512 + 1024 + 3 * 512) = 2 / 17.
   EXPECT_DOUBLE_EQ(stats.reuse_ceiling.value(), 2.0 / 17);
+}
+
+Request in_session(Request r, std::optional<int64_t> session) {
+  r.session_id = session;
+  return r;
+}
+
+TEST(TraceAnalyzerTest, PrefixRootsRankTheFirstBlocksByReusedTokens) {
+  // Block size 4; a request's root is its first key. Ceiling hits (leading run already seen):
+  //   R1 [1, 2, 3]     in 12: run 0                            -> 0
+  //   R2 [1, 2, 4]     in 10: run 2 (1, 2)                     -> 8
+  //   R3 [5, 6]        in 8:  run 0                            -> 0
+  //   R4 [1, 2, 3, 7]  in 14: run 3 (1, 2, 3)                  -> 12
+  //   R5 [5, 6]        in 6:  run 2, min(8, 6)                 -> 6
+  //   R6 [1, 9]        in 5:  run 1                            -> 4
+  //   R7 [8]           in 3:  run 0                            -> 0
+  // Reused tokens: 30 in all. Root 1: R1 R2 R4 R6, 8 + 12 + 4 = 24 (share 0.8); the keys all four start with
+  // are [1] (R6 leaves [1, 2] at 9), and the hits within block 0 are 4 each for R2, R4, R6 = 12; deepest hit
+  // 3 blocks (R4). Root 5: R3 R5, 6 (0.2); both are [5, 6], so 2 common blocks, and R5's hit of 4 + 2 tokens
+  // lies within them; deepest 2. Root 8: R7 alone, nothing reused: counted, not listed.
+  const std::vector<Request> requests = {request(0, 12, {1, 2, 3}), request(1, 10, {1, 2, 4}),
+                                         request(2, 8, {5, 6}),     request(3, 14, {1, 2, 3, 7}),
+                                         request(4, 6, {5, 6}),     request(5, 5, {1, 9}),
+                                         request(6, 3, {8})};
+  AnalyzerOptions options{.block_size_tokens = 4, .capacities_tokens = {}};
+  TraceStats stats = analyze(requests, options);
+  EXPECT_DOUBLE_EQ(stats.reused_tokens, 30);
+  EXPECT_DOUBLE_EQ(stats.reuse_ceiling.value(), 30.0 / 58);
+  EXPECT_EQ(stats.distinct_roots, 3);
+  EXPECT_EQ(stats.roots_with_reuse, 2);
+  ASSERT_EQ(stats.top_roots.size(), 2u);
+  const PrefixRoot& first = stats.top_roots[0];
+  EXPECT_EQ(first.key, 1u);
+  EXPECT_EQ(first.requests, 4);
+  EXPECT_DOUBLE_EQ(first.reused_tokens, 24);
+  EXPECT_DOUBLE_EQ(first.reused_share, 0.8);
+  EXPECT_EQ(first.common_blocks, 1);
+  EXPECT_DOUBLE_EQ(first.common_reused_tokens, 12);
+  EXPECT_EQ(first.deepest_hit_blocks, 3);
+  const PrefixRoot& second = stats.top_roots[1];
+  EXPECT_EQ(second.key, 5u);
+  EXPECT_EQ(second.requests, 2);
+  EXPECT_DOUBLE_EQ(second.reused_tokens, 6);
+  EXPECT_DOUBLE_EQ(second.reused_share, 0.2);
+  EXPECT_EQ(second.common_blocks, 2);
+  EXPECT_DOUBLE_EQ(second.common_reused_tokens, 6);
+  EXPECT_EQ(second.deepest_hit_blocks, 2);
+  EXPECT_FALSE(stats.sessions.has_value()) << "no request has a session";
+
+  options.top_roots = 1;
+  stats = analyze(requests, options);
+  ASSERT_EQ(stats.top_roots.size(), 1u);
+  EXPECT_EQ(stats.top_roots[0].key, 1u);
+  EXPECT_EQ(stats.roots_with_reuse, 2) << "counted whether listed or not";
+
+  // Roots of two blocks: a request's second key, its only one for R7. Root 2: R1 R2 R4, 8 + 12 = 20 reused,
+  // common [1, 2], within which R2 hits 4 + 4 and R4 4 + 4 (its third block is below) = 16; deepest 3. Root
+  // 6: R3 R5 as before. Root 9: R6 alone, its hit of 4 in its common (own) blocks [1, 9]. Root 8: R7, none.
+  options.top_roots = 10;
+  options.root_blocks = 2;
+  stats = analyze(requests, options);
+  EXPECT_EQ(stats.distinct_roots, 4);
+  EXPECT_EQ(stats.roots_with_reuse, 3);
+  ASSERT_EQ(stats.top_roots.size(), 3u);
+  const std::vector<std::tuple<BlockKey, int64_t, double, int64_t, double, int64_t>> expected = {
+      // key, requests, reused tokens, common blocks, reused in common, deepest hit
+      {2, 3, 20, 2, 16, 3},
+      {6, 2, 6, 2, 6, 2},
+      {9, 1, 4, 2, 4, 1}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(i);
+    const PrefixRoot& root = stats.top_roots[i];
+    EXPECT_EQ(std::tie(root.key, root.requests, root.reused_tokens, root.common_blocks,
+                       root.common_reused_tokens, root.deepest_hit_blocks),
+              expected[i]);
+    EXPECT_DOUBLE_EQ(root.reused_share, std::get<2>(expected[i]) / 30);
+  }
+
+  // Equal reused tokens: the smaller key first. Roots 20 and 10 reuse 4 tokens each.
+  stats = analyze({request(0, 4, {20}), request(1, 4, {10}), request(2, 4, {20}), request(3, 4, {10})},
+                  {.block_size_tokens = 4, .capacities_tokens = {}});
+  ASSERT_EQ(stats.top_roots.size(), 2u);
+  EXPECT_EQ(stats.top_roots[0].key, 10u);
+  EXPECT_EQ(stats.top_roots[1].key, 20u);
+}
+
+TEST(TraceAnalyzerTest, ReuseWithinAndAcrossSessionsFollowsEachBlocksOrigin) {
+  // Block size 4. A block's origin is the session of the first request holding it.
+  //   R1 s1 [1, 2]     in 8:  no hit; origins 1, 2 -> s1
+  //   R2 s2 [1, 3]     in 8:  block 1 (s1): across 4; origin 3 -> s2
+  //   R3 s1 [1, 2, 5]  in 10: blocks 1, 2 (s1): within 4 + 4
+  //   R4 s2 [1, 3, 6]  in 9:  block 1 (s1): across 4; block 3 (s2): within 4
+  //   R5 -- [1, 2]     in 6:  no session: unattributed 4 + 2 (the second block holds 2 tokens)
+  //   R6 -- [8]        in 4:  no hit; origin 8 -> none
+  //   R7 s3 [8, 9]     in 5:  block 8 (no origin session): unattributed 4
+  // Within 12, across 8, unattributed 10: the ceiling's 30 hit tokens, of 50 input tokens.
+  const TraceStats stats =
+      analyze({in_session(request(0, 8, {1, 2}), 1), in_session(request(1, 8, {1, 3}), 2),
+               in_session(request(2, 10, {1, 2, 5}), 1), in_session(request(3, 9, {1, 3, 6}), 2),
+               request(4, 6, {1, 2}), request(5, 4, {8}), in_session(request(6, 5, {8, 9}), 3)},
+              {.block_size_tokens = 4, .capacities_tokens = {}});
+  EXPECT_DOUBLE_EQ(stats.reused_tokens, 30);
+  ASSERT_TRUE(stats.sessions.has_value());
+  const SessionReuse& sessions = *stats.sessions;
+  EXPECT_EQ(sessions.sessions, 3);
+  EXPECT_EQ(sessions.requests_with_session, 5);
+  EXPECT_DOUBLE_EQ(sessions.within_tokens, 12);
+  EXPECT_DOUBLE_EQ(sessions.across_tokens, 8);
+  EXPECT_DOUBLE_EQ(sessions.unattributed_tokens, 10);
+  EXPECT_DOUBLE_EQ(sessions.within_input_share.value(), 12.0 / 50);
+  EXPECT_DOUBLE_EQ(sessions.across_input_share.value(), 8.0 / 50);
+  EXPECT_DOUBLE_EQ(sessions.within_reused_share.value(), 12.0 / 30);
+  EXPECT_DOUBLE_EQ(sessions.across_reused_share.value(), 8.0 / 30);
+
+  // Sessions without any reuse: shares of input are 0, shares of nothing reused are absent.
+  const TraceStats none = analyze({in_session(request(0, 4, {1}), 0), in_session(request(1, 4, {2}), 0)},
+                                  {.block_size_tokens = 4, .capacities_tokens = {}});
+  ASSERT_TRUE(none.sessions.has_value());
+  EXPECT_EQ(none.sessions->sessions, 1);
+  EXPECT_DOUBLE_EQ(none.sessions->within_input_share.value(), 0);
+  EXPECT_FALSE(none.sessions->within_reused_share.has_value());
+  EXPECT_TRUE(none.top_roots.empty());
+  EXPECT_EQ(none.distinct_roots, 2);
+}
+
+// The prompt tokens of a small synthetic workload: a few shared documents, each request one of them cut
+// somewhere, then its own tokens.
+std::vector<Request> token_trace(int64_t requests, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int64_t>> documents(4);
+  for (auto& document : documents) {
+    document.resize(200 + rng() % 2000);
+    for (int64_t& token : document) token = rng() % 32000;
+  }
+  std::vector<Request> trace;
+  for (int64_t i = 0; i < requests; ++i) {
+    const std::vector<int64_t>& document = documents[rng() % documents.size()];
+    std::vector<int64_t> tokens(document.begin(),
+                                document.begin() + static_cast<ptrdiff_t>(rng() % document.size()));
+    for (uint32_t extra = 1 + rng() % 700; extra > 0; --extra) tokens.push_back(rng() % 32000);
+    Request r = request(i * 10, static_cast<int64_t>(tokens.size()), {}, 1 + rng() % 100);
+    r.session_id = rng() % 5;
+    r.token_ids = std::move(tokens);
+    trace.push_back(std::move(r));
+  }
+  return trace;
+}
+
+void expect_same_stats(const TraceStats& a, const TraceStats& b) {
+  EXPECT_EQ(a.requests, b.requests);
+  EXPECT_EQ(a.reuse_ceiling, b.reuse_ceiling);
+  EXPECT_EQ(a.reused_tokens, b.reused_tokens);
+  ASSERT_EQ(a.hit_ratio_by_capacity.size(), b.hit_ratio_by_capacity.size());
+  for (size_t i = 0; i < a.hit_ratio_by_capacity.size(); ++i) {
+    EXPECT_EQ(a.hit_ratio_by_capacity[i].hit_ratio, b.hit_ratio_by_capacity[i].hit_ratio);
+    EXPECT_EQ(a.hit_ratio_by_capacity[i].optimal_hit_ratio, b.hit_ratio_by_capacity[i].optimal_hit_ratio);
+  }
+  ASSERT_EQ(a.hottest_blocks.size(), b.hottest_blocks.size());
+  for (size_t i = 0; i < a.hottest_blocks.size(); ++i) {
+    EXPECT_EQ(a.hottest_blocks[i].key, b.hottest_blocks[i].key);
+    EXPECT_EQ(a.hottest_blocks[i].references, b.hottest_blocks[i].references);
+  }
+  EXPECT_EQ(a.distinct_roots, b.distinct_roots);
+  ASSERT_EQ(a.top_roots.size(), b.top_roots.size());
+  for (size_t i = 0; i < a.top_roots.size(); ++i) {
+    EXPECT_EQ(a.top_roots[i].key, b.top_roots[i].key);
+    EXPECT_EQ(a.top_roots[i].reused_tokens, b.top_roots[i].reused_tokens);
+    EXPECT_EQ(a.top_roots[i].common_blocks, b.top_roots[i].common_blocks);
+  }
+  ASSERT_EQ(a.sessions.has_value(), b.sessions.has_value());
+  if (a.sessions) {
+    EXPECT_EQ(a.sessions->within_tokens, b.sessions->within_tokens);
+    EXPECT_EQ(a.sessions->across_tokens, b.sessions->across_tokens);
+  }
+}
+
+// A trace written with its tokens, its hash_ids computed at 512 by the block-key recurrence: re-keyed from
+// its tokens at 512 it analyses exactly as from its hash_ids; at 16 (finer blocks, more of each shared prefix
+// is a whole block) the ceiling can only grow.
+TEST(TraceAnalyzerTest, KeysFromTokensAtTheTracesBlockSizeMatchItsHashIds) {
+  test::TempDir dir("crescent-stats-test");
+  const std::string path = (std::filesystem::path(dir.path()) / "tokens.jsonl").string();
+  {
+    std::vector<Request> trace = token_trace(300, 5);
+    for (Request& r : trace) r.block_keys = kv::shipped_block_keys(r.token_ids, 512, kv::kMockModelSeed);
+    auto writer = TraceWriter::open(path);
+    ASSERT_TRUE(writer.ok()) << writer.status().to_string();
+    for (const Request& r : trace) ASSERT_TRUE((*writer)->append(r).ok());
+    ASSERT_TRUE((*writer)->commit().ok());
+  }
+  auto analyze_file = [&](const ReadOptions& read) {
+    Result<std::vector<Request>> requests = read_trace(path, read);
+    EXPECT_TRUE(requests.ok()) << requests.status().to_string();
+    AnalyzerOptions options;
+    options.block_size_tokens = read.block_size_tokens;
+    options.capacities_tokens = {2'000, 20'000, 100'000, std::nullopt};
+    return analyze(requests.ok() ? *requests : std::vector<Request>{}, options);
+  };
+  const TraceStats from_hash_ids = analyze_file({});
+  const TraceStats from_tokens = analyze_file({.keys_from_token_ids = true});
+  ASSERT_GT(from_hash_ids.reuse_ceiling.value(), 0.1) << "the workload shares prefixes";
+  ASSERT_TRUE(from_hash_ids.sessions.has_value());
+  expect_same_stats(from_tokens, from_hash_ids);
+  for (int64_t block : {16, 64}) {
+    SCOPED_TRACE(block);
+    const TraceStats finer = analyze_file({.block_size_tokens = block, .keys_from_token_ids = true});
+    EXPECT_EQ(finer.requests, from_hash_ids.requests);
+    EXPECT_GE(finer.reuse_ceiling.value(), from_hash_ids.reuse_ceiling.value());
+  }
 }
 
 struct ShippedTrace {
