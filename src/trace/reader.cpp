@@ -16,8 +16,6 @@ namespace crescent::trace {
 namespace {
 
 constexpr unsigned kChunkBytes = 1u << 16;
-// Far above any real request (a 10M-token prompt has ~20k hash_ids, ~150 KB); bounds memory on garbage input.
-constexpr size_t kMaxLineBytes = size_t{16} << 20;
 // Skipped at the very start of the (decompressed) input only.
 constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
@@ -136,7 +134,8 @@ class UnrepresentableIntegerFinder final : public nlohmann::json_sax<nlohmann::j
     size_t entries = 0;  // arrays: values seen so far (the index of the next)
   };
   static bool is_checked_field(std::string_view key) {
-    return key == "timestamp" || key == "input_length" || key == "output_length" || key == "hash_ids";
+    return key == "timestamp" || key == "input_length" || key == "output_length" || key == "hash_ids" ||
+           key == "session_id";
   }
   bool value() {
     if (!open_.empty()) ++open_.back().entries;
@@ -286,6 +285,12 @@ struct TraceReader::Impl {
     }
     if (auto error = read_count_field(object, "output_length", out.output_tokens, /*positive=*/true)) {
       return error;
+    }
+    out.session_id.reset();  // optional: absent unless this line has one
+    if (simdjson::dom::element session; !object.at_key("session_id").get(session)) {
+      int64_t id = 0;
+      if (auto problem = count_problem(session, id)) return count_error(*problem, "session_id", session);
+      out.session_id = id;
     }
     if (options.length_divisor > 1) {  // a smaller model's trace: every length divided, rounded up
       out.input_tokens = (out.input_tokens + options.length_divisor - 1) / options.length_divisor;

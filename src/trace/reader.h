@@ -1,21 +1,23 @@
 // Streaming reader of Mooncake JSONL traces, plain or gzip-compressed.
 //
 // Each non-blank line is one request: {"timestamp": ms, "input_length": tokens, "output_length": tokens,
-// "hash_ids": [one integer in [0, 2^64) per block of block_size tokens]}. Extra fields are ignored, as long
-// as they are valid JSON whose numbers the parser can hold (an integer outside [-2^63, 2^64) or a float
+// "hash_ids": [one integer in [0, 2^64) per block of block_size tokens]}, optionally with "session_id" (an
+// integer in [0, 2^63) that requests of one session share: Request::session_id). Other fields are ignored, as
+// long as they are valid JSON whose numbers the parser can hold (an integer outside [-2^63, 2^64) or a float
 // beyond a double makes the line invalid, wherever it is). Lines end in "\n" or "\r\n" (the last one may lack
 // it); a UTF-8 byte-order mark at the very start of the input (after gzip decompression) is skipped.
 // Timestamps are read as written (epoch milliseconds are fine), not rebased. A line is invalid when it is not
-// a JSON object; lacks one of those fields; has a timestamp, input_length or output_length that is not an
-// integer in [0, 2^63) (floats such as 3.5, 1.0 or 1e3, booleans, strings, null, out-of-range numbers); has
-// an input_length or output_length of 0; has hash_ids that are not an array of integers in [0, 2^64) (the
-// same non-integers, negative numbers, numbers above 2^64 - 1); has len(hash_ids) != ceil(input_length /
-// block_size); has a timestamp smaller than the previous valid line's; or is longer than 16 MiB. Messages
-// name the file, the line and the field, e.g. "conv.jsonl:17: field 'input_length': must be a non-negative
-// integer, got -5" or "conv.jsonl:18: field 'hash_ids[2]': must be an integer in [0, 2^64), got
-// 18446744073709551616".
+// a JSON object; lacks one of the four required fields; has a timestamp, input_length, output_length or
+// session_id that is not an integer in [0, 2^63) (floats such as 3.5, 1.0 or 1e3, booleans, strings, null,
+// out-of-range numbers); has an input_length or output_length of 0; has hash_ids that are not an array of
+// integers in [0, 2^64) (the same non-integers, negative numbers, numbers above 2^64 - 1); has len(hash_ids)
+// != ceil(input_length / block_size); has a timestamp smaller than the previous valid line's; or is longer
+// than 16 MiB. Messages name the file, the line and the field, e.g. "conv.jsonl:17: field 'input_length':
+// must be a non-negative integer, got -5" or "conv.jsonl:18: field 'hash_ids[2]': must be an integer in
+// [0, 2^64), got 18446744073709551616".
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,6 +28,10 @@
 #include "trace/request.h"
 
 namespace crescent::trace {
+
+/// The longest line the reader accepts (16 MiB): far above any real request (a 10M-token prompt has ~20k
+/// hash_ids, ~150 KB); bounds memory on garbage input. Writers of traces stay below it.
+inline constexpr size_t kMaxLineBytes = size_t{16} << 20;
 
 /// How to read a trace.
 struct ReadOptions {

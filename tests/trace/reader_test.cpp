@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -88,6 +89,27 @@ TEST_F(ReaderTest, ParsesValidLinesSkippingBlankOnes) {
   EXPECT_EQ(fields(r[3]), fields(Request{9223372036854775807, 1, 1, {18}}));
   EXPECT_EQ(skipped.total_lines, 0);
   EXPECT_EQ(skipped.summary(), "");
+}
+
+// session_id is optional, read when present, and absent again on a later line without one.
+TEST_F(ReaderTest, SessionIdIsOptional) {
+  const std::string with_7 =
+      R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": 7})";
+  const std::string with_largest =
+      R"({"timestamp": 2, "input_length": 1, "output_length": 1, "hash_ids": [3], )"
+      R"("session_id": 9223372036854775807})";
+  const std::string path = write("sessions.jsonl", with_7 + "\n" + line(1, 1, 1, "2") + with_largest + "\n");
+  Result<std::unique_ptr<TraceReader>> reader = TraceReader::open(path, {});
+  ASSERT_TRUE(reader.ok()) << reader.status().to_string();
+  Request request;  // one object for every line, as a streaming reader's user has
+  std::vector<std::optional<int64_t>> ids;
+  for (;;) {
+    Result<bool> read = (*reader)->next(request);
+    ASSERT_TRUE(read.ok()) << read.status().to_string();
+    if (!*read) break;
+    ids.push_back(request.session_id);
+  }
+  EXPECT_EQ(ids, (std::vector<std::optional<int64_t>>{7, std::nullopt, 9223372036854775807}));
 }
 
 TEST_F(ReaderTest, BlockSizeOptionSetsExpectedBlockCount) {
@@ -197,6 +219,18 @@ TEST_F(ReaderTest, EachValidationRuleNamesFileLineAndField) {
        "field 'output_length'", "zero length", "must be >= 1, got 0"},
       {R"({"timestamp": 99, "input_length": 1, "output_length": 1, "hash_ids": [1]})", "field 'timestamp'",
        "timestamp went backwards", "99 is smaller than the previous request's 100"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": -3})",
+       "field 'session_id'", "negative value", "must be a non-negative integer, got -3"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": 2.5})",
+       "field 'session_id'", "not an integer", "got 2.5"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": "a"})",
+       "field 'session_id'", "not an integer", R"(got "a")"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": null})",
+       "field 'session_id'", "not an integer", "got null"},
+      {R"({"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [1], )"
+       R"("session_id": 9223372036854775808})",
+       "field 'session_id'", "out of range",
+       "must be a non-negative integer below 2^63, got 9223372036854775808"},
   };
   for (bool gzip : {false, true}) {
     for (const InvalidCase& c : cases) {
@@ -479,6 +513,10 @@ TEST_F(ReaderTest, HashIdAbove2To64IsRejectedNamingLineAndField) {
        "must be a non-negative integer below 2^63, got 18446744073709551616"},
       {R"({"timestamp": 5, "input_length": 1, "output_length": -9223372036854775809, "hash_ids": [1]})",
        "field 'output_length'", "negative value", "must be a non-negative integer, got -9223372036854775809"},
+      {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [1], )"
+       R"("session_id": 18446744073709551616})",
+       "field 'session_id'", "out of range",
+       "must be a non-negative integer below 2^63, got 18446744073709551616"},
       {R"({"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [1], "x": {"hash_ids": [1, )"
        R"(18446744073709551616]}})",
        "number out of range", "out of range",
