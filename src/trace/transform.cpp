@@ -266,16 +266,23 @@ size_t CopyPlanner::PairHash::operator()(const std::pair<BlockKey, int64_t>& p) 
 }
 
 void CopyPlanner::add(const Request& request) {
-  // A request without a session id is a session of its own: a negative id no real session has.
+  // A request without a session id is a session of its own, seen once: a negative id no real session has.
   const int64_t session = request.session_id ? *request.session_id : -1 - requests_;
   ++requests_;
-  if (!request.session_id) ++requests_without_session_;
-  session_first_arrival_ms_.try_emplace(session, request.timestamp_ms);
+  if (request.session_id) {
+    session_first_arrival_ms_.try_emplace(session, request.timestamp_ms);
+  } else {
+    ++requests_without_session_;
+  }
   last_arrival_ms_ = request.timestamp_ms;
   for (BlockKey key : request.block_keys) {
-    auto [it, inserted] = keys_.try_emplace(key, KeySessions{session, 1});
-    if (inserted || it->second.first_session == session) continue;
-    if (later_sessions_.emplace(key, session).second) ++it->second.sessions;
+    auto [it, inserted] = keys_.try_emplace(key, KeySessions{session, session, 1});
+    KeySessions& refs = it->second;
+    if (inserted || refs.last_session == session || refs.first_session == session) continue;
+    refs.last_session = session;
+    // A session of one request is new here; a session with an id may have been counted before, between
+    // others (sessions interleave), which only the pairs beyond the first session tell.
+    if (session < 0 || later_sessions_.emplace(key, session).second) ++refs.sessions;
   }
 }
 
@@ -289,7 +296,7 @@ Result<CopyPlan> CopyPlanner::finish(int64_t copies, const SharedThreshold& thre
   CopyPlan plan;
   plan.copies = copies;
   plan.period_ms = period_ms.value_or(last_arrival_ms_ + 1);
-  plan.sessions = static_cast<int64_t>(session_first_arrival_ms_.size());
+  plan.sessions = static_cast<int64_t>(session_first_arrival_ms_.size()) + requests_without_session_;
   plan.by_session_ids = requests_without_session_ == 0;
   plan.distinct_keys = static_cast<int64_t>(keys_.size());
   if (threshold.min_sessions && threshold.min_percent) {

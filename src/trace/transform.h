@@ -106,7 +106,7 @@ struct CopyPlan {
   int64_t copies = 1;     // >= 1; copy 0 is the trace itself
   int64_t period_ms = 1;  // copy c starts offset_ms(c) later; what would start past the period wraps to 0
   std::unordered_set<BlockKey> shared_keys;
-  /// Each session's first arrival in the first pass's trace (ids as that trace numbers them).
+  /// The first arrival of each session id in the first pass's trace (ids as that trace numbers them).
   std::unordered_map<int64_t, int64_t> session_first_arrival_ms;
   // Where the plan came from, for reports.
   int64_t sessions = 0;        // distinct session ids + requests without one
@@ -123,7 +123,8 @@ struct CopyPlan {
 
 /// Counts, over one pass of a trace in arrival order, what a CopyPlan needs: how many sessions refer to each
 /// block key (exactly: a key seen again in a session already counted is not counted again), each session's
-/// first arrival, the last arrival. Memory: one entry per distinct key and per session.
+/// first arrival, the last arrival. Memory: one entry per distinct key (about 70 bytes), per session id, and
+/// per (key, session id) beyond a key's first session.
 class CopyPlanner {
  public:
   /// Accounts for the next request.
@@ -135,8 +136,10 @@ class CopyPlanner {
   Result<CopyPlan> finish(int64_t copies, const SharedThreshold& threshold, std::optional<int64_t> period_ms);
 
  private:
+  // Sessions are ids, or -1 - the request's index for a request without one (a session seen once).
   struct KeySessions {
     int64_t first_session = 0;  // the first session that referred to the key
+    int64_t last_session = 0;   // the last one
     int64_t sessions = 0;       // distinct sessions that did
   };
   struct PairHash {
@@ -144,9 +147,10 @@ class CopyPlanner {
   };
 
   std::unordered_map<BlockKey, KeySessions> keys_;
-  /// (key, session) pairs counted beyond each key's first session: keys shared by sessions only.
+  /// (key, session id) pairs counted beyond each key's first session: only keys that sessions with ids
+  /// share have them.
   std::unordered_set<std::pair<BlockKey, int64_t>, PairHash> later_sessions_;
-  std::unordered_map<int64_t, int64_t> session_first_arrival_ms_;
+  std::unordered_map<int64_t, int64_t> session_first_arrival_ms_;  // sessions with ids only
   int64_t requests_ = 0;
   int64_t requests_without_session_ = 0;
   int64_t last_arrival_ms_ = 0;

@@ -300,6 +300,25 @@ TEST_F(TransformTest, CopiesAreSpreadOverThePeriodAndWrapWholeSessions) {
   EXPECT_EQ(report.copies->period_ms, 8000);
 }
 
+// Sessions interleave: a key is counted once per session however its sessions alternate, and a key repeated
+// inside one request once for it.
+TEST(CopyPlanner, CountsDistinctSessionsPerKey) {
+  CopyPlanner planner;
+  for (int64_t session : {1, 2, 1, 3, 2, 1}) planner.add(make(0, 1024, {7, 7}, session));
+  planner.add(make(0, 1024, {8, 8}));  // no session id: a session of its own
+  planner.add(make(0, 512, {8}));
+  for (int64_t threshold : {2, 3, 4}) {
+    CopyPlanner copy = planner;
+    auto plan = copy.finish(2, {.min_sessions = threshold}, std::nullopt);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->sessions, 5);
+    EXPECT_FALSE(plan->by_session_ids);
+    EXPECT_EQ(plan->shared_keys.contains(7), threshold <= 3) << threshold;
+    EXPECT_EQ(plan->shared_keys.contains(8), threshold <= 2) << threshold;
+  }
+  EXPECT_FALSE(CopyPlanner().finish(2, {}, std::nullopt).ok());
+}
+
 TEST(CopyRequest, DerivesEveryKeyFromTheFirstUnsharedOne) {
   CopyPlan plan;
   plan.copies = 3;
