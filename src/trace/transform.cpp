@@ -380,8 +380,9 @@ Status scale_lengths(Request& request, const LengthScale& scale, int64_t block_s
     const int64_t blocks_at_most = static_cast<int64_t>(kMaxLineBytes / kMaxNumberChars);
     if (scaled >= kMaxScaled || scaled / static_cast<double>(block_size_tokens) >= blocks_at_most) {
       return Status::invalid_argument(
-          fmt::format("line {}: input_length {} x {} = {} tokens is too long for a trace line", request.line,
-                      request.input_tokens, scale.input, scaled));
+          fmt::format("input_length {} x {} = {} tokens is too long for a trace line (the request on line {} "
+                      "of its input)",
+                      request.input_tokens, scale.input, scaled, request.line));
     }
     const int64_t input_tokens = std::max<int64_t>(1, static_cast<int64_t>(scaled));
     const int64_t old_blocks = static_cast<int64_t>(request.block_keys.size());
@@ -402,8 +403,9 @@ Status scale_lengths(Request& request, const LengthScale& scale, int64_t block_s
   if (scale.output != 1) {
     const double scaled = std::round(static_cast<double>(request.output_tokens) * scale.output);
     if (scaled >= kMaxScaled) {
-      return Status::invalid_argument(fmt::format("line {}: output_length {} x {} = {} tokens is too long",
-                                                  request.line, request.output_tokens, scale.output, scaled));
+      return Status::invalid_argument(
+          fmt::format("output_length {} x {} = {} tokens is too long (the request on line {} of its input)",
+                      request.output_tokens, scale.output, scaled, request.line));
     }
     request.output_tokens = std::max<int64_t>(1, static_cast<int64_t>(scaled));
   }
