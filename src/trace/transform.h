@@ -11,12 +11,12 @@
 //   4. length scale       (scale_lengths)
 //   5. rate scale         (scale_arrival_ms)
 //   6. dense ids          (DenseKeys)
-// Times are in the units of the step: the window in the merged input's time, the rate scale last of all.
+// So the window is in the merged input's time, and the rate scale divides the final times.
 //
 // Memory: steps 1, 2, 4, 5 stream (one request per open input). Copies read the input 2N times (a first pass
 // that counts, then one pass per copy and part, merged) and hold one entry per distinct block key during the
-// first pass (about 50 bytes each), the shared keys and each session's first arrival after it. Dense ids hold
-// one entry per distinct output key. Nothing holds the requests.
+// first pass (about 60 bytes each), the shared keys and each session id's first arrival after it. Dense ids
+// hold one entry per distinct output key (about 40 bytes). Nothing holds the requests.
 #pragma once
 
 #include <cstdint>
