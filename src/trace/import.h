@@ -1,4 +1,4 @@
-// From request logs to a Mooncake-format trace (issue 23 §3; docs/traces.md "Importing your logs"): the keying
+// From request logs to a Mooncake-format trace (issue 23 §3; docs/traces.md, "crescent trace import"): the keying
 // half. A log reader (trace/log_import.h) turns each logged request into token ids; TraceImporter keys their
 // blocks, puts the requests in arrival order and writes them.
 //

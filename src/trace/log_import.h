@@ -1,4 +1,4 @@
-// Reading request logs for `crescent trace import` (issue 23 §3; docs/traces.md "Importing your logs"): the
+// Reading request logs for `crescent trace import` (issue 23 §3; docs/traces.md, "crescent trace import"): the
 // three formats, each record turned into a LoggedRequest (token ids through the model's tokenizer and chat
 // template) and handed to a TraceImporter (trace/import.h), which keys and writes it.
 //

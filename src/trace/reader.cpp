@@ -16,8 +16,6 @@ namespace crescent::trace {
 namespace {
 
 constexpr unsigned kChunkBytes = 1u << 16;
-// Far above any real request (a 10M-token prompt has ~20k hash_ids, ~150 KB); bounds memory on garbage input.
-constexpr size_t kMaxLineBytes = size_t{16} << 20;
 // Skipped at the very start of the (decompressed) input only.
 constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
 

@@ -26,6 +26,7 @@
 //   but their count is not checked (they were made at the importer's block size) and they are not used.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,6 +38,10 @@
 #include "trace/request.h"
 
 namespace crescent::trace {
+
+/// The longest line the reader accepts (16 MiB): far above any real request (a 10M-token prompt has ~20k
+/// hash_ids, ~150 KB); bounds memory on garbage input. Writers of traces stay below it.
+inline constexpr size_t kMaxLineBytes = size_t{16} << 20;
 
 /// How to read a trace.
 struct ReadOptions {
