@@ -2,31 +2,22 @@
 
 #include <fmt/format.h>
 #include <simdjson.h>
-#include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "trace/line_reader.h"
+
 namespace crescent::trace {
 namespace {
-
-constexpr unsigned kChunkBytes = 1u << 16;
-// Skipped at the very start of the (decompressed) input only.
-constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
 // Why a line is invalid: a short reason (the SkipReport key) and the full message.
 struct LineError {
   std::string_view reason;
   std::string message;
-};
-
-struct GzClose {
-  void operator()(gzFile file) const { gzclose(file); }
 };
 
 bool is_blank(std::string_view line) {
@@ -170,10 +161,7 @@ class UnrepresentableIntegerFinder final : public nlohmann::json_sax<nlohmann::j
 struct TraceReader::Impl {
   std::string path;
   ReadOptions options;
-  std::unique_ptr<gzFile_s, GzClose> file;
-  std::vector<char> chunk = std::vector<char>(kChunkBytes);
-  size_t chunk_pos = 0;
-  size_t chunk_end = 0;
+  std::unique_ptr<LineReader> lines;
   // The current line without its line ending ("\n" or "\r\n") and, on line 1, without a UTF-8 BOM (plus
   // simdjson padding while parsing).
   std::string line;
@@ -186,41 +174,11 @@ struct TraceReader::Impl {
 
   // Reads the next line into `line`: true when there is one, false at the end of the input.
   Result<bool> read_line() {
-    line.clear();
-    line_too_long = false;
-    bool started = false;
-    for (;;) {
-      if (chunk_pos == chunk_end) {
-        int n = gzread(file.get(), chunk.data(), kChunkBytes);
-        if (n <= 0) {
-          int code = Z_OK;
-          std::string message = gzerror(file.get(), &code);
-          if (n < 0 || code != Z_OK) {
-            if (code == Z_ERRNO) return Status::io_error(message);
-            return Status::io_error(
-                fmt::format("{} (corrupt or truncated gzip stream, after line {})", message, line_number));
-          }
-          if (!started) return false;
-          break;  // last line without a final '\n'
-        }
-        chunk_pos = 0;
-        chunk_end = static_cast<size_t>(n);
-      }
-      started = true;
-      const char* begin = chunk.data() + chunk_pos;
-      const char* newline = static_cast<const char*>(std::memchr(begin, '\n', chunk_end - chunk_pos));
-      size_t length = newline ? static_cast<size_t>(newline - begin) : chunk_end - chunk_pos;
-      if (line.size() + length > kMaxLineBytes) {
-        line_too_long = true;
-      } else {
-        line.append(begin, length);
-      }
-      chunk_pos += length + (newline ? 1 : 0);
-      if (newline) break;
-    }
-    ++line_number;
-    if (line_number == 1 && line.starts_with(kUtf8Bom)) line.erase(0, kUtf8Bom.size());
-    if (line.ends_with('\r')) line.pop_back();
+    Result<bool> more = lines->next();
+    if (!more.ok() || !*more) return more;
+    line.swap(lines->line());  // the buffer goes back to the LineReader, which clears it
+    line_too_long = lines->line_too_long();
+    line_number = lines->line_number();
     return true;
   }
 
@@ -438,19 +396,12 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path, 
                     "cannot be divided",
                     options.length_divisor));
   }
-  errno = 0;
-  gzFile file = gzopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    int error = errno;
-    std::string message =
-        fmt::format("cannot open '{}': {}", path, error ? std::strerror(error) : "out of memory");
-    return error == ENOENT ? Status::not_found(message) : Status::io_error(message);
-  }
-  gzbuffer(file, kChunkBytes);
+  auto lines = LineReader::open(path, kMaxLineBytes);
+  if (!lines.ok()) return lines.status();
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->options = options;
-  impl->file.reset(file);
+  impl->lines = std::move(*lines);
   return std::unique_ptr<TraceReader>(new TraceReader(std::move(impl)));
 }
 
