@@ -1,5 +1,6 @@
 // `crescent trace import`: request logs -> a Mooncake-format trace (issue 23 §3; docs/traces.md).
-//   crescent trace import --format openai-log|sharegpt|csv [--model DIR | --tokenizer FILE] --out TRACE LOG...
+//   crescent trace import --format openai-log|sharegpt|csv [--model DIR | --tokenizer FILE] --out TRACE
+//   LOG...
 // Tokens from the model's tokenizer and chat template; block keys by the project's chained hash from a secret
 // salt (--salt-file, else a random one), renumbered densely unless --raw-keys; a summary on stderr and, on a
 // terminal, a progress bar. Exit 2 on bad input (file:line and the field), nothing written.
@@ -66,14 +67,16 @@ Status check_args(const ImportArgs& args) {
     return Status::invalid_argument(fmt::format("{}: must be {}, got {}", flag, expected, value));
   };
   if (args.block_size_tokens < 1) return bad("--block-size", args.block_size_tokens, ">= 1");
-  if (args.default_output_tokens < 1) return bad("--default-output-tokens", args.default_output_tokens, ">= 1");
+  if (args.default_output_tokens < 1)
+    return bad("--default-output-tokens", args.default_output_tokens, ">= 1");
   if (!(args.reorder_window_s >= 0) || args.reorder_window_s > 1e9) {
     return bad("--reorder-window-s", args.reorder_window_s, ">= 0");
   }
   if (!(args.session_rate_per_s > 0) || args.session_rate_per_s > 1e9) {
     return bad("--session-rate", args.session_rate_per_s, "> 0");
   }
-  if (!(args.think_time_s >= 0) || args.think_time_s > 1e9) return bad("--think-time-s", args.think_time_s, ">= 0");
+  if (!(args.think_time_s >= 0) || args.think_time_s > 1e9)
+    return bad("--think-time-s", args.think_time_s, ">= 0");
   if (args.out.empty()) return Status::invalid_argument("trace import: give --out TRACE");
   return Status();
 }
@@ -104,8 +107,9 @@ int run_import(const ImportArgs& args) {
   trace::PromptEncoder encoder;
   if (!args.tokenizer_file.empty() || !args.model_dir.empty()) {
     Result<std::unique_ptr<model::Tokenizer>> loaded =
-        args.tokenizer_file.empty() ? model::load_tokenizer(args.model_dir, std::numeric_limits<int64_t>::max())
-                                    : model::load_huggingface_tokenizer(args.tokenizer_file);
+        args.tokenizer_file.empty()
+            ? model::load_tokenizer(args.model_dir, std::numeric_limits<int64_t>::max())
+            : model::load_huggingface_tokenizer(args.tokenizer_file);
     if (!loaded.ok()) return fail(loaded.status());
     tokenizer = std::move(*loaded);
     encoder.tokenizer = tokenizer.get();
@@ -129,12 +133,14 @@ int run_import(const ImportArgs& args) {
   // A progress bar on a terminal: bytes of the logs read.
   StatusLine line;
   int64_t total_bytes = 0, done_bytes = 0, records = 0;
-  for (const std::string& log : args.logs) total_bytes += static_cast<int64_t>(std::filesystem::file_size(log));
+  for (const std::string& log : args.logs)
+    total_bytes += static_cast<int64_t>(std::filesystem::file_size(log));
   if (line.enabled()) {
     options.progress = [&](int64_t file_bytes_read) {
       ++records;
       if (!line.due()) return;
-      const double share = total_bytes > 0 ? static_cast<double>(done_bytes + file_bytes_read) / total_bytes : 1;
+      const double share =
+          total_bytes > 0 ? static_cast<double>(done_bytes + file_bytes_read) / total_bytes : 1;
       const int width = 30;
       const int filled = std::clamp(static_cast<int>(share * width), 0, width);
       line.draw(fmt::format("importing [{}{}] {:.0f}%, {} records read", std::string(filled, '#'),
@@ -157,17 +163,19 @@ int run_import(const ImportArgs& args) {
 
   const trace::ImportReport& report = importer.report();
   if (!reader.skipped().reasons.empty()) fmt::print(stderr, "trace import: {}\n", reader.skipped().summary());
-  fmt::print(stderr,
-             "trace import: {} requests ({} sessions), {} input tokens in {} distinct blocks of {} tokens, {} "
-             "output tokens -> {}\n",
-             grouped(report.requests), grouped(report.sessions), grouped(report.input_tokens),
-             grouped(report.distinct_blocks), args.block_size_tokens, grouped(report.output_tokens), args.out);
+  fmt::print(
+      stderr,
+      "trace import: {} requests ({} sessions), {} input tokens in {} distinct blocks of {} tokens, {} "
+      "output tokens -> {}\n",
+      grouped(report.requests), grouped(report.sessions), grouped(report.input_tokens),
+      grouped(report.distinct_blocks), args.block_size_tokens, grouped(report.output_tokens), args.out);
   if (report.lengths_only_requests > 0) {
-    fmt::print(stderr,
-               "trace import: {} requests had lengths only (no text): each of their blocks has a key of its own, "
-               "so this trace carries no prefix reuse from them; its reuse ceiling says nothing about your "
-               "workload's\n",
-               grouped(report.lengths_only_requests));
+    fmt::print(
+        stderr,
+        "trace import: {} requests had lengths only (no text): each of their blocks has a key of its own, "
+        "so this trace carries no prefix reuse from them; its reuse ceiling says nothing about your "
+        "workload's\n",
+        grouped(report.lengths_only_requests));
   }
   return 0;
 }
@@ -190,13 +198,15 @@ void register_trace_import(CLI::App& trace_cmd, int& exit_code) {
   cmd->add_option("--block-size", args->block_size_tokens, "Tokens per block key")->capture_default_str();
   cmd->add_option("--salt-file", args->salt_file,
                   "A secret (>= 16 bytes) seeding the block keys; default: a random one, not kept");
-  cmd->add_flag("--raw-keys", args->raw_keys,
-                "Write the salted 64-bit keys instead of renumbering them 0, 1, 2, ... (imports sharing a salt "
-                "file can then be compared)");
+  cmd->add_flag(
+      "--raw-keys", args->raw_keys,
+      "Write the salted 64-bit keys instead of renumbering them 0, 1, 2, ... (imports sharing a salt "
+      "file can then be compared)");
   cmd->add_flag("--keep-tokens", args->keep_tokens,
                 "Also write each prompt's token ids (re-analysis at other block sizes; reveals the text to "
                 "anyone with the tokenizer)");
-  cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid records (counted on stderr) instead of failing");
+  cmd->add_flag("--skip-invalid", args->skip_invalid,
+                "Skip invalid records (counted on stderr) instead of failing");
   cmd->add_option("--default-output-tokens", args->default_output_tokens,
                   "Output length of a request whose record says none")
       ->capture_default_str();
@@ -207,7 +217,8 @@ void register_trace_import(CLI::App& trace_cmd, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--think-time-s", args->think_time_s, "sharegpt: seconds between a conversation's turns")
       ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "sharegpt: seed of the conversations' start times")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "sharegpt: seed of the conversations' start times")
+      ->capture_default_str();
   cmd->add_option("--columns", args->columns,
                   "csv: 'azure', 'burstgpt' or timestamp=COL,input=COL,output=COL[,session=COL]")
       ->capture_default_str();

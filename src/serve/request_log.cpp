@@ -22,7 +22,9 @@ Result<std::unique_ptr<RequestLog>> RequestLog::open(const std::string& path, Re
   return std::unique_ptr<RequestLog>(new RequestLog(fd, content));
 }
 
-RequestLog::~RequestLog() { ::close(fd_); }
+RequestLog::~RequestLog() {
+  ::close(fd_);
+}
 
 std::string iso8601_utc_ms(int64_t unix_ms) {
   const std::chrono::sys_time<std::chrono::milliseconds> time{std::chrono::milliseconds(unix_ms)};

@@ -43,7 +43,8 @@ Status TraceImporter::add(LoggedRequest logged) {
   request.output_tokens = logged.output_tokens;
   if (logged.token_ids.empty()) {
     // Lengths only: every block a key of its own (the request's sequence number and the block's index).
-    const int64_t blocks = (logged.input_tokens + options_.block_size_tokens - 1) / options_.block_size_tokens;
+    const int64_t blocks =
+        (logged.input_tokens + options_.block_size_tokens - 1) / options_.block_size_tokens;
     request.block_keys.reserve(static_cast<size_t>(blocks));
     for (int64_t i = 0; i < blocks; ++i) {
       const std::array<int64_t, 2> position{sequence_, i};
@@ -77,7 +78,8 @@ Status TraceImporter::write(Held& held) {
     }
   }
   if (held.session) {
-    request.session_id = sessions_.try_emplace(*held.session, static_cast<int64_t>(sessions_.size())).first->second;
+    request.session_id =
+        sessions_.try_emplace(*held.session, static_cast<int64_t>(sessions_.size())).first->second;
     report_.sessions = static_cast<int64_t>(sessions_.size());
   }
   ++report_.requests;

@@ -1,6 +1,6 @@
-// From request logs to a Mooncake-format trace (issue 23 §3; docs/traces.md, "crescent trace import"): the keying
-// half. A log reader (trace/log_import.h) turns each logged request into token ids; TraceImporter keys their
-// blocks, puts the requests in arrival order and writes them.
+// From request logs to a Mooncake-format trace (issue 23 §3; docs/traces.md, "crescent trace import"): the
+// keying half. A log reader (trace/log_import.h) turns each logged request into token ids; TraceImporter keys
+// their blocks, puts the requests in arrival order and writes them.
 //
 // Block keys: the project's one recurrence (kv/block_key.h) over each full block of token ids, then the
 // trailing partial block's (kv::shipped_block_keys: ceil(n / B) keys, as a trace's hash_ids), chained from a
@@ -25,20 +25,20 @@ namespace crescent::trace {
 
 /// One request as a log records it, before it is keyed.
 struct LoggedRequest {
-  int64_t timestamp_ms = 0;        // arrival, ms since any epoch (Unix ms for wall-clock logs)
-  int64_t input_tokens = 0;        // prompt length, >= 1; token_ids.size() when the ids are known
-  std::vector<int64_t> token_ids = {};  // the prompt as the model reads it; empty for a lengths-only log
-  int64_t output_tokens = 0;       // generated tokens, >= 1
+  int64_t timestamp_ms = 0;                 // arrival, ms since any epoch (Unix ms for wall-clock logs)
+  int64_t input_tokens = 0;                 // prompt length, >= 1; token_ids.size() when the ids are known
+  std::vector<int64_t> token_ids = {};      // the prompt as the model reads it; empty for a lengths-only log
+  int64_t output_tokens = 0;                // generated tokens, >= 1
   std::optional<std::string> session = {};  // the log's name of the session (conversation, user), if any
-  std::string where = {};              // "file:line" of the record, for messages
+  std::string where = {};                   // "file:line" of the record, for messages
 };
 
 /// How TraceImporter keys and writes.
 struct ImportOptions {
   int64_t block_size_tokens = 512;  // tokens per block key, >= 1
   std::string salt = {};            // secret seed material (any bytes; empty is allowed but not secret)
-  bool dense_ids = true;  // renumber keys in first-seen order (else the salted 64-bit keys, comparable
-                          // between imports that share the salt)
+  bool dense_ids = true;     // renumber keys in first-seen order (else the salted 64-bit keys, comparable
+                             // between imports that share the salt)
   bool keep_tokens = false;  // also write each request's token_ids (re-keying at other block sizes)
 };
 
@@ -81,7 +81,8 @@ class TraceImporter {
     Request request;
     std::optional<std::string> session;
     bool operator>(const Held& other) const {
-      return timestamp_ms != other.timestamp_ms ? timestamp_ms > other.timestamp_ms : sequence > other.sequence;
+      return timestamp_ms != other.timestamp_ms ? timestamp_ms > other.timestamp_ms
+                                                : sequence > other.sequence;
     }
   };
   Status write(Held& held);
@@ -89,13 +90,13 @@ class TraceImporter {
 
   ImportOptions options_;
   TraceWriter& out_;
-  BlockKey seed_;         // the salt's hash: the chain's seed
-  BlockKey unique_seed_;  // seed of lengths-only requests' keys
+  BlockKey seed_;           // the salt's hash: the chain's seed
+  BlockKey unique_seed_;    // seed of lengths-only requests' keys
   std::vector<Held> held_;  // a min-heap by arrival (std::greater)
   int64_t sequence_ = 0;
   std::optional<int64_t> released_until_ms_;
   std::optional<int64_t> first_timestamp_ms_;
-  std::unordered_map<BlockKey, BlockKey> dense_;   // salted key -> dense id
+  std::unordered_map<BlockKey, BlockKey> dense_;       // salted key -> dense id
   std::unordered_map<std::string, int64_t> sessions_;  // session name -> dense id
   ImportReport report_;
 };

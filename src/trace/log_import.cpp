@@ -56,7 +56,8 @@ Problem field_problem(std::string_view reason, std::string_view where, std::stri
 
 Result<int64_t> ms_from_number(double value) {
   if (!std::isfinite(value) || value < 0 || value > 9.2e15) {
-    return Status::invalid_argument(fmt::format("must be a time in Unix seconds or milliseconds, got {}", value));
+    return Status::invalid_argument(
+        fmt::format("must be a time in Unix seconds or milliseconds, got {}", value));
   }
   return static_cast<int64_t>(std::llround(value >= kMillisecondsFrom ? value : value * 1000.0));
 }
@@ -123,14 +124,17 @@ Outcome normalize_content(json& message, std::string_view where, std::string_vie
 Outcome encode_messages(const PromptEncoder& encoder, const json& messages, std::string_view where,
                         std::string_view field, std::vector<int64_t>& ids) {
   if (!encoder.render_chat) {
-    return Problem{"no chat template",
-                   fmt::format("{}: field '{}': chat messages need the model's chat template, and it has none "
-                               "(give --model DIR whose tokenizer_config.json has a chat_template)",
-                               where, field),
-                   true};
+    return Problem{
+        "no chat template",
+        fmt::format("{}: field '{}': chat messages need the model's chat template, and it has none "
+                    "(give --model DIR whose tokenizer_config.json has a chat_template)",
+                    where, field),
+        true};
   }
   if (encoder.tokenizer == nullptr) {
-    return Problem{"no tokenizer", fmt::format("{}: text prompts need a tokenizer: give --model DIR or --tokenizer FILE", where), true};
+    return Problem{
+        "no tokenizer",
+        fmt::format("{}: text prompts need a tokenizer: give --model DIR or --tokenizer FILE", where), true};
   }
   Result<std::string> text = encoder.render_chat(messages);
   if (!text.ok()) {
@@ -144,7 +148,9 @@ Outcome encode_messages(const PromptEncoder& encoder, const json& messages, std:
 Outcome encode_text(const PromptEncoder& encoder, std::string_view text, std::string_view where,
                     std::vector<int64_t>& ids) {
   if (encoder.tokenizer == nullptr) {
-    return Problem{"no tokenizer", fmt::format("{}: text prompts need a tokenizer: give --model DIR or --tokenizer FILE", where), true};
+    return Problem{
+        "no tokenizer",
+        fmt::format("{}: text prompts need a tokenizer: give --model DIR or --tokenizer FILE", where), true};
   }
   ids = encoder.tokenizer->encode(text);
   return std::nullopt;
@@ -198,14 +204,16 @@ Outcome parse_openai_record(json record, const std::string& where, const PromptE
   }
   if (!record.contains("timestamp")) return Problem{"missing field", where + ": missing field 'timestamp'"};
   Result<int64_t> timestamp = parse_timestamp_ms(record["timestamp"]);
-  if (!timestamp.ok()) return field_problem("bad timestamp", where, "timestamp", timestamp.status().message());
+  if (!timestamp.ok())
+    return field_problem("bad timestamp", where, "timestamp", timestamp.status().message());
   out.timestamp_ms = *timestamp;
 
   const bool wrapped = record.contains("request");
   json& body = wrapped ? record["request"] : record;
   const std::string prefix = wrapped ? "request." : "";
   if (!body.is_object()) {
-    return field_problem("bad request", where, "request", fmt::format("must be an object, got {}", excerpt(body)));
+    return field_problem("bad request", where, "request",
+                         fmt::format("must be an object, got {}", excerpt(body)));
   }
   out.token_ids.clear();
   if (record.contains("prompt_token_ids")) {
@@ -228,7 +236,8 @@ Outcome parse_openai_record(json record, const std::string& where, const PromptE
     } else if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
       // One prompt in a batch of one: ["text"] or [[ids]].
       if (prompt[0].is_string()) {
-        if (auto problem = encode_text(encoder, prompt[0].get_ref<const std::string&>(), where, out.token_ids)) {
+        if (auto problem =
+                encode_text(encoder, prompt[0].get_ref<const std::string&>(), where, out.token_ids)) {
           return problem;
         }
       } else if (auto problem = read_token_ids(prompt[0], where, field + "[0]", out.token_ids)) {
@@ -252,17 +261,20 @@ Outcome parse_openai_record(json record, const std::string& where, const PromptE
   std::string usage_field = "usage";
   if (record.contains("usage")) {
     usage = &record["usage"];
-  } else if (record.contains("response") && record["response"].is_object() && record["response"].contains("usage")) {
+  } else if (record.contains("response") && record["response"].is_object() &&
+             record["response"].contains("usage")) {
     usage = &record["response"]["usage"];
     usage_field = "response.usage";
   }
   out.output_tokens = default_output_tokens;
   if (usage != nullptr) {
-    const json* completion = usage->is_object() && usage->contains("completion_tokens") ? &(*usage)["completion_tokens"] : nullptr;
+    const json* completion =
+        usage->is_object() && usage->contains("completion_tokens") ? &(*usage)["completion_tokens"] : nullptr;
     const std::optional<int64_t> tokens = completion ? json_count(*completion) : std::nullopt;
     if (!tokens) {
       return field_problem("bad usage", where, usage_field + ".completion_tokens",
-                           fmt::format("must be an integer >= 0, got {}", completion ? excerpt(*completion) : excerpt(*usage)));
+                           fmt::format("must be an integer >= 0, got {}",
+                                       completion ? excerpt(*completion) : excerpt(*usage)));
     }
     if (*tokens == 0) {
       return field_problem("no output", where, usage_field + ".completion_tokens",
@@ -364,10 +376,10 @@ Result<CsvColumns> parse_csv_columns(std::string_view spec) {
     start = comma + 1;
     const size_t equals = part.find('=');
     if (equals == std::string_view::npos || equals + 1 == part.size()) {
-      return Status::invalid_argument(fmt::format(
-          "--columns: '{}' is not NAME=COLUMN (expected 'azure', 'burstgpt' or "
-          "timestamp=COL,input=COL,output=COL[,session=COL])",
-          part));
+      return Status::invalid_argument(
+          fmt::format("--columns: '{}' is not NAME=COLUMN (expected 'azure', 'burstgpt' or "
+                      "timestamp=COL,input=COL,output=COL[,session=COL])",
+                      part));
     }
     const std::string_view name = part.substr(0, equals);
     std::string column(part.substr(equals + 1));
@@ -384,7 +396,8 @@ Result<CsvColumns> parse_csv_columns(std::string_view spec) {
           fmt::format("--columns: unknown name '{}' (expected timestamp, input, output or session)", name));
     }
   }
-  for (auto [name, value] : {std::pair{"timestamp", &columns.timestamp}, {"input", &columns.input_tokens},
+  for (auto [name, value] : {std::pair{"timestamp", &columns.timestamp},
+                             {"input", &columns.input_tokens},
                              {"output", &columns.output_tokens}}) {
     if (value->empty()) return Status::invalid_argument(fmt::format("--columns: no '{}=COLUMN'", name));
   }
@@ -464,51 +477,57 @@ Status LogImporter::read(const std::string& path) {
   return Status::invalid_argument("unknown log format");
 }
 
-Status LogImporter::read_openai_log(const std::string& path) {
+Status LogImporter::each_line(const std::string& path, bool json_lines,
+                              const std::function<Status(std::string& line, int64_t line_number)>& on_line) {
   auto reader = LineReader::open(path, kMaxRecordBytes);
   if (!reader.ok()) return reader.status();
   LineReader& lines = **reader;
   for (;;) {
     Result<bool> more = lines.next();
     if (!more.ok()) return Status::io_error(fmt::format("{}: {}", path, more.status().message()));
-    if (!*more) break;
-    const std::string where = fmt::format("{}:{}", path, lines.line_number());
+    if (!*more) return Status();
+    const int64_t number = lines.line_number();
     if (lines.line_too_long()) {
       CRESCENT_RETURN_IF_ERROR(on_problem(
-          {"line too long", fmt::format("{}: line longer than {} bytes", where, kMaxRecordBytes)}));
+          {"line too long", fmt::format("{}:{}: line longer than {} bytes", path, number, kMaxRecordBytes)}));
+    } else if (json_lines && trim(lines.line()).empty()) {
       continue;
+    } else if (json_lines && json_depth_exceeds(lines.line(), kMaxJsonDepth)) {
+      CRESCENT_RETURN_IF_ERROR(on_problem(
+          {"too deep", fmt::format("{}:{}: nests deeper than {} levels", path, number, kMaxJsonDepth)}));
+    } else {
+      CRESCENT_RETURN_IF_ERROR(on_line(lines.line(), number));
     }
-    if (trim(lines.line()).empty()) continue;
-    if (json_depth_exceeds(lines.line(), kMaxJsonDepth)) {
-      CRESCENT_RETURN_IF_ERROR(
-          on_problem({"too deep", fmt::format("{}: nests deeper than {} levels", where, kMaxJsonDepth)}));
-      continue;
-    }
-    LoggedRequest request;
-    request.where = where;
-    Outcome problem = parse_openai_record(json::parse(lines.line(), nullptr, false), where, encoder_,
-                                          options_.default_output_tokens, request);
-    if (problem) {
-      CRESCENT_RETURN_IF_ERROR(on_problem(std::move(*problem)));
-      continue;
-    }
-    const int64_t arrival_ms = request.timestamp_ms;
-    if (Status added = importer_.add(std::move(request)); !added.ok()) {
-      CRESCENT_RETURN_IF_ERROR(on_problem({"out of order", added.message()}));
-      continue;
-    }
-    latest_ms_ = std::max(latest_ms_, arrival_ms);
-    CRESCENT_RETURN_IF_ERROR(importer_.release_before(latest_ms_ - options_.reorder_window_ms));
     if (options_.progress) options_.progress(lines.file_bytes_read());
   }
-  return Status();
+}
+
+Status LogImporter::add_in_window(LoggedRequest request) {
+  const int64_t arrival_ms = request.timestamp_ms;
+  if (Status added = importer_.add(std::move(request)); !added.ok()) {
+    return on_problem({"out of order", added.message()});
+  }
+  latest_ms_ = std::max(latest_ms_, arrival_ms);
+  return importer_.release_before(latest_ms_ - options_.reorder_window_ms);
+}
+
+Status LogImporter::read_openai_log(const std::string& path) {
+  return each_line(path, /*json_lines=*/true, [&](std::string& line, int64_t number) {
+    LoggedRequest request;
+    request.where = fmt::format("{}:{}", path, number);
+    Outcome problem = parse_openai_record(json::parse(line, nullptr, false), request.where, encoder_,
+                                          options_.default_output_tokens, request);
+    if (problem) return on_problem(std::move(*problem));
+    return add_in_window(std::move(request));
+  });
 }
 
 Status LogImporter::add_conversation(const json& conversation, const std::string& where,
                                      const std::string& session) {
   // The conversation as OpenAI messages.
   if (!conversation.is_object()) {
-    return on_problem({"not an object", fmt::format("{}: not a JSON object, got {}", where, excerpt(conversation))});
+    return on_problem(
+        {"not an object", fmt::format("{}: not a JSON object, got {}", where, excerpt(conversation))});
   }
   json messages = json::array();
   if (conversation.contains("conversations")) {
@@ -520,16 +539,17 @@ Status LogImporter::add_conversation(const json& conversation, const std::string
     for (size_t i = 0; i < turns.size(); ++i) {
       const json& turn = turns[i];
       const std::string field = fmt::format("conversations[{}]", i);
-      if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() || !turn.contains("value") ||
-          !turn["value"].is_string()) {
-        return on_problem(field_problem("bad turn", where, field,
-                                        fmt::format("must be {{\"from\": ..., \"value\": TEXT}}, got {}", excerpt(turn))));
+      if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
+          !turn.contains("value") || !turn["value"].is_string()) {
+        return on_problem(
+            field_problem("bad turn", where, field,
+                          fmt::format("must be {{\"from\": ..., \"value\": TEXT}}, got {}", excerpt(turn))));
       }
       const std::optional<std::string> role = sharegpt_role(turn["from"].get_ref<const std::string&>());
       if (!role) {
-        return on_problem(field_problem("unknown speaker", where, field + ".from",
-                                        fmt::format("must be human, gpt or system (or user, assistant), got {}",
-                                                    excerpt(turn["from"]))));
+        return on_problem(field_problem(
+            "unknown speaker", where, field + ".from",
+            fmt::format("must be human, gpt or system (or user, assistant), got {}", excerpt(turn["from"]))));
       }
       messages.push_back({{"role", *role}, {"content", turn["value"]}});
     }
@@ -554,18 +574,23 @@ Status LogImporter::add_conversation(const json& conversation, const std::string
     if (messages[i]["role"] != "user") continue;
     LoggedRequest request;
     request.where = fmt::format("{} turn {}", where, i);
-    request.timestamp_ms = start_ms + static_cast<int64_t>(std::llround(static_cast<double>(turn) * options_.think_time_s * 1000.0));
+    request.timestamp_ms =
+        start_ms +
+        static_cast<int64_t>(std::llround(static_cast<double>(turn) * options_.think_time_s * 1000.0));
     request.session = session;
     const json so_far(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-    if (auto problem = encode_messages(encoder_, so_far, where, fmt::format("messages[{}]", i), request.token_ids)) {
+    if (auto problem =
+            encode_messages(encoder_, so_far, where, fmt::format("messages[{}]", i), request.token_ids)) {
       return on_problem(std::move(*problem));
     }
     request.input_tokens = static_cast<int64_t>(request.token_ids.size());
     request.output_tokens = options_.default_output_tokens;
-    if (i + 1 < messages.size() && messages[i + 1]["role"] == "assistant" && messages[i + 1]["content"].is_string()) {
+    if (i + 1 < messages.size() && messages[i + 1]["role"] == "assistant" &&
+        messages[i + 1]["content"].is_string()) {
       const auto& answer = messages[i + 1]["content"].get_ref<const std::string&>();
       if (!answer.empty()) {
-        request.output_tokens = std::max<int64_t>(1, static_cast<int64_t>(encoder_.tokenizer->encode(answer).size()));
+        request.output_tokens =
+            std::max<int64_t>(1, static_cast<int64_t>(encoder_.tokenizer->encode(answer).size()));
       }
     }
     requests.push_back(std::move(request));
@@ -577,48 +602,36 @@ Status LogImporter::add_conversation(const json& conversation, const std::string
 }
 
 Status LogImporter::read_sharegpt(const std::string& path) {
-  // A JSON array of conversations, or JSONL: the first character that is not white space says which.
+  // A JSON array of conversations, or JSONL: the first character that is not white space says which (a
+  // first line too long to hold is a JSON array on one line).
   {
     auto reader = LineReader::open(path, kMaxRecordBytes);
     if (!reader.ok()) return reader.status();
-    LineReader& lines = **reader;
+    bool jsonl = false;
     for (;;) {
-      Result<bool> more = lines.next();
+      Result<bool> more = (*reader)->next();
       if (!more.ok()) return Status::io_error(fmt::format("{}: {}", path, more.status().message()));
       if (!*more) return Status::invalid_argument(fmt::format("{}: the log has no conversations", path));
-      if (lines.line_too_long()) break;  // a whole JSON array on one line
-      const std::string_view line = trim(lines.line());
-      if (line.empty()) continue;
-      if (line.front() == '[') break;
-      // JSONL: this line and every later one a conversation.
-      for (;;) {
-        const std::string where = fmt::format("{}:{}", path, lines.line_number());
-        if (lines.line_too_long()) {
-          CRESCENT_RETURN_IF_ERROR(
-              on_problem({"line too long", fmt::format("{}: line longer than {} bytes", where, kMaxRecordBytes)}));
-        } else if (json_depth_exceeds(lines.line(), kMaxJsonDepth)) {
-          CRESCENT_RETURN_IF_ERROR(
-              on_problem({"too deep", fmt::format("{}: nests deeper than {} levels", where, kMaxJsonDepth)}));
-        } else if (!trim(lines.line()).empty()) {
-          json conversation = json::parse(lines.line(), nullptr, false);
-          if (conversation.is_discarded()) {
-            CRESCENT_RETURN_IF_ERROR(on_problem({"not JSON", where + ": not JSON"}));
-          } else {
-            CRESCENT_RETURN_IF_ERROR(add_conversation(conversation, where, fmt::format("{}#{}", path, conversations_)));
-            ++conversations_;
-          }
-        }
-        if (options_.progress) options_.progress(lines.file_bytes_read());
-        Result<bool> next = lines.next();
-        if (!next.ok()) return Status::io_error(fmt::format("{}: {}", path, next.status().message()));
-        if (!*next) return Status();
+      const std::string_view line = trim((*reader)->line());
+      if ((*reader)->line_too_long() || !line.empty()) {
+        jsonl = !(*reader)->line_too_long() && line.front() != '[';
+        break;
       }
+    }
+    if (jsonl) {
+      return each_line(path, /*json_lines=*/true, [&](std::string& line, int64_t number) {
+        const std::string where = fmt::format("{}:{}", path, number);
+        const json conversation = json::parse(line, nullptr, false);
+        if (conversation.is_discarded()) return on_problem({"not JSON", where + ": not JSON"});
+        return add_conversation(conversation, where, fmt::format("{}#{}", path, conversations_++));
+      });
     }
   }
   // A JSON array: parsed as a stream, each conversation handled and dropped as soon as it is complete.
   errno = 0;
   gzFile file = gzopen(path.c_str(), "rb");
-  if (file == nullptr) return Status::io_error(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+  if (file == nullptr)
+    return Status::io_error(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
   gzbuffer(file, 1 << 16);
   GzStreamBuf buffer(file);
   std::istream in(&buffer);
@@ -626,11 +639,12 @@ Status LogImporter::read_sharegpt(const std::string& path) {
   auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
     if (depth == 0 && event == json::parse_event_t::value && !parsed.is_array()) {
       throw StopParsing{Status::invalid_argument(
-          fmt::format("{}: must be a JSON array of conversations (or JSONL, one a line), got {}", path, excerpt(parsed)))};
+          fmt::format("{}: must be a JSON array of conversations (or JSONL, one a line), got {}", path,
+                      excerpt(parsed)))};
     }
     if (depth > kMaxJsonDepth) {
-      throw StopParsing{Status::invalid_argument(fmt::format("{}: conversation {} nests deeper than {} levels",
-                                                             path, index, kMaxJsonDepth))};
+      throw StopParsing{Status::invalid_argument(
+          fmt::format("{}: conversation {} nests deeper than {} levels", path, index, kMaxJsonDepth))};
     }
     if (depth != 1 || (event != json::parse_event_t::object_end && event != json::parse_event_t::value)) {
       return true;
@@ -655,9 +669,6 @@ Status LogImporter::read_sharegpt(const std::string& path) {
 }
 
 Status LogImporter::read_csv(const std::string& path) {
-  auto reader = LineReader::open(path, kMaxRecordBytes);
-  if (!reader.ok()) return reader.status();
-  LineReader& lines = **reader;
   struct Row {
     std::vector<std::string> cells;
     std::vector<std::vector<std::string>> complete;  // rows completed by the last chunk
@@ -698,58 +709,55 @@ Status LogImporter::read_csv(const std::string& path) {
         if (*column < 0) {
           std::string names;
           for (const std::string& h : header) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", h);
-          return Status::invalid_argument(fmt::format(
-              "{}: the header has no column '{}' (it has {}): name the columns with --columns", where, *name, names));
+          return Status::invalid_argument(
+              fmt::format("{}: the header has no column '{}' (it has {}): name the columns with --columns",
+                          where, *name, names));
         }
       }
       return Status();
     }
     if (cells.size() == 1 && trim(cells[0]).empty()) return Status();  // a blank line
     if (cells.size() != header.size()) {
-      return on_problem({"wrong cell count", fmt::format("{}: {} cells, the header has {}", where, cells.size(), header.size())});
+      return on_problem({"wrong cell count",
+                         fmt::format("{}: {} cells, the header has {}", where, cells.size(), header.size())});
     }
     LoggedRequest request;
     request.where = where;
-    Result<int64_t> timestamp = parse_timestamp_ms(std::string_view(cells[static_cast<size_t>(timestamp_column)]));
+    Result<int64_t> timestamp =
+        parse_timestamp_ms(std::string_view(cells[static_cast<size_t>(timestamp_column)]));
     if (!timestamp.ok()) {
-      return on_problem(field_problem("bad timestamp", where, header[static_cast<size_t>(timestamp_column)], timestamp.status().message()));
+      return on_problem(field_problem("bad timestamp", where, header[static_cast<size_t>(timestamp_column)],
+                                      timestamp.status().message()));
     }
     request.timestamp_ms = *timestamp;
-    for (auto [column, out] : {std::pair{input_column, &request.input_tokens}, {output_column, &request.output_tokens}}) {
+    for (auto [column, out] :
+         {std::pair{input_column, &request.input_tokens}, {output_column, &request.output_tokens}}) {
       const std::string& cell = cells[static_cast<size_t>(column)];
       const std::optional<int64_t> count = parse_count(cell);
       if (!count || *count == 0) {
-        return on_problem(field_problem(count ? "zero length" : "bad length", where, header[static_cast<size_t>(column)],
+        return on_problem(field_problem(count ? "zero length" : "bad length", where,
+                                        header[static_cast<size_t>(column)],
                                         fmt::format("must be an integer >= 1, got '{}'", cell)));
       }
       *out = *count;
     }
     if (session_column >= 0) request.session = cells[static_cast<size_t>(session_column)];
-    if (Status added = importer_.add(std::move(request)); !added.ok()) {
-      return on_problem({"out of order", added.message()});
-    }
-    latest_ms_ = std::max(latest_ms_, *timestamp);
-    return importer_.release_before(latest_ms_ - options_.reorder_window_ms);
+    return add_in_window(std::move(request));
   };
-  for (;;) {
-    Result<bool> more = lines.next();
-    if (!more.ok()) return Status::io_error(fmt::format("{}: {}", path, more.status().message()));
-    if (!*more) break;
-    if (lines.line_too_long()) {
-      CRESCENT_RETURN_IF_ERROR(on_problem(
-          {"line too long", fmt::format("{}:{}: line longer than {} bytes", path, lines.line_number(), kMaxRecordBytes)}));
-      continue;
+  int64_t last_line = 0;
+  CRESCENT_RETURN_IF_ERROR(each_line(path, /*json_lines=*/false, [&](std::string& line, int64_t number) {
+    last_line = number;
+    line.push_back('\n');
+    if (csv_parse(&parser, line.data(), line.size(), on_cell, on_row, &row) != line.size()) {
+      return Status::invalid_argument(
+          fmt::format("{}:{}: not CSV: {}", path, number, csv_strerror(csv_error(&parser))));
     }
-    lines.line().push_back('\n');
-    if (csv_parse(&parser, lines.line().data(), lines.line().size(), on_cell, on_row, &row) != lines.line().size()) {
-      return Status::invalid_argument(fmt::format("{}:{}: not CSV: {}", path, lines.line_number(), csv_strerror(csv_error(&parser))));
-    }
-    for (auto& cells : row.complete) CRESCENT_RETURN_IF_ERROR(handle_row(cells, lines.line_number()));
+    for (auto& cells : row.complete) CRESCENT_RETURN_IF_ERROR(handle_row(cells, number));
     row.complete.clear();
-    if (options_.progress) options_.progress(lines.file_bytes_read());
-  }
+    return Status();
+  }));
   csv_fini(&parser, on_cell, on_row, &row);
-  for (auto& cells : row.complete) CRESCENT_RETURN_IF_ERROR(handle_row(cells, lines.line_number()));
+  for (auto& cells : row.complete) CRESCENT_RETURN_IF_ERROR(handle_row(cells, last_line));
   if (header.empty()) return Status::invalid_argument(fmt::format("{}: the CSV has no header row", path));
   return Status();
 }

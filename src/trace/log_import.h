@@ -1,6 +1,6 @@
-// Reading request logs for `crescent trace import` (issue 23 §3; docs/traces.md, "crescent trace import"): the
-// three formats, each record turned into a LoggedRequest (token ids through the model's tokenizer and chat
-// template) and handed to a TraceImporter (trace/import.h), which keys and writes it.
+// Reading request logs for `crescent trace import` (issue 23 §3; docs/traces.md, "crescent trace import"):
+// the three formats, each record turned into a LoggedRequest (token ids through the model's tokenizer and
+// chat template) and handed to a TraceImporter (trace/import.h), which keys and writes it.
 //
 // - openai-log: JSONL, one request a line: {"timestamp": T, "request": BODY, "usage": {...}} where BODY is
 //   the body of /v1/chat/completions (`messages`) or /v1/completions (`prompt`: a string, or token ids);
@@ -106,6 +106,13 @@ class LogImporter {
   struct Problem;
 
  private:
+  // Each line of `path` to `on_line` after the checks every line-oriented format shares: a line too long is
+  // a problem; with `json_lines`, blank lines are skipped and nesting deeper than the limit is a problem.
+  // Reports progress after each line.
+  Status each_line(const std::string& path, bool json_lines,
+                   const std::function<Status(std::string& line, int64_t line_number)>& on_line);
+  // Adds a request of a log in time order give or take the reorder window; writes what the window passed.
+  Status add_in_window(LoggedRequest request);
   Status read_openai_log(const std::string& path);
   Status read_sharegpt(const std::string& path);
   Status read_csv(const std::string& path);

@@ -8,9 +8,9 @@ namespace crescent::trace {
 
 std::string format_trace_line(const Request& request) {
   fmt::memory_buffer out;
-  fmt::format_to(std::back_inserter(out), R"({{"timestamp":{},"input_length":{},"output_length":{},"hash_ids":[{}])",
-                 request.timestamp_ms, request.input_tokens, request.output_tokens,
-                 fmt::join(request.block_keys, ","));
+  fmt::format_to(
+      std::back_inserter(out), R"({{"timestamp":{},"input_length":{},"output_length":{},"hash_ids":[{}])",
+      request.timestamp_ms, request.input_tokens, request.output_tokens, fmt::join(request.block_keys, ","));
   if (request.session_id) fmt::format_to(std::back_inserter(out), R"(,"session_id":{})", *request.session_id);
   if (!request.token_ids.empty()) {
     fmt::format_to(std::back_inserter(out), R"(,"token_ids":[{}])", fmt::join(request.token_ids, ","));
@@ -31,6 +31,8 @@ Status TraceWriter::append(const Request& request) {
   return Status();
 }
 
-Status TraceWriter::commit() { return file_->commit(); }
+Status TraceWriter::commit() {
+  return file_->commit();
+}
 
 }  // namespace crescent::trace

@@ -16,8 +16,8 @@
 namespace crescent::cli_test {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 const std::string kTrace = CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz";
 
@@ -29,7 +29,8 @@ std::vector<json> read_lines(const std::string& path) {
 }
 
 json analyze(const std::string& trace, int block_size) {
-  const CliRun run = run_crescent("analyze --json --block-size " + std::to_string(block_size) + " " + quote(trace));
+  const CliRun run =
+      run_crescent("analyze --json --block-size " + std::to_string(block_size) + " " + quote(trace));
   EXPECT_EQ(run.exit_code, 0) << run.err;
   return run.exit_code == 0 ? json::parse(run.out) : json();
 }
@@ -42,9 +43,10 @@ TEST(TraceImportCli, AServersRequestLogImportsBackWithTheReuseOfItsTraffic) {
     const std::string log = root + "/requests-" + content + ".jsonl";
     // 24 requests of the conversation trace replayed against the live cluster, each prompt the trace's
     // blocks as token ids (lengths / 8, so a block is 64 tokens).
-    const CliRun served = run_crescent("serve --in-process --port 0 --replay " + quote(kTrace) +
-                                       " --limit 24 --length-divisor 8 --block-size 64 --time-scale 200 --json --request-log " + quote(log) +
-                                       " --request-log-content " + content);
+    const CliRun served =
+        run_crescent("serve --in-process --port 0 --replay " + quote(kTrace) +
+                     " --limit 24 --length-divisor 8 --block-size 64 --time-scale 200 --json --request-log " +
+                     quote(log) + " --request-log-content " + content);
     ASSERT_EQ(served.exit_code, 0) << served.err;
     const std::vector<json> logged = read_lines(log);
     ASSERT_EQ(logged.size(), 24u);
@@ -53,7 +55,8 @@ TEST(TraceImportCli, AServersRequestLogImportsBackWithTheReuseOfItsTraffic) {
     EXPECT_TRUE(logged[0]["usage"]["completion_tokens"].is_number_integer());
 
     const std::string imported = root + "/imported-" + content + ".jsonl";
-    const CliRun run = run_crescent("trace import --format openai-log --block-size 64 --out " + quote(imported) + " " + quote(log));
+    const CliRun run = run_crescent("trace import --format openai-log --block-size 64 --out " +
+                                    quote(imported) + " " + quote(log));
     ASSERT_EQ(run.exit_code, 0) << run.err;
     EXPECT_THAT(run.err, HasSubstr("24 requests"));
     const std::vector<json> trace = read_lines(imported);
@@ -87,20 +90,24 @@ TEST(TraceImportCli, BadInputExitsTwoAndWritesNothing) {
   const std::string root = dir.path();
   const std::string out = root + "/out.jsonl";
   {
-    std::ofstream(root + "/log.jsonl") << R"({"timestamp": 1, "prompt": [1, 2]})" "\n"
-                                       << R"({"timestamp": 2, "prompt": "text needs a tokenizer"})" "\n";
+    std::ofstream(root + "/log.jsonl") << R"({"timestamp": 1, "prompt": [1, 2]})"
+                                          "\n"
+                                       << R"({"timestamp": 2, "prompt": "text needs a tokenizer"})"
+                                          "\n";
     std::ofstream(root + "/short") << "0123456789\n";
   }
   struct Case {
     std::string args, message;
   };
   const std::vector<Case> cases = {
-      {"--format xml " + quote(root + "/log.jsonl"), "--format: must be openai-log, sharegpt or csv, got 'xml'"},
+      {"--format xml " + quote(root + "/log.jsonl"),
+       "--format: must be openai-log, sharegpt or csv, got 'xml'"},
       {quote(root + "/missing.jsonl"), "missing.jsonl: no such file"},
       {quote(root + "/log.jsonl"), "log.jsonl:2: text prompts need a tokenizer"},
       {"--skip-invalid " + quote(root + "/log.jsonl"), "log.jsonl:2: text prompts need a tokenizer"},
       {"--block-size 0 " + quote(root + "/log.jsonl"), "--block-size: must be >= 1, got 0"},
-      {"--salt-file " + quote(root + "/short") + " " + quote(root + "/log.jsonl"), "a salt must be at least 16"},
+      {"--salt-file " + quote(root + "/short") + " " + quote(root + "/log.jsonl"),
+       "a salt must be at least 16"},
       {"--format csv --columns t,i,o " + quote(root + "/log.jsonl"), "--columns: 't' is not NAME=COLUMN"},
   };
   for (const Case& c : cases) {

@@ -20,9 +20,9 @@ namespace crescent::trace {
 namespace {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using nlohmann::json;
 
 std::vector<int64_t> ids_of(std::string_view text) {
   return std::vector<int64_t>(text.begin(), text.end());
@@ -75,10 +75,10 @@ TEST_F(ImportTest, KeysAreChainedPerBlockAndRenumberedInArrivalOrder) {
   const auto lines = import({logged(10, "SYS:abcd"), logged(20, "SYS:abXYz"), logged(5, "abcdSYS:")},
                             {.block_size_tokens = 4, .salt = "a salt of sixteen bytes"});
   ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[0]["timestamp"], 0);  // relative to the earliest arrival
+  EXPECT_EQ(lines[0]["timestamp"], 0);            // relative to the earliest arrival
   EXPECT_EQ(lines[0]["hash_ids"], json({0, 1}));  // "abcd", "abcdSYS:": a block keys everything before it
   EXPECT_EQ(lines[1]["timestamp"], 5);
-  EXPECT_EQ(lines[1]["hash_ids"], json({2, 3}));  // "SYS:" then "SYS:abcd"
+  EXPECT_EQ(lines[1]["hash_ids"], json({2, 3}));     // "SYS:" then "SYS:abcd"
   EXPECT_EQ(lines[2]["hash_ids"], json({2, 4, 5}));  // shares "SYS:", then its own, then the partial "z"
   EXPECT_EQ(lines[2]["input_length"], 9);
   EXPECT_FALSE(lines[2].contains("token_ids"));
@@ -87,10 +87,12 @@ TEST_F(ImportTest, KeysAreChainedPerBlockAndRenumberedInArrivalOrder) {
 
 TEST_F(ImportTest, TheSaltChangesEveryRawKeyAndTheSameSaltGivesTheSameKeys) {
   auto raw = [&](std::string salt) {
-    return import({logged(0, "abcdefgh")}, {.block_size_tokens = 4, .salt = std::move(salt), .dense_ids = false})
+    return import({logged(0, "abcdefgh")},
+                  {.block_size_tokens = 4, .salt = std::move(salt), .dense_ids = false})
         .at(0)["hash_ids"];
   };
-  const json first = raw("salt number one!!"), again = raw("salt number one!!"), other = raw("salt number two!!");
+  const json first = raw("salt number one!!"), again = raw("salt number one!!"),
+             other = raw("salt number two!!");
   ASSERT_EQ(first.size(), 2u);
   EXPECT_EQ(first, again);
   EXPECT_NE(first[0], other[0]);
@@ -98,9 +100,9 @@ TEST_F(ImportTest, TheSaltChangesEveryRawKeyAndTheSameSaltGivesTheSameKeys) {
 }
 
 TEST_F(ImportTest, SessionsAreRenumberedAndTokensKeptOnlyWhenAsked) {
-  const auto lines = import({logged(0, "ab", "alice"), logged(1, "cd", "bob"), logged(2, "ef", "alice"),
-                             logged(3, "gh")},
-                            {.block_size_tokens = 4, .keep_tokens = true});
+  const auto lines =
+      import({logged(0, "ab", "alice"), logged(1, "cd", "bob"), logged(2, "ef", "alice"), logged(3, "gh")},
+             {.block_size_tokens = 4, .keep_tokens = true});
   EXPECT_EQ(lines[0]["session_id"], 0);
   EXPECT_EQ(lines[1]["session_id"], 1);
   EXPECT_EQ(lines[2]["session_id"], 0);
@@ -154,7 +156,8 @@ TEST(CsvColumns, PresetsAndMapsAndTheirErrors) {
   ASSERT_TRUE(mapped.ok());
   EXPECT_EQ(mapped->session, "user");
   EXPECT_THAT(parse_csv_columns("timestamp=t,input=in").status().message(), HasSubstr("no 'output=COLUMN'"));
-  EXPECT_THAT(parse_csv_columns("time=t,input=in,output=o").status().message(), HasSubstr("unknown name 'time'"));
+  EXPECT_THAT(parse_csv_columns("time=t,input=in,output=o").status().message(),
+              HasSubstr("unknown name 'time'"));
   EXPECT_THAT(parse_csv_columns("t,in,out").status().message(), HasSubstr("'t' is not NAME=COLUMN"));
 }
 
@@ -192,14 +195,21 @@ class LogImportTest : public ImportTest {
 };
 
 TEST_F(LogImportTest, OpenAiLogBodiesBecomeTheirPromptsTokens) {
-  const std::string log = write("log.jsonl",
-      R"({"timestamp": 10, "request": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "user": "u1"}})" "\n"
-      R"({"timestamp": 11.5, "request": {"prompt": "plain"}, "usage": {"completion_tokens": 3}})" "\n"
+  const std::string log = write(
+      "log.jsonl",
+      R"({"timestamp": 10, "request": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "user": "u1"}})"
       "\n"
-      R"({"timestamp": 12, "prompt": ["one"], "session_id": 42})" "\n"
-      R"({"timestamp": 13, "request": {"prompt": [5, 6, 7]}, "response": {"usage": {"completion_tokens": 2}}})" "\n"
-      R"({"timestamp": 14, "request": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, "prompt_token_ids": [9, 9]})" "\n"
-      R"({"timestamp": 15, "request": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}})" "\n");
+      R"({"timestamp": 11.5, "request": {"prompt": "plain"}, "usage": {"completion_tokens": 3}})"
+      "\n"
+      "\n"
+      R"({"timestamp": 12, "prompt": ["one"], "session_id": 42})"
+      "\n"
+      R"({"timestamp": 13, "request": {"prompt": [5, 6, 7]}, "response": {"usage": {"completion_tokens": 2}}})"
+      "\n"
+      R"({"timestamp": 14, "request": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, "prompt_token_ids": [9, 9]})"
+      "\n"
+      R"({"timestamp": 15, "request": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}})"
+      "\n");
   auto lines = read({log}, {.default_output_tokens = 99});
   ASSERT_TRUE(lines.ok()) << lines.status().message();
   ASSERT_EQ(lines->size(), 6u);
@@ -225,7 +235,8 @@ TEST_F(LogImportTest, BadRecordsNameTheLineAndFieldOrAreSkippedAndCounted) {
       {R"([1])", "log.jsonl:1: not a JSON object"},
       {R"({"request": {"prompt": "x"}})", "missing field 'timestamp'"},
       {R"({"timestamp": "noon", "prompt": "x"})", "field 'timestamp'"},
-      {R"({"timestamp": 1, "request": {"model": "m"}})", "missing field 'request.messages' or 'request.prompt'"},
+      {R"({"timestamp": 1, "request": {"model": "m"}})",
+       "missing field 'request.messages' or 'request.prompt'"},
       {R"({"timestamp": 1, "request": {"prompt": ["a", "b"]}})", "field 'request.prompt': holds 2 prompts"},
       {R"({"timestamp": 1, "request": {"prompt": [1, -2]}})", "field 'request.prompt[1]'"},
       {R"({"timestamp": 1, "request": {"messages": [{"content": "x"}]}})", "field 'request.messages[0]'"},
@@ -236,8 +247,7 @@ TEST_F(LogImportTest, BadRecordsNameTheLineAndFieldOrAreSkippedAndCounted) {
        "field 'usage.completion_tokens': is 0"},
       {R"({"timestamp": 1, "request": {"prompt": ""}})", "the prompt has no tokens"},
       {R"({"timestamp": 1, "request": {"prompt": "x"}, "session_id": [1]})", "field 'session_id'"},
-      {deeply_nested(R"({"timestamp": 1, "x": )", "}"),
-       "nests deeper than 64 levels"},
+      {deeply_nested(R"({"timestamp": 1, "x": )", "}"), "nests deeper than 64 levels"},
   };
   for (const auto& [line, message] : cases) {
     const std::string log = write("log.jsonl", line + "\n");
@@ -245,7 +255,8 @@ TEST_F(LogImportTest, BadRecordsNameTheLineAndFieldOrAreSkippedAndCounted) {
     ASSERT_FALSE(failed.ok()) << line;
     EXPECT_THAT(failed.status().message(), HasSubstr(message)) << line;
     EXPECT_THAT(failed.status().message(), HasSubstr("log.jsonl:1")) << line;
-    const std::string mixed = write("mixed.jsonl", line + "\n" + R"({"timestamp": 2, "prompt": "ok"})" + "\n");
+    const std::string mixed =
+        write("mixed.jsonl", line + "\n" + R"({"timestamp": 2, "prompt": "ok"})" + "\n");
     auto skipped = read({mixed}, {.skip_invalid = true});
     ASSERT_TRUE(skipped.ok()) << line << ": " << skipped.status().message();
     EXPECT_EQ(skipped->size(), 1u) << line;
@@ -253,17 +264,23 @@ TEST_F(LogImportTest, BadRecordsNameTheLineAndFieldOrAreSkippedAndCounted) {
   }
   // Messages without a chat template stop the import even with --skip-invalid: no line could be read.
   encoder_.render_chat = nullptr;
-  const std::string chat = write("chat.jsonl", R"({"timestamp": 1, "messages": [{"role": "user", "content": "x"}]})" "\n");
+  const std::string chat =
+      write("chat.jsonl", R"({"timestamp": 1, "messages": [{"role": "user", "content": "x"}]})"
+                          "\n");
   auto no_template = read({chat}, {.skip_invalid = true});
   ASSERT_FALSE(no_template.ok());
   EXPECT_THAT(no_template.status().message(), HasSubstr("need the model's chat template"));
 }
 
 TEST_F(LogImportTest, OpenAiLogRecordsOutOfOrderWithinTheWindowAreSorted) {
-  const std::string log = write("log.jsonl", R"({"timestamp": 10, "prompt": "b"})" "\n"
-                                             R"({"timestamp": 8, "prompt": "a"})" "\n"
-                                             R"({"timestamp": 30, "prompt": "c"})" "\n"
-                                             R"({"timestamp": 12, "prompt": "d"})" "\n");
+  const std::string log = write("log.jsonl", R"({"timestamp": 10, "prompt": "b"})"
+                                             "\n"
+                                             R"({"timestamp": 8, "prompt": "a"})"
+                                             "\n"
+                                             R"({"timestamp": 30, "prompt": "c"})"
+                                             "\n"
+                                             R"({"timestamp": 12, "prompt": "d"})"
+                                             "\n");
   auto sorted = read({log}, {.reorder_window_ms = 20'000});
   ASSERT_TRUE(sorted.ok()) << sorted.status().message();
   std::vector<json> order;
@@ -285,8 +302,10 @@ TEST_F(LogImportTest, ShareGptTurnsArePromptsOfTheConversationSoFar) {
   for (const json& c : json::parse(conversations)) jsonl += c.dump() + "\n";
   const std::string lines_file = write("share.jsonl", jsonl);
   for (const std::string& log : {array, lines_file}) {
-    auto lines = read({log}, {.format = LogFormat::kShareGpt, .default_output_tokens = 5,
-                              .session_rate_per_s = 0.001, .think_time_s = 2});
+    auto lines = read({log}, {.format = LogFormat::kShareGpt,
+                              .default_output_tokens = 5,
+                              .session_rate_per_s = 0.001,
+                              .think_time_s = 2});
     ASSERT_TRUE(lines.ok()) << lines.status().message();
     ASSERT_EQ(lines->size(), 3u);
     const auto& l = *lines;
@@ -305,8 +324,10 @@ TEST_F(LogImportTest, ShareGptTurnsArePromptsOfTheConversationSoFar) {
   const std::string bad = write("bad.json", R"([{"conversations": [{"from": "robot", "value": "x"}]}])");
   auto failed = read({bad}, {.format = LogFormat::kShareGpt});
   ASSERT_FALSE(failed.ok());
-  EXPECT_THAT(failed.status().message(), HasSubstr("bad.json: conversation 0: field 'conversations[0].from'"));
-  const std::string truncated = write("cut.json", R"([{"conversations": [{"from": "human", "value": "x"}]}, {"conv)");
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("bad.json: conversation 0: field 'conversations[0].from'"));
+  const std::string truncated =
+      write("cut.json", R"([{"conversations": [{"from": "human", "value": "x"}]}, {"conv)");
   failed = read({truncated}, {.format = LogFormat::kShareGpt});
   ASSERT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().message(), HasSubstr("cut.json: not JSON"));
@@ -337,7 +358,8 @@ TEST_F(LogImportTest, CsvLengthsWithQuotedHeadersAndTheirErrors) {
   const std::string zero = write("zero.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,0\n2,10,3\n");
   auto failed = read({zero}, {.format = LogFormat::kCsv});
   ASSERT_FALSE(failed.ok());
-  EXPECT_THAT(failed.status().message(), HasSubstr("zero.csv:2: field 'GeneratedTokens': must be an integer >= 1, got '0'"));
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("zero.csv:2: field 'GeneratedTokens': must be an integer >= 1, got '0'"));
   auto skipped = read({zero}, {.format = LogFormat::kCsv, .skip_invalid = true});
   ASSERT_TRUE(skipped.ok());
   EXPECT_EQ(skipped->size(), 1u);

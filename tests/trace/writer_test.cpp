@@ -20,8 +20,8 @@ TEST(TraceWriter, WhatItWritesReadsBackAndAppearsOnlyOnCommit) {
   std::vector<Request> requests(3);
   requests[0] = {.timestamp_ms = 0, .input_tokens = 700, .output_tokens = 5, .block_keys = {1, 2}};
   requests[1] = {.timestamp_ms = 40, .input_tokens = 512, .output_tokens = 1, .block_keys = {1}};
-  requests[2] = {.timestamp_ms = 40, .input_tokens = 3, .output_tokens = 9,
-                 .block_keys = {18446744073709551615ull}};
+  requests[2] = {
+      .timestamp_ms = 40, .input_tokens = 3, .output_tokens = 9, .block_keys = {18446744073709551615ull}};
   requests[2].session_id = 7;
   requests[2].token_ids = {5, 6, 7};
   {
@@ -53,9 +53,10 @@ TEST(TraceWriter, AWriterNotCommittedLeavesNothingBehind) {
   {
     auto writer = TraceWriter::open(path);
     ASSERT_TRUE(writer.ok());
-    ASSERT_TRUE((*writer)->append(Request{.timestamp_ms = 1, .input_tokens = 1, .output_tokens = 1,
-                                          .block_keys = {3}})
-                    .ok());
+    ASSERT_TRUE(
+        (*writer)
+            ->append(Request{.timestamp_ms = 1, .input_tokens = 1, .output_tokens = 1, .block_keys = {3}})
+            .ok());
   }
   EXPECT_TRUE(fs::is_empty(fs::path(dir.path())));
   EXPECT_FALSE(TraceWriter::open((fs::path(dir.path()) / "missing" / "out.jsonl").string()).ok());
