@@ -85,6 +85,31 @@ TEST(TraceImportCli, AServersRequestLogImportsBackWithTheReuseOfItsTraffic) {
   }
 }
 
+TEST(TraceImportCli, KeptTokensReanalyseAtOtherBlockSizes) {
+  test::TempDir dir;
+  const std::string root = dir.path();
+  {
+    // Prompts of token ids: two share 6 ids (one block of 4 and half the next), one shares nothing.
+    std::ofstream log(root + "/log.jsonl");
+    log << R"({"timestamp": 1, "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9]})" "\n"
+        << R"({"timestamp": 2, "prompt": [1, 2, 3, 4, 5, 6, 70, 80]})" "\n"
+        << R"({"timestamp": 3, "prompt": [9, 9, 9, 9]})" "\n";
+  }
+  const std::string trace = root + "/trace.jsonl";
+  const CliRun run = run_crescent("trace import --keep-tokens --block-size 4 --out " + quote(trace) + " " +
+                                  quote(root + "/log.jsonl"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  auto ceiling = [&](const std::string& flags) {
+    const CliRun analyzed = run_crescent("analyze --json " + flags + " " + quote(trace));
+    EXPECT_EQ(analyzed.exit_code, 0) << analyzed.err;
+    return json::parse(analyzed.out)["reuse_ceiling"].get<double>();
+  };
+  // Input 21 tokens; at 4 a block the second prompt hits its first block (4 tokens), at 2 a block three (6).
+  EXPECT_DOUBLE_EQ(ceiling("--block-size 4"), 4.0 / 21);
+  EXPECT_DOUBLE_EQ(ceiling("--keys-from-tokens --block-size 4"), 4.0 / 21);
+  EXPECT_DOUBLE_EQ(ceiling("--keys-from-tokens --block-size 2"), 6.0 / 21);
+}
+
 TEST(TraceImportCli, BadInputExitsTwoAndWritesNothing) {
   test::TempDir dir;
   const std::string root = dir.path();
