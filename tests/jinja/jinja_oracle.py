@@ -95,15 +95,26 @@ def chat_template_of(config):
     return template
 
 
+_chat_templates = {}
+
+
+def chat_template(path):
+    """The compiled chat template of the tokenizer_config.json at `path` and its special tokens (cached)."""
+    if path not in _chat_templates:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        template = environment(True, True).from_string(chat_template_of(config))
+        _chat_templates[path] = (template, special_tokens(config))
+    return _chat_templates[path]
+
+
 def render(case):
     if "chat_config" in case:
-        with open(case["chat_config"], encoding="utf-8") as f:
-            config = json.load(f)
+        template, tokens = chat_template(case["chat_config"])
         extra = dict(case.get("extra", {}))
         tools = extra.pop("tools", None)
         documents = extra.pop("documents", None)
-        kwargs = {**special_tokens(config), **extra}
-        template = environment(True, True).from_string(chat_template_of(config))
+        kwargs = {**tokens, **extra}
         return template.render(messages=case["messages"], tools=tools, documents=documents,
                                add_generation_prompt=case["add_generation_prompt"], **kwargs)
     env = environment(case.get("trim_blocks", True), case.get("lstrip_blocks", True))
