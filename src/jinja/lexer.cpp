@@ -355,6 +355,7 @@ class Lexer {
 
   bool end_tag(bool block) {
     const std::string_view rest = src_.substr(pos_);
+    const int line = line_;
     if (block) {
       if (rest.starts_with("+%}")) {
         advance(pos_ + 3);
@@ -365,7 +366,7 @@ class Lexer {
       } else {
         return false;
       }
-      emit(Token::Type::kBlockEnd, "%}", line_);
+      emit(Token::Type::kBlockEnd, "%}", line);
       return true;
     }
     if (rest.starts_with("-}}")) {
@@ -375,7 +376,7 @@ class Lexer {
     } else {
       return false;
     }
-    emit(Token::Type::kVariableEnd, "}}", line_);
+    emit(Token::Type::kVariableEnd, "}}", line);
     return true;
   }
 
