@@ -2,7 +2,10 @@
 //   crescent tokenize (--model DIR | --tokenizer FILE) [--json] [--jsonl] [--chat]
 // Special-token strings in the text become their ids; nothing is added around the text (no BOS/EOS).
 // --json prints a JSON array instead of space-separated ids; --jsonl reads one JSON string a line and prints
-// one JSON array a line. Exit 2 on bad input (unreadable tokenizer, a line that is not a JSON string).
+// one JSON array a line. --chat: stdin is an OpenAI `messages` array (with --jsonl, one a line), rendered
+// with the generation prompt through the model's chat template (DIR's, or the one beside FILE:
+// model/chat_template.h, issue 23 §2) before it is encoded. Exit 2 on bad input (unreadable tokenizer, a
+// line that is not a JSON string or messages array, no chat template, a template that fails).
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -12,9 +15,11 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
+#include "model/chat_template.h"
 #include "model/hf_tokenizer.h"
 #include "model/tokenizer.h"
 
@@ -53,8 +58,36 @@ std::string ids_text(const std::vector<int64_t>& ids, bool json) {
   return out;
 }
 
+// The chat template --chat renders with: the model directory's, or the one beside --tokenizer FILE.
+Result<model::ChatTemplate> chat_template_for(const TokenizeArgs& args) {
+  const bool from_model = args.tokenizer_file.empty();
+  const std::string dir =
+      from_model ? args.model_dir : std::filesystem::path(args.tokenizer_file).parent_path().string();
+  auto loaded = model::load_model_chat_template(dir.empty() ? "." : dir);
+  if (!loaded.ok()) return loaded.status();
+  if (!loaded->has_value()) {
+    return Status::invalid_argument(fmt::format(
+        "--chat: {} has no chat template (no chat_template in {}/tokenizer_config.json{})",
+        from_model ? "--model " + args.model_dir : "the directory of --tokenizer " + args.tokenizer_file,
+        dir.empty() ? "." : dir, from_model ? "" : " beside it"));
+  }
+  return std::move(**loaded);
+}
+
+// The prompt text of one --chat input: a messages array rendered with the generation prompt.
+Result<std::string> chat_text(const model::ChatTemplate& chat_template, const std::string& input,
+                              const std::string& where) {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::parse(input, nullptr, /*allow_exceptions=*/false);
+  if (messages.is_discarded()) return Status::invalid_argument(fmt::format("{}: not valid JSON", where));
+  if (!messages.is_array()) {
+    return Status::invalid_argument(fmt::format("{}: --chat input must be a JSON array of messages", where));
+  }
+  auto text = chat_template.render(messages, /*add_generation_prompt=*/true);
+  if (!text.ok()) return Status::invalid_argument(fmt::format("{}: {}", where, text.status().message()));
+  return text;
+}
+
 int run_tokenize(const TokenizeArgs& args) {
-  if (args.chat) return fail(Status::invalid_argument("--chat: chat templates are not supported yet"));
   Result<std::unique_ptr<model::Tokenizer>> tokenizer = Status::invalid_argument("no tokenizer");
   if (!args.tokenizer_file.empty()) {
     tokenizer = model::load_huggingface_tokenizer(args.tokenizer_file);
@@ -68,21 +101,39 @@ int run_tokenize(const TokenizeArgs& args) {
   }
   if (!tokenizer.ok()) return fail(tokenizer.status());
   const model::Tokenizer& t = **tokenizer;
+  std::optional<model::ChatTemplate> chat_template;
+  if (args.chat) {
+    auto loaded = chat_template_for(args);
+    if (!loaded.ok()) return fail(loaded.status());
+    chat_template = std::move(*loaded);
+  }
   if (!args.jsonl) {
-    const std::string text(std::istreambuf_iterator<char>(std::cin), {});
+    std::string text(std::istreambuf_iterator<char>(std::cin), {});
+    if (chat_template) {
+      auto rendered = chat_text(*chat_template, text, "<stdin>");
+      if (!rendered.ok()) return fail(rendered.status());
+      text = std::move(*rendered);
+    }
     fmt::print("{}\n", ids_text(t.encode(text), args.json));
     return 0;
   }
   std::string line;
   for (int64_t number = 1; std::getline(std::cin, line); ++number) {
+    const std::string where = fmt::format("<stdin>:{}", number);
     std::string text;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (!j.is_string()) throw std::invalid_argument("not a JSON string");
-      text = j.get<std::string>();
-    } catch (const std::exception& e) {
-      return fail(Status::invalid_argument(
-          fmt::format("<stdin>:{}: each --jsonl line must be one JSON string: {}", number, e.what())));
+    if (chat_template) {
+      auto rendered = chat_text(*chat_template, line, where);
+      if (!rendered.ok()) return fail(rendered.status());
+      text = std::move(*rendered);
+    } else {
+      try {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        if (!j.is_string()) throw std::invalid_argument("not a JSON string");
+        text = j.get<std::string>();
+      } catch (const std::exception& e) {
+        return fail(Status::invalid_argument(
+            fmt::format("{}: each --jsonl line must be one JSON string: {}", where, e.what())));
+      }
     }
     fmt::print("{}\n", ids_text(t.encode(text), true));
   }
@@ -99,11 +150,15 @@ void register_tokenize(CLI::App& app, int& exit_code) {
       "--model", args->model_dir, "A model directory: its tokenizer.json, else tokenizer.model, else bytes");
   CLI::Option* file = cmd->add_option("--tokenizer", args->tokenizer_file, "A Hugging Face tokenizer.json");
   model->excludes(file);
-  cmd->add_flag("--chat", args->chat,
-                "Render stdin's messages with the chat template first (not supported yet)");
+  cmd->add_flag(
+      "--chat", args->chat,
+      "Stdin is an OpenAI messages array, rendered with the model's chat template and the generation "
+      "prompt before it is encoded");
   cmd->add_flag("--json", args->json, "Print the ids as a JSON array");
-  cmd->add_flag("--jsonl", args->jsonl,
-                "Each stdin line is a JSON string; print one JSON array of ids a line");
+  cmd->add_flag(
+      "--jsonl", args->jsonl,
+      "Each stdin line is a JSON string (with --chat, a messages array); print one JSON array of ids a "
+      "line");
   cmd->callback([args, model, file, &exit_code] {
     if (model->count() == 0 && file->count() == 0) {
       exit_code = fail(Status::invalid_argument("tokenize: give --model DIR or --tokenizer FILE"));
