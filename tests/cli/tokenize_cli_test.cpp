@@ -21,9 +21,8 @@ std::string tokenizer_json(const std::string& name) {
   return test::oracle_tokenizer_dir(name) + "/tokenizer.json";
 }
 
-void require_oracle() {
-  ASSERT_TRUE(test::tokenizer_oracle_installed());
-}
+// Each test starts with ASSERT_TRUE(test::tokenizer_oracle_installed()): without the oracle it fails there
+// (saying to run install-deps) instead of running on without its files.
 
 const std::vector<std::string> kTexts = {
     "Hello, world!",
@@ -60,7 +59,7 @@ std::vector<json> oracle_ids(const std::string& name) {
 }
 
 TEST(TokenizeCli, IdsAreTheOraclesForLlamaAndQwen) {
-  require_oracle();
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
   for (const char* name : {"llama3", "qwen3"}) {
     const std::vector<json> want = oracle_ids(name);
     ASSERT_EQ(want.size(), kTexts.size());
@@ -92,7 +91,7 @@ TEST(TokenizeCli, IdsAreTheOraclesForLlamaAndQwen) {
 }
 
 TEST(TokenizeCli, ModelDirectoryUsesItsTokenizerJson) {
-  require_oracle();
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
   const auto dir = temp_path("tokenize_model");
   std::filesystem::create_directories(dir);
   std::filesystem::create_symlink(tokenizer_json("qwen3"), dir / "tokenizer.json");
@@ -108,7 +107,7 @@ TEST(TokenizeCli, ModelDirectoryUsesItsTokenizerJson) {
 }
 
 TEST(TokenizeCli, BadInputExitsTwoNamingWhere) {
-  require_oracle();
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
   const std::string tok = " tokenize --tokenizer " + quote(tokenizer_json("llama3"));
   const CliRun bad_line =
       run_shell(quote(CRESCENT_BINARY) + " < " + file_of("\"ok\"\n[1]\n") + tok + " --jsonl");
@@ -157,7 +156,7 @@ const std::vector<std::string> kChats = {
 // the ids are the tokenizer oracle's ids of jinja2's rendering (Hugging Face's apply_chat_template with
 // tokenize=True).
 TEST(TokenizeCli, ChatRendersWithTheModelsTemplateThenEncodes) {
-  require_oracle();
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
   ASSERT_TRUE(test::jinja_oracle_installed());
   for (const char* name : {"llama3", "qwen3"}) {
     std::vector<nlohmann::ordered_json> requests;
@@ -202,7 +201,7 @@ TEST(TokenizeCli, ChatRendersWithTheModelsTemplateThenEncodes) {
 }
 
 TEST(TokenizeCli, ChatWithoutATemplateOrWithBadMessagesExitsTwo) {
-  require_oracle();
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
   const auto dir = temp_path("tokenize_chat_no_template");
   std::filesystem::create_directories(dir);
   std::filesystem::create_symlink(tokenizer_json("qwen3"), dir / "tokenizer.json");
