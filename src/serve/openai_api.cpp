@@ -518,7 +518,8 @@ std::optional<std::string> chat_prompt(const std::vector<ChatMessage>& messages,
     }
   }
   if (chat_template == nullptr) return render_chat_prompt(messages);
-  json list = json::array();
+  // {"role", "content"} in the order clients write them (a template iterating a message's items sees it).
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
   auto text = chat_template->render(list, /*add_generation_prompt=*/true);
   if (!text.ok()) {
