@@ -183,6 +183,11 @@ int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Clu
     auto tokenizer = model::load_tokenizer(s.cluster.config.serve.model_dir, llama->vocab_size);
     if (!tokenizer.ok()) return fail(tokenizer.status());
     frontend.tokenizer = std::move(*tokenizer);
+    auto chat_template = model::load_model_chat_template(s.cluster.config.serve.model_dir);
+    if (!chat_template.ok()) return fail(chat_template.status());
+    if (chat_template->has_value()) {
+      frontend.chat_template = std::make_shared<const model::ChatTemplate>(std::move(**chat_template));
+    }
   }
   if (!args.request_log.empty()) {
     auto log = serve::RequestLog::open(args.request_log, args.request_log_content == "token-ids"
@@ -202,8 +207,9 @@ int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Clu
   }
   const std::string url = fmt::format("http://{}:{}", args.host, (*server)->port());
   fmt::print(args.json ? stderr : stdout,
-             "{}: model '{}' on {} ({}, {} tokenizer, policy {}, admission {}){}\n", who,
-             s.cluster.model_name, url, what, frontend.tokenizer->kind(), policy_name(s), admission_name(s),
+             "{}: model '{}' on {} ({}, {} tokenizer, {} chat template, policy {}, admission {}){}\n", who,
+             s.cluster.model_name, url, what, frontend.tokenizer->kind(),
+             frontend.chat_template ? "the model's" : "the mock's", policy_name(s), admission_name(s),
              args.replay_trace.empty() ? "; Ctrl-C stops" : "; replaying " + args.replay_trace);
   std::fflush(stdout);
   if (!args.replay_trace.empty()) {

@@ -146,7 +146,7 @@ class Lexer {
     while (pos_ < src_.size()) lex_root();
     Token eof;
     eof.type = Token::Type::kEof;
-    eof.line = line_;
+    eof.line = tokens_.empty() ? 1 : tokens_.back().line;  // jinja2's end of stream repeats the last line
     tokens_.push_back(eof);
     return std::move(tokens_);
   }

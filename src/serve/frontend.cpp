@@ -223,10 +223,12 @@ class Frontend {
         }
       }
       request.prompt_token_ids = std::move(r.prompt_token_ids);
+    } else if (endpoint == Endpoint::kChatCompletions) {
+      std::optional<std::string> text = chat_prompt(r.messages, options_.chat_template.get(), error);
+      if (!text) return responder.respond(error_response(error));
+      request.prompt_token_ids = options_.tokenizer->encode(*text);
     } else {
-      const std::string text =
-          endpoint == Endpoint::kChatCompletions ? render_chat_prompt(r.messages) : r.prompt_text;
-      request.prompt_token_ids = options_.tokenizer->encode(text);
+      request.prompt_token_ids = options_.tokenizer->encode(r.prompt_text);
     }
     if (request.prompt_token_ids.empty()) {
       return responder.respond(error_response(ApiError::bad_field("prompt", "the prompt is empty")));

@@ -3,7 +3,8 @@
 //                                                       refuses, 400 for a prompt that can never fit)
 //   GET /v1/models, GET /health
 // Prompts are tokenized by the options' tokenizer (model::Tokenizer: bytes, the mock's and the presets');
-// token-id prompts are used as given, within its vocabulary.
+// token-id prompts are used as given, within its vocabulary. Chat messages become a prompt through the
+// model's chat template when the options have one, else the mock's (openai_api.h: chat_prompt).
 #pragma once
 
 #include <functional>
@@ -13,6 +14,7 @@
 
 #include "cluster/cluster.h"
 #include "cluster/cluster_config.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "serve/http_server.h"
 #include "serve/request_log.h"
@@ -26,6 +28,9 @@ struct FrontendOptions {
   int64_t default_max_tokens = 16;        // /v1/completions without max_tokens (the OpenAI default)
   int64_t default_chat_max_tokens = 256;  // /v1/chat/completions without max_tokens (the mock never stops)
   std::shared_ptr<const model::Tokenizer> tokenizer = model::byte_tokenizer();
+  /// The served model's chat template (model::load_model_chat_template), rendering /v1/chat/completions'
+  /// messages with the generation prompt; null: the mock's <|role|> lines.
+  std::shared_ptr<const model::ChatTemplate> chat_template = nullptr;
   /// The instances' executor (config.serve.executor): the mock draws tokens without a distribution, so a
   /// request asking for logprobs is refused (400 `unsupported`); the cpu executor gives them.
   cluster::ExecutorKind executor = cluster::ExecutorKind::kMock;

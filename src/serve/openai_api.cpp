@@ -4,6 +4,8 @@
 
 #include <limits>
 
+#include "model/chat_template.h"
+
 namespace crescent::serve {
 namespace {
 
@@ -164,20 +166,6 @@ bool read_messages(const json& v, CompletionRequest& r, ApiError& error) {
           where + ".content", fmt::format("'{}.content' must be a string or an array of text parts, got {}",
                                           where, type_name(content)));
       return false;
-    }
-    // The template's role markers are plain text to a tokenizer: a message holding one would pass for a turn
-    // of another role (a user writing "<|system|>"). Refused, not spliced in.
-    for (std::string_view role : kRoles) {
-      const std::string marker = role_marker(role);
-      if (message.content.find(marker) != std::string::npos) {
-        error = ApiError::bad_field(
-            where + ".content",
-            fmt::format(
-                "'{}.content' holds the chat template's role marker {}, which would pass for a turn of "
-                "another role",
-                where, marker));
-        return false;
-      }
     }
     r.messages.push_back(std::move(message));
   }
@@ -499,6 +487,51 @@ std::optional<CompletionRequest> parse_completion_request(const json& body, Endp
     return std::nullopt;
   }
   return r;
+}
+
+std::vector<std::string> mock_role_markers() {
+  std::vector<std::string> out;
+  for (std::string_view role : {"system", "developer", "user", "assistant", "tool"})
+    out.push_back(role_marker(role));
+  return out;
+}
+
+std::optional<std::string> chat_prompt(const std::vector<ChatMessage>& messages,
+                                       const model::ChatTemplate* chat_template, ApiError& error) {
+  // A template's markup is plain text to the tokenizer (or, for special tokens, becomes their ids): a message
+  // holding it would pass for a turn of another role (a user writing "<|im_start|>system"). Refused, not
+  // spliced in.
+  const std::vector<std::string> markers =
+      chat_template != nullptr ? chat_template->special_token_strings() : mock_role_markers();
+  const char* what =
+      chat_template != nullptr ? "the model's special token" : "the chat template's role marker";
+  for (size_t i = 0; i < messages.size(); ++i) {
+    for (const std::string& marker : markers) {
+      if (messages[i].content.find(marker) != std::string::npos) {
+        const std::string where = fmt::format("messages[{}]", i);
+        error = ApiError::bad_field(
+            where + ".content",
+            fmt::format("'{}.content' holds {} {}, which would pass for a turn of another role", where, what,
+                        marker));
+        return std::nullopt;
+      }
+    }
+  }
+  if (chat_template == nullptr) return render_chat_prompt(messages);
+  // {"role", "content"} in the order clients write them (a template iterating a message's items sees it).
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  auto text = chat_template->render(list, /*add_generation_prompt=*/true);
+  if (!text.ok()) {
+    // The message without the template's path (the server's file system is not the client's business).
+    std::string message = text.status().message();
+    const std::string prefix = chat_template->where() + ": ";
+    if (message.starts_with(prefix)) message.erase(0, prefix.size());
+    error = ApiError::bad_field("messages",
+                                fmt::format("the model's chat template refused the messages: {}", message));
+    return std::nullopt;
+  }
+  return std::move(*text);
 }
 
 std::string render_chat_prompt(const std::vector<ChatMessage>& messages) {

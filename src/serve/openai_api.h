@@ -13,6 +13,10 @@
 
 #include "model/logprobs.h"
 
+namespace crescent::model {
+class ChatTemplate;
+}
+
 namespace crescent::serve {
 
 /// An API error: the HTTP status and the fields of the JSON body {"error": {message, type, param, code}}.
@@ -66,19 +70,32 @@ struct CompletionRequest {
 /// field: a body that is not an object, missing `model` / `prompt` / `messages`, wrong types, negative or
 /// zero `max_tokens`, min_tokens above max_tokens, `n` other than 1, several prompts in one request,
 /// stream_options without stream, temperature or top_p out of range, a stop string over 1,024 bytes, a chat
-/// message without content or holding a role marker of the template (render_chat_prompt), logprobs out of
-/// range (completions: `logprobs` an integer 0..20, no `top_logprobs`; chat: `logprobs` a boolean,
-/// `top_logprobs` 0..20 and only with `logprobs: true`), and an OpenAI field this server does not implement
-/// asked for (`echo`, `best_of`, `suffix`, penalties, `logit_bias`, `response_format` other than text,
-/// `tools`, `functions`: code `unsupported`; their neutral values pass). Whether the executor can give
-/// logprobs is the caller's to check. Other unknown fields are ignored (as the OpenAI API does). Sets
-/// `error` and returns nullopt on failure.
+/// message without content (what its content may hold is chat_prompt's to check), logprobs out of range
+/// (completions: `logprobs` an integer 0..20, no `top_logprobs`; chat: `logprobs` a boolean, `top_logprobs`
+/// 0..20 and only with `logprobs: true`), and an OpenAI field this server does not implement asked for
+/// (`echo`, `best_of`, `suffix`, penalties, `logit_bias`, `response_format` other than text, `tools`,
+/// `functions`: code `unsupported`; their neutral values pass). Whether the executor can give logprobs is the
+/// caller's to check. Other unknown fields are ignored (as the OpenAI API does). Sets `error` and returns
+/// nullopt on failure.
 std::optional<CompletionRequest> parse_completion_request(const nlohmann::json& body, Endpoint endpoint,
                                                           ApiError& error);
 
-/// The text a chat request's messages become before tokenization: for each message "<|role|>\n" + content +
-/// "\n", then "<|assistant|>\n" (the mock model's template; a real model's comes with its tokenizer).
+/// The text a chat request's messages become before tokenization with the mock's template: for each message
+/// "<|role|>\n" + content + "\n", then "<|assistant|>\n".
 std::string render_chat_prompt(const std::vector<ChatMessage>& messages);
+
+/// The mock template's role markers, "<|system|>", "<|developer|>", "<|user|>", "<|assistant|>", "<|tool|>".
+std::vector<std::string> mock_role_markers();
+
+/// The prompt text of a chat request's messages. With `chat_template` (the served model's, issue 23 §2):
+/// rendered as Hugging Face's apply_chat_template(messages, add_generation_prompt=True) renders it, each
+/// message as {"role", "content"}. Without: the mock's template (render_chat_prompt). Text in a message that
+/// would pass for the template's own markup, and so for a turn of another role, is refused with a 400 on
+/// `messages[i].content`: the mock's role markers ("<|user|>"), or any of the model's special tokens
+/// ("<|im_start|>", "<|eot_id|>"). A template that fails (raise_exception: "roles must alternate") is a 400
+/// on `messages` carrying its message. Sets `error` and returns nullopt on failure.
+std::optional<std::string> chat_prompt(const std::vector<ChatMessage>& messages,
+                                       const model::ChatTemplate* chat_template, ApiError& error);
 
 /// Token counts for the `usage` object; cached_tokens is the prompt's prefix hit
 /// (usage.prompt_tokens_details.cached_tokens).

@@ -12,11 +12,13 @@ line, and writes one JSON line per case:
       tokenize=False, add_generation_prompt=B, **extra) does: the special tokens of the config
       (bos_token, eos_token, ..., additional_special_tokens) and `extra` as variables, `tools` and
       `documents` None unless `extra` has them.
-Answers {"ok": true, "text": "..."} or {"ok": false, "error": "TypeName: message"}.
+Answers {"ok": true, "text": "..."} or {"ok": false, "error": "TypeName: message", "line": N}, N the template
+line jinja2 points at (its syntax error's, or the traceback's innermost template frame; 0 when neither).
 """
 
 import json
 import sys
+import traceback
 from datetime import datetime
 
 import jinja2
@@ -121,6 +123,13 @@ def render(case):
     return env.from_string(case["template"]).render(**case.get("variables", {}))
 
 
+def error_line(error):
+    if isinstance(error, jinja2.exceptions.TemplateSyntaxError) and error.lineno:
+        return error.lineno
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == "<template>"]
+    return frames[-1].lineno if frames else 0
+
+
 def main():
     for line in sys.stdin:
         case = json.loads(line)
@@ -129,7 +138,7 @@ def main():
             text.encode("utf-8")  # a lone surrogate (from a "\ud800" literal) is not text crescent can hold
             answer = {"ok": True, "text": text}
         except Exception as e:  # every failure is an answer: the case expects an error
-            answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            answer = {"ok": False, "error": f"{type(e).__name__}: {e}", "line": error_line(e)}
         sys.stdout.write(json.dumps(answer) + "\n")
 
 

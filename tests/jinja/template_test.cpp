@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -76,10 +77,20 @@ void expect_agreement(const std::vector<Case>& cases) {
       ADD_FAILURE() << where << "\n  jinja2:   error " << want.at("error").get<std::string>()
                     << "\n  crescent: " << ojson(*got).dump();
       continue;
+    } else if (const int line = want.at("line").get<int>(); line > 0) {
+      // Both fail, at the same line of the template.
+      const std::string prefix = "line " + std::to_string(line) + ":";
+      if (got.status().message().rfind(prefix, 0) != 0) {
+        ADD_FAILURE() << where << "\n  jinja2:   error at line " << line << ": "
+                      << want.at("error").get<std::string>() << "\n  crescent: error "
+                      << got.status().message();
+        continue;
+      }
     }
     ++agreed;
   }
   EXPECT_EQ(agreed, static_cast<int>(runs.size()));
+  std::printf("%d of %zu renders agree with jinja2\n", agreed, runs.size());
 }
 
 TEST(JinjaTemplate, WhitespaceControlAsJinja2) {
@@ -412,6 +423,25 @@ TEST(JinjaTemplate, ScopingAsJinja2) {
       {"{% set c = namespace(n=0) %}{% for m in ms %}{% for k in m %}{% set c.n = c.n + 1 %}{% endfor %}{% "
        "endfor %}{{ c.n }}",
        R"({"ms": [[1, 2], [3]]})"},
+  });
+}
+
+// Both fail, and at the same line (the check is in expect_agreement).
+TEST(JinjaTemplate, ErrorsPointAtJinja2sLine) {
+  expect_agreement({
+      {"line 1\n{% for x in [1] %}\n  {{ x.y.z }}\n{% endfor %}"},
+      {"a\nb\n{{ 1 +\n 'a' }}"},
+      {"{% if true %}\n\n{% set n = none %}\n{{ n.x }}{{ 'a' in n }}\n{% endif %}"},
+      {"x\n{%- if m.content.startswith('a') %}y{% endif %}", R"({"m": {"content": null}})"},
+      {"{% set ns = namespace() %}\n{% for i in [1, 2] %}\n{% set ns.n = ns.n + i %}\n{% endfor %}"},
+      {"{{ raise_exception('at line one') }}\n"},
+      {"\n\n{{ raise_exception('at line three') }}"},
+      {"\n{% for a, b in [[1]] %}\n{% endfor %}"},
+      {"\n{{ x\n|int }}"},
+      {"one\n{% if %}"},
+      {"\n\n{{ 'unterminated }}"},
+      {"\n{% endfor %}"},
+      {"{% for x in y %}\n\n"},
   });
 }
 
