@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <ctime>
 #include <limits>
@@ -768,12 +769,14 @@ Value bind_method(const Value& self, std::string_view type, std::string_view nam
     if (method == "format" || method == "format_map") {
       throw TemplateError("str.format is not supported (the sandbox's own formatter)");
     }
-    return Value::callable("str." + method,
-                           [self, method](CallArgs& args) { return str_method(self, method, args); });
+    return Value::callable(
+        "str." + method, [self, method](CallArgs& args) { return str_method(self, method, args); },
+        self.depth());
   }
   if (type == "dict") {
-    return Value::callable("dict." + method,
-                           [self, method](CallArgs& args) { return dict_method(self, method, args); });
+    return Value::callable(
+        "dict." + method, [self, method](CallArgs& args) { return dict_method(self, method, args); },
+        self.depth());
   }
   return Value::callable("loop." + method,
                          [self, method](CallArgs& args) { return loop_method(self, method, args); });
@@ -871,18 +874,16 @@ Value strftime_now(CallArgs& args) {
 
 }  // namespace
 
-Value find_global(std::string_view name, bool& found) {
+Value find_global(std::string_view name, bool& found, Env& env) {
   found = true;
   if (name == "range") {
-    return Value::callable("range", [](CallArgs& args) {
-      Env unbounded{SIZE_MAX, SIZE_MAX, UINT64_MAX, 0};
-      return make_range(unbounded, args);
-    });
+    return Value::callable("range", [&env](CallArgs& args) { return make_range(env, args); });
   }
   if (name == "namespace") {
-    return Value::callable("namespace", [](CallArgs& args) {
+    return Value::callable("namespace", [&env](CallArgs& args) {
       auto state = std::make_shared<NamespaceState>();
       state->attrs = dict_arguments("namespace", args);
+      env.namespaces.push_back(state);
       return Value::namespace_object(std::move(state));
     });
   }

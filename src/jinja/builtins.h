@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "jinja/ast.h"
 #include "jinja/value.h"
@@ -21,6 +23,9 @@ struct Env {
   size_t max_items = 0;         // largest list a template may build
   uint64_t max_steps = 0;       // statements, loop iterations and items processed
   uint64_t steps = 0;
+  /// Every namespace() of the render: emptied when it ends, which breaks the reference cycles a template can
+  /// make through them (ns.self = ns) and unlinks chains of them without recursion.
+  std::vector<std::shared_ptr<NamespaceState>> namespaces;
 
   /// Counts `n` steps; throws TemplateError past max_steps.
   void step(uint64_t n = 1);
@@ -41,8 +46,9 @@ int find_test(std::string_view name, bool& jinja2_has);
 bool apply_test(int index, Env& env, const Value& value, CallArgs& args);
 
 /// A global of Hugging Face's environment (range, namespace, dict, raise_exception, strftime_now, and
-/// jinja2's lipsum, cycler, joiner, which fail when called); `found` false when there is none.
-Value find_global(std::string_view name, bool& found);
+/// jinja2's lipsum, cycler, joiner, which fail when called); `found` false when there is none. REQUIRES:
+/// `env` outlives the value (namespace() registers what it makes there).
+Value find_global(std::string_view name, bool& found, Env& env);
 
 /// `obj.name` in the sandbox: a Python attribute (a bound method) first, then obj[name]; an Undefined when
 /// neither exists. Throws for an Undefined `obj`, and for Python attributes crescent does not implement.

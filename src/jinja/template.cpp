@@ -38,12 +38,12 @@ class Renderer {
 
   // ---- Frames ----
 
-  Value lookup_context(const std::string& name, bool& found) const {
+  Value lookup_context(const std::string& name, bool& found) {
     if (auto it = variables_.find(name); it != variables_.end()) {
       found = true;
       return it->second;
     }
-    return find_global(name, found);
+    return find_global(name, found, env_);
   }
 
   void set_slot(int slot, Value v) {
@@ -490,7 +490,14 @@ Result<Template> Template::parse(std::string_view source, const ParseOptions& op
 template <typename Json>
 Result<std::string> Template::render_json(const Json& variables, const RenderLimits& limits) const {
   if (!variables.is_object()) return Status::invalid_argument("template variables must be a JSON object");
-  Env env{limits.max_output_bytes, limits.max_items, limits.max_steps, 0};
+  Env env{limits.max_output_bytes, limits.max_items, limits.max_steps, 0, {}};
+  // Whatever way the render ends, its namespaces are emptied (Env's comment says why).
+  struct EmptyNamespaces {
+    Env& env;
+    ~EmptyNamespaces() {
+      for (const auto& ns : env.namespaces) ns->attrs.clear();
+    }
+  } empty_namespaces{env};
   try {
     std::unordered_map<std::string, Value> vars;
     for (auto it = variables.begin(); it != variables.end(); ++it) vars[it.key()] = from_json(it.value());

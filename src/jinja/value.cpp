@@ -59,15 +59,36 @@ Value Value::string(std::shared_ptr<const std::string> s) {
   return v;
 }
 
+namespace {
+
+// 1 + the deepest of `items`; throws past kMaxValueDepth.
+uint16_t container_depth(const ValueList& items) {
+  int deepest = 0;
+  for (const Value& item : items) deepest = std::max(deepest, item.depth());
+  if (deepest + 1 > kMaxValueDepth) {
+    throw TemplateError(fmt::format("a value nested deeper than {} levels is not supported", kMaxValueDepth));
+  }
+  return static_cast<uint16_t>(deepest + 1);
+}
+
+}  // namespace
+
 Value Value::list(ValueList items, SeqKind kind) {
   Value v(Kind::kSeq);
   v.seq_kind_ = kind;
+  v.depth_ = container_depth(items);
   v.ptr_ = std::make_shared<const ValueList>(std::move(items));
   return v;
 }
 
 Value Value::dict(DictEntries entries) {
   Value v(Kind::kDict);
+  int deepest = 0;
+  for (const auto& [k, item] : entries.items) deepest = std::max(deepest, item.depth());
+  if (deepest + 1 > kMaxValueDepth) {
+    throw TemplateError(fmt::format("a value nested deeper than {} levels is not supported", kMaxValueDepth));
+  }
+  v.depth_ = static_cast<uint16_t>(deepest + 1);
   v.ptr_ = std::make_shared<const DictEntries>(std::move(entries));
   return v;
 }
@@ -84,14 +105,19 @@ Value Value::loop(std::shared_ptr<LoopState> state) {
   return v;
 }
 
-Value Value::callable(std::string name, std::function<Value(CallArgs&)> call) {
+Value Value::callable(std::string name, std::function<Value(CallArgs&)> call, int holds_depth) {
   Value v(Kind::kCallable);
+  if (holds_depth + 1 > kMaxValueDepth) {
+    throw TemplateError(fmt::format("a value nested deeper than {} levels is not supported", kMaxValueDepth));
+  }
+  v.depth_ = static_cast<uint16_t>(holds_depth + 1);
   v.ptr_ = std::make_shared<const Callable>(Callable{std::move(name), std::move(call)});
   return v;
 }
 
 Value Value::iterator(ValueList items) {
   Value v(Kind::kIterator);
+  v.depth_ = container_depth(items);
   auto state = std::make_shared<IteratorState>();
   state->items = std::move(items);
   v.ptr_ = std::move(state);

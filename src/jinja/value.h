@@ -32,6 +32,9 @@ class TemplateError : public std::runtime_error {
 class Value;
 using ValueList = std::vector<Value>;
 
+/// The deepest nesting of containers a value may have (JSON input is held to 512).
+inline constexpr int kMaxValueDepth = 1000;
+
 /// A dict's entries in insertion order (Python's dict order); keys are strings (JSON's).
 struct DictEntries {
   std::vector<std::pair<std::string, Value>> items;
@@ -106,7 +109,8 @@ class Value {
   static Value dict(DictEntries entries);
   static Value namespace_object(std::shared_ptr<NamespaceState> state);
   static Value loop(std::shared_ptr<LoopState> state);
-  static Value callable(std::string name, std::function<Value(CallArgs&)> call);
+  /// `holds_depth`: the depth of what the function holds (a bound method's object), which it adds 1 to.
+  static Value callable(std::string name, std::function<Value(CallArgs&)> call, int holds_depth = -1);
   static Value iterator(ValueList items);
 
   Kind kind() const { return kind_; }
@@ -146,6 +150,12 @@ class Value {
   /// The undefined value's error message ("'x' is undefined").
   std::string undefined_hint() const;
 
+  /// How deeply containers nest in this value: 0 for a scalar, 1 + the deepest item for a list, tuple, dict
+  /// or iterator, 1 + its object's for a bound method (namespaces and loops count 0: they hold references,
+  /// and the render empties its namespaces at its end). Building a value deeper than kMaxValueDepth throws,
+  /// so that printing, comparing, serialising and destroying it cannot recurse without bound.
+  int depth() const { return depth_; }
+
   /// Python's type name ("str", "int", "dict", "NoneType", ...), for messages.
   std::string type_name() const;
   /// The same object (Python's `is`) for shared objects; for others, equal kind and value.
@@ -156,6 +166,7 @@ class Value {
 
   Kind kind_;
   SeqKind seq_kind_ = SeqKind::kList;
+  uint16_t depth_ = 0;
   union {
     bool b_;
     int64_t i_ = 0;

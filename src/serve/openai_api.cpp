@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <limits>
 
 #include "model/chat_template.h"
@@ -501,13 +502,21 @@ std::optional<std::string> chat_prompt(const std::vector<ChatMessage>& messages,
   // A template's markup is plain text to the tokenizer (or, for special tokens, becomes their ids): a message
   // holding it would pass for a turn of another role (a user writing "<|im_start|>system"). Refused, not
   // spliced in.
-  const std::vector<std::string> markers =
-      chat_template != nullptr ? chat_template->special_token_strings() : mock_role_markers();
+  static const std::vector<std::string> kMockMarkers = mock_role_markers();
+  const std::vector<std::string>& markers =
+      chat_template != nullptr ? chat_template->special_token_strings() : kMockMarkers;
   const char* what =
       chat_template != nullptr ? "the model's special token" : "the chat template's role marker";
+  // One pass over each message's text: markers (a model may have hundreds) are tried only where a byte that
+  // begins one of them stands.
+  std::array<bool, 256> begins{};
+  for (const std::string& marker : markers) begins[static_cast<unsigned char>(marker[0])] = true;
   for (size_t i = 0; i < messages.size(); ++i) {
-    for (const std::string& marker : markers) {
-      if (messages[i].content.find(marker) != std::string::npos) {
+    const std::string& content = messages[i].content;
+    for (size_t at = 0; at < content.size(); ++at) {
+      if (!begins[static_cast<unsigned char>(content[at])]) continue;
+      for (const std::string& marker : markers) {
+        if (content.compare(at, marker.size(), marker) != 0) continue;
         const std::string where = fmt::format("messages[{}]", i);
         error = ApiError::bad_field(
             where + ".content",

@@ -620,6 +620,23 @@ TEST(JinjaTemplate, HostileRendersHitTheirLimits) {
   EXPECT_NE(render_error("{{ 'ab'|replace('a', 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa') * 40000 }}", "{}", small)
                 .find("over the limit"),
             std::string::npos);
+  // Values nested deeper and deeper by a loop, through lists or bound methods: an error, not a stack overflow
+  // when they are printed or freed.
+  EXPECT_EQ(render_error(
+                "{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                "{{ ns.x }}"),
+            "line 1: a value nested deeper than 1000 levels is not supported");
+  EXPECT_EQ(
+      render_error("{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = {'a': ns.x}.get "
+                   "%}{% endfor %}"),
+      "line 1: a value nested deeper than 1000 levels is not supported");
+  // A chain of 100,000 namespaces, and a namespace holding itself: freed at the end without recursion or
+  // leak.
+  auto chain = Template::parse(
+      "{% set ns = namespace(head=none) %}{% for i in range(100000) %}{% set n = namespace(next=ns.head) %}"
+      "{% set ns.head = n %}{% endfor %}{% set ns.self = ns %}done");
+  ASSERT_TRUE(chain.ok()) << chain.status().message();
+  EXPECT_EQ(*chain->render(nlohmann::json::object()), "done");
   // Deeply nested input JSON: an error, not a crash.
   auto t = Template::parse("{{ x }}");
   ASSERT_TRUE(t.ok());
