@@ -65,7 +65,9 @@ Status check_args(const ImportArgs& args) {
   auto bad = [](std::string_view flag, auto value, std::string_view expected) {
     return Status::invalid_argument(fmt::format("{}: must be {}, got {}", flag, expected, value));
   };
-  if (args.block_size_tokens < 1) return bad("--block-size", args.block_size_tokens, ">= 1");
+  if (args.block_size_tokens < 1 || args.block_size_tokens > (int64_t{1} << 30)) {
+    return bad("--block-size", args.block_size_tokens, "in [1, 2^30]");
+  }
   if (args.default_output_tokens < 1)
     return bad("--default-output-tokens", args.default_output_tokens, ">= 1");
   if (!(args.reorder_window_s >= 0) || args.reorder_window_s > 1e9) {
@@ -112,19 +114,40 @@ int run_import(const ImportArgs& args) {
     if (model_files->chat_template) {
       const model::ChatTemplate& chat_template = *model_files->chat_template;
       encoder.render_chat = [&chat_template](const nlohmann::json& messages) {
-        return chat_template.render(messages, /*add_generation_prompt=*/true);
+        // Each message {role, content} in that order, as the server's chat endpoint renders them.
+        nlohmann::ordered_json ordered = nlohmann::ordered_json::array();
+        for (const auto& message : messages) {
+          ordered.push_back({{"role", message["role"]}, {"content", message["content"]}});
+        }
+        return chat_template.render(ordered, /*add_generation_prompt=*/true);
       };
     }
   }  // else only records with token ids can be read (a text prompt is then an error naming the flags)
 
   Result<std::string> salt = load_salt(args.salt_file);
   if (!salt.ok()) return fail(salt.status());
+  // The logs' sizes, for the progress bar: 0 for a pipe or a device (then no percentage).
+  std::vector<int64_t> sizes;
   for (const std::string& log : args.logs) {
-    if (!std::filesystem::exists(log)) {
+    std::error_code error;
+    const auto status = std::filesystem::status(log, error);
+    if (error || !std::filesystem::exists(status)) {
       return fail(Status::invalid_argument(fmt::format("{}: no such file", log)));
     }
+    if (std::filesystem::is_directory(status)) {
+      return fail(Status::invalid_argument(fmt::format("{}: a directory, not a log file", log)));
+    }
+    const bool regular = std::filesystem::is_regular_file(status);
+    if (!regular && *format == trace::LogFormat::kShareGpt) {
+      return fail(Status::invalid_argument(fmt::format(
+          "{}: sharegpt logs are read twice (to tell a JSON array from JSONL): give a file, not a pipe",
+          log)));
+    }
+    sizes.push_back(regular ? static_cast<int64_t>(std::filesystem::file_size(log, error)) : 0);
+    if (error) sizes.back() = 0;
   }
-  auto writer = trace::TraceWriter::open(args.out);
+  // Token ids are the text to anyone with the tokenizer: such a trace is its owner's alone.
+  auto writer = trace::TraceWriter::open(args.out, args.keep_tokens ? 0600 : 0666);
   if (!writer.ok()) return fail(writer.status());
   trace::TraceImporter importer({.block_size_tokens = args.block_size_tokens,
                                  .salt = std::move(*salt),
@@ -150,10 +173,14 @@ int run_import(const ImportArgs& args) {
     };
   }
   trace::LogImporter reader(options, encoder, importer);
-  for (const std::string& log : args.logs) {
-    if (Status read = reader.read(log); !read.ok()) return fail(read);
-    done_bytes += static_cast<int64_t>(std::filesystem::file_size(log));
+  for (size_t i = 0; i < args.logs.size(); ++i) {
+    if (Status read = reader.read(args.logs[i]); !read.ok()) {
+      line.clear();
+      return fail(read);
+    }
+    done_bytes += sizes[i];
   }
+  line.clear();
   if (Status finished = importer.finish(); !finished.ok()) return fail(finished);
   if (importer.report().requests == 0) {
     return fail(Status::invalid_argument(

@@ -18,10 +18,10 @@ namespace {
 
 // Creates a new file beside `path` (same directory, so a rename onto `path` is atomic) with the usual
 // permissions (0666 minus the umask); returns its descriptor, or -1 with errno set.
-int create_temp_beside(const std::string& path, std::string& temp_path) {
+int create_temp_beside(const std::string& path, std::string& temp_path, unsigned mode = 0666) {
   static std::atomic<int> counter{0};
   temp_path = fmt::format("{}.tmp-{}-{}", path, getpid(), counter++);
-  return ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  return ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
 }
 
 bool write_all(int fd, std::string_view content) {
@@ -111,17 +111,20 @@ Status write_file_atomically(const std::string& path, std::string_view content) 
   return write_files_atomically({&file, 1});
 }
 
-Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::open(const std::string& path) {
-  std::string target = resolved_target(path);
+Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::open(const std::string& path, unsigned mode) {
+  std::string target = path == "-" ? path : resolved_target(path);
   std::string temp;
   int fd = -1;
-  if (is_special(target)) {
+  if (path == "-") {
+    fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);  // whatever stdout is (a file it appends to stays)
+  } else if (is_special(target)) {
     fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
   } else {
-    fd = create_temp_beside(target, temp);
+    fd = create_temp_beside(target, temp, mode);
   }
   if (fd < 0) return Status::io_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
-  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, std::move(target), std::move(temp), fd));
+  return std::unique_ptr<AtomicFileWriter>(
+      new AtomicFileWriter(path, std::move(target), std::move(temp), fd));
 }
 
 AtomicFileWriter::AtomicFileWriter(std::string path, std::string target, std::string temp, int fd)

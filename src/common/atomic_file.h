@@ -34,8 +34,10 @@ Status write_file_atomically(const std::string& path, std::string_view content);
 /// pieces come. Destroyed without commit(), the temporary file is removed and the target is unchanged.
 class AtomicFileWriter {
  public:
-  /// Starts writing `path`. Errors (kIoError) name the path and the OS's reason.
-  static Result<std::unique_ptr<AtomicFileWriter>> open(const std::string& path);
+  /// Starts writing `path` ("-": standard output, written as the pieces come, never renamed), created with
+  /// `mode` (minus the umask; 0600 for a file only its owner may read). Errors (kIoError) name the path and
+  /// the OS's reason.
+  static Result<std::unique_ptr<AtomicFileWriter>> open(const std::string& path, unsigned mode = 0666);
   ~AtomicFileWriter();
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;

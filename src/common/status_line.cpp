@@ -15,7 +15,13 @@ constexpr auto kMinRedraw = std::chrono::milliseconds(100);  // at most 10 updat
 StatusLine::StatusLine() : enabled_(isatty(STDERR_FILENO) == 1) {}
 
 StatusLine::~StatusLine() {
-  if (drawn_) std::fputs("\r\033[K", stderr);
+  clear();
+}
+
+void StatusLine::clear() {
+  if (!drawn_) return;
+  std::fputs("\r\033[K", stderr);
+  drawn_ = false;
 }
 
 bool StatusLine::due() const {

@@ -23,6 +23,8 @@ class StatusLine {
   bool due() const;
   /// Replaces the line with `text` when due().
   void draw(std::string_view text);
+  /// Erases the line (before other output on stderr; a later draw() shows it again).
+  void clear();
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -152,7 +152,8 @@ bool read_messages(const json& v, CompletionRequest& r, ApiError& error) {
       message.content = content.get<std::string>();
     } else if (content.is_array()) {
       for (const json& part : content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        if (!part.is_object() || part.find("type") == part.end() || part["type"] != "text" ||
+            !part.contains("text") ||
             !part["text"].is_string()) {
           error = ApiError::bad_field(
               where + ".content", fmt::format("'{}.content' parts must be {{\"type\": \"text\", \"text\": "
@@ -330,7 +331,7 @@ bool no_unsupported_fields(const json& body, ApiError& error) {
     if (name == "presence_penalty" || name == "frequency_penalty")
       return v.is_number() && v.get<double>() == 0;
     if (name == "repetition_penalty") return v.is_number() && v.get<double>() == 1;
-    if (name == "response_format") return v.is_object() && v.size() == 1 && v.value("type", "") == "text";
+    if (name == "response_format") return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
     return (v.is_array() || v.is_object()) && v.empty();  // logit_bias, tools, functions, tool_choice
   };
   static constexpr std::string_view kUnsupported[] = {"echo",

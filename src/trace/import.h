@@ -55,15 +55,16 @@ struct ImportReport {
 
 /// Keys logged requests and writes them to `out` in arrival order. Requests may come out of order: each is
 /// held (its block keys, not its tokens unless keep_tokens) until release_before() passes its arrival.
-/// Memory: the held requests, one entry per distinct key (dense_ids) and per distinct session name.
+/// Memory: the held requests, one entry per distinct key of prompts with token ids, one per distinct session
+/// name; lengths-only requests' keys are not remembered.
 class TraceImporter {
  public:
   /// REQUIRES: options.block_size_tokens >= 1. `out` outlives the importer.
   TraceImporter(ImportOptions options, TraceWriter& out);
 
   /// Takes one request. Errors (kInvalidArgument, starting with request.where): a request that arrives
-  /// before one already written (it came after release_before() passed its time), or input/output tokens
-  /// < 1, or token ids that disagree with input_tokens.
+  /// before one already written (it came after release_before() passed its time), input/output tokens < 1,
+  /// token ids that disagree with input_tokens, more blocks than a trace line can hold (kMaxLineBytes / 2).
   Status add(LoggedRequest request);
   /// Writes every held request that arrives before `timestamp_ms`, in arrival order (ties: in the order
   /// added). Errors: the writer's.
@@ -80,6 +81,7 @@ class TraceImporter {
     int64_t sequence;  // order of add(): ties keep it
     Request request;
     std::optional<std::string> session;
+    bool lengths_only;  // keys of its own: numbered without the map
     bool operator>(const Held& other) const {
       return timestamp_ms != other.timestamp_ms ? timestamp_ms > other.timestamp_ms
                                                 : sequence > other.sequence;
@@ -96,7 +98,8 @@ class TraceImporter {
   int64_t sequence_ = 0;
   std::optional<int64_t> released_until_ms_;
   std::optional<int64_t> first_timestamp_ms_;
-  std::unordered_map<BlockKey, BlockKey> dense_;       // salted key -> dense id
+  std::unordered_map<BlockKey, BlockKey> dense_;  // salted key -> dense id (raw keys: -> 0, to count them)
+  BlockKey next_dense_id_ = 0;
   std::unordered_map<std::string, int64_t> sessions_;  // session name -> dense id
   ImportReport report_;
 };

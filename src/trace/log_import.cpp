@@ -39,8 +39,11 @@ constexpr size_t kMaxRecordBytes = size_t{64} << 20;
 // Records nesting deeper are refused before they are parsed into a tree (common/json_util.h); chat bodies
 // nest 4 or 5 levels.
 constexpr int kMaxJsonDepth = 64;
-// Numbers at least this large are milliseconds; smaller ones are seconds (see log_import.h).
+// A number's unit by its size (see log_import.h): seconds below 1e11, milliseconds below 1e14,
+// microseconds below 1e17, nanoseconds above.
 constexpr double kMillisecondsFrom = 1e11;
+constexpr double kMicrosecondsFrom = 1e14;
+constexpr double kNanosecondsFrom = 1e17;
 
 // A JSON value as it appears in the log, cut short for messages.
 std::string excerpt(const json& value) {
@@ -55,11 +58,15 @@ Problem field_problem(std::string_view reason, std::string_view where, std::stri
 }
 
 Result<int64_t> ms_from_number(double value) {
-  if (!std::isfinite(value) || value < 0 || value > 9.2e15) {
-    return Status::invalid_argument(
-        fmt::format("must be a time in Unix seconds or milliseconds, got {}", value));
+  if (!std::isfinite(value) || value < 0 || value > 9.2e18) {
+    return Status::invalid_argument(fmt::format(
+        "must be a time in Unix seconds, milliseconds, microseconds or nanoseconds, got {}", value));
   }
-  return static_cast<int64_t>(std::llround(value >= kMillisecondsFrom ? value : value * 1000.0));
+  const double ms = value >= kNanosecondsFrom    ? value / 1e6
+                    : value >= kMicrosecondsFrom ? value / 1e3
+                    : value >= kMillisecondsFrom ? value
+                                                 : value * 1000.0;
+  return static_cast<int64_t>(std::llround(ms));
 }
 
 std::string_view trim(std::string_view text) {
@@ -101,7 +108,7 @@ std::optional<int64_t> json_count(const json& value) {
 // OpenAI API's [{"type": "text", "text": ...}]). Non-text parts (images, audio) cannot be tokenized here.
 Outcome normalize_content(json& message, std::string_view where, std::string_view field) {
   json& content = message["content"];
-  if (content.is_string() || content.is_null()) return std::nullopt;
+  if (content.is_string()) return std::nullopt;
   if (!content.is_array()) {
     return field_problem("bad content", where, field,
                          fmt::format("must be a string or an array of text parts, got {}", excerpt(content)));
@@ -109,7 +116,7 @@ Outcome normalize_content(json& message, std::string_view where, std::string_vie
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
       return field_problem("non-text content", where, fmt::format("{}[{}]", field, i),
                            fmt::format("only text parts can be imported, got {}", excerpt(part)));
@@ -156,8 +163,8 @@ Outcome encode_text(const PromptEncoder& encoder, std::string_view text, std::st
   return std::nullopt;
 }
 
-// Checks `messages` (a field of a record) is an array of objects with a string role, and makes each
-// content text.
+// Checks `messages` (a field of a record) is an array of objects with a string role and text content (a
+// string or text parts), and leaves each as {role, content}: what the server renders.
 Outcome check_messages(json& messages, std::string_view where, std::string_view field) {
   if (!messages.is_array() || messages.empty()) {
     return field_problem("bad messages", where, field,
@@ -171,6 +178,8 @@ Outcome check_messages(json& messages, std::string_view where, std::string_view 
                            fmt::format("must be an object with a string 'role', got {}", excerpt(message)));
     }
     if (auto problem = normalize_content(message, where, name + ".content")) return problem;
+    // The template sees what the server's chat endpoint gives it (serve/openai_api.h): role and content.
+    message = json{{"role", message["role"]}, {"content", message["content"]}};
   }
   return std::nullopt;
 }
@@ -259,10 +268,10 @@ Outcome parse_openai_record(json record, const std::string& where, const PromptE
   // Output length: what the response says, else what the request allowed, else the default.
   const json* usage = nullptr;
   std::string usage_field = "usage";
-  if (record.contains("usage")) {
+  if (record.contains("usage") && !record["usage"].is_null()) {
     usage = &record["usage"];
   } else if (record.contains("response") && record["response"].is_object() &&
-             record["response"].contains("usage")) {
+             record["response"].contains("usage") && !record["response"]["usage"].is_null()) {
     usage = &record["response"]["usage"];
     usage_field = "response.usage";
   }
@@ -409,8 +418,15 @@ Result<int64_t> parse_timestamp_ms(std::string_view text) {
   double number = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
   if (error == std::errc() && end == text.data() + text.size()) return ms_from_number(number);
-  // ISO 8601: date, 'T' or ' ', time with optional fraction, then 'Z', an offset or nothing (UTC).
+  // ISO 8601: date, 'T' or ' ', time with optional fraction, then 'Z', an offset or nothing (UTC). Years
+  // 1970..2200 (nanosecond time points end in 2262).
   std::string iso(text);
+  const auto year_too_late = [&] {
+    int year = 0;
+    const auto [end, error] = std::from_chars(iso.data(), iso.data() + std::min<size_t>(iso.size(), 4), year);
+    return error == std::errc() && end == iso.data() + 4 && year > 2200;
+  };
+  if (year_too_late()) return Status::invalid_argument(fmt::format("must be before 2200, got '{}'", text));
   if (iso.size() > 10 && iso[10] == ' ') iso[10] = 'T';
   bool has_offset = false;
   if (!iso.empty() && (iso.back() == 'Z' || iso.back() == 'z')) {
@@ -418,6 +434,20 @@ Result<int64_t> parse_timestamp_ms(std::string_view text) {
   } else if (iso.size() > 19) {
     const size_t sign = iso.find_last_of("+-");
     has_offset = sign != std::string::npos && sign > 18;
+    // "+0100" (strftime's %z) as "+01:00"; then the offset must be a real one, within ±18:00.
+    if (has_offset && iso.size() - sign == 5 && iso.find(':', sign) == std::string::npos)
+      iso.insert(sign + 3, ":");
+    if (has_offset) {
+      int hours = -1, minutes = -1;
+      if (iso.size() - sign == 6 && iso[sign + 3] == ':') {
+        std::from_chars(iso.data() + sign + 1, iso.data() + sign + 3, hours);
+        std::from_chars(iso.data() + sign + 4, iso.data() + sign + 6, minutes);
+      }
+      if (hours < 0 || hours > 18 || minutes < 0 || minutes > 59) {
+        return Status::invalid_argument(
+            fmt::format("has an offset that is not ±hh:mm within ±18:00: '{}'", text));
+      }
+    }
   }
   // A fraction longer than nanoseconds would not parse: keep 9 digits.
   const size_t dot = iso.find('.', 19);
@@ -435,7 +465,7 @@ Result<int64_t> parse_timestamp_ms(std::string_view text) {
   }
   if (in.fail() || in.peek() != std::char_traits<char>::eof()) {
     return Status::invalid_argument(fmt::format(
-        "must be an ISO 8601 date-time (2026-12-03T07:00:00.250Z) or Unix seconds or milliseconds, got '{}'",
+        "must be an ISO 8601 date-time (2026-12-03T07:00:00.250Z) or a Unix time (s, ms, us or ns), got '{}'",
         text.size() > 40 ? std::string(text.substr(0, 37)) + "..." : std::string(text)));
   }
   const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count();
@@ -646,7 +676,8 @@ Status LogImporter::read_sharegpt(const std::string& path) {
       throw StopParsing{Status::invalid_argument(
           fmt::format("{}: conversation {} nests deeper than {} levels", path, index, kMaxJsonDepth))};
     }
-    if (depth != 1 || (event != json::parse_event_t::object_end && event != json::parse_event_t::value)) {
+    if (depth != 1 || (event != json::parse_event_t::object_end && event != json::parse_event_t::array_end &&
+                       event != json::parse_event_t::value)) {
       return true;
     }
     // One element of the top-level array is complete.
@@ -674,7 +705,10 @@ Status LogImporter::read_csv(const std::string& path) {
     std::vector<std::vector<std::string>> complete;  // rows completed by the last chunk
   } row;
   csv_parser parser;
-  if (csv_init(&parser, CSV_APPEND_NULL) != 0) return Status::io_error("cannot start the CSV parser");
+  // Strict: a quote inside an unquoted cell, or a quoted cell never closed, is an error, not data.
+  if (csv_init(&parser, CSV_STRICT | CSV_STRICT_FINI | CSV_APPEND_NULL) != 0) {
+    return Status::io_error("cannot start the CSV parser");
+  }
   struct ParserFree {
     csv_parser* parser;
     ~ParserFree() { csv_free(parser); }
@@ -737,27 +771,44 @@ Status LogImporter::read_csv(const std::string& path) {
       if (!count || *count == 0) {
         return on_problem(field_problem(count ? "zero length" : "bad length", where,
                                         header[static_cast<size_t>(column)],
-                                        fmt::format("must be an integer >= 1, got '{}'", cell)));
+                                        fmt::format("must be an integer >= 1, got '{}'",
+                                                    cell.size() > 40 ? cell.substr(0, 37) + "..." : cell)));
       }
       *out = *count;
     }
     if (session_column >= 0) request.session = cells[static_cast<size_t>(session_column)];
     return add_in_window(std::move(request));
   };
-  int64_t last_line = 0;
+  // A row may span lines (a quoted cell holding a newline): messages name the line it starts on, and its
+  // bytes are bounded like a line's.
+  int64_t row_start = 1;
+  size_t row_bytes = 0;
   CRESCENT_RETURN_IF_ERROR(each_line(path, /*json_lines=*/false, [&](std::string& line, int64_t number) {
-    last_line = number;
     line.push_back('\n');
+    row_bytes += line.size();
     if (csv_parse(&parser, line.data(), line.size(), on_cell, on_row, &row) != line.size()) {
       return Status::invalid_argument(
-          fmt::format("{}:{}: not CSV: {}", path, number, csv_strerror(csv_error(&parser))));
+          fmt::format("{}:{}: not CSV: {}", path, row_start, csv_strerror(csv_error(&parser))));
     }
-    for (auto& cells : row.complete) CRESCENT_RETURN_IF_ERROR(handle_row(cells, number));
-    row.complete.clear();
+    if (row.complete.empty() && row_bytes > kMaxRecordBytes) {
+      return Status::invalid_argument(
+          fmt::format("{}:{}: a row longer than {} bytes (a quoted cell never closed?)", path, row_start,
+                      kMaxRecordBytes));
+    }
+    for (auto& cells : row.complete) CRESCENT_RETURN_IF_ERROR(handle_row(cells, row_start));
+    if (!row.complete.empty()) {
+      row.complete.clear();
+      row_start = number + 1;
+      row_bytes = 0;
+    }
     return Status();
   }));
-  csv_fini(&parser, on_cell, on_row, &row);
-  for (auto& cells : row.complete) CRESCENT_RETURN_IF_ERROR(handle_row(cells, last_line));
+  if (csv_fini(&parser, on_cell, on_row, &row) != 0) {
+    return Status::invalid_argument(fmt::format(
+        "{}:{}: a quoted cell is never closed (the row starting here runs to the end of the file)", path,
+        row_start));
+  }
+  for (auto& cells : row.complete) CRESCENT_RETURN_IF_ERROR(handle_row(cells, row_start));
   if (header.empty()) return Status::invalid_argument(fmt::format("{}: the CSV has no header row", path));
   return Status();
 }

@@ -4,6 +4,8 @@
 
 #include <iterator>
 
+#include "trace/reader.h"
+
 namespace crescent::trace {
 
 std::string format_trace_line(const Request& request) {
@@ -19,14 +21,21 @@ std::string format_trace_line(const Request& request) {
   return fmt::to_string(out);
 }
 
-Result<std::unique_ptr<TraceWriter>> TraceWriter::open(const std::string& path) {
-  auto file = AtomicFileWriter::open(path == "-" ? "/dev/stdout" : path);
+Result<std::unique_ptr<TraceWriter>> TraceWriter::open(const std::string& path, unsigned mode) {
+  auto file = AtomicFileWriter::open(path, mode);
   if (!file.ok()) return file.status();
   return std::unique_ptr<TraceWriter>(new TraceWriter(std::move(file).value()));
 }
 
 Status TraceWriter::append(const Request& request) {
-  CRESCENT_RETURN_IF_ERROR(file_->write(format_trace_line(request)));
+  const std::string line = format_trace_line(request);
+  if (line.size() > kMaxLineBytes) {
+    return Status::invalid_argument(
+        fmt::format("a request of {} input tokens makes a trace line of {} bytes, more than the {} a trace "
+                    "reader accepts",
+                    request.input_tokens, line.size(), kMaxLineBytes));
+  }
+  CRESCENT_RETURN_IF_ERROR(file_->write(line));
   ++requests_;
   return Status();
 }

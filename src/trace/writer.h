@@ -20,10 +20,12 @@ std::string format_trace_line(const Request& request);
 /// Writes a trace one request at a time (memory: one line); readers of `path` see it only after commit().
 class TraceWriter {
  public:
-  /// Starts writing `path` ("-": standard output). Errors (kIoError) name the path.
-  static Result<std::unique_ptr<TraceWriter>> open(const std::string& path);
+  /// Starts writing `path` ("-": standard output, as the lines come), created with `mode` (minus the umask;
+  /// 0600 for a trace that holds token ids). Errors (kIoError) name the path.
+  static Result<std::unique_ptr<TraceWriter>> open(const std::string& path, unsigned mode = 0666);
 
-  /// Appends one request. Errors (kIoError) name the path.
+  /// Appends one request. Errors: kIoError naming the path; kInvalidArgument for a line longer than the
+  /// reader accepts (kMaxLineBytes), which is not written.
   Status append(const Request& request);
   /// Completes the file. Errors (kIoError) name the path; the target is then unchanged.
   Status commit();

@@ -50,7 +50,7 @@ TEST(TraceImportCli, AServersRequestLogImportsBackWithTheReuseOfItsTraffic) {
     ASSERT_EQ(served.exit_code, 0) << served.err;
     const std::vector<json> logged = read_lines(log);
     ASSERT_EQ(logged.size(), 24u);
-    EXPECT_EQ(logged[0].contains("prompt_token_ids"), content == "token-ids");
+    EXPECT_TRUE(logged[0].contains("prompt_token_ids"));  // both modes: the ids the model read
     EXPECT_EQ(logged[0]["request"].contains("prompt"), content == "text");
     EXPECT_TRUE(logged[0]["usage"]["completion_tokens"].is_number_integer());
 
@@ -91,9 +91,12 @@ TEST(TraceImportCli, KeptTokensReanalyseAtOtherBlockSizes) {
   {
     // Prompts of token ids: two share 6 ids (one block of 4 and half the next), one shares nothing.
     std::ofstream log(root + "/log.jsonl");
-    log << R"({"timestamp": 1, "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9]})" "\n"
-        << R"({"timestamp": 2, "prompt": [1, 2, 3, 4, 5, 6, 70, 80]})" "\n"
-        << R"({"timestamp": 3, "prompt": [9, 9, 9, 9]})" "\n";
+    log << R"({"timestamp": 1, "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9]})"
+           "\n"
+        << R"({"timestamp": 2, "prompt": [1, 2, 3, 4, 5, 6, 70, 80]})"
+           "\n"
+        << R"({"timestamp": 3, "prompt": [9, 9, 9, 9]})"
+           "\n";
   }
   const std::string trace = root + "/trace.jsonl";
   const CliRun run = run_crescent("trace import --keep-tokens --block-size 4 --out " + quote(trace) + " " +
@@ -130,7 +133,7 @@ TEST(TraceImportCli, BadInputExitsTwoAndWritesNothing) {
       {quote(root + "/missing.jsonl"), "missing.jsonl: no such file"},
       {quote(root + "/log.jsonl"), "log.jsonl:2: text prompts need a tokenizer"},
       {"--skip-invalid " + quote(root + "/log.jsonl"), "log.jsonl:2: text prompts need a tokenizer"},
-      {"--block-size 0 " + quote(root + "/log.jsonl"), "--block-size: must be >= 1, got 0"},
+      {"--block-size 0 " + quote(root + "/log.jsonl"), "--block-size: must be in [1, 2^30], got 0"},
       {"--salt-file " + quote(root + "/short") + " " + quote(root + "/log.jsonl"),
        "a salt must be at least 16"},
       {"--format csv --columns t,i,o " + quote(root + "/log.jsonl"), "--columns: 't' is not NAME=COLUMN"},
@@ -141,6 +144,26 @@ TEST(TraceImportCli, BadInputExitsTwoAndWritesNothing) {
     EXPECT_THAT(run.err, HasSubstr(c.message)) << c.args;
     EXPECT_FALSE(std::filesystem::exists(out)) << c.args;
   }
+  // A directory is not a log; `--out -` writes to stdout as it is (appending to a file, never replacing it).
+  CliRun run = run_crescent("trace import --out " + quote(out) + " " + quote(root));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.err, HasSubstr("a directory, not a log file"));
+  {
+    std::ofstream(root + "/ids.jsonl") << R"({"timestamp": 1, "prompt": [1, 2]})"
+                                          "\n";
+    std::ofstream(root + "/app.txt") << "kept\n";
+  }
+  run = run_shell(quote(CRESCENT_BINARY) + " trace import --out - " + quote(root + "/ids.jsonl") + " >> " +
+                  quote(root + "/app.txt"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  std::ifstream appended(root + "/app.txt");
+  std::string first, second;
+  std::getline(appended, first);
+  std::getline(appended, second);
+  EXPECT_EQ(first, "kept");
+  EXPECT_THAT(second, HasSubstr(R"("input_length":2)"));
+  std::filesystem::remove(root + "/ids.jsonl");
+  std::filesystem::remove(root + "/app.txt");
   size_t files = 0;  // no temporary file left beside the output
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(root)) ++files;
   EXPECT_EQ(files, 2u);

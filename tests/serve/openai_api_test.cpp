@@ -116,7 +116,8 @@ TEST(OpenAiApi, FieldsThisServerDoesNotImplementAreRefusedUnlessNeutral) {
   for (const char* field :
        {R"("echo": true)", R"("best_of": 3)", R"("suffix": "end")", R"("presence_penalty": 0.5)",
         R"("frequency_penalty": -1)", R"("repetition_penalty": 1.2)", R"("logit_bias": {"50256": -100})",
-        R"("response_format": {"type": "json_object"})", R"("tools": [{"type": "function"}])",
+        R"("response_format": {"type": "json_object"})", R"("response_format": {"type": 1})",
+        R"("tools": [{"type": "function"}])",
         R"("tool_choice": "auto")", R"("functions": [{}])"}) {
     ApiError error;
     const std::string body = std::string(R"({"model": "m", "prompt": "hi", )") + field + "}";
@@ -137,7 +138,9 @@ TEST(OpenAiApi, FieldsThisServerDoesNotImplementAreRefusedUnlessNeutral) {
 // A chat message needs content, and its content cannot carry the template's role markers (a user turn that
 // writes "<|system|>" would otherwise pass for a system turn) (issue 22 §5).
 TEST(OpenAiApi, ChatMessagesNeedContentWithoutRoleMarkers) {
-  for (const char* messages : {R"([{"role": "user"}])", R"([{"role": "user", "content": null}])"}) {
+  for (const char* messages : {R"([{"role": "user"}])", R"([{"role": "user", "content": null}])",
+                               R"([{"role": "user", "content": [{"type": 5, "text": "x"}]}])",
+                               R"([{"role": "user", "content": [{"text": "x"}]}])"}) {
     ApiError error;
     const std::string body = std::string(R"({"model": "m", "messages": )") + messages + "}";
     EXPECT_FALSE(parse(body.c_str(), Endpoint::kChatCompletions, error).has_value()) << messages;

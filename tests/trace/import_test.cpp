@@ -140,9 +140,14 @@ TEST(Timestamps, IsoAndUnixFormsGiveUnixMilliseconds) {
   EXPECT_EQ(*parse_timestamp_ms(std::string_view("2023-11-16 18:15:46.6805900")), 1700158546680);
   EXPECT_EQ(*parse_timestamp_ms(std::string_view("1796281200")), 1796281200000);  // seconds
   EXPECT_EQ(*parse_timestamp_ms(json(1796281200.5)), 1796281200500);
-  EXPECT_EQ(*parse_timestamp_ms(json(1796281200000)), 1796281200000);  // milliseconds
-  EXPECT_EQ(*parse_timestamp_ms(json(5.25)), 5250);                    // seconds since a trace's start
-  for (const char* bad : {"yesterday", "2026-13-03T07:00:00Z", "2026-12-03T07:00:00 trailing", "-5", ""}) {
+  EXPECT_EQ(*parse_timestamp_ms(json(1796281200000)), 1796281200000);        // milliseconds
+  EXPECT_EQ(*parse_timestamp_ms(json(5.25)), 5250);                          // seconds since a trace's start
+  EXPECT_EQ(*parse_timestamp_ms(json(1796281200250000)), 1796281200250);     // microseconds
+  EXPECT_EQ(*parse_timestamp_ms(json(1796281200250000000)), 1796281200250);  // nanoseconds
+  EXPECT_EQ(*parse_timestamp_ms(std::string_view("2026-12-03T08:00:00+0100")), 1796281200000);
+  EXPECT_EQ(*parse_timestamp_ms(std::string_view("2026-12-03T00:00:00-07:00")), 1796281200000);
+  for (const char* bad : {"yesterday", "2026-13-03T07:00:00Z", "2026-12-03T07:00:00 trailing", "-5", "",
+                          "2600-01-01T00:00:00Z", "2026-12-03T07:00:00+25:00", "2026-12-03T07:00:00-99:99"}) {
     EXPECT_FALSE(parse_timestamp_ms(std::string_view(bad)).ok()) << bad;
   }
   EXPECT_FALSE(parse_timestamp_ms(json(true)).ok());
@@ -227,6 +232,25 @@ TEST_F(LogImportTest, OpenAiLogBodiesBecomeTheirPromptsTokens) {
   EXPECT_EQ(l[3]["output_length"], 2);
   EXPECT_EQ(l[4]["token_ids"], json({9, 9}));  // the ids the server logged win over the body
   EXPECT_EQ(l[5]["token_ids"], json(ids_of("[user]ab[assistant]")));
+  // "usage": null (a streamed response's) is no usage: max_tokens, then the default, decide.
+  const std::string null_usage =
+      write("null.jsonl", R"({"timestamp": 1, "prompt": "x", "usage": null, "max_tokens": 4})"
+                          "\n");
+  auto with_null = read({null_usage}, {});
+  ASSERT_TRUE(with_null.ok()) << with_null.status().message();
+  EXPECT_EQ((*with_null)[0]["output_length"], 4);
+}
+
+TEST_F(LogImportTest, ALengthNoTraceLineCanHoldIsRefusedBeforeItsKeysAreMade) {
+  const std::string csv =
+      write("huge.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,100000000000,20\n2,10,3\n");
+  auto failed = read({csv}, {.format = LogFormat::kCsv});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("huge.csv:2: 100000000000 input tokens are 25000000000 blocks"));
+  auto skipped = read({csv}, {.format = LogFormat::kCsv, .skip_invalid = true});
+  ASSERT_TRUE(skipped.ok()) << skipped.status().message();
+  EXPECT_EQ(skipped->size(), 1u);
 }
 
 TEST_F(LogImportTest, BadRecordsNameTheLineAndFieldOrAreSkippedAndCounted) {
@@ -247,6 +271,10 @@ TEST_F(LogImportTest, BadRecordsNameTheLineAndFieldOrAreSkippedAndCounted) {
        "field 'usage.completion_tokens': is 0"},
       {R"({"timestamp": 1, "request": {"prompt": ""}})", "the prompt has no tokens"},
       {R"({"timestamp": 1, "request": {"prompt": "x"}, "session_id": [1]})", "field 'session_id'"},
+      {R"({"timestamp": 1, "request": {"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]}})",
+       "field 'request.messages[0].content[0]': only text parts"},
+      {R"({"timestamp": 1, "request": {"messages": [{"role": "user", "content": null}]}})",
+       "field 'request.messages[0].content'"},
       {deeply_nested(R"({"timestamp": 1, "x": )", "}"), "nests deeper than 64 levels"},
   };
   for (const auto& [line, message] : cases) {
@@ -335,6 +363,10 @@ TEST_F(LogImportTest, ShareGptTurnsArePromptsOfTheConversationSoFar) {
   failed = read({deep}, {.format = LogFormat::kShareGpt});
   ASSERT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().message(), HasSubstr("deep.json: conversation 0 nests deeper than 64 levels"));
+  const std::string nested = write("nested.json", R"([[{"conversations": []}], 7])");
+  failed = read({nested}, {.format = LogFormat::kShareGpt});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(), HasSubstr("nested.json: conversation 0: not a JSON object, got [{"));
   const std::string object = write("object.json", R"({"conversations": 5})");
   failed = read({object}, {.format = LogFormat::kShareGpt});
   ASSERT_FALSE(failed.ok());
@@ -367,6 +399,22 @@ TEST_F(LogImportTest, CsvLengthsWithQuotedHeadersAndTheirErrors) {
   failed = read({wrong}, {.format = LogFormat::kCsv});
   ASSERT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().message(), HasSubstr("no column 'TIMESTAMP' (it has 'time', 'in', 'out')"));
+  // A quoted cell may hold a newline: the row is named by the line it starts on.
+  const std::string multi = write("multi.csv",
+                                  "TIMESTAMP,ContextTokens,GeneratedTokens,note\n1,5,2,\"two\nlines\"\n"
+                                  "2,x,3,\"a\nb\"\n");
+  failed = read({multi}, {.format = LogFormat::kCsv});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(), HasSubstr("multi.csv:4: field 'ContextTokens'"));
+  // A quoted cell never closed is an error at the line its row starts on, not data swallowed silently.
+  std::string open_quote = "TIMESTAMP,ContextTokens,GeneratedTokens\n1,5,2\n2,5,\"3\n";
+  for (int i = 0; i < 50; ++i) open_quote += "3,5,2\n";
+  const std::string unterminated = write("open.csv", open_quote);
+  for (bool skip : {false, true}) {
+    failed = read({unterminated}, {.format = LogFormat::kCsv, .skip_invalid = skip});
+    ASSERT_FALSE(failed.ok());
+    EXPECT_THAT(failed.status().message(), HasSubstr("open.csv:3: a quoted cell is never closed"));
+  }
   const std::string ragged = write("ragged.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,2\n");
   failed = read({ragged}, {.format = LogFormat::kCsv});
   ASSERT_FALSE(failed.ok());
