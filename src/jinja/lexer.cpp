@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 
+#include "common/utf8.h"
 #include "jinja/text.h"
 #include "jinja/value.h"
 
@@ -133,7 +134,7 @@ std::string decode_string_literal(std::string_view body, int line) {
     if (cp >= 0xd800 && cp <= 0xdfff) {
       throw TemplateError("a string literal escape makes a lone surrogate (not UTF-8)", line);
     }
-    text::append_utf8(out, cp);
+    append_utf8(out, cp);
   }
   return out;
 }

@@ -18,8 +18,6 @@ bool is_space(char32_t cp);
 
 /// The code point starting at byte `pos` of `s` and its length in bytes. REQUIRES: pos < s.size().
 char32_t decode(std::string_view s, size_t pos, size_t& length);
-/// Appends `cp` as UTF-8.
-void append_utf8(std::string& out, char32_t cp);
 /// Whether `s` is valid UTF-8 (no surrogates, nothing above U+10FFFF, shortest forms only).
 bool valid_utf8(std::string_view s);
 
