@@ -776,7 +776,10 @@ Status LogImporter::read_csv(const std::string& path) {
       }
       *out = *count;
     }
-    if (session_column >= 0) request.session = cells[static_cast<size_t>(session_column)];
+    if (session_column >= 0) {  // an empty cell: no session (not one session of everyone without one)
+      const std::string_view session = trim(cells[static_cast<size_t>(session_column)]);
+      if (!session.empty()) request.session = std::string(session);
+    }
     return add_in_window(std::move(request));
   };
   // A row may span lines (a quoted cell holding a newline): messages name the line it starts on, and its

@@ -387,6 +387,18 @@ TEST_F(LogImportTest, CsvLengthsWithQuotedHeadersAndTheirErrors) {
   EXPECT_EQ((*lines)[0]["hash_ids"].size(), 250u);  // ceil(1000 / 4)
   EXPECT_FALSE((*lines)[0].contains("token_ids"));
 
+  const std::string sessions =
+      write("sessions.csv", "t,in,out,user\n1,4,1, ann \n2,4,1,\n3,4,1,ann\n4,4,1,\n");
+  lines =
+      read({sessions}, {.format = LogFormat::kCsv,
+                        .csv_columns = *parse_csv_columns("timestamp=t,input=in,output=out,session=user")});
+  ASSERT_TRUE(lines.ok()) << lines.status().message();
+  ASSERT_EQ(lines->size(), 4u);
+  EXPECT_EQ((*lines)[0]["session_id"], 0);
+  EXPECT_FALSE((*lines)[1].contains("session_id"));  // an empty cell is no session
+  EXPECT_EQ((*lines)[2]["session_id"], 0);           // " ann " and "ann" are one user
+  EXPECT_FALSE((*lines)[3].contains("session_id"));
+
   const std::string zero = write("zero.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,0\n2,10,3\n");
   auto failed = read({zero}, {.format = LogFormat::kCsv});
   ASSERT_FALSE(failed.ok());
