@@ -24,6 +24,7 @@ import zmq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import engine_standin  # noqa: E402  (its pure functions: block hashes, --drop-batches)
 
 VOCAB = 128256
