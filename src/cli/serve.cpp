@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <xxhash.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/prompt_tokenizer.h"
 #include "cli/replay.h"
 #include "cli/supervisor.h"
 #include "cluster/cluster_config.h"
@@ -34,6 +36,7 @@
 #include "conductor/conductor.h"
 #include "model/llama.h"
 #include "perf/cost_model.h"
+#include "router/router.h"
 #include "serve/frontend.h"
 #include "serve/http_server.h"
 #include "serve/instance_server.h"
@@ -82,6 +85,9 @@ struct ServeArgs {
   std::string etcd;               // roles: the registry (etcd_registry.h); "" = none
   std::string etcd_prefix = "/crescent-serve";
   std::string cluster_secret_file;  // roles: the members' secret (`crescent serve secret FILE` makes one)
+  // Router mode: the Conductor in front of engines crescent does not own (docs/router.md).
+  std::string engines_file;    // conductor --engines FILE
+  std::string tokenizer_file;  // conductor --tokenizer FILE (a tokenizer.json), or --model DIR's
 };
 
 // The members' secret of a role started alone: required (docs/serving.md, "Who may talk to what").
@@ -170,37 +176,50 @@ ReplayArgs replay_args(const ServeArgs& args, const cluster::ServeSetup& s, cons
           .requests_out = args.requests_out};
 }
 
-// Serves HTTP over `cluster` until a stop signal, or replays --replay against it; returns the exit code.
-// `who` starts its lines ("crescent serve", or "conductor" for the role alone).
-int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Cluster& cluster,
-               const sigset_t& signals, const std::string& who, const std::string& what) {
+// Opens --request-log into `frontend` when it is given.
+Status open_request_log(const ServeArgs& args, serve::FrontendOptions& frontend) {
+  if (args.request_log.empty()) return Status::ok_status();
+  auto log = serve::RequestLog::open(args.request_log, args.request_log_content == "token-ids"
+                                                           ? serve::RequestLogContent::kTokenIds
+                                                           : serve::RequestLogContent::kText);
+  if (!log.ok()) return log.status();
+  frontend.request_log = std::move(*log);
+  return Status::ok_status();
+}
+
+// The front end's options for crescent's own instances: the cpu executor's model's tokenizer and chat
+// template, or the mock's; the request log.
+Result<serve::FrontendOptions> cluster_frontend_options(const ServeArgs& args, const cluster::ServeSetup& s) {
   serve::FrontendOptions frontend{.model_name = s.cluster.model_name,
                                   .api_key = args.api_key,
                                   .executor = s.cluster.config.serve.executor};
   if (s.cluster.config.serve.executor == cluster::ExecutorKind::kCpu) {
     auto llama = model::read_llama_config(s.cluster.config.serve.model_dir);
-    if (!llama.ok()) return fail(llama.status());
+    if (!llama.ok()) return llama.status();
     auto tokenizer = model::load_tokenizer(s.cluster.config.serve.model_dir, llama->vocab_size);
-    if (!tokenizer.ok()) return fail(tokenizer.status());
+    if (!tokenizer.ok()) return tokenizer.status();
     frontend.tokenizer = std::move(*tokenizer);
     auto chat_template = model::load_model_chat_template(s.cluster.config.serve.model_dir);
-    if (!chat_template.ok()) return fail(chat_template.status());
+    if (!chat_template.ok()) return chat_template.status();
     if (chat_template->has_value()) {
       frontend.chat_template = std::make_shared<const model::ChatTemplate>(std::move(**chat_template));
     }
   }
-  if (!args.request_log.empty()) {
-    auto log = serve::RequestLog::open(args.request_log, args.request_log_content == "token-ids"
-                                                             ? serve::RequestLogContent::kTokenIds
-                                                             : serve::RequestLogContent::kText);
-    if (!log.ok()) return fail(log.status());
-    frontend.request_log = std::move(*log);
-  }
+  CRESCENT_RETURN_IF_ERROR(open_request_log(args, frontend));
+  return frontend;
+}
+
+// Serves HTTP with `handler` (the front end built with `frontend`) until a stop signal, or replays --replay
+// against it; returns the exit code. `who` starts its lines ("crescent serve", or "conductor" for the role
+// alone).
+int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, const serve::FrontendOptions& frontend,
+               serve::HttpHandler handler, const sigset_t& signals, const std::string& who,
+               const std::string& what) {
   serve::HttpServerOptions http{.host = args.host,
                                 .port = s.port,
                                 .body_limit_bytes = args.body_limit_bytes,
                                 .check_head = serve::frontend_head_check(frontend)};
-  auto server = serve::HttpServer::start(http, serve::make_frontend(cluster, frontend));
+  auto server = serve::HttpServer::start(http, std::move(handler));
   if (!server.ok()) {
     fmt::print(stderr, "error: {}\n", server.status().message());
     return server.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
@@ -230,6 +249,14 @@ int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Clu
   return 0;
 }
 
+// serve_http over crescent's own `cluster`.
+int serve_cluster_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Cluster& cluster,
+                       const sigset_t& signals, const std::string& who, const std::string& what) {
+  auto frontend = cluster_frontend_options(args, s);
+  if (!frontend.ok()) return fail(frontend.status());
+  return serve_http(args, s, *frontend, serve::make_frontend(cluster, *frontend), signals, who, what);
+}
+
 Status check_replay_trace(const ServeArgs& args) {
   if (!args.replay_trace.empty() && !std::filesystem::is_regular_file(args.replay_trace)) {
     return with_bundled_trace_hint(
@@ -248,7 +275,7 @@ int run_in_process(const ServeArgs& args, const cluster::ServeSetup& s) {
   auto cluster = cluster::LocalCluster::start(s.cluster);
   if (!cluster.ok()) return fail(cluster.status());
   const cluster::ClusterConfig& c = s.cluster.config;
-  return serve_http(args, s, **cluster, signals, "crescent serve",
+  return serve_cluster_http(args, s, **cluster, signals, "crescent serve",
                     fmt::format("in process: {} prefill + {} decode mock instances of {} on {}",
                                 c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name));
 }
@@ -484,8 +511,60 @@ Result<std::string> control_endpoint(const ServeArgs& args) {
   return fmt::format("tcp://{}:5600", *local);
 }
 
+// `crescent serve conductor --engines FILE`: router mode, the Conductor and HTTP front end in front of
+// inference engines crescent does not own (docs/router.md). --model DIR (or --tokenizer FILE) is the served
+// model's tokenizer and chat template, so the router sees the engines' tokens; without, prompts are routed by
+// their bytes.
+int run_router_role(const ServeArgs& args) {
+  auto engines = router::load_engines_file(args.engines_file);
+  if (!engines.ok()) return fail(engines.status());
+  if (Status trace = check_replay_trace(args); !trace.ok()) return fail(trace);
+  ServeArgs config_args = args;
+  config_args.model_dir.clear();  // the tokenizer's directory here, not a model for the cpu executor
+  config_args.block_size_tokens = engines->front().block_size_tokens;
+  auto s = setup(config_args);
+  if (!s.ok()) return fail(s.status());
+  s->cluster.model_name = engines->front().model;
+  s->cluster.block_size_tokens = engines->front().block_size_tokens;
+  // Engines cannot fetch a prefix from each other: Algorithm 1 over local prefixes (router.h).
+  if (s->cluster.config.serve.policy == conductor::PrefillPolicy::kGlobalCacheAware)
+    s->cluster.config.serve.policy = conductor::PrefillPolicy::kCacheAware;
+  const sigset_t signals = block_stop_signals();
+
+  serve::FrontendOptions frontend{.model_name = engines->front().model,
+                                  .api_key = args.api_key,
+                                  .token_ids_within_vocabulary = false};
+  std::string tokenizer_source = "the bytes of the prompt (no --model or --tokenizer)";
+  if (!args.model_dir.empty() || !args.tokenizer_file.empty()) {
+    auto loaded = load_prompt_tokenizer(args.model_dir, args.tokenizer_file);
+    if (!loaded.ok()) return fail(loaded.status());
+    frontend.tokenizer = std::shared_ptr<const model::Tokenizer>(std::move(loaded->tokenizer));
+    if (loaded->chat_template) {
+      frontend.chat_template = std::make_shared<const model::ChatTemplate>(std::move(*loaded->chat_template));
+    }
+    tokenizer_source = loaded->source;
+    frontend.token_ids_within_vocabulary = true;
+  }
+  if (Status log = open_request_log(args, frontend); !log.ok()) return fail(log);
+
+  const size_t engine_count = engines->size();
+  router::RouterOptions options;
+  options.engines = std::move(*engines);
+  options.config = s->cluster.config;
+  options.block_key_seed = XXH3_64bits(frontend.model_name.data(), frontend.model_name.size());
+  options.etcd_endpoint = args.etcd;
+  options.etcd_prefix = args.etcd_prefix;
+  auto router = router::Router::start(std::move(options));
+  if (!router.ok()) return fail(router.status());
+  const auto [prefill, decode] = (*router)->instances_up();
+  return serve_http(args, *s, frontend, serve::make_router_frontend(**router, frontend), signals, "router",
+                    fmt::format("router mode: {} engines from {} ({} prefill, {} decode), prompts tokenized by {}",
+                                engine_count, args.engines_file, prefill, decode, tokenizer_source));
+}
+
 // `crescent serve conductor`: the Conductor and HTTP front end alone; instances connect to --control.
 int run_conductor_role(const ServeArgs& args) {
+  if (!args.engines_file.empty()) return run_router_role(args);
   auto s = setup(args);
   if (!s.ok()) return fail(s.status());
   if (Status trace = check_replay_trace(args); !trace.ok()) return fail(trace);
@@ -504,7 +583,7 @@ int run_conductor_role(const ServeArgs& args) {
   auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
   const cluster::ClusterConfig& c = s->cluster.config;
-  return serve_http(args, *s, **cluster, signals, "conductor",
+  return serve_cluster_http(args, *s, **cluster, signals, "conductor",
                     fmt::format("Conductor of {} prefill + {} decode instances, which connect to {}",
                                 c.prefill_instances, c.decode_instances, (*cluster)->control_endpoint()));
 }
@@ -569,7 +648,7 @@ void add_cluster_flags(CLI::App* cmd, ServeArgs& args) {
                   "The model id clients must name (default: mock, or the --model directory's name)");
   cmd->add_option(
       "--policy", args.policy,
-      "Prefill policy: random, least-loaded, cache-aware, global-cache-aware (default: the config's "
+      "Prefill policy: random, round-robin, least-loaded, cache-aware, global-cache-aware (default: the config's "
       "serve.policy, global-cache-aware)");
   cmd->add_option("--admission", args.admission,
                   "Admission: none, slo, early, predictive (default: the config's serve.admission, none)");
@@ -657,6 +736,12 @@ void register_serve(CLI::App& app, int& exit_code) {
   conductor->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
       ->capture_default_str();
   add_cluster_secret_option(conductor, args->cluster_secret_file, "only instances holding it may connect");
+  conductor->add_option("--engines", args->engines_file,
+                        "Router mode: route to the inference engines this file names (vLLM/SGLang-style "
+                        "OpenAI servers; docs/router.md) instead of crescent's own instances");
+  conductor->add_option("--tokenizer", args->tokenizer_file,
+                        "Router mode: the served model's tokenizer.json (or --model DIR with it and its "
+                        "tokenizer_config.json)");
   conductor->callback([conductor, args, &exit_code] {
     run_guarded(exit_code, [&] {
       if (Status key = resolve_api_key(*conductor, *args); !key.ok()) return fail(key);

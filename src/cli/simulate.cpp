@@ -203,7 +203,7 @@ void register_simulate(CLI::App& app, int& exit_code) {
                               kDefaultClusterConfig));
   CLI::Option* policy =
       cmd->add_option("--policy", args->policy,
-                      "Prefill policy: random, least-loaded, cache-aware, global-cache-aware")
+                      "Prefill policy: random, round-robin, least-loaded, cache-aware, global-cache-aware")
           ->capture_default_str();
   cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
   cmd->add_option("--admission", args->admission, "Admission: none, slo, early, predictive")

@@ -57,15 +57,11 @@ struct ClusterRequest {
   int32_t top_logprobs = model::kNoLogprobs;
 };
 
-/// A cluster behind the front end. Thread-safe.
-class Cluster {
+/// What the front end asks of whatever serves behind it (a Cluster, or router mode's engines:
+/// serve/relay.h) besides requests. Thread-safe.
+class ServingStatus {
  public:
-  virtual ~Cluster() = default;
-  /// Places `request` (Conductor::schedule at the current time). Accepted: its tokens follow through
-  /// `callbacks` and `id` names it for cancel(). Refused: the decision says why; no callback comes.
-  virtual conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) = 0;
-  /// Stops request `id` wherever it is and frees its KV; no callback comes afterwards. No-op when finished.
-  virtual void cancel(uint64_t id) = 0;
+  virtual ~ServingStatus() = default;
   /// KV tokens a request may hold at most (prompt + output): a decode instance's HBM.
   virtual int64_t max_context_tokens() const = 0;
   /// Requests accepted and not yet finished, failed or cancelled.
@@ -74,6 +70,16 @@ class Cluster {
   virtual std::string metrics_text() const = 0;
   /// Instances the Conductor may place on now: prefill and decode (GET /health is 503 while either is 0).
   virtual std::pair<uint32_t, uint32_t> instances_up() const = 0;
+};
+
+/// A cluster behind the front end. Thread-safe.
+class Cluster : public ServingStatus {
+ public:
+  /// Places `request` (Conductor::schedule at the current time). Accepted: its tokens follow through
+  /// `callbacks` and `id` names it for cancel(). Refused: the decision says why; no callback comes.
+  virtual conductor::Decision submit(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id) = 0;
+  /// Stops request `id` wherever it is and frees its KV; no callback comes afterwards. No-op when finished.
+  virtual void cancel(uint64_t id) = 0;
 };
 
 }  // namespace crescent::cluster

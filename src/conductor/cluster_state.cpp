@@ -15,6 +15,20 @@ ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances
   for (kv::DecodeLoad& d : decode_) d.kv_capacity_tokens = decode_kv_capacity_tokens;
 }
 
+InstanceId ClusterState::add_prefill_instance() {
+  busy_until_s_.push_back(0.0);
+  prefill_up_.push_back(false);
+  ready_s_.emplace_back();
+  return static_cast<InstanceId>(busy_until_s_.size() - 1);
+}
+
+InstanceId ClusterState::add_decode_instance(int64_t kv_capacity_tokens) {
+  kv::DecodeLoad& load = decode_.emplace_back();
+  load.kv_capacity_tokens = kv_capacity_tokens;
+  decode_up_.push_back(false);
+  return static_cast<InstanceId>(decode_.size() - 1);
+}
+
 double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const {
   double ready_s = 0;
   const auto& ready = ready_s_[holder];

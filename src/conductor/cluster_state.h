@@ -97,6 +97,13 @@ class ClusterState final : public ClusterView {
   /// instance's cached blocks and queue are forgotten; a decode instance's load is zeroed.
   void on_prefill_down(InstanceId instance, double now_s);
   void on_decode_down(InstanceId d);
+  /// Event "instance joined" (an engine registered while the router serves, docs/router.md): a new prefill
+  /// instance, numbered after the last, with no blocks and an empty queue. It is down until on_prefill_up.
+  InstanceId add_prefill_instance();
+  /// A new decode instance with `kv_capacity_tokens` of HBM and no load, numbered after the last; down until
+  /// on_decode_up.
+  InstanceId add_decode_instance(int64_t kv_capacity_tokens);
+
   /// Event "instance up" (joined or rejoined): placements may go there again.
   void on_prefill_up(InstanceId instance) { prefill_up_[instance] = true; }
   void on_decode_up(InstanceId d) { decode_up_[d] = true; }

@@ -13,9 +13,10 @@
 namespace crescent::conductor {
 namespace {
 
-constexpr NameTable<PrefillPolicy, 4> kPolicies{"prefill policy",
+constexpr NameTable<PrefillPolicy, 5> kPolicies{"prefill policy",
                                                 {{
                                                     {"random", PrefillPolicy::kRandom},
+                                                    {"round-robin", PrefillPolicy::kRoundRobin},
                                                     {"least-loaded", PrefillPolicy::kLeastLoaded},
                                                     {"cache-aware", PrefillPolicy::kCacheAware},
                                                     {"global-cache-aware", PrefillPolicy::kGlobalCacheAware},
@@ -167,6 +168,11 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     case PrefillPolicy::kRandom: {
       auto i = static_cast<InstanceId>(next_random() % instances);
       while (!cluster.prefill_up(i)) i = (i + 1) % instances;  // schedule() checked that one is up
+      return evaluate(i, local_blocks_[i], local_blocks_[i], request, queue_s(i));
+    }
+    case PrefillPolicy::kRoundRobin: {
+      auto i = static_cast<InstanceId>(round_robin_next_++ % instances);
+      while (!cluster.prefill_up(i)) i = static_cast<InstanceId>(round_robin_next_++ % instances);
       return evaluate(i, local_blocks_[i], local_blocks_[i], request, queue_s(i));
     }
     case PrefillPolicy::kLeastLoaded: {

@@ -22,13 +22,14 @@ namespace crescent::conductor {
 /// How the prefill instance is chosen.
 enum class PrefillPolicy {
   kRandom,            // uniformly at random (seeded)
+  kRoundRobin,        // each instance in turn (what vLLM's disaggregated proxy does): a baseline
   kLeastLoaded,       // smallest estimated queue time
   kCacheAware,        // Algorithm 1 with local prefixes only: min(queue + prefill(n, local prefix))
   kGlobalCacheAware,  // Algorithm 1 with remote-prefix fetch and kvcache_balancing_threshold (§4.2)
 };
 
-/// Parses "random", "least-loaded", "cache-aware", "global-cache-aware". Error (kNotFound) lists the valid
-/// names.
+/// Parses "random", "round-robin", "least-loaded", "cache-aware", "global-cache-aware". Error (kNotFound)
+/// lists the valid names.
 Result<PrefillPolicy> parse_prefill_policy(std::string_view name);
 /// The name of `policy`, as parse_prefill_policy() reads it.
 std::string_view to_string(PrefillPolicy policy);
@@ -189,6 +190,7 @@ class Conductor {
   const perf::CostModel& cost_;
   ConductorOptions options_;
   uint64_t rng_state_;
+  uint64_t round_robin_next_ = 0;  // PrefillPolicy::kRoundRobin: the instance after the last one chosen
   OutputLengthEstimator output_estimator_;
   PlacementHistory prefill_history_;
   PlacementHistory decode_history_;

@@ -12,6 +12,7 @@
 #include "common/secret.h"
 #include "serve/openai_api.h"
 #include "serve/output_text.h"
+#include "serve/relay.h"
 
 namespace crescent::serve {
 namespace {
@@ -117,13 +118,15 @@ struct Exchange {
 class Frontend {
  public:
   Frontend(cluster::Cluster& cluster, FrontendOptions options)
-      : cluster_(cluster), options_(std::move(options)) {}
+      : status_(cluster), cluster_(&cluster), options_(std::move(options)) {}
+  Frontend(EngineRelay& relay, FrontendOptions options)
+      : status_(relay), relay_(&relay), options_(std::move(options)) {}
 
   void handle(HttpRequest request, HttpResponder responder) {
     if (request.path == "/health") {
       if (!is_get(request)) return responder.respond(method_not_allowed("GET, HEAD"));
       // Ready when a request can be placed: at least one prefill and one decode instance up.
-      const auto [prefill_up, decode_up] = cluster_.instances_up();
+      const auto [prefill_up, decode_up] = status_.instances_up();
       const bool ready = prefill_up > 0 && decode_up > 0;
       return responder.respond(json_response(ready ? 200 : 503, {{"status", ready ? "ok" : "unavailable"},
                                                                  {"prefill_instances_up", prefill_up},
@@ -133,7 +136,7 @@ class Frontend {
       if (!is_get(request)) return responder.respond(method_not_allowed("GET, HEAD"));
       HttpResponse metrics;
       metrics.content_type = "text/plain; version=0.0.4";
-      metrics.body = cluster_.metrics_text();
+      metrics.body = status_.metrics_text();
       return responder.respond(std::move(metrics));
     }
     if (request.path == "/v1/models" || request.path.starts_with("/v1/models/")) {
@@ -143,7 +146,7 @@ class Frontend {
                           {"object", "model"},
                           {"created", started_unix_s_},
                           {"owned_by", "crescent"},
-                          {"max_model_len", cluster_.max_context_tokens()}};
+                          {"max_model_len", status_.max_context_tokens()}};
       if (request.path == "/v1/models") {
         return responder.respond(json_response(200, {{"object", "list"}, {"data", json::array({model})}}));
       }
@@ -196,7 +199,9 @@ class Frontend {
       return responder.respond(error_response(ApiError::bad_field("", "the request body is not valid JSON")));
     }
     ApiError error;
-    std::optional<CompletionRequest> parsed = parse_completion_request(body, endpoint, error);
+    // In router mode the engines implement what crescent's own instances do not (penalties, tools, ...).
+    std::optional<CompletionRequest> parsed =
+        parse_completion_request(body, endpoint, error, /*refuse_unimplemented=*/relay_ == nullptr);
     if (!parsed) return responder.respond(error_response(error));
     CompletionRequest& r = *parsed;
     if (r.model != options_.model_name) {
@@ -204,7 +209,8 @@ class Frontend {
           404, "invalid_request_error", "model_not_found",
           fmt::format("model '{}' does not exist; this server serves '{}'", r.model, options_.model_name))));
     }
-    if (r.top_logprobs != model::kNoLogprobs && options_.executor == cluster::ExecutorKind::kMock) {
+    if (r.top_logprobs != model::kNoLogprobs && relay_ == nullptr &&
+        options_.executor == cluster::ExecutorKind::kMock) {
       // Refused, not answered with made-up numbers.
       ApiError e = ApiError::bad_field("logprobs",
                                        "'logprobs' is not supported by this server: the mock executor has no "
@@ -215,7 +221,7 @@ class Frontend {
     }
     cluster::ClusterRequest request;
     if (r.prompt_is_token_ids) {
-      for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) {
+      for (size_t i = 0; i < r.prompt_token_ids.size() && options_.token_ids_within_vocabulary; ++i) {
         if (r.prompt_token_ids[i] >= options_.tokenizer->vocab_size()) {
           return responder.respond(error_response(ApiError::bad_field(
               "prompt", fmt::format("token id {} at position {} is outside the vocabulary (0..{})",
@@ -234,7 +240,7 @@ class Frontend {
       return responder.respond(error_response(ApiError::bad_field("prompt", "the prompt is empty")));
     }
     const auto input = static_cast<int64_t>(request.prompt_token_ids.size());
-    const int64_t limit = cluster_.max_context_tokens();
+    const int64_t limit = status_.max_context_tokens();
     request.max_tokens = r.max_tokens.value_or(
         endpoint == Endpoint::kCompletions ? options_.default_max_tokens : options_.default_chat_max_tokens);
     if (request.max_tokens > limit - input) {  // (not input + max_tokens: it may overflow)
@@ -244,6 +250,10 @@ class Frontend {
                       input, request.max_tokens, limit));
       e.code = "context_length_exceeded";
       return responder.respond(error_response(e));
+    }
+    if (relay_ != nullptr) {
+      return relay(endpoint, std::move(body), std::move(request.prompt_token_ids), request.max_tokens,
+                   r.stream, std::move(responder));
     }
     // Without a seed each request samples its own way; greedy (temperature 0) must answer a prompt the same
     // every time whatever the executor, so the mock's tokens (a function of the seed) then come from the
@@ -339,11 +349,71 @@ class Frontend {
       }
     };
     uint64_t id = 0;
-    const conductor::Decision decision = cluster_.submit(std::move(request), std::move(callbacks), id);
+    const conductor::Decision decision = cluster_->submit(std::move(request), std::move(callbacks), id);
+    if (!answer_refusal(decision, responder)) responder.on_disconnect([this, id] { cluster_->cancel(id); });
+  }
+
+  // Router mode: the relay places the request and relays its engine's answer as the engine wrote it.
+  void relay(Endpoint endpoint, json body, std::vector<int64_t> prompt_token_ids, int64_t max_tokens,
+             bool stream, HttpResponder responder) {
+    RelayedRequest request;
+    request.endpoint = endpoint;
+    request.body = std::move(body);
+    request.prompt_token_ids = std::move(prompt_token_ids);
+    request.max_tokens = max_tokens;
+    request.stream = stream;
+    // A streamed 200 is written as it comes; anything else is answered whole once it is all here.
+    struct Answer {
+      HttpResponder responder{nullptr};
+      bool streaming = false;
+      HttpResponse whole;
+    };
+    auto answer = std::make_shared<Answer>();
+    answer->responder = responder;
+    RelayCallbacks callbacks;
+    callbacks.on_head = [answer](int status, const std::string& content_type) {
+      answer->whole.status = status;
+      answer->whole.content_type = content_type;
+      answer->streaming = status == 200 && content_type.starts_with("text/event-stream");
+      if (answer->streaming) answer->responder.start_stream();
+    };
+    callbacks.on_body = [answer](std::string_view bytes) {
+      if (answer->streaming) {
+        answer->responder.write(std::string(bytes));
+      } else {
+        answer->whole.body.append(bytes);
+      }
+    };
+    callbacks.on_end = [answer] {
+      if (answer->streaming) {
+        answer->responder.end();
+      } else {
+        answer->responder.respond(std::move(answer->whole));
+      }
+    };
+    callbacks.on_error = [answer](int http_status, const std::string& code, const std::string& message,
+                                  bool after_head) {
+      const ApiError e = make_error(http_status, "server_error", code, message);
+      if (after_head && answer->streaming) {
+        // The stream is under way: an error event, then [DONE] (how vLLM and OpenAI end a broken stream).
+        answer->responder.write(fmt::format("data: {}\n\n{}", to_json(e).dump(), kSseDone));
+        answer->responder.end();
+      } else {
+        answer->responder.respond(error_response(e));
+      }
+    };
+    uint64_t id = 0;
+    const conductor::Decision decision = relay_->relay(std::move(request), std::move(callbacks), id);
+    if (!answer_refusal(decision, responder)) responder.on_disconnect([this, id] { relay_->cancel(id); });
+  }
+
+  // Answers a refused `decision` (503 with no instance, 400 for a request that can never fit, else 429 with
+  // Retry-After); false when it was accepted.
+  static bool answer_refusal(const conductor::Decision& decision, const HttpResponder& responder) {
     if (decision.rejected == conductor::RejectReason::kNoInstance) {
       responder.respond(error_response(make_error(503, "server_error", "no-instance",
                                                   "no prefill or no decode instance is up; retry later")));
-      return;
+      return true;
     }
     if (decision.rejected != conductor::RejectReason::kNone) {
       const bool never = decision.rejected == conductor::RejectReason::kContextLength;
@@ -354,12 +424,14 @@ class Frontend {
                            : fmt::format("the cluster is overloaded (admission refused it: {}); retry later",
                                          conductor::to_string(decision.rejected)));
       responder.respond(error_response(e));  // the stream's headers have not gone out yet
-      return;
+      return true;
     }
-    responder.on_disconnect([this, id] { cluster_.cancel(id); });
+    return false;
   }
 
-  cluster::Cluster& cluster_;
+  cluster::ServingStatus& status_;
+  cluster::Cluster* cluster_ = nullptr;  // one of the two
+  EngineRelay* relay_ = nullptr;
   const FrontendOptions options_;
   const int64_t started_unix_s_ =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -379,6 +451,13 @@ std::function<std::optional<HttpResponse>(const HttpRequest&)> frontend_head_che
 
 HttpHandler make_frontend(cluster::Cluster& cluster, FrontendOptions options) {
   auto frontend = std::make_shared<Frontend>(cluster, std::move(options));
+  return [frontend](HttpRequest request, HttpResponder responder) {
+    frontend->handle(std::move(request), std::move(responder));
+  };
+}
+
+HttpHandler make_router_frontend(EngineRelay& relay, FrontendOptions options) {
+  auto frontend = std::make_shared<Frontend>(relay, std::move(options));
   return [frontend](HttpRequest request, HttpResponder responder) {
     frontend->handle(std::move(request), std::move(responder));
   };

@@ -28,6 +28,9 @@ struct FrontendOptions {
   int64_t default_max_tokens = 16;        // /v1/completions without max_tokens (the OpenAI default)
   int64_t default_chat_max_tokens = 256;  // /v1/chat/completions without max_tokens (the mock never stops)
   std::shared_ptr<const model::Tokenizer> tokenizer = model::byte_tokenizer();
+  /// Whether token-id prompts must lie within the tokenizer's vocabulary (400 otherwise). Off in router mode
+  /// without the model's tokenizer: the engines know their vocabulary, the bytes tokenizer does not.
+  bool token_ids_within_vocabulary = true;
   /// The served model's chat template (model::load_model_chat_template), rendering /v1/chat/completions'
   /// messages with the generation prompt; null: the mock's <|role|> lines.
   std::shared_ptr<const model::ChatTemplate> chat_template = nullptr;
@@ -40,6 +43,13 @@ struct FrontendOptions {
 
 /// The handler serving the routes above with `cluster` (which must outlive every request it answers).
 HttpHandler make_frontend(cluster::Cluster& cluster, FrontendOptions options);
+
+class EngineRelay;
+/// The same routes in router mode (docs/router.md): requests are checked and tokenized as above, then `relay`
+/// places them on engines crescent does not own and their answers are relayed as the engines wrote them.
+/// Fields crescent's own instances do not implement pass to the engine (parse_completion_request's
+/// refuse_unimplemented false), and logprobs are the engine's to give. `options.executor` is unused.
+HttpHandler make_router_frontend(EngineRelay& relay, FrontendOptions options);
 
 /// The check to run as HttpServerOptions::check_head beside make_frontend: a /v1 request without the
 /// options' API key is answered 401 (with `WWW-Authenticate: Bearer`) before its body is read, so a client

@@ -366,7 +366,7 @@ class KvEventSubscriber::Impl {
       sub_.set(zmq::sockopt::subscribe, topic);
       sub_.connect(endpoint);
       replay_endpoint_ = replay_endpoint;
-      open_dealer();
+      if (!replay_endpoint_.empty()) open_dealer();
     } catch (const zmq::error_t& e) {
       return Status::invalid_argument(
           fmt::format("KV events: connect {} / {}: {}", endpoint, replay_endpoint, e.what()));
@@ -392,7 +392,12 @@ class KvEventSubscriber::Impl {
         continue;
       }
       const auto s = static_cast<uint64_t>(*seq);
-      if (s < expected_) continue;  // already delivered (through replay)
+      if (s < expected_) {
+        // The PUB socket never repeats a number (a replay delivers only below the one that asked for it):
+        // a lower one means the publisher restarted and numbers from 0 again, its cache new.
+        on_gap(expected_, s);
+        expected_ = 0;
+      }
       if (s > expected_) fill_gap(s, on_batch, on_gap);
       if (s < expected_) continue;
       deliver(s, frames[2], on_batch);
@@ -400,6 +405,7 @@ class KvEventSubscriber::Impl {
   }
 
   uint64_t malformed() const { return malformed_; }
+  uint64_t replayed() const { return replayed_; }
 
  private:
   // A fresh DEALER on the replay socket: a new identity, so replies still on their way to the old one are
@@ -426,6 +432,11 @@ class KvEventSubscriber::Impl {
   // Asks the replay socket for [expected_, upto) and delivers what comes back in order.
   void fill_gap(uint64_t upto, const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
                 const std::function<void(uint64_t, uint64_t)>& on_gap) {
+    if (replay_endpoint_.empty()) {  // nothing to ask: the batches in between are lost
+      on_gap(expected_, upto);
+      expected_ = upto;
+      return;
+    }
     dealer_.send(zmq::message_t(), zmq::send_flags::sndmore);
     dealer_.send(zmq::buffer(seq_bytes(static_cast<int64_t>(expected_))), zmq::send_flags::none);
     const auto deadline = std::chrono::steady_clock::now() + kReplayTimeout;
@@ -458,6 +469,7 @@ class KvEventSubscriber::Impl {
         on_gap(expected_, s);
         expected_ = s;
       }
+      ++replayed_;
       deliver(s, frames[2], on_batch);
     }
     if (!answered) open_dealer();  // late replies to this request must not answer the next one
@@ -474,6 +486,7 @@ class KvEventSubscriber::Impl {
   std::string replay_endpoint_;
   uint64_t expected_ = 0;
   uint64_t malformed_ = 0;
+  uint64_t replayed_ = 0;
 };
 
 Result<std::unique_ptr<KvEventSubscriber>> KvEventSubscriber::connect(const std::string& endpoint,
@@ -493,6 +506,9 @@ void KvEventSubscriber::poll(std::chrono::milliseconds timeout,
 }
 uint64_t KvEventSubscriber::malformed() const {
   return impl_->malformed();
+}
+uint64_t KvEventSubscriber::replayed() const {
+  return impl_->replayed();
 }
 
 }  // namespace crescent::serve

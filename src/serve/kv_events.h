@@ -89,7 +89,8 @@ class KvEventPublisher {
 /// Receives one publisher's batches in sequence order, filling gaps from its replay socket.
 class KvEventSubscriber {
  public:
-  /// Connects to a publisher's endpoints (ZeroMQ connects lazily: an absent publisher is not an error). With
+  /// Connects to a publisher's endpoints (ZeroMQ connects lazily: an absent publisher is not an error; an
+  /// empty `replay_endpoint`: the publisher has no replay socket, and a gap is reported at once). With
   /// `secret`, as a member of a members-only publisher (a crescent instance); without, in the clear (an
   /// engine's publisher, as vLLM binds it).
   static Result<std::unique_ptr<KvEventSubscriber>> connect(const std::string& endpoint,
@@ -101,12 +102,17 @@ class KvEventSubscriber {
   /// Waits up to `timeout` for batches and hands each to `on_batch` in sequence order, from sequence 0. A
   /// batch arriving after a gap first has the gap replayed; when the publisher no longer holds the missing
   /// batches, `on_gap(first_missing, next_available)` is called (the caller must then forget this instance's
-  /// blocks: they may be stale) and delivery resumes. Malformed messages are counted and skipped.
+  /// blocks: they may be stale) and delivery resumes. A sequence number below the next expected one means
+  /// the publisher restarted (its numbering starts over): on_gap(expected, that number) is called, with
+  /// next_available below first_missing, and delivery starts again from 0 (what precedes that number is
+  /// replayed). Malformed messages are counted and skipped.
   void poll(std::chrono::milliseconds timeout,
             const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
             const std::function<void(uint64_t, uint64_t)>& on_gap);
   /// Messages skipped as malformed so far.
   uint64_t malformed() const;
+  /// Batches recovered through the replay socket so far (they had been missed on the PUB socket).
+  uint64_t replayed() const;
 
   class Impl;
 

@@ -358,7 +358,7 @@ bool no_unsupported_fields(const json& body, ApiError& error) {
 }
 
 std::optional<CompletionRequest> parse_completion_request(const json& body, Endpoint endpoint,
-                                                          ApiError& error) {
+                                                          ApiError& error, bool refuse_unimplemented) {
   if (!body.is_object()) {
     error = ApiError::bad_field(
         "", fmt::format("the request body must be a JSON object, got {}", type_name(body)));
@@ -366,7 +366,7 @@ std::optional<CompletionRequest> parse_completion_request(const json& body, Endp
   }
   CompletionRequest r;
   r.endpoint = endpoint;
-  if (!no_unsupported_fields(body, error)) return std::nullopt;
+  if (refuse_unimplemented && !no_unsupported_fields(body, error)) return std::nullopt;
   if (!read_logprobs(body, r, error)) return std::nullopt;
   auto model = body.find("model");
   if (model == body.end() || !model->is_string()) {

@@ -74,11 +74,12 @@ struct CompletionRequest {
 /// (completions: `logprobs` an integer 0..20, no `top_logprobs`; chat: `logprobs` a boolean, `top_logprobs`
 /// 0..20 and only with `logprobs: true`), and an OpenAI field this server does not implement asked for
 /// (`echo`, `best_of`, `suffix`, penalties, `logit_bias`, `response_format` other than text, `tools`,
-/// `functions`: code `unsupported`; their neutral values pass). Whether the executor can give logprobs is the
-/// caller's to check. Other unknown fields are ignored (as the OpenAI API does). Sets `error` and returns
-/// nullopt on failure.
+/// `functions`: code `unsupported`; their neutral values pass; with `refuse_unimplemented` false they pass
+/// whatever their values, for a server that hands the body to an engine implementing them: router mode).
+/// Whether the executor can give logprobs is the caller's to check. Other unknown fields are ignored (as the
+/// OpenAI API does). Sets `error` and returns nullopt on failure.
 std::optional<CompletionRequest> parse_completion_request(const nlohmann::json& body, Endpoint endpoint,
-                                                          ApiError& error);
+                                                          ApiError& error, bool refuse_unimplemented = true);
 
 /// The text a chat request's messages become before tokenization with the mock's template: for each message
 /// "<|role|>\n" + content + "\n", then "<|assistant|>\n".

@@ -63,7 +63,7 @@ TEST_F(ConductorTest, ParsesPolicyNamesAndListsValidOnes) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("'fastest'"));
   EXPECT_THAT(bad.status().message(),
-              ::testing::HasSubstr("random, least-loaded, cache-aware, global-cache-aware"));
+              ::testing::HasSubstr("random, round-robin, least-loaded, cache-aware, global-cache-aware"));
   EXPECT_FALSE(parse_admission("maybe").ok());
 }
 
@@ -79,6 +79,16 @@ TEST_F(ConductorTest, RandomIsSeededAndCoversAllInstances) {
     seen.insert(da.prefill_instance);
   }
   EXPECT_EQ(seen.size(), 4u);
+}
+
+TEST_F(ConductorTest, RoundRobinTakesEachInstanceInTurnIgnoringCacheAndQueue) {
+  FakeCluster cluster(3, 1);
+  cluster.busy_until_s = {50.0, 0.0, 0.0};
+  cluster.cache(1, keys_);
+  Conductor conductor(cost_, {.policy = PrefillPolicy::kRoundRobin});
+  std::vector<InstanceId> chosen;
+  for (int i = 0; i < 6; ++i) chosen.push_back(conductor.schedule(cluster, {4096, keys_}, 0).prefill_instance);
+  EXPECT_THAT(chosen, ::testing::ElementsAre(0u, 1u, 2u, 0u, 1u, 2u));
 }
 
 TEST_F(ConductorTest, LeastLoadedPicksShortestQueueAndIgnoresCache) {
