@@ -403,6 +403,17 @@ TEST(HttpClient, DropsAPooledConnectionTheServerCloses) {
   EXPECT_EQ(server.accepted(), 2);
 }
 
+TEST(HttpClient, ClosesAConnectionIdleInThePoolTooLong) {
+  auto server = start_server([](HttpRequest, HttpResponder responder) { responder.respond(HttpResponse{}); });
+  ASSERT_TRUE(server);
+  HttpClient::Options options;
+  options.idle_connection_timeout_s = 0.2;
+  auto client = HttpClient::start(options);
+  ASSERT_TRUE(client->fetch(request_to(static_cast<uint16_t>(server->port()), "/x")).ok());
+  EXPECT_TRUE(eventually([&] { return client->open_connections() == 0; }));  // the server would keep it 60 s
+  EXPECT_TRUE(eventually([&] { return server->connections() == 0; }));
+}
+
 TEST(HttpClient, ConnectRefusedIsUnavailable) {
   uint16_t port;
   {
