@@ -32,6 +32,8 @@ const char* status_code_name(StatusCode code) {
       return "transfer failed";
     case StatusCode::kPermissionDenied:
       return "permission denied";
+    case StatusCode::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }

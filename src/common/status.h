@@ -25,7 +25,8 @@ enum class StatusCode {
   kLeaseExpired,        // a store read whose lease ran out before its bytes arrived: the bytes are not valid
   kNoSpace,             // the store has no room for a value even after evicting what it may evict
   kTransferFailed,      // bytes could not be moved to or from a segment (its owner died, a path failed)
-  kPermissionDenied,    // the peer is not a member of this cluster (common/member_handshake.h); keep last
+  kPermissionDenied,    // the peer is not a member of this cluster (common/member_handshake.h)
+  kCancelled,           // the caller (or the owner's shutdown) abandoned the operation; keep last (wire checks)
 };
 
 /// "ok", "invalid argument", "not found", ... (lower case, for messages and wire formats).
@@ -52,6 +53,7 @@ class Status {
   static Status no_space(std::string m) { return {StatusCode::kNoSpace, std::move(m)}; }
   static Status transfer_failed(std::string m) { return {StatusCode::kTransferFailed, std::move(m)}; }
   static Status permission_denied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
+  static Status cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

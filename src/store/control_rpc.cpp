@@ -302,7 +302,7 @@ Result<std::string> ControlChannel::call(uint16_t method, std::string_view reque
   pool_->give_back(fd);
   if (may_have_run != nullptr) *may_have_run = false;  // it answered
   if (reply.kind == 0) return body;
-  if (reply.kind > static_cast<uint16_t>(StatusCode::kPermissionDenied)) {
+  if (reply.kind > static_cast<uint16_t>(StatusCode::kCancelled)) {
     return Status::internal(fmt::format("unknown status code {} in a reply: {}", reply.kind, body));
   }
   return Status(static_cast<StatusCode>(reply.kind), std::move(body));

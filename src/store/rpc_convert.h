@@ -42,7 +42,7 @@ inline void to_proto(const Status& status, rpc::Status* out) {
 /// A Status from the wire; an out-of-range code becomes kInternal naming it.
 inline Status from_proto(const rpc::Status& status) {
   if (status.code() == 0) return Status();
-  if (status.code() < 0 || status.code() > static_cast<int32_t>(StatusCode::kPermissionDenied)) {
+  if (status.code() < 0 || status.code() > static_cast<int32_t>(StatusCode::kCancelled)) {
     return Status::internal("master answered an unknown status code " + std::to_string(status.code()) + ": " +
                             status.message());
   }
