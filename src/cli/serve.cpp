@@ -88,6 +88,7 @@ struct ServeArgs {
   // Router mode: the Conductor in front of engines crescent does not own (docs/router.md).
   std::string engines_file;    // conductor --engines FILE
   std::string tokenizer_file;  // conductor --tokenizer FILE (a tokenizer.json), or --model DIR's
+  double engines_wait_s = 30;  // conductor --engines-wait-s: how long the engines have to answer at start
 };
 
 // The members' secret of a role started alone: required (docs/serving.md, "Who may talk to what").
@@ -554,6 +555,7 @@ int run_router_role(const ServeArgs& args) {
   options.block_key_seed = XXH3_64bits(frontend.model_name.data(), frontend.model_name.size());
   options.etcd_endpoint = args.etcd;
   options.etcd_prefix = args.etcd_prefix;
+  options.startup_timeout_s = args.engines_wait_s;
   auto router = router::Router::start(std::move(options));
   if (!router.ok()) return fail(router.status());
   const auto [prefill, decode] = (*router)->instances_up();
@@ -739,6 +741,11 @@ void register_serve(CLI::App& app, int& exit_code) {
   conductor->add_option("--engines", args->engines_file,
                         "Router mode: route to the inference engines this file names (vLLM/SGLang-style "
                         "OpenAI servers; docs/router.md) instead of crescent's own instances");
+  conductor->add_option("--engines-wait-s", args->engines_wait_s,
+                        "Router mode: how long the engines have to answer at start (an engine still "
+                        "unreachable then is an error naming it)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   conductor->add_option("--tokenizer", args->tokenizer_file,
                         "Router mode: the served model's tokenizer.json (or --model DIR with it and its "
                         "tokenizer_config.json)");

@@ -694,7 +694,7 @@ class Router::Impl final : private cluster::PlacementDriver {
     e.kv_capacity_tokens = e.entry.kv_capacity_tokens > 0 ? e.entry.kv_capacity_tokens
                            : reported_blocks > 0         ? reported_blocks * e.entry.block_size_tokens
                                                          : cluster::decode_kv_capacity_tokens(options_.config);
-    if (e.prefill) {
+    if (e.entry.role != EngineRole::kDecode) {  // it prefills: its cache is tracked
       int64_t approximate_blocks = 0;
       if (e.entry.kv_events.empty()) {
         approximate_blocks = e.entry.cache_blocks > 0 ? e.entry.cache_blocks : reported_blocks;
