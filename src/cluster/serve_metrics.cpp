@@ -107,6 +107,10 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                                  {{"model_name", model_name}})),
       decision_(histogram(*registry_, "crescent_conductor_decision_seconds",
                           "Time the Conductor took to place a request", {}, kDecisionBuckets)),
+      routing_(histogram(*registry_, "crescent_router_overhead_seconds",
+                         "Router mode: from a request all received to its first engine request sent (parsing, "
+                         "tokenizing, placing)",
+                         {}, kDecisionBuckets)),
       ttft_(histogram(*registry_, "vllm:time_to_first_token_seconds", "Arrival to first token",
                       {{"model_name", model_name}}, kLatencyBuckets)),
       itl_(histogram(*registry_, "vllm:inter_token_latency_seconds", "Gap between two output tokens",
@@ -141,6 +145,9 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
 
 void ServeMetrics::observe_decision(double seconds) {
   decision_.Observe(seconds);
+}
+void ServeMetrics::observe_routing_overhead(double seconds) {
+  routing_.Observe(seconds);
 }
 void ServeMetrics::observe_rejection(std::string_view reason) {
   rejected_.Add({{"reason", std::string(reason)}}).Increment();

@@ -52,6 +52,9 @@ class ServeMetrics {
   /// Placing a request (cluster::place: the Conductor's decision, recording it and queueing its orders)
   /// took `seconds` (crescent_conductor_decision_seconds).
   void observe_decision(double seconds);
+  /// Router mode (docs/router.md): from a request all received to its first engine request sent, parsing,
+  /// tokenizing and placing it (crescent_router_overhead_seconds).
+  void observe_routing_overhead(double seconds);
   /// A request refused for `reason` (crescent_requests_rejected_total{reason}).
   void observe_rejection(std::string_view reason);
   /// An accepted prompt's tokens by where their KV came from (crescent_prefix_tokens_total{source}: local
@@ -126,6 +129,7 @@ class ServeMetrics {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generation_tokens_;
   prometheus::Histogram& decision_;
+  prometheus::Histogram& routing_;
   prometheus::Histogram& ttft_;
   prometheus::Histogram& itl_;
   prometheus::Histogram& e2e_;

@@ -36,6 +36,7 @@ using nlohmann::json;
 
 constexpr size_t kMaxAnswerBytes = 64ull << 20;  // a whole (non-streamed) answer held before relaying
 constexpr double kHealthTimeoutS = 2;
+constexpr size_t kMaxOverheadSamples = 1 << 20;  // what take_overhead_samples_s() keeps between takes
 
 // The key of an engine's entry file, trimmed: what an api_key_file holds.
 Result<std::string> read_api_key(const std::string& path, const std::string& engine) {
@@ -253,6 +254,11 @@ class Router::Impl final : private cluster::PlacementDriver {
   std::pair<uint32_t, uint32_t> instances_up() const {
     std::lock_guard lock(mu_);
     return up_counts();
+  }
+
+  std::vector<double> take_overhead_samples_s() {
+    std::lock_guard lock(mu_);
+    return std::exchange(overhead_samples_, {});
   }
 
   std::string metrics_text() const {
@@ -478,6 +484,13 @@ class Router::Impl final : private cluster::PlacementDriver {
     // `exchange`: it is set before they can look.
     r.exchange = client_->send(std::move(http), std::move(cb));
     exchange->store(r.exchange);
+    if (r.attempts == 1 && (prefill_step || colocated())) {
+      // The request's first engine request is on its way: what routing it cost.
+      const double overhead_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - r.request.received).count();
+      metrics_.observe_routing_overhead(overhead_s);
+      if (overhead_samples_.size() < kMaxOverheadSamples) overhead_samples_.push_back(overhead_s);
+    }
   }
 
   // Closes `r`'s open exchange, if any (its engine sees the connection close and aborts the request); its
@@ -1037,6 +1050,7 @@ class Router::Impl final : private cluster::PlacementDriver {
   std::vector<size_t> engine_of_prefill_, engine_of_decode_;  // by InstanceId: the engine's index
   std::unordered_map<uint64_t, Request> requests_;
   UnguessableIds ids_;
+  std::vector<double> overhead_samples_;  // seconds, for take_overhead_samples_s()
   CacheChanges changes_;    // scratch
   int64_t fed_events_ = 0;  // scratch: the events one SseParser::feed completed
   const SteadyClock clock_;
@@ -1080,5 +1094,6 @@ int64_t Router::max_context_tokens() const { return impl_->max_context_tokens();
 size_t Router::requests_in_flight() const { return impl_->requests_in_flight(); }
 std::string Router::metrics_text() const { return impl_->metrics_text(); }
 std::pair<uint32_t, uint32_t> Router::instances_up() const { return impl_->instances_up(); }
+std::vector<double> Router::take_overhead_samples_s() { return impl_->take_overhead_samples_s(); }
 
 }  // namespace crescent::router

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cluster/cluster_config.h"
@@ -68,6 +69,12 @@ class Router final : public serve::EngineRelay {
   size_t requests_in_flight() const override;
   std::string metrics_text() const override;
   std::pair<uint32_t, uint32_t> instances_up() const override;
+
+  /// The routing overhead of each request since the last take (seconds, in the order they were sent; at most
+  /// 2^20 are kept): from the front end having the whole request (RelayedRequest::received) to its first
+  /// engine request sent, parsing, tokenizing and placing it. Also the crescent_router_overhead_seconds
+  /// histogram. For benchmarks (docs/benchmarks.md).
+  std::vector<double> take_overhead_samples_s();
 
   class Impl;
 

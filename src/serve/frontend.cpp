@@ -187,6 +187,7 @@ class Frontend {
   }
 
   void complete(Endpoint endpoint, const HttpRequest& http_request, HttpResponder responder) {
+    const auto received = std::chrono::steady_clock::now();  // the request is all here (router overhead)
     const int64_t arrival_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                         std::chrono::system_clock::now().time_since_epoch())
                                         .count();
@@ -253,7 +254,7 @@ class Frontend {
     }
     if (relay_ != nullptr) {
       return relay(endpoint, std::move(body), std::move(request.prompt_token_ids), request.max_tokens,
-                   r.stream, std::move(responder));
+                   r.stream, received, std::move(responder));
     }
     // Without a seed each request samples its own way; greedy (temperature 0) must answer a prompt the same
     // every time whatever the executor, so the mock's tokens (a function of the seed) then come from the
@@ -355,8 +356,9 @@ class Frontend {
 
   // Router mode: the relay places the request and relays its engine's answer as the engine wrote it.
   void relay(Endpoint endpoint, json body, std::vector<int64_t> prompt_token_ids, int64_t max_tokens,
-             bool stream, HttpResponder responder) {
+             bool stream, std::chrono::steady_clock::time_point received, HttpResponder responder) {
     RelayedRequest request;
+    request.received = received;
     request.endpoint = endpoint;
     request.body = std::move(body);
     request.prompt_token_ids = std::move(prompt_token_ids);

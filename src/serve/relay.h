@@ -4,6 +4,7 @@
 // EngineRelay (router/router.h) places it and relays the engine's answer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,9 @@ struct RelayedRequest {
   std::vector<int64_t> prompt_token_ids;  // the prompt as the model's tokenizer (and chat template) reads it
   int64_t max_tokens = 1;                 // the most it may generate (the body's, or the endpoint's default)
   bool stream = false;
+  /// When the front end had the whole request (before parsing and tokenizing it): the start of the routing
+  /// overhead the relay measures.
+  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
 };
 
 /// How an engine's answer reaches the client, from the relay's threads (keep them short; never call back
