@@ -78,6 +78,12 @@ Conductor::Conductor(const perf::CostModel& cost_model, ConductorOptions options
 
 // splitmix64: a tiny, well-distributed generator whose output is the same on every platform (unlike
 // std::uniform_int_distribution), which keeps simulations byte-identical for a seed.
+void Conductor::set_instance_cost_models(std::vector<const perf::CostModel*> prefill,
+                                         std::vector<const perf::CostModel*> decode) {
+  prefill_costs_ = std::move(prefill);
+  decode_costs_ = std::move(decode);
+}
+
 uint64_t Conductor::next_random() {
   uint64_t z = (rng_state_ += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -99,11 +105,12 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   c.instance = instance;
   c.local_blocks = local_blocks;
   c.fetched_blocks = prefix_blocks - local_blocks;
-  c.transfer_s = cost_.kv_transfer_time_s(prefix_tokens - local_tokens) + cost_.kv_load_time_s(prefix_tokens);
+  const perf::CostModel& cost = prefill_cost(instance);
+  c.transfer_s = cost.kv_transfer_time_s(prefix_tokens - local_tokens) + cost.kv_load_time_s(prefix_tokens);
   c.queue_s = queue_s;
   // The prefill instance's iterations (engine::MockExecutor): compute-bound for realistic sizes, but each
   // reads the weights once, which is what a prompt whose prefix is all reused costs.
-  c.prefill_s = cost_.prefill_iterations_time_s(new_tokens, std::max<int64_t>(0, n - new_tokens),
+  c.prefill_s = cost.prefill_iterations_time_s(new_tokens, std::max<int64_t>(0, n - new_tokens),
                                                 options_.prefill_chunk_tokens);
   return c;
 }
@@ -198,7 +205,12 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
                               options_.kvcache_balancing_threshold);
   };
   cost_by_local_.assign(static_cast<size_t>(best_blocks) + 1, -1.0);
-  auto cost_s = [&](int64_t local) {
+  auto cost_s = [&](InstanceId i) {
+    const int64_t local = local_blocks_[i];
+    if (!prefill_costs_.empty()) {  // instances not alike: each its own estimate
+      const PrefillChoice e = evaluate(i, local, fetches(local) ? best_blocks : local, request, 0.0);
+      return e.transfer_s + e.prefill_s;
+    }
     double& c = cost_by_local_[static_cast<size_t>(local)];
     if (c < 0) {
       PrefillChoice e = evaluate(0, local, fetches(local) ? best_blocks : local, request, 0.0);
@@ -211,7 +223,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   };
 
   const InstanceId best = *pick_lowest(
-      instances, [&](InstanceId i) { return wait_s(i) + cost_s(local_blocks_[i]); }, prefill_history_);
+      instances, [&](InstanceId i) { return wait_s(i) + cost_s(i); }, prefill_history_);
   const int64_t local = local_blocks_[best];
   PrefillChoice choice = evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
   choice.fetch_from = source.instance;
@@ -234,7 +246,7 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
     has_room_[d] = cluster.decode_up(d) && need <= load.kv_capacity_tokens - load.reserved_kv_tokens();
     fits |= has_room_[d] != 0;
     scores_[d] =
-        cost_.decode_step_time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,
+        decode_cost(d).decode_step_time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,
                                  load.running.context_tokens + load.waiting.context_tokens +
                                      load.incoming.context_tokens + request.input_tokens);
   }
@@ -284,7 +296,7 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
     const kv::DecodeLoad load = cluster.decode_load(i);
     double stay = 1.0;  // share of the running requests still there at the horizon
     if (predictive && load.running.requests > 0) {
-      const double step_s = cost_.decode_step_time_s(load.running.requests, load.running.context_tokens);
+      const double step_s = decode_cost(i).decode_step_time_s(load.running.requests, load.running.context_tokens);
       stay = 1.0 - std::min(1.0, horizon_s / (expected_output * step_s));
     }
     const kv::DecodeGroup joined = predictive ? load.incoming : kv::DecodeGroup{};
@@ -296,7 +308,7 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
     const double context =
         stay * static_cast<double>(load.running.context_tokens) +
         static_cast<double>(load.waiting.context_tokens + joined.context_tokens + request.input_tokens);
-    const double tbt_s = cost_.decode_step_time_s(static_cast<int64_t>(std::ceil(requests)),
+    const double tbt_s = decode_cost(i).decode_step_time_s(static_cast<int64_t>(std::ceil(requests)),
                                                   static_cast<int64_t>(std::ceil(context)));
     if (tbt_s <= options_.tbt_slo_s) scores_[i] = tbt_s;
   }

@@ -155,6 +155,14 @@ class Conductor {
 
   const ConductorOptions& options() const { return options_; }
 
+  /// Instances that are not alike (router mode's engines, each with the cost model of its own profile:
+  /// docs/router.md): prefill instance i is timed by `prefill[i]` and decode instance d by `decode[d]` where
+  /// those are set; a null entry, or an instance past the end, by the constructor's model. Empty vectors:
+  /// every instance alike (and Algorithm 1 computes each prefix length's cost once, not each instance's).
+  /// The models must outlive the Conductor.
+  void set_instance_cost_models(std::vector<const perf::CostModel*> prefill,
+                                std::vector<const perf::CostModel*> decode);
+
   /// Records a finished request's output length (feeds the output-length estimator used by admission).
   void observe_output(int64_t output_tokens) { output_estimator_.observe(output_tokens); }
   double expected_output_tokens() const { return output_estimator_.expected_tokens(); }
@@ -186,8 +194,15 @@ class Conductor {
   template <typename ScoreFn>
   std::optional<InstanceId> pick_lowest(uint32_t count, ScoreFn score, const PlacementHistory& history);
   uint64_t next_random();
+  const perf::CostModel& prefill_cost(InstanceId i) const {
+    return i < prefill_costs_.size() && prefill_costs_[i] != nullptr ? *prefill_costs_[i] : cost_;
+  }
+  const perf::CostModel& decode_cost(InstanceId d) const {
+    return d < decode_costs_.size() && decode_costs_[d] != nullptr ? *decode_costs_[d] : cost_;
+  }
 
   const perf::CostModel& cost_;
+  std::vector<const perf::CostModel*> prefill_costs_, decode_costs_;  // set_instance_cost_models
   ConductorOptions options_;
   uint64_t rng_state_;
   uint64_t round_robin_next_ = 0;  // PrefillPolicy::kRoundRobin: the instance after the last one chosen

@@ -9,6 +9,7 @@
 #include <deque>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -73,6 +74,15 @@ std::string engine_body(const serve::RelayedRequest& request, bool token_ids, bo
   return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// The cost model of an engine timed as `profile` (none: the config's own), on the config's model and
+// hardware. An engine's prefix cache is in its GPUs' memory: a reused prefix is not loaded from host DRAM
+// first (Algorithm 1's T_transfer is 0 for it).
+perf::CostModel engine_cost_model(cluster::ClusterConfig config, const std::optional<perf::Profile>& profile) {
+  if (profile) config.profile = profile;
+  config.hardware.host_device_bytes_per_s = std::numeric_limits<double>::infinity();
+  return cluster::cost_model(config);
+}
+
 std::string header_value(const std::vector<std::pair<std::string, std::string>>& headers,
                          std::string_view name) {
   for (const auto& [k, v] : headers)
@@ -87,6 +97,7 @@ class Router::Impl final : private cluster::PlacementDriver {
   struct Engine {
     size_t index = 0;  // in engines_
     EngineEntry entry;
+    const perf::CostModel* cost = nullptr;  // its profile's (entry.profile_path); null: the default
     bool from_etcd = false;      // registered in etcd: it leaves when its key goes
     bool deregistered = false;   // its key went: down until registered again
     int64_t etcd_revision = 0;   // the put of its key it was made from
@@ -130,9 +141,9 @@ class Router::Impl final : private cluster::PlacementDriver {
   };
 
  public:
-  Impl(RouterOptions options, perf::CostModel cost)
+  explicit Impl(RouterOptions options)
       : options_(std::move(options)),
-        cost_(std::move(cost)),
+        cost_(engine_cost_model(options_.config, options_.default_profile)),
         conductor_(cost_, conductor_options()),
         state_(count_role(true), count_role(false), block_size(), cluster::decode_kv_capacity_tokens(options_.config)),
         metrics_(options_.engines.front().model) {}
@@ -186,6 +197,7 @@ class Router::Impl final : private cluster::PlacementDriver {
     }
     {
       std::lock_guard lock(mu_);
+      apply_cost_models();
       for (Engine& e : engines_) engine_up(e);
     }
     poll_thread_ = std::thread([this] { poll_loop(); });
@@ -194,10 +206,42 @@ class Router::Impl final : private cluster::PlacementDriver {
     return Status::ok_status();
   }
 
+  // The cost model of `entry`'s profile, loaded once per file (engines of one kind share it).
+  Result<const perf::CostModel*> profile_cost(const EngineEntry& entry) {
+    std::lock_guard lock(profiles_mu_);
+    auto it = profile_costs_.find(entry.profile_path);
+    if (it != profile_costs_.end()) return it->second.get();
+    auto profile = perf::load_profile(entry.profile_path);
+    if (!profile.ok()) {
+      return Status::invalid_argument(
+          fmt::format("engine '{}': profile: {}", entry.name, profile.status().message()));
+    }
+    auto cost = std::make_unique<perf::CostModel>(engine_cost_model(options_.config, *profile));
+    return profile_costs_.emplace(entry.profile_path, std::move(cost)).first->second.get();
+  }
+
+  // Hands the Conductor each instance's cost model (its engine's profile) when the engines are not alike.
+  void apply_cost_models() {
+    bool any = false;
+    for (const Engine& e : engines_) any |= e.cost != nullptr;
+    if (!any) return;
+    std::vector<const perf::CostModel*> prefill(engine_of_prefill_.size()), decode(engine_of_decode_.size());
+    for (const Engine& e : engines_) {
+      if (e.prefill) prefill[*e.prefill] = e.cost;
+      if (e.decode) decode[*e.decode] = e.cost;
+    }
+    conductor_.set_instance_cost_models(std::move(prefill), std::move(decode));
+  }
+
   // An engine of `entry`, not yet checked nor numbered.
-  Result<Engine> make_engine(const EngineEntry& entry) const {
+  Result<Engine> make_engine(const EngineEntry& entry) {
     Engine e;
     e.entry = entry;
+    if (!entry.profile_path.empty()) {
+      auto cost = profile_cost(entry);
+      if (!cost.ok()) return cost.status();
+      e.cost = *cost;
+    }
     auto hp = parse_host_port(entry.url, "http", fmt::format("engine '{}': url", entry.name));
     if (!hp.ok()) return hp.status();
     e.http = *hp;
@@ -981,6 +1025,7 @@ class Router::Impl final : private cluster::PlacementDriver {
     slot->from_etcd = true;
     slot->deregistered = false;
     slot->etcd_revision = revision;
+    apply_cost_models();
     engine_up(*slot);
     return Status::ok_status();
   }
@@ -1042,6 +1087,8 @@ class Router::Impl final : private cluster::PlacementDriver {
   const RouterOptions options_;
   const perf::CostModel cost_;
   std::unique_ptr<EtcdClient> etcd_;  // with options_.etcd_endpoint
+  std::mutex profiles_mu_;            // profile_costs_ (loaded by the registry thread too)
+  std::map<std::string, std::unique_ptr<perf::CostModel>> profile_costs_;  // by profile path
   mutable std::mutex mu_;  // everything below
   conductor::Conductor conductor_;
   conductor::ClusterState state_;
@@ -1061,24 +1108,7 @@ class Router::Impl final : private cluster::PlacementDriver {
 
 Result<std::unique_ptr<Router>> Router::start(RouterOptions options) {
   CRESCENT_RETURN_IF_ERROR(check_engines(options.engines, "router"));
-  // One cost model for every engine: the first profile an entry names, else the default.
-  std::optional<perf::Profile> profile;
-  for (const EngineEntry& e : options.engines) {
-    if (e.profile_path.empty()) continue;
-    auto p = perf::load_profile(e.profile_path);
-    if (!p.ok()) {
-      return Status::invalid_argument(fmt::format("engine '{}': profile: {}", e.name, p.status().message()));
-    }
-    if (!profile) profile = *p;
-  }
-  if (!profile) profile = options.default_profile;
-  cluster::ClusterConfig config = options.config;
-  if (profile) config.profile = profile;
-  // An engine's prefix cache is in its GPUs' memory: a reused prefix is not loaded from host DRAM first
-  // (Algorithm 1's T_transfer is 0 for it).
-  config.hardware.host_device_bytes_per_s = std::numeric_limits<double>::infinity();
-  perf::CostModel cost = cluster::cost_model(config);
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(cost));
+  auto impl = std::make_unique<Impl>(std::move(options));
   CRESCENT_RETURN_IF_ERROR(impl->start());
   return std::unique_ptr<Router>(new Router(std::move(impl)));
 }

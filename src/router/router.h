@@ -35,7 +35,8 @@ struct RouterOptions {
   /// admission (config.serve), and the model and hardware of the cost model of engines without a profile.
   cluster::ClusterConfig config;
   /// The cost model of engines whose entry names no profile (`crescent profile --url`); none: the config's
-  /// model and hardware (its roofline, or its own profile).
+  /// model and hardware (its roofline, or its own profile, e.g. --profile). An entry's profile times that
+  /// engine alone (conductor::Conductor::set_instance_cost_models).
   std::optional<perf::Profile> default_profile;
   /// Seeds every block key (kv/block_key.h): the served model's identity.
   BlockKey block_key_seed = 0;

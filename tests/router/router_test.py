@@ -420,6 +420,49 @@ class RouterTest(unittest.TestCase):
         wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine="late-0") == 0, 5,
                    "late-0 to leave")
 
+    def test_a_stream_whose_engine_dies_ends_with_an_error_and_a_silent_engine_is_routed_around(self):
+        """A stream under way when its engine is SIGKILLed ends with an SSE error event, then [DONE]. An
+        engine SIGSTOPped (it accepts connections but answers nothing) fails its health checks and leaves:
+        the requests waiting on it are placed on another engine and complete; SIGCONT brings it back."""
+        engines = self.start_standins(3, "--cache-blocks", "4096")
+        router = self.start_router([s.entry() for s in engines], "--policy", "round-robin")
+        body = json.dumps({"model": MODEL, "prompt": [5] * 40, "max_tokens": 400, "stream": True}).encode()
+        req = urllib.request.Request(router.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as stream:
+            first = stream.readline()
+            self.assertTrue(first.startswith(b"data: {"), first)
+            holder = next(s for s in engines if s.stats()["running"] > 0)
+            holder.kill()
+            rest = stream.read().decode()
+        events = [line[len("data: "):] for line in rest.splitlines() if line.startswith("data: ")]
+        self.assertEqual(events[-1], "[DONE]")
+        error = json.loads(events[-2])
+        self.assertEqual(error["error"]["code"], "engine_failed")
+        wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine=holder.name) == 0, 10,
+                   f"{holder.name} to leave")
+
+        # Of the two left, one stops answering while requests are placed on both in turn.
+        silent, other = [s for s in engines if s is not holder]
+        silent.proc.send_signal(signal.SIGSTOP)
+        before = other.stats()["completions"]
+        answers = []
+
+        def ask(i):
+            answers.append(http_json(router.url + "/v1/completions",
+                                     {"model": MODEL, "prompt": [100 + i] * 20, "max_tokens": 2}, timeout=60))
+        askers = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for a in askers:
+            a.start()
+        for a in askers:
+            a.join(60)
+        self.assertEqual([a["choices"][0]["finish_reason"] for a in answers], ["length"] * 4)
+        self.assertEqual(other.stats()["completions"] - before, 4)
+        self.assertEqual(metric(router.metrics(), "crescent_engine_up", engine=silent.name), 0)
+        silent.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine=silent.name) == 1, 15,
+                   f"{silent.name} to come back")
+
     # ---- What must hold: bad entries are named ----------------------------------------------------------
 
     def test_bad_entries_are_named(self):
