@@ -12,7 +12,6 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
-#include <stdexcept>
 #include <thread>
 
 #include "engine/engine_core.h"
@@ -26,13 +25,14 @@ namespace {
 class MockTarget final : public ProfileTarget {
  public:
   explicit MockTarget(const perf::CostModel& cost) : executor_(cost) {}
-  double prefill_s(int64_t new_tokens, int64_t prefix_tokens) override {
+  Result<double> prefill_s(int64_t new_tokens, int64_t prefix_tokens) override {
     return mixed_s(0, 0, new_tokens, prefix_tokens);
   }
-  double decode_s(int64_t batch, int64_t context_tokens) override {
+  Result<double> decode_s(int64_t batch, int64_t context_tokens) override {
     return mixed_s(batch, context_tokens, 0, 0);
   }
-  double mixed_s(int64_t batch, int64_t context_tokens, int64_t new_tokens, int64_t prefix_tokens) override {
+  Result<double> mixed_s(int64_t batch, int64_t context_tokens, int64_t new_tokens,
+                         int64_t prefix_tokens) override {
     engine::IterationPlan plan;
     plan.decode_requests = batch;
     plan.decode_context_tokens = batch * context_tokens;
@@ -56,14 +56,21 @@ class CpuTarget final : public ProfileTarget {
         executor_(model, {.block_size_tokens = block_size_tokens, .capacity_blocks = capacity_blocks}),
         zeros_(static_cast<size_t>(executor_.layout().block_bytes())) {}
 
-  double prefill_s(int64_t new_tokens, int64_t prefix_tokens) override {
+  Result<double> prefill_s(int64_t new_tokens, int64_t prefix_tokens) override {
     return mixed_s(0, 0, new_tokens, prefix_tokens);
   }
-  double decode_s(int64_t batch, int64_t context_tokens) override {
+  Result<double> decode_s(int64_t batch, int64_t context_tokens) override {
     return mixed_s(batch, context_tokens, 0, 0);
   }
-  double mixed_s(int64_t batch, int64_t context_tokens, int64_t new_tokens, int64_t prefix_tokens) override {
+  Result<double> mixed_s(int64_t batch, int64_t context_tokens, int64_t new_tokens,
+                         int64_t prefix_tokens) override {
     std::vector<engine::RequestId> ids;
+    engine::RequestId prefill_id = 0;
+    // Whatever was added is dropped on every way out.
+    const auto drop_all = [&] {
+      for (engine::RequestId id : ids) executor_.drop(id);
+      if (prefill_id != 0) executor_.drop(prefill_id);
+    };
     engine::IterationPlan plan;
     for (int64_t i = 0; i < batch; ++i) {
       const engine::RequestId id = next_id_++;
@@ -71,15 +78,17 @@ class CpuTarget final : public ProfileTarget {
       kv_.assign(static_cast<size_t>(blocks) * zeros_.size(), std::byte{0});
       const Status added = executor_.add_decoding(
           id, {.prompt_tokens = context_tokens, .first_token = 1, .output_tokens = 2}, kv_);
-      if (!added.ok()) throw std::runtime_error(added.message());
+      if (!added.ok()) {
+        drop_all();
+        return added;
+      }
       ids.push_back(id);
     }
     plan.decode_requests = batch;
     plan.decode_context_tokens = batch * context_tokens;
     plan.decode_ids = ids;
-    engine::RequestId prefill_id = 0;
     if (new_tokens > 0) {
-      prefill_id = next_id_++;
+      const engine::RequestId id = next_id_++;
       std::vector<BlockKey> keys;
       const int64_t total = prefix_tokens + new_tokens;
       while (std::ssize(keys) < total / block_) keys.push_back(next_key_++);
@@ -87,24 +96,27 @@ class CpuTarget final : public ProfileTarget {
       for (int64_t i = 0; i < total; ++i)
         prompt[static_cast<size_t>(i)] = static_cast<int32_t>(i % model_.config().vocab_size);
       const Status added =
-          executor_.add_request(prefill_id, {.prompt = std::move(prompt), .block_keys = std::move(keys)});
-      if (!added.ok()) throw std::runtime_error(added.message());
+          executor_.add_request(id, {.prompt = std::move(prompt), .block_keys = std::move(keys)});
+      if (!added.ok()) {
+        drop_all();
+        return added;
+      }
+      prefill_id = id;
       // The cached prefix, as a prefix read from the pool is given.
       for (int64_t b = 0; b < prefix_tokens / block_; ++b) {
-        if (Status s = executor_.import_block(prefill_id, b, zeros_); !s.ok())
-          throw std::runtime_error(s.message());
+        if (Status s = executor_.import_block(prefill_id, b, zeros_); !s.ok()) {
+          drop_all();
+          return s;
+        }
       }
       plan.prefill_request = prefill_id;
       plan.prefill_tokens = new_tokens;
       plan.prefill_prefix_tokens = prefix_tokens;
     }
     const double seconds = executor_.run_iteration_s(plan);
-    for (engine::RequestId id : ids) executor_.drop(id);
-    if (prefill_id != 0) {
-      const std::string error = executor_.error(prefill_id);
-      executor_.drop(prefill_id);
-      if (!error.empty()) throw std::runtime_error(error);
-    }
+    const std::string error = prefill_id != 0 ? executor_.error(prefill_id) : std::string();
+    drop_all();
+    if (!error.empty()) return Status::internal(fmt::format("profile: the prefill failed: {}", error));
     return seconds;
   }
 
@@ -169,6 +181,11 @@ class CpuNeighbour final : public ProfileNeighbour {
 
   int64_t iterations() const override { return iterations_.load(std::memory_order_relaxed); }
 
+  Status status() const override {
+    std::lock_guard lock(mu_);
+    return status_;
+  }
+
  private:
   void loop() {
     std::unique_lock lock(mu_);
@@ -180,22 +197,26 @@ class CpuNeighbour final : public ProfileNeighbour {
       cv_.notify_all();
       if (work == NeighbourWork::kIdle) continue;
       lock.unlock();
-      if (work == NeighbourWork::kPrefill) {
-        target_.prefill_s(prefill_tokens_, 0);
-      } else {
-        target_.decode_s(1, decode_context_tokens_);
+      const Result<double> ran = work == NeighbourWork::kPrefill
+                                     ? target_.prefill_s(prefill_tokens_, 0)
+                                     : target_.decode_s(1, decode_context_tokens_);
+      lock.lock();
+      if (!ran.ok()) {  // idle until asked again; profile_target reports it
+        if (status_.ok()) status_ = ran.status();
+        if (begun_ == asked_) work_ = NeighbourWork::kIdle;
+        continue;
       }
       iterations_.fetch_add(1, std::memory_order_relaxed);
-      lock.lock();
     }
   }
 
   LlamaForward forward_;
   CpuTarget target_;
   const int64_t prefill_tokens_, decode_context_tokens_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   NeighbourWork work_ = NeighbourWork::kIdle;  // guarded by mu_
+  Status status_;                              // guarded by mu_: the first failed iteration's
   uint64_t asked_ = 0, begun_ = 0;             // guarded by mu_: set_work calls, and those taken up
   bool stopping_ = false;                      // guarded by mu_
   std::atomic<int64_t> iterations_{0};
@@ -207,10 +228,15 @@ double median_of(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The median of `repeats` timings by `run`, or the first that failed.
 template <typename F>
-double timed(int repeats, F&& run) {
+Result<double> timed(int repeats, F&& run) {
   std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) times.push_back(run());
+  for (int i = 0; i < repeats; ++i) {
+    Result<double> t = run();
+    if (!t.ok()) return t.status();
+    times.push_back(*t);
+  }
   return median_of(std::move(times));
 }
 
@@ -264,11 +290,11 @@ Status check_grid(const ProfileGrid& g) {
     return !v.empty() && std::ranges::all_of(v, [](int64_t x) { return x >= 1; });
   };
   if (!positive(g.prefill_tokens) || !positive(g.decode_batch) || !positive(g.decode_context) ||
-      !positive(g.chunk_tokens) || g.prefix_tokens.empty() ||
+      std::ranges::any_of(g.chunk_tokens, [](int64_t x) { return x < 1; }) || g.prefix_tokens.empty() ||
       std::ranges::any_of(g.prefix_tokens, [](int64_t x) { return x < 0; }) || g.chunked_prompt_tokens < 1 ||
       g.chunked_decode_batch < 0 || g.chunked_decode_context < 1 || g.repeats < 1) {
     return Status::invalid_argument(
-        "profile grid: every size must be >= 1 (prefixes >= 0) and no list empty");
+        "profile grid: every size must be >= 1 (prefixes >= 0) and no list empty (but chunk sizes)");
   }
   if (g.prefill_tokens.size() * g.prefix_tokens.size() < 3 ||
       g.decode_batch.size() * g.decode_context.size() < 3) {
@@ -312,6 +338,15 @@ Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& g
   const auto beside = [&](NeighbourWork work) {
     if (neighbour != nullptr) neighbour->set_work(work);
   };
+  // The neighbour's first failure, which makes what was timed beside it worthless.
+  const auto neighbour_status = [&] { return neighbour != nullptr ? neighbour->status() : Status(); };
+  // The neighbour goes idle on every way out.
+  struct Idle {
+    ProfileNeighbour* n;
+    ~Idle() {
+      if (n != nullptr) n->set_work(NeighbourWork::kIdle);
+    }
+  } idle_on_return{neighbour};
   ProfileReport report;
   perf::Profile& c = report.profile;
   c.source = source;
@@ -321,20 +356,24 @@ Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& g
   beside(NeighbourWork::kDecode);
   for (int64_t n : grid.prefill_tokens) {
     for (int64_t p : grid.prefix_tokens) {
-      const double t = timed(grid.repeats, [&] { return target.prefill_s(n, p); });
-      report.points.push_back({.kind = "prefill", .a = n, .b = p, .measured_s = t});
+      const Result<double> t = timed(grid.repeats, [&] { return target.prefill_s(n, p); });
+      if (!t.ok()) return t.status();
+      report.points.push_back({.kind = "prefill", .a = n, .b = p, .measured_s = *t});
     }
   }
+  CRESCENT_RETURN_IF_ERROR(neighbour_status());
   say("profile: decode steps");
   beside(NeighbourWork::kPrefill);
   for (int64_t b : grid.decode_batch) {
     for (int64_t ctx : grid.decode_context) {
-      const double t = timed(grid.repeats, [&] { return target.decode_s(b, ctx); });
-      report.points.push_back({.kind = "decode", .a = b, .b = ctx, .measured_s = t});
+      const Result<double> t = timed(grid.repeats, [&] { return target.decode_s(b, ctx); });
+      if (!t.ok()) return t.status();
+      report.points.push_back({.kind = "decode", .a = b, .b = ctx, .measured_s = *t});
     }
   }
 
   beside(NeighbourWork::kIdle);
+  CRESCENT_RETURN_IF_ERROR(neighbour_status());
 
   // Fit. An iteration is max(memory, compute) (+ overhead when it prefills), so each side is fitted on the
   // points the other side does not explain (within 2%): compute on prefill points, memory on decode points,
@@ -381,19 +420,24 @@ Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& g
   report.prefill_rms_relative = rms_relative(report.points, "prefill");
   report.decode_rms_relative = rms_relative(report.points, "decode");
 
-  // Chunked prefill beside a running decode batch, against the whole prompt in one iteration.
+  // Chunked prefill beside a running decode batch, against the whole prompt in one iteration (none asked
+  // for: the target cannot time a mixed iteration).
+  if (grid.chunk_tokens.empty()) return report;
   say("profile: chunked prefill");
   const int64_t n = grid.chunked_prompt_tokens, b = grid.chunked_decode_batch,
                 ctx = grid.chunked_decode_context;
-  const double whole = timed(grid.repeats, [&] { return target.mixed_s(b, ctx, n, 0); });
+  const Result<double> whole = timed(grid.repeats, [&] { return target.mixed_s(b, ctx, n, 0); });
+  if (!whole.ok()) return whole.status();
   for (int64_t chunk : grid.chunk_tokens) {
     if (chunk >= n) continue;
     ChunkedPrefill m{.chunk_tokens = chunk,
-                     .whole_s = whole,
+                     .whole_s = *whole,
                      .predicted_whole_s = perf::CostModel::iteration_time_s(c, b, b * ctx, n, 0)};
     for (int64_t done = 0; done < n; done += chunk, ++m.chunks) {
       const int64_t len = std::min(chunk, n - done);
-      m.chunked_s += timed(grid.repeats, [&] { return target.mixed_s(b, ctx, len, done); });
+      const Result<double> t = timed(grid.repeats, [&] { return target.mixed_s(b, ctx, len, done); });
+      if (!t.ok()) return t.status();
+      m.chunked_s += *t;
       m.predicted_chunked_s += perf::CostModel::iteration_time_s(c, b, b * ctx, len, done);
     }
     report.chunked.push_back(m);

@@ -19,18 +19,21 @@
 
 namespace crescent::model {
 
-/// What is timed: one iteration of each kind, seconds.
+/// What is timed: one iteration of each kind, seconds. A timing that fails (the executor refuses the request,
+/// an engine over HTTP does not answer) is an error, which ends the profile (profile_target returns it).
 class ProfileTarget {
  public:
   virtual ~ProfileTarget() = default;
   /// One iteration prefilling `new_tokens` after `prefix_tokens` whose KV is cached.
-  virtual double prefill_s(int64_t new_tokens, int64_t prefix_tokens) = 0;
+  virtual Result<double> prefill_s(int64_t new_tokens, int64_t prefix_tokens) = 0;
   /// One decode step of `batch` requests holding `context_tokens` tokens each.
-  virtual double decode_s(int64_t batch, int64_t context_tokens) = 0;
+  virtual Result<double> decode_s(int64_t batch, int64_t context_tokens) = 0;
   /// One iteration decoding `batch` requests of `context_tokens` each and prefilling `new_tokens` after
-  /// `prefix_tokens` (a colocated engine's chunked-prefill iteration).
-  virtual double mixed_s(int64_t batch, int64_t context_tokens, int64_t new_tokens,
-                         int64_t prefix_tokens) = 0;
+  /// `prefix_tokens` (a colocated engine's chunked-prefill iteration). A target that cannot time such an
+  /// iteration (an engine seen only through its API) returns kFailedPrecondition: profile it with an empty
+  /// ProfileGrid::chunk_tokens, which skips the chunked-prefill measurement.
+  virtual Result<double> mixed_s(int64_t batch, int64_t context_tokens, int64_t new_tokens,
+                                 int64_t prefix_tokens) = 0;
 };
 
 /// The mock executor's iterations under `cost` (which must outlive the target): what the cost model says.
@@ -58,6 +61,8 @@ class ProfileNeighbour {
   virtual void set_work(NeighbourWork work) = 0;
   /// Iterations it has finished so far (of either kind).
   virtual int64_t iterations() const = 0;
+  /// Why its iterations stopped: the first one that failed (it then stays idle until set_work), or ok.
+  virtual Status status() const = 0;
 };
 
 /// A neighbour running `model`'s iterations on a LlamaForward of its own (its own copy of the weights, as
@@ -76,6 +81,8 @@ struct ProfileGrid {
   std::vector<int64_t> decode_batch = {1, 2, 4, 8, 16};
   std::vector<int64_t> decode_context = {128, 512, 1024};
   int64_t chunked_prompt_tokens = 1024;  // the prompt prefilled whole and in chunks
+  /// Empty: no chunked-prefill measurement (ProfileReport::chunked stays empty), for targets whose mixed_s
+  /// cannot be timed.
   std::vector<int64_t> chunk_tokens = {64, 128, 256, 512};
   int64_t chunked_decode_batch = 4;  // running beside it, each of chunked_decode_context tokens
   int64_t chunked_decode_context = 512;
@@ -114,7 +121,8 @@ struct ProfileReport {
 
 /// Times `target` over `grid` and fits the profile (`source` names it), with `neighbour` (if not null)
 /// computing beside it as ProfileNeighbour says (left idle on return). `progress` (may be empty) hears one
-/// line per stage. Errors: kInvalidArgument for an empty or non-positive grid.
+/// line per stage. Errors: kInvalidArgument for an empty or non-positive grid; the first failed timing of
+/// `target` or `neighbour` (ProfileNeighbour::status), as it said.
 Result<ProfileReport> profile_target(ProfileTarget& target, const ProfileGrid& grid,
                                      const std::string& source,
                                      const std::function<void(const std::string&)>& progress = {},

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "engine/step_log.h"
+#include "serve/http_client_error.h"
 
 namespace crescent::serve {
 namespace {
@@ -28,22 +29,6 @@ conductor::RejectReason reason_from_code(const std::string& code, int status) {
 
 // Bytes of a body kept for an error's text.
 constexpr size_t kErrorBodyBytes = 64 << 10;
-
-// What an HTTP client error means for the person reading the report (httplib's own names are one word).
-std::string what_failed(httplib::Error error, double timeout_s) {
-  switch (error) {
-    case httplib::Error::Connection:
-      return "could not connect";
-    case httplib::Error::Read:
-      return fmt::format("the connection closed, or nothing came for {:g} s", timeout_s);
-    case httplib::Error::Write:
-      return "the request could not be sent";
-    case httplib::Error::ConnectionTimeout:
-      return "the connection was not accepted in time";
-    default:
-      return "the exchange failed";
-  }
-}
 
 // One request's exchange: sends it, reads the stream, fills `o`. Returns a failure description, or empty.
 std::string run_one(const ReplayOptions& options, const std::string& model, const trace::Request& r,

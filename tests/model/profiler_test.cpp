@@ -85,11 +85,13 @@ TEST(Profiler, ProfilesTheCpuExecutor) {
 class RecordingTarget final : public ProfileTarget {
  public:
   explicit RecordingTarget(const NeighbourWork& neighbour) : neighbour_(neighbour) {}
-  double prefill_s(int64_t n, int64_t p) override { return note("prefill", 1e-3 * n + 1e-6 * p); }
-  double decode_s(int64_t b, int64_t ctx) override {
+  Result<double> prefill_s(int64_t n, int64_t p) override { return note("prefill", 1e-3 * n + 1e-6 * p); }
+  Result<double> decode_s(int64_t b, int64_t ctx) override {
     return note("decode", 1e-2 + 1e-3 * b + 1e-6 * b * ctx);
   }
-  double mixed_s(int64_t, int64_t, int64_t n, int64_t) override { return note("mixed", 1e-2 + 1e-3 * n); }
+  Result<double> mixed_s(int64_t, int64_t, int64_t n, int64_t) override {
+    return note("mixed", 1e-2 + 1e-3 * n);
+  }
   std::vector<std::pair<std::string, NeighbourWork>> seen;
 
  private:
@@ -104,6 +106,7 @@ class RecordingNeighbour final : public ProfileNeighbour {
  public:
   void set_work(NeighbourWork work) override { work_ = work; }
   int64_t iterations() const override { return 0; }
+  Status status() const override { return Status(); }
   NeighbourWork work_ = NeighbourWork::kIdle;
 };
 
@@ -120,6 +123,35 @@ TEST(Profiler, TimesEachKindBesideTheOtherRole) {
   EXPECT_EQ(beside["decode"], std::set{NeighbourWork::kPrefill});
   EXPECT_EQ(beside["mixed"], std::set{NeighbourWork::kIdle});
   EXPECT_EQ(neighbour.work_, NeighbourWork::kIdle);
+}
+
+// An empty chunk_tokens skips the chunked-prefill measurement (a target that cannot time a mixed iteration,
+// e.g. an engine over HTTP): mixed_s is never called and the report has no chunked rows.
+TEST(Profiler, NoChunkSizesSkipTheChunkedPrefill) {
+  NeighbourWork none = NeighbourWork::kIdle;
+  RecordingTarget target(none);
+  ProfileGrid grid;
+  grid.chunk_tokens = {};
+  auto report = profile_target(target, grid, "recorded");
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_TRUE(report->chunked.empty());
+  for (const auto& [kind, work] : target.seen) EXPECT_NE(kind, "mixed");
+  EXPECT_EQ(to_json(*report)["chunked_prefill"], nlohmann::json::array());
+}
+
+// A timing that fails ends the profile with the target's error.
+TEST(Profiler, AFailedTimingIsTheProfilesError) {
+  class Failing final : public ProfileTarget {
+   public:
+    Result<double> prefill_s(int64_t, int64_t) override { return 0.01; }
+    Result<double> decode_s(int64_t, int64_t) override {
+      return Status::unavailable("http://127.0.0.1:1: could not connect");
+    }
+    Result<double> mixed_s(int64_t, int64_t, int64_t, int64_t) override { return 0.01; }
+  } target;
+  auto report = profile_target(target, {}, "failing");
+  EXPECT_EQ(report.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(report.status().message(), testing::HasSubstr("could not connect"));
 }
 
 // The cpu neighbour computes what it is asked on the core it is given, stops when idle, and refuses a core
