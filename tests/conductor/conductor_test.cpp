@@ -91,6 +91,29 @@ TEST_F(ConductorTest, RoundRobinTakesEachInstanceInTurnIgnoringCacheAndQueue) {
   EXPECT_THAT(chosen, ::testing::ElementsAre(0u, 1u, 2u, 0u, 1u, 2u));
 }
 
+TEST_F(ConductorTest, InstancesNotAlikeAreEachTimedByTheirOwnCostModel) {
+  // Instance 1 is twice as fast (compute and memory), instance 0 holds half the prompt.
+  perf::HardwareSpec fast_hardware = *perf::hardware_preset("8xA800");
+  fast_hardware.peak_flops_per_gpu *= 2;
+  fast_hardware.hbm_bytes_per_s_per_gpu *= 2;
+  const perf::CostModel fast(*perf::model_preset("llama3-70b"), fast_hardware);
+  FakeCluster cluster(2, 2);
+  cluster.cache(0, {1, 2, 3, 4});
+  Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware});
+  conductor.set_instance_cost_models({nullptr, &fast}, {nullptr, &fast});
+  const Decision d = conductor.schedule(cluster, {4096, keys_, 100}, 0);
+  // Alike, instance 0's cached half would win; here the whole prompt on the fast one beats half on the slow.
+  ASSERT_LT(fast.prefill_time_s(4096, 0), cost_.prefill_time_s(2048, 2048) + cost_.kv_load_time_s(2048));
+  EXPECT_EQ(d.prefill_instance, 1u);
+  EXPECT_DOUBLE_EQ(d.prefill_s, fast.prefill_time_s(4096, 0));
+  EXPECT_EQ(d.decode_instance, 1u);  // the faster decode step
+  ASSERT_LT(fast.decode_step_time_s(1, 4096), cost_.decode_step_time_s(1, 4096));
+  EXPECT_DOUBLE_EQ(d.predicted_tbt_s, fast.decode_step_time_s(1, 4096));
+  // Without them, the cached half wins.
+  conductor.set_instance_cost_models({}, {});
+  EXPECT_EQ(conductor.schedule(cluster, {4096, keys_, 100}, 0).prefill_instance, 0u);
+}
+
 TEST_F(ConductorTest, LeastLoadedPicksShortestQueueAndIgnoresCache) {
   FakeCluster cluster(3, 1);
   cluster.busy_until_s = {5.0, 2.0, 9.0};
