@@ -463,6 +463,53 @@ class RouterTest(unittest.TestCase):
         wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine=silent.name) == 1, 15,
                    f"{silent.name} to come back")
 
+    def test_an_engine_without_kv_events_is_tracked_from_what_was_routed_there(self):
+        """Stand-ins that publish no KV events: the router keeps an LRU of each one's cache size (from its
+        /metrics) over the prompts it sent there, says so in its metrics, and still sends a prompt's follow-up
+        where its prefix is."""
+        engines = self.start_standins(2, "--kv-events", "off", "--cache-blocks", "64")
+        router = self.start_router([s.entry(events=False) for s in engines], "--policy", "cache-aware")
+        m = router.metrics()
+        for s in engines:
+            self.assertEqual(metric(m, "crescent_engine_cache_tracking", engine=s.name, mode="approximate"), 1)
+            self.assertEqual(metric(m, "crescent_engine_cache_tracking", engine=s.name, mode="events"), 0)
+        hits = []
+        for turn in range(6):
+            # Each turn extends the conversation so far by two blocks.
+            prompt = list(range(1000, 1000 + BLOCK * 2 * (turn + 1) + 3))
+            a = http_json(router.url + "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+            hits.append(a["usage"]["prompt_tokens_details"]["cached_tokens"])
+        self.assertEqual(hits, [BLOCK * 2 * t for t in range(6)])
+        m = router.metrics()
+        cached = [metric(m, "crescent_engine_cached_blocks", engine=s.name) for s in engines]
+        self.assertEqual(sorted(cached), [0, 12])
+        # 64 blocks of room: the LRU evicts as the engine does.
+        for i in range(5):
+            http_json(router.url + "/v1/completions",
+                      {"model": MODEL, "prompt": list(range(5000 + 100 * i, 5000 + 100 * i + BLOCK * 20)),
+                       "max_tokens": 1})
+        m = router.metrics()
+        for s in engines:
+            self.assertLessEqual(metric(m, "crescent_engine_cached_blocks", engine=s.name), 64)
+
+    def test_the_router_and_the_engine_see_the_same_tokens(self):
+        """With the model's tokenizer (Llama 3's tokenizer.json) the router tokenizes a text prompt once and
+        sends the engine those ids: the engine counts as many prompt tokens as `crescent tokenize` gives,
+        and a repeat of the prompt hits its cache."""
+        tokenizer = os.path.join(ARGS.source, "tests", "model", "hf_tokenizer_oracle", "node_modules", "@lenml",
+                                 "tokenizer-llama3", "models", "tokenizer.json")
+        if not os.path.exists(tokenizer):
+            self.skipTest("no Llama 3 tokenizer.json (./scripts/install-deps.sh installs it)")
+        engines = self.start_standins(2, "--cache-blocks", "4096")
+        router = self.start_router([s.entry() for s in engines], "--tokenizer", tokenizer)
+        text = "The quick brown fox jumps over the lazy dog. " * 12 + "Überraschung! 日本語のテキスト。"
+        ids = json.loads(subprocess.run([ARGS.crescent, "tokenize", "--tokenizer", tokenizer, "--json"],
+                                        input=text, capture_output=True, text=True, check=True).stdout)
+        first = http_json(router.url + "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 2})
+        self.assertEqual(first["usage"]["prompt_tokens"], len(ids))
+        again = http_json(router.url + "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 2})
+        self.assertEqual(again["usage"]["prompt_tokens_details"]["cached_tokens"], (len(ids) - 1) // BLOCK * BLOCK)
+
     # ---- What must hold: bad entries are named ----------------------------------------------------------
 
     def test_bad_entries_are_named(self):
