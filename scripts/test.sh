@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs the tests: the whole suite in the release preset, then the tests of
-# the threaded and networked components (transfer engine, etcd client, store, instance engine, serving front end)
-# and of the Jinja renderer (it parses templates and requests' messages) again under AddressSanitizer + UBSan
+# the threaded and networked components (transfer engine, etcd client, store, instance engine, serving front end,
+# HTTP client, router mode) and of the Jinja renderer (it parses templates and requests' messages) again under AddressSanitizer + UBSan
 # (debug preset, those targets only). What CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,5 +10,6 @@ cmake --preset release
 cmake --build --preset release
 ctest --preset release
 cmake --preset debug
-cmake --build --preset debug --target transfer_tests etcd_client_test store_test_binaries engine_test serve_test jinja_test
-ctest --preset debug -L 'transfer|common-etcd|store|engine|serve|jinja'
+cmake --build --preset debug --target transfer_tests etcd_client_test store_test_binaries engine_test serve_test \
+  http_client_test router_test jinja_test
+ctest --preset debug -L 'transfer|common-etcd|store|engine|serve|router|jinja'

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 ARGS = None  # --crescent, --source
@@ -509,6 +510,30 @@ class RouterTest(unittest.TestCase):
         self.assertEqual(first["usage"]["prompt_tokens"], len(ids))
         again = http_json(router.url + "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 2})
         self.assertEqual(again["usage"]["prompt_tokens_details"]["cached_tokens"], (len(ids) - 1) // BLOCK * BLOCK)
+
+    def test_admission_refuses_before_any_engine_spends_prefill(self):
+        """With a TTFT SLO no engine can meet (0.1 ms: the stand-ins' profile says 2 ms at least), admission
+        answers 429 with Retry-After, and no engine is asked anything."""
+        engines = self.start_standins(2)
+        with open(CONFIG) as f:
+            config = json.load(f)
+        config["slo"]["ttft_s"] = 0.0001
+        strict = os.path.join(self.workdir, "strict.json")
+        with open(strict, "w") as f:
+            json.dump(config, f)
+        router = self.start_router([s.entry() for s in engines], "--config", strict, "--admission", "slo")
+        req = urllib.request.Request(router.url + "/v1/completions",
+                                     data=json.dumps({"model": MODEL, "prompt": [1] * 40,
+                                                      "max_tokens": 4}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with self.assertRaises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        self.assertEqual(refused.exception.code, 429)
+        self.assertEqual(refused.exception.headers["Retry-After"], "1")
+        self.assertEqual(json.loads(refused.exception.read())["error"]["code"], "ttft")
+        for s in engines:
+            self.assertEqual(s.stats()["request_ids"], {})
+        self.assertEqual(metric(router.metrics(), "crescent_requests_rejected_total", reason="ttft"), 1)
 
     # ---- What must hold: bad entries are named ----------------------------------------------------------
 
