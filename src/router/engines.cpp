@@ -7,19 +7,23 @@
 #include <set>
 
 #include "common/json_util.h"
+#include "common/name_table.h"
 
 namespace crescent::router {
 
+namespace {
+
+constexpr NameTable<EngineRole, 3> kRoles{"engine role",
+                                          {{
+                                              {"prefill", EngineRole::kPrefill},
+                                              {"decode", EngineRole::kDecode},
+                                              {"both", EngineRole::kBoth},
+                                          }}};
+
+}  // namespace
+
 std::string_view to_string(EngineRole role) {
-  switch (role) {
-    case EngineRole::kPrefill:
-      return "prefill";
-    case EngineRole::kDecode:
-      return "decode";
-    case EngineRole::kBoth:
-      return "both";
-  }
-  return "both";
+  return kRoles.name(role);
 }
 
 Result<HostPort> parse_host_port(std::string_view url, std::string_view scheme, std::string_view what) {
@@ -74,16 +78,11 @@ Result<EngineEntry> engine_from_json(const nlohmann::json& j, const std::string&
   if (!http.ok()) return http.status();
   std::string role;
   CRESCENT_RETURN_IF_ERROR(f.string("role", role));
-  if (role == "prefill") {
-    e.role = EngineRole::kPrefill;
-  } else if (role == "decode") {
-    e.role = EngineRole::kDecode;
-  } else if (role == "both") {
-    e.role = EngineRole::kBoth;
-  } else {
-    return Status::invalid_argument(
-        fmt::format("{}: field 'role': '{}' is not prefill, decode or both", named, role));
+  auto parsed_role = kRoles.parse(role);
+  if (!parsed_role.ok()) {
+    return Status::invalid_argument(fmt::format("{}: field 'role': {}", named, parsed_role.status().message()));
   }
+  e.role = *parsed_role;
   CRESCENT_RETURN_IF_ERROR(f.string("model", e.model));
   if (e.model.empty()) return Status::invalid_argument(fmt::format("{}: field 'model' is empty", named));
   CRESCENT_RETURN_IF_ERROR(f.integer("block_size", e.block_size_tokens, 1));

@@ -74,7 +74,7 @@ TEST(SimulateCli, SameInputsGiveByteIdenticalOutput) {
 
 TEST(SimulateCli, UnknownPolicyListsValidNames) {
   expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --compare random,fastest"),
-                        "unknown prefill policy 'fastest' (valid: random, least-loaded, cache-aware, "
+                        "unknown prefill policy 'fastest' (valid: random, round-robin, least-loaded, cache-aware, "
                         "global-cache-aware)");
   expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --admission maybe"),
                         "valid: none, slo");

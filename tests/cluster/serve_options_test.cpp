@@ -36,7 +36,7 @@ TEST_F(ServeOptions, NamesAreParsedOnceAndErrorsListTheValidOnes) {
   EXPECT_EQ(s->cluster.config.serve.admission, conductor::Admission::kEarly);
   EXPECT_EQ(s->cluster.model_name, "mock");
   EXPECT_THAT(resolve({.policy = "fastest"}).status().message(),
-              HasSubstr("--policy: unknown prefill policy 'fastest' (valid: random, least-loaded"));
+              HasSubstr("--policy: unknown prefill policy 'fastest' (valid: random, round-robin, least-loaded"));
   EXPECT_THAT(resolve({.executor = "gpu"}).status().message(),
               HasSubstr("--executor: unknown executor 'gpu' (valid: mock, cpu)"));
   EXPECT_THAT(resolve({.executor = "cpu"}).status().message(), HasSubstr("--executor cpu needs a model"));

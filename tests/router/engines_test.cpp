@@ -59,7 +59,7 @@ TEST(Engines, EveryBadFieldIsNamedWithItsEngine) {
   EXPECT_THAT(error_of(j), HasSubstr("engines[0] ('gpu-0'): missing fields 'url', 'model'"));
   j = engine("gpu-0");
   j["role"] = "prefil";
-  EXPECT_THAT(error_of(j), HasSubstr("('gpu-0'): field 'role': 'prefil' is not prefill, decode or both"));
+  EXPECT_THAT(error_of(j), HasSubstr("('gpu-0'): field 'role': unknown engine role 'prefil' (valid: prefill, decode, both)"));
   j = engine("gpu-0");
   j["url"] = "https://10.0.0.5:8000";
   EXPECT_THAT(error_of(j), HasSubstr("field 'url' 'https://10.0.0.5:8000' is not http://HOST:PORT"));

@@ -226,7 +226,7 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
            {"stage_timeout_floor_s", 0, "'stage_timeout_floor_s'"},
            {"stage_timeout_factor", -1, "'stage_timeout_factor'"},
            {"policy", "fastest",
-            "field 'policy': unknown prefill policy 'fastest' (valid: random, least-loaded"},
+            "field 'policy': unknown prefill policy 'fastest' (valid: random, round-robin, least-loaded"},
            {"admission", "maybe", "field 'admission': unknown admission policy 'maybe' (valid: none, slo"},
            {"http_port", 70000, "'http_port' must be <= 65535"},
            {"executor", "gpu", "field 'executor': unknown executor 'gpu' (valid: mock, cpu)"},
