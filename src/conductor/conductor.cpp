@@ -106,7 +106,8 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   c.local_blocks = local_blocks;
   c.fetched_blocks = prefix_blocks - local_blocks;
   const perf::CostModel& cost = prefill_cost(instance);
-  c.transfer_s = cost.kv_transfer_time_s(prefix_tokens - local_tokens) + cost.kv_load_time_s(prefix_tokens);
+  c.transfer_s = cost.kv_transfer_time_s(prefix_tokens - local_tokens) +
+                 (options_.prefix_cache_in_hbm ? 0.0 : cost.kv_load_time_s(prefix_tokens));
   c.queue_s = queue_s;
   // The prefill instance's iterations (engine::MockExecutor): compute-bound for realistic sizes, but each
   // reads the weights once, which is what a prompt whose prefix is all reused costs.

@@ -88,6 +88,10 @@ struct ConductorOptions {
   /// Fetch a remote prefix when best_len / local_len exceeds this (Algorithm 1 line 5; the paper tunes it by
   /// hand). 1.0 fetches whenever a longer prefix exists elsewhere.
   double kvcache_balancing_threshold = 1.0;
+  /// Instances keep their prefix caches in HBM (inference engines in router mode, docs/router.md), not in
+  /// DRAM as Mooncake's prefill instances do: a reused prefix costs no host-to-device load (T_transfer is the
+  /// fetch alone).
+  bool prefix_cache_in_hbm = false;
   double ttft_slo_s = 30.0;  // for admission policies
   double tbt_slo_s = 0.1;    // for admission policies
   uint64_t seed = 1;         // for PrefillPolicy::kRandom

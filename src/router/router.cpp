@@ -75,11 +75,9 @@ std::string engine_body(const serve::RelayedRequest& request, bool token_ids, bo
 }
 
 // The cost model of an engine timed as `profile` (none: the config's own), on the config's model and
-// hardware. An engine's prefix cache is in its GPUs' memory: a reused prefix is not loaded from host DRAM
-// first (Algorithm 1's T_transfer is 0 for it).
+// hardware.
 perf::CostModel engine_cost_model(cluster::ClusterConfig config, const std::optional<perf::Profile>& profile) {
   if (profile) config.profile = profile;
-  config.hardware.host_device_bytes_per_s = std::numeric_limits<double>::infinity();
   return cluster::cost_model(config);
 }
 
@@ -330,6 +328,7 @@ class Router::Impl final : private cluster::PlacementDriver {
     conductor::ConductorOptions o =
         cluster::conductor_options(options_.config, policy, options_.config.serve.admission, block_size());
     o.prefill_chunk_tokens = 0;  // an engine's chunking is its own: one prefill, as its profile timed it
+    o.prefix_cache_in_hbm = true;  // an engine's prefix cache is in its GPUs' memory
     return o;
   }
 

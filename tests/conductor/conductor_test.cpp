@@ -91,6 +91,17 @@ TEST_F(ConductorTest, RoundRobinTakesEachInstanceInTurnIgnoringCacheAndQueue) {
   EXPECT_THAT(chosen, ::testing::ElementsAre(0u, 1u, 2u, 0u, 1u, 2u));
 }
 
+TEST_F(ConductorTest, APrefixCacheInHbmCostsNoLoad) {
+  FakeCluster cluster(3, 1);
+  cluster.cache(2, {1, 2, 3, 4, 5, 6});
+  Conductor conductor(cost_, {.policy = PrefillPolicy::kCacheAware, .prefix_cache_in_hbm = true});
+  const Decision d = conductor.schedule(cluster, {4096, keys_, 100}, 0);
+  EXPECT_EQ(d.prefill_instance, 2u);
+  EXPECT_EQ(d.local_prefix_tokens, 6 * 512);
+  EXPECT_DOUBLE_EQ(d.transfer_s, 0.0);  // in DRAM it would be cost_.kv_load_time_s(3072)
+  EXPECT_DOUBLE_EQ(d.ttft_s, cost_.prefill_time_s(1024, 3072));
+}
+
 TEST_F(ConductorTest, InstancesNotAlikeAreEachTimedByTheirOwnCostModel) {
   // Instance 1 is twice as fast (compute and memory), instance 0 holds half the prompt.
   perf::HardwareSpec fast_hardware = *perf::hardware_preset("8xA800");
