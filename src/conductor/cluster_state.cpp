@@ -121,9 +121,8 @@ void ClusterState::on_decode_down(InstanceId d) {
   decode_[d].kv_capacity_tokens = capacity;
 }
 
-void ClusterState::on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s) {
+void ClusterState::on_prefill_computed(InstanceId instance, std::span<const BlockKey> block_keys, double now_s) {
   busy_until_s_[instance] = std::max(busy_until_s_[instance], now_s);
-  release_placement(instance, block_keys);
   // The blocks it stored are computed now, however long their placement predicted.
   auto& ready = ready_s_[instance];
   for (BlockKey k : block_keys) {

@@ -80,7 +80,21 @@ class ClusterState final : public ClusterView {
   /// course: of its `block_keys`, those the instance did not store (no KV event said so: a cache smaller than
   /// the prompt keeps its head) leave the index unless another placement there will compute them, as for a
   /// dropped request.
-  void on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s);
+  void on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s) {
+    on_prefill_computed(instance, block_keys, now_s);
+    on_placement_settled(instance, block_keys);
+  }
+  /// on_prefill_done's first half, for a Conductor whose KV events may come after the prefill is seen to end
+  /// (a live engine's events travel on another socket than its answer, docs/router.md): the queue estimate
+  /// and the ready times of stored blocks, but the placement still stands in the index until
+  /// on_placement_settled.
+  void on_prefill_computed(InstanceId instance, std::span<const BlockKey> block_keys, double now_s);
+  /// on_prefill_done's second half: the placement of `block_keys` on `instance` no longer stands. Of its
+  /// blocks, those no KV event said the instance stores leave the index unless another placement there will
+  /// compute them.
+  void on_placement_settled(InstanceId instance, std::span<const BlockKey> block_keys) {
+    release_placement(instance, block_keys);
+  }
 
   /// Event "prefill idle": prefill instance `instance` has nothing queued or running at `now_s` (a live
   /// Conductor knows when every request it placed there is done): its queue's predicted end is now at the

@@ -37,6 +37,10 @@ using nlohmann::json;
 
 constexpr size_t kMaxAnswerBytes = 64ull << 20;  // a whole (non-streamed) answer held before relaying
 constexpr double kHealthTimeoutS = 2;
+// How long a placement's blocks stay indexed on an engine that publishes KV events after its prefill is seen
+// to end, waiting for the events that say it stores them: its answer and its events come on different
+// sockets, and a request arriving in between should still find the prefix there (docs/router.md).
+constexpr double kKvEventLagS = 1;
 constexpr size_t kMaxOverheadSamples = 1 << 20;  // what take_overhead_samples_s() keeps between takes
 
 // The key of an engine's entry file, trimmed: what an api_key_file holds.
@@ -456,8 +460,11 @@ class Router::Impl final : private cluster::PlacementDriver {
         changes_.clear();
         p.cache->on_prefill_done(r.keys, changes_);
         state_.on_kv_event(*p.prefill, changes_.stored, changes_.removed, now);
+        state_.on_prefill_done(*p.prefill, r.keys, now);
+      } else {
+        state_.on_prefill_computed(*p.prefill, r.keys, now);
+        unsettled_.push_back({now + kKvEventLagS, r.prefill_engine, p.kv_generation, r.keys});
       }
-      state_.on_prefill_done(*p.prefill, r.keys, now);
     }
     prefill_ended(p, now);
     Engine& d = engines_[r.decode_engine];
@@ -800,6 +807,18 @@ class Router::Impl final : private cluster::PlacementDriver {
     }
   }
 
+  // Settles the placements whose wait for their engine's KV events is over.
+  void settle_placements() {
+    std::lock_guard lock(mu_);
+    const double now = clock_.now_s();
+    while (!unsettled_.empty() && unsettled_.front().due_s <= now) {
+      const Unsettled& u = unsettled_.front();
+      const Engine& e = engines_[u.engine];
+      if (e.up && e.prefill && e.kv_generation == u.kv_generation) state_.on_placement_settled(*e.prefill, u.keys);
+      unsettled_.pop_front();
+    }
+  }
+
   // Every poll_interval_s: each engine's /health, then its /metrics. Two failed checks in a row (or one
   // refused connection) take it down; a check that passes brings it back.
   void poll_loop() {
@@ -901,6 +920,7 @@ class Router::Impl final : private cluster::PlacementDriver {
           s.replayed = replayed;
         }
       }
+      settle_placements();
       if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
@@ -1098,6 +1118,15 @@ class Router::Impl final : private cluster::PlacementDriver {
   UnguessableIds ids_;
   std::vector<double> overhead_samples_;  // seconds, for take_overhead_samples_s()
   CacheChanges changes_;    // scratch
+  // Placements on engines tracked from their events whose prefill ended, in the order they ended: each
+  // settles (ClusterState::on_placement_settled) kKvEventLagS later, unless its engine went down since.
+  struct Unsettled {
+    double due_s = 0;
+    size_t engine = 0;
+    uint64_t kv_generation = 0;
+    std::vector<BlockKey> keys;
+  };
+  std::deque<Unsettled> unsettled_;
   int64_t fed_events_ = 0;  // scratch: the events one SseParser::feed completed
   const SteadyClock clock_;
   std::unique_ptr<serve::HttpClient> client_;

@@ -129,6 +129,25 @@ TEST(ClusterState, APrefillDoneKeepsOnlyWhatTheInstanceStored) {
   EXPECT_EQ(match.best_blocks, 2);
 }
 
+// A live engine's KV events can come after its answer says the prefill ended: between on_prefill_computed and
+// on_placement_settled the placed blocks stay indexed, and an event arriving then keeps them for good.
+TEST(ClusterState, APlacementStandsUntilSettledWhileItsEventsAreOnTheirWay) {
+  ClusterState state(1, 1, kBlock, 1000);
+  const std::vector<BlockKey> keys{1, 2, 3};
+  Decision d;
+  d.prefill_instance = 0;
+  state.on_request_placed({3 * kBlock, keys, 1}, d, 0);
+  state.on_prefill_computed(0, keys, 1.0);
+  kv::PrefixMatch match;
+  state.block_index().match_prefix(keys, match);
+  EXPECT_EQ(match.best_blocks, 3) << "no event yet, but the placement still stands";
+  EXPECT_THAT(state.prefill_busy_until_s(), ElementsAre(1.0));
+  state.on_kv_event(0, std::vector<BlockKey>{1, 2}, {}, 1.1);  // the events arrive: the cache kept 1, 2
+  state.on_placement_settled(0, keys);
+  state.block_index().match_prefix(keys, match);
+  EXPECT_EQ(match.best_blocks, 2);
+}
+
 }  // namespace
 }  // namespace crescent::conductor
 
