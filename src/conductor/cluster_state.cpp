@@ -33,7 +33,7 @@ double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey>
   double ready_s = 0;
   const auto& ready = ready_s_[holder];
   for (BlockKey k : keys) {
-    if (auto it = ready.find(k); it != ready.end()) ready_s = std::max(ready_s, it->second.ready_s);
+    if (const CachedBlock* block = ready.find(k)) ready_s = std::max(ready_s, block->ready_s);
   }
   return ready_s;
 }
@@ -60,9 +60,9 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
   // prefill is done, and later requests may be placed on them before the instance's own KV events say so.
   auto& ready = ready_s_[decision.prefill_instance];
   for (BlockKey k : request.block_keys) {
-    auto [it, added] = ready.try_emplace(k, CachedBlock{t.done_s});
+    auto [block, added] = ready.try_emplace(k, CachedBlock{t.done_s});
     if (added) index_.add(k, decision.prefill_instance);
-    if (!it->second.stored) ++it->second.placements;
+    if (!block->stored) ++block->placements;
   }
   if (request.max_output_tokens > 1) {
     kv::DecodeGroup& incoming = decode_[decision.decode_instance].incoming;
@@ -84,27 +84,27 @@ void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> st
     index_.add(k, instance);
     // A block placed earlier keeps its predicted ready time: an instance stores a block (and says so) when
     // its prefill starts, before the block is computed.
-    auto [it, added] = ready.try_emplace(k, CachedBlock{ready_s});
-    if (!added) it->second.ready_s = std::max(it->second.ready_s, ready_s);
-    it->second.stored = true;
+    auto [block, added] = ready.try_emplace(k, CachedBlock{ready_s});
+    if (!added) block->ready_s = std::max(block->ready_s, ready_s);
+    block->stored = true;
   }
 }
 
 void ClusterState::release_placement(InstanceId instance, std::span<const BlockKey> block_keys) {
   auto& ready = ready_s_[instance];
   for (BlockKey k : block_keys) {
-    auto it = ready.find(k);
-    if (it == ready.end() || it->second.stored || it->second.placements == 0) continue;
-    if (--it->second.placements == 0) {  // no other placement will compute it there
+    CachedBlock* block = ready.find(k);
+    if (block == nullptr || block->stored || block->placements == 0) continue;
+    if (--block->placements == 0) {  // no other placement will compute it there
       index_.remove(k, instance);
-      ready.erase(it);
+      ready.erase(k);
     }
   }
 }
 
 void ClusterState::on_kv_cleared(InstanceId instance) {
   auto& ready = ready_s_[instance];
-  for (const auto& [key, block] : ready) index_.remove(key, instance);
+  ready.for_each([&](BlockKey key, const CachedBlock&) { index_.remove(key, instance); });
   ready.clear();
 }
 
@@ -127,8 +127,8 @@ void ClusterState::on_prefill_done(InstanceId instance, std::span<const BlockKey
   // The blocks it stored are computed now, however long their placement predicted.
   auto& ready = ready_s_[instance];
   for (BlockKey k : block_keys) {
-    if (auto it = ready.find(k); it != ready.end() && it->second.stored) {
-      it->second.ready_s = std::min(it->second.ready_s, now_s);
+    if (CachedBlock* block = ready.find(k); block != nullptr && block->stored) {
+      block->ready_s = std::min(block->ready_s, now_s);
     }
   }
 }

@@ -11,7 +11,7 @@ BlockCache::BlockCache(int64_t capacity_blocks) : capacity_blocks_(capacity_bloc
 int64_t BlockCache::prefix_match_blocks(std::span<const BlockKey> keys) const {
   int64_t run = 0;
   for (BlockKey key : keys) {
-    if (!entries_.count(key)) break;
+    if (entries_.find(key) == nullptr) break;
     ++run;
   }
   return run;
@@ -55,11 +55,11 @@ void BlockCache::evict_lru(TouchEvents* events) {
 }
 
 bool BlockCache::erase_unpinned(BlockKey key) {
-  auto it = entries_.find(key);
-  if (it == entries_.end() || it->second.ref_count > 0) return false;
-  list_remove(it->second.slot);
-  free_slots_.push_back(it->second.slot);
-  entries_.erase(it);
+  const Entry* e = entries_.find(key);
+  if (e == nullptr || e->ref_count > 0) return false;
+  list_remove(e->slot);
+  free_slots_.push_back(e->slot);
+  entries_.erase(key);
   return true;
 }
 
@@ -76,9 +76,8 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
   const uint64_t call = ++touch_calls_;
   held_.clear();
   for (BlockKey key : keys) {
-    auto it = entries_.find(key);
-    if (it != entries_.end()) {
-      Entry& e = it->second;
+    if (Entry* found = entries_.find(key)) {
+      Entry& e = *found;
       if (pin) {
         if (e.ref_count++ == 0) {
           list_remove(e.slot);
@@ -101,7 +100,7 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
     }
     const uint32_t slot = allocate_slot(key);
     slots_[slot].touch_call = call;
-    entries_.emplace(key, Entry{slot, pin ? 1u : 0u});
+    entries_.try_emplace(key, Entry{slot, pin ? 1u : 0u});
     if (pin) {
       ++pinned_blocks_;
       if (events) events->pinned.push_back(key);
@@ -115,12 +114,12 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
 
 void BlockCache::unpin(std::span<const BlockKey> keys) {
   for (auto key = keys.rbegin(); key != keys.rend(); ++key) {
-    auto it = entries_.find(*key);
-    assert(it != entries_.end() && it->second.ref_count > 0);
-    if (it == entries_.end() || it->second.ref_count == 0) continue;
-    if (--it->second.ref_count == 0) {
+    Entry* e = entries_.find(*key);
+    assert(e != nullptr && e->ref_count > 0);
+    if (e == nullptr || e->ref_count == 0) continue;
+    if (--e->ref_count == 0) {
       --pinned_blocks_;
-      list_push_back(it->second.slot);
+      list_push_back(e->slot);
     }
   }
 }

@@ -5,22 +5,21 @@
 namespace crescent::kv {
 
 void BlockIndex::add(BlockKey key, InstanceId holder) {
-  auto& list = holders_[key];
+  auto& list = *holders_.try_emplace(key, {}).first;
   if (std::find(list.begin(), list.end(), holder) != list.end()) return;
   list.push_back(holder);
   ++replicas_;
 }
 
 void BlockIndex::remove(BlockKey key, InstanceId holder) {
-  auto it = holders_.find(key);
-  if (it == holders_.end()) return;
-  auto& list = it->second;
-  auto pos = std::find(list.begin(), list.end(), holder);
-  if (pos == list.end()) return;
-  *pos = list.back();
-  list.pop_back();
+  auto* list = holders_.find(key);
+  if (list == nullptr) return;
+  auto pos = std::find(list->begin(), list->end(), holder);
+  if (pos == list->end()) return;
+  *pos = list->back();
+  list->pop_back();
   --replicas_;
-  if (list.empty()) holders_.erase(it);
+  if (list->empty()) holders_.erase(key);
 }
 
 void BlockIndex::apply(InstanceId holder, const TouchEvents& events) {
@@ -29,9 +28,9 @@ void BlockIndex::apply(InstanceId holder, const TouchEvents& events) {
 }
 
 std::span<const InstanceId> BlockIndex::holders(BlockKey key) const {
-  auto it = holders_.find(key);
-  if (it == holders_.end()) return {};
-  return it->second;
+  const auto* list = holders_.find(key);
+  if (list == nullptr) return {};
+  return {list->data(), list->size()};
 }
 
 void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const {
