@@ -4,6 +4,7 @@
 #include <array>
 #include <charconv>
 #include <string_view>
+#include <vector>
 
 namespace crescent::router {
 namespace {
@@ -14,16 +15,20 @@ void append_dump(std::string& out, const json& value) {
   out += value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// `ids` as a JSON array of integers, as nlohmann dumps one.
+// `ids` as a JSON array of integers, as nlohmann dumps one: written in place (20 characters and a comma at
+// most each), the string trimmed after.
 void append_ids(std::string& out, const std::vector<int64_t>& ids) {
-  out += '[';
-  std::array<char, 24> digits;
+  const size_t start = out.size();
+  out.resize(start + 2 + 21 * ids.size());
+  char* p = out.data() + start;
+  char* const end = out.data() + out.size();
+  *p++ = '[';
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) out += ',';
-    const auto [end, ec] = std::to_chars(digits.data(), digits.data() + digits.size(), ids[i]);
-    out.append(digits.data(), end);
+    if (i > 0) *p++ = ',';
+    p = std::to_chars(p, end, ids[i]).ptr;
   }
-  out += ']';
+  *p++ = ']';
+  out.resize(static_cast<size_t>(p - out.data()));
 }
 
 }  // namespace
@@ -57,7 +62,7 @@ std::string engine_body(const serve::RelayedRequest& request, bool token_ids, bo
 
   // The body's members and the changes merged in key order (both std::map: the order nlohmann dumps in).
   std::string out;
-  out.reserve(64 + 7 * request.prompt_token_ids.size());
+  out.reserve(256 + 21 * request.prompt_token_ids.size());
   out += '{';
   bool first = true;
   const auto member = [&](const std::string& key, const json& value) {
