@@ -18,7 +18,10 @@
 #include <random>
 #include <thread>
 
+#include "common/json_util.h"
 #include "common/percentile.h"
+#include "kv/block_key.h"
+#include "router/engine_body.h"
 #include "router/router.h"
 #include "serve/frontend.h"
 #include "serve/http_client.h"
@@ -285,29 +288,69 @@ void on_fresh_thread(const std::function<void()>& body) {
   thread.join();
 }
 
-void time_stages(const model::Tokenizer& tokenizer, const Workload& w, RouterBenchReport& report) {
+// The sum and count of the router's crescent_conductor_decision_seconds histogram in `metrics` (0, 0 when
+// absent).
+std::pair<double, double> decision_sum_count(const std::string& metrics) {
+  const auto value = [&](std::string_view name) {
+    const size_t at = metrics.find(std::string("\n") + std::string(name) + " ");
+    if (at == std::string::npos) return 0.0;
+    return std::strtod(metrics.c_str() + at + name.size() + 2, nullptr);
+  };
+  return {value("crescent_conductor_decision_seconds_sum"),
+          value("crescent_conductor_decision_seconds_count")};
+}
+
+// Times `stage` on each measured prompt's body on a new thread (empty caches), after running it on the
+// probe's and the warm-up's: as the front end's thread runs it, warmed by the same requests.
+Percentiles time_stage(const Workload& w, const std::function<void(size_t)>& stage) {
   const size_t first = 1 + w.warmup;
-  // As the front end's thread tokenizes: its word cache warmed by the probe and the warm-up prompts.
-  std::vector<double> warm_s;
-  on_fresh_thread([&] {
-    for (size_t i = 0; i < first; ++i) (void)tokenizer.encode(w.prompts[i]);
+  std::vector<double> seconds;
+  std::thread thread([&] {
+    for (size_t i = 0; i < first; ++i) stage(i);
     for (size_t i = first; i < w.prompts.size(); ++i) {
       const auto t0 = Clock::now();
-      const std::vector<int64_t> ids = tokenizer.encode(w.prompts[i]);
-      warm_s.push_back(elapsed_s(t0, Clock::now()));
+      stage(i);
+      seconds.push_back(elapsed_s(t0, Clock::now()));
     }
   });
-  report.stages.push_back({"tokenize",
-                           "the measured prompts, one thread, its caches warmed by the warm-up prompts",
-                           percentiles(warm_s, 1e6)});
+  thread.join();
+  return percentiles(seconds, 1e6);
+}
+
+void time_stages(const model::Tokenizer& tokenizer, const Workload& w, RouterBenchReport& report) {
+  // What the front end and the router do with a request, one step at a time, each step's input ready.
+  std::vector<std::string> bodies(w.prompts.size());
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    bodies[i] = json{{"model", kModel}, {"prompt", w.prompts[i]}, {"max_tokens", 4}, {"stream", true}}.dump();
+  }
+  std::vector<std::vector<int64_t>> ids(w.prompts.size());
+  for (size_t i = 0; i < w.prompts.size(); ++i) ids[i] = tokenizer.encode(w.prompts[i]);
+  report.stages.push_back({"parse body", "the request body into a JSON tree (parse_json_bounded, depth 64)",
+                           time_stage(w, [&](size_t i) { (void)parse_json_bounded(bodies[i], 64); })});
+  report.stages.push_back({"tokenize", "the prompt, its word cache warmed by the warm-up prompts",
+                           time_stage(w, [&](size_t i) { (void)tokenizer.encode(w.prompts[i]); })});
+  const BlockKey seed = XXH3_64bits(kModel, std::string_view(kModel).size());
+  report.stages.push_back(
+      {"block keys", "the prompt's block keys (kv::prompt_block_keys, 16 tokens a block)",
+       time_stage(w, [&](size_t i) { (void)kv::prompt_block_keys(ids[i], kBlockSizeTokens, seed); })});
+  std::vector<serve::RelayedRequest> relayed(w.prompts.size());
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    relayed[i].body = json::parse(bodies[i]);
+    relayed[i].prompt_token_ids = ids[i];
+    relayed[i].stream = true;
+  }
+  report.stages.push_back(
+      {"engine body", "the engine's body, the prompt as token ids (router::engine_body)",
+       time_stage(w, [&](size_t i) { (void)router::engine_body(relayed[i], true, false, nullptr); })});
   // A prompt seen for the first time, on a thread whose caches are empty (after a one-byte encode, so
   // allocating them is not counted).
+  const size_t first = 1 + w.warmup;
   std::vector<double> cold_s;
   for (size_t i = first; i < w.prompts.size() && cold_s.size() < kColdTokenizeSamples; ++i) {
     on_fresh_thread([&] {
       (void)tokenizer.encode("x");
       const auto t0 = Clock::now();
-      const std::vector<int64_t> ids = tokenizer.encode(w.prompts[i]);
+      const std::vector<int64_t> encoded = tokenizer.encode(w.prompts[i]);
       cold_s.push_back(elapsed_s(t0, Clock::now()));
     });
   }
@@ -403,6 +446,7 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   const auto start = Clock::now();
   double cpu_start = 0, sender_cpu_start = 0, client_cpu_start = 0, front_cpu_start = 0,
          engines_cpu_start = 0;
+  std::pair<double, double> decisions_start{0, 0};
   const auto engines_cpu = [&] {
     double s = 0;
     for (const ThreadCpuClock& c : engine_clocks) s += c.seconds();
@@ -415,6 +459,7 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
       client_cpu_start = load.client_clock().seconds();
       front_cpu_start = front_clock.seconds();
       engines_cpu_start = engines_cpu();
+      decisions_start = decision_sum_count((*router)->metrics_text());
     }
     const auto scheduled =
         start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(w.offsets_s[i]));
@@ -428,6 +473,11 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   const double front_cpu_s = front_clock.seconds() - front_cpu_start;
   const double engines_cpu_s = engines_cpu() - engines_cpu_start;
   std::vector<double> overhead_s = (*router)->take_overhead_samples_s();
+  const std::pair<double, double> decisions_end = decision_sum_count((*router)->metrics_text());
+  if (decisions_end.second > decisions_start.second) {
+    report.placement_us_mean =
+        (decisions_end.first - decisions_start.first) / (decisions_end.second - decisions_start.second) * 1e6;
+  }
   load.stop();
   (*front)->stop();
   router->reset();

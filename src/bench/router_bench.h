@@ -62,7 +62,8 @@ struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0, max = 0;
 };
 
-/// One stage of the request path timed alone, on the measured prompts, on one thread.
+/// One stage of the request path timed alone, on the measured prompts, on one thread whose caches the
+/// warm-up prompts warmed.
 struct StageTiming {
   std::string name;  // "tokenize", ...
   std::string what;  // what was timed, for reports
@@ -86,7 +87,10 @@ struct RouterBenchReport {
   /// the front end's HTTP server, the router's client and threads.
   double router_cpu_us_per_request = 0;
   double front_end_thread_cpu_us_per_request = 0;  // of which the front end's HTTP server thread
-  std::vector<StageTiming> stages;                 // the path's stages timed alone
+  /// The Conductor's placement (cluster::place: Algorithm 1 and its bookkeeping) in the run, mean
+  /// microseconds per measured request, from the router's crescent_conductor_decision_seconds.
+  double placement_us_mean = 0;
+  std::vector<StageTiming> stages;  // the path's stages timed alone
 };
 
 /// Starts the engines, the router and its front end on free loopback ports, runs the load, stops them, then

@@ -160,6 +160,7 @@ int run_bench_router(BenchRouterArgs& args) {
         {"cpu_us_per_request", r.cpu_us_per_request},
         {"router_cpu_us_per_request", r.router_cpu_us_per_request},
         {"front_end_thread_cpu_us_per_request", r.front_end_thread_cpu_us_per_request},
+        {"placement_us_mean", r.placement_us_mean},
         {"stages", stages},
         {"goal_p99_us", kGoalP99Us},
         {"goal_met", goal_met}};
@@ -186,6 +187,8 @@ int run_bench_router(BenchRouterArgs& args) {
     row("routing overhead (router's samples)", r.overhead_us);
     row("end to end (client: sent -> [DONE])", r.end_to_end_us);
     for (const bench::StageTiming& s : r.stages) row("  alone: " + s.name, s.us);
+    fmt::print("{:<44} {:>9.1f}   (mean in the run: crescent_conductor_decision_seconds)\n",
+               "  Conductor placement", r.placement_us_mean);
     row("load generator's lag behind schedule", r.send_lag_us);
     fmt::print(
         "\nCPU per request: {:.0f} us in the process; {:.0f} us outside the stand-in engines and the load "

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace crescent::bench {
 namespace {
@@ -40,9 +41,16 @@ TEST(RouterBenchTest, AnswersEveryRequestThroughTheRouter) {
   EXPECT_EQ(report->end_to_end_us.count, 20u);
   EXPECT_GT(report->prompt_tokens_mean, 2000);  // bytes: a token a byte (a UTF-8 cut takes at most 3 off)
   EXPECT_GT(report->cpu_us_per_request, 0);
-  ASSERT_GE(report->stages.size(), 2u);
-  EXPECT_EQ(report->stages[0].name, "tokenize");
-  EXPECT_EQ(report->stages[0].us.count, 20u);
+  EXPECT_GT(report->placement_us_mean, 0);
+  std::vector<std::string> stages;
+  for (const StageTiming& stage : report->stages) {
+    stages.push_back(stage.name);
+    if (stage.name != "tokenize cold") {
+      EXPECT_EQ(stage.us.count, 20u) << stage.name;
+    }
+  }
+  EXPECT_EQ(stages, (std::vector<std::string>{"parse body", "tokenize", "block keys", "engine body",
+                                              "tokenize cold"}));
 }
 
 TEST(RouterBenchTest, OptionsOutOfRangeAreRefused) {
