@@ -3,6 +3,12 @@
 #include <algorithm>
 
 namespace crescent::conductor {
+namespace {
+
+// A placement's keys looked up this far ahead are prefetched (the index and ready maps are megabytes).
+constexpr size_t kPrefetchAhead = 8;
+
+}  // namespace
 
 ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances, int64_t block_size_tokens,
                            int64_t decode_kv_capacity_tokens)
@@ -59,7 +65,13 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
   // Algorithm 1's "update the cache": the prompt's blocks will be on the chosen instance, readable once its
   // prefill is done, and later requests may be placed on them before the instance's own KV events say so.
   auto& ready = ready_s_[decision.prefill_instance];
-  for (BlockKey k : request.block_keys) {
+  const std::span<const BlockKey> keys = request.block_keys;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchAhead < keys.size()) {
+      ready.prefetch(keys[i + kPrefetchAhead]);
+      index_.prefetch(keys[i + kPrefetchAhead]);
+    }
+    const BlockKey k = keys[i];
     auto [block, added] = ready.try_emplace(k, CachedBlock{t.done_s});
     if (added) index_.add(k, decision.prefill_instance);
     if (!block->stored) ++block->placements;

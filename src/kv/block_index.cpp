@@ -3,6 +3,13 @@
 #include <algorithm>
 
 namespace crescent::kv {
+namespace {
+
+// Keys looked up this far ahead are prefetched: the index is megabytes, so each lookup would otherwise wait
+// on memory alone.
+constexpr int64_t kMatchPrefetchAhead = 8;
+
+}  // namespace
 
 void BlockIndex::add(BlockKey key, InstanceId holder) {
   auto& list = *holders_.try_emplace(key, {}).first;
@@ -45,6 +52,7 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
   alive_.assign(first.begin(), first.end());
   int64_t i = 1;
   for (; i < static_cast<int64_t>(keys.size()) && !alive_.empty(); ++i) {
+    if (i + kMatchPrefetchAhead < static_cast<int64_t>(keys.size())) prefetch(keys[i + kMatchPrefetchAhead]);
     ++stamp_now_;
     for (InstanceId inst : holders(keys[i])) {
       if (inst >= stamp_.size()) stamp_.resize(inst + 1, 0);

@@ -36,6 +36,9 @@ class BlockIndex {
   /// Applies one cache's events: stored keys are added for `holder`, evicted keys removed.
   void apply(InstanceId holder, const TouchEvents& events);
 
+  /// Starts loading where `key` is kept (a hint for loops over a request's keys, a few keys ahead).
+  void prefetch(BlockKey key) const { holders_.prefetch(key); }
+
   /// Instances holding `key` (empty if none), in insertion order.
   std::span<const InstanceId> holders(BlockKey key) const;
 

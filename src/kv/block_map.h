@@ -32,6 +32,11 @@ class BlockMap {
   }
   const V* find(BlockKey key) const { return const_cast<BlockMap*>(this)->find(key); }
 
+  /// Starts loading the slot `key` would be found in (a hint: for a loop over many keys, a few keys ahead).
+  void prefetch(BlockKey key) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[home(key)]);
+  }
+
   /// The value of `key`, inserted as `value` when absent; whether it was inserted.
   std::pair<V*, bool> try_emplace(BlockKey key, V value) {
     if (key == kEmpty) {
