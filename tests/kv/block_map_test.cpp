@@ -1,5 +1,5 @@
 // kv::BlockMap against std::unordered_map under a seeded random mix of inserts, lookups and erases (key 0,
-// colliding keys and long probe runs included): the same contents after every step.
+// colliding keys and long probe runs included): the same contents after every step; and at scale.
 #include "kv/block_map.h"
 
 #include <gtest/gtest.h>
@@ -66,6 +66,33 @@ TEST(BlockMap, BehavesAsAnUnorderedMap) {
   EXPECT_EQ(map.find(0), nullptr);
   EXPECT_TRUE(map.try_emplace(keys[1], 5).second);
   EXPECT_EQ(*map.find(keys[1]), 5);
+}
+
+// Many keys: every table grows several times, and the entries stay findable through erases.
+TEST(BlockMap, GrowsAndErasesAtScale) {
+  std::mt19937_64 rng(9);
+  BlockMap<uint64_t> map;
+  std::vector<BlockKey> keys(300'000);
+  for (BlockKey& key : keys) key = rng();
+  for (BlockKey key : keys) ASSERT_TRUE(map.try_emplace(key, key ^ 1).second);
+  EXPECT_EQ(map.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); i += 2) ASSERT_TRUE(map.erase(keys[i]));
+  EXPECT_EQ(map.size(), keys.size() / 2);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint64_t* value = map.find(keys[i]);
+    if (i % 2 == 0) {
+      ASSERT_EQ(value, nullptr);
+    } else {
+      ASSERT_NE(value, nullptr);
+      ASSERT_EQ(*value, keys[i] ^ 1);
+    }
+  }
+  size_t seen = 0;
+  map.for_each([&](BlockKey key, uint64_t value) {
+    ++seen;
+    EXPECT_EQ(value, key ^ 1);
+  });
+  EXPECT_EQ(seen, keys.size() / 2);
 }
 
 }  // namespace
