@@ -495,6 +495,7 @@ void register_bench(CLI::App& app, int& exit_code) {
 
   register_bench_store(*bench_cmd, exit_code);
   register_bench_serve(*bench_cmd, exit_code);
+  register_bench_router(*bench_cmd, exit_code);
   register_bench_model(*bench_cmd, exit_code);
 
   auto target = std::make_shared<bench::TransferTargetOptions>();

@@ -78,6 +78,8 @@ void register_bench(CLI::App& app, int& exit_code);
 void register_bench_store(CLI::App& bench_cmd, int& exit_code);
 /// `crescent bench serve` under `bench` (cli/bench_serve.cpp).
 void register_bench_serve(CLI::App& bench_cmd, int& exit_code);
+/// `crescent bench router` (cli/bench_router.cpp).
+void register_bench_router(CLI::App& bench_cmd, int& exit_code);
 /// `crescent bench model` (bench_model.cpp).
 void register_bench_model(CLI::App& bench_cmd, int& exit_code);
 /// `crescent store master|node|stat|put|get|rm` (cli/store.cpp).

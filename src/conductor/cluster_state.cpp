@@ -3,6 +3,12 @@
 #include <algorithm>
 
 namespace crescent::conductor {
+namespace {
+
+// A placement's keys looked up this far ahead are prefetched (the index and ready maps are megabytes).
+constexpr size_t kPrefetchAhead = 8;
+
+}  // namespace
 
 ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances, int64_t block_size_tokens,
                            int64_t decode_kv_capacity_tokens)
@@ -33,7 +39,7 @@ double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey>
   double ready_s = 0;
   const auto& ready = ready_s_[holder];
   for (BlockKey k : keys) {
-    if (auto it = ready.find(k); it != ready.end()) ready_s = std::max(ready_s, it->second.ready_s);
+    if (const CachedBlock* block = ready.find(k)) ready_s = std::max(ready_s, block->ready_s);
   }
   return ready_s;
 }
@@ -59,10 +65,16 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
   // Algorithm 1's "update the cache": the prompt's blocks will be on the chosen instance, readable once its
   // prefill is done, and later requests may be placed on them before the instance's own KV events say so.
   auto& ready = ready_s_[decision.prefill_instance];
-  for (BlockKey k : request.block_keys) {
-    auto [it, added] = ready.try_emplace(k, CachedBlock{t.done_s});
+  const std::span<const BlockKey> keys = request.block_keys;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchAhead < keys.size()) {
+      ready.prefetch(keys[i + kPrefetchAhead]);
+      index_.prefetch(keys[i + kPrefetchAhead]);
+    }
+    const BlockKey k = keys[i];
+    auto [block, added] = ready.try_emplace(k, CachedBlock{t.done_s});
     if (added) index_.add(k, decision.prefill_instance);
-    if (!it->second.stored) ++it->second.placements;
+    if (!block->stored) ++block->placements;
   }
   if (request.max_output_tokens > 1) {
     kv::DecodeGroup& incoming = decode_[decision.decode_instance].incoming;
@@ -84,27 +96,27 @@ void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> st
     index_.add(k, instance);
     // A block placed earlier keeps its predicted ready time: an instance stores a block (and says so) when
     // its prefill starts, before the block is computed.
-    auto [it, added] = ready.try_emplace(k, CachedBlock{ready_s});
-    if (!added) it->second.ready_s = std::max(it->second.ready_s, ready_s);
-    it->second.stored = true;
+    auto [block, added] = ready.try_emplace(k, CachedBlock{ready_s});
+    if (!added) block->ready_s = std::max(block->ready_s, ready_s);
+    block->stored = true;
   }
 }
 
 void ClusterState::release_placement(InstanceId instance, std::span<const BlockKey> block_keys) {
   auto& ready = ready_s_[instance];
   for (BlockKey k : block_keys) {
-    auto it = ready.find(k);
-    if (it == ready.end() || it->second.stored || it->second.placements == 0) continue;
-    if (--it->second.placements == 0) {  // no other placement will compute it there
+    CachedBlock* block = ready.find(k);
+    if (block == nullptr || block->stored || block->placements == 0) continue;
+    if (--block->placements == 0) {  // no other placement will compute it there
       index_.remove(k, instance);
-      ready.erase(it);
+      ready.erase(k);
     }
   }
 }
 
 void ClusterState::on_kv_cleared(InstanceId instance) {
   auto& ready = ready_s_[instance];
-  for (const auto& [key, block] : ready) index_.remove(key, instance);
+  ready.for_each([&](BlockKey key, const CachedBlock&) { index_.remove(key, instance); });
   ready.clear();
 }
 
@@ -126,8 +138,8 @@ void ClusterState::on_prefill_computed(InstanceId instance, std::span<const Bloc
   // The blocks it stored are computed now, however long their placement predicted.
   auto& ready = ready_s_[instance];
   for (BlockKey k : block_keys) {
-    if (auto it = ready.find(k); it != ready.end() && it->second.stored) {
-      it->second.ready_s = std::min(it->second.ready_s, now_s);
+    if (CachedBlock* block = ready.find(k); block != nullptr && block->stored) {
+      block->ready_s = std::min(block->ready_s, now_s);
     }
   }
 }

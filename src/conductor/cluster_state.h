@@ -15,6 +15,7 @@
 #include "conductor/conductor.h"
 #include "kv/block_index.h"
 #include "kv/block_key.h"
+#include "kv/block_map.h"
 
 namespace crescent::conductor {
 
@@ -144,7 +145,7 @@ class ClusterState final : public ClusterView {
   };
   // Per prefill instance: its indexed blocks. Blocks are indexed when their request is placed, so a remote
   // fetch must wait until the holder has actually produced them.
-  std::vector<std::unordered_map<BlockKey, CachedBlock>> ready_s_;
+  std::vector<kv::BlockMap<CachedBlock>> ready_s_;
 };
 
 }  // namespace crescent::conductor

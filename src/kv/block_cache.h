@@ -11,10 +11,10 @@
 #include <cstdint>
 #include <limits>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "kv/block_key.h"
+#include "kv/block_map.h"
 
 namespace crescent::kv {
 
@@ -34,7 +34,7 @@ struct TouchEvents {
 
 /// LRU block cache of at most `capacity_blocks` blocks. A pinned block (reference count > 0, i.e. used by an
 /// ongoing request) is never evicted; unpinned blocks are evicted least recently used first.
-/// Not thread-safe. All operations are O(1) per key (hash map + intrusive list).
+/// Not thread-safe. All operations are O(1) per key (an open-addressing hash map + an intrusive list).
 class BlockCache {
  public:
   static constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
@@ -44,7 +44,7 @@ class BlockCache {
 
   /// Length, in blocks, of the leading run of `keys` present in the cache. Does not change recency.
   int64_t prefix_match_blocks(std::span<const BlockKey> keys) const;
-  bool contains(BlockKey key) const { return entries_.count(key) != 0; }
+  bool contains(BlockKey key) const { return entries_.find(key) != nullptr; }
 
   /// Touches a request's blocks, `keys` in prefix order. Absent keys are stored first to last, each evicting
   /// the least recently used unpinned block not among `keys` when the cache is full; once nothing is left
@@ -77,7 +77,7 @@ class BlockCache {
  private:
   static constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
   struct Entry {
-    uint32_t slot;  // index into slots_
+    uint32_t slot = 0;  // index into slots_
     uint32_t ref_count = 0;
   };
   // Evictable (ref_count == 0) blocks form a doubly linked list over slots_, head = least recently used.
@@ -96,7 +96,7 @@ class BlockCache {
 
   int64_t capacity_blocks_;
   int64_t pinned_blocks_ = 0;
-  std::unordered_map<BlockKey, Entry> entries_;
+  BlockMap<Entry> entries_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
   uint32_t lru_head_ = kNil;

@@ -3,24 +3,30 @@
 #include <algorithm>
 
 namespace crescent::kv {
+namespace {
+
+// Keys looked up this far ahead are prefetched: the index is megabytes, so each lookup would otherwise wait
+// on memory alone.
+constexpr int64_t kMatchPrefetchAhead = 8;
+
+}  // namespace
 
 void BlockIndex::add(BlockKey key, InstanceId holder) {
-  auto& list = holders_[key];
+  auto& list = *holders_.try_emplace(key, {}).first;
   if (std::find(list.begin(), list.end(), holder) != list.end()) return;
   list.push_back(holder);
   ++replicas_;
 }
 
 void BlockIndex::remove(BlockKey key, InstanceId holder) {
-  auto it = holders_.find(key);
-  if (it == holders_.end()) return;
-  auto& list = it->second;
-  auto pos = std::find(list.begin(), list.end(), holder);
-  if (pos == list.end()) return;
-  *pos = list.back();
-  list.pop_back();
+  auto* list = holders_.find(key);
+  if (list == nullptr) return;
+  auto pos = std::find(list->begin(), list->end(), holder);
+  if (pos == list->end()) return;
+  *pos = list->back();
+  list->pop_back();
   --replicas_;
-  if (list.empty()) holders_.erase(it);
+  if (list->empty()) holders_.erase(key);
 }
 
 void BlockIndex::apply(InstanceId holder, const TouchEvents& events) {
@@ -29,9 +35,9 @@ void BlockIndex::apply(InstanceId holder, const TouchEvents& events) {
 }
 
 std::span<const InstanceId> BlockIndex::holders(BlockKey key) const {
-  auto it = holders_.find(key);
-  if (it == holders_.end()) return {};
-  return it->second;
+  const auto* list = holders_.find(key);
+  if (list == nullptr) return {};
+  return {list->data(), list->size()};
 }
 
 void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const {
@@ -46,6 +52,7 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
   alive_.assign(first.begin(), first.end());
   int64_t i = 1;
   for (; i < static_cast<int64_t>(keys.size()) && !alive_.empty(); ++i) {
+    if (i + kMatchPrefetchAhead < static_cast<int64_t>(keys.size())) prefetch(keys[i + kMatchPrefetchAhead]);
     ++stamp_now_;
     for (InstanceId inst : holders(keys[i])) {
       if (inst >= stamp_.size()) stamp_.resize(inst + 1, 0);

@@ -3,15 +3,16 @@
 // request's blocks (times the replicas of each), never instances × cached blocks.
 #pragma once
 
+#include <boost/container/small_vector.hpp>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "common/instance_id.h"
 #include "kv/block_cache.h"
 #include "kv/block_key.h"
+#include "kv/block_map.h"
 
 namespace crescent::kv {
 
@@ -35,6 +36,9 @@ class BlockIndex {
   /// Applies one cache's events: stored keys are added for `holder`, evicted keys removed.
   void apply(InstanceId holder, const TouchEvents& events);
 
+  /// Starts loading where `key` is kept (a hint for loops over a request's keys, a few keys ahead).
+  void prefetch(BlockKey key) const { holders_.prefetch(key); }
+
   /// Instances holding `key` (empty if none), in insertion order.
   std::span<const InstanceId> holders(BlockKey key) const;
 
@@ -47,7 +51,8 @@ class BlockIndex {
   int64_t replicas() const { return replicas_; }
 
  private:
-  std::unordered_map<BlockKey, std::vector<InstanceId>> holders_;
+  // Most blocks have one or two holders: kept inline, no allocation per block.
+  BlockMap<boost::container::small_vector<InstanceId, 2>> holders_;
   int64_t replicas_ = 0;
   // Scratch for match_prefix, mutable so matching stays const for callers: the instances whose run is
   // unbroken, and a per-instance stamp marking the holders of the block being examined.

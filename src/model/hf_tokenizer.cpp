@@ -1,8 +1,6 @@
 #include "model/hf_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
-#include <pcre2.h>
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <xxhash.h>
@@ -10,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +16,7 @@
 #include <unordered_map>
 
 #include "common/utf8.h"
+#include "model/split_pattern.h"
 
 namespace crescent::model {
 namespace {
@@ -72,6 +72,12 @@ std::string_view valid_utf8(std::string_view text, std::string& storage) {
   size_t i = 0;
   size_t maximal = 0;
   while (i < text.size()) {
+    uint64_t eight = 0;
+    if (i + 8 <= text.size() &&
+        (std::memcpy(&eight, text.data() + i, 8), (eight & 0x8080808080808080ull) == 0)) {
+      i += 8;  // eight ASCII bytes
+      continue;
+    }
     const unsigned char c = static_cast<unsigned char>(text[i]);
     if (c < 0x80) {
       ++i;
@@ -96,33 +102,12 @@ std::string_view valid_utf8(std::string_view text, std::string& storage) {
   return storage;
 }
 
-// A compiled split pattern (PCRE2 owns the memory).
-struct Regex {
-  std::shared_ptr<pcre2_code> code;
+// Strings keyed by their bytes, looked up by string_view without a copy.
+struct BytesHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
-
-Result<Regex> compile_regex(const std::string& pattern, bool literal) {
-  int error = 0;
-  PCRE2_SIZE offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK;
-  if (literal) options |= PCRE2_LITERAL;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
-                                   &error, &offset, nullptr);
-  if (code == nullptr) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(error, message, sizeof message);
-    return Status::invalid_argument(fmt::format("the regex {} does not compile at offset {}: {}",
-                                                json(pattern).dump(), offset,
-                                                reinterpret_cast<char*>(message)));
-  }
-  (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // without JIT (not built in), pcre2_match interprets
-  return Regex{std::shared_ptr<pcre2_code>(code, pcre2_code_free)};
-}
-
-// One pre-tokenization step: Split (Isolated) by `regex`. ByteLevel is not a step: the model works on bytes.
-struct SplitStep {
-  Regex regex;
-};
+using BytesMap = std::unordered_map<std::string, int32_t, BytesHash, std::equal_to<>>;
 
 // The model's vocabulary maps strings of byte-level code points; crescent keeps ids by their bytes.
 constexpr int32_t kNone = -1;
@@ -199,9 +184,25 @@ class Trie {
       node = nodes_[node].next[c];  // nodes_ may have moved
     }
     nodes_[node].value = value;
-    first_bytes_[static_cast<unsigned char>(s[0])] = true;
+    const auto first = static_cast<unsigned char>(s[0]);
+    if (!first_bytes_[first]) {
+      first_bytes_[first] = true;
+      first_byte_count_ += 1;
+      a_first_byte_ = first;
+    }
   }
-  bool may_start(unsigned char c) const { return first_bytes_[c]; }
+  // The first position from `i` on where a key may start (text.size() when none): memchr when every key
+  // starts with the same byte (Llama 3's and Qwen's added tokens all start with '<').
+  size_t next_start(std::string_view text, size_t i) const {
+    if (first_byte_count_ == 0) return text.size();
+    if (first_byte_count_ == 1) {
+      const void* at =
+          i < text.size() ? std::memchr(text.data() + i, a_first_byte_, text.size() - i) : nullptr;
+      return at == nullptr ? text.size() : static_cast<size_t>(static_cast<const char*>(at) - text.data());
+    }
+    while (i < text.size() && !first_bytes_[static_cast<unsigned char>(text[i])]) ++i;
+    return i;
+  }
   // The value and length of the longest key at text[i], or {kNone, 0}.
   std::pair<int32_t, size_t> longest(std::string_view text, size_t i) const {
     int32_t node = 0;
@@ -222,6 +223,8 @@ class Trie {
   };
   std::vector<Node> nodes_ = std::vector<Node>(1);
   std::array<bool, 256> first_bytes_{};
+  int first_byte_count_ = 0;        // distinct first bytes of the keys
+  unsigned char a_first_byte_ = 0;  // one of them
 };
 
 // Unicode's White_Space property (what HF's Rust char::is_whitespace and JS's trim take off for
@@ -271,16 +274,13 @@ class HuggingFaceTokenizer final : public Tokenizer {
 
   std::vector<int64_t> encode(std::string_view raw) const override {
     std::vector<int64_t> ids;
+    ids.reserve(raw.size() / 3 + 8);  // English runs ~4 bytes a token
     std::string storage;
     const std::string_view text = valid_utf8(raw, storage);
     // Added tokens first, on the raw text: the sections between them go through the pipeline.
     size_t section_start = 0;
     size_t i = 0;
-    while (i < text.size()) {
-      if (!added_.may_start(static_cast<unsigned char>(text[i]))) {
-        ++i;
-        continue;
-      }
+    while ((i = added_.next_start(text, i)) < text.size()) {
       const auto [index, length] = added_.longest(text, i);
       if (index == kNone) {
         ++i;
@@ -322,13 +322,15 @@ class HuggingFaceTokenizer final : public Tokenizer {
                           nullptr, status);
       if (U_SUCCESS(status)) section = normalized;  // valid UTF-8 in: ICU does not fail
     }
-    std::vector<std::string_view> pieces{section}, next;
-    for (const SplitStep& step : splits_) {
+    // The pieces' views, kept by the thread: a 32 KiB prompt has ~8,000 of them.
+    thread_local std::vector<std::string_view> pieces, next;
+    pieces.assign(1, section);
+    for (const SplitPattern& split : splits_) {
       next.clear();
-      for (std::string_view piece : pieces) split_isolated(step.regex, piece, next);
+      for (std::string_view piece : pieces) split.split(piece, next);
       pieces.swap(next);
     }
-    for (std::string_view piece : pieces) encode_word(piece, ids);
+    encode_words(pieces, ids);
   }
 
   // Code points below U+0300 are NFC and never combine with what follows: text of only those is left as is.
@@ -339,75 +341,129 @@ class HuggingFaceTokenizer final : public Tokenizer {
     return false;
   }
 
-  // HF's Split with behavior Isolated: each match is a piece, and so is each stretch between matches.
-  static void split_isolated(const Regex& regex, std::string_view text, std::vector<std::string_view>& out) {
-    thread_local std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
-        pcre2_match_data_create(8, nullptr), pcre2_match_data_free);
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    size_t offset = 0, last = 0;
-    while (offset < text.size()) {
-      int rc = pcre2_match(regex.code.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK, data.get(),
-                           nullptr);
-      if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {  // e.g. JIT stack exhausted: the interpreter keeps its own
-        rc = pcre2_match(regex.code.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
-                         data.get(), nullptr);
-      }
-      if (rc < 0) break;  // no more matches (or the interpreter's heap limit: the rest is one piece)
-      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
-      const size_t start = ovector[0], end = ovector[1];
-      if (end == start) {  // an empty match splits nothing: move on one code point
-        offset = start + 1;
-        while (offset < text.size() && (static_cast<unsigned char>(text[offset]) & 0xC0) == 0x80) ++offset;
-        continue;
-      }
-      if (start > last) out.push_back(text.substr(last, start - last));
-      out.push_back(text.substr(start, end - start));
-      last = offset = end;
-    }
-    if (last < text.size()) out.push_back(text.substr(last));
-  }
+  // A word (a pre-tokenized piece) and its ids in this thread's word cache: 32 bytes, two to a cache line.
+  // Words longer than kMaxWordBytes (0.2% of English text's pieces), or of more than kMaxIds ids, go to the
+  // long-word cache.
+  struct CachedWord {
+    static constexpr size_t kMaxWordBytes = 14;
+    static constexpr size_t kMaxIds = 3;
+    uint32_t tag = 0;  // the high half of the word's hash with its low bit set; 0: an empty slot
+    uint8_t word_bytes = 0;
+    uint8_t id_count = 0;
+    char word[kMaxWordBytes];
+    int32_t ids[kMaxIds];
+  };
+  static_assert(sizeof(CachedWord) == 32);
+  // The word cache is 2-way set-associative, a set one cache line (a word missing from its set takes the
+  // first way, the first way's word moves to the second): 32,768 sets, 65,536 words, 2 MiB per thread and
+  // tokenizer.
+  struct alignas(64) CacheSet {
+    CachedWord way[2];
+  };
+  static constexpr size_t kCacheSets = 1 << 15;
+  // Longer words (up to kMaxLongWordBytes: a CJK clause is one piece) and words of many ids go to a second,
+  // direct-mapped cache of kLongWords.
+  struct LongWord {
+    std::string word;
+    std::vector<int32_t> ids;
+  };
+  static constexpr size_t kMaxLongWordBytes = 256;
+  static constexpr size_t kLongWords = 1 << 12;
+  struct WordCache {
+    std::unique_ptr<CacheSet[]> sets = std::make_unique<CacheSet[]>(kCacheSets);
+    std::vector<LongWord> long_words = std::vector<LongWord>(kLongWords);
+  };
+  // Words are hashed and their sets prefetched this many at a time before they are looked up, so the
+  // lookups of a long prompt's words wait on memory together.
+  static constexpr size_t kPrefetchWords = 256;
 
-  // One pre-tokenized piece through BPE, its ids appended. Words seen recently come from this thread's cache:
-  // direct-mapped by the word's hash (a miss overwrites the slot), so its memory is bounded and a lookup is
-  // one hash and one compare.
-  void encode_word(std::string_view word, std::vector<int64_t>& ids) const {
-    if (word.empty()) return;
-    struct Entry {
-      std::string word;
-      std::vector<int32_t> ids;
-    };
-    // This thread's caches, by tokenizer serial (a thread may use a few tokenizers; at most 4 are kept).
-    thread_local std::vector<std::pair<uint64_t, std::unique_ptr<std::vector<Entry>>>> caches;
-    thread_local std::vector<Entry>* cache = nullptr;
+  // This thread's word cache for this tokenizer: bounded memory, and per thread, so encode() takes no lock; a
+  // thread keeps the caches of the last 4 tokenizers it used.
+  WordCache& word_cache() const {
+    thread_local std::vector<std::pair<uint64_t, std::unique_ptr<WordCache>>> caches;
+    thread_local WordCache* cache = nullptr;
     thread_local uint64_t cache_serial = 0;
     if (cache == nullptr || cache_serial != serial_) {
       auto it = std::find_if(caches.begin(), caches.end(), [&](const auto& c) { return c.first == serial_; });
       if (it == caches.end()) {
         if (caches.size() >= 4) caches.erase(caches.begin());
-        caches.emplace_back(serial_, std::make_unique<std::vector<Entry>>(kCacheWords));
+        caches.emplace_back(serial_, std::make_unique<WordCache>());
         it = caches.end() - 1;
       }
       cache = it->second.get();
       cache_serial = serial_;
     }
-    Entry& entry = (*cache)[XXH3_64bits(word.data(), word.size()) & (kCacheWords - 1)];
-    if (entry.word.size() == word.size() && !entry.ids.empty() && entry.word == word) {
-      ids.insert(ids.end(), entry.ids.begin(), entry.ids.end());
-      return;
+    return *cache;
+  }
+
+  // The ids of pre-tokenized pieces `words`, appended in order.
+  void encode_words(const std::vector<std::string_view>& words, std::vector<int64_t>& ids) const {
+    WordCache& cache = word_cache();
+    std::array<uint64_t, kPrefetchWords> hashes;  // 0: not cacheable
+    for (size_t first = 0; first < words.size(); first += kPrefetchWords) {
+      const size_t n = std::min(kPrefetchWords, words.size() - first);
+      for (size_t k = 0; k < n; ++k) {
+        const std::string_view word = words[first + k];
+        hashes[k] = 0;
+        if (word.empty() || word.size() > CachedWord::kMaxWordBytes) continue;
+        hashes[k] = XXH3_64bits(word.data(), word.size()) | (uint64_t{1} << 32);
+        __builtin_prefetch(&cache.sets[hashes[k] & (kCacheSets - 1)]);
+      }
+      for (size_t k = 0; k < n; ++k) encode_word(words[first + k], hashes[k], cache, ids);
+    }
+  }
+
+  // One piece's ids appended: from the word cache when it has them (`hash`: the piece's hash, 0 when it is
+  // too long for the first cache), else from the vocab or BPE, then cached.
+  void encode_word(std::string_view word, uint64_t hash, WordCache& cache, std::vector<int64_t>& ids) const {
+    if (word.empty()) return;
+    CacheSet* set = nullptr;
+    const auto tag = static_cast<uint32_t>(hash >> 32);
+    if (hash != 0) {
+      set = &cache.sets[hash & (kCacheSets - 1)];
+      for (const CachedWord& c : set->way) {
+        if (c.tag == tag && c.word_bytes == word.size() &&
+            std::memcmp(c.word, word.data(), word.size()) == 0) {
+          if (c.id_count == 1) {
+            ids.push_back(c.ids[0]);  // most words are one token
+          } else {
+            ids.insert(ids.end(), c.ids, c.ids + c.id_count);
+          }
+          return;
+        }
+      }
+    }
+    LongWord* long_word = nullptr;
+    if (word.size() <= kMaxLongWordBytes) {
+      const uint64_t long_hash = hash != 0 ? hash : XXH3_64bits(word.data(), word.size());
+      long_word = &cache.long_words[(long_hash >> 7) & (kLongWords - 1)];
+      if (!long_word->ids.empty() && long_word->word == word) {
+        ids.insert(ids.end(), long_word->ids.begin(), long_word->ids.end());
+        return;
+      }
     }
     const size_t first = ids.size();
     bool whole = false;
     if (ignore_merges_) {  // Llama 3: a piece that is a token is that token, whatever the merges would make
-      auto it = vocab_by_bytes_.find(std::string(word));
+      auto it = vocab_by_bytes_.find(word);
       if (it != vocab_by_bytes_.end()) {
         ids.push_back(it->second);
         whole = true;
       }
     }
     if (!whole) bpe(word, ids);
-    if (word.size() <= kCacheWordBytes) {
-      entry.word.assign(word);
-      entry.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end());
+    const size_t count = ids.size() - first;
+    if (set != nullptr && count <= CachedWord::kMaxIds) {
+      set->way[1] = set->way[0];
+      CachedWord& c = set->way[0];
+      c.tag = tag;
+      c.word_bytes = static_cast<uint8_t>(word.size());
+      c.id_count = static_cast<uint8_t>(count);
+      std::memcpy(c.word, word.data(), word.size());
+      for (size_t k = 0; k < count; ++k) c.ids[k] = static_cast<int32_t>(ids[first + k]);
+    } else if (long_word != nullptr) {
+      long_word->word.assign(word);
+      long_word->ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end());
     }
   }
 
@@ -460,25 +516,18 @@ class HuggingFaceTokenizer final : public Tokenizer {
     }
   }
 
-  static constexpr size_t kCacheWords = 1 << 16;  // slots of each thread's word cache
-  static constexpr size_t kCacheWordBytes = 256;  // longer words are not cached
-
   const uint64_t serial_ = next_serial.fetch_add(1);  // names this tokenizer in the threads' caches
   std::array<int32_t, 256> byte_ids_{};
   MergeTable merges_;
-  std::unordered_map<std::string, int32_t> vocab_by_bytes_;  // for ignore_merges
+  BytesMap vocab_by_bytes_;  // for ignore_merges
   bool ignore_merges_ = false;
   const icu::Normalizer2* nfc_ = nullptr;
-  std::vector<SplitStep> splits_;
+  std::vector<SplitPattern> splits_;  // the pre-tokenizer's Split steps (ByteLevel's use_regex: GPT-2's)
   std::vector<AddedToken> added_tokens_;
   Trie added_;
   std::vector<std::string> bytes_;  // by id
   std::optional<int64_t> eos_;
 };
-
-// GPT-2's split pattern, what ByteLevel's use_regex means.
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string type_of(const json& j) {
   return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?";
@@ -549,9 +598,9 @@ Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string&
           return fail("pre_tokenizer ByteLevel with add_prefix_space true is not supported");
         }
         if (step.value("use_regex", true)) {
-          auto regex = compile_regex(kGpt2Pattern, false);
+          auto regex = SplitPattern::compile(std::string(kGpt2SplitPattern), false);
           if (!regex.ok()) return fail(regex.status().message());
-          t->splits_.push_back({*regex});
+          t->splits_.push_back(std::move(*regex));
         }
       } else if (type == "Split") {
         if (step.value("behavior", std::string()) != "Isolated" || is_true(step, "invert")) {
@@ -563,9 +612,10 @@ Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string&
         const bool literal = pattern.contains("String");
         if (!literal && !pattern.contains("Regex"))
           return fail("pre_tokenizer Split: no Regex or String pattern");
-        auto regex = compile_regex(pattern.at(literal ? "String" : "Regex").get<std::string>(), literal);
+        auto regex =
+            SplitPattern::compile(pattern.at(literal ? "String" : "Regex").get<std::string>(), literal);
         if (!regex.ok()) return fail("pre_tokenizer Split: " + regex.status().message());
-        t->splits_.push_back({*regex});
+        t->splits_.push_back(std::move(*regex));
       } else {
         return fail(
             fmt::format("pre_tokenizer type \"{}\" is not supported (only Split and ByteLevel)", type));

@@ -25,6 +25,7 @@
 #include "conductor/conductor.h"
 #include "kv/block_key.h"
 #include "perf/cost_model.h"
+#include "router/engine_body.h"
 #include "router/engine_cache.h"
 #include "router/engine_metrics.h"
 #include "serve/http_client.h"
@@ -53,29 +54,6 @@ Result<std::string> read_api_key(const std::string& path, const std::string& eng
   while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
   if (key.empty()) return Status::invalid_argument(fmt::format("engine '{}': api_key_file '{}' is empty", engine, path));
   return key;
-}
-
-// The body a request's engine gets: the client's, its prompt as the token ids the router placed it by (when
-// the engine takes them), and in the prefill step of a disaggregated request vLLM's remote-decode parameters
-// (as vLLM's own disaggregated proxy sends them); in the decode step the prefill answer's kv_transfer_params.
-std::string engine_body(const serve::RelayedRequest& request, bool token_ids, bool prefill_step,
-                        const json* kv_transfer_params) {
-  json body = request.body;
-  if (request.endpoint == serve::Endpoint::kCompletions && token_ids) body["prompt"] = request.prompt_token_ids;
-  if (prefill_step) {
-    body["kv_transfer_params"] = {{"do_remote_decode", true},     {"do_remote_prefill", false},
-                                  {"remote_engine_id", nullptr},  {"remote_block_ids", nullptr},
-                                  {"remote_host", nullptr},       {"remote_port", nullptr}};
-    body["stream"] = false;
-    body["max_tokens"] = 1;
-    if (body.contains("max_completion_tokens")) body["max_completion_tokens"] = 1;
-    body.erase("stream_options");
-    body.erase("min_tokens");
-    body.erase("min_completion_tokens");
-  } else if (kv_transfer_params != nullptr) {
-    body["kv_transfer_params"] = *kv_transfer_params;
-  }
-  return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 // The cost model of an engine timed as `profile` (none: the config's own), on the config's model and

@@ -41,10 +41,9 @@ ApiError make_error(int status, std::string type, std::string code, std::string 
   return e;
 }
 
-// Bodies nesting deeper are refused before they are parsed into a tree: copying or printing a deep tree
+// Bodies nesting deeper are refused before anything deeper is built: copying or printing a deep tree
 // recurses, and 200,000 levels would overflow the event loop's stack.
 constexpr int kMaxJsonDepth = 64;
-
 
 // Whether `request` carries `api_key` (empty: no key is asked): "Authorization: Bearer <key>", the scheme in
 // any case (RFC 9110 §11.1), the key compared in constant time.
@@ -78,7 +77,6 @@ HttpResponse unauthorized() {
 bool needs_key(const HttpRequest& request) {
   return request.path.starts_with("/v1/") || request.path == "/v1";
 }
-
 
 // What one request's callbacks share; touched only on the cluster's driver thread after submit.
 struct Exchange {
@@ -191,14 +189,14 @@ class Frontend {
     const int64_t arrival_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                         std::chrono::system_clock::now().time_since_epoch())
                                         .count();
-    if (json_depth_exceeds(http_request.body, kMaxJsonDepth)) {
+    Result<json> parsed_body = parse_json_bounded(http_request.body, kMaxJsonDepth);
+    if (!parsed_body.ok()) {
       return responder.respond(error_response(ApiError::bad_field(
-          "", fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth))));
+          "", parsed_body.status().code() == StatusCode::kOutOfRange
+                  ? fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth)
+                  : std::string("the request body is not valid JSON"))));
     }
-    json body = json::parse(http_request.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded()) {
-      return responder.respond(error_response(ApiError::bad_field("", "the request body is not valid JSON")));
-    }
+    json body = std::move(*parsed_body);
     ApiError error;
     // In router mode the engines implement what crescent's own instances do not (penalties, tools, ...).
     std::optional<CompletionRequest> parsed =

@@ -1,0 +1,177 @@
+// A hash map from block key to per-block state, for the Conductor's index of cached blocks (BlockIndex), its
+// per-instance ready times (conductor::ClusterState) and LRU block caches (BlockCache): open addressing with
+// linear probing, so a lookup touches one or two cache lines and an insert allocates nothing but a table's
+// growth. std::unordered_map spent most of a 32 KiB prompt's placement on its node allocations and pointer
+// chasing (docs/benchmarks.md, "Router mode: routing overhead"). The keys are spread over 256 tables by their
+// hash, so a table that doubles rehashes 1/256 of the entries: growing never stalls the caller for long (one
+// table of half a million entries took 30 ms to double, a router's whole request path under its lock). Block
+// keys are hashes already: a multiplicative mix of one picks its table and slot.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "kv/block_key.h"
+
+namespace crescent::kv {
+
+/// Map from BlockKey to V (default-constructible, movable). Not thread-safe. Pointers and references into it
+/// are valid until the next try_emplace or erase.
+template <typename V>
+class BlockMap {
+ public:
+  /// The value of `key`, or nullptr.
+  V* find(BlockKey key) {
+    if (key == kEmpty) return zero_ ? &*zero_ : nullptr;
+    return table(key).find(key, mix(key));
+  }
+  const V* find(BlockKey key) const { return const_cast<BlockMap*>(this)->find(key); }
+
+  /// Starts loading the slot `key` would be found in (a hint: for a loop over many keys, a few keys ahead).
+  void prefetch(BlockKey key) const {
+    const uint64_t m = mix(key);
+    const Table& t = tables_[table_of(m)];
+    if (!t.slots.empty()) __builtin_prefetch(&t.slots[t.home(m)]);
+  }
+
+  /// The value of `key`, inserted as `value` when absent; whether it was inserted.
+  std::pair<V*, bool> try_emplace(BlockKey key, V value) {
+    if (key == kEmpty) {
+      if (zero_) return {&*zero_, false};
+      zero_.emplace(std::move(value));
+      ++size_;
+      return {&*zero_, true};
+    }
+    auto inserted = table(key).try_emplace(key, mix(key), std::move(value));
+    size_ += inserted.second;
+    return inserted;
+  }
+
+  /// Removes `key`; whether it was there.
+  bool erase(BlockKey key) {
+    bool erased = false;
+    if (key == kEmpty) {
+      erased = zero_.has_value();
+      zero_.reset();
+    } else {
+      erased = table(key).erase(key, mix(key));
+    }
+    size_ -= erased;
+    return erased;
+  }
+
+  /// Removes every entry (keeping the tables' memory).
+  void clear() {
+    for (Table& t : tables_) t.clear();
+    zero_.reset();
+    size_ = 0;
+  }
+
+  size_t size() const { return size_; }
+
+  /// Calls f(key, value) for each entry, in no particular order. `f` must not insert or erase.
+  template <typename F>
+  void for_each(F&& f) const {
+    if (zero_) f(kEmpty, *zero_);
+    for (const Table& t : tables_) {
+      for (const Slot& s : t.slots) {
+        if (s.key != kEmpty) f(s.key, s.value);
+      }
+    }
+  }
+
+ private:
+  static constexpr BlockKey kEmpty = 0;  // marks a free slot; key 0 itself lives in zero_
+  static constexpr int kTableBits = 8;   // 256 tables
+  struct Slot {
+    BlockKey key = kEmpty;
+    V value{};
+  };
+
+  // One table: linear probing in a power-of-two array at most 7/8 full; a slot's home comes from bits of the
+  // key's mix below those that pick the table.
+  struct Table {
+    std::vector<Slot> slots;
+    size_t mask = 0;
+    size_t size = 0;
+
+    size_t home(uint64_t m) const { return static_cast<size_t>(m >> 20) & mask; }
+
+    V* find(BlockKey key, uint64_t m) {
+      if (slots.empty()) return nullptr;
+      for (size_t i = home(m);; i = (i + 1) & mask) {
+        if (slots[i].key == key) return &slots[i].value;
+        if (slots[i].key == kEmpty) return nullptr;
+      }
+    }
+
+    std::pair<V*, bool> try_emplace(BlockKey key, uint64_t m, V value) {
+      if (V* found = find(key, m)) return {found, false};
+      if ((size + 1) * 8 > slots.size() * 7) grow();
+      size_t i = home(m);
+      while (slots[i].key != kEmpty) i = (i + 1) & mask;
+      slots[i].key = key;
+      slots[i].value = std::move(value);
+      ++size;
+      return {&slots[i].value, true};
+    }
+
+    bool erase(BlockKey key, uint64_t m) {
+      if (slots.empty()) return false;
+      size_t i = home(m);
+      for (;; i = (i + 1) & mask) {
+        if (slots[i].key == key) break;
+        if (slots[i].key == kEmpty) return false;
+      }
+      // Backward-shift deletion: later entries of the run that may live at the hole move into it, so no
+      // tombstones are left. An entry may move back to i when its home is not in the cyclic range (i, j].
+      for (size_t j = (i + 1) & mask; slots[j].key != kEmpty; j = (j + 1) & mask) {
+        const size_t want = home(mix(slots[j].key));
+        if (((j - want) & mask) >= ((j - i) & mask)) {
+          slots[i] = std::move(slots[j]);
+          i = j;
+        }
+      }
+      slots[i].key = kEmpty;
+      slots[i].value = V{};
+      --size;
+      return true;
+    }
+
+    void clear() {
+      for (Slot& s : slots) {
+        if (s.key != kEmpty) {
+          s.key = kEmpty;
+          s.value = V{};
+        }
+      }
+      size = 0;
+    }
+
+    void grow() {
+      std::vector<Slot> old = std::move(slots);
+      slots = std::vector<Slot>(old.empty() ? 8 : old.size() * 2);
+      mask = slots.size() - 1;
+      for (Slot& s : old) {
+        if (s.key == kEmpty) continue;
+        size_t i = home(mix(s.key));
+        while (slots[i].key != kEmpty) i = (i + 1) & mask;
+        slots[i] = std::move(s);
+      }
+    }
+  };
+
+  static uint64_t mix(BlockKey key) { return key * 0x9E3779B97F4A7C15ull; }
+  static size_t table_of(uint64_t m) { return static_cast<size_t>(m >> (64 - kTableBits)); }
+  Table& table(BlockKey key) { return tables_[table_of(mix(key))]; }
+
+  std::array<Table, size_t{1} << kTableBits> tables_;
+  size_t size_ = 0;
+  std::optional<V> zero_;
+};
+
+}  // namespace crescent::kv

@@ -1,0 +1,99 @@
+#include "router/engine_body.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <string_view>
+#include <vector>
+
+namespace crescent::router {
+namespace {
+
+using nlohmann::json;
+
+void append_dump(std::string& out, const json& value) {
+  out += value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// `ids` as a JSON array of integers, as nlohmann dumps one: written in place (20 characters and a comma at
+// most each), the string trimmed after.
+void append_ids(std::string& out, const std::vector<int64_t>& ids) {
+  const size_t start = out.size();
+  out.resize(start + 2 + 21 * ids.size());
+  char* p = out.data() + start;
+  char* const end = out.data() + out.size();
+  *p++ = '[';
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) *p++ = ',';
+    p = std::to_chars(p, end, ids[i]).ptr;
+  }
+  *p++ = ']';
+  out.resize(static_cast<size_t>(p - out.data()));
+}
+
+}  // namespace
+
+std::string engine_body(const serve::RelayedRequest& request, bool token_ids, bool prefill_step,
+                        const json* kv_transfer_params) {
+  const bool ids_prompt = request.endpoint == serve::Endpoint::kCompletions && token_ids;
+  // The members replaced or added (a small object: its keys sorted as the body's are), and those dropped.
+  json changes = json::object();
+  std::array<std::string_view, 3> dropped{};
+  if (ids_prompt) changes["prompt"] = nullptr;  // written from prompt_token_ids below
+  if (prefill_step) {
+    changes["kv_transfer_params"] = {{"do_remote_decode", true},    {"do_remote_prefill", false},
+                                     {"remote_engine_id", nullptr}, {"remote_block_ids", nullptr},
+                                     {"remote_host", nullptr},      {"remote_port", nullptr}};
+    changes["stream"] = false;
+    changes["max_tokens"] = 1;
+    if (request.body.contains("max_completion_tokens")) changes["max_completion_tokens"] = 1;
+    dropped = {"stream_options", "min_tokens", "min_completion_tokens"};
+  } else if (kv_transfer_params != nullptr) {
+    changes["kv_transfer_params"] = *kv_transfer_params;
+  }
+  if (!request.body.is_object()) {  // not a request the front end passes on; edited as a tree all the same
+    json body = request.body;
+    for (auto& [key, value] : changes.items()) body[key] = value;
+    if (ids_prompt) body["prompt"] = request.prompt_token_ids;
+    for (std::string_view key : dropped)
+      if (!key.empty()) body.erase(std::string(key));
+    return body.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+
+  // The body's members and the changes merged in key order (both std::map: the order nlohmann dumps in).
+  std::string out;
+  out.reserve(256 + 21 * request.prompt_token_ids.size());
+  out += '{';
+  bool first = true;
+  const auto member = [&](const std::string& key, const json& value) {
+    if (!first) out += ',';
+    first = false;
+    append_dump(out, json(key));
+    out += ':';
+    if (ids_prompt && key == "prompt") {
+      append_ids(out, request.prompt_token_ids);
+    } else {
+      append_dump(out, value);
+    }
+  };
+  const auto& body = request.body.get_ref<const json::object_t&>();
+  const auto& edits = changes.get_ref<const json::object_t&>();
+  auto b = body.begin();
+  auto c = edits.begin();
+  while (b != body.end() || c != edits.end()) {
+    if (c == edits.end() || (b != body.end() && b->first < c->first)) {
+      if (std::find(dropped.begin(), dropped.end(), std::string_view(b->first)) == dropped.end()) {
+        member(b->first, b->second);
+      }
+      ++b;
+    } else {
+      if (b != body.end() && b->first == c->first) ++b;  // replaced
+      member(c->first, c->second);
+      ++c;
+    }
+  }
+  out += '}';
+  return out;
+}
+
+}  // namespace crescent::router
