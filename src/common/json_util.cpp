@@ -4,13 +4,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <clocale>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
-
-#include "common/utf8.h"
+#include <simdjson.h>
 
 namespace crescent {
 namespace {
@@ -40,321 +36,89 @@ struct DepthCheck : nlohmann::json_sax<nlohmann::json> {
   }
 };
 
-// parse_json_bounded's parser: recursive descent over the text, building nlohmann::json values as
-// nlohmann's own parser (lexer.hpp, parser.hpp, json_sax.hpp) would: numbers converted as its lexer does,
-// strings validated as it validates them (RFC 3629's UTF-8, escapes, surrogate pairs), a duplicate key's
-// last value kept.
-class BoundedJsonParser {
- public:
-  BoundedJsonParser(std::string_view text, int max_depth)
-      : begin_(text.data()), p_(text.data()), end_(text.data() + text.size()), max_depth_(max_depth) {}
-
-  Result<nlohmann::json> parse() {
-    // A UTF-8 byte order mark is skipped; a first byte 0xEF that does not start one is an error.
-    if (p_ != end_ && byte(0) == 0xEF) {
-      if (end_ - p_ < 3 || byte(1) != 0xBB || byte(2) != 0xBF) return invalid("invalid byte order mark");
-      p_ += 3;
-    }
-    nlohmann::json value;
-    if (!parse_value(value, 0)) return failure_;
-    skip_white_space();
-    if (p_ != end_) return invalid("text after the value");
-    return value;
-  }
-
- private:
-  unsigned char byte(ptrdiff_t k) const { return static_cast<unsigned char>(p_[k]); }
-
-  bool fail(Status status) {
-    failure_ = std::move(status);
-    return false;
-  }
-  Status invalid(std::string_view why) const {
-    return Status::invalid_argument(fmt::format("not valid JSON at byte {}: {}", p_ - begin_, why));
-  }
-
-  void skip_white_space() {
-    while (p_ != end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
-  }
-
-  bool expect_literal(std::string_view literal) {
-    if (static_cast<size_t>(end_ - p_) < literal.size() || std::string_view(p_, literal.size()) != literal) {
-      return fail(invalid("an unknown literal"));
-    }
-    p_ += literal.size();
-    return true;
-  }
-
-  bool parse_value(nlohmann::json& out, int depth) {
-    skip_white_space();
-    if (p_ == end_) return fail(invalid("a value is missing"));
-    switch (*p_) {
-      case '{':
-        return parse_object(out, depth + 1);
-      case '[':
-        return parse_array(out, depth + 1);
-      case '"': {
-        std::string s;
-        if (!parse_string(s)) return false;
-        out = std::move(s);
-        return true;
+// `element` as nlohmann's tree, typed as nlohmann's own parser types it: a non-negative integer is unsigned,
+// a duplicate key keeps its last value. False when arrays and objects nest deeper than `levels` (simdjson's own
+// limit leaves an empty array or object one level more, and bounds this recursion).
+bool to_nlohmann(simdjson::dom::element element, nlohmann::json& out, int levels) {
+  using simdjson::dom::element_type;
+  switch (element.type()) {
+    case element_type::ARRAY: {
+      if (levels == 0) return false;
+      out = nlohmann::json::array();
+      auto& items = out.get_ref<nlohmann::json::array_t&>();
+      const simdjson::dom::array array(element);
+      items.reserve(array.size());
+      for (simdjson::dom::element item : array) {
+        if (!to_nlohmann(item, items.emplace_back(), levels - 1)) return false;
       }
-      case 't':
-        out = true;
-        return expect_literal("true");
-      case 'f':
-        out = false;
-        return expect_literal("false");
-      case 'n':
-        out = nullptr;
-        return expect_literal("null");
-      default:
-        return parse_number(out);
-    }
-  }
-
-  bool parse_object(nlohmann::json& out, int depth) {
-    if (depth > max_depth_) {
-      return fail(Status::out_of_range(
-          fmt::format("nests deeper than {} levels at byte {}", max_depth_, p_ - begin_)));
-    }
-    ++p_;  // '{'
-    out = nlohmann::json::object();
-    auto& object = out.get_ref<nlohmann::json::object_t&>();
-    skip_white_space();
-    if (p_ != end_ && *p_ == '}') {
-      ++p_;
       return true;
     }
-    for (;;) {
-      skip_white_space();
-      if (p_ == end_ || *p_ != '"') return fail(invalid("an object key is missing"));
-      std::string key;
-      if (!parse_string(key)) return false;
-      skip_white_space();
-      if (p_ == end_ || *p_ != ':') return fail(invalid("':' is missing after an object key"));
-      ++p_;
-      nlohmann::json value;
-      if (!parse_value(value, depth)) return false;
-      object.insert_or_assign(std::move(key), std::move(value));  // a duplicate key: the last value
-      skip_white_space();
-      if (p_ != end_ && *p_ == ',') {
-        ++p_;
-        continue;
+    case element_type::OBJECT: {
+      if (levels == 0) return false;
+      out = nlohmann::json::object();
+      auto& members = out.get_ref<nlohmann::json::object_t&>();
+      const simdjson::dom::object object(element);
+      for (simdjson::dom::key_value_pair member : object) {
+        if (!to_nlohmann(member.value, members[std::string(member.key)], levels - 1)) return false;
       }
-      if (p_ != end_ && *p_ == '}') {
-        ++p_;
-        return true;
-      }
-      return fail(invalid("',' or '}' is missing in an object"));
-    }
-  }
-
-  bool parse_array(nlohmann::json& out, int depth) {
-    if (depth > max_depth_) {
-      return fail(Status::out_of_range(
-          fmt::format("nests deeper than {} levels at byte {}", max_depth_, p_ - begin_)));
-    }
-    ++p_;  // '['
-    out = nlohmann::json::array();
-    auto& array = out.get_ref<nlohmann::json::array_t&>();
-    skip_white_space();
-    if (p_ != end_ && *p_ == ']') {
-      ++p_;
       return true;
     }
-    for (;;) {
-      if (!parse_value(array.emplace_back(), depth)) return false;
-      skip_white_space();
-      if (p_ != end_ && *p_ == ',') {
-        ++p_;
-        continue;
+    case element_type::INT64: {
+      const int64_t v = element.get_int64().value_unsafe();
+      if (v >= 0) {
+        out = static_cast<uint64_t>(v);
+      } else {
+        out = v;
       }
-      if (p_ != end_ && *p_ == ']') {
-        ++p_;
-        return true;
-      }
-      return fail(invalid("',' or ']' is missing in an array"));
+      return true;
     }
+    case element_type::UINT64:
+      out = element.get_uint64().value_unsafe();
+      return true;
+    case element_type::DOUBLE:
+      out = element.get_double().value_unsafe();
+      return true;
+    case element_type::STRING:
+      out = std::string(element.get_string().value_unsafe());
+      return true;
+    case element_type::BOOL:
+      out = element.get_bool().value_unsafe();
+      return true;
+    case element_type::NULL_VALUE:
+      out = nullptr;
+      return true;
   }
-
-  // Four hex digits at p_ (any case) as a number, or -1.
-  int32_t hex4() {
-    if (end_ - p_ < 4) return -1;
-    int32_t value = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = p_[k];
-      const int digit = c >= '0' && c <= '9'   ? c - '0'
-                        : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                        : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                               : -1;
-      if (digit < 0) return -1;
-      value = value * 16 + digit;
-    }
-    p_ += 4;
-    return value;
-  }
-
-  // The length of the well-formed UTF-8 sequence at p_ (a byte from 0x80 on), by RFC 3629's table as
-  // nlohmann's lexer checks it, or 0.
-  size_t utf8_length() const {
-    const unsigned char c = byte(0);
-    const ptrdiff_t left = end_ - p_;
-    const auto in = [&](ptrdiff_t k, unsigned char lo, unsigned char hi) {
-      return k < left && byte(k) >= lo && byte(k) <= hi;
-    };
-    if (c >= 0xC2 && c <= 0xDF) return in(1, 0x80, 0xBF) ? 2 : 0;
-    if (c == 0xE0) return in(1, 0xA0, 0xBF) && in(2, 0x80, 0xBF) ? 3 : 0;
-    if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
-      return in(1, 0x80, 0xBF) && in(2, 0x80, 0xBF) ? 3 : 0;
-    if (c == 0xED) return in(1, 0x80, 0x9F) && in(2, 0x80, 0xBF) ? 3 : 0;
-    if (c == 0xF0) return in(1, 0x90, 0xBF) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF) ? 4 : 0;
-    if (c >= 0xF1 && c <= 0xF3) return in(1, 0x80, 0xBF) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF) ? 4 : 0;
-    if (c == 0xF4) return in(1, 0x80, 0x8F) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF) ? 4 : 0;
-    return 0;
-  }
-
-  bool parse_string(std::string& out) {
-    ++p_;  // '"'
-    for (;;) {
-      // A run of bytes copied as they are: printable ASCII but '"' and '\\', and valid UTF-8 sequences.
-      const char* run = p_;
-      while (p_ != end_) {
-        const unsigned char c = byte(0);
-        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
-          ++p_;
-        } else if (c >= 0x80) {
-          const size_t n = utf8_length();
-          if (n == 0) break;
-          p_ += n;
-        } else {
-          break;
-        }
-      }
-      out.append(run, p_);
-      if (p_ == end_) return fail(invalid("a string is not terminated"));
-      const unsigned char c = byte(0);
-      if (c == '"') {
-        ++p_;
-        return true;
-      }
-      if (c >= 0x80) return fail(invalid("invalid UTF-8 in a string"));
-      if (c < 0x20) return fail(invalid("a control character in a string"));
-      ++p_;  // '\\'
-      if (p_ == end_) return fail(invalid("a string is not terminated"));
-      const char escape = *p_++;
-      switch (escape) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          int32_t code_point = hex4();
-          if (code_point < 0) return fail(invalid("\\u is not followed by four hex digits"));
-          if (code_point >= 0xD800 && code_point <= 0xDBFF) {
-            // A high surrogate must be followed by an escaped low one: together one code point.
-            if (end_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') return fail(invalid("a lone high surrogate"));
-            p_ += 2;
-            const int32_t low = hex4();
-            if (low < 0xDC00 || low > 0xDFFF) return fail(invalid("a high surrogate without its low one"));
-            code_point = 0x10000 + ((code_point - 0xD800) << 10) + (low - 0xDC00);
-          } else if (code_point >= 0xDC00 && code_point <= 0xDFFF) {
-            return fail(invalid("a lone low surrogate"));
-          }
-          append_utf8(out, static_cast<char32_t>(code_point));
-          break;
-        }
-        default:
-          return fail(invalid("an unknown escape in a string"));
-      }
-    }
-  }
-
-  // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, converted as nlohmann's lexer does: an integer that
-  // strtoll (negative) or strtoull (else) takes without overflow is one; anything else is strtod's double,
-  // refused when it is not finite.
-  bool parse_number(nlohmann::json& out) {
-    const char* start = p_;
-    const auto digit = [&] { return p_ != end_ && *p_ >= '0' && *p_ <= '9'; };
-    const bool negative = p_ != end_ && *p_ == '-';
-    if (negative) ++p_;
-    if (!digit()) return fail(invalid("an unexpected character"));
-    if (*p_ == '0') {
-      ++p_;
-    } else {
-      while (digit()) ++p_;
-    }
-    bool integer = true;
-    if (p_ != end_ && *p_ == '.') {
-      integer = false;
-      ++p_;
-      if (!digit()) return fail(invalid("a number's fraction has no digit"));
-      while (digit()) ++p_;
-    }
-    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
-      integer = false;
-      ++p_;
-      if (p_ != end_ && (*p_ == '+' || *p_ == '-')) ++p_;
-      if (!digit()) return fail(invalid("a number's exponent has no digit"));
-      while (digit()) ++p_;
-    }
-    std::string token(start, p_);
-    char* parsed_end = nullptr;
-    errno = 0;
-    if (integer && negative) {
-      const long long x = std::strtoll(token.c_str(), &parsed_end, 10);
-      if (errno == 0) {
-        out = static_cast<nlohmann::json::number_integer_t>(x);
-        return true;
-      }
-    } else if (integer) {
-      const unsigned long long x = std::strtoull(token.c_str(), &parsed_end, 10);
-      if (errno == 0) {
-        out = static_cast<nlohmann::json::number_unsigned_t>(x);
-        return true;
-      }
-    }
-    // As the lexer does: the locale's decimal point for '.', for strtod.
-    const lconv* locale = std::localeconv();
-    const char point = locale == nullptr || locale->decimal_point == nullptr ? '.' : *locale->decimal_point;
-    std::replace(token.begin(), token.end(), '.', point);
-    const double value = std::strtod(token.c_str(), &parsed_end);
-    if (!std::isfinite(value)) return fail(invalid("a number overflows a double"));
-    out = value;
-    return true;
-  }
-
-  const char* const begin_;
-  const char* p_;
-  const char* const end_;
-  const int max_depth_;
-  Status failure_;
-};
+  return true;
+}
 
 }  // namespace
 
 Result<nlohmann::json> parse_json_bounded(std::string_view text, int max_depth) {
-  return BoundedJsonParser(text, max_depth).parse();
+  // One parser per thread keeps its buffers between bodies.
+  thread_local simdjson::dom::parser parser;
+  const auto depth = static_cast<size_t>(max_depth) + 1;  // simdjson counts the document as a level
+  // A UTF-8 byte order mark is skipped, as nlohmann skips it (simdjson refuses it).
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
+  if (parser.max_depth() != depth) {
+    if (const auto error = parser.allocate(std::max<size_t>(text.size(), parser.capacity()), depth)) {
+      return Status::internal(fmt::format("cannot parse JSON: {}", simdjson::error_message(error)));
+    }
+  }
+  const auto too_deep = [&] {
+    return Status::out_of_range(fmt::format("JSON nests arrays and objects deeper than {} levels", max_depth));
+  };
+  simdjson::dom::element root;
+  if (const auto error = parser.parse(text.data(), text.size()).get(root)) {
+    if (error == simdjson::DEPTH_ERROR) return too_deep();
+    if (error == simdjson::NUMBER_ERROR) {
+      return Status::invalid_argument("not valid JSON: a number out of range (an integer must fit in 64 bits, a "
+                                      "float in a double)");
+    }
+    return Status::invalid_argument(fmt::format("not valid JSON: {}", simdjson::error_message(error)));
+  }
+  nlohmann::json tree;
+  if (!to_nlohmann(root, tree, max_depth)) return too_deep();
+  return tree;
 }
 
 bool json_depth_exceeds(std::string_view text, int limit) {
