@@ -91,6 +91,7 @@ class Router::Impl final : private cluster::PlacementDriver {
     int64_t max_model_len = 0;  // its /v1/models'; 0: unknown
     EngineMetrics scraped;      // its last /metrics
     int health_failures = 0;    // consecutive
+    std::string refused_comeback;  // why it answered again but stayed down (logged once per reason)
     int64_t prefills_pending = 0;  // prompts sent here whose prefill has not been seen to end
     kv::DecodeGroup incoming, running;  // requests that will decode / decode here, as the router counts
     int64_t in_flight = 0;              // exchanges open with it
@@ -677,6 +678,16 @@ class Router::Impl final : private cluster::PlacementDriver {
 
   // Blocking GET of `target` at `e`, for checks and polls.
   Result<serve::HttpClientResponse> get(const Engine& e, const char* target, double timeout_s) {
+    return get(EngineAddress{e.entry.url, e.http, e.api_key}, target, timeout_s);
+  }
+  // Where an engine is asked, copied out of its Engine: the registry may replace the Engine (under mu_) while
+  // the poll loop waits on an answer (without it).
+  struct EngineAddress {
+    std::string url;
+    HostPort http;
+    std::string api_key;
+  };
+  Result<serve::HttpClientResponse> get(const EngineAddress& e, const char* target, double timeout_s) {
     serve::HttpClientRequest http;
     http.method = "GET";
     http.host = e.http.host;
@@ -689,10 +700,45 @@ class Router::Impl final : private cluster::PlacementDriver {
     auto response = client_->fetch(std::move(http));
     if (!response.ok()) return response.status();
     if (response->status != 200) {
-      return Status::unavailable(fmt::format("GET {}{} answered {}: {}", e.entry.url, target, response->status,
+      return Status::unavailable(fmt::format("GET {}{} answered {}: {}", e.url, target, response->status,
                                              response->body.substr(0, 200)));
     }
     return response;
+  }
+
+  // Whether the engine whose /v1/models answered `body` serves `entry`'s model: its max_model_len (0: not
+  // said), or an error naming the entry and what it serves instead.
+  static Result<int64_t> serves_model(const EngineEntry& entry, const std::string& body) {
+    json list = json::parse(body, nullptr, false);
+    std::vector<std::string> served;
+    int64_t max_model_len = 0;
+    if (list.is_object() && list.contains("data") && list["data"].is_array()) {
+      for (const json& m : list["data"]) {
+        if (!m.is_object() || !m.contains("id") || !m["id"].is_string()) continue;
+        served.push_back(m["id"].get<std::string>());
+        if (served.back() == entry.model && m.contains("max_model_len") && m["max_model_len"].is_number_integer())
+          max_model_len = m["max_model_len"].get<int64_t>();
+      }
+    }
+    if (std::find(served.begin(), served.end(), entry.model) == served.end()) {
+      return Status::invalid_argument(fmt::format("engine '{}' ({}) serves {}, not the entry's model '{}'",
+                                                  entry.name, entry.url,
+                                                  served.empty() ? "no model it names"
+                                                                 : fmt::format("'{}'", fmt::join(served, "', '")),
+                                                  entry.model));
+    }
+    return max_model_len;
+  }
+
+  // Whether the engine whose /metrics say `scraped` keeps blocks of `entry`'s size (unknown: yes).
+  static Status keeps_block_size(const EngineEntry& entry, const EngineMetrics& scraped) {
+    if (scraped.block_size_tokens && *scraped.block_size_tokens != entry.block_size_tokens) {
+      return Status::invalid_argument(fmt::format("engine '{}' ({}): block_size {} in its entry, but the engine's "
+                                                  "/metrics says its blocks hold {} tokens",
+                                                  entry.name, entry.url, entry.block_size_tokens,
+                                                  *scraped.block_size_tokens));
+    }
+    return Status::ok_status();
   }
 
   // What an engine must be to serve: reachable (retried until `deadline_s`), serving the entry's model,
@@ -708,29 +754,12 @@ class Router::Impl final : private cluster::PlacementDriver {
     if (!models.ok()) {
       return Status::unavailable(fmt::format("{} is unreachable: {}", named, models.status().message()));
     }
-    json list = json::parse(models->body, nullptr, false);
-    std::vector<std::string> served;
-    if (list.is_object() && list.contains("data") && list["data"].is_array()) {
-      for (const json& m : list["data"]) {
-        if (!m.is_object() || !m.contains("id") || !m["id"].is_string()) continue;
-        served.push_back(m["id"].get<std::string>());
-        if (served.back() == e.entry.model && m.contains("max_model_len") && m["max_model_len"].is_number_integer())
-          e.max_model_len = m["max_model_len"].get<int64_t>();
-      }
-    }
-    if (std::find(served.begin(), served.end(), e.entry.model) == served.end()) {
-      return Status::invalid_argument(fmt::format("{} serves {}, not the entry's model '{}'", named,
-                                                  served.empty() ? "no model it names"
-                                                                 : fmt::format("'{}'", fmt::join(served, "', '")),
-                                                  e.entry.model));
-    }
+    auto max_model_len = serves_model(e.entry, models->body);
+    if (!max_model_len.ok()) return max_model_len.status();
+    e.max_model_len = *max_model_len;
     auto metrics = get(e, "/metrics", kHealthTimeoutS);
     if (metrics.ok()) e.scraped = parse_engine_metrics(metrics->body);
-    if (e.scraped.block_size_tokens && *e.scraped.block_size_tokens != e.entry.block_size_tokens) {
-      return Status::invalid_argument(fmt::format("{}: block_size {} in its entry, but the engine's /metrics "
-                                                  "says its blocks hold {} tokens",
-                                                  named, e.entry.block_size_tokens, *e.scraped.block_size_tokens));
-    }
+    CRESCENT_RETURN_IF_ERROR(keeps_block_size(e.entry, e.scraped));
     const int64_t reported_blocks = e.scraped.gpu_blocks.value_or(0);
     e.kv_capacity_tokens = e.entry.kv_capacity_tokens > 0 ? e.entry.kv_capacity_tokens
                            : reported_blocks > 0         ? reported_blocks * e.entry.block_size_tokens
@@ -803,19 +832,45 @@ class Router::Impl final : private cluster::PlacementDriver {
     while (!stopping_) {
       for (size_t i = 0; i < engine_count() && !stopping_; ++i) {
         Engine* e = nullptr;
+        EngineAddress address;
+        EngineEntry entry;
+        bool was_up = false;
         {
           std::lock_guard lock(mu_);
           e = &engines_[i];
           if (e->deregistered) continue;
+          address = {e->entry.url, e->http, e->api_key};
+          entry = e->entry;
+          was_up = e->up;
         }
-        auto health = get(*e, "/health", kHealthTimeoutS);
+        auto health = get(address, "/health", kHealthTimeoutS);
         Result<serve::HttpClientResponse> metrics = Status::unavailable("unhealthy");
-        if (health.ok()) metrics = get(*e, "/metrics", kHealthTimeoutS);
+        if (health.ok()) metrics = get(address, "/metrics", kHealthTimeoutS);
+        // An engine coming back may be another one at the same address (restarted with another model or block
+        // size): it is checked again before anything is placed there.
+        Status same_engine = Status::ok_status();
+        if (health.ok() && !was_up) {
+          auto models = get(address, "/v1/models", kHealthTimeoutS);
+          same_engine = models.ok() ? serves_model(entry, models->body).status() : models.status();
+          if (same_engine.ok() && metrics.ok()) {
+            same_engine = keeps_block_size(entry, parse_engine_metrics(metrics->body));
+          }
+        }
         std::lock_guard lock(mu_);
-        if (e->deregistered) continue;
-        if (health.ok()) {
+        if (e->deregistered || e->entry.name != entry.name || e->http.host != address.http.host ||
+            e->http.port != address.http.port) {
+          continue;  // replaced while it was asked: the next round asks the new one
+        }
+        if (health.ok() && !same_engine.ok()) {
+          if (options_.log_engines && e->refused_comeback != same_engine.message()) {
+            fmt::print(stderr, "router: engine {} answers again but stays down: {}\n", e->entry.name,
+                       same_engine.message());
+          }
+          e->refused_comeback = same_engine.message();
+        } else if (health.ok()) {
           if (metrics.ok()) e->scraped = parse_engine_metrics(metrics->body);
           e->health_failures = 0;
+          e->refused_comeback.clear();
           engine_up(*e);
         } else if (++e->health_failures >= 2 || health.status().code() == StatusCode::kUnavailable) {
           engine_down(*e, fmt::format("/health: {}", health.status().message()));

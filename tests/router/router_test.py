@@ -23,6 +23,7 @@ import threading
 import time
 import unittest
 import urllib.error
+import urllib.parse
 import urllib.request
 
 ARGS = None  # --crescent, --source
@@ -483,6 +484,34 @@ class RouterTest(unittest.TestCase):
         silent.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine=silent.name) == 1, 15,
                    f"{silent.name} to come back")
+
+    def test_an_engine_restarted_as_another_model_at_its_address_stays_down(self):
+        """An engine that dies and answers again at the same address is checked again before it is used: a
+        stand-in restarted there serving another model (or another block size) stays down, and the router
+        says why; restarted as the entry says, it comes back and takes requests."""
+        gpu0, gpu1 = self.start_standins(2)
+        router = self.start_router([gpu0.entry(), gpu1.entry()], "--policy", "round-robin")
+        port = urllib.parse.urlparse(gpu1.url).port
+        same_address = ["--port", str(port),
+                        "--kv-events-port", gpu1.ready["kv_events"].rsplit(":", 1)[1],
+                        "--kv-replay-port", gpu1.ready["kv_replay"].rsplit(":", 1)[1]]
+        gpu1.kill()
+        wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine="gpu-1") == 0, 10, "gpu-1 to leave")
+        for restarted_as, why in [(["--model", "another-model"], "serves 'another-model', not the entry's model"),
+                                  (["--block-size", str(BLOCK * 2)], f"block_size {BLOCK} in its entry")]:
+            impostor = self.start_standins(1, *same_address, *restarted_as, prefix="gpu-1-again")[0]
+            wait_until(lambda: why in router.read_log(), 15, f"the router to refuse the engine: {why}")
+            self.assertEqual(metric(router.metrics(), "crescent_engine_up", engine="gpu-1"), 0)
+            for i in range(4):
+                http_json(router.url + "/v1/completions", {"model": MODEL, "prompt": [7 + i] * 20, "max_tokens": 2})
+            self.assertEqual(impostor.stats()["completions"], 0)
+            impostor.kill()
+        gpu1_again = self.start_standins(1, *same_address, prefix="gpu-1-back")[0]
+        wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine="gpu-1") == 1, 15,
+                   "gpu-1 to come back")
+        for i in range(4):
+            http_json(router.url + "/v1/completions", {"model": MODEL, "prompt": [50 + i] * 20, "max_tokens": 2})
+        self.assertGreater(gpu1_again.stats()["completions"], 0)
 
     def test_an_engine_without_kv_events_is_tracked_from_what_was_routed_there(self):
         """Stand-ins that publish no KV events: the router keeps an LRU of each one's cache size (from its
