@@ -394,7 +394,6 @@ class Router::Impl final : private cluster::PlacementDriver {
     r.prefill_done = false;
     r.decoding = false;
     ++r.attempts;
-    metrics_.observe_prefix(info.input_tokens, decision.local_prefix_tokens, 0);
     ++p->prefills_pending;
     d->incoming.requests += 1;
     d->incoming.context_tokens += info.input_tokens;
@@ -433,6 +432,10 @@ class Router::Impl final : private cluster::PlacementDriver {
   void prefill_finished(Request& r, double now) {
     if (r.prefill_done) return;
     r.prefill_done = true;
+    // Counted once a prefill ran, as the engine counts it: a request placed again after its engine failed
+    // counts once, with the prefix of where it ran.
+    metrics_.observe_prefix(static_cast<int64_t>(r.request.prompt_token_ids.size()), r.decision.local_prefix_tokens,
+                            0);
     Engine& p = engines_[r.prefill_engine];
     if (p.up && p.prefill) {
       if (p.cache && p.cache->tracking() == CacheTracking::kApproximate) {
