@@ -681,16 +681,15 @@ class Router::Impl final : private cluster::PlacementDriver {
 
   // Blocking GET of `target` at `e`, for checks and polls.
   Result<serve::HttpClientResponse> get(const Engine& e, const char* target, double timeout_s) {
-    return get(EngineAddress{e.entry.url, e.http, e.api_key}, target, timeout_s);
+    return get(EngineAddress{e.http, e.api_key}, target, timeout_s);
   }
   // Where an engine is asked, copied out of its Engine: the registry may replace the Engine (under mu_) while
   // the poll loop waits on an answer (without it).
   struct EngineAddress {
-    std::string url;
     HostPort http;
     std::string api_key;
   };
-  Result<serve::HttpClientResponse> get(const EngineAddress& e, const char* target, double timeout_s) {
+  static serve::HttpClientRequest get_request(const EngineAddress& e, const char* target, double timeout_s) {
     serve::HttpClientRequest http;
     http.method = "GET";
     http.host = e.http.host;
@@ -700,13 +699,25 @@ class Router::Impl final : private cluster::PlacementDriver {
     http.connect_timeout_s = timeout_s;
     http.response_timeout_s = timeout_s;
     http.idle_timeout_s = timeout_s;
-    auto response = client_->fetch(std::move(http));
-    if (!response.ok()) return response.status();
-    if (response->status != 200) {
-      return Status::unavailable(fmt::format("GET {}{} answered {}: {}", e.url, target, response->status,
-                                             response->body.substr(0, 200)));
+    return http;
+  }
+  Result<serve::HttpClientResponse> get(const EngineAddress& e, const char* target, double timeout_s) {
+    std::vector<serve::HttpClientRequest> one;
+    one.push_back(get_request(e, target, timeout_s));
+    return std::move(fetch_all(std::move(one)).front());
+  }
+  // The GETs of `asks`, all at once: each answer, an answer other than 200 being kUnavailable naming it.
+  std::vector<Result<serve::HttpClientResponse>> fetch_all(std::vector<serve::HttpClientRequest> asks) {
+    std::vector<std::string> named;
+    for (const auto& a : asks) named.push_back(fmt::format("GET http://{}:{}{}", a.host, a.port, a.target));
+    auto answers = client_->fetch_all(std::move(asks));
+    for (size_t i = 0; i < answers.size(); ++i) {
+      if (answers[i].ok() && answers[i]->status != 200) {
+        answers[i] = Status::unavailable(fmt::format("{} answered {}: {}", named[i], answers[i]->status,
+                                                     answers[i]->body.substr(0, 200)));
+      }
     }
-    return response;
+    return answers;
   }
 
   // Whether the engine whose /v1/models answered `body` serves `entry`'s model: its max_model_len (0: not
@@ -796,16 +807,24 @@ class Router::Impl final : private cluster::PlacementDriver {
     }
   }
 
-  // `e` leaves the view: nothing more is placed there, its cache is forgotten, and requests whose exchange
-  // is open there are failed over (placed elsewhere when the client has nothing yet).
-  void engine_down(Engine& e, const std::string& why) {
-    if (!e.up) return;
+  // `e` leaves the view: nothing more is placed there and its cache is forgotten. Requests whose exchange is
+  // open there go on (an engine taken out of service finishes what it has); one that fails later is failed
+  // over as any other. False when it was not up.
+  bool engine_drain(Engine& e, const std::string& why) {
+    if (!e.up) return false;
     e.up = false;
     const double now = clock_.now_s();
     if (e.prefill) state_.on_prefill_down(*e.prefill, now);
     if (e.decode) state_.on_decode_down(*e.decode);
     if (e.cache) e.cache->clear();
     if (options_.log_engines) fmt::print(stderr, "router: engine {} down: {}\n", e.entry.name, why);
+    return true;
+  }
+
+  // `e` leaves the view as engine_drain, and requests whose exchange is open there are failed over (placed
+  // elsewhere when the client has nothing yet): it failed.
+  void engine_down(Engine& e, const std::string& why) {
+    if (!engine_drain(e, why)) return;
     const size_t index = index_of(e);
     std::vector<uint64_t> open;
     for (auto& [id, r] : requests_)
@@ -829,60 +848,91 @@ class Router::Impl final : private cluster::PlacementDriver {
     }
   }
 
-  // Every poll_interval_s: each engine's /health, then its /metrics. Two failed checks in a row (or one
-  // refused connection) take it down; a check that passes brings it back.
+  // Every poll_interval_s, every engine at once (one that hangs delays no other's checks): its /health, then
+  // its /metrics. Two failed checks in a row (or one refused connection) take it down; a check that passes
+  // brings it back.
   void poll_loop() {
+    struct Probe {
+      Engine* engine = nullptr;
+      EngineAddress address;
+      EngineEntry entry;
+      bool was_up = false;
+      Result<serve::HttpClientResponse> health = Status::unavailable("not asked");
+      Result<serve::HttpClientResponse> metrics = Status::unavailable("unhealthy");
+      Status same_engine;
+    };
+    std::vector<Probe> probes;
     while (!stopping_) {
-      for (size_t i = 0; i < engine_count() && !stopping_; ++i) {
-        Engine* e = nullptr;
-        EngineAddress address;
-        EngineEntry entry;
-        bool was_up = false;
-        {
-          std::lock_guard lock(mu_);
-          e = &engines_[i];
-          if (e->deregistered) continue;
-          address = {e->entry.url, e->http, e->api_key};
-          entry = e->entry;
-          was_up = e->up;
-        }
-        auto health = get(address, "/health", kHealthTimeoutS);
-        Result<serve::HttpClientResponse> metrics = Status::unavailable("unhealthy");
-        if (health.ok()) metrics = get(address, "/metrics", kHealthTimeoutS);
-        // An engine coming back may be another one at the same address (restarted with another model or block
-        // size): it is checked again before anything is placed there.
-        Status same_engine = Status::ok_status();
-        if (health.ok() && !was_up) {
-          auto models = get(address, "/v1/models", kHealthTimeoutS);
-          same_engine = models.ok() ? serves_model(entry, models->body).status() : models.status();
-          if (same_engine.ok() && metrics.ok()) {
-            same_engine = keeps_block_size(entry, parse_engine_metrics(metrics->body));
-          }
-        }
+      probes.clear();
+      {
         std::lock_guard lock(mu_);
-        if (e->deregistered || e->entry.name != entry.name || e->http.host != address.http.host ||
-            e->http.port != address.http.port) {
-          continue;  // replaced while it was asked: the next round asks the new one
+        for (Engine& e : engines_) {
+          if (e.deregistered) continue;
+          Probe& p = probes.emplace_back();
+          p.engine = &e;
+          p.address = {e.http, e.api_key};
+          p.entry = e.entry;
+          p.was_up = e.up;
         }
-        if (health.ok() && !same_engine.ok()) {
-          if (options_.log_engines && e->refused_comeback != same_engine.message()) {
-            fmt::print(stderr, "router: engine {} answers again but stays down: {}\n", e->entry.name,
-                       same_engine.message());
+      }
+      std::vector<serve::HttpClientRequest> asks;
+      for (const Probe& p : probes) asks.push_back(get_request(p.address, "/health", kHealthTimeoutS));
+      auto health = fetch_all(std::move(asks));
+      // The healthy ones' /metrics; and an engine coming back may be another one at the same address
+      // (restarted with another model or block size): its model is checked again before anything is placed
+      // there.
+      std::vector<size_t> asked_metrics, asked_models;
+      for (size_t i = 0; i < probes.size(); ++i) {
+        probes[i].health = std::move(health[i]);
+        if (!probes[i].health.ok()) continue;
+        asks.push_back(get_request(probes[i].address, "/metrics", kHealthTimeoutS));
+        asked_metrics.push_back(i);
+        if (probes[i].was_up) continue;
+        asks.push_back(get_request(probes[i].address, "/v1/models", kHealthTimeoutS));
+        asked_models.push_back(i);
+      }
+      auto answers = fetch_all(std::move(asks));
+      size_t next = 0;
+      for (size_t i = 0; i < probes.size(); ++i) {
+        Probe& p = probes[i];
+        if (!p.health.ok()) continue;
+        p.metrics = std::move(answers[next++]);
+        if (p.was_up) continue;
+        Result<serve::HttpClientResponse>& models = answers[next++];
+        p.same_engine = models.ok() ? serves_model(p.entry, models->body).status() : models.status();
+        if (p.same_engine.ok() && p.metrics.ok()) {
+          p.same_engine = keeps_block_size(p.entry, parse_engine_metrics(p.metrics->body));
+        }
+      }
+      {
+        std::lock_guard lock(mu_);
+        for (Probe& p : probes) {
+          Engine& e = *p.engine;
+          if (e.deregistered || e.entry.name != p.entry.name || e.http.host != p.address.http.host ||
+              e.http.port != p.address.http.port) {
+            continue;  // replaced while it was asked: the next round asks the new one
           }
-          e->refused_comeback = same_engine.message();
-        } else if (health.ok()) {
-          if (metrics.ok()) e->scraped = parse_engine_metrics(metrics->body);
-          e->health_failures = 0;
-          e->refused_comeback.clear();
-          engine_up(*e);
-        } else if (++e->health_failures >= 2 || health.status().code() == StatusCode::kUnavailable) {
-          engine_down(*e, fmt::format("/health: {}", health.status().message()));
+          if (p.health.ok() && !p.same_engine.ok()) {
+            if (options_.log_engines && e.refused_comeback != p.same_engine.message()) {
+              fmt::print(stderr, "router: engine {} answers again but stays down: {}\n", e.entry.name,
+                         p.same_engine.message());
+            }
+            e.refused_comeback = p.same_engine.message();
+          } else if (p.health.ok()) {
+            if (p.metrics.ok()) e.scraped = parse_engine_metrics(p.metrics->body);
+            e.health_failures = 0;
+            e.refused_comeback.clear();
+            engine_up(e);
+          } else if (++e.health_failures >= 2 || p.health.status().code() == StatusCode::kUnavailable) {
+            engine_down(e, fmt::format("/health: {}", p.health.status().message()));
+          }
         }
       }
       const double until = clock_.now_s() + options_.poll_interval_s;
       while (!stopping_ && clock_.now_s() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
+
 
   // One subscriber per engine that publishes KV events and prefills, while it is up; a fresh one each time
   // it comes up (it replays from the start of what the engine still holds).
@@ -988,7 +1038,7 @@ class Router::Impl final : private cluster::PlacementDriver {
                                              [&](const auto& kv) { return kv.first == key; });
             if (!present) {
               e.deregistered = true;
-              engine_down(e, "its etcd key was deleted");
+              engine_drain(e, "its etcd key was deleted");
             }
           }
           for (const auto& [key, kv] : *listed) {

@@ -743,48 +743,76 @@ size_t HttpClient::open_connections() const {
 }
 
 Result<HttpClientResponse> HttpClient::fetch(HttpClientRequest request, size_t max_body_bytes) {
-  const std::string where =
-      fmt::format("{} http://{}{}", request.method, host_port(request.host, request.port), request.target);
+  std::vector<HttpClientRequest> one;
+  one.push_back(std::move(request));
+  return std::move(fetch_all(std::move(one), max_body_bytes).front());
+}
+
+std::vector<Result<HttpClientResponse>> HttpClient::fetch_all(std::vector<HttpClientRequest> requests,
+                                                              size_t max_body_bytes) {
+  const auto where = [](const HttpClientRequest& r) {
+    return fmt::format("{} http://{}{}", r.method, host_port(r.host, r.port), r.target);
+  };
+  std::vector<Result<HttpClientResponse>> results;
+  results.reserve(requests.size());
   if (impl_->on_loop_thread()) {
-    return Status::failed_precondition(
-        where + ": HttpClient::fetch on the client's own thread would wait for itself");
+    for (const HttpClientRequest& r : requests) {
+      results.emplace_back(Status::failed_precondition(
+          where(r) + ": HttpClient::fetch on the client's own thread would wait for itself"));
+    }
+    return results;
   }
+  struct One {
+    Status status;
+    Status too_large;
+    HttpClientResponse response;  // the loop thread's until it ended
+  };
   struct State {
     std::mutex mu;
     std::condition_variable cv;
-    bool ended = false;
-    Status status;
-    Status too_large;
-    HttpClientResponse response;  // the loop thread's until ended
+    size_t remaining = 0;
+    std::vector<One> ones;
   };
   auto state = std::make_shared<State>();
-  HttpClientCallbacks callbacks;
-  callbacks.on_head = [state](int status, const std::vector<std::pair<std::string, std::string>>& headers) {
-    state->response.status = status;
-    state->response.headers = headers;
-    return true;
-  };
-  callbacks.on_body = [state, max_body_bytes, where](std::string_view piece) {
-    if (state->response.body.size() + piece.size() > max_body_bytes) {
-      state->too_large = Status::out_of_range(
-          fmt::format("{}: the response body is larger than {} bytes", where, max_body_bytes));
-      return false;
-    }
-    state->response.body.append(piece);
-    return true;
-  };
-  callbacks.on_end = [state](const Status& status) {
-    std::lock_guard lock(state->mu);
-    state->status = status;
-    state->ended = true;
-    state->cv.notify_all();
-  };
-  send(std::move(request), std::move(callbacks));
+  state->remaining = requests.size();
+  state->ones.resize(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    One* one = &state->ones[i];
+    HttpClientCallbacks callbacks;
+    callbacks.on_head = [one](int status, const std::vector<std::pair<std::string, std::string>>& headers) {
+      one->response.status = status;
+      one->response.headers = headers;
+      return true;
+    };
+    callbacks.on_body = [one, max_body_bytes, at = where(requests[i])](std::string_view piece) {
+      if (one->response.body.size() + piece.size() > max_body_bytes) {
+        one->too_large = Status::out_of_range(
+            fmt::format("{}: the response body is larger than {} bytes", at, max_body_bytes));
+        return false;
+      }
+      one->response.body.append(piece);
+      return true;
+    };
+    callbacks.on_end = [state, one](const Status& status) {
+      std::lock_guard lock(state->mu);
+      one->status = status;
+      --state->remaining;
+      state->cv.notify_all();
+    };
+    send(std::move(requests[i]), std::move(callbacks));
+  }
   std::unique_lock lock(state->mu);
-  state->cv.wait(lock, [&] { return state->ended; });  // the request's timeouts bound this
-  if (!state->too_large.ok()) return state->too_large;
-  if (!state->status.ok()) return state->status;
-  return std::move(state->response);
+  state->cv.wait(lock, [&] { return state->remaining == 0; });  // the requests' timeouts bound this
+  for (One& one : state->ones) {
+    if (!one.too_large.ok()) {
+      results.emplace_back(std::move(one.too_large));
+    } else if (!one.status.ok()) {
+      results.emplace_back(std::move(one.status));
+    } else {
+      results.emplace_back(std::move(one.response));
+    }
+  }
+  return results;
 }
 
 SseParser::SseParser(std::function<void(std::string_view data)> on_event, size_t max_event_bytes)

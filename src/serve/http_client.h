@@ -125,6 +125,10 @@ class HttpClient {
   /// on_end's, and kOutOfRange when the body exceeds `max_body_bytes`. kFailedPrecondition on the client's
   /// own thread (it would wait for itself).
   Result<HttpClientResponse> fetch(HttpClientRequest request, size_t max_body_bytes = 16 << 20);
+  /// fetch() of every request at once, waiting for them all: the results in the requests' order, the whole
+  /// wait bounded by the slowest request's timeouts (polling many engines, one of them hung).
+  std::vector<Result<HttpClientResponse>> fetch_all(std::vector<HttpClientRequest> requests,
+                                                    size_t max_body_bytes = 16 << 20);
 
   /// Connections open now (busy and idle; counted from the completed TCP connect to the close), for metrics
   /// and tests.

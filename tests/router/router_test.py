@@ -442,6 +442,40 @@ class RouterTest(unittest.TestCase):
         wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine="late-0") == 0, 5,
                    "late-0 to leave")
 
+    def test_an_engine_whose_etcd_key_is_deleted_finishes_its_streams_and_takes_nothing_new(self):
+        """Deleting an engine's key takes it out of service, not down: nothing more is placed there, and the
+        streams it is answering finish whole (no error event)."""
+        self.etcd = Etcd(self.workdir)
+        kept = self.start_standins(1)[0]
+        leaving = Standin(self.workdir, "leaving-0")
+        self.standins.append(leaving)
+        router = self.start_router([kept.entry()], "--etcd", self.etcd.url, "--policy", "round-robin")
+        self.etcd.put("/crescent-serve/engines/leaving-0", json.dumps(leaving.entry()))
+        wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine="leaving-0") == 1, 10,
+                   "leaving-0 to join")
+        body = json.dumps({"model": MODEL, "prompt": [9] * 40, "max_tokens": 300, "stream": True}).encode()
+        streams = []
+        for _ in range(2):  # round robin: one on each engine
+            req = urllib.request.Request(router.url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            streams.append(urllib.request.urlopen(req, timeout=30))
+            self.assertTrue(streams[-1].readline().startswith(b"data: {"))
+        self.assertEqual(leaving.stats()["running"], 1)
+        self.etcd.delete("/crescent-serve/engines/leaving-0")
+        wait_until(lambda: metric(router.metrics(), "crescent_engine_up", engine="leaving-0") == 0, 5,
+                   "leaving-0 to leave")
+        self.assertEqual(leaving.stats()["running"], 1, "its stream goes on")
+        before = leaving.stats()["completions"]
+        for i in range(4):
+            http_json(router.url + "/v1/completions", {"model": MODEL, "prompt": [60 + i] * 20, "max_tokens": 2})
+        for stream in streams:
+            with stream:
+                events = [line[len("data: "):] for line in stream.read().decode().splitlines()
+                          if line.startswith("data: ")]
+            self.assertEqual(events[-1], "[DONE]")
+            self.assertFalse(any('"error"' in e for e in events), events[-3:])
+        self.assertEqual(leaving.stats()["completions"], before + 1, "only its stream, nothing new")
+
     def test_a_stream_whose_engine_dies_ends_with_an_error_and_a_silent_engine_is_routed_around(self):
         """A stream under way when its engine is SIGKILLed ends with an SSE error event, then [DONE]. An
         engine SIGSTOPped (it accepts connections but answers nothing) fails its health checks and leaves:

@@ -464,6 +464,45 @@ TEST(HttpClient, ResponseTimeoutIsDeadlineExceeded) {
   EXPECT_EQ(client->open_connections(), 0u);
 }
 
+// fetch_all asks every server at once: a server that never answers holds all its requests open together (it
+// would see one at a time if they were sent in turn), and the answers come back in the requests' order.
+TEST(HttpClient, FetchAllAsksEveryServerAtOnceAndAnswersInOrder) {
+  std::atomic<int> open{0}, most_open{0};
+  RawServer silent([&](tcp::socket& socket, int) {
+    std::string buffer;
+    read_request(socket, buffer);
+    const int now = ++open;
+    int seen = most_open.load();
+    while (now > seen && !most_open.compare_exchange_weak(seen, now)) {
+    }
+    wait_for_close(socket);  // never answers
+    --open;
+  });
+  auto answering = start_server([](HttpRequest request, HttpResponder responder) {
+    HttpResponse response;
+    response.body = request.path;
+    responder.respond(std::move(response));
+  });
+  ASSERT_TRUE(answering);
+  const auto port = static_cast<uint16_t>(answering->port());
+  auto client = HttpClient::start();
+  std::vector<HttpClientRequest> requests;
+  for (int i = 0; i < 3; ++i) {
+    requests.push_back(request_to(silent.port(), "/hung"));
+    requests.back().response_timeout_s = 1;
+    requests.push_back(request_to(port, "/answer-" + std::to_string(i)));
+  }
+  auto answers = client->fetch_all(std::move(requests));
+  ASSERT_EQ(answers.size(), 6u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(answers[2 * i].status().code(), StatusCode::kDeadlineExceeded);
+    ASSERT_TRUE(answers[2 * i + 1].ok()) << answers[2 * i + 1].status().message();
+    EXPECT_EQ(answers[2 * i + 1]->body, "/answer-" + std::to_string(i));
+  }
+  EXPECT_EQ(most_open.load(), 3);
+  EXPECT_TRUE(client->fetch_all({}).empty());
+}
+
 TEST(HttpClient, IdleTimeoutBetweenPiecesIsDeadlineExceeded) {
   std::promise<HttpResponder> opened;
   auto server = start_server([&](HttpRequest, HttpResponder responder) {
