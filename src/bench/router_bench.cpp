@@ -317,18 +317,31 @@ Percentiles time_stage(const Workload& w, const std::function<void(size_t)>& sta
   return percentiles(seconds, 1e6);
 }
 
-void time_stages(const model::Tokenizer& tokenizer, const Workload& w, RouterBenchReport& report) {
+void time_stages(const RouterBenchOptions& options, const Workload& w, RouterBenchReport& report) {
+  // New tokenizers, so the stages' caches hold what the front end's held when it met the measured prompts:
+  // the probe's and the warm-up's (time_stage runs them first), not the measured ones.
+  const auto new_tokenizer = [&](size_t prefix_cache_bytes) {
+    return options.make_tokenizer ? options.make_tokenizer(prefix_cache_bytes)
+                                  : std::shared_ptr<const model::Tokenizer>(model::byte_tokenizer());
+  };
+  const std::shared_ptr<const model::Tokenizer> tokenizer = new_tokenizer(options.token_prefix_cache_bytes);
   // What the front end and the router do with a request, one step at a time, each step's input ready.
   std::vector<std::string> bodies(w.prompts.size());
   for (size_t i = 0; i < w.prompts.size(); ++i) {
     bodies[i] = json{{"model", kModel}, {"prompt", w.prompts[i]}, {"max_tokens", 4}, {"stream", true}}.dump();
   }
-  std::vector<std::vector<int64_t>> ids(w.prompts.size());
-  for (size_t i = 0; i < w.prompts.size(); ++i) ids[i] = tokenizer.encode(w.prompts[i]);
   report.stages.push_back({"parse body", "the request body into a JSON tree (parse_json_bounded, depth 64)",
                            time_stage(w, [&](size_t i) { (void)parse_json_bounded(bodies[i], 64); })});
-  report.stages.push_back({"tokenize", "the prompt, its word cache warmed by the warm-up prompts",
-                           time_stage(w, [&](size_t i) { (void)tokenizer.encode(w.prompts[i]); })});
+  report.stages.push_back({"tokenize",
+                           "the prompt, its caches (words, prefixes) warmed by the warm-up prompts",
+                           time_stage(w, [&](size_t i) { (void)tokenizer->encode(w.prompts[i]); })});
+  if (options.make_tokenizer && options.token_prefix_cache_bytes > 0) {
+    const std::shared_ptr<const model::Tokenizer> no_prefix_cache = new_tokenizer(0);
+    report.stages.push_back({"tokenize, no prefix cache", "the same, the tokenizer without its prefix cache",
+                             time_stage(w, [&](size_t i) { (void)no_prefix_cache->encode(w.prompts[i]); })});
+  }
+  std::vector<std::vector<int64_t>> ids(w.prompts.size());
+  for (size_t i = 0; i < w.prompts.size(); ++i) ids[i] = tokenizer->encode(w.prompts[i]);
   const BlockKey seed = XXH3_64bits(kModel, std::string_view(kModel).size());
   report.stages.push_back(
       {"block keys", "the prompt's block keys (kv::prompt_block_keys, 16 tokens a block)",
@@ -343,14 +356,15 @@ void time_stages(const model::Tokenizer& tokenizer, const Workload& w, RouterBen
       {"engine body", "the engine's body, the prompt as token ids (router::engine_body)",
        time_stage(w, [&](size_t i) { (void)router::engine_body(relayed[i], true, false, nullptr); })});
   // A prompt seen for the first time, on a thread whose caches are empty (after a one-byte encode, so
-  // allocating them is not counted).
+  // allocating them is not counted), by a tokenizer without a prefix cache.
+  const std::shared_ptr<const model::Tokenizer> cold = new_tokenizer(0);
   const size_t first = 1 + w.warmup;
   std::vector<double> cold_s;
   for (size_t i = first; i < w.prompts.size() && cold_s.size() < kColdTokenizeSamples; ++i) {
     on_fresh_thread([&] {
-      (void)tokenizer.encode("x");
+      (void)cold->encode("x");
       const auto t0 = Clock::now();
-      const std::vector<int64_t> encoded = tokenizer.encode(w.prompts[i]);
+      const std::vector<int64_t> encoded = cold->encode(w.prompts[i]);
       cold_s.push_back(elapsed_s(t0, Clock::now()));
     });
   }
@@ -389,8 +403,8 @@ Status check_router_bench_options(const RouterBenchOptions& o) {
 Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   CRESCENT_RETURN_IF_ERROR(check_router_bench_options(options));
   const std::shared_ptr<const model::Tokenizer> tokenizer =
-      options.tokenizer ? options.tokenizer
-                        : std::shared_ptr<const model::Tokenizer>(model::byte_tokenizer());
+      options.make_tokenizer ? options.make_tokenizer(options.token_prefix_cache_bytes)
+                             : std::shared_ptr<const model::Tokenizer>(model::byte_tokenizer());
   Workload w = make_workload(options);
   RouterBenchReport report;
   report.tokenizer_kind = std::string(tokenizer->kind());
@@ -422,7 +436,7 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   serve::FrontendOptions frontend;
   frontend.model_name = kModel;
   frontend.tokenizer = tokenizer;
-  frontend.token_ids_within_vocabulary = options.tokenizer != nullptr;
+  frontend.token_ids_within_vocabulary = options.make_tokenizer != nullptr;
   ThreadCpuClock front_clock;
   serve::HttpHandler handler = serve::make_router_frontend(**router, frontend);
   auto front = serve::HttpServer::start(
@@ -522,7 +536,7 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
     tokens += static_cast<double>(tokenizer->encode(w.prompts[i]).size());
   report.prompt_tokens_mean = tokens / n;
 
-  time_stages(*tokenizer, w, report);
+  time_stages(options, w, report);
   return report;
 }
 

@@ -18,12 +18,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cluster/cluster_config.h"
 #include "common/status.h"
+#include "model/hf_tokenizer.h"
 #include "model/tokenizer.h"
 
 namespace crescent::bench {
@@ -39,8 +41,12 @@ struct RouterBenchOptions {
   /// The router's config (its serve section's policy and admission; its profile, or its model and hardware,
   /// for the cost model), as `serve conductor --engines` resolves it.
   cluster::ClusterConfig config;
-  /// The front end's tokenizer (e.g. a tokenizer.json); null: the bytes of the prompt.
-  std::shared_ptr<const model::Tokenizer> tokenizer;
+  /// Makes the front end's tokenizer (e.g. a tokenizer.json's) with a prefix cache of the given bytes (0:
+  /// none), each call a new one with empty caches (the stages timed alone take their own); null: the bytes
+  /// of the prompt.
+  std::function<std::shared_ptr<const model::Tokenizer>(size_t prefix_cache_bytes)> make_tokenizer;
+  /// The prefix cache of the run's tokenizer (model/hf_tokenizer.h); 0: none.
+  size_t token_prefix_cache_bytes = model::kDefaultTokenPrefixCacheBytes;
   /// The text prompts are cut from (UTF-8; at least 1 KiB).
   std::string corpus_text;
   int64_t prompt_bytes =

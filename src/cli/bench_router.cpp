@@ -16,7 +16,6 @@
 
 #include "bench/router_bench.h"
 #include "cli/commands.h"
-#include "cli/prompt_tokenizer.h"
 #include "cluster/serve_options.h"
 #include "common/bundled_files.h"
 #include "conductor/conductor.h"
@@ -109,9 +108,12 @@ int run_bench_router(BenchRouterArgs& args) {
     o.config.serve.policy = conductor::PrefillPolicy::kCacheAware;
   std::string tokenizer_source = "the prompt's bytes";
   if (!args.tokenizer_file.empty()) {
-    auto loaded = load_prompt_tokenizer("", args.tokenizer_file);
+    auto loaded = model::load_huggingface_tokenizer(args.tokenizer_file, 0);  // checked once here
     if (!loaded.ok()) return fail(loaded.status());
-    o.tokenizer = std::shared_ptr<const model::Tokenizer>(std::move(loaded->tokenizer));
+    o.make_tokenizer = [file = args.tokenizer_file](size_t prefix_cache_bytes) {
+      auto t = model::load_huggingface_tokenizer(file, prefix_cache_bytes);
+      return t.ok() ? std::shared_ptr<const model::Tokenizer>(std::move(*t)) : nullptr;
+    };
     tokenizer_source = args.tokenizer_file;
   }
   std::string corpus_source;
@@ -143,6 +145,7 @@ int run_bench_router(BenchRouterArgs& args) {
           {"max_tokens", o.max_tokens},
           {"seed", o.seed},
           {"tokenizer", tokenizer_source},
+          {"token_prefix_cache_bytes", o.token_prefix_cache_bytes},
           {"corpus", corpus_source},
           {"config", *path},
           {"policy", policy}}},
@@ -225,6 +228,9 @@ void register_bench_router(CLI::App& bench_cmd, int& exit_code) {
   cmd->add_option("--seed", o.seed, "Seeds the prompts and the arrivals")->capture_default_str();
   cmd->add_option("--tokenizer", args->tokenizer_file,
                   "The front end's tokenizer (a tokenizer.json); default: the prompt's bytes");
+  cmd->add_option("--token-prefix-cache-bytes", o.token_prefix_cache_bytes,
+                  "The tokenizer's prefix cache (model/hf_tokenizer.h); 0: none")
+      ->capture_default_str();
   cmd->add_option("--corpus", args->corpus_files,
                   "Text files the prompts are cut from (repeatable; default: the source tree's docs/*.md but "
                   "benchmarks.md)");

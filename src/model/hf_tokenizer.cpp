@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 #include <unordered_map>
 
 #include "common/utf8.h"
 #include "model/split_pattern.h"
+#include "model/token_prefix_cache.h"
 
 namespace crescent::model {
 namespace {
@@ -270,7 +272,7 @@ std::atomic<uint64_t> next_serial{1};
 
 class HuggingFaceTokenizer final : public Tokenizer {
  public:
-  static Result<std::unique_ptr<Tokenizer>> load(const std::string& path);
+  static Result<std::unique_ptr<Tokenizer>> load(const std::string& path, size_t prefix_cache_bytes);
 
   std::vector<int64_t> encode(std::string_view raw) const override {
     std::vector<int64_t> ids;
@@ -310,6 +312,11 @@ class HuggingFaceTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(bytes_.size()); }
   std::string_view kind() const override { return "huggingface"; }
 
+  std::optional<TokenPrefixCache::Stats> prefix_cache_stats() const {
+    if (prefix_cache_ == nullptr) return std::nullopt;
+    return prefix_cache_->stats();
+  }
+
  private:
   // A section of text between added tokens: normalize, pre-tokenize, BPE each piece.
   void encode_section(std::string_view section, std::vector<int64_t>& ids) const {
@@ -322,6 +329,11 @@ class HuggingFaceTokenizer final : public Tokenizer {
                           nullptr, status);
       if (U_SUCCESS(status)) section = normalized;  // valid UTF-8 in: ICU does not fail
     }
+    if (prefix_cache_ != nullptr && section.size() >= TokenPrefixCache::kMinTextBytes &&
+        section.size() <= TokenPrefixCache::kMaxTextBytes) {
+      encode_section_cached(section, ids);
+      return;
+    }
     // The pieces' views, kept by the thread: a 32 KiB prompt has ~8,000 of them.
     thread_local std::vector<std::string_view> pieces, next;
     pieces.assign(1, section);
@@ -331,6 +343,53 @@ class HuggingFaceTokenizer final : public Tokenizer {
       pieces.swap(next);
     }
     encode_words(pieces, ids);
+  }
+
+  // A long section (normalized) through the prefix cache: the ids of its longest start a section seen before
+  // vouches for, then the rest pre-tokenized and encoded from that cut, and the section kept with a cut for
+  // each of its checkpoints (the last piece end SplitPattern::cut_after takes at least kCutLookaheadBytes
+  // before it). Sections are encoded independently of one another, so a section's ids depend on its bytes
+  // alone, and the cache is keyed by the section, not the prompt.
+  void encode_section_cached(std::string_view section, std::vector<int64_t>& ids) const {
+    constexpr size_t kChunk = TokenPrefixCache::kChunkBytes;
+    constexpr size_t kLookahead = SplitPattern::kCutLookaheadBytes;
+    const size_t first = ids.size();
+    TokenPrefixCache::TextKeys keys = TokenPrefixCache::keys_of(section);
+    TokenPrefixCache::Match match = prefix_cache_->find(section, keys, ids);
+    if (match.whole) return;
+    const size_t start = match.cut.text_bytes;
+    thread_local std::vector<std::string_view> pieces;
+    thread_local std::vector<uint32_t> piece_ends;
+    pieces.clear();
+    splits_[0].split(section.substr(start), pieces);
+    encode_words(pieces, ids, &piece_ends);
+
+    // The cuts of the checkpoints after the matched ones, from the pieces' ends: each takes the last piece
+    // end SplitPattern::cut_after takes at least kLookahead bytes before it, found looking back from the
+    // first piece that ends too late (few pieces back, and never below where the last search began).
+    std::vector<TextCut> cuts = std::move(match.cuts);
+    const size_t checkpoints = section.size() / kChunk;
+    size_t k = cuts.size();  // the next checkpoint: (k + 1) * kChunk
+    cuts.resize(checkpoints);
+    TextCut last = match.cut;  // the last cut found ({0, 0}: none)
+    size_t searched = 0;       // pieces below this were searched for `last`
+    size_t end = start;        // the end of piece i in the section
+    for (size_t i = 0; i < pieces.size() && k < checkpoints; ++i) {
+      const size_t before = end;
+      end += pieces[i].size();
+      if ((k + 1) * kChunk >= end + kLookahead) continue;
+      size_t cut_end = before;
+      for (size_t j = i; j-- > searched;) {
+        if (splits_[0].cut_after(pieces[j])) {
+          last = TextCut{static_cast<uint32_t>(cut_end), static_cast<uint32_t>(piece_ends[j] - first)};
+          break;
+        }
+        cut_end -= pieces[j].size();
+      }
+      searched = i;
+      for (; k < checkpoints && (k + 1) * kChunk < end + kLookahead; ++k) cuts[k] = last;
+    }
+    prefix_cache_->insert(section, std::move(keys), std::span(ids).subspan(first), std::move(cuts));
   }
 
   // Code points below U+0300 are NFC and never combine with what follows: text of only those is left as is.
@@ -396,9 +455,12 @@ class HuggingFaceTokenizer final : public Tokenizer {
     return *cache;
   }
 
-  // The ids of pre-tokenized pieces `words`, appended in order.
-  void encode_words(const std::vector<std::string_view>& words, std::vector<int64_t>& ids) const {
+  // The ids of pre-tokenized pieces `words`, appended in order; with `ends`, ends[i] is ids.size() after
+  // words[i].
+  void encode_words(std::span<const std::string_view> words, std::vector<int64_t>& ids,
+                    std::vector<uint32_t>* ends = nullptr) const {
     WordCache& cache = word_cache();
+    if (ends != nullptr) ends->resize(words.size());
     std::array<uint64_t, kPrefetchWords> hashes;  // 0: not cacheable
     for (size_t first = 0; first < words.size(); first += kPrefetchWords) {
       const size_t n = std::min(kPrefetchWords, words.size() - first);
@@ -409,7 +471,10 @@ class HuggingFaceTokenizer final : public Tokenizer {
         hashes[k] = XXH3_64bits(word.data(), word.size()) | (uint64_t{1} << 32);
         __builtin_prefetch(&cache.sets[hashes[k] & (kCacheSets - 1)]);
       }
-      for (size_t k = 0; k < n; ++k) encode_word(words[first + k], hashes[k], cache, ids);
+      for (size_t k = 0; k < n; ++k) {
+        encode_word(words[first + k], hashes[k], cache, ids);
+        if (ends != nullptr) (*ends)[first + k] = static_cast<uint32_t>(ids.size());
+      }
     }
   }
 
@@ -523,6 +588,7 @@ class HuggingFaceTokenizer final : public Tokenizer {
   bool ignore_merges_ = false;
   const icu::Normalizer2* nfc_ = nullptr;
   std::vector<SplitPattern> splits_;  // the pre-tokenizer's Split steps (ByteLevel's use_regex: GPT-2's)
+  std::unique_ptr<TokenPrefixCache> prefix_cache_;  // null: off, or the pre-tokenizer gives no cuts
   std::vector<AddedToken> added_tokens_;
   Trie added_;
   std::vector<std::string> bytes_;  // by id
@@ -541,7 +607,8 @@ bool is_true(const json& j, const char* key) {
   return j.contains(key) && j[key].is_boolean() && j[key].get<bool>();
 }
 
-Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string& path) {
+Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string& path,
+                                                              size_t prefix_cache_bytes) {
   auto fail = [&](const std::string& what) -> Status {
     return Status::invalid_argument(fmt::format("{}: {}", path, what));
   };
@@ -747,6 +814,12 @@ Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string&
     return fail(fmt::format("not a tokenizer.json crescent understands: {}", e.what()));
   }
 
+  // The prefix cache, where the pre-tokenizer says where a text can be cut (one hand-matched Split).
+  if (prefix_cache_bytes > 0 && t->splits_.size() == 1 && t->splits_[0].hand_matched()) {
+    t->prefix_cache_ =
+        std::make_unique<TokenPrefixCache>(prefix_cache_bytes, SplitPattern::kCutLookaheadBytes);
+  }
+
   // EOS: tokenizer_config.json's eos_token beside the file.
   const std::string config_path =
       (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
@@ -771,8 +844,14 @@ Result<std::unique_ptr<Tokenizer>> HuggingFaceTokenizer::load(const std::string&
 
 }  // namespace
 
-Result<std::unique_ptr<Tokenizer>> load_huggingface_tokenizer(const std::string& path) {
-  return HuggingFaceTokenizer::load(path);
+Result<std::unique_ptr<Tokenizer>> load_huggingface_tokenizer(const std::string& path,
+                                                              size_t prefix_cache_bytes) {
+  return HuggingFaceTokenizer::load(path, prefix_cache_bytes);
+}
+
+std::optional<TokenPrefixCache::Stats> token_prefix_cache_stats(const Tokenizer& tokenizer) {
+  const auto* hf = dynamic_cast<const HuggingFaceTokenizer*>(&tokenizer);
+  return hf != nullptr ? hf->prefix_cache_stats() : std::nullopt;
 }
 
 }  // namespace crescent::model

@@ -116,7 +116,9 @@ class LlamaForward {
   /// Called by forward() once it has written layer `layer`'s K and V of every new token of the batch (paper
   /// §3.1 step 3: that layer's KV can ship while later layers compute), on the thread running forward().
   /// Empty: not called.
-  void set_on_layer_kv(std::function<void(int64_t layer)> on_layer_kv) { on_layer_kv_ = std::move(on_layer_kv); }
+  void set_on_layer_kv(std::function<void(int64_t layer)> on_layer_kv) {
+    on_layer_kv_ = std::move(on_layer_kv);
+  }
 
   /// Matrix-product FLOPs of computing `new_tokens` after `prefix_tokens` of context, logits of one row:
   /// 2 × (weights' multiply-adds per token × new tokens + attention's QK^T and PV over the causal triangle).

@@ -1,7 +1,6 @@
 #include "model/profiler.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <pthread.h>
 #include <sched.h>
 
@@ -12,6 +11,7 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "engine/engine_core.h"

@@ -201,6 +201,27 @@ size_t SplitPattern::ascii_match_end(std::string_view text, size_t at) const {
   return end == n || end - at == 1 ? end : end - 1;
 }
 
+// A cut after a piece holding a non-white-space character holds (kCutLookaheadBytes). Each of the three
+// patterns' alternatives is tried at the end of the previous match (every character starts a match, so there
+// are no stretches between matches) and decides from the characters it matches and at most the one after:
+// the contractions look 3 bytes ahead at most; the runs of letters, digits and others (and their [\r\n]*)
+// end at the first character of another class; \p{N}{1,3} stops after 3. White space is matched only by
+// the last alternatives (\s*[\r\n]+, \s+(?!\S), \s+), which look through the whole run of white space and
+// at the character after it. So a piece with a non-white-space character was matched by one of the former
+// and looked at most one code point past its end; any white-space piece before it looked at most at the
+// first non-white-space character after its run, which is at or before that piece's. The cut is made only
+// where the hand matcher knows these alternatives, and a piece with a non-ASCII character but no ASCII one
+// (CJK text) is not taken: its class would need PCRE2 to tell.
+bool SplitPattern::cut_after(std::string_view piece) const {
+  if (known_ == Known::kNone) return false;
+  const std::array<uint8_t, 256>& classes = char_classes();
+  for (char c : piece) {
+    const uint8_t k = classes[static_cast<unsigned char>(c)];
+    if (k != kSpace && k != kNonAscii) return true;
+  }
+  return false;
+}
+
 void SplitPattern::split(std::string_view text, std::vector<std::string_view>& out) const {
   thread_local std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
       pcre2_match_data_create(8, nullptr), pcre2_match_data_free);

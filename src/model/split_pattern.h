@@ -35,6 +35,16 @@ class SplitPattern {
   /// Whether the hand-written matcher runs this pattern's ASCII matches (it is one of the three above).
   bool hand_matched() const { return known_ != Known::kNone; }
 
+  /// How many bytes past a cut (below) the text must be the same for the cut to hold: one code point.
+  static constexpr size_t kCutLookaheadBytes = 4;
+
+  /// Whether the pieces of any text, up to and including `piece` (one split() gave for a text), are the same
+  /// whatever comes more than kCutLookaheadBytes after its end, so a tokenizer may reuse their ids for a text
+  /// that starts the same way. True for a hand-matched pattern's piece holding an ASCII character other than
+  /// white space; false otherwise (split_pattern.cpp says why it holds). Such a cut also splits the text's
+  /// rest as it splits alone: none of the three patterns looks behind.
+  bool cut_after(std::string_view piece) const;
+
  private:
   enum class Known { kNone, kGpt2, kLlama3, kQwen2 };
   struct Code;

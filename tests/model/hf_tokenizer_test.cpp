@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -138,6 +140,16 @@ std::vector<std::string> make_corpus(size_t count, uint64_t seed, bool long_runs
     for (size_t k = i - 40; k < i; ++k) long_text += corpus[k];
     corpus[i] = long_text;
   }
+  // After each long string, a few that start with part of one text (the 200 strings before it, with '<' for
+  // '[' so that no added token splits it into short sections), cut at any byte and going on differently,
+  // and that text itself: the tokenizer's prefix cache finds them (model/token_prefix_cache.h).
+  for (size_t i = 500; i + 8 < corpus.size(); i += 500) {
+    std::string shared;
+    for (size_t k = i - 200; k < i; ++k) shared += corpus[k];
+    std::replace(shared.begin(), shared.end(), '<', '[');
+    for (size_t j = 1; j <= 6; ++j) corpus[i + j] = shared.substr(0, pick(shared.size() + 1)) + corpus[i + j];
+    corpus[i + 7] = shared;
+  }
   // And a few very long runs (one regex match each, a BPE word of 100,000 symbols): index 250 and on.
   const std::vector<std::string> runs = {std::string(50000, ' ') + "x", std::string(100000, 'a'),
                                          std::string(30000, '\n'), std::string(40000, '7'),
@@ -213,6 +225,11 @@ TEST_P(HfTokenizerOracle, IdsAndDecodingMatchTheOracleOnTheWholeCorpus) {
   // The corpus exercises what it should: many exact round trips, invalid UTF-8, special tokens.
   EXPECT_GT(round_trips, kCorpusSize / 4);
   EXPECT_GT(invalid, kCorpusSize / 20);
+  // Some were tokenized in part from the prefix cache (those after each long string): the oracle checked
+  // those ids too.
+  const auto stats = token_prefix_cache_stats(t);
+  ASSERT_TRUE(stats.has_value());
+  EXPECT_GT(stats->prefix_hits, 10u) << stats->whole_hits << " whole hits, " << stats->misses << " misses";
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaAndQwen, HfTokenizerOracle, ::testing::Values("llama3", "qwen3"));
@@ -238,6 +255,89 @@ TEST(HfTokenizer, EncodesTheSameFromSeveralThreads) {
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(mismatches.load(), 0);
+}
+
+// The prefix cache gives the ids tokenizing alone gives: texts that start with part of a text tokenized
+// before, cut anywhere (often in or beside white space, where the pre-tokenizer looks ahead) and going on
+// with anything, through a tokenizer with the cache and one without.
+TEST_P(HfTokenizerOracle, ThePrefixCacheGivesTheIdsOfTokenizingAlone) {
+  ASSERT_TRUE(test::tokenizer_oracle_installed());
+  const std::string path = test::oracle_tokenizer_dir(GetParam()) + "/tokenizer.json";
+  auto cached = load_huggingface_tokenizer(path);
+  auto alone = load_huggingface_tokenizer(path, 0);
+  ASSERT_TRUE(cached.ok() && alone.ok());
+  ASSERT_FALSE(token_prefix_cache_stats(**alone).has_value());
+  // Without added tokens (no '<'), so each text is one section, the unit the cache keeps.
+  std::vector<std::string> pieces = make_corpus(4000, 11, /*long_runs=*/false);
+  std::erase_if(pieces, [](const std::string& p) { return p.find('<') != std::string::npos; });
+  std::mt19937_64 rng(7);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  size_t texts = 0, mismatches = 0;
+  const auto check = [&](const std::string& text) {
+    ++texts;
+    const std::vector<int64_t> got = (*cached)->encode(text), want = (*alone)->encode(text);
+    if (got != want && ++mismatches <= 5) {
+      ADD_FAILURE() << GetParam() << " text of " << text.size() << " bytes " << printable(text.substr(0, 300))
+                    << "...\n  alone:  " << json(want).dump().substr(0, 300)
+                    << "\n  cached: " << json(got).dump().substr(0, 300);
+    }
+  };
+  for (int base_index = 0; base_index < 20; ++base_index) {
+    std::string base;
+    while (base.size() < 6000) base += pieces[pick(pieces.size())];
+    check(base);
+    for (int v = 0; v < 40; ++v) {
+      size_t cut = pick(base.size() + 1);
+      if (v % 2 == 0) {  // beside white space: the end of a run, or just before or after it
+        const size_t space = base.find_first_of(" \n\t\r", cut);
+        if (space != std::string::npos)
+          cut = std::min(base.size(), space + pick(5)) - std::min(space, pick(3));
+      }
+      std::string text = base.substr(0, cut);
+      switch (pick(4)) {
+        case 0:
+          text += pieces[pick(pieces.size())];
+          break;
+        case 1:
+          text += std::string(1 + pick(6), " \n\t"[pick(3)]) + pieces[pick(pieces.size())];
+          break;
+        case 2:
+          text += "'s" + pieces[pick(pieces.size())];
+          break;
+        default:
+          text += base.substr(pick(base.size()));
+          break;
+      }
+      check(text);
+    }
+    check(base);  // the whole text again
+  }
+  const auto stats = token_prefix_cache_stats(**cached);
+  ASSERT_TRUE(stats.has_value());
+  // The cache was used, not only filled: most variants found a start of their base, and the bases again
+  // were found whole.
+  EXPECT_GT(stats->prefix_hits, texts / 2) << stats->misses << " misses, " << stats->whole_hits << " whole";
+  EXPECT_GE(stats->whole_hits, 20u);
+  EXPECT_GT(stats->entries, 0u);
+  EXPECT_LE(stats->bytes, kDefaultTokenPrefixCacheBytes);
+  // Runs of white space across a checkpoint: the pre-tokenizer's white-space alternatives look through the
+  // whole run, so "\n\n" + spaces + "x" and "\n\n" + spaces + "\n" split differently from the first
+  // "\n" on; no cut may fall inside such a run.
+  constexpr size_t kChunk = TokenPrefixCache::kChunkBytes;
+  for (size_t filler = kChunk - 56; filler < kChunk + 6; ++filler) {
+    for (const char* run_start : {"\n\n", " ", "\t\n", "\n"}) {
+      std::string base(filler, 'a');
+      base[filler / 2] = ' ';
+      base += run_start + std::string(40, ' ') + "x and then the rest of the text, long enough to go on.";
+      base += base;
+      check(base);
+      for (size_t k = 1; k < 40; k += 3) {
+        check(base.substr(0, filler + std::strlen(run_start) + k) + "\n" + "after");
+        check(base.substr(0, filler + std::strlen(run_start) + k) + "y");
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << "of " << texts << " texts";
 }
 
 // load_tokenizer prefers tokenizer.json, takes EOS from tokenizer_config.json beside it, and checks the
