@@ -51,6 +51,7 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
   live.block_keys = kv::prompt_block_keys(live.request.prompt_token_ids, options_.block_size_tokens,
                                           options_.block_key_seed);
   live.submitted_s = now_s;
+  live.placements = 1;
   live.summary.prompt_tokens = std::ssize(live.request.prompt_token_ids);
   const conductor::RequestInfo info{live.summary.prompt_tokens, live.block_keys, live.request.max_tokens};
   const auto decide_start = std::chrono::steady_clock::now();
@@ -76,6 +77,7 @@ void ConductorCore::on_placed(const conductor::Decision& decision, uint64_t id, 
   live.summary.prefill_instance = decision.prefill_instance;
   live.summary.decode_instance = decision.decode_instance;
   live.predicted_prefill_s = decision.transfer_s + decision.prefill_s;
+  live.placed = true;
   ++prefills_pending_[decision.prefill_instance];
 }
 
@@ -90,13 +92,27 @@ void ConductorCore::submit_prefill(InstanceId p, uint64_t id, const conductor::R
 }
 
 void ConductorCore::cancel(uint64_t id, double now_s) {
-  if (!requests_.contains(id)) return;
+  if (auto current = current_ids_.find(id); current != current_ids_.end()) id = current->second;
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
   drop(id, now_s);
-  requests_.erase(id);
+  erase(it);
+}
+
+void ConductorCore::erase(std::unordered_map<uint64_t, Live>::iterator it) {
+  if (it->second.owner_id != 0) current_ids_.erase(it->second.owner_id);
+  requests_.erase(it);
 }
 
 void ConductorCore::drop(uint64_t id, double now_s) {
   Live& live = requests_.at(id);
+  release_placement(id, live, now_s);
+  metrics_.observe_finished({.generation_tokens = live.summary.completion_tokens}, "abort");
+}
+
+void ConductorCore::release_placement(uint64_t id, Live& live, double now_s) {
+  if (!live.placed) return;
+  live.placed = false;
   const InstanceId p = live.summary.prefill_instance;
   links_.send_cancel(p, live.summary.decode_instance, id);
   if (!live.prefill_done) {
@@ -105,7 +121,38 @@ void ConductorCore::drop(uint64_t id, double now_s) {
     state_.on_request_dropped(p, live.block_keys, remaining_s, now_s);
     if (--prefills_pending_[p] == 0) state_.on_prefill_idle(p, now_s);
   }
-  metrics_.observe_finished({.generation_tokens = live.summary.completion_tokens}, "abort");
+}
+
+bool ConductorCore::place_again(uint64_t id, std::string_view reason, double now_s) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second.placements >= options_.config.serve.max_request_placements) {
+    return false;
+  }
+  release_placement(id, it->second, now_s);
+  uint64_t next = 0;
+  while (next == 0 || requests_.contains(next)) next = request_ids_.next();
+  Live moved = std::move(it->second);
+  requests_.erase(it);
+  if (moved.owner_id == 0) moved.owner_id = id;
+  ++moved.placements;
+  moved.prefill_started = moved.prefill_done = false;
+  moved.summary.cached_tokens = 0;
+  Live& live = requests_.emplace(next, std::move(moved)).first->second;
+  current_ids_[live.owner_id] = next;
+  conductor::RequestInfo info{live.summary.prompt_tokens, live.block_keys, live.request.max_tokens};
+  info.admitted = true;
+  const conductor::Decision decision = cluster::place(conductor_, state_, info, next, now_s, *this);
+  if (decision.rejected != conductor::RejectReason::kNone) {
+    // Back under the id the caller knows, for it to fail.
+    Live back = std::move(live);
+    requests_.erase(next);
+    current_ids_[back.owner_id] = id;
+    if (back.owner_id == id) current_ids_.erase(id);
+    requests_.emplace(id, std::move(back));
+    return false;
+  }
+  metrics_.observe_replaced(reason);
+  return true;
 }
 
 void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now_s) {
@@ -183,20 +230,39 @@ void ConductorCore::fail(uint64_t id, const std::string& code, const std::string
   drop(id, now_s);
   metrics_.observe_failure(code);
   RequestCallbacks callbacks = std::move(it->second.callbacks);
-  requests_.erase(it);
+  erase(it);
   if (callbacks.on_error) callbacks.on_error(code, message);
 }
 
 void ConductorCore::on_prefill_down(InstanceId p, double now_s) {
   state_.on_prefill_down(p, now_s);
+  // Those whose KV has not reached decode: before their first token they start again elsewhere; after it,
+  // their stream cannot, and they fail now rather than at their handoff deadline.
   scratch_ids_.clear();
   for (const auto& [id, live] : requests_) {
-    if (live.summary.prefill_instance == p && !live.prefill_done) scratch_ids_.push_back(id);
+    if (live.summary.prefill_instance == p && live.placed &&
+        (!live.prefill_done || live.stage == RequestStage::kKvHandoff)) {
+      scratch_ids_.push_back(id);
+    }
   }
   const std::vector<uint64_t> ids = scratch_ids_;
-  for (uint64_t id : ids)
-    fail(id, "instance_down", fmt::format("prefill instance {} went down before finishing the prompt", p),
-         now_s);
+  for (uint64_t id : ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    if (it->second.prefill_done) {
+      fail(id, "instance_down",
+           fmt::format("prefill instance {} went down before its KV reached decode instance {}", p,
+                       it->second.summary.decode_instance),
+           now_s);
+    } else if (const int64_t placements = it->second.placements; !place_again(id, "prefill_down", now_s)) {
+      fail(
+          id, "instance_down",
+          fmt::format("prefill instance {} went down before finishing the prompt, and it could not be placed "
+                      "again (placed {} of at most {} times, or no instance could take it)",
+                      p, placements, options_.config.serve.max_request_placements),
+          now_s);
+    }
+  }
 }
 
 void ConductorCore::on_decode_down(InstanceId d, double now_s) {
@@ -325,7 +391,7 @@ void ConductorCore::finish(uint64_t id, double now_s, std::string_view finished_
                             finished_reason);
   RequestCallbacks callbacks = std::move(it->second.callbacks);
   const RequestSummary summary = it->second.summary;
-  requests_.erase(it);
+  erase(it);
   if (callbacks.on_done) callbacks.on_done(summary);
 }
 

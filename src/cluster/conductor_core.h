@@ -101,7 +101,8 @@ class ConductorCore final : private PlacementDriver {
   /// Decides `request` at `now_s` (the core's clock, seconds) by the placement protocol (cluster::place);
   /// accepted: records it, sends its orders, and sets `id`.
   conductor::Decision place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id, double now_s);
-  /// The owner's cancel at `now_s`: drops `id` everywhere (no callback). No-op when unknown.
+  /// The owner's cancel at `now_s`: drops `id` (the id place() gave, whatever placement the request is on
+  /// now) everywhere (no callback). No-op when unknown.
   void cancel(uint64_t id, double now_s);
 
   // Events from instances (the core's clock).
@@ -125,8 +126,12 @@ class ConductorCore final : private PlacementDriver {
   /// `id` cannot go on at `now_s` (e.g. its KV never reached decode): its owner hears on_error(code, message)
   /// (codes: RequestCallbacks::on_error).
   void fail(uint64_t id, const std::string& code, const std::string& message, double now_s);
-  /// Prefill instance `p` went down: it leaves the Conductor's view and the requests it had not finished
-  /// prefilling fail (their decode reservations are cancelled).
+  /// Prefill instance `p` went down: it leaves the Conductor's view. The requests it had not finished
+  /// prefilling are placed again (their old instances drop them: decode reservations are cancelled) under a
+  /// new id, the only one their new instances see, while their owner keeps the first; events naming an old
+  /// id are ignored from then on. A request fails with instance_down instead when it used up
+  /// serve.max_request_placements or nothing can take it, and so does one whose first token is out but whose
+  /// KV had not reached decode (its stream cannot start again).
   void on_prefill_down(InstanceId p, double now_s);
   /// Decode instance `d` went down at `now_s`: it leaves the view and every request placed there fails.
   void on_decode_down(InstanceId d, double now_s);
@@ -149,9 +154,10 @@ class ConductorCore final : private PlacementDriver {
   /// The most tokens a request may have (max_context_tokens(options)).
   int64_t max_context_tokens() const { return cluster::max_context_tokens(options_); }
   size_t requests_in_flight() const { return requests_.size(); }
-  /// Whether `id` is in flight.
+  /// Whether `id` (an instance's: the request's current placement) is in flight.
   bool has_request(uint64_t id) const { return requests_.contains(id); }
-  /// Where `id` runs and how far it got; nullptr when it is not in flight.
+  /// Where `id` (an instance's: the request's current placement) runs and how far it got; nullptr when it
+  /// is not in flight.
   const RequestSummary* summary(uint64_t id) const {
     auto it = requests_.find(id);
     return it == requests_.end() ? nullptr : &it->second.summary;
@@ -163,6 +169,9 @@ class ConductorCore final : private PlacementDriver {
     RequestCallbacks callbacks;
     std::vector<BlockKey> block_keys;
     RequestSummary summary;
+    uint64_t owner_id = 0;  // once placed again: the id its owner knows it by (place()'s)
+    int64_t placements = 0;
+    bool placed = false;  // its current placement holds a share of the Conductor's estimates
     bool prefill_started = false, prefill_done = false;
     int64_t first_token = 0;
     double predicted_prefill_s = 0;  // the Conductor's prefix load + compute time (Decision)
@@ -187,6 +196,14 @@ class ConductorCore final : private PlacementDriver {
   // blocks, its pending count: an instance with nothing left pending is idle now). Every way a request can
   // end without finishing goes through here; the rest finish() or are finished by the first token.
   void drop(uint64_t id, double now_s);
+  // Request `id`'s current placement ends (its instances drop it; its share of the prefill queue, its placed
+  // blocks and its pending count are given back); the request itself goes on.
+  void release_placement(uint64_t id, Live& live, double now_s);
+  // Places request `id` again (on_prefill_down) under a new id; false when it used up its placements or
+  // nothing can take it (it is then as it was, for the caller to fail).
+  bool place_again(uint64_t id, std::string_view reason, double now_s);
+  // Forgets request `it` (and its owner's id for it).
+  void erase(std::unordered_map<uint64_t, Live>::iterator it);
   // Delivers request `id`'s next token (with its logprobs, or nullptr); the owner's stop (on_tokens false)
   // finishes it there.
   void emit_token(uint64_t id, int64_t token, double now_s, const model::TokenLogprobs* logprobs);
@@ -203,9 +220,10 @@ class ConductorCore final : private PlacementDriver {
   conductor::Conductor conductor_;
   const int64_t kv_capacity_tokens_;
   conductor::ClusterState state_;
-  ServeMetrics metrics_;  // thread-safe
-  std::unordered_map<uint64_t, Live> requests_;
-  UnguessableIds request_ids_;  // ids no client or instance can guess from another
+  ServeMetrics metrics_;                                // thread-safe
+  std::unordered_map<uint64_t, Live> requests_;         // by current id: the one its instances know
+  std::unordered_map<uint64_t, uint64_t> current_ids_;  // owner's id -> current id, of requests placed again
+  UnguessableIds request_ids_;                          // ids no client or instance can guess from another
   std::vector<int64_t> prefills_pending_;  // per prefill instance: requests placed, prefill not done
   std::vector<uint64_t> scratch_ids_;
   // Stage deadlines, earliest on top: (deadline, request). An entry is stale when its request has moved to

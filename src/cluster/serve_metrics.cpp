@@ -45,6 +45,11 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                         "(instance_down, kv_transfer_failed, prefill_failed, queue_timeout, "
                         "prefill_timeout, kv_handoff_timeout, decode_timeout)")
                   .Register(*registry_)),
+      replaced_(prometheus::BuildCounter()
+                    .Name("crescent_requests_replaced_total")
+                    .Help("Accepted requests placed again because their instance failed, by reason "
+                          "(prefill_down: their prefill instance went down before their first token)")
+                    .Register(*registry_)),
       prefix_tokens_(
           prometheus::BuildCounter()
               .Name("crescent_prefix_tokens_total")
@@ -107,10 +112,11 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                                  {{"model_name", model_name}})),
       decision_(histogram(*registry_, "crescent_conductor_decision_seconds",
                           "Time the Conductor took to place a request", {}, kDecisionBuckets)),
-      routing_(histogram(*registry_, "crescent_router_overhead_seconds",
-                         "Router mode: from a request all received to its first engine request sent (parsing, "
-                         "tokenizing, placing)",
-                         {}, kDecisionBuckets)),
+      routing_(
+          histogram(*registry_, "crescent_router_overhead_seconds",
+                    "Router mode: from a request all received to its first engine request sent (parsing, "
+                    "tokenizing, placing)",
+                    {}, kDecisionBuckets)),
       ttft_(histogram(*registry_, "vllm:time_to_first_token_seconds", "Arrival to first token",
                       {{"model_name", model_name}}, kLatencyBuckets)),
       itl_(histogram(*registry_, "vllm:inter_token_latency_seconds", "Gap between two output tokens",
@@ -154,6 +160,9 @@ void ServeMetrics::observe_rejection(std::string_view reason) {
 }
 void ServeMetrics::observe_failure(std::string_view code) {
   failed_.Add({{"reason", std::string(code)}}).Increment();
+}
+void ServeMetrics::observe_replaced(std::string_view reason) {
+  replaced_.Add({{"reason", std::string(reason)}}).Increment();
 }
 void ServeMetrics::observe_prefix(int64_t prompt_tokens, int64_t local_tokens, int64_t fetched_tokens) {
   prefix_tokens_.Add({{"source", "local"}}).Increment(static_cast<double>(local_tokens));

@@ -98,6 +98,9 @@ class ServeMetrics {
   /// "decode_timeout"):
   /// crescent_requests_failed_total{reason=code}.
   void observe_failure(std::string_view code);
+  /// An accepted request was placed again because its instance failed (`reason`: "prefill_down"):
+  /// crescent_requests_replaced_total{reason}.
+  void observe_replaced(std::string_view reason);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).
   void observe_token_gap(double seconds);
   /// A request that ended: vllm:request_success_total{finished_reason} counts it; "length" (all its
@@ -112,6 +115,7 @@ class ServeMetrics {
   const std::string model_name_;
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Counter>& failed_;
+  prometheus::Family<prometheus::Counter>& replaced_;
   prometheus::Family<prometheus::Counter>& prefix_tokens_;
   prometheus::Family<prometheus::Counter>& kv_bytes_;
   prometheus::Family<prometheus::Counter>& kv_bytes_moved_;

@@ -112,7 +112,7 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   // The prefill instance's iterations (engine::MockExecutor): compute-bound for realistic sizes, but each
   // reads the weights once, which is what a prompt whose prefix is all reused costs.
   c.prefill_s = cost.prefill_iterations_time_s(new_tokens, std::max<int64_t>(0, n - new_tokens),
-                                                options_.prefill_chunk_tokens);
+                                               options_.prefill_chunk_tokens);
   return c;
 }
 
@@ -246,10 +246,10 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
     const kv::DecodeLoad load = cluster.decode_load(d);
     has_room_[d] = cluster.decode_up(d) && need <= load.kv_capacity_tokens - load.reserved_kv_tokens();
     fits |= has_room_[d] != 0;
-    scores_[d] =
-        decode_cost(d).decode_step_time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,
-                                 load.running.context_tokens + load.waiting.context_tokens +
-                                     load.incoming.context_tokens + request.input_tokens);
+    scores_[d] = decode_cost(d).decode_step_time_s(
+        load.running.requests + load.waiting.requests + load.incoming.requests + 1,
+        load.running.context_tokens + load.waiting.context_tokens + load.incoming.context_tokens +
+            request.input_tokens);
   }
   // Only instances with room compete, unless none has any.
   const InstanceId best = *pick_lowest(
@@ -297,7 +297,8 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
     const kv::DecodeLoad load = cluster.decode_load(i);
     double stay = 1.0;  // share of the running requests still there at the horizon
     if (predictive && load.running.requests > 0) {
-      const double step_s = decode_cost(i).decode_step_time_s(load.running.requests, load.running.context_tokens);
+      const double step_s =
+          decode_cost(i).decode_step_time_s(load.running.requests, load.running.context_tokens);
       stay = 1.0 - std::min(1.0, horizon_s / (expected_output * step_s));
     }
     const kv::DecodeGroup joined = predictive ? load.incoming : kv::DecodeGroup{};
@@ -310,7 +311,7 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
         stay * static_cast<double>(load.running.context_tokens) +
         static_cast<double>(load.waiting.context_tokens + joined.context_tokens + request.input_tokens);
     const double tbt_s = decode_cost(i).decode_step_time_s(static_cast<int64_t>(std::ceil(requests)),
-                                                  static_cast<int64_t>(std::ceil(context)));
+                                                           static_cast<int64_t>(std::ceil(context)));
     if (tbt_s <= options_.tbt_slo_s) scores_[i] = tbt_s;
   }
   const std::optional<InstanceId> best = pick_lowest(
@@ -348,7 +349,7 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
   d.prefill_s = p.prefill_s;
   d.ttft_s = p.queue_s + p.transfer_s + p.prefill_s;
   d.decode_instance = choose_decode(cluster, request, d.predicted_tbt_s, d.decode_has_room);
-  switch (options_.admission) {
+  switch (request.admitted ? Admission::kNone : options_.admission) {
     case Admission::kNone:
       break;
     case Admission::kSlo:

@@ -105,6 +105,9 @@ struct RequestInfo {
   std::span<const BlockKey> block_keys;  // one per block of the prompt, chained prefix hashes
   /// Most tokens it may generate (the API's max_tokens); decode reserves HBM KV for prompt + this.
   int64_t max_output_tokens = 0;
+  /// Already accepted: it is placed again after its instance failed (a live cluster), so admission does not
+  /// judge it again (an accepted request is never refused later); a request that cannot run anywhere is.
+  bool admitted = false;
 };
 
 /// Why a request was refused.

@@ -53,6 +53,9 @@ TEST(ClusterConfig, ImpossibleValuesAreNamed) {
   j["model"] = "gpt-9";
   EXPECT_THAT(error_of(j), HasSubstr("llama3-70b"));  // lists the valid names
   j = valid();
+  j["serve"] = {{"max_request_placements", 0}};
+  EXPECT_THAT(error_of(j), HasSubstr("'max_request_placements' must be >= 1"));
+  j = valid();
   j["decode_instnaces"] = 3;
   EXPECT_THAT(error_of(j), HasSubstr("unknown field 'decode_instnaces'"));
   j = valid();

@@ -3,6 +3,7 @@
 // refused.
 #include "cluster/conductor_core.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -13,26 +14,31 @@
 namespace crescent::cluster {
 namespace {
 
-// Orders go nowhere: the test plays the instances.
+// Orders go nowhere (the test plays the instances); prefills and cancels are recorded.
 class NoLinks final : public InstanceLinks {
  public:
-  void send_prefill(InstanceId, uint64_t, const ClusterRequest&, std::span<const BlockKey>,
-                    const engine::EngineCore::ArrangedPrefix&, InstanceId, double) override {}
+  void send_prefill(InstanceId p, uint64_t id, const ClusterRequest&, std::span<const BlockKey>,
+                    const engine::EngineCore::ArrangedPrefix&, InstanceId, double) override {
+    prefills.emplace_back(p, id);
+  }
   void send_expect(InstanceId, uint64_t, const ClusterRequest&, double) override {}
   void send_kv_coming(InstanceId, uint64_t, int64_t, double) override {}
   void send_kv_handoff(InstanceId, uint64_t, int64_t, int64_t, double) override {}
   void send_cancel(InstanceId, InstanceId, uint64_t id) override { cancelled.push_back(id); }
   std::vector<uint64_t> cancelled;
+  std::vector<std::pair<InstanceId, uint64_t>> prefills;  // (instance, id) of each send_prefill
 };
 
 class ConductorCoreTest : public ::testing::Test {
  protected:
   // configs/local.json (the mock LLaMA3-70B on 8xA800: a 60k-token prompt is ~20 s of prefill), one prefill
   // and one decode instance, both up; stage deadlines of `floor_s` + `factor` x predicted.
-  void start(conductor::Admission admission, double floor_s = 30, double factor = 4) {
+  void start(conductor::Admission admission, double floor_s = 30, double factor = 4, int prefill_instances = 1,
+             int64_t max_placements = 3) {
     auto config = load_cluster_config(CRESCENT_SOURCE_DIR "/configs/local.json", 512);
     ASSERT_TRUE(config.ok()) << config.status().to_string();
-    config->prefill_instances = 1;
+    config->prefill_instances = prefill_instances;
+    config->serve.max_request_placements = max_placements;
     config->decode_instances = 1;
     config->serve.admission = admission;
     config->serve.stage_timeout_floor_s = floor_s;
@@ -41,17 +47,17 @@ class ConductorCoreTest : public ::testing::Test {
     options_.block_size_tokens = 512;
     ASSERT_TRUE(validate(options_).ok());
     core_.emplace(options_, links_);
-    core_->state().on_prefill_up(0);
+    for (int p = 0; p < prefill_instances; ++p) core_->state().on_prefill_up(static_cast<InstanceId>(p));
     core_->state().on_decode_up(0);
   }
 
   // A prompt of `tokens` tokens of its own (no prefix shared with any other): its id, or nullopt if refused.
-  std::optional<uint64_t> submit(int64_t tokens, double now_s) {
+  std::optional<uint64_t> submit(int64_t tokens, double now_s, RequestCallbacks callbacks = {}) {
     ClusterRequest r;
     for (int64_t i = 0; i < tokens; ++i) r.prompt_token_ids.push_back(next_token_++);
     r.max_tokens = 16;
     uint64_t id = 0;
-    const conductor::Decision d = core_->place(std::move(r), {}, id, now_s);
+    const conductor::Decision d = core_->place(std::move(r), std::move(callbacks), id, now_s);
     last_decision_ = d;
     if (d.rejected != conductor::RejectReason::kNone) return std::nullopt;
     return id;
@@ -105,6 +111,73 @@ TEST_F(ConductorCoreTest, APromptCancelledWhileComputingGivesBackWhatWasLeftOfIt
   EXPECT_FALSE(core_->has_request(second));
   EXPECT_EQ(core_->requests_in_flight(), 0u);
   EXPECT_DOUBLE_EQ(queue_end_s(), one_s / 2);
+}
+
+// Issue 25 §2: the prompts of a prefill instance that went down are placed again on another, under a new id
+// (the only one the new instance sees), while their owner keeps the first: its cancel still reaches them,
+// events naming the old id are ignored, and the dead instance's queue is given back. Past
+// serve.max_request_placements, or with nowhere to go, they fail with instance_down.
+TEST_F(ConductorCoreTest, APromptWhosePrefillInstanceWentDownIsPlacedAgainUnderANewId) {
+  start(conductor::Admission::kPredictive, 30, 4, /*prefill_instances=*/2, /*max_placements=*/2);
+  std::vector<int64_t> tokens;
+  std::vector<std::string> errors;
+  RequestCallbacks callbacks;
+  callbacks.on_tokens = [&](std::span<const int64_t> t, std::span<const model::TokenLogprobs>) {
+    tokens.insert(tokens.end(), t.begin(), t.end());
+    return true;
+  };
+  callbacks.on_error = [&](const std::string& code, const std::string&) { errors.push_back(code); };
+  const uint64_t owner_id = submit(60'000, 0.0, callbacks).value();
+  ASSERT_EQ(links_.prefills.size(), 1u);
+  const auto [first_instance, first_id] = links_.prefills[0];
+  EXPECT_EQ(first_id, owner_id);
+  core_->on_prefill_start(owner_id, 0, 0.1);
+  const InstanceId other = 1 - first_instance;
+
+  core_->on_prefill_down(first_instance, 1.0);
+  ASSERT_EQ(links_.prefills.size(), 2u) << "placed again";
+  const auto [second_instance, second_id] = links_.prefills[1];
+  EXPECT_EQ(second_instance, other);
+  EXPECT_NE(second_id, owner_id);
+  EXPECT_THAT(links_.cancelled, ::testing::ElementsAre(owner_id)) << "the old placement is dropped";
+  EXPECT_FALSE(core_->has_request(owner_id));
+  EXPECT_TRUE(core_->has_request(second_id));
+  EXPECT_DOUBLE_EQ(core_->state().prefill_busy_until_s()[first_instance], 1.0) << "its queue is given back";
+  EXPECT_GT(core_->state().prefill_busy_until_s()[other], 10.0) << "and the prompt queued on the other";
+  EXPECT_THAT(core_->metrics().scrape({}),
+              ::testing::HasSubstr(R"(crescent_requests_replaced_total{reason="prefill_down"} 1)"));
+
+  core_->on_first_token(first_instance, owner_id, 5, 2.0);  // a late word from the old placement: ignored
+  EXPECT_TRUE(tokens.empty());
+  core_->on_prefill_start(second_id, 0, 2.0);
+  core_->on_first_token(other, second_id, 7, 3.0);
+  EXPECT_THAT(tokens, ::testing::ElementsAre(7));
+
+  // The owner's cancel, by the id it knows, reaches the current placement.
+  core_->cancel(owner_id, 3.5);
+  EXPECT_EQ(core_->requests_in_flight(), 0u);
+  EXPECT_EQ(links_.cancelled.back(), second_id);
+  EXPECT_TRUE(errors.empty());
+
+  // Placed twice (the limit here): the next instance death fails it.
+  const uint64_t again = submit(60'000, 4.0, callbacks).value();
+  const InstanceId on = links_.prefills.back().first;
+  ASSERT_EQ(on, other) << "the only instance up";
+  core_->state().on_prefill_up(first_instance);
+  core_->on_prefill_down(on, 5.0);
+  const uint64_t moved = links_.prefills.back().second;
+  ASSERT_NE(moved, again);
+  core_->on_prefill_down(links_.prefills.back().first, 6.0);
+  EXPECT_FALSE(core_->has_request(moved));
+  EXPECT_THAT(errors, ::testing::ElementsAre("instance_down"));
+  EXPECT_EQ(core_->requests_in_flight(), 0u);
+
+  // Nowhere to go (no prefill instance up): it fails at once.
+  core_->state().on_prefill_up(0);
+  errors.clear();
+  ASSERT_TRUE(submit(1000, 7.0, callbacks).has_value());
+  core_->on_prefill_down(0, 7.5);
+  EXPECT_THAT(errors, ::testing::ElementsAre("instance_down"));
 }
 
 // A prompt that ends normally leaves the queue at its end, as predicted or as it happened.
