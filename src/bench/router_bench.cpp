@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <pthread.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <xxhash.h>
 
@@ -20,6 +19,7 @@
 
 #include "common/json_util.h"
 #include "common/percentile.h"
+#include "common/process_usage.h"
 #include "kv/block_key.h"
 #include "router/engine_body.h"
 #include "router/router.h"
@@ -67,14 +67,6 @@ class ThreadCpuClock {
   std::atomic<bool> known_{false};
   clockid_t id_{};
 };
-
-// CPU seconds (user + system) this process has used.
-double process_cpu_seconds() {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  const auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
 
 // CPU seconds the calling thread has used.
 double this_thread_cpu_seconds() {

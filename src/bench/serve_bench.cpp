@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 
 #include "cluster/local_cluster.h"
 #include "common/percentile.h"
+#include "common/process_usage.h"
 #include "common/socket_io.h"
 #include "serve/frontend.h"
 #include "serve/http_server.h"
@@ -156,20 +156,6 @@ bool take_stream_events(Connection& c) {
   return c.done && c.in.find("0\r\n\r\n") != std::string::npos;
 }
 
-// CPU seconds (user + system) this process has used.
-double cpu_seconds() {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  const auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
-
-int64_t peak_rss_kib() {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss;
-}
-
 }  // namespace
 
 Result<ServeBenchReport> run_serve_bench(const ServeBenchOptions& options) {
@@ -253,7 +239,7 @@ Result<ServeBenchReport> run_serve_bench(const ServeBenchOptions& options) {
       R"({{"model": "mock", "prompt": "Tell me a long story.", "max_tokens": {}, "stream": true}})",
       options.tokens_per_stream));
   const auto stream_start = Clock::now();
-  const double stream_cpu_start = cpu_seconds();
+  const double stream_cpu_start = process_cpu_seconds();
   for (size_t i = 0; i < streams.connections().size(); ++i) streams.send(i, streamed);
   int64_t events = 0;
   while (s.completed < streams.connections().size() &&
@@ -269,7 +255,7 @@ Result<ServeBenchReport> run_serve_bench(const ServeBenchOptions& options) {
     s.held_at_once = std::max<int64_t>(s.held_at_once, static_cast<int64_t>((*server)->connections()));
   }
   s.seconds = std::chrono::duration<double>(Clock::now() - stream_start).count();
-  s.cpu_seconds = cpu_seconds() - stream_cpu_start;
+  s.cpu_seconds = process_cpu_seconds() - stream_cpu_start;
   for (const Connection& c : streams.connections()) events += c.events;
   s.tokens_delivered =
       events - static_cast<int64_t>(streams.connections().size()) * 2;  // minus finish, [DONE]
@@ -277,7 +263,7 @@ Result<ServeBenchReport> run_serve_bench(const ServeBenchOptions& options) {
   s.tokens_per_s = static_cast<double>(s.tokens_delivered) / s.seconds;
   s.tokens_per_cpu_s = static_cast<double>(s.tokens_delivered) / s.cpu_seconds;
   s.admissions_timed = admission_s.size() - first_stream_admission;
-  report.peak_rss_mib = static_cast<double>(peak_rss_kib()) / 1024;
+  report.peak_rss_mib = peak_rss_mib();
   return report;
 }
 

@@ -7,7 +7,6 @@
 #include <httplib.h>
 #include <sched.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <xxhash.h>
 #include <unistd.h>
 
@@ -30,6 +29,7 @@
 #include "cluster/local_cluster.h"
 #include "cluster/serve_options.h"
 #include "common/atomic_file.h"
+#include "common/process_usage.h"
 #include "common/secret.h"
 #include "common/socket_io.h"
 #include "common/temp_dir.h"
@@ -237,11 +237,9 @@ int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, const serve:
     replay.vocab_size = frontend.tokenizer->vocab_size();  // the trace's prompts as ids the model has
     const int code = run_replay(replay);
     (*server)->stop();
-    rusage usage{};
-    ::getrusage(RUSAGE_SELF, &usage);
     fmt::print(stderr,
                "crescent serve: peak RSS of this process {:.0f} MiB (the Conductor and the replay client)\n",
-               static_cast<double>(usage.ru_maxrss) / 1024);
+               peak_rss_mib());
     return code;
   }
   const int signal = wait_for_stop_signal(signals);

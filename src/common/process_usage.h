@@ -1,0 +1,12 @@
+// What this process has used so far, for benchmarks and end-of-run reports (getrusage).
+#pragma once
+
+namespace crescent {
+
+/// CPU seconds (user + system) this process has used, all its threads together.
+double process_cpu_seconds();
+
+/// This process's peak resident memory so far, in MiB.
+double peak_rss_mib();
+
+}  // namespace crescent
