@@ -379,7 +379,7 @@ class AdmissionTest : public ConductorTest {
  protected:
   // One decode instance with 1M tokens of HBM; `running`, `incoming` as given; prefill idle.
   Decision admit(Admission admission, kv::DecodeGroup running, kv::DecodeGroup incoming, int64_t input_tokens,
-                 double prefill_busy_until_s = 0) {
+                 double prefill_busy_until_s = 0, bool admitted = false) {
     FakeCluster cluster(1, 1);
     cluster.busy_until_s = {prefill_busy_until_s};
     cluster.decode[0] = {
@@ -389,7 +389,9 @@ class AdmissionTest : public ConductorTest {
                                 .ttft_slo_s = 30,
                                 .tbt_slo_s = 0.1,
                                 .expected_output_prior_tokens = 100});
-    return conductor.schedule(cluster, {input_tokens, keys_, /*max_output_tokens=*/100}, 0);
+    RequestInfo request{input_tokens, keys_, /*max_output_tokens=*/100};
+    request.admitted = admitted;
+    return conductor.schedule(cluster, request, 0);
   }
 };
 
@@ -398,6 +400,15 @@ TEST_F(AdmissionTest, EveryPolicyButNoneRejectsWhenTtftSloCannotBeMet) {
     EXPECT_EQ(admit(a, {}, {}, 4096, /*prefill_busy_until_s=*/40).rejected, RejectReason::kTtft);
   }
   EXPECT_EQ(admit(Admission::kNone, {}, {}, 4096, 40).rejected, RejectReason::kNone);
+}
+
+// A request accepted before and placed again after its instance failed is never refused by admission: its
+// client was told yes (issue 25 §2).
+TEST_F(AdmissionTest, ARequestAlreadyAdmittedIsNotJudgedAgain) {
+  for (auto a : {Admission::kSlo, Admission::kEarly, Admission::kPredictive}) {
+    EXPECT_EQ(admit(a, {}, {}, 4096, 40, /*admitted=*/true).rejected, RejectReason::kNone);
+    EXPECT_EQ(admit(a, {50, 990'000, 997'000}, {}, 4096, 0, /*admitted=*/true).rejected, RejectReason::kNone);
+  }
 }
 
 TEST_F(AdmissionTest, EarlyJudgesCurrentLoadOnly) {
