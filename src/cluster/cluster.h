@@ -55,6 +55,10 @@ struct ClusterRequest {
   /// model::kNoLogprobs, or 0..model::kMaxTopLogprobs: each token comes with its logprobs and this many
   /// most likely alternatives (an executor with a distribution only: the cpu executor).
   int32_t top_logprobs = model::kNoLogprobs;
+  /// Output tokens the request had before this placement (a stream moved off a decode instance that went
+  /// down: its prompt then ends with them, and max_tokens counts what is left). Its sampler and the mock
+  /// model go on from there, so the tokens are those an undisturbed run gives.
+  int64_t output_offset = 0;
 };
 
 /// What the front end asks of whatever serves behind it (a Cluster, or router mode's engines:

@@ -54,9 +54,9 @@ struct ServeConfig {
   /// answers must not hang it). docs/serving.md says why these defaults. Both > 0.
   double stage_timeout_floor_s = 30;
   double stage_timeout_factor = 4;
-  /// How many times a request may be placed (its first placement included): a request whose prefill
-  /// instance goes down before its first token is placed again on another, up to this many placements in
-  /// all, then fails with instance_down. >= 1 (1: never placed again).
+  /// How many times a request may be placed (its first placement included): the requests of an instance
+  /// that goes down are placed again on others (a stream with tokens out goes on from them), up to this many
+  /// placements in all, then fail with instance_down. >= 1 (1: never placed again).
   int64_t max_request_placements = 3;
   int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts
   bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives

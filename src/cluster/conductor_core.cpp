@@ -70,7 +70,7 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
 void ConductorCore::on_placed(const conductor::Decision& decision, uint64_t id, double now_s) {
   Live& live = requests_.at(id);
   enter_stage(id, live, RequestStage::kQueued, decision.queue_s, now_s);
-  metrics_.observe_prefix(live.summary.prompt_tokens, decision.local_prefix_tokens,
+  metrics_.observe_prefix(std::ssize(live.request.prompt_token_ids), decision.local_prefix_tokens,
                           decision.fetched_prefix_tokens);
   metrics_.observe_kv_bytes("prefix_fetch",
                             static_cast<double>(decision.fetched_prefix_tokens) * cost_.kv_bytes_per_token());
@@ -137,9 +137,20 @@ bool ConductorCore::place_again(uint64_t id, std::string_view reason, double now
   ++moved.placements;
   moved.prefill_started = moved.prefill_done = false;
   moved.summary.cached_tokens = 0;
+  // A stream with tokens out goes on from them: its prompt gains them and what is left is generated.
+  if (const int64_t out = std::ssize(moved.output_ids); out > moved.request.output_offset) {
+    ClusterRequest& r = moved.request;
+    r.prompt_token_ids.insert(r.prompt_token_ids.end(), moved.output_ids.begin() + r.output_offset,
+                              moved.output_ids.end());
+    r.max_tokens -= out - r.output_offset;
+    r.output_offset = out;
+    moved.block_keys =
+        kv::prompt_block_keys(r.prompt_token_ids, options_.block_size_tokens, options_.block_key_seed);
+  }
   Live& live = requests_.emplace(next, std::move(moved)).first->second;
   current_ids_[live.owner_id] = next;
-  conductor::RequestInfo info{live.summary.prompt_tokens, live.block_keys, live.request.max_tokens};
+  conductor::RequestInfo info{std::ssize(live.request.prompt_token_ids), live.block_keys,
+                              live.request.max_tokens};
   info.admitted = true;
   const conductor::Decision decision = cluster::place(conductor_, state_, info, next, now_s, *this);
   if (decision.rejected != conductor::RejectReason::kNone) {
@@ -164,7 +175,7 @@ void ConductorCore::on_prefill_start(uint64_t id, int64_t hit_tokens, double now
   live.prefill_started = true;
   enter_stage(id, live, RequestStage::kPrefill, live.predicted_prefill_s, now_s);
   if (live.request.max_tokens > 1) {
-    links_.send_kv_coming(live.summary.decode_instance, id, live.summary.prompt_tokens,
+    links_.send_kv_coming(live.summary.decode_instance, id, std::ssize(live.request.prompt_token_ids),
                           live.predicted_prefill_s);
   }
 }
@@ -181,7 +192,7 @@ void ConductorCore::on_first_token(InstanceId instance, uint64_t id, int64_t fir
   it->second.first_token = first_token;
   // Its KV may still be on its way to decode (the whole prompt's transfer at most, streamed since the start).
   enter_stage(id, it->second, RequestStage::kKvHandoff,
-              cost_.kv_transfer_time_s(it->second.summary.prompt_tokens), now_s);
+              cost_.kv_transfer_time_s(std::ssize(it->second.request.prompt_token_ids)), now_s);
   // Nothing else placed there is waiting: the instance is idle now, whatever its queue's prediction said
   // (a model faster than the cost model's roofline finishes early).
   if (--prefills_pending_[instance] == 0) state_.on_prefill_idle(instance, now_s);
@@ -218,7 +229,9 @@ void ConductorCore::on_tokens(std::span<const uint64_t> ids, std::span<const int
     }
     emit_token(id, i < tokens.size() ? tokens[i] : 0, now_s, token_logprobs);
     auto it = requests_.find(id);
-    if (it != requests_.end() && it->second.summary.completion_tokens >= it->second.request.max_tokens) {
+    // Its tokens from this placement (a stream moved here had output_offset before).
+    if (it != requests_.end() && it->second.summary.completion_tokens - it->second.request.output_offset >=
+                                     it->second.request.max_tokens) {
       finish(id, now_s, "length");
     }
   }
@@ -236,8 +249,7 @@ void ConductorCore::fail(uint64_t id, const std::string& code, const std::string
 
 void ConductorCore::on_prefill_down(InstanceId p, double now_s) {
   state_.on_prefill_down(p, now_s);
-  // Those whose KV has not reached decode: before their first token they start again elsewhere; after it,
-  // their stream cannot, and they fail now rather than at their handoff deadline.
+  // Those whose KV had not reached decode start again elsewhere (after their first token: from it on).
   scratch_ids_.clear();
   for (const auto& [id, live] : requests_) {
     if (live.summary.prefill_instance == p && live.placed &&
@@ -245,34 +257,35 @@ void ConductorCore::on_prefill_down(InstanceId p, double now_s) {
       scratch_ids_.push_back(id);
     }
   }
-  const std::vector<uint64_t> ids = scratch_ids_;
-  for (uint64_t id : ids) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    if (it->second.prefill_done) {
-      fail(id, "instance_down",
-           fmt::format("prefill instance {} went down before its KV reached decode instance {}", p,
-                       it->second.summary.decode_instance),
-           now_s);
-    } else if (const int64_t placements = it->second.placements; !place_again(id, "prefill_down", now_s)) {
-      fail(
-          id, "instance_down",
-          fmt::format("prefill instance {} went down before finishing the prompt, and it could not be placed "
-                      "again (placed {} of at most {} times, or no instance could take it)",
-                      p, placements, options_.config.serve.max_request_placements),
-          now_s);
-    }
-  }
+  place_again_or_fail(scratch_ids_, "prefill_down", fmt::format("prefill instance {} went down", p), now_s);
 }
 
 void ConductorCore::on_decode_down(InstanceId d, double now_s) {
   state_.on_decode_down(d);
+  // Its streams move: each is prefilled again with the tokens it had (from the caches or the pool where the
+  // blocks are) and decodes elsewhere; those not yet there are placed again.
   scratch_ids_.clear();
   for (const auto& [id, live] : requests_) {
-    if (live.summary.decode_instance == d && live.request.max_tokens > 1) scratch_ids_.push_back(id);
+    if (live.summary.decode_instance == d && live.placed && live.request.max_tokens > 1)
+      scratch_ids_.push_back(id);
   }
-  const std::vector<uint64_t> ids = scratch_ids_;
-  for (uint64_t id : ids) fail(id, "instance_down", fmt::format("decode instance {} went down", d), now_s);
+  place_again_or_fail(scratch_ids_, "decode_down", fmt::format("decode instance {} went down", d), now_s);
+}
+
+void ConductorCore::place_again_or_fail(std::vector<uint64_t> ids, std::string_view reason,
+                                        const std::string& why, double now_s) {
+  for (uint64_t id : ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    const int64_t placements = it->second.placements;
+    if (!place_again(id, reason, now_s)) {
+      fail(id, "instance_down",
+           fmt::format("{}, and the request could not be placed again (placed {} of at most {} times, or no "
+                       "instance could take it)",
+                       why, placements, options_.config.serve.max_request_placements),
+           now_s);
+    }
+  }
 }
 
 void ConductorCore::enter_stage(uint64_t id, Live& live, RequestStage stage, double predicted_s,
@@ -362,6 +375,7 @@ void ConductorCore::emit_token(uint64_t id, int64_t token, double now_s,
     metrics_.observe_token_gap(now_s - live.last_token_s);
   }
   live.last_token_s = now_s;
+  live.output_ids.push_back(token);
   live.decode_progress_s = now_s;  // its decoding deadline moves when it surfaces (expire_deadlines)
   ++live.summary.completion_tokens;
   const InstanceId p = live.summary.prefill_instance, d = live.summary.decode_instance;

@@ -126,14 +126,17 @@ class ConductorCore final : private PlacementDriver {
   /// `id` cannot go on at `now_s` (e.g. its KV never reached decode): its owner hears on_error(code, message)
   /// (codes: RequestCallbacks::on_error).
   void fail(uint64_t id, const std::string& code, const std::string& message, double now_s);
-  /// Prefill instance `p` went down: it leaves the Conductor's view. The requests it had not finished
-  /// prefilling are placed again (their old instances drop them: decode reservations are cancelled) under a
-  /// new id, the only one their new instances see, while their owner keeps the first; events naming an old
-  /// id are ignored from then on. A request fails with instance_down instead when it used up
-  /// serve.max_request_placements or nothing can take it, and so does one whose first token is out but whose
-  /// KV had not reached decode (its stream cannot start again).
+  /// Prefill instance `p` went down: it leaves the Conductor's view. The requests whose KV it had not
+  /// handed to decode are placed again (their old instances drop them: decode reservations are cancelled)
+  /// under a new id, the only one their new instances see, while their owner keeps the first; events naming
+  /// an old id are ignored from then on. One whose first token is out goes on from it (on_decode_down). A
+  /// request fails with instance_down instead when it used up serve.max_request_placements or nothing can
+  /// take it.
   void on_prefill_down(InstanceId p, double now_s);
-  /// Decode instance `d` went down at `now_s`: it leaves the view and every request placed there fails.
+  /// Decode instance `d` went down at `now_s`: it leaves the view and its requests are placed again as
+  /// on_prefill_down's are; a stream with tokens out moves: its prompt plus the tokens it gave are prefilled
+  /// on another instance (ClusterRequest::output_offset) and it goes on where it stopped, its client seeing
+  /// no error. Past serve.max_request_placements it fails with instance_down (an SSE error event).
   void on_decode_down(InstanceId d, double now_s);
   /// Fails (as fail() does: its instances drop it, the Conductor's estimates give back what it held) every
   /// request whose stage deadline (RequestStage) passed by `now_s`, with the stage's code; returns how many.
@@ -169,7 +172,8 @@ class ConductorCore final : private PlacementDriver {
     RequestCallbacks callbacks;
     std::vector<BlockKey> block_keys;
     RequestSummary summary;
-    uint64_t owner_id = 0;  // once placed again: the id its owner knows it by (place()'s)
+    uint64_t owner_id = 0;            // once placed again: the id its owner knows it by (place()'s)
+    std::vector<int64_t> output_ids;  // every token it gave so far (a moved stream goes on from them)
     int64_t placements = 0;
     bool placed = false;  // its current placement holds a share of the Conductor's estimates
     bool prefill_started = false, prefill_done = false;
@@ -202,6 +206,10 @@ class ConductorCore final : private PlacementDriver {
   // Places request `id` again (on_prefill_down) under a new id; false when it used up its placements or
   // nothing can take it (it is then as it was, for the caller to fail).
   bool place_again(uint64_t id, std::string_view reason, double now_s);
+  // place_again() each of `ids` (skipping those gone), failing with instance_down, saying `why`, those
+  // that cannot be.
+  void place_again_or_fail(std::vector<uint64_t> ids, std::string_view reason, const std::string& why,
+                           double now_s);
   // Forgets request `it` (and its owner's id for it).
   void erase(std::unordered_map<uint64_t, Live>::iterator it);
   // Delivers request `id`'s next token (with its logprobs, or nullptr); the owner's stop (on_tokens false)

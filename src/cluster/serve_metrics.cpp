@@ -47,8 +47,8 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                   .Register(*registry_)),
       replaced_(prometheus::BuildCounter()
                     .Name("crescent_requests_replaced_total")
-                    .Help("Accepted requests placed again because their instance failed, by reason "
-                          "(prefill_down: their prefill instance went down before their first token)")
+                    .Help("Accepted requests placed again because their instance went down, by reason "
+                          "(prefill_down, decode_down: a stream with tokens out moved and went on)")
                     .Register(*registry_)),
       prefix_tokens_(
           prometheus::BuildCounter()

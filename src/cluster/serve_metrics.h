@@ -98,7 +98,8 @@ class ServeMetrics {
   /// "decode_timeout"):
   /// crescent_requests_failed_total{reason=code}.
   void observe_failure(std::string_view code);
-  /// An accepted request was placed again because its instance failed (`reason`: "prefill_down"):
+  /// An accepted request was placed again because its instance went down (`reason`: "prefill_down",
+  /// "decode_down"):
   /// crescent_requests_replaced_total{reason}.
   void observe_replaced(std::string_view reason);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).

@@ -16,11 +16,16 @@ Status validate(const SamplingParams& params) {
   if (!std::isfinite(params.top_p) || params.top_p <= 0 || params.top_p > 1) {
     return Status::invalid_argument(fmt::format("'top_p' must be in (0, 1], got {}", params.top_p));
   }
+  if (params.tokens_before < 0) {
+    return Status::invalid_argument(
+        fmt::format("'tokens_before' must be >= 0, got {}", params.tokens_before));
+  }
   return Status::ok_status();
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
   assert(validate(params).ok());
+  if (params.temperature > 0) rng_.discard(static_cast<uint64_t>(params.tokens_before));
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {

@@ -17,10 +17,14 @@ struct SamplingParams {
   double temperature = 0;  // 0: greedy (argmax); else logits are divided by it before the softmax
   double top_p = 1;        // keep the most likely tokens whose probabilities sum to at least this, (0, 1]
   uint64_t seed = 0;       // the draws' generator
+  /// Tokens this request sampled before, elsewhere (a stream moved off an instance that went down): a
+  /// sampler at a temperature skips their draws, so it goes on with the draws an undisturbed run makes.
+  /// >= 0.
+  int64_t tokens_before = 0;
 };
 
 /// kInvalidArgument naming the field unless temperature is finite and in [0, 2] and top_p in (0, 1] (the
-/// OpenAI API's ranges).
+/// OpenAI API's ranges), and tokens_before >= 0.
 Status validate(const SamplingParams& params);
 
 /// One request's sampler: its generator advances by one draw per sampled token (none when greedy).

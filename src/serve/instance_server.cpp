@@ -204,7 +204,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       order.computed_tokens = std::ssize(order.token_ids) - cpu_executor_->reused_tokens(id);
       first_logprobs = cpu_executor_->logprobs(id);  // empty unless its request asked
     } else {
-      order.first_token = engine::mock_token(order.seed, 0);
+      order.first_token = engine::mock_token(order.seed, order.output_offset);
     }
     // The first token goes out now, before the next iteration computes and whether or not the decode
     // instance's room is known yet; the KV follows (kPrefillDone).
@@ -303,6 +303,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     std::vector<BlockKey> keys;  // full blocks
     int64_t output_tokens = 1;
     uint64_t seed = 0;                    // the mock's first token is a function of it
+    int64_t output_offset = 0;            // and of the tokens the request gave before this placement
     int64_t first_token = 0;              // once computed
     int64_t reused_blocks = 0;            // full blocks not computed here
     int64_t fetched_tokens_expected = 0;  // of them, to be read from the pool
@@ -630,9 +631,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
         if (orders_.contains(m.request_id)) break;  // a duplicate: the first is under way
         // The staging memory holds one prompt of up to a decode instance's capacity (as the Conductor
         // admits).
-        if (input < 1 || blocks_of(input) > max_prompt_blocks_ + 1 || m.reused_tokens < 0 ||
-            m.reused_tokens > input || m.fetched_tokens < 0 || m.fetched_tokens > m.reused_tokens ||
-            !(m.ready_in_s >= 0 && m.ready_in_s < 1e9)) {
+        if (input < 1 || blocks_of(input) > max_prompt_blocks_ + 1 || m.output_offset < 0 ||
+            m.reused_tokens < 0 || m.reused_tokens > input || m.fetched_tokens < 0 ||
+            m.fetched_tokens > m.reused_tokens || !(m.ready_in_s >= 0 && m.ready_in_s < 1e9)) {
           InstanceMessage done;
           done.kind = InstanceMessage::Kind::kPrefillDone;
           done.request_id = m.request_id;
@@ -647,7 +648,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
               m.request_id, {.prompt = std::vector<int32_t>(m.token_ids.begin(), m.token_ids.end()),
                              .block_keys = keys,
                              .output_tokens = 1,
-                             .sampling = {.temperature = m.temperature, .top_p = m.top_p, .seed = m.seed},
+                             .sampling = {.temperature = m.temperature,
+                                          .top_p = m.top_p,
+                                          .seed = m.seed,
+                                          .tokens_before = m.output_offset},
                              .keep_after_release = true,
                              .top_logprobs = m.top_logprobs});
           if (!added.ok()) {
@@ -665,6 +669,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
         order.keys = std::move(keys);
         order.output_tokens = m.output_tokens;
         order.seed = m.seed;
+        order.output_offset = m.output_offset;
         engine_->submit_prompt(m.request_id, input, 1, order.keys, now,
                                {.reused_tokens = m.reused_tokens,
                                 .fetched_tokens = m.fetched_tokens,
@@ -679,8 +684,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
         break;
       }
       case InstanceMessage::Kind::kExpect:
-        if (prefill() || m.output_tokens < 2 || m.input_tokens < 1 || expected_.contains(m.request_id) ||
-            std::ssize(m.block_keys) != blocks_of(m.input_tokens) ||
+        if (prefill() || m.output_tokens < 2 || m.input_tokens < 1 || m.output_offset < 0 ||
+            expected_.contains(m.request_id) || std::ssize(m.block_keys) != blocks_of(m.input_tokens) ||
             blocks_of(m.input_tokens) > max_prompt_blocks_ + 1 ||
             m.input_tokens + m.output_tokens > engine_->decode_load().kv_capacity_tokens) {
           break;  // malformed or duplicate: the Conductor never sends one (its request then times out there)
@@ -689,7 +694,10 @@ class InstanceServer::Impl final : public engine::EngineListener {
             .keys = m.block_keys,
             .input_tokens = m.input_tokens,
             .output_tokens = m.output_tokens,
-            .sampling = {.temperature = m.temperature, .top_p = m.top_p, .seed = m.seed},
+            .sampling = {.temperature = m.temperature,
+                         .top_p = m.top_p,
+                         .seed = m.seed,
+                         .tokens_before = m.output_offset},
             .top_logprobs = m.top_logprobs,
         };
         engine_->expect(m.request_id, m.input_tokens, m.output_tokens, now);
@@ -774,7 +782,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
             ++blocks_verified_;
           }
         }
-        expected->second.tokens = 1;  // the first came from the prefill
+        // The first came from the prefill (after those the request gave before this placement).
+        expected->second.tokens = 1 + expected->second.sampling.tokens_before;
         engine_->submit_decode(m.request_id, now, now);
         break;
       }

@@ -7,7 +7,7 @@
 namespace crescent::serve {
 namespace {
 
-constexpr uint32_t kFields = 48;  // what encode packs, in order
+constexpr uint32_t kFields = 49;  // what encode packs, in order
 // The optional tail of a message with logprobs: top_logprobs, logprob_rows, then the logprobs flat (each
 // sampled token's, each entry's count of alternatives, their token ids, their logprobs), as the unpacker
 // reads no deeper than arrays of scalars.
@@ -127,6 +127,7 @@ std::string encode(const InstanceMessage& m) {
   pk.pack_uint64(m.seed);
   pk.pack_double(m.temperature);
   pk.pack_double(m.top_p);
+  pk.pack_int64(m.output_offset);
   pk.pack_int64(m.first_token);
   pk.pack(m.tokens);
   if (has_logprobs) {
@@ -215,6 +216,7 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     m.seed = r.next<uint64_t>();
     m.temperature = r.next<double>();
     m.top_p = r.next<double>();
+    m.output_offset = r.next<int64_t>();
     m.first_token = r.next<int64_t>();
     m.tokens = r.next<std::vector<int64_t>>();
     if (o.via.array.size == kFields + kLogprobFields) {

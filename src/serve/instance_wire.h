@@ -7,10 +7,11 @@
 //   kHello       role, index, incarnation,        kPrefill    request_id, token_ids, output_tokens,
 //                kv_events endpoints, capacity                 reused/fetched_tokens, ready_in_s,
 //                                                             decode_index, seed, temperature, top_p,
-//                                                             top_logprobs
+//                                                             output_offset, top_logprobs
 //   kLoad        load (every 50 ms: heartbeat)     kKvTarget   request_id, segment, offset, length (prefill)
 //   kPrefillStart request_id, hit_tokens           kExpect     request_id, input/output_tokens, block_keys,
-//                                                             seed, temperature, top_p, top_logprobs
+//                                                             seed, temperature, top_p, output_offset,
+//                                                             top_logprobs
 //                                                             (decode: count it as incoming)
 //   kFirstToken  request_id, first_token,          kKvArrived  request_id, first_token (decode: the KV
 //                logprobs (the prefill ended:                  is in place)
@@ -94,6 +95,7 @@ struct InstanceMessage {
   // kPrefill, kExpect: how the request samples (cluster::ClusterRequest)
   uint64_t seed = 0;
   double temperature = 1, top_p = 1;
+  int64_t output_offset = 0;  // tokens generated before this placement (cluster::ClusterRequest)
   // kFirstToken, kKvArrived: the first output token (sampled by the prefill instance)
   int64_t first_token = 0;
   // kPrefillStart, kPrefillDone

@@ -212,6 +212,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     m.temperature = request.temperature;
     m.top_p = request.top_p;
     m.top_logprobs = request.top_logprobs;
+    m.output_offset = request.output_offset;
     post(prefill_slot(p), m);
   }
   void send_expect(InstanceId d, uint64_t id, const cluster::ClusterRequest& request, double) override {
@@ -227,6 +228,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     m.temperature = request.temperature;
     m.top_p = request.top_p;
     m.top_logprobs = request.top_logprobs;
+    m.output_offset = request.output_offset;
     post(decode_slot(d), m);
   }
   void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) override {

@@ -17,9 +17,11 @@ namespace {
 // Orders go nowhere (the test plays the instances); prefills and cancels are recorded.
 class NoLinks final : public InstanceLinks {
  public:
-  void send_prefill(InstanceId p, uint64_t id, const ClusterRequest&, std::span<const BlockKey>,
-                    const engine::EngineCore::ArrangedPrefix&, InstanceId, double) override {
+  void send_prefill(InstanceId p, uint64_t id, const ClusterRequest& request, std::span<const BlockKey>,
+                    const engine::EngineCore::ArrangedPrefix&, InstanceId d, double) override {
     prefills.emplace_back(p, id);
+    last_prefill = request;
+    last_decode = d;
   }
   void send_expect(InstanceId, uint64_t, const ClusterRequest&, double) override {}
   void send_kv_coming(InstanceId, uint64_t, int64_t, double) override {}
@@ -27,19 +29,21 @@ class NoLinks final : public InstanceLinks {
   void send_cancel(InstanceId, InstanceId, uint64_t id) override { cancelled.push_back(id); }
   std::vector<uint64_t> cancelled;
   std::vector<std::pair<InstanceId, uint64_t>> prefills;  // (instance, id) of each send_prefill
+  ClusterRequest last_prefill;                            // the last send_prefill's request
+  InstanceId last_decode = 0;                             // and its decode instance
 };
 
 class ConductorCoreTest : public ::testing::Test {
  protected:
   // configs/local.json (the mock LLaMA3-70B on 8xA800: a 60k-token prompt is ~20 s of prefill), one prefill
   // and one decode instance, both up; stage deadlines of `floor_s` + `factor` x predicted.
-  void start(conductor::Admission admission, double floor_s = 30, double factor = 4, int prefill_instances = 1,
-             int64_t max_placements = 3) {
+  void start(conductor::Admission admission, double floor_s = 30, double factor = 4,
+             int prefill_instances = 1, int64_t max_placements = 3, int decode_instances = 1) {
     auto config = load_cluster_config(CRESCENT_SOURCE_DIR "/configs/local.json", 512);
     ASSERT_TRUE(config.ok()) << config.status().to_string();
     config->prefill_instances = prefill_instances;
     config->serve.max_request_placements = max_placements;
-    config->decode_instances = 1;
+    config->decode_instances = decode_instances;
     config->serve.admission = admission;
     config->serve.stage_timeout_floor_s = floor_s;
     config->serve.stage_timeout_factor = factor;
@@ -48,7 +52,7 @@ class ConductorCoreTest : public ::testing::Test {
     ASSERT_TRUE(validate(options_).ok());
     core_.emplace(options_, links_);
     for (int p = 0; p < prefill_instances; ++p) core_->state().on_prefill_up(static_cast<InstanceId>(p));
-    core_->state().on_decode_up(0);
+    for (int d = 0; d < decode_instances; ++d) core_->state().on_decode_up(static_cast<InstanceId>(d));
   }
 
   // A prompt of `tokens` tokens of its own (no prefix shared with any other): its id, or nullopt if refused.
@@ -180,6 +184,59 @@ TEST_F(ConductorCoreTest, APromptWhosePrefillInstanceWentDownIsPlacedAgainUnderA
   EXPECT_THAT(errors, ::testing::ElementsAre("instance_down"));
 }
 
+// Issue 25 §2: a stream whose decode instance went down moves: its prompt plus the tokens it gave are
+// prefilled again (output_offset says how many), what is left is generated, and its owner sees the tokens go
+// on in order and the request finish with all of them.
+TEST_F(ConductorCoreTest, AStreamWhoseDecodeInstanceWentDownGoesOnFromItsTokens) {
+  start(conductor::Admission::kNone, 30, 4, /*prefill_instances=*/1, /*max_placements=*/3,
+        /*decode_instances=*/2);
+  std::vector<int64_t> tokens;
+  std::optional<RequestSummary> done;
+  RequestCallbacks callbacks;
+  callbacks.on_tokens = [&](std::span<const int64_t> t, std::span<const model::TokenLogprobs>) {
+    tokens.insert(tokens.end(), t.begin(), t.end());
+    return true;
+  };
+  callbacks.on_done = [&](const RequestSummary& s) { done = s; };
+  const uint64_t id = submit(100, 0.0, callbacks).value();  // max_tokens 16
+  const ClusterRequest original = links_.last_prefill;
+  const InstanceId d = links_.last_decode;
+  core_->on_prefill_start(id, 0, 0.1);
+  core_->on_first_token(0, id, 7, 0.2);
+  core_->on_kv_shipped(id, 0.3);
+  const std::vector<uint64_t> ids{id};
+  core_->on_tokens(ids, std::vector<int64_t>{8}, 0.4);
+  core_->on_tokens(ids, std::vector<int64_t>{9}, 0.5);
+
+  core_->on_decode_down(d, 0.6);
+  ASSERT_EQ(links_.prefills.size(), 2u);
+  const uint64_t moved = links_.prefills.back().second;
+  EXPECT_NE(links_.last_decode, d);
+  const ClusterRequest& again = links_.last_prefill;
+  std::vector<int64_t> prompt = original.prompt_token_ids;
+  prompt.insert(prompt.end(), {7, 8, 9});
+  EXPECT_EQ(again.prompt_token_ids, prompt);
+  EXPECT_EQ(again.output_offset, 3);
+  EXPECT_EQ(again.max_tokens, 13);
+  EXPECT_EQ(again.seed, original.seed);
+  core_->on_tokens(ids, std::vector<int64_t>{99}, 0.65);  // the old placement's: ignored
+  core_->on_prefill_start(moved, 0, 0.7);
+  core_->on_first_token(0, moved, 10, 0.8);
+  core_->on_kv_shipped(moved, 0.9);
+  const std::vector<uint64_t> moved_ids{moved};
+  for (int64_t t = 11; t <= 16; ++t) core_->on_tokens(moved_ids, std::vector<int64_t>{t}, 1.0);
+  EXPECT_FALSE(done.has_value()) << "10 of its 16 so far";
+  for (int64_t t = 17; t <= 22; ++t) core_->on_tokens(moved_ids, std::vector<int64_t>{t}, 1.1);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->completion_tokens, 16);
+  EXPECT_EQ(done->prompt_tokens, 100) << "the client's prompt, not the moved one";
+  std::vector<int64_t> want{7, 8, 9};
+  for (int64_t t = 10; t <= 22; ++t) want.push_back(t);
+  EXPECT_EQ(tokens, want);
+  EXPECT_THAT(core_->metrics().scrape({}),
+              ::testing::HasSubstr(R"(crescent_requests_replaced_total{reason="decode_down"} 1)"));
+}
+
 // A prompt that ends normally leaves the queue at its end, as predicted or as it happened.
 TEST_F(ConductorCoreTest, APromptThatIsDoneLeavesTheInstanceIdle) {
   start(conductor::Admission::kNone);
@@ -278,7 +335,9 @@ TEST_F(ConductorCoreTest, AfterTheFirstTokenTheKvHandoffAndEachDecodeGapHaveADea
     for (int64_t i = 0; i < 2000; ++i) r.prompt_token_ids.push_back(next_token_++);
     r.max_tokens = 8;
     RequestCallbacks callbacks;
-    callbacks.on_tokens = [](std::span<const int64_t>, std::span<const model::TokenLogprobs>) { return true; };
+    callbacks.on_tokens = [](std::span<const int64_t>, std::span<const model::TokenLogprobs>) {
+      return true;
+    };
     callbacks.on_error = [&](const std::string& code, const std::string&) { errors.push_back(code); };
     uint64_t id = 0;
     last_decision_ = core_->place(std::move(r), std::move(callbacks), id, now_s);
@@ -308,7 +367,8 @@ TEST_F(ConductorCoreTest, AfterTheFirstTokenTheKvHandoffAndEachDecodeGapHaveADea
     core_->on_tokens(ids, tokens, now);
     const bool stuck_due = !stuck_failed && now >= stuck_deadline_s;
     stuck_failed = stuck_failed || stuck_due;
-    EXPECT_EQ(core_->expire_deadlines(now), stuck_due ? 1u : 0u) << "only the stuck hand-off fails, at " << now;
+    EXPECT_EQ(core_->expire_deadlines(now), stuck_due ? 1u : 0u)
+        << "only the stuck hand-off fails, at " << now;
   }
   EXPECT_TRUE(stuck_failed);
   EXPECT_EQ(errors, std::vector<std::string>({"kv_handoff_timeout"}));
@@ -324,7 +384,8 @@ TEST_F(ConductorCoreTest, AfterTheFirstTokenTheKvHandoffAndEachDecodeGapHaveADea
   EXPECT_EQ(errors, std::vector<std::string>({"kv_handoff_timeout", "decode_timeout"}));
   EXPECT_FALSE(core_->has_request(shipped));
   EXPECT_EQ(core_->requests_in_flight(), 0u);
-  EXPECT_EQ(links_.cancelled, std::vector<uint64_t>({stuck, shipped})) << "its instances were told to drop it";
+  EXPECT_EQ(links_.cancelled, std::vector<uint64_t>({stuck, shipped}))
+      << "its instances were told to drop it";
   EXPECT_EQ(core_->next_deadline_s(), std::numeric_limits<double>::infinity());
   const std::string metrics = core_->metrics().scrape({});
   EXPECT_NE(metrics.find("crescent_requests_failed_total{reason=\"decode_timeout\"} 1"), std::string::npos)

@@ -60,12 +60,24 @@ TEST(Sampler, TheSameSeedDrawsTheSameTokens) {
   EXPECT_NE(draw(9), draw(10));
 }
 
+// A sampler resuming a request (a stream moved off a decode instance that went down) draws what the first
+// sampler would have drawn next.
+TEST(Sampler, TokensBeforeSkipsTheirDraws) {
+  const std::vector<float> flat(64, 0.0f);
+  Sampler whole({.temperature = 1, .seed = 9});
+  std::vector<int32_t> all;
+  for (int i = 0; i < 20; ++i) all.push_back(whole.sample(flat));
+  Sampler resumed({.temperature = 1, .seed = 9, .tokens_before = 12});
+  for (int i = 12; i < 20; ++i) EXPECT_EQ(resumed.sample(flat), all[i]) << i;
+}
+
 TEST(Sampler, ParamsOutsideTheApisRangesAreRefused) {
   EXPECT_TRUE(validate({.temperature = 2, .top_p = 1}).ok());
   EXPECT_THAT(validate({.temperature = -0.1}).message(), HasSubstr("'temperature'"));
   EXPECT_THAT(validate({.temperature = NAN}).message(), HasSubstr("'temperature'"));
   EXPECT_THAT(validate({.top_p = 0}).message(), HasSubstr("'top_p' must be in (0, 1], got 0"));
   EXPECT_THAT(validate({.top_p = 1.5}).message(), HasSubstr("'top_p'"));
+  EXPECT_THAT(validate({.tokens_before = -1}).message(), HasSubstr("'tokens_before' must be >= 0"));
 }
 
 }  // namespace

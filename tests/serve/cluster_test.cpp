@@ -49,14 +49,17 @@ struct Stream {
   int64_t tokens = 0;
   bool done = false;      // saw data: [DONE]
   std::string error;      // the message of an error event
+  std::string text;       // the tokens' text, in order
   Clock::time_point end;  // when the response ended
   std::atomic<int64_t> live_tokens{0};
 };
 
-void stream(int port, const std::string& prompt, int64_t max_tokens, Stream& out) {
+void stream(int port, const std::string& prompt, int64_t max_tokens, Stream& out,
+            const json& extra = json::object()) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(60, 0);
-  const json body = {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", true}};
+  json body = {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", true}};
+  body.update(extra);
   test::post_sse(client, "/v1/completions", body.dump(), [&](const std::string& event) {
     if (event == "[DONE]") {
       out.done = true;
@@ -66,6 +69,7 @@ void stream(int port, const std::string& prompt, int64_t max_tokens, Stream& out
     if (chunk.contains("error")) {
       out.error = chunk["error"].value("message", "?");
     } else if (!chunk["choices"].empty() && !chunk["choices"][0]["text"].get<std::string>().empty()) {
+      out.text += chunk["choices"][0]["text"].get<std::string>();
       ++out.tokens;
       ++out.live_tokens;
     }
@@ -135,16 +139,21 @@ TEST(ServeCluster, KvBytesMoveThroughThePoolAndTheTransferEngineAndPassTheirChec
   EXPECT_EQ(cluster.metric("crescent_decode_kv_reserved_tokens"), 0);
 }
 
-TEST(ServeCluster, AKilledDecodeInstanceEndsOnlyItsStreamsWithinTwoSecondsAndRejoins) {
+// Issue 25 §2: the streams of a decode instance killed mid-stream move to the other (their prompt plus the
+// tokens they gave prefilled there) and go on: every client gets all its tokens and no error, the same
+// tokens an undisturbed run gives (the mock's are a function of the seed and the position). The killed
+// instance is restarted and rejoins.
+TEST(ServeCluster, AKilledDecodeInstancesStreamsMoveAndGiveTheUndisturbedTokens) {
   ServedCluster cluster;
   ASSERT_GT(cluster.port(), 0) << cluster.log();
   constexpr int kStreams = 4;
   constexpr int64_t kTokens = 300;  // ~5 s at the mock's ~17 ms steps
+  const auto seeded = [](int i) { return json{{"seed", 1000 + i}}; };
   std::vector<Stream> streams(kStreams);
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreams; ++i) {
     threads.emplace_back(
-        [&, i] { stream(cluster.port(), "stream " + std::to_string(i), kTokens, streams[i]); });
+        [&, i] { stream(cluster.port(), "stream " + std::to_string(i), kTokens, streams[i], seeded(i)); });
   }
   for (const Stream& s : streams) {
     while (s.live_tokens < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -153,21 +162,25 @@ TEST(ServeCluster, AKilledDecodeInstanceEndsOnlyItsStreamsWithinTwoSecondsAndRej
   ASSERT_GT(victim, 0);
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   const auto killed = Clock::now();
+  const std::string moved = R"(crescent_requests_replaced_total{reason="decode_down"})";
+  EXPECT_GE(cluster.metric_when(
+                moved, [](double v) { return v >= 1; }, std::chrono::seconds(2)),
+            1)
+      << cluster.log();
+  EXPECT_LT(Clock::now() - killed, std::chrono::seconds(2)) << "moved within 2 s of the kill";
   for (auto& t : threads) t.join();
-  int broken = 0, completed = 0;
-  for (const Stream& s : streams) {
+  for (int i = 0; i < kStreams; ++i) {
+    const Stream& s = streams[i];
     EXPECT_TRUE(s.done) << "every stream ends with [DONE]";
-    if (!s.error.empty()) {
-      ++broken;
-      EXPECT_THAT(s.error, ::testing::HasSubstr("decode instance 0 went down"));
-      EXPECT_LT(s.end - killed, std::chrono::seconds(2));
-    } else {
-      ++completed;
-      EXPECT_EQ(s.tokens, kTokens);
-    }
+    EXPECT_EQ(s.error, "") << i;
+    EXPECT_EQ(s.tokens, kTokens) << i;
+    Stream again;  // undisturbed now
+    stream(cluster.port(), "stream " + std::to_string(i), kTokens, again, seeded(i));
+    EXPECT_EQ(again.tokens, kTokens);
+    EXPECT_EQ(s.text, again.text) << "stream " << i << " gave other tokens than an undisturbed run";
   }
-  EXPECT_GE(broken, 1) << cluster.log();
-  EXPECT_GE(completed, 1) << cluster.log();
+  EXPECT_EQ(cluster.metric(R"(crescent_requests_failed_total{reason="instance_down"})"), -1)
+      << "none counted";
   // Requests placed meanwhile go to the decode instance that is up, and are served.
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(complete(cluster.port(), "after " + std::to_string(i), 3).status, 200);
@@ -332,14 +345,17 @@ TEST(ServeCluster, AKilledPrefillInstancesPromptsArePlacedAgainAndAllAnswered) {
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   const auto killed = Clock::now();
   const std::string replaced = R"(crescent_requests_replaced_total{reason="prefill_down"})";
-  EXPECT_GE(cluster.metric_when(replaced, [](double v) { return v >= 1; }, std::chrono::seconds(2)), 1)
+  EXPECT_GE(cluster.metric_when(
+                replaced, [](double v) { return v >= 1; }, std::chrono::seconds(2)),
+            1)
       << cluster.log();
   EXPECT_LT(Clock::now() - killed, std::chrono::seconds(2)) << "placed again within 2 s of the kill";
   for (auto& t : threads) t.join();
   for (int i = 0; i < kRequests; ++i) {
     EXPECT_EQ(answers[i].status, 200) << i << ": " << answers[i].body.dump() << cluster.log();
   }
-  EXPECT_EQ(cluster.metric(R"(crescent_requests_failed_total{reason="instance_down"})"), -1) << "none counted";
+  EXPECT_EQ(cluster.metric(R"(crescent_requests_failed_total{reason="instance_down"})"), -1)
+      << "none counted";
   // Nothing is left reserved on the decode instances (incoming included): the old placements' reservations
   // were cancelled.
   const auto deadline = Clock::now() + std::chrono::seconds(3);

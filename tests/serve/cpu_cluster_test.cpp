@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -173,6 +174,71 @@ TEST_F(CpuCluster, AnswersAreThoseOfOneColocatedProcess) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(got[i].status, 200) << got[i].body;
     EXPECT_EQ(got[i].text, colocated(model_dir_, prompts[i], 20, {})) << prompts[i];
+  }
+}
+
+// Issue 25 §2 on a real model: streams whose decode instance is killed mid-stream move (their prompt plus
+// the tokens they gave prefilled on the prefill instances, decoded on the other decode instance) and give
+// the tokens an undisturbed run gives, greedy and sampled with a seed.
+TEST_F(CpuCluster, AStreamWhoseDecodeInstanceDiesGivesTheUndisturbedTokens) {
+  const std::string config = config_variant("two-decode.json", [](json& c) { c["decode_instances"] = 2; });
+  ServedCluster cluster({"--config", config, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const int port = cluster.port();
+  constexpr int64_t kTokens = 1500;  // seconds of decode: the kill lands mid-stream
+  struct Run {
+    std::string text;
+    int64_t chunks = 0;
+    std::atomic<int64_t> live{0};
+    std::string error;
+    bool done = false;
+  };
+  const auto run_stream = [&](int i, Run& out) {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(60, 0);
+    const Sampling s =
+        i % 2 == 0 ? Sampling{} : Sampling{.temperature = 0.9, .seed = 40u + static_cast<uint64_t>(i)};
+    const json body = {{"model", "tiny-llama"}, {"prompt", "stream number " + std::to_string(i)},
+                       {"max_tokens", kTokens}, {"temperature", s.temperature},
+                       {"seed", s.seed},        {"stream", true}};
+    test::post_sse(client, "/v1/completions", body.dump(), [&](const std::string& event) {
+      if (event == "[DONE]") {
+        out.done = true;
+        return true;
+      }
+      const json chunk = json::parse(event, nullptr, false);
+      if (chunk.contains("error")) {
+        out.error = chunk["error"].value("message", "?");
+      } else if (chunk.contains("choices") && !chunk["choices"].empty()) {
+        out.text += chunk["choices"][0].value("text", "");
+        ++out.chunks;
+        ++out.live;
+      }
+      return true;
+    });
+  };
+  constexpr int kStreams = 4;  // spread over both decode instances by load
+  std::vector<Run> runs(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) threads.emplace_back([&, i] { run_stream(i, runs[i]); });
+  for (const Run& r : runs) {
+    while (r.live < 20 && !r.done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const pid_t victim = cluster.pid("decode-0");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  for (auto& t : threads) t.join();
+  EXPECT_GE(cluster.metric_when(R"(crescent_requests_replaced_total{reason="decode_down"})",
+                                [](double v) { return v >= 1; }),
+            1)
+      << "a stream was on decode-0 when it was killed" << cluster.log();
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(runs[i].done) << i;
+    EXPECT_EQ(runs[i].error, "") << i;
+    Run again;  // undisturbed
+    run_stream(i, again);
+    ASSERT_TRUE(again.done);
+    EXPECT_EQ(runs[i].text, again.text) << "stream " << i << " gave other tokens than an undisturbed run";
   }
 }
 

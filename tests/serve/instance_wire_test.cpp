@@ -50,6 +50,7 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   m.request_ids = {30, 31};
   m.block_keys = {32, 33, 34};
   m.error = "boom";
+  m.output_offset = 35;
   auto back = decode_instance_message(encode(m));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(encode(*back), encode(m));
@@ -63,10 +64,11 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back->segment, m.segment);
   EXPECT_EQ(back->error, "boom");
   EXPECT_EQ(back->kv_transport, "tcp");
+  EXPECT_EQ(back->output_offset, 35);
 }
 
 // Logprobs travel in an optional tail (issue 22 §5): a decode step's, for the requests that asked only, come
-// back as sent, and a message without any is the same bytes as before logprobs existed (48 fields).
+// back as sent, and a message without any has the fixed fields only (49).
 TEST(InstanceWire, LogprobsTravelOnlyWhenAMessageHasSome) {
   InstanceMessage step;
   step.kind = InstanceMessage::Kind::kTokens;
@@ -74,11 +76,11 @@ TEST(InstanceWire, LogprobsTravelOnlyWhenAMessageHasSome) {
   step.tokens = {5, 6, 7};
   const std::string plain = encode(step);
   EXPECT_EQ(static_cast<unsigned char>(plain[0]), 0xdc);  // array16
-  EXPECT_EQ(static_cast<unsigned char>(plain[2]), 48);
+  EXPECT_EQ(static_cast<unsigned char>(plain[2]), 49);
   step.logprob_rows = {0, 2};
   step.logprobs = {{.logprob = -0.5f, .top = {{5, -0.5f}, {9, -1.25f}}}, {.logprob = -3.0f, .top = {}}};
   const std::string with = encode(step);
-  EXPECT_EQ(static_cast<unsigned char>(with[2]), 54);
+  EXPECT_EQ(static_cast<unsigned char>(with[2]), 55);
   EXPECT_EQ(with.substr(3, plain.size() - 3), plain.substr(3)) << "the same fields, then the tail";
   auto back = decode_instance_message(with);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
