@@ -69,8 +69,10 @@ TokenPrefixCache::Match TokenPrefixCache::find(std::string_view text, const Text
 void TokenPrefixCache::insert(std::string_view text, TextKeys keys, std::span<const int64_t> ids,
                               std::vector<TextCut> cuts) {
   const size_t checkpoints = text.size() / kChunkBytes;
-  if (text.size() < kMinTextBytes || cuts.size() != checkpoints || keys.checkpoints.size() != checkpoints)
+  if (text.size() < kMinTextBytes || text.size() > kMaxTextBytes || cuts.size() != checkpoints ||
+      keys.checkpoints.size() != checkpoints) {
     return;
+  }
   Entry entry;
   entry.keys = std::move(keys);
   size_t registered = 0;

@@ -1,7 +1,8 @@
 // The token ids of long texts, found again by the start of another text (issue 24 §4). Prompts that share a
 // long start (a system prompt, a document asked about again, a conversation's earlier turns) are tokenized up
 // to a cut the tokenizer vouches for once, and only the rest is tokenized again. The cache knows nothing of
-// tokenizing: where a text may be cut is the tokenizer's word (hf_tokenizer.cpp says why its cuts hold).
+// tokenizing: where a text may be cut is the tokenizer's word (SplitPattern::cut_after in split_pattern.cpp
+// says why the cuts hold; hf_tokenizer.cpp takes them).
 #pragma once
 
 #include <cstddef>
@@ -65,8 +66,9 @@ class TokenPrefixCache {
 
   /// Keeps `text` (its `keys`: keys_of(text)) and its `ids` (each in [0, 2^31)). `cuts[k]` is its cut for
   /// checkpoint (k + 1) * kChunkBytes, with text_bytes + margin <= that checkpoint ({0, 0}: none);
-  /// cuts.size() must be text.size() / kChunkBytes, else nothing is kept. Replaces what an equal kept text
-  /// held, and makes this text the one each of its checkpoints finds.
+  /// cuts.size() must be text.size() / kChunkBytes, else nothing is kept (nor is a text outside
+  /// [kMinTextBytes, kMaxTextBytes]). This text becomes the one each of its checkpoints finds; when an equal
+  /// text is kept already, that one only becomes the most recently used.
   void insert(std::string_view text, TextKeys keys, std::span<const int64_t> ids, std::vector<TextCut> cuts);
 
   /// Counts since construction, for tests and metrics.
