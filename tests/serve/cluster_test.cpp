@@ -44,38 +44,15 @@ Answer complete(int port, const std::string& prompt, int64_t max_tokens, const j
   return {res->status, json::parse(res->body, nullptr, false)};
 }
 
-// A streamed completion, read event by event.
-struct Stream {
-  int64_t tokens = 0;
-  bool done = false;      // saw data: [DONE]
-  std::string error;      // the message of an error event
-  std::string text;       // the tokens' text, in order
-  Clock::time_point end;  // when the response ended
-  std::atomic<int64_t> live_tokens{0};
-};
-
+// A streamed completion, read event by event (with `extra` request fields).
+using Stream = test::StreamedCompletion;
 void stream(int port, const std::string& prompt, int64_t max_tokens, Stream& out,
             const json& extra = json::object()) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(60, 0);
   json body = {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", true}};
   body.update(extra);
-  test::post_sse(client, "/v1/completions", body.dump(), [&](const std::string& event) {
-    if (event == "[DONE]") {
-      out.done = true;
-      return true;
-    }
-    const json chunk = json::parse(event, nullptr, false);
-    if (chunk.contains("error")) {
-      out.error = chunk["error"].value("message", "?");
-    } else if (!chunk["choices"].empty() && !chunk["choices"][0]["text"].get<std::string>().empty()) {
-      out.text += chunk["choices"][0]["text"].get<std::string>();
-      ++out.tokens;
-      ++out.live_tokens;
-    }
-    return true;
-  });
-  out.end = Clock::now();
+  test::stream_completion(client, "/v1/completions", body, out);
 }
 
 TEST(ServeCluster, KvBytesMoveThroughThePoolAndTheTransferEngineAndPassTheirChecksums) {

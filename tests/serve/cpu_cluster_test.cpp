@@ -186,13 +186,7 @@ TEST_F(CpuCluster, AStreamWhoseDecodeInstanceDiesGivesTheUndisturbedTokens) {
   ASSERT_GT(cluster.port(), 0) << cluster.log();
   const int port = cluster.port();
   constexpr int64_t kTokens = 1500;  // seconds of decode: the kill lands mid-stream
-  struct Run {
-    std::string text;
-    int64_t chunks = 0;
-    std::atomic<int64_t> live{0};
-    std::string error;
-    bool done = false;
-  };
+  using Run = test::StreamedCompletion;
   const auto run_stream = [&](int i, Run& out) {
     httplib::Client client("127.0.0.1", port);
     client.set_read_timeout(60, 0);
@@ -201,28 +195,14 @@ TEST_F(CpuCluster, AStreamWhoseDecodeInstanceDiesGivesTheUndisturbedTokens) {
     const json body = {{"model", "tiny-llama"}, {"prompt", "stream number " + std::to_string(i)},
                        {"max_tokens", kTokens}, {"temperature", s.temperature},
                        {"seed", s.seed},        {"stream", true}};
-    test::post_sse(client, "/v1/completions", body.dump(), [&](const std::string& event) {
-      if (event == "[DONE]") {
-        out.done = true;
-        return true;
-      }
-      const json chunk = json::parse(event, nullptr, false);
-      if (chunk.contains("error")) {
-        out.error = chunk["error"].value("message", "?");
-      } else if (chunk.contains("choices") && !chunk["choices"].empty()) {
-        out.text += chunk["choices"][0].value("text", "");
-        ++out.chunks;
-        ++out.live;
-      }
-      return true;
-    });
+    test::stream_completion(client, "/v1/completions", body, out);
   };
   constexpr int kStreams = 4;  // spread over both decode instances by load
   std::vector<Run> runs(kStreams);
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreams; ++i) threads.emplace_back([&, i] { run_stream(i, runs[i]); });
   for (const Run& r : runs) {
-    while (r.live < 20 && !r.done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (r.live_tokens < 20 && !r.done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const pid_t victim = cluster.pid("decode-0");
   ASSERT_GT(victim, 0);

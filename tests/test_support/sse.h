@@ -5,7 +5,10 @@
 
 #include <httplib.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -49,6 +52,39 @@ inline SseReply post_sse(httplib::Client& client, const std::string& path, const
     reply.content_type = res->get_header_value("Content-Type");
   }
   return reply;
+}
+
+/// A streamed completion (the OpenAI API's chunks as server-sent events) as its client saw it.
+struct StreamedCompletion {
+  std::string text;                           // the chunks' text, in order
+  int64_t tokens = 0;                         // chunks with text (one token each from crescent's servers)
+  std::atomic<int64_t> live_tokens{0};        // the same, readable from another thread while it streams
+  std::string error;                          // the message of an error event; "" when none came
+  bool done = false;                          // it ended with data: [DONE]
+  std::chrono::steady_clock::time_point end;  // when the response ended
+};
+
+/// POSTs the completion request `body` (which asks for "stream": true) to `path` with `client` and reads its
+/// chunks into `out` as they arrive.
+inline void stream_completion(httplib::Client& client, const std::string& path, const nlohmann::json& body,
+                              StreamedCompletion& out) {
+  post_sse(client, path, body.dump(), [&](const std::string& event) {
+    if (event == "[DONE]") {
+      out.done = true;
+      return true;
+    }
+    const nlohmann::json chunk = nlohmann::json::parse(event, nullptr, false);
+    if (chunk.contains("error")) {
+      out.error = chunk["error"].value("message", "?");
+    } else if (chunk.contains("choices") && !chunk["choices"].empty() &&
+               !chunk["choices"][0].value("text", "").empty()) {
+      out.text += chunk["choices"][0]["text"].get<std::string>();
+      ++out.tokens;
+      ++out.live_tokens;
+    }
+    return true;
+  });
+  out.end = std::chrono::steady_clock::now();
 }
 
 }  // namespace crescent::test
