@@ -309,14 +309,21 @@ Percentiles time_stage(const Workload& w, const std::function<void(size_t)>& sta
   return percentiles(seconds, 1e6);
 }
 
+// A new front-end tokenizer (empty caches) with a prefix cache of `prefix_cache_bytes`:
+// options.make_tokenizer's, or the bytes of the prompt; null when make_tokenizer could not make one.
+std::shared_ptr<const model::Tokenizer> new_tokenizer(const RouterBenchOptions& options,
+                                                      size_t prefix_cache_bytes) {
+  return options.make_tokenizer ? options.make_tokenizer(prefix_cache_bytes)
+                                : std::shared_ptr<const model::Tokenizer>(model::byte_tokenizer());
+}
+
 void time_stages(const RouterBenchOptions& options, const Workload& w, RouterBenchReport& report) {
   // New tokenizers, so the stages' caches hold what the front end's held when it met the measured prompts:
   // the probe's and the warm-up's (time_stage runs them first), not the measured ones.
-  const auto new_tokenizer = [&](size_t prefix_cache_bytes) {
-    return options.make_tokenizer ? options.make_tokenizer(prefix_cache_bytes)
-                                  : std::shared_ptr<const model::Tokenizer>(model::byte_tokenizer());
-  };
-  const std::shared_ptr<const model::Tokenizer> tokenizer = new_tokenizer(options.token_prefix_cache_bytes);
+  const std::shared_ptr<const model::Tokenizer> tokenizer =
+      new_tokenizer(options, options.token_prefix_cache_bytes);
+  const std::shared_ptr<const model::Tokenizer> no_prefix_cache = new_tokenizer(options, 0);
+  if (tokenizer == nullptr || no_prefix_cache == nullptr) return;  // checked before the run: not timed
   // What the front end and the router do with a request, one step at a time, each step's input ready.
   std::vector<std::string> bodies(w.prompts.size());
   for (size_t i = 0; i < w.prompts.size(); ++i) {
@@ -328,7 +335,6 @@ void time_stages(const RouterBenchOptions& options, const Workload& w, RouterBen
                            "the prompt, its caches (words, prefixes) warmed by the warm-up prompts",
                            time_stage(w, [&](size_t i) { (void)tokenizer->encode(w.prompts[i]); })});
   if (options.make_tokenizer && options.token_prefix_cache_bytes > 0) {
-    const std::shared_ptr<const model::Tokenizer> no_prefix_cache = new_tokenizer(0);
     report.stages.push_back({"tokenize, no prefix cache", "the same, the tokenizer without its prefix cache",
                              time_stage(w, [&](size_t i) { (void)no_prefix_cache->encode(w.prompts[i]); })});
   }
@@ -349,7 +355,7 @@ void time_stages(const RouterBenchOptions& options, const Workload& w, RouterBen
        time_stage(w, [&](size_t i) { (void)router::engine_body(relayed[i], true, false, nullptr); })});
   // A prompt seen for the first time, on a thread whose caches are empty (after a one-byte encode, so
   // allocating them is not counted), by a tokenizer without a prefix cache.
-  const std::shared_ptr<const model::Tokenizer> cold = new_tokenizer(0);
+  const std::shared_ptr<const model::Tokenizer>& cold = no_prefix_cache;
   const size_t first = 1 + w.warmup;
   std::vector<double> cold_s;
   for (size_t i = first; i < w.prompts.size() && cold_s.size() < kColdTokenizeSamples; ++i) {
@@ -395,8 +401,8 @@ Status check_router_bench_options(const RouterBenchOptions& o) {
 Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   CRESCENT_RETURN_IF_ERROR(check_router_bench_options(options));
   const std::shared_ptr<const model::Tokenizer> tokenizer =
-      options.make_tokenizer ? options.make_tokenizer(options.token_prefix_cache_bytes)
-                             : std::shared_ptr<const model::Tokenizer>(model::byte_tokenizer());
+      new_tokenizer(options, options.token_prefix_cache_bytes);
+  if (tokenizer == nullptr) return Status::invalid_argument("bench router: the tokenizer could not be made");
   Workload w = make_workload(options);
   RouterBenchReport report;
   report.tokenizer_kind = std::string(tokenizer->kind());

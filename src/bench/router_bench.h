@@ -42,8 +42,8 @@ struct RouterBenchOptions {
   /// for the cost model), as `serve conductor --engines` resolves it.
   cluster::ClusterConfig config;
   /// Makes the front end's tokenizer (e.g. a tokenizer.json's) with a prefix cache of the given bytes (0:
-  /// none), each call a new one with empty caches (the stages timed alone take their own); null: the bytes
-  /// of the prompt.
+  /// none), each call a new one with empty caches (the stages timed alone take their own), or null when it
+  /// cannot (the bench then fails); make_tokenizer null: the bytes of the prompt.
   std::function<std::shared_ptr<const model::Tokenizer>(size_t prefix_cache_bytes)> make_tokenizer;
   /// The prefix cache of the run's tokenizer (model/hf_tokenizer.h); 0: none.
   size_t token_prefix_cache_bytes = model::kDefaultTokenPrefixCacheBytes;

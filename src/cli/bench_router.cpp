@@ -230,6 +230,7 @@ void register_bench_router(CLI::App& bench_cmd, int& exit_code) {
                   "The front end's tokenizer (a tokenizer.json); default: the prompt's bytes");
   cmd->add_option("--token-prefix-cache-bytes", o.token_prefix_cache_bytes,
                   "The tokenizer's prefix cache (model/hf_tokenizer.h); 0: none")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--corpus", args->corpus_files,
                   "Text files the prompts are cut from (repeatable; default: the source tree's docs/*.md but "
