@@ -6,9 +6,10 @@
 #include <fmt/format.h>
 #include <httplib.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
-#include <xxhash.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -73,7 +74,7 @@ struct ServeArgs {
   double replay_time_scale = 1.0;
   bool json = false;
   std::string requests_out;
-  std::string request_log;                  // --request-log FILE: every answered request, openai-log format
+  std::string request_log;                   // --request-log FILE: every answered request, openai-log format
   std::string request_log_content = "text";  // --request-log-content: text | token-ids
   // Roles started alone.
   std::string control;       // conductor: where instances connect (empty: control_endpoint_default)
@@ -86,9 +87,10 @@ struct ServeArgs {
   std::string etcd_prefix = "/crescent-serve";
   std::string cluster_secret_file;  // roles: the members' secret (`crescent serve secret FILE` makes one)
   // Router mode: the Conductor in front of engines crescent does not own (docs/router.md).
-  std::string engines_file;    // conductor --engines FILE
-  std::string tokenizer_file;  // conductor --tokenizer FILE (a tokenizer.json), or --model DIR's
-  double engines_wait_s = 30;  // conductor --engines-wait-s: how long the engines have to answer at start
+  std::string engines_file;     // conductor --engines FILE
+  std::string tokenizer_file;   // conductor --tokenizer FILE (a tokenizer.json), or --model DIR's
+  double drain_timeout_s = 30;  // prefill|decode --drain-timeout-s: a SIGTERM's drain waits this long at most
+  double engines_wait_s = 30;   // conductor --engines-wait-s: how long the engines have to answer at start
 };
 
 // The members' secret of a role started alone: required (docs/serving.md, "Who may talk to what").
@@ -274,9 +276,10 @@ int run_in_process(const ServeArgs& args, const cluster::ServeSetup& s) {
   auto cluster = cluster::LocalCluster::start(s.cluster);
   if (!cluster.ok()) return fail(cluster.status());
   const cluster::ClusterConfig& c = s.cluster.config;
-  return serve_cluster_http(args, s, **cluster, signals, "crescent serve",
-                    fmt::format("in process: {} prefill + {} decode mock instances of {} on {}",
-                                c.prefill_instances, c.decode_instances, c.model.name, c.hardware.name));
+  return serve_cluster_http(
+      args, s, **cluster, signals, "crescent serve",
+      fmt::format("in process: {} prefill + {} decode mock instances of {} on {}", c.prefill_instances,
+                  c.decode_instances, c.model.name, c.hardware.name));
 }
 
 // What runs the instances, for the lines saying they are up.
@@ -307,8 +310,9 @@ Status wait_until_all_up(const std::string& host, int port, const cluster::Clust
   while (std::chrono::steady_clock::now() < deadline) {
     if (auto res = client.Get("/health")) {
       const auto body = nlohmann::json::parse(res->body, nullptr, false);
-      if (!body.is_discarded() && body.value("prefill_instances_up", 0u) == config.prefill_instances &&
-          body.value("decode_instances_up", 0u) == config.decode_instances) {
+      // At least: an instance started by hand may have joined meanwhile.
+      if (!body.is_discarded() && body.value("prefill_instances_up", 0u) >= config.prefill_instances &&
+          body.value("decode_instances_up", 0u) >= config.decode_instances) {
         return Status();
       }
       last = res->body;
@@ -422,12 +426,11 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   conductor_argv.insert(conductor_argv.end(), child_flags.begin(), child_flags.end());
   auto conductor = supervisor.start("conductor", conductor_argv, "conductor: model '", kStartTimeout);
   if (!conductor.ok()) return fail(conductor.status());
-  auto instance_argv = [&](const char* role, uint32_t index) {
+  // An instance's command line but its --index.
+  auto instance_argv = [&](const char* role) {
     std::vector<std::string> argv{self,
                                   "serve",
                                   role,
-                                  "--index",
-                                  std::to_string(index),
                                   "--conductor",
                                   control,
                                   "--config",
@@ -449,24 +452,40 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   // --pin-cores: prefill instances on the first cores, decode instances on the next (round robin).
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   uint32_t next_core = 0;
-  const auto pinned = [&](std::vector<std::string> argv) {
+  const auto numbered = [&](const char* role, uint32_t index) {
+    std::vector<std::string> argv = instance_argv(role);
+    argv.insert(argv.end(), {"--index", std::to_string(index)});
     if (args.pin_cores) argv.insert(argv.end(), {"--cpu", std::to_string(next_core++ % cores)});
     return argv;
   };
   for (uint32_t i = 0; i < c.prefill_instances; ++i) {
-    auto started = supervisor.start(fmt::format("prefill-{}", i), pinned(instance_argv("prefill", i)),
-                                    ": ready (", kStartTimeout);
+    auto started =
+        supervisor.start(fmt::format("prefill-{}", i), numbered("prefill", i), ": ready (", kStartTimeout);
     if (!started.ok()) return fail(started.status());
   }
   for (uint32_t i = 0; i < c.decode_instances; ++i) {
-    auto started = supervisor.start(fmt::format("decode-{}", i), pinned(instance_argv("decode", i)),
-                                    ": ready (", kStartTimeout);
+    auto started =
+        supervisor.start(fmt::format("decode-{}", i), numbered("decode", i), ": ready (", kStartTimeout);
     if (!started.ok()) return fail(started.status());
   }
   const std::string host = args.host == "0.0.0.0" || args.host == "::" ? "127.0.0.1" : args.host;
   if (Status up = wait_until_all_up(host, http_port, c, kStartTimeout); !up.ok()) return fail(up);
   supervisor.watch();
   const std::string url = fmt::format("http://{}:{}", host, http_port);
+  // How to add instances to this run by hand (membership at run time, docs/serving.md): each role's command
+  // line, to which the user appends --index N (an N no instance of the role has).
+  const nlohmann::json joining = {
+      {"url", url},
+      {"conductor", control},
+      {"store_master", master_address},
+      {"transfer_metadata", metadata_spec},
+      {"cluster_secret_file", secret_path},
+      {"prefill_argv", instance_argv("prefill")},
+      {"decode_argv", instance_argv("decode")},
+  };
+  if (Status written = write_file_atomically(run_dir + "/cluster.json", joining.dump(2) + "\n");
+      !written.ok())
+    return fail(written);
   fmt::print(args.json ? stderr : stdout,
              "crescent serve: model '{}' on {} ({} prefill + {} decode processes of {}, policy {}, admission "
              "{}){}\n",
@@ -530,9 +549,8 @@ int run_router_role(const ServeArgs& args) {
     s->cluster.config.serve.policy = conductor::PrefillPolicy::kCacheAware;
   const sigset_t signals = block_stop_signals();
 
-  serve::FrontendOptions frontend{.model_name = engines->front().model,
-                                  .api_key = args.api_key,
-                                  .token_ids_within_vocabulary = false};
+  serve::FrontendOptions frontend{
+      .model_name = engines->front().model, .api_key = args.api_key, .token_ids_within_vocabulary = false};
   std::string tokenizer_source = "the bytes of the prompt (no --model or --tokenizer)";
   if (!args.model_dir.empty() || !args.tokenizer_file.empty()) {
     auto loaded = load_prompt_tokenizer(args.model_dir, args.tokenizer_file);
@@ -559,9 +577,10 @@ int run_router_role(const ServeArgs& args) {
   auto router = router::Router::start(std::move(options));
   if (!router.ok()) return fail(router.status());
   const auto [prefill, decode] = (*router)->instances_up();
-  return serve_http(args, *s, frontend, serve::make_router_frontend(**router, frontend), signals, "router",
-                    fmt::format("router mode: {} engines from {} ({} prefill, {} decode), prompts tokenized by {}",
-                                engine_count, args.engines_file, prefill, decode, tokenizer_source));
+  return serve_http(
+      args, *s, frontend, serve::make_router_frontend(**router, frontend), signals, "router",
+      fmt::format("router mode: {} engines from {} ({} prefill, {} decode), prompts tokenized by {}",
+                  engine_count, args.engines_file, prefill, decode, tokenizer_source));
 }
 
 // `crescent serve conductor`: the Conductor and HTTP front end alone; instances connect to --control.
@@ -585,9 +604,10 @@ int run_conductor_role(const ServeArgs& args) {
   auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
   const cluster::ClusterConfig& c = s->cluster.config;
-  return serve_cluster_http(args, *s, **cluster, signals, "conductor",
-                    fmt::format("Conductor of {} prefill + {} decode instances, which connect to {}",
-                                c.prefill_instances, c.decode_instances, (*cluster)->control_endpoint()));
+  return serve_cluster_http(
+      args, *s, **cluster, signals, "conductor",
+      fmt::format("Conductor of {} prefill + {} decode instances, which connect to {}", c.prefill_instances,
+                  c.decode_instances, (*cluster)->control_endpoint()));
 }
 
 // `crescent serve prefill|decode`: one instance.
@@ -636,9 +656,37 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   if (!s->kv_cache_note.empty())
     fmt::print("{}-{}: {}\n", serve::to_string(role), args.index, s->kv_cache_note);
   std::fflush(stdout);
-  const int signal = wait_for_stop_signal(signals);
-  fmt::print("{}-{}: stopping ({})\n", serve::to_string(role), args.index,
-             signal == SIGINT ? "SIGINT" : "SIGTERM");
+  const std::string name = fmt::format("{}-{}", serve::to_string(role), args.index);
+  if (wait_for_stop_signal(signals) == SIGINT) {
+    fmt::print("{}: stopping (SIGINT)\n", name);
+    return 0;
+  }
+  // SIGTERM drains: nothing new comes, what is here finishes, then the instance leaves (a second signal, or
+  // --drain-timeout-s, leaves at once: the Conductor places again what is left).
+  fmt::print("{}: draining (SIGTERM; a second signal stops at once)\n", name);
+  std::fflush(stdout);
+  (*instance)->begin_drain();
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(args.drain_timeout_s));
+  const timespec poll{.tv_sec = 0, .tv_nsec = 20'000'000};
+  for (;;) {
+    if ((*instance)->drained()) {
+      fmt::print("{}: drained; stopping\n", name);
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      fmt::print(
+          "{}: still busy after --drain-timeout-s {}; stopping (the Conductor places again what is "
+          "left)\n",
+          name, args.drain_timeout_s);
+      break;
+    }
+    if (const int again = ::sigtimedwait(&signals, nullptr, &poll); again > 0) {
+      fmt::print("{}: stopping ({} while draining)\n", name, again == SIGINT ? "SIGINT" : "SIGTERM");
+      break;
+    }
+  }
   return 0;
 }
 
@@ -648,10 +696,10 @@ void add_cluster_flags(CLI::App* cmd, ServeArgs& args) {
                               kServeClusterConfig));
   cmd->add_option("--model-name", args.model_name,
                   "The model id clients must name (default: mock, or the --model directory's name)");
-  cmd->add_option(
-      "--policy", args.policy,
-      "Prefill policy: random, round-robin, least-loaded, cache-aware, global-cache-aware (default: the config's "
-      "serve.policy, global-cache-aware)");
+  cmd->add_option("--policy", args.policy,
+                  "Prefill policy: random, round-robin, least-loaded, cache-aware, global-cache-aware "
+                  "(default: the config's "
+                  "serve.policy, global-cache-aware)");
   cmd->add_option("--admission", args.admission,
                   "Admission: none, slo, early, predictive (default: the config's serve.admission, none)");
   cmd->add_option("--block-size", args.block_size_tokens, "Tokens per KV block")->capture_default_str();
@@ -697,9 +745,10 @@ void add_http_flags(CLI::App* cmd, ServeArgs& args) {
   cmd->add_option("--request-log", args.request_log,
                   "Append every answered request to this file (mode 0600) in the openai-log format "
                   "`crescent trace import` reads");
-  cmd->add_option("--request-log-content", args.request_log_content,
-                  "What --request-log keeps of a prompt: text (the request body) or token-ids (the ids instead "
-                  "of messages/prompt)")
+  cmd->add_option(
+         "--request-log-content", args.request_log_content,
+         "What --request-log keeps of a prompt: text (the request body) or token-ids (the ids instead "
+         "of messages/prompt)")
       ->check(CLI::IsMember({"text", "token-ids"}))
       ->capture_default_str();
 }
@@ -741,9 +790,10 @@ void register_serve(CLI::App& app, int& exit_code) {
   conductor->add_option("--engines", args->engines_file,
                         "Router mode: route to the inference engines this file names (vLLM/SGLang-style "
                         "OpenAI servers; docs/router.md) instead of crescent's own instances");
-  conductor->add_option("--engines-wait-s", args->engines_wait_s,
-                        "Router mode: how long the engines have to answer at start (an engine still "
-                        "unreachable then is an error naming it)")
+  conductor
+      ->add_option("--engines-wait-s", args->engines_wait_s,
+                   "Router mode: how long the engines have to answer at start (an engine still "
+                   "unreachable then is an error naming it)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   conductor->add_option("--tokenizer", args->tokenizer_file,
@@ -761,8 +811,17 @@ void register_serve(CLI::App& app, int& exit_code) {
     CLI::App* instance = cmd->add_subcommand(name, fmt::format("Run one {} instance", name));
     add_cluster_flags(instance, *args);
     instance
-        ->add_option("--index", args->index, fmt::format("Which {} instance of the config (from 0)", name))
+        ->add_option("--index", args->index,
+                     fmt::format("Its number: the config's {0} instances are 0 .. count-1, and a {0} "
+                                 "instance with another index joins the running cluster",
+                                 name))
         ->required();
+    instance
+        ->add_option("--drain-timeout-s", args->drain_timeout_s,
+                     "On SIGTERM the instance drains (takes nothing new, finishes what it has, then leaves): "
+                     "for this long at most")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     instance->add_option("--conductor", args->conductor,
                          "The Conductor's control endpoint, tcp://HOST:PORT (or found in --etcd)");
     instance->add_option("--etcd", args->etcd,

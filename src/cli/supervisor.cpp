@@ -62,8 +62,11 @@ void Supervisor::check(Child& child) {
   echo_logs(child);
   const auto now = std::chrono::steady_clock::now();
   while (!child.recent.empty() && now - child.recent.front() > limit_.window) child.recent.pop_front();
+  // Exit 0 is a stop that was asked for (an instance drained after an operator's SIGTERM, a rolling
+  // restart): restarted, but not counted toward the limit, which is for crashes.
+  const bool asked = child.process->exited_cleanly();
   const auto window_s = std::chrono::duration_cast<std::chrono::seconds>(limit_.window).count();
-  if (!restart_ || !child.restartable || std::ssize(child.recent) >= limit_.restarts) {
+  if (!restart_ || !child.restartable || (!asked && std::ssize(child.recent) >= limit_.restarts)) {
     fmt::print(stderr, "crescent serve: {} exited{}\n", child.name,
                !restart_ ? ""
                : !child.restartable
@@ -74,9 +77,14 @@ void Supervisor::check(Child& child) {
     return;
   }
   ++child.restarts;
-  child.recent.push_back(now);
-  fmt::print(stderr, "crescent serve: {} exited; restarting it ({} within {} s, {} at most; {} in all)\n",
-             child.name, child.recent.size(), window_s, limit_.restarts, child.restarts);
+  if (asked) {
+    fmt::print(stderr, "crescent serve: {} stopped (exit 0); restarting it ({} in all)\n", child.name,
+               child.restarts);
+  } else {
+    child.recent.push_back(now);
+    fmt::print(stderr, "crescent serve: {} exited; restarting it ({} within {} s, {} at most; {} in all)\n",
+               child.name, child.recent.size(), window_s, limit_.restarts, child.restarts);
+  }
   // Started from the watcher thread: the new child gets SIGKILL if this thread ends without stopping it.
   auto process = ChildProcess::start(child.argv, fmt::format("{}/{}.log", run_dir_, child.name));
   if (!process.ok()) {

@@ -37,6 +37,15 @@ ConductorCore::ConductorCore(const ClusterOptions& options, InstanceLinks& links
       metrics_(options.model_name),
       prefills_pending_(options.config.prefill_instances, 0) {}
 
+InstanceId ConductorCore::add_prefill_instance() {
+  prefills_pending_.push_back(0);
+  return state_.add_prefill_instance();
+}
+
+InstanceId ConductorCore::add_decode_instance() {
+  return state_.add_decode_instance(kv_capacity_tokens_);
+}
+
 conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallbacks callbacks, uint64_t& id,
                                          double now_s) {
   // Recorded under the id it gets if accepted: an engine in this process may report on it from inside the

@@ -149,6 +149,20 @@ class ConductorCore final : private PlacementDriver {
   /// the stage's timeout); infinity when it is not in flight.
   double stage_deadline_s(uint64_t id) const;
 
+  /// A prefill instance joins while the cluster serves (membership beyond the config's counts,
+  /// docs/serving.md): numbered after the last, with no blocks and an empty queue; down until
+  /// state().on_prefill_up.
+  InstanceId add_prefill_instance();
+  /// A decode instance joins, with the config's decode KV capacity (kv_capacity_tokens()); down until
+  /// state().on_decode_up.
+  InstanceId add_decode_instance();
+  /// Instance `p` (`d`) drains at `now_s`: nothing new is placed there, while the requests it has go on to
+  /// their end (unlike on_prefill_down / on_decode_down, nothing is placed again). It leaves the view as a
+  /// down instance does (its cache and queue, or its load, are forgotten); when it finally goes,
+  /// on_prefill_down / on_decode_down place again whatever it had not finished.
+  void on_prefill_draining(InstanceId p, double now_s) { state_.on_prefill_down(p, now_s); }
+  void on_decode_draining(InstanceId d) { state_.on_decode_down(d); }
+
   /// The Conductor's state, fed directly with KV events, decode reports and instances coming up.
   conductor::ClusterState& state() { return state_; }
   const perf::CostModel& cost() const { return cost_; }

@@ -50,6 +50,11 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                     .Help("Accepted requests placed again because their instance went down, by reason "
                           "(prefill_down, decode_down: a stream with tokens out moved and went on)")
                     .Register(*registry_)),
+      placed_on_(prometheus::BuildCounter()
+                     .Name("crescent_instance_requests_total")
+                     .Help("Requests placed on each instance (prefill and decode), by its name; a request "
+                           "placed again counts on each instance it went to")
+                     .Register(*registry_)),
       prefix_tokens_(
           prometheus::BuildCounter()
               .Name("crescent_prefix_tokens_total")
@@ -163,6 +168,9 @@ void ServeMetrics::observe_failure(std::string_view code) {
 }
 void ServeMetrics::observe_replaced(std::string_view reason) {
   replaced_.Add({{"reason", std::string(reason)}}).Increment();
+}
+void ServeMetrics::observe_placed_on(const std::string& instance) {
+  placed_on_.Add({{"instance", instance}}).Increment();
 }
 void ServeMetrics::observe_prefix(int64_t prompt_tokens, int64_t local_tokens, int64_t fetched_tokens) {
   prefix_tokens_.Add({{"source", "local"}}).Increment(static_cast<double>(local_tokens));

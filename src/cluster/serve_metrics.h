@@ -102,6 +102,9 @@ class ServeMetrics {
   /// "decode_down"):
   /// crescent_requests_replaced_total{reason}.
   void observe_replaced(std::string_view reason);
+  /// A request placed on the instance named `instance` ("prefill-0", "decode-1"):
+  /// crescent_instance_requests_total{instance}.
+  void observe_placed_on(const std::string& instance);
   /// One gap between two output tokens of a request (vllm:inter_token_latency_seconds).
   void observe_token_gap(double seconds);
   /// A request that ended: vllm:request_success_total{finished_reason} counts it; "length" (all its
@@ -117,6 +120,7 @@ class ServeMetrics {
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Counter>& failed_;
   prometheus::Family<prometheus::Counter>& replaced_;
+  prometheus::Family<prometheus::Counter>& placed_on_;
   prometheus::Family<prometheus::Counter>& prefix_tokens_;
   prometheus::Family<prometheus::Counter>& kv_bytes_;
   prometheus::Family<prometheus::Counter>& kv_bytes_moved_;

@@ -57,7 +57,7 @@ ChildProcess::~ChildProcess() {
 
 bool ChildProcess::running() {
   if (reaped_) return false;
-  if (::waitpid(pid_, nullptr, WNOHANG) == pid_) reaped_ = true;
+  if (::waitpid(pid_, &wait_status_, WNOHANG) == pid_) reaped_ = true;
   return !reaped_;
 }
 
@@ -86,7 +86,7 @@ void ChildProcess::stop(std::chrono::milliseconds grace) {
   ::kill(pid_, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+    if (::waitpid(pid_, &wait_status_, WNOHANG) == pid_) {
       reaped_ = true;
       return;
     }
@@ -98,7 +98,7 @@ void ChildProcess::stop(std::chrono::milliseconds grace) {
 void ChildProcess::kill() {
   if (reaped_) return;
   ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
+  ::waitpid(pid_, &wait_status_, 0);
   reaped_ = true;
 }
 

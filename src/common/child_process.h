@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <memory>
@@ -33,6 +34,8 @@ class ChildProcess {
 
   /// Whether the child has not exited yet (reaps it when it has).
   bool running();
+  /// Whether it was reaped after exiting with status 0 (not killed by a signal).
+  bool exited_cleanly() const { return reaped_ && WIFEXITED(wait_status_) && WEXITSTATUS(wait_status_) == 0; }
   /// Waits until a line of the log contains `text` and returns that line. kUnavailable when the child exits
   /// first or `timeout` passes (the message ends with the log's last lines).
   Result<std::string> wait_for_line(const std::string& text, std::chrono::milliseconds timeout);
@@ -48,6 +51,7 @@ class ChildProcess {
   pid_t pid_;
   std::string log_path_;
   bool reaped_ = false;
+  int wait_status_ = 0;  // waitpid's, once reaped
 };
 
 /// A scope in which SIGPIPE is ignored: a write to a peer or child that died fails with EPIPE instead of

@@ -37,6 +37,10 @@ namespace crescent::serve {
 namespace {
 
 constexpr double kLoadPeriodS = 0.05;  // load report / heartbeat
+// Draining: how long to wait for the Conductor's acknowledgement (it may be gone), and for the last
+// messages to leave when the instance closes.
+constexpr double kDrainAckWaitS = 5;
+constexpr int kDrainLingerMs = 1000;
 constexpr auto kTransferTimeout = std::chrono::seconds(5);
 
 uint64_t make_incarnation() {
@@ -136,6 +140,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
     thread_ = std::thread([this] { run(); });
     return Status();
   }
+
+  void begin_drain() { draining_ = true; }
+  bool drained() const { return drained_; }
 
   ~Impl() override {
     stopping_ = true;
@@ -787,7 +794,11 @@ class InstanceServer::Impl final : public engine::EngineListener {
         engine_->submit_decode(m.request_id, now, now);
         break;
       }
+      case InstanceMessage::Kind::kDrainAck:
+        drain_acked_ = true;
+        break;
       case InstanceMessage::Kind::kReset:
+        drain_acked_ = false;  // a Conductor that did not know we drain (a new one): it acknowledges anew
         engine_->cancel_all();
         while (!orders_.empty()) forget_order(orders_.begin()->first);
         prefilling_.reset();
@@ -820,6 +831,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     m.load = engine_->decode_load();
     m.kv_capacity_tokens = m.load.kv_capacity_tokens;
     m.outstanding = engine_->outstanding();
+    m.draining = draining_;
     m.blocks_verified = blocks_verified_;
     m.checksum_failures = checksum_failures_;
     return m;
@@ -937,6 +949,30 @@ class InstanceServer::Impl final : public engine::EngineListener {
     }
   }
 
+  // Whether nothing is left here: no prompt queued or computing, no room reserved, no request decoding, and
+  // nothing waiting to be sent.
+  bool idle() const {
+    return orders_.empty() && reservations_.empty() && expected_.empty() && engine_->outstanding() == 0 &&
+           outbox_.empty() && deferred_.empty();
+  }
+
+  // Draining: says so at once (every report says it from now on), and is done once the Conductor has
+  // acknowledged (no new request follows; or it has not answered within kDrainAckWaitS: it may be gone) and
+  // nothing is left. What was sent meanwhile still goes out when the socket closes (linger).
+  void check_drain() {
+    if (!draining_ || drained_) return;
+    const double now = now_s();
+    if (drain_started_s_ < 0) {
+      drain_started_s_ = now;
+      load_dirty_ = true;  // the Conductor hears it with the next report, now
+      return;
+    }
+    if ((drain_acked_ || now - drain_started_s_ > kDrainAckWaitS) && idle()) {
+      control_.set(zmq::sockopt::linger, kDrainLingerMs);
+      drained_ = true;
+    }
+  }
+
   void run() {
     last_load_ = load_report(InstanceMessage::Kind::kLoad);
     send(load_report(InstanceMessage::Kind::kHello));
@@ -945,6 +981,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
     while (!stopping_) {
       engine_->advance_until(now_s());
       catch_up();
+      check_drain();
       flush();
       if (!deferred_.empty()) continue;
       const double next = std::min(engine_->next_event_s(), next_load_s_);
@@ -994,17 +1031,15 @@ class InstanceServer::Impl final : public engine::EngineListener {
   uint64_t checksum_failures_ = 0, blocks_verified_ = 0;  // since this process started
   uint64_t malformed_messages_ = 0;                       // control messages that could not be decoded
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};  // begin_drain() was called
+  std::atomic<bool> drained_{false};   // the drain is done: the instance may leave
+  double drain_started_s_ = -1;        // when the run thread saw draining_ (its clock)
+  bool drain_acked_ = false;           // the Conductor saw it draining (kDrainAck since the last reset)
   std::thread thread_;
 };
 
 Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOptions& options) {
   const cluster::ClusterConfig& config = options.cluster.config;
-  const uint32_t count =
-      options.role == InstanceRole::kPrefill ? config.prefill_instances : config.decode_instances;
-  if (options.index >= count) {
-    return Status::invalid_argument(fmt::format("--index {} is out of range: the config has {} {} instances",
-                                                options.index, count, to_string(options.role)));
-  }
   CRESCENT_RETURN_IF_ERROR(validate(options.cluster));
   if (!options.secret) {
     return Status::invalid_argument("an instance joins its Conductor as a member: give the cluster secret");
@@ -1095,6 +1130,13 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
     registration = std::move(*registered);
   }
   return std::unique_ptr<InstanceServer>(new InstanceServer(std::move(impl), std::move(registration)));
+}
+
+void InstanceServer::begin_drain() {
+  impl_->begin_drain();
+}
+bool InstanceServer::drained() const {
+  return impl_->drained();
 }
 
 InstanceServer::InstanceServer(std::unique_ptr<Impl> impl, std::unique_ptr<LeasedKey> registration)

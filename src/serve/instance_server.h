@@ -27,7 +27,9 @@ class LeasedKey;
 
 struct InstanceOptions {
   InstanceRole role = InstanceRole::kPrefill;
-  uint32_t index = 0;              // within its pool, < the config's count
+  /// Its number within its role: its name is "prefill-INDEX" / "decode-INDEX", unique in the cluster. The
+  /// config's instances are 0 .. count-1; another index joins the cluster as it starts.
+  uint32_t index = 0;
   std::string conductor_endpoint;  // the Conductor's control socket, "tcp://HOST:PORT" ("": from etcd)
   /// Prefill: the store master's host:port (the KV cache pool; its Hello names the transfer metadata).
   /// Decode needs no store: it only exposes the memory its requests' KV is written into.
@@ -53,11 +55,19 @@ class InstanceServer {
  public:
   /// Connects to the store (prefill) or starts a transfer engine (decode), allocates and registers KV
   /// memory, binds the KV event sockets, starts the instance's thread (it says hello to the Conductor,
-  /// reconnecting while the Conductor is away) and, with etcd, registers. kInvalidArgument for an index out
-  /// of range or a prefill instance without a store; the store's, the transfer engine's, ZeroMQ's or etcd's
+  /// reconnecting while the Conductor is away) and, with etcd, registers. kInvalidArgument for a prefill
+  /// instance without a store; the store's, the transfer engine's, ZeroMQ's or etcd's
   /// error otherwise (kUnavailable: no Conductor in etcd within 20 s, or no route to it).
   static Result<std::unique_ptr<InstanceServer>> start(const InstanceOptions& options);
-  /// Stops the thread and releases everything.
+  /// Starts draining (SIGTERM, docs/serving.md "Instances up and down"): the instance tells the Conductor,
+  /// which places nothing new here and acknowledges; what it has goes on. Returns at once.
+  void begin_drain();
+  /// Whether the drain is done: the Conductor acknowledged (or did not within 5 s: it may be gone) and
+  /// nothing is left (no prompt queued or computing, no reservation, nothing decoding). Then destroying the
+  /// instance loses nothing.
+  bool drained() const;
+  /// Leaves: deregisters (with etcd), stops the thread and releases everything. Requests still here are
+  /// placed again by the Conductor when it sees the instance gone.
   ~InstanceServer();
 
   class Impl;

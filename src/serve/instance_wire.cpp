@@ -7,12 +7,12 @@
 namespace crescent::serve {
 namespace {
 
-constexpr uint32_t kFields = 49;  // what encode packs, in order
+constexpr uint32_t kFields = 50;  // what encode packs, in order
 // The optional tail of a message with logprobs: top_logprobs, logprob_rows, then the logprobs flat (each
 // sampled token's, each entry's count of alternatives, their token ids, their logprobs), as the unpacker
 // reads no deeper than arrays of scalars.
 constexpr uint32_t kLogprobFields = 6;
-constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kPoolWritten);
+constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kDrainAck);
 
 template <typename Packer>
 void pack_group(Packer& pk, const kv::DecodeGroup& g) {
@@ -130,6 +130,7 @@ std::string encode(const InstanceMessage& m) {
   pk.pack_int64(m.output_offset);
   pk.pack_int64(m.first_token);
   pk.pack(m.tokens);
+  pk.pack(m.draining);
   if (has_logprobs) {
     pk.pack_int32(m.top_logprobs);
     pk.pack(m.logprob_rows);
@@ -219,6 +220,7 @@ Result<InstanceMessage> decode_instance_message(std::string_view bytes) {
     m.output_offset = r.next<int64_t>();
     m.first_token = r.next<int64_t>();
     m.tokens = r.next<std::vector<int64_t>>();
+    m.draining = r.next<bool>();
     if (o.via.array.size == kFields + kLogprobFields) {
       m.top_logprobs = r.next<int32_t>();
       m.logprob_rows = r.next<std::vector<uint32_t>>();

@@ -8,7 +8,9 @@
 //                kv_events endpoints, capacity                 reused/fetched_tokens, ready_in_s,
 //                                                             decode_index, seed, temperature, top_p,
 //                                                             output_offset, top_logprobs
-//   kLoad        load (every 50 ms: heartbeat)     kKvTarget   request_id, segment, offset, length (prefill)
+//   kLoad        load (every 50 ms: heartbeat),    kKvTarget   request_id, segment, offset, length (prefill)
+//                draining (SIGTERM: finishing
+//                what it has, then leaving)
 //   kPrefillStart request_id, hit_tokens           kExpect     request_id, input/output_tokens, block_keys,
 //                                                             seed, temperature, top_p, output_offset,
 //                                                             top_logprobs
@@ -26,6 +28,8 @@
 //                                                 kReset      (drop every request: the Conductor has
 //                                                             failed them; sent first when it sees the
 //                                                             instance come up)
+//                                                 kDrainAck   (the Conductor saw the instance draining:
+//                                                             no new request follows)
 //   kPoolWritten request_id, pool bytes written (after
 //                kPrefillDone: decode does not wait for the pool)
 //   kReserved    request_id, segment, offset, length (decode: where the prefill writes the KV)
@@ -74,6 +78,7 @@ struct InstanceMessage {
     kReset,
     kFirstToken,
     kPoolWritten,
+    kDrainAck,
   };
   Kind kind = Kind::kLoad;
   uint64_t request_id = 0;
@@ -86,6 +91,8 @@ struct InstanceMessage {
   // kLoad: a decode instance's kv::DecodeLoad, and requests not finished (queued, prefilling, ...)
   kv::DecodeLoad load;
   int64_t outstanding = 0;
+  // kHello, kLoad: the instance is draining (it takes no new request and leaves once its own are done)
+  bool draining = false;
   // kPrefill, kExpect
   std::vector<int64_t> token_ids;
   int64_t input_tokens = 0, output_tokens = 0;

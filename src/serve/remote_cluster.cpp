@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <charconv>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -50,13 +52,10 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         core_(options.cluster, *this),
         router_(context_, zmq::socket_type::router),
         wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    // The config's instances are expected from the start (/health counts them); others join as they come.
     const cluster::ClusterConfig& config = options.cluster.config;
-    for (uint32_t i = 0; i < config.prefill_instances + config.decode_instances; ++i) {
-      Slot& s = slots_.emplace_back();
-      s.role = i < config.prefill_instances ? InstanceRole::kPrefill : InstanceRole::kDecode;
-      s.index = i < config.prefill_instances ? i : i - config.prefill_instances;
-      s.name = fmt::format("{}-{}", to_string(s.role), s.index);
-    }
+    for (uint32_t i = 0; i < config.prefill_instances; ++i) add_slot(InstanceRole::kPrefill, i, i);
+    for (uint32_t i = 0; i < config.decode_instances; ++i) add_slot(InstanceRole::kDecode, i, i);
     // Nothing is up until it says hello.
     for (uint32_t i = 0; i < config.prefill_instances; ++i) core_.state().on_prefill_down(i, 0);
     for (uint32_t i = 0; i < config.decode_instances; ++i) core_.state().on_decode_down(i);
@@ -147,17 +146,17 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   }
 
   bool wait_until_all_up(std::chrono::milliseconds timeout) {
+    const cluster::ClusterConfig& config = options_.cluster.config;
     std::unique_lock lock(mu_);
-    return up_cv_.wait_for(lock, timeout, [&] { return up_count() == slots_.size(); });
+    return up_cv_.wait_for(lock, timeout, [&] {
+      const auto [prefill, decode] = placeable();
+      return prefill >= config.prefill_instances && decode >= config.decode_instances;
+    });
   }
 
   std::pair<uint32_t, uint32_t> instances_up() {
     std::lock_guard lock(mu_);
-    std::pair<uint32_t, uint32_t> up{0, 0};
-    for (const Slot& s : slots_) {
-      if (s.up) ++(s.role == InstanceRole::kPrefill ? up.first : up.second);
-    }
-    return up;
+    return placeable();
   }
 
   conductor::Decision submit(cluster::ClusterRequest request, cluster::RequestCallbacks callbacks,
@@ -180,7 +179,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       std::lock_guard lock(mu_);
       kv::DecodePoolLoad pool;
       for (const Slot& s : slots_) {
-        if (!s.up) continue;
+        if (!s.up || s.draining) continue;
         if (s.role == InstanceRole::kPrefill) {
           gauges.requests_waiting += s.outstanding;
           ++gauges.prefill_instances_up;
@@ -207,12 +206,13 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     m.reused_tokens = prefix.reused_tokens;
     m.fetched_tokens = prefix.fetched_tokens;
     m.ready_in_s = std::max(0.0, prefix.ready_s - now_s);
-    m.decode_index = d;
+    m.decode_index = decode_slot(d).index;
     m.seed = request.seed;
     m.temperature = request.temperature;
     m.top_p = request.top_p;
     m.top_logprobs = request.top_logprobs;
     m.output_offset = request.output_offset;
+    core_.metrics().observe_placed_on(prefill_slot(p).name);
     post(prefill_slot(p), m);
   }
   void send_expect(InstanceId d, uint64_t id, const cluster::ClusterRequest& request, double) override {
@@ -229,6 +229,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     m.top_p = request.top_p;
     m.top_logprobs = request.top_logprobs;
     m.output_offset = request.output_offset;
+    core_.metrics().observe_placed_on(decode_slot(d).name);
     post(decode_slot(d), m);
   }
   void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) override {
@@ -258,8 +259,10 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
  private:
   struct Slot {
     InstanceRole role = InstanceRole::kPrefill;
-    uint32_t index = 0;
-    bool up = false;          // the Conductor may place on it
+    uint32_t index = 0;       // in its name, "prefill-INDEX"
+    InstanceId id = 0;        // the Conductor's number for it (ClusterState), within its role
+    bool up = false;          // in the view: its requests go on (and, unless draining, new ones come)
+    bool draining = false;    // up, finishing what it has: nothing new is placed there (it said so)
     bool reporting = false;   // its reports arrive (within heartbeat_timeout_s)
     bool registered = false;  // with etcd: its key is there (its lease is alive)
     int64_t registration =
@@ -277,14 +280,62 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     const std::string& identity() const { return name; }
   };
 
+  // The most instances the Conductor keeps track of: a member naming ever new instances cannot grow its
+  // memory without bound.
+  static constexpr size_t kMaxSlots = 4096;
+
   double now_s() const { return clock_.now_s(); }
-  size_t prefill_count() const { return options_.cluster.config.prefill_instances; }
-  Slot& prefill_slot(InstanceId p) { return slots_[p]; }
-  Slot& decode_slot(InstanceId d) { return slots_[prefill_count() + d]; }
-  size_t up_count() const {
-    size_t n = 0;
-    for (const Slot& s : slots_) n += s.up ? 1 : 0;
-    return n;
+  Slot& prefill_slot(InstanceId p) { return *prefill_slots_[p]; }
+  Slot& decode_slot(InstanceId d) { return *decode_slots_[d]; }
+  size_t prefill_count() {
+    std::lock_guard lock(mu_);
+    return prefill_slots_.size();
+  }
+  // Instances new requests may go to (up and not draining): (prefill, decode).
+  std::pair<uint32_t, uint32_t> placeable() const {
+    std::pair<uint32_t, uint32_t> up{0, 0};
+    for (const Slot& s : slots_) {
+      if (s.up && !s.draining) ++(s.role == InstanceRole::kPrefill ? up.first : up.second);
+    }
+    return up;
+  }
+
+  // The slot of instance `role`-`index`, numbered `id` in the Conductor's state.
+  Slot& add_slot(InstanceRole role, uint32_t index, InstanceId id) {
+    Slot& s = slots_.emplace_back();
+    s.role = role;
+    s.index = index;
+    s.id = id;
+    s.name = fmt::format("{}-{}", to_string(role), index);
+    slot_by_name_.emplace(s.name, &s);
+    (role == InstanceRole::kPrefill ? prefill_slots_ : decode_slots_).push_back(&s);
+    return s;
+  }
+
+  // The slot of the instance named `name` ("prefill-N", "decode-N"). One not seen before joins (membership
+  // at run time): a new slot, down until it reports. nullptr for a name of no instance, or past kMaxSlots.
+  Slot* find_or_add_slot(std::string_view name) {
+    if (auto it = slot_by_name_.find(std::string(name)); it != slot_by_name_.end()) return it->second;
+    if (slots_.size() >= kMaxSlots) return nullptr;
+    for (const InstanceRole role : {InstanceRole::kPrefill, InstanceRole::kDecode}) {
+      const std::string_view prefix = to_string(role);
+      if (!name.starts_with(prefix) || name.size() < prefix.size() + 2 || name[prefix.size()] != '-')
+        continue;
+      const std::string_view digits = name.substr(prefix.size() + 1);
+      uint32_t index = 0;
+      const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+      // Canonical digits only ("prefill-07" is not "prefill-7"), as instances name themselves.
+      if (error != std::errc() || end != digits.data() + digits.size() ||
+          (digits.size() > 1 && digits.front() == '0')) {
+        return nullptr;
+      }
+      const InstanceId id =
+          role == InstanceRole::kPrefill ? core_.add_prefill_instance() : core_.add_decode_instance();
+      Slot& slot = add_slot(role, index, id);
+      log(fmt::format("{} joins (not in the config: instance {} of its role here)", slot.name, id));
+      return &slot;
+    }
+    return nullptr;
   }
 
   void wake() {
@@ -318,6 +369,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       return;
     }
     slot.up = true;
+    slot.draining = false;
     // Whatever it still holds from before (it was cut off, stalled, or served an earlier Conductor) was
     // failed or forgotten here: it drops it all before taking new orders (one connection keeps messages in
     // order).
@@ -325,9 +377,9 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     reset.kind = InstanceMessage::Kind::kReset;
     post(slot, reset);
     if (slot.role == InstanceRole::kPrefill) {
-      core_.state().on_prefill_up(slot.index);
+      core_.state().on_prefill_up(slot.id);
     } else {
-      core_.state().on_decode_up(slot.index);
+      core_.state().on_decode_up(slot.id);
     }
     log(fmt::format("{} up", slot.identity()));
     up_cv_.notify_all();
@@ -335,29 +387,50 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
 
   void instance_down(Slot& slot, const std::string& why) {
     slot.up = false;
+    slot.draining = false;
     slot.load = {};
     slot.outstanding = 0;
     log(fmt::format("{} down ({})", slot.identity(), why));
     if (slot.role == InstanceRole::kPrefill) {
-      core_.on_prefill_down(slot.index, now_s());
+      core_.on_prefill_down(slot.id, now_s());
     } else {
-      core_.on_decode_down(slot.index, now_s());
+      core_.on_decode_down(slot.id, now_s());
     }
+  }
+
+  // An instance that is up says it drains (SIGTERM): nothing new goes there from now on, what it has goes
+  // on, and it hears so (kDrainAck, after any order already queued for it) before it may leave.
+  void instance_draining(Slot& slot) {
+    if (!slot.draining) {
+      slot.draining = true;
+      log(fmt::format("{} draining: no new requests go there", slot.identity()));
+      if (slot.role == InstanceRole::kPrefill) {
+        core_.on_prefill_draining(slot.id, now_s());
+      } else {
+        core_.on_decode_draining(slot.id);
+      }
+    }
+    InstanceMessage ack;
+    ack.kind = InstanceMessage::Kind::kDrainAck;
+    post(slot, ack);
   }
 
   void handle(const std::string& routing_id, const InstanceMessage& m) {
     const double now = now_s();
     const std::string_view name = std::string_view(routing_id).substr(0, routing_id.find('#'));
-    auto find_slot = [&]() -> Slot* {
-      for (Slot& s : slots_) {
-        if (s.name == name) return &s;
-      }
-      return nullptr;
-    };
-    Slot* slot = find_slot();
+    const bool report = m.kind == InstanceMessage::Kind::kHello || m.kind == InstanceMessage::Kind::kLoad;
+    Slot* slot = nullptr;
+    if (auto it = slot_by_name_.find(std::string(name)); it != slot_by_name_.end()) {
+      slot = it->second;
+    } else if (report) {
+      slot = find_or_add_slot(name);  // a new member says hello: it joins
+    }
     if (slot == nullptr) {
-      dropped("unknown_sender",
-              fmt::format("a message from '{}': no such instance in the config", printable(routing_id)));
+      dropped(
+          "unknown_sender",
+          fmt::format("a message from '{}': not an instance's name (prefill-N, decode-N), or {} instances "
+                      "are known already",
+                      printable(routing_id), kMaxSlots));
       return;
     }
     // A hello comes once from each incarnation as it starts: the newest takes the slot (a restart). Anything
@@ -393,8 +466,9 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       slot->load = m.load;
       slot->outstanding = m.outstanding;
       update_up(*slot, "");
-      if (slot->up && slot->role == InstanceRole::kDecode)
-        core_.state().on_decode_report(slot->index, m.load);
+      if (slot->up && m.draining) instance_draining(*slot);
+      if (slot->up && !slot->draining && slot->role == InstanceRole::kDecode)
+        core_.state().on_decode_report(slot->id, m.load);
       return;
     }
     if (!slot->up) return;  // a straggler from before it went down
@@ -409,7 +483,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         core_.on_prefill_start(m.request_id, m.hit_tokens, now);
         break;
       case InstanceMessage::Kind::kFirstToken:
-        core_.on_first_token(slot->index, m.request_id, m.first_token, now,
+        core_.on_first_token(slot->id, m.request_id, m.first_token, now,
                              m.logprobs.empty() ? nullptr : &m.logprobs.front());
         break;
       case InstanceMessage::Kind::kPrefillDone:
@@ -461,7 +535,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       const cluster::RequestSummary* s = core_.summary(id);
       if (s == nullptr) return true;  // finished or failed meanwhile: the core ignores it
       return slot.role == role &&
-             (role == InstanceRole::kPrefill ? s->prefill_instance : s->decode_instance) == slot.index;
+             (role == InstanceRole::kPrefill ? s->prefill_instance : s->decode_instance) == slot.id;
     };
     switch (m.kind) {
       case InstanceMessage::Kind::kPrefillStart:
@@ -640,9 +714,10 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       uint64_t generation = 0;
       std::unique_ptr<KvEventSubscriber> subscriber;
     };
-    std::vector<Subscription> subs(prefill_count());
+    std::vector<Subscription> subs;
     while (!stopping_) {
       bool any = false;
+      subs.resize(prefill_count());  // instances that joined since
       for (InstanceId p = 0; p < subs.size(); ++p) {
         std::string endpoint, replay;
         uint64_t generation = 0;
@@ -650,7 +725,8 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         {
           std::lock_guard lock(mu_);
           const Slot& s = prefill_slot(p);
-          up = s.up && !s.kv_events_endpoint.empty();
+          // A draining instance's cache is no longer placed on: its events are not followed.
+          up = s.up && !s.draining && !s.kv_events_endpoint.empty();
           generation = s.kv_generation;
           endpoint = s.kv_events_endpoint;
           replay = s.kv_replay_endpoint;
@@ -669,13 +745,14 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
             std::chrono::milliseconds(5),
             [&](uint64_t, const KvEventBatch& batch) {
               std::lock_guard lock(mu_);
-              if (prefill_slot(p).up && prefill_slot(p).kv_generation == generation) {
-                apply_kv_events(batch, p, core_.state(), now_s());
+              const Slot& s = prefill_slot(p);
+              if (s.up && !s.draining && s.kv_generation == generation) {
+                apply_kv_events(batch, s.id, core_.state(), now_s());
               }
             },
             [&](uint64_t, uint64_t) {
               std::lock_guard lock(mu_);
-              core_.state().on_kv_cleared(p);
+              core_.state().on_kv_cleared(prefill_slot(p).id);
             });
       }
       if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -686,7 +763,9 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   mutable std::mutex mu_;  // the core, the slots and the outbox
   std::condition_variable up_cv_;
   cluster::ConductorCore core_;
-  std::vector<Slot> slots_;                                  // prefill instances, then decode instances
+  std::deque<Slot> slots_;  // every instance ever known, in the order they came (the config's first)
+  std::unordered_map<std::string, Slot*> slot_by_name_;
+  std::vector<Slot*> prefill_slots_, decode_slots_;  // by InstanceId (the state's number) in each role
   std::vector<std::pair<std::string, std::string>> outbox_;  // (identity, message) to send
   zmq::context_t context_;
   std::unique_ptr<MembersOnly> zap_;          // admits members only to router_ (closed after it)

@@ -2,6 +2,7 @@
 // decode instance processes (configs/local.json). KV bytes really move (pool reads and writes, prefill →
 // decode through the transfer engine, checksums checked), and instances killed with SIGKILL fail only their
 // own requests, within 2 s, then rejoin.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -9,6 +10,8 @@
 
 #include <chrono>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
@@ -343,6 +346,155 @@ TEST(ServeCluster, AKilledPrefillInstancesPromptsArePlacedAgainAndAllAnswered) {
   ASSERT_TRUE(cluster.wait_for_count("conductor: prefill-0 up", 2, std::chrono::seconds(20)))
       << cluster.log();
   EXPECT_EQ(complete(cluster.port(), "after the restart", 2).status, 200);
+}
+
+// Issue 25 §1: the config's counts are where `crescent serve` starts, not a limit. An instance started by
+// hand from RUN_DIR/cluster.json (prefill-2, decode-2: beyond the config's 2 + 2) joins the running cluster
+// and is placed on; on SIGTERM it drains: nothing new goes there from then on, the stream it has finishes
+// with every token and no error (nothing is placed again), and it leaves with exit status 0.
+TEST(ServeCluster, AnInstanceStartedByHandJoinsTakesRequestsAndDrainsOnSigterm) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  std::ifstream in(cluster.run_dir() + "/cluster.json");
+  const json joining = json::parse(in, nullptr, false);
+  ASSERT_TRUE(joining.is_object()) << "RUN_DIR/cluster.json";
+  test::TempDir logs;
+  std::map<std::string, std::unique_ptr<ChildProcess>> added;
+  for (const char* role : {"prefill", "decode"}) {
+    std::vector<std::string> argv = joining[std::string(role) + "_argv"];
+    argv.insert(argv.end(), {"--index", "2"});
+    const std::string name = std::string(role) + "-2";
+    auto started = ChildProcess::start(argv, logs.file(name + ".log"));
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    ASSERT_TRUE((*started)->wait_for_line(name + ": ready", std::chrono::seconds(20)).ok())
+        << (*started)->log_tail();
+    added[name] = std::move(*started);
+  }
+  for (const char* role : {"prefill", "decode"}) {
+    EXPECT_EQ(cluster.metric_when(
+                  fmt::format("crescent_instances_up{{role=\"{}\"}}", role), [](double v) { return v == 3; },
+                  std::chrono::seconds(10)),
+              3)
+        << role << cluster.log();
+  }
+  const auto placed_on = [&](const std::string& instance) {
+    return std::max(
+        0.0, cluster.metric(fmt::format("crescent_instance_requests_total{{instance=\"{}\"}}", instance)));
+  };
+  // Distinct prompts, sent together: the new instances take their share.
+  constexpr int kStreams = 6;
+  constexpr int64_t kTokens = 200;  // ~3.5 s of decode at the mock's ~17 ms steps
+  std::vector<Stream> streams(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      stream(cluster.port(), std::to_string(i) + std::string(3000, 'j'), kTokens, streams[i],
+             {{"seed", 70 + i}});
+    });
+  }
+  const auto started_by = Clock::now() + std::chrono::seconds(20);
+  for (const Stream& s : streams) {
+    while (s.live_tokens < 3 && Clock::now() < started_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(placed_on("prefill-2"), 1) << cluster.log();
+  ASSERT_GE(placed_on("decode-2"), 1) << "a stream to drain: " << cluster.log();
+
+  // Both drain while decode-2's streams are under way.
+  for (auto& [name, process] : added) ASSERT_EQ(::kill(process->pid(), SIGTERM), 0) << name;
+  ASSERT_TRUE(cluster.wait_for_count("conductor: decode-2 draining", 1, std::chrono::seconds(2)))
+      << cluster.log();
+  ASSERT_TRUE(cluster.wait_for_count("conductor: prefill-2 draining", 1, std::chrono::seconds(2)))
+      << cluster.log();
+  const double on_prefill_2 = placed_on("prefill-2"), on_decode_2 = placed_on("decode-2");
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(complete(cluster.port(), "after " + std::to_string(i), 3).status, 200);
+  EXPECT_EQ(placed_on("prefill-2"), on_prefill_2) << "nothing new on a draining instance";
+  EXPECT_EQ(placed_on("decode-2"), on_decode_2);
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(streams[i].done) << i;
+    EXPECT_TRUE(streams[i].error.empty()) << i << ": " << streams[i].error;
+    EXPECT_EQ(streams[i].tokens, kTokens) << i;
+  }
+  EXPECT_EQ(cluster.metric(R"(crescent_requests_replaced_total{reason="decode_down"})"), -1)
+      << "the drained streams finished where they were: " << cluster.log();
+  for (auto& [name, process] : added) {
+    for (int i = 0; i < 500 && process->running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(process->running()) << name << " left";
+    EXPECT_TRUE(process->exited_cleanly()) << name;
+    EXPECT_THAT(process->log_tail(), ::testing::HasSubstr(name + ": drained; stopping")) << name;
+  }
+  for (const char* role : {"prefill", "decode"}) {
+    EXPECT_EQ(cluster.metric_when(
+                  fmt::format("crescent_instances_up{{role=\"{}\"}}", role), [](double v) { return v == 2; },
+                  std::chrono::seconds(5)),
+              2)
+        << role;
+  }
+}
+
+// Issue 25 §1: a rolling restart under load fails nothing. While `crescent replay` sends 120 requests of the
+// conversation trace, every instance in turn gets SIGTERM, drains, exits 0 and is started again by the
+// supervisor (not counted as a crash), and the next one goes only once the cluster is whole again.
+TEST(ServeCluster, ARollingRestartUnderReplayFailsNothing) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  test::TempDir dir;
+  auto replay = ChildProcess::start(
+      {CRESCENT_BINARY, "replay",
+       std::string(CRESCENT_SOURCE_DIR) + "/data/traces/conversation_trace.jsonl.gz", "--url",
+       fmt::format("http://127.0.0.1:{}", cluster.port()), "--limit", "120", "--length-divisor", "4",
+       "--block-size", "128", "--request-timeout", "60", "--json"},
+      dir.file("replay.log"));
+  ASSERT_TRUE(replay.ok()) << replay.status().to_string();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto whole = [&](std::chrono::seconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      httplib::Client client("127.0.0.1", cluster.port());
+      if (auto res = client.Get("/health"); res && res->status == 200) {
+        const json health = json::parse(res->body, nullptr, false);
+        if (health.value("prefill_instances_up", 0) == 2 && health.value("decode_instances_up", 0) == 2)
+          return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  for (const char* name : {"prefill-0", "decode-0", "prefill-1", "decode-1"}) {
+    SCOPED_TRACE(name);
+    const pid_t pid = cluster.pid(name);
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(::kill(pid, SIGTERM), 0);
+    ASSERT_TRUE(cluster.wait_for_count(fmt::format("started {} (pid", name), 2, std::chrono::seconds(40)))
+        << cluster.log();
+    ASSERT_TRUE(whole(std::chrono::seconds(20))) << cluster.log();
+  }
+  ASSERT_TRUE((*replay)->running()) << "the restarts all came while the replay ran; its log: "
+                                    << (*replay)->log_tail();
+  for (int i = 0; i < 1500 && (*replay)->running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_FALSE((*replay)->running());
+  std::ifstream in((*replay)->log_path());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string out = text.str();
+  const json report = json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
+  ASSERT_TRUE(report.is_object()) << out;
+  EXPECT_EQ(report["failed"], 0) << report["first_error"] << cluster.log();
+  EXPECT_EQ(report["requests"], 120);
+  for (const char* name : {"prefill-0", "decode-0", "prefill-1", "decode-1"}) {
+    EXPECT_THAT(cluster.log(), ::testing::HasSubstr(fmt::format("{} stopped (exit 0); restarting it", name)));
+    EXPECT_THAT(cluster.log(), ::testing::HasSubstr(fmt::format("[{}] {}: drained; stopping", name, name)));
+  }
+  EXPECT_EQ(cluster.metric(R"(crescent_requests_failed_total{reason="instance_down"})"), -1);
+  // Drained, not killed: every request finished where it was placed, none was placed again.
+  EXPECT_EQ(cluster.metric(R"(crescent_requests_replaced_total{reason="prefill_down"})"), -1)
+      << cluster.log();
+  EXPECT_EQ(cluster.metric(R"(crescent_requests_replaced_total{reason="decode_down"})"), -1) << cluster.log();
+  std::cout << "rolling restart under replay: " << report["policies"][0].dump() << "\n";
 }
 
 // An instance that stalls (SIGSTOP) longer than the heartbeat timeout is down and its requests fail; when it

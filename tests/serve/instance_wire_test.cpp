@@ -27,6 +27,7 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   m.load.incoming = {10, 11, 12};
   m.load.kv_capacity_tokens = 13;
   m.outstanding = 14;
+  m.draining = true;
   m.token_ids = {1, 255, 7};
   m.input_tokens = 15;
   m.output_tokens = 16;
@@ -65,10 +66,11 @@ TEST(InstanceWire, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(back->error, "boom");
   EXPECT_EQ(back->kv_transport, "tcp");
   EXPECT_EQ(back->output_offset, 35);
+  EXPECT_TRUE(back->draining);
 }
 
 // Logprobs travel in an optional tail (issue 22 §5): a decode step's, for the requests that asked only, come
-// back as sent, and a message without any has the fixed fields only (49).
+// back as sent, and a message without any has the fixed fields only (50).
 TEST(InstanceWire, LogprobsTravelOnlyWhenAMessageHasSome) {
   InstanceMessage step;
   step.kind = InstanceMessage::Kind::kTokens;
@@ -76,11 +78,11 @@ TEST(InstanceWire, LogprobsTravelOnlyWhenAMessageHasSome) {
   step.tokens = {5, 6, 7};
   const std::string plain = encode(step);
   EXPECT_EQ(static_cast<unsigned char>(plain[0]), 0xdc);  // array16
-  EXPECT_EQ(static_cast<unsigned char>(plain[2]), 49);
+  EXPECT_EQ(static_cast<unsigned char>(plain[2]), 50);
   step.logprob_rows = {0, 2};
   step.logprobs = {{.logprob = -0.5f, .top = {{5, -0.5f}, {9, -1.25f}}}, {.logprob = -3.0f, .top = {}}};
   const std::string with = encode(step);
-  EXPECT_EQ(static_cast<unsigned char>(with[2]), 55);
+  EXPECT_EQ(static_cast<unsigned char>(with[2]), 56);
   EXPECT_EQ(with.substr(3, plain.size() - 3), plain.substr(3)) << "the same fields, then the tail";
   auto back = decode_instance_message(with);
   ASSERT_TRUE(back.ok()) << back.status().to_string();

@@ -2,9 +2,11 @@
 // publishes its control endpoint, `serve prefill|decode --etcd` find it there and register under a lease; an
 // instance whose lease lapses leaves the Conductor's view (503: no instance) and comes back when it registers
 // again.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -79,15 +81,15 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
   EXPECT_EQ(health->status, 503);
   EXPECT_THAT(health->body, ::testing::HasSubstr("\"prefill_instances_up\":0"));
 
-  std::vector<std::unique_ptr<ChildProcess>> instances;
-  for (const char* role : {"prefill", "decode"}) {
-    // No --conductor: found in etcd. A prefill instance uses the pool; a decode instance only publishes its
-    // KV segment where the store's members look segments up.
+  // An instance as an operator starts it on its machine. No --conductor: found in etcd. A prefill instance
+  // uses the pool; a decode instance only publishes its KV segment where the store's members look segments
+  // up.
+  const auto start_instance = [&](const std::string& role, int index) {
     std::vector<std::string> argv{CRESCENT_BINARY,
                                   "serve",
                                   role,
                                   "--index",
-                                  "0",
+                                  std::to_string(index),
                                   "--config",
                                   dir.file("one.json"),
                                   "--etcd",
@@ -96,16 +98,22 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
                                   prefix,
                                   "--cluster-secret-file",
                                   secret};
-    if (std::string_view(role) == "prefill") {
+    if (role == "prefill") {
       argv.insert(argv.end(), {"--store-master", master_address});
     } else {
       argv.insert(argv.end(), {"--transfer-metadata", "dir:" + dir.file("metadata")});
     }
-    auto instance = ChildProcess::start(argv, dir.file(std::string(role) + ".log"));
-    ASSERT_TRUE(instance.ok());
-    ASSERT_TRUE((*instance)->wait_for_line("ready", std::chrono::seconds(30)).ok())
+    auto instance = ChildProcess::start(argv, dir.file(fmt::format("{}-{}.log", role, index)));
+    EXPECT_TRUE(instance.ok());
+    if (!instance.ok()) return std::unique_ptr<ChildProcess>();
+    EXPECT_TRUE((*instance)->wait_for_line("ready", std::chrono::seconds(30)).ok())
         << (*instance)->log_tail();
-    instances.push_back(std::move(*instance));
+    return std::move(*instance);
+  };
+  std::vector<std::unique_ptr<ChildProcess>> instances;
+  for (const char* role : {"prefill", "decode"}) {
+    instances.push_back(start_instance(role, 0));
+    ASSERT_NE(instances.back(), nullptr);
   }
   ASSERT_TRUE((*conductor)->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(30)).ok());
   ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-0 up", std::chrono::seconds(30)).ok());
@@ -138,6 +146,23 @@ TEST(ServeRegistry, InstancesRegisterInEtcdAndOneWhoseLeaseLapsesLeavesTheConduc
   // A stopped instance revokes its lease: it leaves the view at once, not after a heartbeat timeout.
   instances[1]->stop();
   ASSERT_TRUE((*conductor)->wait_for_line("decode-0 down", std::chrono::seconds(30)).ok());
+  EXPECT_EQ(complete(port), 503);
+
+  // Issue 25 §1: an instance beyond the config's counts registers and joins the running cluster, and serves.
+  auto joined = start_instance("decode", 5);
+  ASSERT_NE(joined, nullptr);
+  ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-5 joins", std::chrono::seconds(30)).ok())
+      << (*conductor)->log_tail();
+  ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-5 up", std::chrono::seconds(30)).ok())
+      << (*conductor)->log_tail();
+  EXPECT_EQ(complete(port), 200) << "decode-5 is the only decode instance";
+  // SIGTERM: it drains (nothing here), deregisters and leaves with exit status 0.
+  ASSERT_EQ(::kill(joined->pid(), SIGTERM), 0);
+  ASSERT_TRUE((*conductor)->wait_for_line("decode-5 down", std::chrono::seconds(30)).ok());
+  for (int i = 0; i < 500 && joined->running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(joined->exited_cleanly()) << joined->log_tail();
+  EXPECT_THAT(joined->log_tail(), ::testing::HasSubstr("decode-5: drained; stopping"));
   EXPECT_EQ(complete(port), 503);
 }
 
