@@ -89,6 +89,7 @@ struct ServeArgs {
   // Router mode: the Conductor in front of engines crescent does not own (docs/router.md).
   std::string engines_file;     // conductor --engines FILE
   std::string tokenizer_file;   // conductor --tokenizer FILE (a tokenizer.json), or --model DIR's
+  int leader_ttl_s = 2;         // conductor --leader-ttl-s: with --etcd, the leading Conductor's lease
   double drain_timeout_s = 30;  // prefill|decode --drain-timeout-s: a SIGTERM's drain waits this long at most
   double engines_wait_s = 30;   // conductor --engines-wait-s: how long the engines have to answer at start
 };
@@ -601,6 +602,13 @@ int run_conductor_role(const ServeArgs& args) {
   remote.advertise_host = args.advertise_host;
   remote.etcd_endpoint = args.etcd;
   remote.etcd_prefix = args.etcd_prefix;
+  remote.leader_ttl = std::chrono::seconds(args.leader_ttl_s);
+  // A deposed leader stops at once: a standby leads now, and the instances go to it.
+  remote.on_leadership_lost = [] {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(1);
+  };
   auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
   const cluster::ClusterConfig& c = s->cluster.config;
@@ -783,9 +791,17 @@ void register_serve(CLI::App& app, int& exit_code) {
   conductor->add_option("--advertise-host", args->advertise_host,
                         "With --control on every address (tcp://0.0.0.0:P): the host instances reach it on");
   conductor->add_option("--etcd", args->etcd,
-                        "Publish --control in this etcd and take as up only instances registered there");
+                        "Campaign in this etcd to lead (the leader publishes --control there; others stand "
+                        "by) and take as up only instances registered there");
   conductor->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
       ->capture_default_str();
+  conductor
+      ->add_option(
+          "--leader-ttl-s", args->leader_ttl_s,
+          "With --etcd: Conductors campaign for PREFIX/conductor and one leads under a lease of this "
+          "many seconds; a standby leads within it (and a tenth of it) of the leader's death")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 60));
   add_cluster_secret_option(conductor, args->cluster_secret_file, "only instances holding it may connect");
   conductor->add_option("--engines", args->engines_file,
                         "Router mode: route to the inference engines this file names (vLLM/SGLang-style "

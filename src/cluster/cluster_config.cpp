@@ -62,12 +62,13 @@ constexpr std::array<std::string_view, 16> kFields{"name",
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
-constexpr std::array<std::string_view, 17> kServeFields{"kv_bytes_scale",
+constexpr std::array<std::string_view, 18> kServeFields{"kv_bytes_scale",
                                                         "kv_transfer_timeout_s",
                                                         "heartbeat_timeout_s",
                                                         "stage_timeout_floor_s",
                                                         "stage_timeout_factor",
                                                         "max_request_placements",
+                                                        "kv_event_buffer_batches",
                                                         "store_dram_bytes",
                                                         "verify_kv_checksums",
                                                         "kv_stream_layers",
@@ -274,6 +275,8 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
         s.positive_number("stage_timeout_factor", c.serve.stage_timeout_factor, /*required=*/false));
     CRESCENT_RETURN_IF_ERROR(
         s.integer("max_request_placements", c.serve.max_request_placements, 1, /*required=*/false));
+    CRESCENT_RETURN_IF_ERROR(
+        s.integer("kv_event_buffer_batches", c.serve.kv_event_buffer_batches, 1, /*required=*/false));
     CRESCENT_RETURN_IF_ERROR(
         s.integer("store_dram_bytes", c.serve.store_dram_bytes, 1 << 20, /*required=*/false));
     for (const auto& [field, out] : {std::pair{"verify_kv_checksums", &c.serve.verify_kv_checksums},

@@ -58,6 +58,10 @@ struct ServeConfig {
   /// that goes down are placed again on others (a stream with tokens out goes on from them), up to this many
   /// placements in all, then fail with instance_down. >= 1 (1: never placed again).
   int64_t max_request_placements = 3;
+  /// KV event batches a prefill instance keeps for a subscriber that missed them (replay, kv_events.h). A
+  /// Conductor that starts or loses track later learns an instance's whole cache from its full report
+  /// instead (docs/serving.md). >= 1.
+  int64_t kv_event_buffer_batches = 10'000;
   int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts
   bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives
   /// The cpu executor's prefill instances ship each layer's KV of a chunk as it is computed (paper §3.1

@@ -152,7 +152,11 @@ ServeMetrics::ServeMetrics(const std::string& model_name)
                         .Register(*registry_)),
       kv_reserved_(gauge(*registry_, "crescent_decode_kv_reserved_tokens",
                          "KV tokens reserved on decode instances: running, waiting and incoming requests",
-                         {})) {}
+                         {})),
+      caches_synced_(gauge(*registry_, "crescent_prefill_caches_synced",
+                           "Prefill instances up whose whole cache the Conductor has learned since they came "
+                           "up (their full KV report after its reset)",
+                           {})) {}
 
 void ServeMetrics::observe_decision(double seconds) {
   decision_.Observe(seconds);
@@ -246,6 +250,7 @@ std::string ServeMetrics::scrape(const LoadGauges& gauges) {
   kv_reserved_.Set(static_cast<double>(gauges.decode_kv_reserved_tokens));
   instances_up_.Add({{"role", "prefill"}}).Set(static_cast<double>(gauges.prefill_instances_up));
   instances_up_.Add({{"role", "decode"}}).Set(static_cast<double>(gauges.decode_instances_up));
+  caches_synced_.Set(static_cast<double>(gauges.prefill_caches_synced));
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

@@ -26,6 +26,9 @@ struct LoadGauges {
   int64_t decode_kv_reserved_tokens = 0;  // HBM KV reserved on decode instances, incoming requests included
   int64_t prefill_instances_up = 0;  // instances the Conductor may place on (crescent_instances_up{role})
   int64_t decode_instances_up = 0;
+  /// Prefill instances up whose whole cache the Conductor has learned since they came up (their full KV
+  /// report: crescent_prefill_caches_synced); -1: not tracked (no gauge).
+  int64_t prefill_caches_synced = -1;
 
   /// Adds the decode pool's sums: its running and waiting requests, its usage (committed KV / capacity) and
   /// its reserved KV.
@@ -151,6 +154,7 @@ class ServeMetrics {
   prometheus::Gauge& kv_usage_;
   prometheus::Family<prometheus::Gauge>& instances_up_;
   prometheus::Gauge& kv_reserved_;
+  prometheus::Gauge& caches_synced_;
 };
 
 }  // namespace crescent::cluster

@@ -214,6 +214,10 @@ class EngineCore {
 
   /// Requests here and not finished: queued, prefilling, waiting for HBM or decoding (not incoming).
   int64_t outstanding() const { return outstanding_; }
+  /// Every block key the prefix cache holds (none without EngineOptions::prefix_cache).
+  std::vector<BlockKey> prefix_cache_keys() const {
+    return cache_ ? cache_->keys() : std::vector<BlockKey>{};
+  }
   /// Whether an iteration is under way or requests are waiting or on their way.
   bool busy() const { return busy_ || !waiting_decode_.empty() || incoming_.requests > 0; }
   /// The decode pool's view of this engine (ClusterState's "decode report").

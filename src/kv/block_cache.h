@@ -70,6 +70,14 @@ class BlockCache {
   bool erase_unpinned(BlockKey key);
 
   int64_t size_blocks() const { return static_cast<int64_t>(entries_.size()); }
+  /// Every cached key, pinned or not, in no particular order (size_blocks() of them): the whole cache, for a
+  /// subscriber that must learn it again (an instance's full KV report, docs/serving.md).
+  std::vector<BlockKey> keys() const {
+    std::vector<BlockKey> out;
+    out.reserve(entries_.size());
+    entries_.for_each([&](BlockKey key, const Entry&) { out.push_back(key); });
+    return out;
+  }
   int64_t capacity_blocks() const { return capacity_blocks_; }
   /// Blocks with reference count > 0.
   int64_t pinned_blocks() const { return pinned_blocks_; }

@@ -1,5 +1,6 @@
-// The cluster's registry in etcd (issue 10 §2), for clusters spread over machines: the Conductor publishes
-// its control endpoint under PREFIX/conductor, and each instance registers PREFIX/instances/NAME
+// The cluster's registry in etcd (issue 10 §2), for clusters spread over machines: the leading Conductor
+// holds PREFIX/conductor, its control endpoint (Conductors campaign for it: common/leader_election.h, and
+// instances follow whoever holds it), and each instance registers PREFIX/instances/NAME
 // ("prefill-0", ...), every key attached to a lease its owner keeps alive. The Conductor takes as up only
 // instances that are registered and reporting: one whose lease lapses (it died, hung, or lost etcd) leaves
 // the Conductor's view. Without etcd, the Conductor's control socket is the registry (an instance is up while

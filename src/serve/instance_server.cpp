@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -99,7 +100,8 @@ class InstanceServer::Impl final : public engine::EngineListener {
     if (prefill()) {
       kv_memory_bytes_ = (max_prompt_blocks_ + 1) * block_bytes_;
       auto publisher = KvEventPublisher::start(fmt::format("tcp://{}:0", options_.advertise_host),
-                                               fmt::format("tcp://{}:0", options_.advertise_host), "", 10'000,
+                                               fmt::format("tcp://{}:0", options_.advertise_host), "",
+                                               static_cast<size_t>(config_.serve.kv_event_buffer_batches),
                                                &*options_.secret);
       if (!publisher.ok()) return publisher.status();
       kv_events_ = std::move(*publisher);
@@ -128,6 +130,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       control_.set(zmq::sockopt::sndhwm, 0);  // never drop a report (tokens, prefill done) for a slow reader
       control_.set(zmq::sockopt::rcvhwm, 0);
       control_.connect(options_.conductor_endpoint);
+      conductor_ = options_.conductor_endpoint;
     } catch (const zmq::error_t& e) {
       return Status::invalid_argument(
           fmt::format("cannot connect to the Conductor at '{}': {}", options_.conductor_endpoint, e.what()));
@@ -142,11 +145,30 @@ class InstanceServer::Impl final : public engine::EngineListener {
   }
 
   void begin_drain() { draining_ = true; }
+
+  // With etcd: follows whichever Conductor leads. Every kFollowPeriodS a thread reads `key`; when it names
+  // another control endpoint, the run thread reconnects there and says hello (the new leader resets this
+  // instance, which then reports its whole cache).
+  void follow_conductor(EtcdClient etcd, std::string key) {
+    follow_thread_ = std::thread([this, etcd = std::move(etcd), key = std::move(key)] {
+      constexpr auto kFollowPeriod = std::chrono::milliseconds(200);
+      std::string last = options_.conductor_endpoint;
+      while (!stopping_) {
+        if (auto kv = etcd.get(key); kv.ok() && kv->has_value() && (*kv)->value != last) {
+          last = (*kv)->value;
+          std::lock_guard lock(conductor_mu_);
+          next_conductor_ = last;
+        }
+        for (int i = 0; i < 10 && !stopping_; ++i) std::this_thread::sleep_for(kFollowPeriod / 10);
+      }
+    });
+  }
   bool drained() const { return drained_; }
 
   ~Impl() override {
     stopping_ = true;
     if (thread_.joinable()) thread_.join();
+    if (follow_thread_.joinable()) follow_thread_.join();
     if (!segment_.empty()) (void)transfer_.withdraw_segment(segment_);
   }
 
@@ -805,6 +827,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
         while (!reservations_.empty()) release(reservations_.begin()->first);
         expected_.clear();
         load_dirty_ = true;
+        publish_whole_cache();
         break;
       case InstanceMessage::Kind::kCancel:
         engine_->cancel(m.request_id);
@@ -816,6 +839,27 @@ class InstanceServer::Impl final : public engine::EngineListener {
       default:
         break;  // instance → Conductor kinds: not for us
     }
+  }
+
+  // A Conductor that (re)starts following this instance learns its whole cache, not only what the replay
+  // buffer still holds: one batch, [AllBlocksCleared, BlockStored(every cached key)], ordered with every
+  // other event (a subscriber replaying from an older batch, or from a gap, reaches it too).
+  void publish_whole_cache() {
+    if (!kv_events_) return;
+    KvEventBatch batch;
+    batch.timestamp_s =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    KvEvent& cleared = batch.events.emplace_back();
+    cleared.kind = KvEvent::Kind::kAllCleared;
+    std::vector<BlockKey> keys = engine_->prefix_cache_keys();
+    if (!keys.empty()) {
+      KvEvent& stored = batch.events.emplace_back();
+      stored.kind = KvEvent::Kind::kStored;
+      stored.block_hashes = std::move(keys);  // in no particular order: a set, not a prefix
+      stored.block_size = block_tokens_;
+      stored.medium = "CPU";
+    }
+    kv_events_->publish(batch);
   }
 
   InstanceMessage load_report(InstanceMessage::Kind kind) const {
@@ -973,12 +1017,38 @@ class InstanceServer::Impl final : public engine::EngineListener {
     }
   }
 
+  // Another Conductor leads (follow_conductor): the control socket goes to it.
+  void switch_conductor() {
+    std::string next;
+    {
+      std::lock_guard lock(conductor_mu_);
+      next.swap(next_conductor_);
+    }
+    if (next.empty() || next == conductor_) return;
+    try {
+      control_.disconnect(conductor_);
+    } catch (const zmq::error_t&) {
+      // not connected there (any more): nothing to undo
+    }
+    try {
+      control_.connect(next);
+    } catch (const zmq::error_t& e) {
+      fmt::print(stderr, "{}: cannot connect to the Conductor at '{}': {}\n", identity_, next, e.what());
+      return;
+    }
+    fmt::print("{}: following the Conductor at {} (it leads now)\n", identity_, next);
+    std::fflush(stdout);
+    conductor_ = std::move(next);
+    send(load_report(InstanceMessage::Kind::kHello));
+  }
+
   void run() {
     last_load_ = load_report(InstanceMessage::Kind::kLoad);
     send(load_report(InstanceMessage::Kind::kHello));
     next_load_s_ = now_s() + kLoadPeriodS;
     zmq::pollitem_t item{control_.handle(), 0, ZMQ_POLLIN, 0};
     while (!stopping_) {
+      switch_conductor();
       engine_->advance_until(now_s());
       catch_up();
       check_drain();
@@ -1033,8 +1103,12 @@ class InstanceServer::Impl final : public engine::EngineListener {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> draining_{false};  // begin_drain() was called
   std::atomic<bool> drained_{false};   // the drain is done: the instance may leave
-  double drain_started_s_ = -1;        // when the run thread saw draining_ (its clock)
-  bool drain_acked_ = false;           // the Conductor saw it draining (kDrainAck since the last reset)
+  std::string conductor_;              // the control endpoint connected to (the run thread's)
+  std::mutex conductor_mu_;
+  std::string next_conductor_;  // under conductor_mu_: where the leading Conductor is now, when it changed
+  std::thread follow_thread_;
+  double drain_started_s_ = -1;  // when the run thread saw draining_ (its clock)
+  bool drain_acked_ = false;     // the Conductor saw it draining (kDrainAck since the last reset)
   std::thread thread_;
 };
 
@@ -1122,6 +1196,10 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
   }
   auto impl = std::make_unique<Impl>(resolved, std::move(client), std::move(engine), std::move(model));
   CRESCENT_RETURN_IF_ERROR(impl->init());
+  // Found in etcd: whichever Conductor leads later is followed too (docs/serving.md, "Conductor failover").
+  if (etcd && options.conductor_endpoint.empty()) {
+    impl->follow_conductor(*etcd, etcd_conductor_key(options.etcd_prefix));
+  }
   std::unique_ptr<LeasedKey> registration;
   if (etcd) {
     auto registered = LeasedKey::start(*etcd, etcd_instance_key(options.etcd_prefix, name),

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <deque>
+#include <limits>
 #include <msgpack.hpp>
 #include <mutex>
 #include <optional>
@@ -404,6 +405,11 @@ class KvEventSubscriber::Impl {
     }
   }
 
+  void catch_up(const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
+                const std::function<void(uint64_t, uint64_t)>& on_gap) {
+    fill_gap(std::nullopt, on_batch, on_gap);
+  }
+
   uint64_t malformed() const { return malformed_; }
   uint64_t replayed() const { return replayed_; }
 
@@ -429,14 +435,19 @@ class KvEventSubscriber::Impl {
     on_batch(seq, *batch);
   }
 
-  // Asks the replay socket for [expected_, upto) and delivers what comes back in order.
-  void fill_gap(uint64_t upto, const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
+  // Asks the replay socket for [expected_, upto) (nullopt: every batch it holds from expected_ on) and
+  // delivers what comes back in order.
+  void fill_gap(std::optional<uint64_t> upto,
+                const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
                 const std::function<void(uint64_t, uint64_t)>& on_gap) {
     if (replay_endpoint_.empty()) {  // nothing to ask: the batches in between are lost
-      on_gap(expected_, upto);
-      expected_ = upto;
+      if (upto) {
+        on_gap(expected_, *upto);
+        expected_ = *upto;
+      }
       return;
     }
+    const uint64_t end = upto.value_or(std::numeric_limits<uint64_t>::max());
     dealer_.send(zmq::message_t(), zmq::send_flags::sndmore);
     dealer_.send(zmq::buffer(seq_bytes(static_cast<int64_t>(expected_))), zmq::send_flags::none);
     const auto deadline = std::chrono::steady_clock::now() + kReplayTimeout;
@@ -464,7 +475,7 @@ class KvEventSubscriber::Impl {
         break;
       }
       const auto s = static_cast<uint64_t>(*seq);
-      if (s < expected_ || s >= upto) continue;
+      if (s < expected_ || s >= end) continue;
       if (s > expected_) {  // the publisher's buffer no longer reaches back to expected_
         on_gap(expected_, s);
         expected_ = s;
@@ -473,9 +484,9 @@ class KvEventSubscriber::Impl {
       deliver(s, frames[2], on_batch);
     }
     if (!answered) open_dealer();  // late replies to this request must not answer the next one
-    if (expected_ < upto) {
-      on_gap(expected_, upto);
-      expected_ = upto;
+    if (upto && expected_ < *upto) {
+      on_gap(expected_, *upto);
+      expected_ = *upto;
     }
   }
 
@@ -503,6 +514,10 @@ void KvEventSubscriber::poll(std::chrono::milliseconds timeout,
                              const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
                              const std::function<void(uint64_t, uint64_t)>& on_gap) {
   impl_->poll(timeout, on_batch, on_gap);
+}
+void KvEventSubscriber::catch_up(const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
+                                 const std::function<void(uint64_t, uint64_t)>& on_gap) {
+  impl_->catch_up(on_batch, on_gap);
 }
 uint64_t KvEventSubscriber::malformed() const {
   return impl_->malformed();

@@ -18,6 +18,7 @@
 #include <zmq_addon.hpp>
 
 #include "common/clock.h"
+#include "common/leader_election.h"
 #include "common/socket_io.h"
 #include "serve/etcd_registry.h"
 #include "serve/instance_wire.h"
@@ -104,10 +105,20 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       auto client = EtcdClient::create(options_.etcd_endpoint, std::chrono::seconds(2));
       if (!client.ok()) return client.status();
       registry_ = std::make_unique<EtcdClient>(*client);
-      auto published = LeasedKey::start(*client, etcd_conductor_key(options_.etcd_prefix), endpoint_,
-                                        std::chrono::seconds(2));
-      if (!published.ok()) return published.status();
-      conductor_key_ = std::move(*published);
+      // Several Conductors may run: the one holding PREFIX/conductor leads (its value, the control endpoint,
+      // is where instances connect); the others stand by, answering 503 until they lead.
+      auto election = LeaderElection::start(
+          {.endpoint = options_.etcd_endpoint,
+           .key = etcd_conductor_key(options_.etcd_prefix),
+           .leader_ttl = options_.leader_ttl,
+           .request_timeout = std::chrono::milliseconds(1000)},
+          endpoint_, [this] { elected(); },
+          [this] {
+            log("lost the lead (its etcd lease may have expired): stopping");
+            if (options_.on_leadership_lost) options_.on_leadership_lost();
+          });
+      if (!election.ok()) return election.status();
+      election_ = std::move(*election);
       registry_thread_ = std::thread([this] { registry_loop(); });
     }
     control_thread_ = std::thread([this] { control_loop(); });
@@ -116,6 +127,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   }
 
   ~Impl() override {
+    election_.reset();  // resigns first: a standby takes over at once, and no callback comes later
     stopping_ = true;
     wake();
     if (control_thread_.joinable()) control_thread_.join();
@@ -162,7 +174,15 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   conductor::Decision submit(cluster::ClusterRequest request, cluster::RequestCallbacks callbacks,
                              uint64_t& id) {
     std::lock_guard lock(mu_);
-    return core_.place(std::move(request), std::move(callbacks), id, now_s());
+    const double now = now_s();
+    // A Conductor that has just taken the lead places nothing until it knows the instances' caches (or
+    // kMaxHoldS passed): the first requests see the prefix hits they saw before.
+    if (now < hold_until_s_ && !caches_known()) {
+      conductor::Decision held;
+      held.rejected = conductor::RejectReason::kNoInstance;
+      return held;
+    }
+    return core_.place(std::move(request), std::move(callbacks), id, now);
   }
   void cancel(uint64_t id) {
     std::lock_guard lock(mu_);
@@ -178,11 +198,13 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     {
       std::lock_guard lock(mu_);
       kv::DecodePoolLoad pool;
+      gauges.prefill_caches_synced = 0;
       for (const Slot& s : slots_) {
         if (!s.up || s.draining) continue;
         if (s.role == InstanceRole::kPrefill) {
           gauges.requests_waiting += s.outstanding;
           ++gauges.prefill_instances_up;
+          gauges.prefill_caches_synced += s.cache_synced ? 1 : 0;
           continue;
         }
         ++gauges.decode_instances_up;
@@ -259,12 +281,13 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
  private:
   struct Slot {
     InstanceRole role = InstanceRole::kPrefill;
-    uint32_t index = 0;       // in its name, "prefill-INDEX"
-    InstanceId id = 0;        // the Conductor's number for it (ClusterState), within its role
-    bool up = false;          // in the view: its requests go on (and, unless draining, new ones come)
-    bool draining = false;    // up, finishing what it has: nothing new is placed there (it said so)
-    bool reporting = false;   // its reports arrive (within heartbeat_timeout_s)
-    bool registered = false;  // with etcd: its key is there (its lease is alive)
+    uint32_t index = 0;         // in its name, "prefill-INDEX"
+    InstanceId id = 0;          // the Conductor's number for it (ClusterState), within its role
+    bool up = false;            // in the view: its requests go on (and, unless draining, new ones come)
+    bool draining = false;      // up, finishing what it has: nothing new is placed there (it said so)
+    bool cache_synced = false;  // prefill: its full KV report (after the reset) applied since it came up
+    bool reporting = false;     // its reports arrive (within heartbeat_timeout_s)
+    bool registered = false;    // with etcd: its key is there (its lease is alive)
     int64_t registration =
         0;  // with etcd: its key's create_revision when last read (a new one: re-registered)
     uint64_t incarnation = 0;
@@ -279,6 +302,26 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     int fd = -1;                 // the control connection it last sent on
     const std::string& identity() const { return name; }
   };
+
+  // This Conductor now leads (with etcd): instances find it and come up; until it knows their caches (or
+  // kMaxHoldS) requests are answered 503 with Retry-After.
+  void elected() {
+    static constexpr double kMaxHoldS = 2;
+    std::lock_guard lock(mu_);
+    hold_until_s_ = now_s() + kMaxHoldS;
+    log(fmt::format("leading ({} holds {})", etcd_conductor_key(options_.etcd_prefix), endpoint_));
+  }
+
+  // Whether at least one prefill and one decode instance are up and every registered prefill instance is up
+  // with its whole cache learned (cache_synced).
+  bool caches_known() const {
+    const auto [prefill, decode] = placeable();
+    if (prefill == 0 || decode == 0) return false;
+    for (const Slot* s : prefill_slots_) {
+      if (s->registered && !(s->up && s->cache_synced)) return false;
+    }
+    return true;
+  }
 
   // The most instances the Conductor keeps track of: a member naming ever new instances cannot grow its
   // memory without bound.
@@ -370,6 +413,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     }
     slot.up = true;
     slot.draining = false;
+    slot.cache_synced = false;
     // Whatever it still holds from before (it was cut off, stalled, or served an earlier Conductor) was
     // failed or forgotten here: it drops it all before taking new orders (one connection keeps messages in
     // order).
@@ -708,11 +752,16 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     }
   }
 
-  // One subscriber per prefill instance that is up, reconnected when it restarts.
+  // One subscriber per prefill instance that is up, reconnected when it restarts. Until an instance's full
+  // cache report (published when it is reset on coming up) has been applied, the subscriber asks its replay
+  // socket for what it holds every kCatchUpPeriodS: a PUB message published before the subscription was
+  // connected is otherwise seen only when a later one arrives.
   void kv_event_loop() {
+    constexpr double kCatchUpPeriodS = 0.25;
     struct Subscription {
       uint64_t generation = 0;
       std::unique_ptr<KvEventSubscriber> subscriber;
+      double next_catch_up_s = 0;
     };
     std::vector<Subscription> subs;
     while (!stopping_) {
@@ -721,12 +770,13 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       for (InstanceId p = 0; p < subs.size(); ++p) {
         std::string endpoint, replay;
         uint64_t generation = 0;
-        bool up = false;
+        bool up = false, synced = false;
         {
           std::lock_guard lock(mu_);
           const Slot& s = prefill_slot(p);
           // A draining instance's cache is no longer placed on: its events are not followed.
           up = s.up && !s.draining && !s.kv_events_endpoint.empty();
+          synced = s.cache_synced;
           generation = s.kv_generation;
           endpoint = s.kv_events_endpoint;
           replay = s.kv_replay_endpoint;
@@ -738,22 +788,28 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         if (!subs[p].subscriber || subs[p].generation != generation) {
           auto sub = KvEventSubscriber::connect(endpoint, replay, "", &*options_.secret);
           if (!sub.ok()) continue;
-          subs[p] = {generation, std::move(*sub)};
+          subs[p] = {generation, std::move(*sub), 0};
         }
         any = true;
-        subs[p].subscriber->poll(
-            std::chrono::milliseconds(5),
-            [&](uint64_t, const KvEventBatch& batch) {
-              std::lock_guard lock(mu_);
-              const Slot& s = prefill_slot(p);
-              if (s.up && !s.draining && s.kv_generation == generation) {
-                apply_kv_events(batch, s.id, core_.state(), now_s());
-              }
-            },
-            [&](uint64_t, uint64_t) {
-              std::lock_guard lock(mu_);
-              core_.state().on_kv_cleared(prefill_slot(p).id);
-            });
+        const auto on_batch = [&](uint64_t, const KvEventBatch& batch) {
+          std::lock_guard lock(mu_);
+          Slot& s = prefill_slot(p);
+          if (s.up && !s.draining && s.kv_generation == generation) {
+            apply_kv_events(batch, s.id, core_.state(), now_s());
+            // A batch that starts by clearing is a whole cache (the instance's full report).
+            if (!batch.events.empty() && batch.events.front().kind == KvEvent::Kind::kAllCleared)
+              s.cache_synced = true;
+          }
+        };
+        const auto on_gap = [&](uint64_t, uint64_t) {
+          std::lock_guard lock(mu_);
+          core_.state().on_kv_cleared(prefill_slot(p).id);
+        };
+        if (!synced && now_s() >= subs[p].next_catch_up_s) {
+          subs[p].subscriber->catch_up(on_batch, on_gap);
+          subs[p].next_catch_up_s = now_s() + kCatchUpPeriodS;
+        }
+        subs[p].subscriber->poll(std::chrono::milliseconds(5), on_batch, on_gap);
       }
       if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -779,8 +835,9 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   const int wake_fd_;
   const SteadyClock clock_;
   std::atomic<bool> stopping_{false};
-  std::unique_ptr<EtcdClient> registry_;  // with etcd
-  std::unique_ptr<LeasedKey> conductor_key_;
+  std::unique_ptr<EtcdClient> registry_;      // with etcd
+  std::unique_ptr<LeaderElection> election_;  // with etcd: for PREFIX/conductor
+  double hold_until_s_ = 0;  // once elected: requests wait for the instances' caches until then (under mu_)
   std::thread control_thread_, kv_thread_, registry_thread_;
 };
 

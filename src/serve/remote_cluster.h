@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,11 +28,18 @@ struct RemoteClusterOptions {
   /// empty = the address of the interface that reaches etcd. Unused when it is bound to one address.
   std::string advertise_host;
   bool log_instances = true;  // print "prefill-0 up" / "decode-1 down" lines to stderr
-  /// With an etcd endpoint ("http://HOST:PORT"): publish the control endpoint under etcd_prefix/conductor and
-  /// take as up only instances registered under etcd_prefix/instances/ (etcd_registry.h). Empty: the control
-  /// socket is the registry.
+  /// With an etcd endpoint ("http://HOST:PORT"): campaign for etcd_prefix/conductor
+  /// (common/leader_election.h) with the control endpoint as its value, so that of several Conductors one
+  /// leads and the others stand by (docs/serving.md, "Conductor failover"), and take as up only instances
+  /// registered under etcd_prefix/instances/ (etcd_registry.h). Empty: the control socket is the registry.
   std::string etcd_endpoint;
   std::string etcd_prefix = "/crescent-serve";
+  /// With etcd: the leader's lease. A standby leads within this (+ its retry period, leader_ttl / 10) of the
+  /// leader's death.
+  std::chrono::seconds leader_ttl{2};
+  /// With etcd: called (on the election's thread) when this Conductor, leading, may have lost its lease: it
+  /// must stop serving at once (`crescent serve conductor` exits 1). Empty: nothing is done.
+  std::function<void()> on_leadership_lost;
   /// The cluster's secret (required): the control socket admits members only and the KV-event subscribers
   /// connect as members (members_only.h).
   std::optional<ClusterSecret> secret;
@@ -39,7 +47,7 @@ struct RemoteClusterOptions {
 
 class RemoteCluster final : public cluster::Cluster {
  public:
-  /// Validates the config, binds the control socket, publishes it in etcd (when set) and starts the
+  /// Validates the config, binds the control socket, campaigns in etcd (when set) and starts the
   /// Conductor's threads. kInvalidArgument without a secret; kUnavailable when the endpoint cannot be bound
   /// or etcd cannot be reached.
   static Result<std::unique_ptr<RemoteCluster>> start(const RemoteClusterOptions& options);

@@ -1,15 +1,15 @@
 // Master failover through etcd (docs/store.md, "Design"): several `crescent store master` processes
-// campaign for one key; the holder leads and its address is what clients and nodes connect to. A leader that
+// campaign for one key (common/leader_election.h); the holder leads and its address is what clients and
+// nodes connect to. A leader that
 // dies stops renewing its etcd lease, the key vanishes within leader_ttl, and a standby takes it. The new
 // leader starts empty; nodes find it in etcd, re-mount their segments with their indexes (mounted_segment.h),
 // and every object whose bytes survived is readable again.
 #pragma once
 
 #include <chrono>
-#include <functional>
-#include <memory>
 #include <string>
 
+#include "common/leader_election.h"
 #include "common/status.h"
 
 namespace crescent::store {
@@ -29,29 +29,7 @@ std::string leader_key(const EtcdStoreOptions& options);
 /// reached.
 Result<std::string> find_leader(const EtcdStoreOptions& options);
 
-/// One master's campaign.
-class LeaderElection {
- public:
-  /// Starts campaigning for `address` in a thread: it tries to create the leader key under a lease of
-  /// leader_ttl every leader_ttl / 10 while another master holds it; once elected it calls `on_elected` and
-  /// keeps the lease alive every leader_ttl / 3. When the lease may be lost (etcd says it expired, or no
-  /// keepalive succeeded for 3/4 of leader_ttl, so before etcd can expire it) it calls `on_lost` once and
-  /// stops: a deposed leader must stop serving. kInvalidArgument for bad options (naming them).
-  static Result<std::unique_ptr<LeaderElection>> start(const EtcdStoreOptions& options, std::string address,
-                                                       std::function<void()> on_elected,
-                                                       std::function<void()> on_lost);
-  /// Stops campaigning and resigns (revokes the lease, so a standby takes over at once).
-  ~LeaderElection();
-  LeaderElection(const LeaderElection&) = delete;
-  LeaderElection& operator=(const LeaderElection&) = delete;
-
-  bool is_leader() const;
-
-  class Impl;
-
- private:
-  explicit LeaderElection(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
+/// The election options of the masters (leader_key(options) as the key).
+ElectionOptions election_options(const EtcdStoreOptions& options);
 
 }  // namespace crescent::store

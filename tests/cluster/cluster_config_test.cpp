@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 namespace crescent::cluster {
@@ -55,6 +56,8 @@ TEST(ClusterConfig, ImpossibleValuesAreNamed) {
   j = valid();
   j["serve"] = {{"max_request_placements", 0}};
   EXPECT_THAT(error_of(j), HasSubstr("'max_request_placements' must be >= 1"));
+  j["serve"] = {{"kv_event_buffer_batches", 0}};
+  EXPECT_THAT(error_of(j), HasSubstr("'kv_event_buffer_batches' must be >= 1"));
   j = valid();
   j["decode_instnaces"] = 3;
   EXPECT_THAT(error_of(j), HasSubstr("unknown field 'decode_instnaces'"));

@@ -198,6 +198,41 @@ TEST(ServeCluster, AKilledConductorIsRestartedWhereEveryoneLooksForIt) {
     EXPECT_EQ(complete(cluster.port(), "after " + std::to_string(i), 3).status, 200) << cluster.log();
 }
 
+// Issue 25 §3: a Conductor that starts (restarted here; a standby taking over alike) learns each prefill
+// instance's whole cache from the instance, not only from the KV events its replay buffer still holds (2
+// batches here, against the dozen of the prompts before): after the restart, every prompt sent before is
+// placed where its prefix is known (the Conductor's prefix tokens) and gets its cached tokens.
+TEST(ServeCluster, ARestartedConductorLearnsTheInstancesWholeCaches) {
+  test::TempDir dir;
+  json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
+  config["serve"]["kv_event_buffer_batches"] = 2;
+  std::ofstream(dir.file("config.json")) << config.dump();
+  ServedCluster cluster({"--config", dir.file("config.json")});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  constexpr int kPrompts = 12;
+  const auto prompt = [](int i) { return std::string(2048, static_cast<char>('a' + i)); };  // 4 blocks each
+  for (int i = 0; i < kPrompts; ++i) ASSERT_EQ(complete(cluster.port(), prompt(i), 1).status, 200);
+  const pid_t victim = cluster.pid("conductor");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(cluster.wait_for_count("started conductor", 2, std::chrono::seconds(20))) << cluster.log();
+  EXPECT_EQ(cluster.metric_when(
+                "crescent_prefill_caches_synced", [](double v) { return v == 2; }, std::chrono::seconds(20)),
+            2)
+      << cluster.log();
+  EXPECT_EQ(cluster.metric_when(R"(crescent_instances_up{role="decode"})", [](double v) { return v == 2; },
+                                std::chrono::seconds(20)),
+            2);
+  for (int i = 0; i < kPrompts; ++i) {
+    const Answer again = complete(cluster.port(), prompt(i) + " again", 1);
+    ASSERT_EQ(again.status, 200);
+    EXPECT_EQ(again.body["usage"]["prompt_tokens_details"]["cached_tokens"], 2048) << i;
+  }
+  const double known = cluster.metric(R"(crescent_prefix_tokens_total{source="local"})") +
+                       cluster.metric(R"(crescent_prefix_tokens_total{source="pool"})");
+  EXPECT_EQ(known, kPrompts * 2048) << "the new Conductor placed every prompt knowing where its prefix is";
+}
+
 // The store's roles are supervised children too (issue 22 §4: one death of either stopped the whole run):
 // killed, each is restarted (the master on the address the others were given, rebuilt from what the node
 // still holds), requests are served meanwhile (the pool is a cache: misses), and the pool takes new blocks

@@ -163,6 +163,35 @@ TEST(KvEvents, AGapTheReplayBufferNoLongerHoldsIsReported) {
   EXPECT_EQ(gaps[0], std::make_pair(uint64_t{0}, uint64_t{6}));
 }
 
+// What was published before a subscriber connected, with nothing published since, is seen at once by
+// catch_up (poll() alone would wait for a later batch to show the gap): a Conductor learns an instance's full
+// cache report without waiting for its next event. A gap before the buffer's oldest batch is reported.
+TEST(KvEvents, CatchingUpGetsWhatWasPublishedBeforeWithoutALaterBatch) {
+  auto pub = KvEventPublisher::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "", /*buffer_batches=*/3);
+  ASSERT_TRUE(pub.ok());
+  for (BlockKey i = 0; i < 5; ++i) (*pub)->publish(sample_batch(100 + i));
+  auto sub = KvEventSubscriber::connect((*pub)->endpoint(), (*pub)->replay_endpoint());
+  ASSERT_TRUE(sub.ok());
+  std::vector<uint64_t> seqs;
+  std::vector<std::pair<uint64_t, uint64_t>> gaps;
+  const auto on_batch = [&](uint64_t seq, const KvEventBatch&) { seqs.push_back(seq); };
+  const auto on_gap = [&](uint64_t from, uint64_t to) { gaps.emplace_back(from, to); };
+  (*sub)->poll(std::chrono::milliseconds(300), on_batch, on_gap);
+  EXPECT_TRUE(seqs.empty()) << "poll alone sees nothing: no batch came since it connected";
+  (*sub)->catch_up(on_batch, on_gap);
+  EXPECT_THAT(seqs, ElementsAre(2, 3, 4));
+  EXPECT_THAT(gaps, ElementsAre(std::make_pair(uint64_t{0}, uint64_t{2})));
+  // Caught up: a second call gets nothing new, and the next batch comes once, in order.
+  (*sub)->catch_up(on_batch, on_gap);
+  EXPECT_THAT(seqs, ElementsAre(2, 3, 4));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the SUB socket joins
+  (*pub)->publish(sample_batch(105));
+  for (int i = 0; i < 50 && seqs.size() < 4; ++i)
+    (*sub)->poll(std::chrono::milliseconds(20), on_batch, on_gap);
+  EXPECT_THAT(seqs, ElementsAre(2, 3, 4, 5));
+  EXPECT_EQ(gaps.size(), 1u);
+}
+
 // The wire's 8-byte big-endian sequence number.
 std::string seq_frame(int64_t seq) {
   std::string out(8, '\0');
