@@ -42,6 +42,7 @@
 #include "serve/http_server.h"
 #include "serve/instance_server.h"
 #include "serve/kv_blocks.h"
+#include "serve/leader_forward.h"
 #include "serve/remote_cluster.h"
 
 namespace crescent::cli {
@@ -89,7 +90,7 @@ struct ServeArgs {
   // Router mode: the Conductor in front of engines crescent does not own (docs/router.md).
   std::string engines_file;     // conductor --engines FILE
   std::string tokenizer_file;   // conductor --tokenizer FILE (a tokenizer.json), or --model DIR's
-  int leader_ttl_s = 2;         // conductor --leader-ttl-s: with --etcd, the leading Conductor's lease
+  int leader_ttl_s = 5;         // conductor --leader-ttl-s: with --etcd, the leading Conductor's lease
   double drain_timeout_s = 30;  // prefill|decode --drain-timeout-s: a SIGTERM's drain waits this long at most
   double engines_wait_s = 30;   // conductor --engines-wait-s: how long the engines have to answer at start
 };
@@ -251,12 +252,15 @@ int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, const serve:
   return 0;
 }
 
-// serve_http over crescent's own `cluster`.
+// serve_http over crescent's own `cluster`; `wrap` (optional) wraps the front end's handler.
 int serve_cluster_http(const ServeArgs& args, const cluster::ServeSetup& s, cluster::Cluster& cluster,
-                       const sigset_t& signals, const std::string& who, const std::string& what) {
+                       const sigset_t& signals, const std::string& who, const std::string& what,
+                       const std::function<serve::HttpHandler(serve::HttpHandler)>& wrap = nullptr) {
   auto frontend = cluster_frontend_options(args, s);
   if (!frontend.ok()) return fail(frontend.status());
-  return serve_http(args, s, *frontend, serve::make_frontend(cluster, *frontend), signals, who, what);
+  serve::HttpHandler handler = serve::make_frontend(cluster, *frontend);
+  if (wrap) handler = wrap(std::move(handler));
+  return serve_http(args, s, *frontend, std::move(handler), signals, who, what);
 }
 
 Status check_replay_trace(const ServeArgs& args) {
@@ -603,6 +607,22 @@ int run_conductor_role(const ServeArgs& args) {
   remote.etcd_endpoint = args.etcd;
   remote.etcd_prefix = args.etcd_prefix;
   remote.leader_ttl = std::chrono::seconds(args.leader_ttl_s);
+  if (!args.etcd.empty()) {
+    // Standbys forward to the leader's HTTP, published in etcd: its port is fixed now, and its host is the
+    // one clients reach (--advertise-host, or the interface toward etcd, when bound to every address).
+    if (s->port == 0) s->port = net::free_tcp_port();
+    if (s->port == 0) return fail(Status::unavailable("no free TCP port on this machine"));
+    std::string host = args.host;
+    if (net::is_wildcard_host(host)) {
+      auto advertised = net::url_host_port(*control);
+      if (!advertised.ok()) return fail(advertised.status());
+      host = advertised->first;
+    }
+    if (!net::is_wildcard_host(host)) {
+      remote.http_url =
+          fmt::format("http://{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, s->port);
+    }
+  }
   // A deposed leader stops at once: a standby leads now, and the instances go to it.
   remote.on_leadership_lost = [] {
     std::fflush(stdout);
@@ -612,10 +632,19 @@ int run_conductor_role(const ServeArgs& args) {
   auto cluster = serve::RemoteCluster::start(remote);
   if (!cluster.ok()) return fail(cluster.status());
   const cluster::ClusterConfig& c = s->cluster.config;
+  // Standing by (with etcd), every request but /metrics goes to the leader.
+  std::unique_ptr<serve::HttpClient> forwarder = args.etcd.empty() ? nullptr : serve::HttpClient::start();
+  serve::RemoteCluster& conductor = **cluster;
+  const auto wrap = [&](serve::HttpHandler local) {
+    if (!forwarder) return local;
+    return serve::forward_unless_leading(
+        std::move(local), [&conductor] { return conductor.leader_http_url(); }, *forwarder);
+  };
   return serve_cluster_http(
-      args, *s, **cluster, signals, "conductor",
+      args, *s, conductor, signals, "conductor",
       fmt::format("Conductor of {} prefill + {} decode instances, which connect to {}", c.prefill_instances,
-                  c.decode_instances, (*cluster)->control_endpoint()));
+                  c.decode_instances, conductor.control_endpoint()),
+      wrap);
 }
 
 // `crescent serve prefill|decode`: one instance.

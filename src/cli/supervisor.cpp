@@ -115,7 +115,8 @@ void Supervisor::stop_all() {
     std::lock_guard lock(mu_);
     stopping_ = true;
     for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
-      (*it)->process->stop();
+      // SIGINT: at once (SIGTERM would make an instance drain first, one child after another).
+      (*it)->process->stop(std::chrono::seconds(2), SIGINT);
       echo_logs(**it);
     }
     children_.clear();

@@ -43,7 +43,8 @@ class Supervisor {
                             bool restartable = true);
   /// Starts watching: echoing logs and restarting children that die.
   void watch();
-  /// Stops watching, then stops the children in reverse start order (SIGTERM, SIGKILL after 2 s).
+  /// Stops watching, then stops the children in reverse start order (SIGINT, which every role takes as
+  /// "stop now" where SIGTERM drains an instance; SIGKILL after 2 s).
   void stop_all();
   /// The pid of child `name` (0 when unknown), for fault tests and operators.
   pid_t pid(const std::string& name) const;

@@ -81,9 +81,9 @@ Result<std::string> ChildProcess::wait_for_line(const std::string& text, std::ch
   }
 }
 
-void ChildProcess::stop(std::chrono::milliseconds grace) {
+void ChildProcess::stop(std::chrono::milliseconds grace, int signal) {
   if (reaped_) return;
-  ::kill(pid_, SIGTERM);
+  ::kill(pid_, signal);
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (std::chrono::steady_clock::now() < deadline) {
     if (::waitpid(pid_, &wait_status_, WNOHANG) == pid_) {

@@ -39,8 +39,8 @@ class ChildProcess {
   /// Waits until a line of the log contains `text` and returns that line. kUnavailable when the child exits
   /// first or `timeout` passes (the message ends with the log's last lines).
   Result<std::string> wait_for_line(const std::string& text, std::chrono::milliseconds timeout);
-  /// SIGTERM, then SIGKILL after `grace`; reaps it.
-  void stop(std::chrono::milliseconds grace = std::chrono::seconds(2));
+  /// `signal` (SIGTERM), then SIGKILL after `grace`; reaps it.
+  void stop(std::chrono::milliseconds grace = std::chrono::seconds(2), int signal = SIGTERM);
   /// SIGKILL at once (a crash, for fault tests); reaps it.
   void kill();
   /// The last `max_bytes` of the log.

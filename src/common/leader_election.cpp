@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/etcd_client.h"
@@ -16,7 +17,7 @@ using Clock = std::chrono::steady_clock;
 class LeaderElection::Impl {
  public:
   Impl(const ElectionOptions& options, EtcdClient client, std::string address,
-       std::function<void()> on_elected, std::function<void()> on_lost)
+       std::function<void(int64_t)> on_elected, std::function<void()> on_lost)
       : options(options),
         client(std::move(client)),
         address(std::move(address)),
@@ -48,11 +49,14 @@ class LeaderElection::Impl {
         if (granted.ok()) lease = *granted;
       }
       if (lease != 0) {
-        auto created = client.create_if_absent(options.key, address, lease);
-        if (created.ok() && *created) {
+        std::optional<EtcdKeyValue> existing;
+        auto created = client.create_if_absent(options.key, address, lease, &existing);
+        // Held under our own lease: an earlier create took effect though its answer was lost (a timeout).
+        const bool ours = created.ok() && !*created && existing && existing->lease == lease;
+        if (created.ok() && (*created || ours)) {
           leader = true;
           leader_lease = lease;
-          if (on_elected) on_elected();
+          if (on_elected) on_elected(lease);
           break;
         }
         // Our own lease may have expired while we waited; keep it alive or get a new one.
@@ -87,7 +91,7 @@ class LeaderElection::Impl {
   ElectionOptions options;
   EtcdClient client;
   std::string address;
-  std::function<void()> on_elected;
+  std::function<void(int64_t)> on_elected;
   std::function<void()> on_lost;
   std::atomic<bool> leader{false};
   std::atomic<int64_t> leader_lease{0};  // lease while leading, for lease()
@@ -100,7 +104,7 @@ class LeaderElection::Impl {
 
 Result<std::unique_ptr<LeaderElection>> LeaderElection::start(const ElectionOptions& options,
                                                               std::string address,
-                                                              std::function<void()> on_elected,
+                                                              std::function<void(int64_t)> on_elected,
                                                               std::function<void()> on_lost) {
   if (options.leader_ttl < std::chrono::seconds(1)) {
     return Status::invalid_argument(

@@ -26,12 +26,13 @@ class LeaderElection {
  public:
   /// Starts campaigning for `value` (what the key holds while this process leads: its address) in a thread:
   /// it tries to create the key under a lease of leader_ttl every leader_ttl / 10 while another process holds
-  /// it; once elected it calls `on_elected` and keeps the lease alive every leader_ttl / 3. When the lease may
+  /// it; once elected it calls `on_elected` with the lease the key is held under (other keys put under it go
+  /// with the leadership) and keeps the lease alive every leader_ttl / 3. When the lease may
   /// be lost (etcd says it expired, or no keepalive succeeded for 3/4 of leader_ttl, so before etcd can
   /// expire it) it calls `on_lost` once and stops: a deposed leader must stop leading. Both run on the
   /// election's thread. kInvalidArgument for bad options or an empty value (naming them).
   static Result<std::unique_ptr<LeaderElection>> start(const ElectionOptions& options, std::string value,
-                                                       std::function<void()> on_elected,
+                                                       std::function<void(int64_t lease)> on_elected,
                                                        std::function<void()> on_lost);
   /// Stops campaigning and resigns (revokes the lease, so a standby takes over at once).
   ~LeaderElection();

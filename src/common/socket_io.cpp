@@ -229,6 +229,11 @@ Result<std::string> local_address_toward(const std::string& host, int port) {
   return std::string(text);
 }
 
+std::string zmq_bindable(const std::string& endpoint) {
+  if (endpoint.size() > 2 && endpoint.ends_with(":0")) return endpoint.substr(0, endpoint.size() - 1) + "*";
+  return endpoint;
+}
+
 Result<std::pair<std::string, int>> url_host_port(std::string_view url) {
   int default_port = -1;
   if (const size_t scheme = url.find("://"); scheme != std::string_view::npos) {

@@ -99,6 +99,10 @@ Result<std::string> local_address_toward(const std::string& host, int port);
 /// 80 for an http URL without one. kInvalidArgument naming `url` when it has no host.
 Result<std::pair<std::string, int>> url_host_port(std::string_view url);
 
+/// A ZeroMQ endpoint to bind: "tcp://host:0" becomes "tcp://host:*" (ZeroMQ's any-port form); others as
+/// given.
+std::string zmq_bindable(const std::string& endpoint);
+
 /// A listening socket (non-blocking, close-on-exec, SO_REUSEADDR) and the port it bound.
 struct Listener {
   int fd = -1;

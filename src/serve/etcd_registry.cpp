@@ -14,6 +14,10 @@ std::string etcd_conductor_key(const std::string& prefix) {
   return prefix + "/conductor";
 }
 
+std::string etcd_conductor_http_key(const std::string& prefix) {
+  return prefix + "/conductor-http";
+}
+
 Result<std::unique_ptr<LeasedKey>> LeasedKey::start(EtcdClient client, std::string key, std::string value,
                                                     std::chrono::seconds ttl) {
   if (ttl < std::chrono::seconds(1))

@@ -22,6 +22,8 @@ namespace crescent::serve {
 std::string etcd_instance_key(const std::string& prefix, const std::string& name);
 std::string etcd_instances_prefix(const std::string& prefix);
 std::string etcd_conductor_key(const std::string& prefix);
+/// Where the leading Conductor publishes its HTTP URL (under its leadership's lease).
+std::string etcd_conductor_http_key(const std::string& prefix);
 
 /// A key kept in etcd while this object lives: put under a lease of `ttl`, kept alive every ttl/3 from a
 /// thread, put again under a new lease when the old one was lost (expired while etcd was unreachable, or

@@ -819,6 +819,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
       case InstanceMessage::Kind::kDrainAck:
         drain_acked_ = true;
         break;
+      case InstanceMessage::Kind::kCacheReport:
+        publish_whole_cache();
+        break;
       case InstanceMessage::Kind::kReset:
         drain_acked_ = false;  // a Conductor that did not know we drain (a new one): it acknowledges anew
         engine_->cancel_all();

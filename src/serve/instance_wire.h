@@ -30,6 +30,8 @@
 //                                                             instance come up)
 //                                                 kDrainAck   (the Conductor saw the instance draining:
 //                                                             no new request follows)
+//                                                 kCacheReport (prefill: publish the whole cache as KV
+//                                                             events again: the Conductor lost track)
 //   kPoolWritten request_id, pool bytes written (after
 //                kPrefillDone: decode does not wait for the pool)
 //   kReserved    request_id, segment, offset, length (decode: where the prefill writes the KV)
@@ -79,6 +81,7 @@ struct InstanceMessage {
     kFirstToken,
     kPoolWritten,
     kDrainAck,
+    kCacheReport,
   };
   Kind kind = Kind::kLoad;
   uint64_t request_id = 0;

@@ -12,6 +12,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/socket_io.h"
 #include "conductor/cluster_state.h"
 #include "serve/members_only.h"
 
@@ -20,7 +21,9 @@ namespace {
 
 constexpr int64_t kEndSeq = -1;
 // How long a subscriber waits for a replay's end marker before reporting what did not come as a gap.
-constexpr std::chrono::seconds kReplayTimeout{2};
+constexpr std::chrono::milliseconds kReplayTimeout{2000};
+// catch_up's: it is retried, and must not hold a caller serving other publishers for long.
+constexpr std::chrono::milliseconds kCatchUpTimeout{250};
 
 std::string seq_bytes(int64_t seq) {
   std::string out(8, '\0');
@@ -34,12 +37,6 @@ std::optional<int64_t> read_seq(const zmq::message_t& frame) {
   uint64_t v = 0;
   for (size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<const unsigned char*>(frame.data())[i];
   return static_cast<int64_t>(v);
-}
-
-// "tcp://host:0" → "tcp://host:*" (ZeroMQ's any-port form).
-std::string bindable(const std::string& endpoint) {
-  if (endpoint.size() > 2 && endpoint.ends_with(":0")) return endpoint.substr(0, endpoint.size() - 1) + "*";
-  return endpoint;
 }
 
 template <typename Packer>
@@ -256,14 +253,14 @@ class KvEventPublisher::Impl {
     try {
       pub_.set(zmq::sockopt::linger, 0);
       pub_.set(zmq::sockopt::sndhwm, 100'000);
-      pub_.bind(bindable(endpoint));
+      pub_.bind(net::zmq_bindable(endpoint));
       endpoint_ = pub_.get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
       return Status::unavailable(fmt::format("KV events: bind {}: {}", endpoint, e.what()));
     }
     try {
       router_.set(zmq::sockopt::linger, 0);
-      router_.bind(bindable(replay_endpoint));
+      router_.bind(net::zmq_bindable(replay_endpoint));
       replay_endpoint_ = router_.get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
       return Status::unavailable(fmt::format("KV events: bind replay {}: {}", replay_endpoint, e.what()));
@@ -407,7 +404,7 @@ class KvEventSubscriber::Impl {
 
   void catch_up(const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
                 const std::function<void(uint64_t, uint64_t)>& on_gap) {
-    fill_gap(std::nullopt, on_batch, on_gap);
+    fill_gap(std::nullopt, on_batch, on_gap, kCatchUpTimeout);
   }
 
   uint64_t malformed() const { return malformed_; }
@@ -439,7 +436,8 @@ class KvEventSubscriber::Impl {
   // delivers what comes back in order.
   void fill_gap(std::optional<uint64_t> upto,
                 const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
-                const std::function<void(uint64_t, uint64_t)>& on_gap) {
+                const std::function<void(uint64_t, uint64_t)>& on_gap,
+                std::chrono::milliseconds timeout = kReplayTimeout) {
     if (replay_endpoint_.empty()) {  // nothing to ask: the batches in between are lost
       if (upto) {
         on_gap(expected_, *upto);
@@ -450,7 +448,7 @@ class KvEventSubscriber::Impl {
     const uint64_t end = upto.value_or(std::numeric_limits<uint64_t>::max());
     dealer_.send(zmq::message_t(), zmq::send_flags::sndmore);
     dealer_.send(zmq::buffer(seq_bytes(static_cast<int64_t>(expected_))), zmq::send_flags::none);
-    const auto deadline = std::chrono::steady_clock::now() + kReplayTimeout;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     bool answered = false;  // the end marker came
     for (;;) {
       const auto left =

@@ -112,8 +112,8 @@ class KvEventSubscriber {
   /// Asks the replay socket at once for every batch it holds from the next expected one on, and hands them
   /// over as poll() does (a gap before the oldest it holds: on_gap). poll() alone learns of batches published
   /// before it connected only when a later one arrives; a subscriber that must know the publisher's state now
-  /// (a Conductor after its start, waiting for an instance's full cache report) calls this. Waits up to the
-  /// replay deadline (2 s) for the answer; nothing without a replay socket.
+  /// (a Conductor after its start, waiting for an instance's full cache report) calls this, and again if the
+  /// answer did not come. Waits up to 250 ms for the answer; nothing without a replay socket.
   void catch_up(const std::function<void(uint64_t, const KvEventBatch&)>& on_batch,
                 const std::function<void(uint64_t, uint64_t)>& on_gap);
   /// Messages skipped as malformed so far.

@@ -38,12 +38,6 @@ std::string printable(std::string name) {
   return name;
 }
 
-// "tcp://host:0" → "tcp://host:*" (ZeroMQ's any-port form).
-std::string bindable(const std::string& endpoint) {
-  if (endpoint.ends_with(":0")) return endpoint.substr(0, endpoint.size() - 1) + "*";
-  return endpoint;
-}
-
 }  // namespace
 
 class RemoteCluster::Impl final : public cluster::InstanceLinks {
@@ -80,7 +74,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       // instance's queue grows until it reads again or is declared down).
       router_.set(zmq::sockopt::sndhwm, 0);
       router_.set(zmq::sockopt::rcvhwm, 0);
-      router_.bind(bindable(options_.control_endpoint));
+      router_.bind(net::zmq_bindable(options_.control_endpoint));
       endpoint_ = router_.get(zmq::sockopt::last_endpoint);
       // Connections that close: an instance whose process died (here or on another machine) is down at once,
       // without waiting for its heartbeat timeout.
@@ -112,7 +106,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
            .key = etcd_conductor_key(options_.etcd_prefix),
            .leader_ttl = options_.leader_ttl,
            .request_timeout = std::chrono::milliseconds(1000)},
-          endpoint_, [this] { elected(); },
+          endpoint_, [this](int64_t lease) { elected(lease); },
           [this] {
             log("lost the lead (its etcd lease may have expired): stopping");
             if (options_.on_leadership_lost) options_.on_leadership_lost();
@@ -281,13 +275,14 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
  private:
   struct Slot {
     InstanceRole role = InstanceRole::kPrefill;
-    uint32_t index = 0;         // in its name, "prefill-INDEX"
-    InstanceId id = 0;          // the Conductor's number for it (ClusterState), within its role
-    bool up = false;            // in the view: its requests go on (and, unless draining, new ones come)
-    bool draining = false;      // up, finishing what it has: nothing new is placed there (it said so)
-    bool cache_synced = false;  // prefill: its full KV report (after the reset) applied since it came up
-    bool reporting = false;     // its reports arrive (within heartbeat_timeout_s)
-    bool registered = false;    // with etcd: its key is there (its lease is alive)
+    uint32_t index = 0;          // in its name, "prefill-INDEX"
+    InstanceId id = 0;           // the Conductor's number for it (ClusterState), within its role
+    bool up = false;             // in the view: its requests go on (and, unless draining, new ones come)
+    bool draining = false;       // up, finishing what it has: nothing new is placed there (it said so)
+    bool said_draining = false;  // its last report said it drains (applied whenever it is up)
+    bool cache_synced = false;   // prefill: its full KV report (after the reset) applied since it came up
+    bool reporting = false;      // its reports arrive (within heartbeat_timeout_s)
+    bool registered = false;     // with etcd: its key is there (its lease is alive)
     int64_t registration =
         0;  // with etcd: its key's create_revision when last read (a new one: re-registered)
     uint64_t incarnation = 0;
@@ -305,20 +300,37 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
 
   // This Conductor now leads (with etcd): instances find it and come up; until it knows their caches (or
   // kMaxHoldS) requests are answered 503 with Retry-After.
-  void elected() {
+  // Its HTTP URL goes under the leadership's `lease` for standbys to forward to.
+  void elected(int64_t lease) {
     static constexpr double kMaxHoldS = 2;
-    std::lock_guard lock(mu_);
-    hold_until_s_ = now_s() + kMaxHoldS;
-    log(fmt::format("leading ({} holds {})", etcd_conductor_key(options_.etcd_prefix), endpoint_));
+    {
+      std::lock_guard lock(mu_);
+      hold_until_s_ = now_s() + kMaxHoldS;
+      leading_ = true;
+      leader_http_.clear();
+      log(fmt::format("leading ({} holds {})", etcd_conductor_key(options_.etcd_prefix), endpoint_));
+    }
+    if (options_.http_url.empty()) return;
+    auto put = registry_->transaction(
+        {}, {EtcdClient::put_op(etcd_conductor_http_key(options_.etcd_prefix), options_.http_url, lease)},
+        {});
+    if (!put.ok()) log(fmt::format("could not publish its HTTP URL: {}", put.status().message()));
   }
 
+ public:
+  std::string leader_http_url() {
+    std::lock_guard lock(mu_);
+    return leading_ ? std::string() : leader_http_;
+  }
+
+ private:
   // Whether at least one prefill and one decode instance are up and every registered prefill instance is up
   // with its whole cache learned (cache_synced).
   bool caches_known() const {
     const auto [prefill, decode] = placeable();
     if (prefill == 0 || decode == 0) return false;
     for (const Slot* s : prefill_slots_) {
-      if (s->registered && !(s->up && s->cache_synced)) return false;
+      if (s->registered && !s->said_draining && !(s->up && s->cache_synced)) return false;
     }
     return true;
   }
@@ -426,6 +438,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       core_.state().on_decode_up(slot.id);
     }
     log(fmt::format("{} up", slot.identity()));
+    if (slot.said_draining) instance_draining(slot);
     up_cv_.notify_all();
   }
 
@@ -509,6 +522,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
       slot->checksum_failures = m.checksum_failures;
       slot->load = m.load;
       slot->outstanding = m.outstanding;
+      slot->said_draining = m.draining;
       update_up(*slot, "");
       if (slot->up && m.draining) instance_draining(*slot);
       if (slot->up && !slot->draining && slot->role == InstanceRole::kDecode)
@@ -748,6 +762,17 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
           update_up(s, s.reporting ? "its etcd lease lapsed" : "it stopped");
         }
       }
+      // Standing by: where the leader's HTTP is, for forwarding (leader_forward.h).
+      bool leading = false;
+      {
+        std::lock_guard lock(mu_);
+        leading = leading_;
+      }
+      if (!leading) {
+        auto http = registry_->get(etcd_conductor_http_key(options_.etcd_prefix));
+        std::lock_guard lock(mu_);
+        if (http.ok() && !leading_) leader_http_ = http->has_value() ? (*http)->value : std::string();
+      }
       for (int i = 0; i < 10 && !stopping_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
@@ -801,9 +826,18 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
               s.cache_synced = true;
           }
         };
+        // Batches lost for good: what the Conductor knew of the instance's cache may be stale. It forgets it
+        // and asks the instance for its whole cache again.
         const auto on_gap = [&](uint64_t, uint64_t) {
           std::lock_guard lock(mu_);
-          core_.state().on_kv_cleared(prefill_slot(p).id);
+          Slot& s = prefill_slot(p);
+          core_.state().on_kv_cleared(s.id);
+          if (s.up && s.kv_generation == generation && s.cache_synced) {
+            s.cache_synced = false;
+            InstanceMessage report;
+            report.kind = InstanceMessage::Kind::kCacheReport;
+            post(s, report);
+          }
         };
         if (!synced && now_s() >= subs[p].next_catch_up_s) {
           subs[p].subscriber->catch_up(on_batch, on_gap);
@@ -837,6 +871,8 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   std::atomic<bool> stopping_{false};
   std::unique_ptr<EtcdClient> registry_;      // with etcd
   std::unique_ptr<LeaderElection> election_;  // with etcd: for PREFIX/conductor
+  bool leading_ = false;                      // with etcd: this Conductor holds PREFIX/conductor (under mu_)
+  std::string leader_http_;  // with etcd, standing by: the leader's HTTP URL as last read (under mu_)
   double hold_until_s_ = 0;  // once elected: requests wait for the instances' caches until then (under mu_)
   std::thread control_thread_, kv_thread_, registry_thread_;
 };
@@ -856,6 +892,9 @@ const std::string& RemoteCluster::control_endpoint() const {
 }
 bool RemoteCluster::wait_until_all_up(std::chrono::milliseconds timeout) const {
   return impl_->wait_until_all_up(timeout);
+}
+std::string RemoteCluster::leader_http_url() const {
+  return impl_->leader_http_url();
 }
 std::pair<uint32_t, uint32_t> RemoteCluster::instances_up() const {
   return impl_->instances_up();

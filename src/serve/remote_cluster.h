@@ -36,10 +36,13 @@ struct RemoteClusterOptions {
   std::string etcd_prefix = "/crescent-serve";
   /// With etcd: the leader's lease. A standby leads within this (+ its retry period, leader_ttl / 10) of the
   /// leader's death.
-  std::chrono::seconds leader_ttl{2};
+  std::chrono::seconds leader_ttl{5};
   /// With etcd: called (on the election's thread) when this Conductor, leading, may have lost its lease: it
   /// must stop serving at once (`crescent serve conductor` exits 1). Empty: nothing is done.
   std::function<void()> on_leadership_lost;
+  /// With etcd: the URL clients reach this Conductor's HTTP at ("http://HOST:PORT"); while it leads it is
+  /// published under etcd_prefix/conductor-http for standbys to forward to. Empty: not published.
+  std::string http_url;
   /// The cluster's secret (required): the control socket admits members only and the KV-event subscribers
   /// connect as members (members_only.h).
   std::optional<ClusterSecret> secret;
@@ -59,6 +62,9 @@ class RemoteCluster final : public cluster::Cluster {
   /// Waits until every instance the config names is up; false when `timeout` passes first.
   bool wait_until_all_up(std::chrono::milliseconds timeout) const;
   std::pair<uint32_t, uint32_t> instances_up() const override;
+  /// With etcd, standing by: the leading Conductor's HTTP URL (RemoteClusterOptions::http_url), as read from
+  /// etcd every 200 ms. Empty while this Conductor leads, or when no leader published one.
+  std::string leader_http_url() const;
 
   conductor::Decision submit(cluster::ClusterRequest request, cluster::RequestCallbacks callbacks,
                              uint64_t& id) override;

@@ -360,7 +360,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::start(MasterServerOptions op
   Impl* raw = impl.get();
   if (!impl->options.etcd.endpoint.empty()) {
     auto election = LeaderElection::start(
-        election_options(impl->options.etcd), impl->address, [raw] { raw->leading = true; },
+        election_options(impl->options.etcd), impl->address, [raw](int64_t) { raw->leading = true; },
         [raw] {
           raw->leading = false;
           if (raw->options.on_leadership_lost) raw->options.on_leadership_lost();

@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -76,6 +77,9 @@ class EtcdCluster {
     json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
     config["prefill_instances"] = 1;
     config["decode_instances"] = 1;
+    // A replay buffer this small holds little of an instance's past: a Conductor that starts later learns
+    // the caches from the instances' full reports.
+    config["serve"]["kv_event_buffer_batches"] = 2;
     std::ofstream(dir_.file("one.json")) << config.dump();
     // The members' secret, as an operator makes it once for all the roles.
     EXPECT_TRUE(ClusterSecret::generate().write_to(secret()).ok());
@@ -269,42 +273,50 @@ TEST(ServeRegistry, AStandbyConductorLeadsWhenTheLeaderDiesAndKnowsTheCachesAtOn
   }
   ASSERT_TRUE(leader->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(30)).ok());
   ASSERT_TRUE(leader->wait_for_line("conductor: decode-0 up", std::chrono::seconds(30)).ok());
-  {
-    httplib::Client client("127.0.0.1", standby_port);
-    auto res =
-        client.Post("/v1/completions", json{{"model", "mock"}, {"prompt", "hi"}, {"max_tokens", 1}}.dump(),
-                    "application/json");
-    ASSERT_TRUE(res);
-    EXPECT_EQ(res->status, 503) << "a standby places nothing";
-    EXPECT_EQ(res->get_header_value("Retry-After"), "1");
-  }
-  EXPECT_THAT(standby->log_tail(), ::testing::Not(::testing::HasSubstr("conductor: leading")));
+  // The standby forwards to the leader: answers, /health, and streams come from there.
+  EXPECT_EQ(complete_retrying(standby_port, "through the standby").first, 200);
+  EXPECT_EQ(httplib::Client("127.0.0.1", standby_port).Get("/health")->status, 200);
+  EXPECT_THAT(standby->log_tail(), ::testing::Not(::testing::HasSubstr("conductor: leading")))
+      << "one leader at a time";
 
   constexpr int kPrompts = 6;
   const auto prompt = [](int i) { return std::string(2048, static_cast<char>('a' + i)); };  // 4 blocks each
   for (int i = 0; i < kPrompts; ++i) ASSERT_EQ(complete_retrying(leader_port, prompt(i)).first, 200);
 
-  // A stream through the leader: 300 tokens, ~5 s.
-  test::StreamedCompletion stream;
-  std::thread streamer([&, port = leader_port] {
-    httplib::Client client("127.0.0.1", port);
-    client.set_read_timeout(20, 0);
-    test::stream_completion(client, "/v1/completions",
-                            {{"model", "mock"}, {"prompt", "long"}, {"max_tokens", 300}, {"stream", true}},
-                            stream);
-  });
-  for (int i = 0; i < 1000 && stream.live_tokens < 5; ++i)
+  // Streams of 300 tokens (~5 s): one to the leader, one through the standby.
+  test::StreamedCompletion direct, forwarded;
+  const auto open_stream = [](int port, test::StreamedCompletion& out) {
+    return std::thread([port, &out] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(20, 0);
+      test::stream_completion(client, "/v1/completions",
+                              {{"model", "mock"}, {"prompt", "long"}, {"max_tokens", 300}, {"stream", true}},
+                              out);
+    });
+  };
+  std::thread direct_thread = open_stream(leader_port, direct);
+  std::thread forwarded_thread = open_stream(standby_port, forwarded);
+  for (int i = 0; i < 1000 && (direct.live_tokens < 5 || forwarded.live_tokens < 5); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_GE(stream.live_tokens, 5);
+  ASSERT_GE(direct.live_tokens, 5);
+  ASSERT_GE(forwarded.live_tokens, 5) << "a stream relayed through the standby";
   leader->kill();
   const auto killed = std::chrono::steady_clock::now();
   ASSERT_TRUE(standby->wait_for_line("conductor: leading", std::chrono::seconds(10)).ok())
       << standby->log_tail();
-  EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(2)) << "within leader_ttl + 1 s";
-  streamer.join();
-  EXPECT_FALSE(stream.done) << "its connection was to the dead leader";
-  EXPECT_LT(stream.live_tokens, 300);
-  EXPECT_LT(stream.end - killed, std::chrono::seconds(1));
+  const auto took = std::chrono::steady_clock::now() - killed;
+  std::cout << "the standby led " << std::chrono::duration<double>(took).count()
+            << " s after the leader's SIGKILL\n";
+  // leader_ttl + 1 s, with room for a loaded machine (the log is polled every 10 ms).
+  EXPECT_LT(took, std::chrono::seconds(3));
+  direct_thread.join();
+  forwarded_thread.join();
+  EXPECT_FALSE(direct.done) << "its connection was to the dead leader: it closed";
+  EXPECT_LT(direct.live_tokens, 300);
+  EXPECT_LT(direct.end - killed, std::chrono::seconds(1));
+  EXPECT_TRUE(forwarded.done) << "the standby ends the relayed stream cleanly";
+  EXPECT_THAT(forwarded.error, ::testing::HasSubstr("leading Conductor's stream ended"));
+  EXPECT_LT(forwarded.live_tokens, 300);
 
   ASSERT_TRUE(standby->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok())
       << standby->log_tail();
