@@ -38,23 +38,30 @@ class Leader {
         responder.start_stream();
         responder.write("data: {\"n\":1}\n\n");
         if (hang_up) return;  // the test stops the server now
-        std::thread([responder] {
+        std::lock_guard lock(mu_);
+        writers_.emplace_back([responder] {
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
           responder.write("data: {\"n\":2}\n\n");
           responder.write("data: [DONE]\n\n");
           responder.end();
-        }).detach();
+        });
         return;
       }
       responder.respond({.status = 404, .body = "{}", .headers = {}});
     });
     server_ = std::move(server.value());
   }
+  ~Leader() {
+    std::lock_guard lock(mu_);
+    for (std::thread& t : writers_) t.join();  // before the server their responders belong to goes
+  }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(server_->port()); }
   void stop() { server_->stop(); }
   std::atomic<bool> hang_up{false};
 
  private:
+  std::mutex mu_;
+  std::vector<std::thread> writers_;  // under mu_
   std::unique_ptr<HttpServer> server_;
 };
 
