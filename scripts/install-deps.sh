@@ -13,7 +13,7 @@ packages=(
   gnuplot-nox
   libopenblas-dev libdnnl-dev libeigen3-dev python3-numpy libsentencepiece-dev
   libpcre2-dev libicu-dev libcsv-dev libhowardhinnant-date-dev
-  python3-xxhash python3-jinja2 python3-zmq python3-msgpack
+  python3-xxhash python3-jinja2 python3-zmq python3-msgpack python3-yaml
 )
 
 missing=()
