@@ -81,6 +81,7 @@ struct ServeArgs {
   std::string control;       // conductor: where instances connect (empty: control_endpoint_default)
   std::string conductor;     // prefill/decode: the Conductor's control endpoint
   std::string store_master;  // prefill: the store master's host:port
+  std::string store_etcd_prefix = "/crescent-store";  // prefill --store-etcd-prefix
   uint32_t index = 0;
   std::string advertise_host;     // roles: the address peers reach this one on (empty: found)
   std::string transfer_metadata;  // decode: where its KV segment is published (empty: etcd or default)
@@ -655,8 +656,11 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
     return fail(
         Status::invalid_argument("--conductor tcp://HOST:PORT or --etcd URL (to find it) is required"));
   }
-  if (role == serve::InstanceRole::kPrefill && args.store_master.empty())
-    return fail(Status::invalid_argument("--store-master is required for a prefill instance (HOST:PORT)"));
+  if (role == serve::InstanceRole::kPrefill && args.store_master.empty() && args.etcd.empty()) {
+    return fail(
+        Status::invalid_argument("--store-master HOST:PORT (or --etcd, to find the leading master there) is "
+                                 "required for a prefill instance"));
+  }
   if (args.cpu >= 0) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -674,6 +678,7 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   options.index = args.index;
   options.conductor_endpoint = args.conductor;
   options.store_master = args.store_master;
+  options.store_etcd_prefix = args.store_etcd_prefix;
   options.cluster = s->cluster;
   options.advertise_host = args.advertise_host;
   options.transfer_metadata = args.transfer_metadata;
@@ -682,14 +687,15 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   auto instance = serve::InstanceServer::start(options);
   if (!instance.ok()) return fail(instance.status());
   const cluster::ClusterConfig& c = s->cluster.config;
-  fmt::print("{}-{}: ready ({}; Conductor {}; {})\n", serve::to_string(role), args.index,
-             describe_executor(c), args.conductor.empty() ? "from etcd " + args.etcd : args.conductor,
-             role == serve::InstanceRole::kPrefill
-                 ? "store " + args.store_master
-                 : "KV segment published in " +
-                       (args.transfer_metadata.empty()
-                            ? (args.etcd.empty() ? "the default metadata" : "etcd " + args.etcd)
-                            : args.transfer_metadata));
+  fmt::print(
+      "{}-{}: ready ({}; Conductor {}; {})\n", serve::to_string(role), args.index, describe_executor(c),
+      args.conductor.empty() ? "from etcd " + args.etcd : args.conductor,
+      role == serve::InstanceRole::kPrefill
+          ? (args.store_master.empty() ? "store master from etcd " + args.etcd : "store " + args.store_master)
+          : "KV segment published in " +
+                (args.transfer_metadata.empty()
+                     ? (args.etcd.empty() ? "the default metadata" : "etcd " + args.etcd)
+                     : args.transfer_metadata));
   if (!s->kv_cache_note.empty())
     fmt::print("{}-{}: {}\n", serve::to_string(role), args.index, s->kv_cache_note);
   std::fflush(stdout);
@@ -874,7 +880,13 @@ void register_serve(CLI::App& app, int& exit_code) {
     instance->add_option("--etcd-prefix", args->etcd_prefix, "Key prefix of this cluster in etcd")
         ->capture_default_str();
     if (role == serve::InstanceRole::kPrefill) {
-      instance->add_option("--store-master", args->store_master, "The store master's HOST:PORT")->required();
+      instance->add_option("--store-master", args->store_master,
+                           "The store master's HOST:PORT (default with --etcd: the leading master in etcd, "
+                           "followed through a failover)");
+      instance
+          ->add_option("--store-etcd-prefix", args->store_etcd_prefix,
+                       "With --etcd and no --store-master: the store masters' key prefix in etcd")
+          ->capture_default_str();
     } else {
       instance->add_option("--transfer-metadata", args->transfer_metadata,
                            "Where this instance's KV segment is published: dir:PATH or etcd:URL, the store's "

@@ -1122,8 +1122,9 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
     return Status::invalid_argument("an instance joins its Conductor as a member: give the cluster secret");
   }
   const bool prefill = options.role == InstanceRole::kPrefill;
-  if (prefill && options.store_master.empty()) {
-    return Status::invalid_argument("a prefill instance needs the store master (--store-master HOST:PORT)");
+  if (prefill && options.store_master.empty() && options.etcd_endpoint.empty()) {
+    return Status::invalid_argument(
+        "a prefill instance needs the store master (--store-master HOST:PORT, or --etcd to find it there)");
   }
   InstanceOptions resolved = options;
   std::optional<EtcdClient> etcd;
@@ -1160,13 +1161,21 @@ Result<std::unique_ptr<InstanceServer>> InstanceServer::start(const InstanceOpti
   if (prefill) {
     store::ClientOptions client_options;
     client_options.master.address = options.store_master;
+    if (options.store_master.empty()) {  // the leading master, in etcd (followed through a failover)
+      client_options.master.etcd.endpoint = options.etcd_endpoint;
+      client_options.master.etcd.prefix = options.store_etcd_prefix;
+    }
     client_options.master.secret = options.secret;  // the pool admits members only
     client_options.staging_bytes = 4 << 20;         // KV buffers are registered: staging is for nothing else
     client_options.tcp_host = resolved.advertise_host;
     auto created = store::Client::create(client_options);
     if (!created.ok()) {
-      return Status(created.status().code(), fmt::format("connecting to the store master at {}: {}",
-                                                         options.store_master, created.status().message()));
+      return Status(created.status().code(),
+                    fmt::format("connecting to the store master {}: {}",
+                                options.store_master.empty() ? "leading in etcd " + options.etcd_endpoint +
+                                                                   " under " + options.store_etcd_prefix
+                                                             : "at " + options.store_master,
+                                created.status().message()));
     }
     client = std::move(*created);
   } else {

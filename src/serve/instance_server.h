@@ -31,9 +31,12 @@ struct InstanceOptions {
   /// config's instances are 0 .. count-1; another index joins the cluster as it starts.
   uint32_t index = 0;
   std::string conductor_endpoint;  // the Conductor's control socket, "tcp://HOST:PORT" ("": from etcd)
-  /// Prefill: the store master's host:port (the KV cache pool; its Hello names the transfer metadata).
-  /// Decode needs no store: it only exposes the memory its requests' KV is written into.
+  /// Prefill: the store master's host:port (the KV cache pool; its Hello names the transfer metadata). Empty
+  /// with etcd: the leading master found in etcd under store_etcd_prefix, and found again after a master
+  /// failover. Decode needs no store: it only exposes the memory its requests' KV is written into.
   std::string store_master;
+  std::string store_etcd_prefix =
+      "/crescent-store";            // the store masters' prefix in etcd (store_master empty)
   cluster::ClusterOptions cluster;  // model, hardware, capacities, "serve" section, block size
   /// The address peers reach this instance on: a prefill instance's KV event sockets (the Conductor
   /// subscribes) and the transfer engine's tcp endpoint (a decode instance's KV segment). Empty: the address

@@ -84,8 +84,8 @@ class EtcdCluster {
     // The members' secret, as an operator makes it once for all the roles.
     EXPECT_TRUE(ClusterSecret::generate().write_to(secret()).ok());
     auto master = ChildProcess::start(
-        {CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "",
-         "--transfer-metadata", "dir:" + dir_.file("metadata"), "--cluster-secret-file", secret()},
+        {CRESCENT_BINARY, "store", "master", "--listen", "127.0.0.1:0", "--metrics", "", "--etcd",
+         etcd_.endpoint(), "--etcd-prefix", store_prefix_, "--cluster-secret-file", secret()},
         dir_.file("master.log"));
     EXPECT_TRUE(master.ok());
     if (!master.ok()) return;
@@ -93,11 +93,14 @@ class EtcdCluster {
     auto master_line = master_->wait_for_line("store master on ", std::chrono::seconds(20));
     EXPECT_TRUE(master_line.ok()) << master_line.status().message();
     if (!master_line.ok()) return;
+    EXPECT_TRUE(master_->wait_for_line("store master: leading", std::chrono::seconds(20)).ok());
     const size_t at = master_line->find("on ") + 3;
     master_address_ = master_line->substr(at, master_line->find(' ', at) - at);
-    auto node = ChildProcess::start({CRESCENT_BINARY, "store", "node", "--master", master_address_, "--dram",
-                                     "64MiB", "--metrics", "", "--cluster-secret-file", secret()},
-                                    dir_.file("node.log"));
+    // Everything found in etcd: the leading master, and the transfer metadata (the master's default there).
+    auto node = ChildProcess::start(
+        {CRESCENT_BINARY, "store", "node", "--etcd", etcd_.endpoint(), "--etcd-prefix", store_prefix_,
+         "--dram", "64MiB", "--metrics", "", "--cluster-secret-file", secret()},
+        dir_.file("node.log"));
     EXPECT_TRUE(node.ok());
     if (!node.ok()) return;
     node_ = std::move(*node);
@@ -153,11 +156,8 @@ class EtcdCluster {
                                   prefix_,
                                   "--cluster-secret-file",
                                   secret()};
-    if (role == "prefill") {
-      argv.insert(argv.end(), {"--store-master", master_address_});
-    } else {
-      argv.insert(argv.end(), {"--transfer-metadata", "dir:" + dir_.file("metadata")});
-    }
+    // No --store-master: a prefill instance finds the leading store master in etcd too.
+    if (role == "prefill") argv.insert(argv.end(), {"--store-etcd-prefix", store_prefix_});
     auto instance = ChildProcess::start(argv, dir_.file(fmt::format("{}-{}.log", role, index)));
     EXPECT_TRUE(instance.ok());
     if (!instance.ok()) return nullptr;
@@ -171,6 +171,7 @@ class EtcdCluster {
   const test::EtcdServer& etcd_;
   test::TempDir dir_{"crescent-registry"};
   const std::string prefix_ = "/registry-" + std::to_string(::getpid());
+  const std::string store_prefix_ = prefix_ + "-store";
   std::unique_ptr<ChildProcess> master_, node_;
   std::string master_address_;
 };
@@ -282,6 +283,13 @@ TEST(ServeRegistry, AStandbyConductorLeadsWhenTheLeaderDiesAndKnowsTheCachesAtOn
   constexpr int kPrompts = 6;
   const auto prompt = [](int i) { return std::string(2048, static_cast<char>('a' + i)); };  // 4 blocks each
   for (int i = 0; i < kPrompts; ++i) ASSERT_EQ(complete_retrying(leader_port, prompt(i)).first, 200);
+  // The prefill instance found the pool's master in etcd: its prompts' blocks were written there.
+  double pool_written = 0;
+  for (int i = 0; i < 100 && pool_written <= 0; ++i) {
+    pool_written = metric(leader_port, R"(crescent_kv_bytes_moved_total{path="pool_write"})");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GT(pool_written, 0);
 
   // Streams of 300 tokens (~5 s): one to the leader, one through the standby.
   test::StreamedCompletion direct, forwarded;
