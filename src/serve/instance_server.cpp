@@ -966,6 +966,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
                                 {nullptr, progress_fd, ZMQ_POLLIN, 0},
                                 {nullptr, done_fd, ZMQ_POLLIN, 0}};
     for (;;) {
+      switch_conductor();  // a long forward pass does not delay following a new leader
       send_outbox();
       if (const double now = now_s(); now >= next_load_s_) {
         send(last_load_);
