@@ -20,6 +20,7 @@
 #include "common/secret.h"
 #include "serve/etcd_registry.h"
 #include "test_support/etcd_server.h"
+#include "test_support/metrics.h"
 #include "test_support/sse.h"
 #include "test_support/temp_dir.h"
 
@@ -35,19 +36,6 @@ int complete(int port) {
       client.Post("/v1/completions", json{{"model", "mock"}, {"prompt", "hello"}, {"max_tokens", 3}}.dump(),
                   "application/json");
   return res ? res->status : 0;
-}
-
-// The value of the metric line starting with `name_and_labels` in the /metrics of the server on `port` (-1
-// when absent).
-double metric(int port, const std::string& name_and_labels) {
-  httplib::Client client("127.0.0.1", port);
-  auto res = client.Get("/metrics");
-  if (!res) return -1;
-  std::istringstream lines(res->body);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(name_and_labels + " ", 0) == 0) return std::stod(line.substr(name_and_labels.size() + 1));
-  }
-  return -1;
 }
 
 // A completion as a client that honours 503's Retry-After sends it: again after a while, for up to 20 s.
@@ -286,7 +274,7 @@ TEST(ServeRegistry, AStandbyConductorLeadsWhenTheLeaderDiesAndKnowsTheCachesAtOn
   // The prefill instance found the pool's master in etcd: its prompts' blocks were written there.
   double pool_written = 0;
   for (int i = 0; i < 100 && pool_written <= 0; ++i) {
-    pool_written = metric(leader_port, R"(crescent_kv_bytes_moved_total{path="pool_write"})");
+    pool_written = test::scrape_metric(leader_port, R"(crescent_kv_bytes_moved_total{path="pool_write"})");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_GT(pool_written, 0);
@@ -337,11 +325,13 @@ TEST(ServeRegistry, AStandbyConductorLeadsWhenTheLeaderDiesAndKnowsTheCachesAtOn
     ASSERT_EQ(status, 200) << body.dump();
     EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 2048) << i;
   }
-  EXPECT_EQ(metric(standby_port, R"(crescent_prefix_tokens_total{source="local"})"), kPrompts * 2048)
+  EXPECT_EQ(test::scrape_metric(standby_port, R"(crescent_prefix_tokens_total{source="local"})"),
+            kPrompts * 2048)
       << "placed knowing where every prefix is";
   // The dead leader's stream left nothing on the decode instance (the new leader reset it).
   double reserved = -1;
-  for (int i = 0; i < 100 && (reserved = metric(standby_port, "crescent_decode_kv_reserved_tokens")) != 0;
+  for (int i = 0;
+       i < 100 && (reserved = test::scrape_metric(standby_port, "crescent_decode_kv_reserved_tokens")) != 0;
        ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(reserved, 0);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/child_process.h"
+#include "test_support/metrics.h"
 #include "test_support/temp_dir.h"
 
 namespace crescent {
@@ -71,15 +72,7 @@ class ServedCluster {
   }
   /// The value of the metric line starting with `name_and_labels` in /metrics (-1 when absent).
   double metric(const std::string& name_and_labels) const {
-    httplib::Client client("127.0.0.1", port_);
-    auto res = client.Get("/metrics");
-    if (!res) return -1;
-    std::istringstream lines(res->body);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind(name_and_labels + " ", 0) == 0)
-        return std::stod(line.substr(name_and_labels.size() + 1));
-    }
-    return -1;
+    return test::scrape_metric(port_, name_and_labels);
   }
   /// metric(`name_and_labels`) once `ready` holds for it (polled every 10 ms), or its last value after
   /// `deadline`: for counters reported after the answer a test has already seen.

@@ -28,6 +28,7 @@
 #include "common/secret.h"
 #include "serve/instance_wire.h"
 #include "serve/members_only.h"
+#include "test_support/metrics.h"
 #include "test_support/sse.h"
 #include "test_support/temp_dir.h"
 
@@ -146,7 +147,8 @@ class SilentInstance {
 
 // What a prefill instance reports about `order`'s request: one message of each of `kinds`, in order (the
 // first token is 'A'); nothing about an order that is not a prefill.
-std::vector<InstanceMessage> prefill_reports(const InstanceMessage& order, std::initializer_list<Kind> kinds) {
+std::vector<InstanceMessage> prefill_reports(const InstanceMessage& order,
+                                             std::initializer_list<Kind> kinds) {
   std::vector<InstanceMessage> out;
   if (order.kind != Kind::kPrefill) return out;
   for (Kind kind : kinds) {
@@ -230,17 +232,6 @@ void send_as(const std::string& control, const ClusterSecret& secret, const std:
   (void)dealer.send(zmq::buffer(serve::encode(message)), zmq::send_flags::none);
 }
 
-double metric(int port, const std::string& name_and_labels) {
-  httplib::Client client("127.0.0.1", port);
-  auto res = client.Get("/metrics");
-  if (!res) return -1;
-  std::istringstream lines(res->body);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(name_and_labels + " ", 0) == 0) return std::stod(line.substr(name_and_labels.size() + 1));
-  }
-  return -1;
-}
-
 TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEachStagesDeadline) {
   test::TempDir dir("crescent-deadlines");
   json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
@@ -294,10 +285,11 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value())
       << "its decode reservation is freed";
 
-  // 2. Started half a second after it was placed (well before its queue deadline), never finished: 503 prefill_timeout, the deadline counted
-  // from the start.
-  prefill.answer_with([](const InstanceMessage& order) { return prefill_reports(order, {Kind::kPrefillStart}); },
-                      std::chrono::milliseconds(500));
+  // 2. Started half a second after it was placed (well before its queue deadline), never finished: 503
+  // prefill_timeout, the deadline counted from the start.
+  prefill.answer_with(
+      [](const InstanceMessage& order) { return prefill_reports(order, {Kind::kPrefillStart}); },
+      std::chrono::milliseconds(500));
   const Reply prefilling = complete(port, "never finished");
   EXPECT_EQ(prefilling.status, 503) << prefilling.body.dump();
   EXPECT_EQ(prefilling.body["error"]["code"], "prefill_timeout") << prefilling.body.dump();
@@ -362,7 +354,8 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   const Streamed decoding = stream(port, "decode stops");
   stale.join();
   EXPECT_EQ(decoding.status, 200);
-  EXPECT_EQ(decoding.text, "AB") << "the first token and the one decode step, nothing forged: " << decoding.raw;
+  EXPECT_EQ(decoding.text, "AB") << "the first token and the one decode step, nothing forged: "
+                                 << decoding.raw;
   EXPECT_EQ(decoding.error_code, "decode_timeout") << decoding.raw;
   EXPECT_TRUE(decoding.done);
   EXPECT_GE(decoding.seconds, kFloorS);
@@ -370,16 +363,19 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   placed = prefill.wait_for(Kind::kPrefill, 0, std::chrono::seconds(1), seen);
   ASSERT_TRUE(placed.has_value());
   EXPECT_TRUE(decode.wait_for(Kind::kCancel, placed->request_id, std::chrono::seconds(1)).has_value());
-  EXPECT_EQ(metric(port, "crescent_control_messages_dropped_total{reason=\"not_placed_here\"}"), 1);
-  EXPECT_EQ(metric(port, "crescent_control_messages_dropped_total{reason=\"stale_incarnation\"}"), 1);
+  EXPECT_EQ(test::scrape_metric(port, "crescent_control_messages_dropped_total{reason=\"not_placed_here\"}"),
+            1);
+  EXPECT_EQ(
+      test::scrape_metric(port, "crescent_control_messages_dropped_total{reason=\"stale_incarnation\"}"), 1);
 
   // Counted by reason; the instances, which heartbeat, stay up, and nothing is left in flight.
   for (const char* reason : {"queue_timeout", "prefill_timeout", "kv_handoff_timeout", "decode_timeout"}) {
-    EXPECT_EQ(metric(port, fmt::format("crescent_requests_failed_total{{reason=\"{}\"}}", reason)), 1)
+    EXPECT_EQ(
+        test::scrape_metric(port, fmt::format("crescent_requests_failed_total{{reason=\"{}\"}}", reason)), 1)
         << reason;
   }
-  EXPECT_EQ(metric(port, "crescent_instances_up{role=\"prefill\"}"), 1);
-  EXPECT_EQ(metric(port, "vllm:num_requests_running{model_name=\"mock\"}"), 0);
+  EXPECT_EQ(test::scrape_metric(port, "crescent_instances_up{role=\"prefill\"}"), 1);
+  EXPECT_EQ(test::scrape_metric(port, "vllm:num_requests_running{model_name=\"mock\"}"), 0);
   EXPECT_TRUE((*conductor)->wait_for_line("failed at a stage deadline", std::chrono::seconds(1)).ok());
 }
 
