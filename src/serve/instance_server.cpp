@@ -146,7 +146,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
 
   void begin_drain() { draining_ = true; }
 
-  // With etcd: follows whichever Conductor leads. Every kFollowPeriodS a thread reads `key`; when it names
+  // With etcd: follows whichever Conductor leads. Every 200 ms a thread reads `key`; when it names
   // another control endpoint, the run thread reconnects there and says hello (the new leader resets this
   // instance, which then reports its whole cache).
   void follow_conductor(EtcdClient etcd, std::string key) {

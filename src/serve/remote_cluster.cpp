@@ -165,6 +165,11 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     return placeable();
   }
 
+  std::string leader_http_url() {
+    std::lock_guard lock(mu_);
+    return leading_ ? std::string() : leader_http_;
+  }
+
   conductor::Decision submit(cluster::ClusterRequest request, cluster::RequestCallbacks callbacks,
                              uint64_t& id) {
     std::lock_guard lock(mu_);
@@ -317,13 +322,6 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     if (!put.ok()) log(fmt::format("could not publish its HTTP URL: {}", put.status().message()));
   }
 
- public:
-  std::string leader_http_url() {
-    std::lock_guard lock(mu_);
-    return leading_ ? std::string() : leader_http_;
-  }
-
- private:
   // Whether at least one prefill and one decode instance are up and every registered prefill instance is up
   // with its whole cache learned (cache_synced).
   bool caches_known() const {
