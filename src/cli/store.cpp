@@ -195,6 +195,13 @@ int run_node(const NodeArgs& args) {
                  : fmt::format(", {} bytes of SSD in {}", options.ssd_capacity_bytes, options.ssd_dir),
              args.etcd.empty() ? args.master : "led in etcd " + args.etcd,
              (*node)->metrics_address().empty() ? "off" : (*node)->metrics_address());
+  if (!options.ssd_dir.empty()) {
+    const store::SsdTier::Adopted& adopted = (*node)->ssd_adopted();
+    fmt::print(
+        "store node: adopted {} objects ({} bytes) from {} in {:.2f} s; {} files failed a check or did "
+        "not fit and were deleted\n",
+        adopted.objects, adopted.bytes, options.ssd_dir, adopted.seconds, adopted.dropped);
+  }
   std::fflush(stdout);
   const int signal = wait_for_stop_signal(signals);
   fmt::print("store node: signal {}, unmounting\n", signal);

@@ -172,6 +172,20 @@ class Client::Impl {
     handles.erase(segment);
   }
 
+  /// Forgets `segment` and looks it up again: true when it was re-published meanwhile (its owner restarted
+  /// under its name, at a new address), so that a transfer that failed at the old one is worth trying again.
+  bool moved(const std::string& segment) {
+    std::optional<transfer::SegmentHandle> old;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (auto it = handles.find(segment); it != handles.end()) old = it->second;
+    }
+    forget(segment);
+    if (!old) return false;
+    Result<transfer::SegmentHandle> now = handle(segment);
+    return now.ok() && *now != *old;
+  }
+
   /// Requests moving `size` bytes between `local` and `replica` (the first `size` bytes of the local pieces).
   Status add_requests(TransferOp op, const Local& local, const ReplicaLocation& replica, uint64_t size,
                       std::vector<TransferRequest>& out) {
@@ -375,6 +389,7 @@ class Client::Impl {
     std::vector<Local> locals(n);
     std::vector<size_t> next_replica(n, 0);
     std::vector<bool> pending(n, false);
+    std::vector<bool> retried(n, false);  // a replica was tried again at its segment's new address
     for (size_t i = 0; i < n; ++i) {
       if (!grants[i].ok()) {
         results[i] = grants[i].status();
@@ -438,7 +453,12 @@ class Client::Impl {
           results[i] = grants[i]->size_bytes;
         } else {
           last_error[i] = error;
-          forget(grants[i]->replicas[next_replica[i]].segment);
+          const std::string& segment = grants[i]->replicas[next_replica[i]].segment;
+          if (!retried[i] && moved(segment)) {
+            retried[i] = true;  // the same replica, once, at its owner's new address
+            continue;
+          }
+          if (retried[i]) forget(segment);
           ++next_replica[i];
           ++replica_fallbacks;
         }

@@ -59,6 +59,7 @@ constexpr std::pair<std::string_view, uint64_t MasterStats::*> kStatsFields[] = 
     {"evicted_bytes", &MasterStats::evicted_bytes},
     {"removes", &MasterStats::removes},
     {"segments_expired", &MasterStats::segments_expired},
+    {"segments_replaced", &MasterStats::segments_replaced},
     {"objects_restored", &MasterStats::objects_restored},
     {"objects_rejected", &MasterStats::objects_rejected},
     {"ssd_capacity_bytes", &MasterStats::ssd_capacity_bytes},
@@ -191,8 +192,14 @@ class Master::Impl {
     if (mount.capacity_bytes == 0) {
       return Status::invalid_argument(fmt::format("mount {}: capacity is 0 bytes", mount.segment));
     }
-    if (segment_by_name_.contains(mount.segment)) {
-      return Status::already_exists(fmt::format("segment {} is already mounted", mount.segment));
+    if (auto it = segment_by_name_.find(mount.segment); it != segment_by_name_.end()) {
+      const SegmentMount& mounted = segments_[it->second]->mount;
+      if (mount.incarnation == 0 || mounted.owner != mount.owner ||
+          mounted.incarnation == mount.incarnation) {
+        return Status::already_exists(fmt::format("segment {} is already mounted", mount.segment));
+      }
+      (void)unmount(mount.segment);  // the owner restarted: what that segment held died with it
+      ++stats_.segments_replaced;
     }
     const auto id = static_cast<uint32_t>(segments_.size());
     segments_.push_back(std::make_unique<Segment>(id, mount, now(), to_nanos(options_.segment_ttl)));

@@ -62,6 +62,11 @@ struct SegmentMount {
   /// > 0: the owner keeps an SSD tier of this many bytes behind the segment. Objects evicted from the segment
   /// are then spilled to it (written to files by the owner) instead of dropped, and read back on demand.
   uint64_t ssd_capacity_bytes = 0;
+  /// Which start of the owner mounts (a random number per process; 0 = not said). A mount of a segment
+  /// name already mounted by the same owner under another incarnation is that owner restarted: the dead
+  /// incarnation's segment is unmounted first (its memory died with it), so a node restarted under a fixed
+  /// name does not wait out segment_ttl. The same incarnation again is a retried mount (kAlreadyExists).
+  uint64_t incarnation = 0;
 };
 
 /// A complete object as the owner of the segment holding it records it in its own index, so that a master
@@ -147,9 +152,10 @@ struct MasterStats {
   uint64_t evictions = 0;       // objects evicted
   uint64_t evicted_bytes = 0;
   uint64_t removes = 0;
-  uint64_t segments_expired = 0;  // unmounted because their owner stopped renewing
-  uint64_t objects_restored = 0;  // complete objects rebuilt from re-mounting owners' indexes
-  uint64_t objects_rejected = 0;  // ... refused (overlapping ranges, size mismatch with another replica)
+  uint64_t segments_expired = 0;   // unmounted because their owner stopped renewing
+  uint64_t segments_replaced = 0;  // unmounted because their owner mounted again after a restart
+  uint64_t objects_restored = 0;   // complete objects rebuilt from re-mounting owners' indexes
+  uint64_t objects_rejected = 0;   // ... refused (overlapping ranges, size mismatch with another replica)
   uint64_t ssd_capacity_bytes = 0;
   uint64_t ssd_used_bytes = 0;  // value bytes of SSD replicas
   uint64_t spills = 0;          // DRAM replicas written to an SSD tier on eviction

@@ -264,6 +264,7 @@ Status MasterClient::mount_segment(const SegmentMount& mount, std::span<const He
   request.set_host_id(mount.host_id);
   request.set_capacity_bytes(mount.capacity_bytes);
   request.set_ssd_capacity_bytes(mount.ssd_capacity_bytes);
+  request.set_incarnation(mount.incarnation);
   for (const HeldObject& h : held) to_proto(h, request.add_held());
   rpc::StatusReply reply;
   CRESCENT_RETURN_IF_ERROR(impl_->call("mount_segment", MasterMethod::kMountSegment, request, &reply));

@@ -60,9 +60,10 @@ class Service {
           std::vector<HeldObject> held;
           held.reserve(static_cast<size_t>(request->held_size()));
           for (const rpc::HeldObject& h : request->held()) held.push_back(rpc_convert::from_proto(h));
-          to_proto(master_.mount_segment({request->segment(), request->owner(), request->host_id(),
-                                          request->capacity_bytes(), request->ssd_capacity_bytes()},
-                                         held),
+          to_proto(master_.mount_segment(
+                       {request->segment(), request->owner(), request->host_id(), request->capacity_bytes(),
+                        request->ssd_capacity_bytes(), request->incarnation()},
+                       held),
                    reply->mutable_status());
         });
     on<rpc::SegmentRequest, rpc::StatusReply>(
@@ -251,6 +252,7 @@ std::vector<prometheus::MetricFamily> collect_master_metrics(const Master& maste
                                                        {"evicted_bytes", stats.evicted_bytes},
                                                        {"removes", stats.removes},
                                                        {"segments_expired", stats.segments_expired},
+                                                       {"segments_replaced", stats.segments_replaced},
                                                        {"objects_restored", stats.objects_restored},
                                                        {"objects_rejected", stats.objects_rejected},
                                                        {"spills", stats.spills},

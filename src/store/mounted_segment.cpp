@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -332,6 +333,7 @@ class MountedSegment::Impl {
   // The SSD tier's size, for metrics without waiting for file I/O under tier_mu.
   std::atomic<uint64_t> ssd_objects_now{0};
   std::atomic<uint64_t> ssd_used_bytes_now{0};
+  SsdTier::Adopted ssd_adopted;  // what the SSD tier adopted when it opened
   std::thread ssd_worker;
 };
 
@@ -343,18 +345,25 @@ Result<std::unique_ptr<MountedSegment>> MountedSegment::mount(transfer::Transfer
   impl->sync_interval = options.sync_interval;
   impl->ssd_delay = options.ssd_delay_for_testing;
   impl->mount = {std::move(name), std::move(owner), transfer::local_host_id(), capacity_bytes};
+  impl->mount.incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;
+  // The SSD files a previous run of this node left are offered to the master with the first mount: it takes
+  // those it can (master.h, mount_segment), and the first renewal's full list deletes the others (reset_to).
+  std::vector<HeldObject> adopted;
   if (!options.ssd_dir.empty()) {
     auto ssd = SsdTier::open(options.ssd_dir, options.ssd_capacity_bytes);
     if (!ssd.ok()) return ssd.status();
     impl->ssd = std::move(*ssd);
     impl->mount.ssd_capacity_bytes = options.ssd_capacity_bytes;
+    for (const auto& [key, size] : impl->ssd->held()) adopted.push_back({key, 0, size, ReplicaTier::kSsd});
+    impl->ssd_adopted = impl->ssd->adopted();
+    impl->note_ssd_size();
   }
   Result<void*> memory = engine.allocate_memory(capacity_bytes);
   if (!memory.ok()) return memory.status();
   impl->memory = *memory;
   CRESCENT_RETURN_IF_ERROR(engine.expose_segment(impl->mount.segment, impl->memory, capacity_bytes));
   impl->exposed = true;
-  CRESCENT_RETURN_IF_ERROR(master.mount_segment(impl->mount));
+  CRESCENT_RETURN_IF_ERROR(master.mount_segment(impl->mount, adopted));
   impl->mounted = true;
   Impl* raw = impl.get();
   if (impl->ssd) impl->ssd_worker = std::thread([raw] { raw->ssd_loop(); });
@@ -388,6 +397,9 @@ uint64_t MountedSegment::ssd_used_bytes() const {
 }
 uint64_t MountedSegment::ssd_capacity_bytes() const {
   return impl_->mount.ssd_capacity_bytes;
+}
+const SsdTier::Adopted& MountedSegment::ssd_adopted() const {
+  return impl_->ssd_adopted;
 }
 
 }  // namespace crescent::store

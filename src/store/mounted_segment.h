@@ -4,7 +4,8 @@
 // complete objects in the segment (from the master's change feed; with an SSD tier, an SSD thread carries out
 // the feed's spill and load orders and updates the index as they complete). When the master forgets the
 // segment (it restarted, or a standby took over), the segment is mounted again with that index, so the
-// objects whose bytes are still here become readable again.
+// objects whose bytes are still here become readable again. A node restarted on its SSD directory offers the
+// files it finds there with its first mount (ssd_tier.h).
 #pragma once
 
 #include <chrono>
@@ -14,6 +15,7 @@
 
 #include "common/status.h"
 #include "store/master_client.h"
+#include "store/ssd_tier.h"
 #include "transfer/transfer_engine.h"
 
 namespace crescent::store {
@@ -32,8 +34,10 @@ class MountedSegment {
   /// Allocates `capacity_bytes` from `engine`, exposes it as segment `name` and mounts it on the master as
   /// owned by `owner`. A thread renews the mount every `options.sync_interval` (at most segment_ttl / 3),
   /// applying the changes to the index, and mounts it again with the index when the master no longer knows
-  /// it. With options.ssd_dir, a second thread carries out the spill and load orders on the SSD tier, in feed
-  /// order, so that file I/O never delays a renewal; their outcomes go out with a renewal at once. Errors:
+  /// it. With options.ssd_dir, the files a previous run left there are adopted (SsdTier::open) and offered
+  /// with the first mount, and a second thread carries out the spill and load orders on the SSD tier, in feed
+  /// order, so that file I/O never delays a renewal; their outcomes go out with a renewal at once. Each mount
+  /// carries a new incarnation, so a node restarted under its old name replaces its dead segment. Errors:
   /// the engine's (kIoError when memory cannot be had, kAlreadyExists for a taken name), the SSD tier's, or
   /// the master's. `engine` and `master` must outlive the segment.
   static Result<std::unique_ptr<MountedSegment>> mount(transfer::TransferEngine& engine, MasterClient& master,
@@ -57,6 +61,8 @@ class MountedSegment {
   uint64_t ssd_objects() const;
   uint64_t ssd_used_bytes() const;
   uint64_t ssd_capacity_bytes() const;
+  /// What the SSD tier adopted from a previous run's files when the segment was mounted (all 0 without one).
+  const SsdTier::Adopted& ssd_adopted() const;
 
   class Impl;
 

@@ -41,6 +41,12 @@ std::vector<prometheus::MetricFamily> collect_node_metrics(const transfer::Trans
   add_counter(out, "crescent_store_node_ssd_spill_failures_total",
               "Spills the SSD tier could not write (those objects were dropped)",
               static_cast<double>(segment.ssd_spill_failures()));
+  add_gauge(out, "crescent_store_node_ssd_adopted_objects",
+            "SSD tier files a previous run left that this node adopted at start (checksums verified)",
+            static_cast<double>(segment.ssd_adopted().objects));
+  add_gauge(out, "crescent_store_node_ssd_adopt_dropped_files",
+            "SSD tier files found at start and deleted: failed a check, half written, or over capacity",
+            static_cast<double>(segment.ssd_adopted().dropped));
   add_gauge(out, "crescent_store_node_objects", "Objects this node holds, by tier",
             static_cast<double>(segment.indexed_objects()), {{"tier", "dram"}});
   add_sample(out.back(), static_cast<double>(segment.ssd_objects()), {{"tier", "ssd"}});
@@ -125,6 +131,9 @@ uint64_t StorageNode::indexed_objects() const {
 }
 uint64_t StorageNode::ssd_spill_failures() const {
   return impl_->segment->ssd_spill_failures();
+}
+const SsdTier::Adopted& StorageNode::ssd_adopted() const {
+  return impl_->segment->ssd_adopted();
 }
 
 }  // namespace crescent::store

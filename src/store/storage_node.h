@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "store/master_client.h"
+#include "store/ssd_tier.h"
 #include "transfer/transfer_engine.h"
 
 namespace crescent::store {
@@ -51,6 +52,8 @@ class StorageNode {
   uint64_t indexed_objects() const;
   /// Spills its SSD tier could not write (crescent_store_node_ssd_spill_failures_total).
   uint64_t ssd_spill_failures() const;
+  /// What its SSD tier adopted from a previous run's files at start (MountedSegment::ssd_adopted).
+  const SsdTier::Adopted& ssd_adopted() const;
 
   class Impl;
 

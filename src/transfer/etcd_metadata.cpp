@@ -1,14 +1,17 @@
 // The etcd-backed MetadataService: etcd 3.4+ spoken to through its v3 JSON gateway with EtcdClient
 // (etcd_client.h), so the only client dependency is an HTTP library.
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -20,13 +23,43 @@ namespace {
 
 using nlohmann::json;
 
-std::string claim_value(std::string_view engine) {
+std::string this_host() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  // The owner's pid and host only serve error messages ("claimed by pid N on host H"); the key holds the
-  // name, so bytes that are not UTF-8 may be replaced here rather than fail the claim.
-  return json{{"engine", engine}, {"pid", static_cast<int64_t>(getpid())}, {"host", host}}.dump(
-      -1, ' ', false, json::error_handler_t::replace);
+  return host;
+}
+
+/// A random number drawn once per process: with the host and pid it tells this process from an earlier one
+/// that had the same pid (a restarted container's processes start at the same pids).
+uint64_t this_process_token() {
+  static const uint64_t token = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  return token;
+}
+
+std::string claim_value(std::string_view engine) {
+  // The owner's pid and host serve error messages ("claimed by pid N on host H") and let a restarted owner
+  // take back a claim its dead predecessor left (claim_left_by_dead_process); the key holds the name, so
+  // bytes that are not UTF-8 may be replaced here rather than fail the claim.
+  return json{{"engine", engine},
+              {"pid", static_cast<int64_t>(getpid())},
+              {"host", this_host()},
+              {"process", std::to_string(this_process_token())}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+/// Whether a claim's value names a process of this host that no longer runs: its pid is gone, or it is this
+/// process's pid under another process token (an earlier incarnation). Such a claim only waits out its
+/// lease; an owner restarted under the same name may take it at once instead of failing for lease_ttl.
+bool claim_left_by_dead_process(const std::string& value) {
+  json owner = json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!owner.is_object() || !owner.contains("pid") || !owner["pid"].is_number_integer() ||
+      owner.value("host", "") != this_host()) {
+    return false;
+  }
+  const auto pid = owner["pid"].get<int64_t>();
+  if (pid <= 0) return false;
+  if (pid == getpid()) return owner.value("process", "") != std::to_string(this_process_token());
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
 std::string describe_claim_owner(const std::string& value) {
@@ -81,6 +114,14 @@ class EtcdMetadata final : public MetadataService {
     std::optional<EtcdKeyValue> owner;
     auto created = etcd_.create_if_absent(engine_key(name), claim_value(engine), lease_id_, &owner);
     if (!created.ok()) return created.status();
+    if (!*created && owner.has_value() && claim_left_by_dead_process(owner->value)) {
+      // The dead process's lease goes, and with it every key it held (its segments too, which this engine
+      // publishes again); then the name is claimed as usual. An error: it ran out meanwhile.
+      (void)etcd_.revoke_lease(owner->lease);
+      owner.reset();
+      created = etcd_.create_if_absent(engine_key(name), claim_value(engine), lease_id_, &owner);
+      if (!created.ok()) return created.status();
+    }
     if (!*created) {
       std::string who = owner.has_value() ? describe_claim_owner(owner->value) : "another owner";
       return Status::already_exists(

@@ -250,6 +250,49 @@ TEST_F(MasterTest, OwnersFollowTheirSegmentsChangesAndRebuildARestartedMaster) {
   EXPECT_NE((*fresh)[0].offset_bytes, b_offset);
 }
 
+// Issue 25 §4: a node restarted under its fixed name mounts at once, replacing its dead incarnation's
+// segment (whose DRAM died with it), and its SSD objects come back with the mount; a retried mount of the
+// same incarnation and another owner's mount of the name are refused as before.
+TEST_F(MasterTest, ARestartedOwnerReplacesItsDeadSegmentAndOffersItsSsdObjects) {
+  MasterOptions options{.high_watermark = 1.0};
+  options.clock = [this] { return now_; };
+  master_ = std::make_unique<Master>(options);
+  SegmentMount first{"node/dram", "node", "host", 1 << 20, /*ssd_capacity_bytes=*/1 << 20, /*incarnation=*/7};
+  ASSERT_TRUE(master_->mount_segment(first).ok());
+  ASSERT_TRUE(master_->mount_segment({"other/dram", "other", "host2", 1 << 20}).ok());
+  ASSERT_TRUE(put("in-dram", 100, {.preferred_segment = "node/dram"}).ok());
+  ASSERT_TRUE(put("both", 100, {.replica_num = 2}).ok());
+  EXPECT_EQ(master_->mount_segment(first).code(), StatusCode::kAlreadyExists);  // a retry
+  SegmentMount thief = first;
+  thief.owner = "thief";
+  thief.incarnation = 8;
+  EXPECT_EQ(master_->mount_segment(thief).code(), StatusCode::kAlreadyExists);
+  SegmentMount unsaid = first;
+  unsaid.incarnation = 0;
+  EXPECT_EQ(master_->mount_segment(unsaid).code(), StatusCode::kAlreadyExists);
+
+  SegmentMount restarted = first;
+  restarted.incarnation = 9;
+  const std::vector<HeldObject> on_ssd = {{"spilled", 0, 500, ReplicaTier::kSsd},
+                                          {"both", 0, 999, ReplicaTier::kSsd}};  // "both" of another size
+  ASSERT_TRUE(master_->mount_segment(restarted, on_ssd).ok());
+  EXPECT_EQ(master_->stats().segments_replaced, 1u);
+  EXPECT_EQ(master_->segments().size(), 2u);
+  EXPECT_FALSE(master_->exists("in-dram"));  // only in the dead incarnation's DRAM
+  auto both = master_->get_replica_list("both");
+  ASSERT_TRUE(both.ok());
+  ASSERT_EQ(both->replicas.size(), 1u);
+  EXPECT_EQ(both->replicas[0].segment, "other/dram");
+  EXPECT_EQ(master_->stats().objects_rejected, 1u);
+  // The SSD object is known again; a read orders it loaded into the new segment.
+  EXPECT_TRUE(master_->exists("spilled"));
+  auto changes = master_->renew_segment("node/dram", kUnknownSegmentVersion);
+  ASSERT_TRUE(changes.ok());
+  ASSERT_EQ(changes->changes.size(), 1u);
+  EXPECT_EQ(changes->changes[0].object.key, "spilled");
+  EXPECT_EQ(changes->changes[0].object.tier, ReplicaTier::kSsd);
+}
+
 TEST_F(MasterTest, EvictionSpillsToTheSsdTierAndAReadLoadsItBack) {
   uint64_t seen = start_with_ssd(64 * 4);
   for (const char* key : {"a", "b", "c", "d"}) ASSERT_TRUE(put(key, 64).ok());

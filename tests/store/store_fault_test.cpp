@@ -18,15 +18,31 @@ using std::chrono::milliseconds;
 using test::pattern_bytes;
 using test::StoreCluster;
 
-/// A `crescent store node` process mounted on `master`; null (with a test failure) when it did not start.
-std::unique_ptr<ChildProcess> start_node_process(const StoreCluster& cluster, const std::string& name) {
+/// A `crescent store node` process mounted on `master` (16 MiB of DRAM unless `extra` says otherwise, which
+/// is appended to its arguments); null (with a test failure) when it did not start.
+std::unique_ptr<ChildProcess> start_node_process(const StoreCluster& cluster, const std::string& name,
+                                                 const std::vector<std::string>& extra = {},
+                                                 const std::string& log_name = "") {
   const std::string master = cluster.master_options().address;
-  const std::string log = cluster.dir() + "/" + name + ".log";
+  const std::string log = cluster.dir() + "/" + (log_name.empty() ? name : log_name) + ".log";
   const std::string secret_file = cluster.secret_file();
-  auto node = ChildProcess::start(
-      {CRESCENT_BINARY, "store", "node", "--master", master, "--dram", "16MiB", "--name", name, "--metrics",
-       "", "--transports", "tcp", "--cluster-secret-file", secret_file},
-      log);
+  std::vector<std::string> argv = {CRESCENT_BINARY,
+                                   "store",
+                                   "node",
+                                   "--master",
+                                   master,
+                                   "--name",
+                                   name,
+                                   "--metrics",
+                                   "",
+                                   "--transports",
+                                   "tcp",
+                                   "--cluster-secret-file",
+                                   secret_file};
+  if (std::find(extra.begin(), extra.end(), "--dram") == extra.end())
+    argv.insert(argv.end(), {"--dram", "16MiB"});
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto node = ChildProcess::start(argv, log);
   if (!node.ok()) {
     ADD_FAILURE() << node.status().to_string();
     return nullptr;
@@ -109,6 +125,74 @@ TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
   EXPECT_EQ(cluster.master().master().stats().segments_expired, 1u);
 }
 
+// Issue 25 §4: a node SIGKILLed and restarted on the same SSD directory under the same name mounts at once
+// (its dead segment replaced, not waited out for segment_ttl), and every value that was on its SSD tier is
+// read back byte for byte; values that were only in its DRAM are gone.
+TEST(StoreFaults, ARestartedNodeReadoptsItsSsdObjects) {
+  MasterServerOptions options;  // segment_ttl 10 s: the restart must not wait for it
+  options.master.lease_ttl = milliseconds(100);
+  options.tick_interval = milliseconds(50);
+  StoreCluster cluster(0, 0, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string name = "ssd-node-" + std::to_string(::getpid());
+  const std::vector<std::string> ssd = {"--dram",         "1MiB", "--ssd", cluster.dir() + "/ssd",
+                                        "--ssd-capacity", "64MiB"};
+  auto node = start_node_process(cluster, name, ssd, name + "-first");
+  ASSERT_TRUE(node);
+  ClientOptions client_options = cluster.client_options();
+  client_options.transports = {transfer::TransportKind::kTcp};
+  client_options.transfer_timeout = milliseconds(2000);
+  auto client = Client::create(client_options);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  Client& c = **client;
+  constexpr int kValues = 40;  // 40 x 64 KiB = 2.5 MiB through 1 MiB of DRAM: the oldest are spilled
+  std::vector<std::vector<std::byte>> values;
+  for (int i = 0; i < kValues; ++i) {
+    values.push_back(pattern_bytes(64 << 10, 500 + static_cast<uint64_t>(i)));
+    ConstBuffer in{values.back().data(), values.back().size()};
+    ASSERT_TRUE(c.put("v-" + std::to_string(i), {&in, 1}, {}).ok()) << i;
+  }
+  // Spills finish after the puts: wait until the node has reported them all (the SSD tier's size settles).
+  uint64_t ssd_bytes = 0;
+  const auto settle = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    std::this_thread::sleep_for(milliseconds(300));
+    const uint64_t now_bytes = cluster.master().master().stats().ssd_used_bytes;
+    if ((now_bytes == ssd_bytes && now_bytes > 0) || std::chrono::steady_clock::now() > settle) break;
+    ssd_bytes = now_bytes;
+  }
+  const uint64_t on_ssd = ssd_bytes / (64 << 10);
+  ASSERT_GE(on_ssd, static_cast<uint64_t>(kValues / 2)) << "too few values were spilled to test";
+
+  node->kill();  // SIGKILL: no unmount, files as they were (kill reaps it)
+  const auto restarted_at = std::chrono::steady_clock::now();
+  node = start_node_process(cluster, name, ssd, name + "-second");
+  ASSERT_TRUE(node);
+  EXPECT_LT(std::chrono::steady_clock::now() - restarted_at, std::chrono::seconds(5))
+      << "the restart waited for the dead segment's segment_ttl";
+  const MasterStats stats = cluster.master().master().stats();
+  EXPECT_EQ(stats.segments_replaced, 1u);
+  EXPECT_GE(stats.objects_restored, on_ssd);
+  EXPECT_EQ(cluster.master().master().segments().size(), 1u);
+  EXPECT_EQ(cluster.master().master().stats().ssd_used_bytes, ssd_bytes);
+  // Every value the master knows again reads back byte for byte: the SSD ones; the others died with DRAM.
+  std::vector<std::byte> out(64 << 10);
+  Buffer o{out.data(), out.size()};
+  uint64_t read_back = 0;
+  for (int i = 0; i < kValues; ++i) {
+    Result<uint64_t> got = c.get("v-" + std::to_string(i), {&o, 1});
+    if (!got.ok()) {
+      EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << i << ": " << got.status().to_string();
+      continue;
+    }
+    EXPECT_EQ(out, values[i]) << i;
+    ++read_back;
+  }
+  EXPECT_EQ(read_back, on_ssd);
+  auto adopted = node->wait_for_line("store node: adopted", std::chrono::seconds(1));
+  EXPECT_TRUE(adopted.ok()) << node->log_tail();
+}
+
 // Issue 22 §4: for up to segment_ttl (10 s) after a node died, puts still chose its segment and failed
 // ("segment ... not found"). Now a replica that cannot be written is dropped and its segment reported: the
 // put ends with the replicas written, or is placed again on a live segment, and the master chooses the dead
@@ -119,10 +203,8 @@ TEST(StoreFaults, PutsRightAfterANodeDiesSucceedOnLiveSegments) {
   StoreCluster cluster(0, 0, options);
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string tag = std::to_string(::getpid());
-  auto doomed =
-      start_node_process(cluster, "doomed-" + tag);
-  auto survivor =
-      start_node_process(cluster, "survivor-" + tag);
+  auto doomed = start_node_process(cluster, "doomed-" + tag);
+  auto survivor = start_node_process(cluster, "survivor-" + tag);
   ASSERT_TRUE(doomed && survivor);
   ClientOptions client_options = cluster.client_options();
   client_options.transports = {transfer::TransportKind::kTcp};
@@ -183,8 +265,7 @@ TEST(StoreFaults, ASegmentWhoseNodeStoppedRenewingIsNotChosenAfterASecond) {
   ASSERT_TRUE(cluster.ok()) << cluster.error();
   const std::string tag = std::to_string(::getpid());
   auto doomed = start_node_process(cluster, "quiet-" + tag);
-  auto survivor =
-      start_node_process(cluster, "alive-" + tag);
+  auto survivor = start_node_process(cluster, "alive-" + tag);
   ASSERT_TRUE(doomed && survivor);
   ClientOptions client_options = cluster.client_options();
   client_options.transports = {transfer::TransportKind::kTcp};

@@ -133,6 +133,42 @@ class EtcdMetadataTest : public ::testing::Test {
   std::string prefix_;
 };
 
+// Issue 25 §4: an engine restarted under its name (a store node or an instance with a fixed name) takes
+// back the claim its dead predecessor on this host left, with the segments under it, instead of failing
+// until that claim's lease runs out; a claim of a live process, or of another host, is not taken.
+TEST_F(EtcdMetadataTest, AClaimLeftByADeadProcessOfThisHostIsTakenAtOnce) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);  // a pid that ran on this host and is gone
+  // Each owner's keys under a lease of its own with a minute left.
+  auto new_lease = [&] { return etcd("/v3/lease/grant", {{"TTL", 60}}).value("ID", "0"); };
+  auto put_leased = [&](const std::string& key, const json& value, const std::string& lease) {
+    etcd("/v3/kv/put", {{"key", base64(key)}, {"value", base64(value.dump())}, {"lease", lease}});
+  };
+  const std::string lease = new_lease(), live_lease = new_lease(), far_lease = new_lease();
+  ASSERT_NE(lease, "0");
+  put_leased(prefix_ + "/engines/store-a", {{"engine", "store-a"}, {"pid", dead}, {"host", host}}, lease);
+  put_leased(prefix_ + "/segments/store-a/dram", descriptor("store-a/dram", "store-a").to_json(), lease);
+  put_leased(prefix_ + "/engines/live-b", {{"engine", "live-b"}, {"pid", getppid()}, {"host", host}},
+             live_lease);
+  put_leased(prefix_ + "/engines/far-c", {{"engine", "far-c"}, {"pid", dead}, {"host", "another-host"}},
+             far_lease);
+
+  auto restarted = service();
+  ASSERT_TRUE(restarted);
+  const auto start = Clock::now();
+  ASSERT_THAT(restarted->claim_engine("store-a"), IsOk());
+  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_THAT(restarted->publish(descriptor("store-a/dram", "store-a")), IsOk());
+  EXPECT_NE(raw_lease(prefix_ + "/engines/store-a"), std::stoll(lease));
+  Status live = restarted->claim_engine("live-b");
+  EXPECT_EQ(live.code(), StatusCode::kAlreadyExists) << live.to_string();
+  EXPECT_EQ(restarted->claim_engine("far-c").code(), StatusCode::kAlreadyExists);
+}
+
 TEST_F(EtcdMetadataTest, EngineClaimIsExclusiveAcrossInstances) {
   auto a = service();
   auto b = service();
