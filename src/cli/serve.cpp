@@ -373,13 +373,19 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   // "store master on HOST:PORT (metrics ..."
   const std::string master_address =
       master->substr(master->find(" on ") + 4, master->find(" (") - master->find(" on ") - 4);
-  // (Its segment is named after its pid: a restarted node mounts a new one while the master still holds the
-  // old one's until it expires.)
-  auto node = supervisor.start(
-      "store-node",
-      {self, "store", "node", "--master", master_address, "--dram", std::to_string(c.serve.store_dram_bytes),
-       "--metrics", "", "--cluster-secret-file", secret_path},
-      "store node: segment", kStartTimeout);
+  // A fixed name: a restarted node replaces its dead segment at once, and with an SSD tier adopts its files.
+  std::vector<std::string> node_argv = {self,     "store",
+                                        "node",   "--master",
+                                        master_address, "--name",
+                                        "store-node",   "--dram",
+                                        std::to_string(c.serve.store_dram_bytes), "--metrics",
+                                        "",       "--cluster-secret-file",
+                                        secret_path};
+  if (c.serve.store_ssd_bytes > 0) {
+    node_argv.insert(node_argv.end(), {"--ssd", run_dir + "/store-ssd", "--ssd-capacity",
+                                       std::to_string(c.serve.store_ssd_bytes)});
+  }
+  auto node = supervisor.start("store-node", node_argv, "store node: segment", kStartTimeout);
   if (!node.ok()) return fail(node.status());
 
   // The Conductor is a child too: its ports are fixed now, so a restarted Conductor is found where the

@@ -62,7 +62,7 @@ constexpr std::array<std::string_view, 16> kFields{"name",
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
-constexpr std::array<std::string_view, 18> kServeFields{"kv_bytes_scale",
+constexpr std::array<std::string_view, 19> kServeFields{"kv_bytes_scale",
                                                         "kv_transfer_timeout_s",
                                                         "heartbeat_timeout_s",
                                                         "stage_timeout_floor_s",
@@ -70,6 +70,7 @@ constexpr std::array<std::string_view, 18> kServeFields{"kv_bytes_scale",
                                                         "max_request_placements",
                                                         "kv_event_buffer_batches",
                                                         "store_dram_bytes",
+                                                        "store_ssd_bytes",
                                                         "verify_kv_checksums",
                                                         "kv_stream_layers",
                                                         "policy",
@@ -279,6 +280,7 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
         s.integer("kv_event_buffer_batches", c.serve.kv_event_buffer_batches, 1, /*required=*/false));
     CRESCENT_RETURN_IF_ERROR(
         s.integer("store_dram_bytes", c.serve.store_dram_bytes, 1 << 20, /*required=*/false));
+    CRESCENT_RETURN_IF_ERROR(s.integer("store_ssd_bytes", c.serve.store_ssd_bytes, 0, /*required=*/false));
     for (const auto& [field, out] : {std::pair{"verify_kv_checksums", &c.serve.verify_kv_checksums},
                                      std::pair{"kv_stream_layers", &c.serve.kv_stream_layers}}) {
       auto v = it->find(field);

@@ -63,6 +63,9 @@ struct ServeConfig {
   /// instead (docs/serving.md). >= 1.
   int64_t kv_event_buffer_batches = 10'000;
   int64_t store_dram_bytes = 256ll << 20;  // DRAM of the store node `crescent serve` starts
+  /// An SSD tier behind that node, in RUN_DIR/store-ssd (0: none). It outlives the node, and a restarted
+  /// node (or a `crescent serve` started again on the same --run-dir) adopts it (docs/store.md).
+  int64_t store_ssd_bytes = 0;
   bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives
   /// The cpu executor's prefill instances ship each layer's KV of a chunk as it is computed (paper §3.1
   /// step 3); false: each chunk whole once its iteration ends (what the exposed transfer is measured against;
