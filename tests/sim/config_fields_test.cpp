@@ -190,6 +190,7 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
                 {"stage_timeout_floor_s", 7.5},
                 {"stage_timeout_factor", 2.5},
                 {"store_dram_bytes", 1 << 26},
+                {"store_ssd_bytes", 1 << 30},
                 {"verify_kv_checksums", false},
                 {"kv_stream_layers", false},
                 {"policy", "random"},
@@ -208,6 +209,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   EXPECT_EQ(config->serve.stage_timeout_floor_s, 7.5);
   EXPECT_EQ(config->serve.stage_timeout_factor, 2.5);
   EXPECT_EQ(config->serve.store_dram_bytes, 1 << 26);
+  EXPECT_EQ(defaults->serve.store_ssd_bytes, 0);
+  EXPECT_EQ(config->serve.store_ssd_bytes, 1 << 30);
   EXPECT_FALSE(config->serve.verify_kv_checksums);
   EXPECT_FALSE(config->serve.kv_stream_layers);
   EXPECT_EQ(config->serve.policy, conductor::PrefillPolicy::kRandom);
@@ -222,6 +225,7 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
            {"verify_kv_checksums", "yes", "'verify_kv_checksums' must be true or false"},
            {"kv_stream_layers", 1, "'kv_stream_layers' must be true or false"},
            {"store_dram_bytes", 1000, "'store_dram_bytes'"},
+           {"store_ssd_bytes", -1, "'store_ssd_bytes'"},
            {"heartbeat", 1, "heartbeat"},
            {"stage_timeout_floor_s", 0, "'stage_timeout_floor_s'"},
            {"stage_timeout_factor", -1, "'stage_timeout_factor'"},
