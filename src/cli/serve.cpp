@@ -82,6 +82,7 @@ struct ServeArgs {
   std::string conductor;     // prefill/decode: the Conductor's control endpoint
   std::string store_master;  // prefill: the store master's host:port
   std::string store_etcd_prefix = "/crescent-store";  // prefill --store-etcd-prefix
+  std::string cache_file;                             // prefill --cache-file (InstanceOptions::cache_file)
   uint32_t index = 0;
   std::string advertise_host;     // roles: the address peers reach this one on (empty: found)
   std::string transfer_metadata;  // decode: where its KV segment is published (empty: etcd or default)
@@ -374,12 +375,18 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   const std::string master_address =
       master->substr(master->find(" on ") + 4, master->find(" (") - master->find(" on ") - 4);
   // A fixed name: a restarted node replaces its dead segment at once, and with an SSD tier adopts its files.
-  std::vector<std::string> node_argv = {self,     "store",
-                                        "node",   "--master",
-                                        master_address, "--name",
-                                        "store-node",   "--dram",
-                                        std::to_string(c.serve.store_dram_bytes), "--metrics",
-                                        "",       "--cluster-secret-file",
+  std::vector<std::string> node_argv = {self,
+                                        "store",
+                                        "node",
+                                        "--master",
+                                        master_address,
+                                        "--name",
+                                        "store-node",
+                                        "--dram",
+                                        std::to_string(c.serve.store_dram_bytes),
+                                        "--metrics",
+                                        "",
+                                        "--cluster-secret-file",
                                         secret_path};
   if (c.serve.store_ssd_bytes > 0) {
     node_argv.insert(node_argv.end(), {"--ssd", run_dir + "/store-ssd", "--ssd-capacity",
@@ -470,9 +477,17 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
     if (args.pin_cores) argv.insert(argv.end(), {"--cpu", std::to_string(next_core++ % cores)});
     return argv;
   };
+  // serve.keep_prefill_cache: each prefill instance's cache file in shared memory, named after this run;
+  // deleted when the run stops (it is memory).
+  std::vector<std::string> cache_files;
   for (uint32_t i = 0; i < c.prefill_instances; ++i) {
-    auto started =
-        supervisor.start(fmt::format("prefill-{}", i), numbered("prefill", i), ": ready (", kStartTimeout);
+    std::vector<std::string> argv = numbered("prefill", i);
+    if (c.serve.keep_prefill_cache) {
+      cache_files.push_back(fmt::format("/dev/shm/crescent-{:016x}-prefill-{}",
+                                        std::hash<std::string>{}(std::filesystem::absolute(run_dir)), i));
+      argv.insert(argv.end(), {"--cache-file", cache_files.back()});
+    }
+    auto started = supervisor.start(fmt::format("prefill-{}", i), argv, ": ready (", kStartTimeout);
     if (!started.ok()) return fail(started.status());
   }
   for (uint32_t i = 0; i < c.decode_instances; ++i) {
@@ -513,6 +528,7 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
     if (!failed) fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   }
   supervisor.stop_all();
+  for (const std::string& file : cache_files) std::filesystem::remove(file, perms_error);
   if (failed) fmt::print(stderr, "error: a child process could not be kept running; logs in {}\n", run_dir);
   return failed ? 1 : code;
 }
@@ -685,6 +701,7 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   options.conductor_endpoint = args.conductor;
   options.store_master = args.store_master;
   options.store_etcd_prefix = args.store_etcd_prefix;
+  options.cache_file = args.cache_file;
   options.cluster = s->cluster;
   options.advertise_host = args.advertise_host;
   options.transfer_metadata = args.transfer_metadata;
@@ -893,6 +910,9 @@ void register_serve(CLI::App& app, int& exit_code) {
           ->add_option("--store-etcd-prefix", args->store_etcd_prefix,
                        "With --etcd and no --store-master: the store masters' key prefix in etcd")
           ->capture_default_str();
+      instance->add_option("--cache-file", args->cache_file,
+                           "Keep the prefix cache in this file too (a path in /dev/shm), and adopt what a "
+                           "previous run left in it: a restarted instance keeps its cache");
     } else {
       instance->add_option("--transfer-metadata", args->transfer_metadata,
                            "Where this instance's KV segment is published: dir:PATH or etcd:URL, the store's "

@@ -62,7 +62,7 @@ constexpr std::array<std::string_view, 16> kFields{"name",
 constexpr std::array<std::string_view, 4> kRequiredFields{"model", "hardware", "prefill_instances",
                                                           "decode_instances"};
 constexpr std::array<std::string_view, 2> kSloFields{"ttft_s", "tbt_s"};
-constexpr std::array<std::string_view, 19> kServeFields{"kv_bytes_scale",
+constexpr std::array<std::string_view, 20> kServeFields{"kv_bytes_scale",
                                                         "kv_transfer_timeout_s",
                                                         "heartbeat_timeout_s",
                                                         "stage_timeout_floor_s",
@@ -71,6 +71,7 @@ constexpr std::array<std::string_view, 19> kServeFields{"kv_bytes_scale",
                                                         "kv_event_buffer_batches",
                                                         "store_dram_bytes",
                                                         "store_ssd_bytes",
+                                                        "keep_prefill_cache",
                                                         "verify_kv_checksums",
                                                         "kv_stream_layers",
                                                         "policy",
@@ -282,7 +283,8 @@ Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const st
         s.integer("store_dram_bytes", c.serve.store_dram_bytes, 1 << 20, /*required=*/false));
     CRESCENT_RETURN_IF_ERROR(s.integer("store_ssd_bytes", c.serve.store_ssd_bytes, 0, /*required=*/false));
     for (const auto& [field, out] : {std::pair{"verify_kv_checksums", &c.serve.verify_kv_checksums},
-                                     std::pair{"kv_stream_layers", &c.serve.kv_stream_layers}}) {
+                                     std::pair{"kv_stream_layers", &c.serve.kv_stream_layers},
+                                     std::pair{"keep_prefill_cache", &c.serve.keep_prefill_cache}}) {
       auto v = it->find(field);
       if (v == it->end()) continue;
       if (!v->is_boolean()) {

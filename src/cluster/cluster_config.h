@@ -66,7 +66,11 @@ struct ServeConfig {
   /// An SSD tier behind that node, in RUN_DIR/store-ssd (0: none). It outlives the node, and a restarted
   /// node (or a `crescent serve` started again on the same --run-dir) adopts it (docs/store.md).
   int64_t store_ssd_bytes = 0;
-  bool verify_kv_checksums = true;         // decode checks the checksum of every KV block it receives
+  /// Each prefill instance `crescent serve` starts keeps its prefix cache in a file in /dev/shm too, so an
+  /// instance restarted by the supervisor keeps it (kv/persistent_block_file.h). The cpu executor's KV is
+  /// then held twice (its memory and the file); the mock keeps keys only.
+  bool keep_prefill_cache = false;
+  bool verify_kv_checksums = true;  // decode checks the checksum of every KV block it receives
   /// The cpu executor's prefill instances ship each layer's KV of a chunk as it is computed (paper §3.1
   /// step 3); false: each chunk whole once its iteration ends (what the exposed transfer is measured against;
   /// the simulator always charges layer by layer).

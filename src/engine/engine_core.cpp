@@ -138,6 +138,18 @@ int64_t EngineCore::take_cached_prefix(RequestId id, Record& r, double now_s) {
   return hit_tokens;
 }
 
+int64_t EngineCore::adopt_prefix(std::span<const BlockKey> keys) {
+  if (!cache_ || keys.empty()) return 0;
+  touch_events_.clear();
+  cache_->touch(keys, /*pin=*/false, &touch_events_);
+  auto& removed = touch_events_.evicted;
+  removed.insert(removed.end(), touch_events_.skipped.begin(), touch_events_.skipped.end());
+  if (!removed.empty()) executor_.on_blocks_removed(removed);
+  listener_.on_kv_event(touch_events_.stored, removed, now_s_);
+  return static_cast<int64_t>(
+      std::count_if(keys.begin(), keys.end(), [&](BlockKey k) { return cache_->contains(k); }));
+}
+
 // With a DRAM cache, at admission: the leading blocks of `id`'s prompt whose KV exists (the prompts ahead in
 // the FIFO have finished, so a block still pending belongs to this prompt, to one queued behind it that
 // stored what this one had no room for, or to one that was cancelled: this prompt then computes it). Returns

@@ -218,6 +218,13 @@ class EngineCore {
   std::vector<BlockKey> prefix_cache_keys() const {
     return cache_ ? cache_->keys() : std::vector<BlockKey>{};
   }
+  bool prefix_cache_contains(BlockKey key) const { return cache_ && cache_->contains(key); }
+  /// Puts blocks computed before this engine existed in its prefix cache, unpinned: `keys`, most recent
+  /// first, as a restarted prefill instance adopts them from its cache file (kv/persistent_block_file.h).
+  /// Keys beyond the cache's room are skipped. The listener hears of them (a KV event: stored, and removed
+  /// for those skipped or evicted). Returns the blocks the cache then holds of `keys`. REQUIRES: nothing
+  /// queued or running (a restart: the engine is new).
+  int64_t adopt_prefix(std::span<const BlockKey> keys);
   /// Whether an iteration is under way or requests are waiting or on their way.
   bool busy() const { return busy_ || !waiting_decode_.empty() || incoming_.requests > 0; }
   /// The decode pool's view of this engine (ClusterState's "decode report").

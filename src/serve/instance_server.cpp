@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/socket_io.h"
 #include "engine/engine_core.h"
+#include "kv/persistent_block_file.h"
 #include "model/cpu_executor.h"
 #include "model/cpu_limits.h"
 #include "serve/etcd_registry.h"
@@ -105,6 +106,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
                                                &*options_.secret);
       if (!publisher.ok()) return publisher.status();
       kv_events_ = std::move(*publisher);
+      if (!options_.cache_file.empty()) CRESCENT_RETURN_IF_ERROR(open_cache_file());
     } else {
       // Reservations are held until their request finishes: room for the whole batch's prompts.
       const int64_t capacity_blocks =
@@ -172,6 +174,28 @@ class InstanceServer::Impl final : public engine::EngineListener {
     if (!segment_.empty()) (void)transfer_.withdraw_segment(segment_);
   }
 
+  // The prefix cache's file (InstanceOptions::cache_file): opened, and what a previous run left in it put
+  // back in the engine's cache (the KV events announce it).
+  Status open_cache_file() {
+    const int64_t capacity_tokens =
+        cluster::prefill_engine_options(config_, block_tokens_).kv_capacity_tokens;
+    const kv::PersistentBlockFile::Identity identity{
+        .model_seed = options_.cluster.block_key_seed,
+        .block_size_tokens = block_tokens_,
+        .block_bytes = cpu_executor_ ? block_bytes_ : 0};  // the mock's KV is a function of its key
+    auto file = kv::PersistentBlockFile::open(options_.cache_file, identity,
+                                              std::max<int64_t>(1, capacity_tokens / block_tokens_));
+    if (!file.ok()) return file.status();
+    cache_file_ = std::move(*file);
+    const kv::PersistentBlockFile::Adopted& adopted = cache_file_->adopted();
+    const int64_t held = engine_->adopt_prefix(adopted.keys);
+    fmt::print("{}: cache file {}: adopted {} blocks{}{}\n", identity_, options_.cache_file, held,
+               adopted.dropped > 0 ? fmt::format(", {} failed their check", adopted.dropped) : "",
+               adopted.discarded.empty() ? "" : "; started afresh: " + adopted.discarded);
+    std::fflush(stdout);
+    return Status();
+  }
+
   // ---- EngineListener ----
   void on_prefill_start(engine::RequestId id, double, const engine::PrefillStart& start) override {
     auto it = orders_.find(id);
@@ -183,7 +207,11 @@ class InstanceServer::Impl final : public engine::EngineListener {
     // The part of the arranged prefix this instance does not hold comes from the pool. What the pool did
     // not give (a miss, a block failing its check) is computed: with the cpu executor, from the first such
     // block on, so only the blocks before it count as reused.
-    const int64_t first = start.local_hit_tokens / block_tokens_;
+    int64_t first = start.local_hit_tokens / block_tokens_;
+    if (const int64_t held = import_from_cache_file(order, first); held < first) {
+      first = held;  // computed from there: nothing after it is reused
+      order.reused_blocks = held;
+    }
     if (order.reused_blocks > first) {
       order.fetched_tokens_expected = (order.reused_blocks - first) * block_tokens_;
       const int64_t read = read_from_pool(order, first) - first;
@@ -244,12 +272,14 @@ class InstanceServer::Impl final : public engine::EngineListener {
     if (!first_logprobs.empty()) first.logprobs.push_back(first_logprobs.front());
     send(first);
     if (order.output_tokens > 1 && !order.target) {
+      keep_in_cache_file(order);
       write_to_pool(order);  // its KV ships when the decode instance's room is known (kKvTarget)
       return;
     }
-    // Decode waits for this KV, nothing waits for the pool: the KV ships and prefill done is reported first,
-    // then the new blocks go to the pool (kPoolWritten).
+    // Decode waits for this KV, nothing waits for the pool or the cache file: the KV ships and prefill done
+    // is reported first, then the new blocks go to the file and the pool (kPoolWritten).
     finish_prefill(id, order, /*forget=*/false);
+    keep_in_cache_file(order);
     write_to_pool(order);
     InstanceMessage written;
     written.kind = InstanceMessage::Kind::kPoolWritten;
@@ -303,6 +333,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
   }
 
   void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed, double) override {
+    if (cache_file_) {
+      for (BlockKey key : removed) cache_file_->remove(key);
+    }
     KvEventBatch batch;
     batch.timestamp_s =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -416,6 +449,37 @@ class InstanceServer::Impl final : public engine::EngineListener {
       ++blocks;
     }
     return blocks;
+  }
+
+  // Keeps the blocks of `order`'s prompt the engine's cache holds in the cache file, with their KV (the cpu
+  // executor's bytes), once they are computed.
+  void keep_in_cache_file(const Order& order) {
+    if (!cache_file_) return;
+    for (int64_t b = 0; b < std::ssize(order.keys); ++b) {
+      const BlockKey key = order.keys[static_cast<size_t>(b)];
+      if (cache_file_->contains(key) || !engine_->prefix_cache_contains(key)) continue;
+      std::span<const std::byte> bytes;
+      if (cpu_executor_) {
+        bytes = cpu_executor_->kv_block(order.id, b);
+        if (bytes.size() != block_bytes_) break;
+      }
+      cache_file_->put(key, bytes);
+    }
+  }
+
+  // With the cpu executor, the blocks among `order`'s first `local` (the engine's cache holds them) whose KV
+  // the executor lacks, because they were adopted from the cache file, are given to it from the file.
+  // Returns how many leading blocks it then has: a block the file cannot give (it failed its check) and those
+  // after it are computed.
+  int64_t import_from_cache_file(const Order& order, int64_t local) {
+    if (!cpu_executor_ || !cache_file_) return local;
+    for (int64_t b = 0; b < local; ++b) {
+      const BlockKey key = order.keys[static_cast<size_t>(b)];
+      if (cpu_executor_->cached_block(key)) continue;
+      std::optional<std::span<const std::byte>> bytes = cache_file_->bytes(key);
+      if (!bytes || !cpu_executor_->import_block(order.id, b, *bytes).ok()) return b;
+    }
+    return local;
   }
 
   // Stores the full blocks this prefill computed in the pool, for other instances to reuse: real KV with its
@@ -1077,6 +1141,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
   std::unique_ptr<transfer::TransferEngine> own_transfer_;  // decode: its engine (prefill: the store's)
   transfer::TransferEngine& transfer_;                      // what moves KV bytes
   std::unique_ptr<KvEventPublisher> kv_events_;             // prefill
+  std::unique_ptr<kv::PersistentBlockFile> cache_file_;     // prefill with InstanceOptions::cache_file
   const uint64_t block_bytes_;
   const int64_t layers_;  // the cpu executor's model's (a block holds them back to back); the mock: 1
   const int64_t max_prompt_blocks_;

@@ -36,7 +36,10 @@ struct InstanceOptions {
   /// failover. Decode needs no store: it only exposes the memory its requests' KV is written into.
   std::string store_master;
   std::string store_etcd_prefix =
-      "/crescent-store";            // the store masters' prefix in etcd (store_master empty)
+      "/crescent-store";  // the store masters' prefix in etcd (store_master empty)
+  /// Prefill: keep the prefix cache in this file too (kv/persistent_block_file.h; a path in /dev/shm), and
+  /// adopt what a previous run left in it, so a restarted instance keeps its cache. "": none.
+  std::string cache_file;
   cluster::ClusterOptions cluster;  // model, hardware, capacities, "serve" section, block size
   /// The address peers reach this instance on: a prefill instance's KV event sockets (the Conductor
   /// subscribes) and the transfer engine's tcp endpoint (a decode instance's KV segment). Empty: the address

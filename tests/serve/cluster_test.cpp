@@ -233,6 +233,63 @@ TEST(ServeCluster, ARestartedConductorLearnsTheInstancesWholeCaches) {
   EXPECT_EQ(known, kPrompts * 2048) << "the new Conductor placed every prompt knowing where its prefix is";
 }
 
+// Issue 25 §4: with serve.keep_prefill_cache, a prefill instance keeps its prefix cache in a file in
+// /dev/shm; SIGKILLed and restarted by the supervisor, it adopts it, and the prompts it had answered are
+// prefix hits again. Without the file (the second run) they are computed afresh. The files go with the run.
+TEST(ServeCluster, ARestartedPrefillInstanceKeepsItsCacheInItsFile) {
+  constexpr int kPrompts = 8;
+  const auto prompt = [](int i) { return std::string(2048, static_cast<char>('a' + i)); };  // 4 blocks each
+  for (const bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "keep_prefill_cache" : "no cache file");
+    test::TempDir dir;
+    json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
+    config["prefill_instances"] = 1;
+    config["serve"]["keep_prefill_cache"] = keep;
+    std::ofstream(dir.file("config.json")) << config.dump();
+    std::string cache_file;
+    {
+      ServedCluster cluster({"--config", dir.file("config.json")});
+      ASSERT_GT(cluster.port(), 0) << cluster.log();
+      for (int i = 0; i < kPrompts; ++i) ASSERT_EQ(complete(cluster.port(), prompt(i), 1).status, 200);
+      const pid_t victim = cluster.pid("prefill-0");
+      ASSERT_GT(victim, 0);
+      ASSERT_EQ(::kill(victim, SIGKILL), 0);
+      ASSERT_TRUE(cluster.wait_for_count("started prefill-0", 2, std::chrono::seconds(20))) << cluster.log();
+      // Up again (the Conductor reset it: its cache is unknown until its full report), then its report.
+      ASSERT_TRUE(cluster.wait_for_count("conductor: prefill-0 up", 2, std::chrono::seconds(20)))
+          << cluster.log();
+      EXPECT_EQ(
+          cluster.metric_when(
+              "crescent_prefill_caches_synced", [](double v) { return v == 1; }, std::chrono::seconds(20)),
+          1)
+          << cluster.log();
+      std::smatch m;
+      const std::string log = cluster.log();
+      const bool adopted =
+          std::regex_search(log, m, std::regex(R"(prefill-0: cache file (\S+): adopted (\d+) blocks)"));
+      EXPECT_EQ(adopted, keep) << log;
+      if (adopted) {
+        cache_file = m[1];
+        EXPECT_EQ(m[2], "0");  // the first start: a new file
+        const std::string rest = m.suffix();
+        ASSERT_TRUE(
+            std::regex_search(rest, m, std::regex(R"(prefill-0: cache file \S+: adopted (\d+) blocks)")))
+            << log;
+        EXPECT_EQ(m[1], std::to_string(kPrompts * 4));
+      }
+      for (int i = 0; i < kPrompts; ++i) {
+        const Answer again = complete(cluster.port(), prompt(i) + " again", 1);
+        ASSERT_EQ(again.status, 200);
+        EXPECT_EQ(again.body["usage"]["prompt_tokens_details"]["cached_tokens"], keep ? 2048 : 0) << i;
+      }
+    }
+    if (keep) {
+      EXPECT_THAT(cache_file, ::testing::StartsWith("/dev/shm/crescent-"));
+      EXPECT_FALSE(std::filesystem::exists(cache_file)) << "the run's cache files outlived it";
+    }
+  }
+}
+
 // The store's roles are supervised children too (issue 22 §4: one death of either stopped the whole run):
 // killed, each is restarted (the master on the address the others were given, rebuilt from what the node
 // still holds), requests are served meanwhile (the pool is a cache: misses), and the pool takes new blocks

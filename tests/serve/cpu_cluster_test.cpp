@@ -266,6 +266,45 @@ TEST_F(CpuCluster, AReportedPrefixHitIsKvTheInstanceReallyReused) {
   EXPECT_EQ(computed, expected) << cluster.log();
 }
 
+// Issue 25 §4 with real KV: a prefill instance restarted with its cache file (serve.keep_prefill_cache)
+// reuses the KV it computed before the restart, read back from the file, and answers with the tokens one
+// process computes. (Without the file the same prompt is computed whole: ServeCluster's test.)
+TEST_F(CpuCluster, ARestartedPrefillInstanceReusesTheKvInItsCacheFile) {
+  const std::string path = config_variant("cpu-test-keep-cache.json", [](json& config) {
+    config["prefill_instances"] = 1;
+    config["serve"]["keep_prefill_cache"] = true;
+  });
+  ServedCluster cluster({"--config", path, "--model", model_dir_, "--block-size", "16"});
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  const std::string model = "tiny-llama";
+  std::string prompt;
+  for (int i = 0; prompt.size() < 600; ++i) prompt += "line " + std::to_string(i) + " of the document; ";
+  const std::string reference = colocated(model_dir_, prompt, 4, {});
+  const Completion first = complete(cluster.port(), model, prompt, 4, {});
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(first.text, reference);
+  EXPECT_EQ(first.cached_tokens, 0);
+  const pid_t victim = cluster.pid("prefill-0");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(cluster.wait_for_count("started prefill-0", 2, std::chrono::seconds(30))) << cluster.log();
+  ASSERT_TRUE(cluster.wait_for_count("conductor: prefill-0 up", 2, std::chrono::seconds(30)))
+      << cluster.log();
+  ASSERT_EQ(cluster.metric_when(
+                "crescent_prefill_caches_synced", [](double v) { return v == 1; }, std::chrono::seconds(20)),
+            1)
+      << cluster.log();
+  const double computed_before = cluster.metric("crescent_prefill_computed_tokens_total");
+  const Completion again = complete(cluster.port(), model, prompt, 4, {});
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.text, reference);
+  EXPECT_GE(again.cached_tokens, again.prompt_tokens - 16) << "all but the last block came from the file";
+  const double computed = cluster.metric_when("crescent_prefill_computed_tokens_total",
+                                              [&](double v) { return v > computed_before; });
+  EXPECT_EQ(computed - computed_before, static_cast<double>(again.prompt_tokens - again.cached_tokens))
+      << "the reported hit is KV the instance really reused";
+}
+
 // An instance stays responsive while it computes (issue 21 §3): the forward pass runs on a thread of its
 // own and the instance's control thread keeps its heartbeat, so a prefill iteration far longer than
 // heartbeat_timeout_s does not make the instance look down, and the request completes. Before, the

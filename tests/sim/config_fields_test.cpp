@@ -191,6 +191,7 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
                 {"stage_timeout_factor", 2.5},
                 {"store_dram_bytes", 1 << 26},
                 {"store_ssd_bytes", 1 << 30},
+                {"keep_prefill_cache", true},
                 {"verify_kv_checksums", false},
                 {"kv_stream_layers", false},
                 {"policy", "random"},
@@ -211,6 +212,8 @@ TEST(ConfigFields, ServeSectionIsParsedAndCheckedButLeavesSimulationsAlone) {
   EXPECT_EQ(config->serve.store_dram_bytes, 1 << 26);
   EXPECT_EQ(defaults->serve.store_ssd_bytes, 0);
   EXPECT_EQ(config->serve.store_ssd_bytes, 1 << 30);
+  EXPECT_FALSE(defaults->serve.keep_prefill_cache);
+  EXPECT_TRUE(config->serve.keep_prefill_cache);
   EXPECT_FALSE(config->serve.verify_kv_checksums);
   EXPECT_FALSE(config->serve.kv_stream_layers);
   EXPECT_EQ(config->serve.policy, conductor::PrefillPolicy::kRandom);
