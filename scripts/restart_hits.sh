@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# What a restart of the KV pool's storage node costs the next requests (issue 25 §4; docs/store.md, "An SSD
-# tier survives a restart of its node"): `crescent serve` (mock instances) replays the first WARM requests of
-# a trace, its store node is SIGKILLed (the supervisor starts it again), and the next AFTER requests are
-# replayed. Printed: the share of the prefix tokens the Conductor arranged to fetch from the pool that the pool
-# had (crescent_pool_prefix_tokens_total{result}), before the kill and over the AFTER requests after it, for
-# three store nodes: DRAM that holds the whole pool, no SSD; little DRAM, no SSD; little DRAM and an SSD tier
-# that holds the pool. Run from the repository after a build:
-#   scripts/restart_hits.sh [--crescent build/release/crescent] [--trace FILE] [--warm 300] [--after 100]
-#                           [--time-scale 10] [--small-dram-bytes 16777216] [--large-bytes 1073741824]
+# What a restart costs the requests after it (issue 25 §4; docs/store.md, "An SSD tier survives a restart of
+# its node"; docs/serving.md, "A prefill instance keeps its cache across a restart"). `crescent serve` (mock
+# instances of llama3-8b) replays the first WARM requests of a trace; then the restarted roles are SIGKILLed
+# (the supervisor starts them again) and the next AFTER requests are replayed.
+#   --role store-node: the pool's node. Printed: the share of the prefix tokens the Conductor arranged to
+#     fetch from the pool that the pool had (crescent_pool_prefix_tokens_total{result}), before the kill and
+#     over the AFTER requests, for a node whose DRAM holds the pool, one with little DRAM, and one with
+#     little DRAM and an SSD tier.
+#   --role prefill: every prefill instance. Printed: the replay's prefix hit ratio (cached prompt tokens /
+#     prompt tokens) of the WARM and of the AFTER requests, with no restart, a restart, and a restart with
+#     serve.keep_prefill_cache.
+# Run from the repository after a build:
+#   scripts/restart_hits.sh [--role store-node|prefill] [--crescent build/release/crescent] [--trace FILE]
+#                           [--warm 300] [--after 100] [--time-scale 10]
+#                           [--small-dram-bytes 16777216] [--large-bytes 1073741824]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+role=store-node
 crescent=build/release/crescent
 trace=../shared/traces/conversation_trace.jsonl.gz
 warm=300
@@ -19,6 +26,7 @@ small_dram_bytes=$((16 << 20))
 large_bytes=$((1 << 30))
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --role) role=$2; shift 2 ;;
     --crescent) crescent=$2; shift 2 ;;
     --trace) trace=$2; shift 2 ;;
     --warm) warm=$2; shift 2 ;;
@@ -29,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "restart_hits.sh: unknown argument '$1' (see the comment at the top)" >&2; exit 2 ;;
   esac
 done
+[[ $role == store-node || $role == prefill ]] || { echo "restart_hits.sh: --role store-node or prefill" >&2; exit 2; }
 [[ -x $crescent ]] || { echo "restart_hits.sh: no crescent binary at $crescent (build first)" >&2; exit 2; }
 [[ -f $trace ]] || { echo "restart_hits.sh: no trace at $trace" >&2; exit 2; }
 
@@ -39,15 +48,16 @@ cleanup() {
     kill -INT "$serve_pid" 2>/dev/null || true
     wait "$serve_pid" 2>/dev/null || true
   fi
-  [[ -n ${KEEP:-} ]] && echo "kept $work" >&2 || rm -rf "$work"
+  if [[ -n ${KEEP:-} ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
-# The two parts of the trace (replay times each from its own first request).
-# (head closes the pipe early: zcat's SIGPIPE is not a failure.)
+# The two parts of the trace (replay times each from its own first request). head closes the pipe early:
+# zcat's SIGPIPE is not a failure.
 zcat -f "$trace" | head -n "$warm" > "$work/warm.jsonl" || true
 zcat -f "$trace" | tail -n +"$((warm + 1))" | head -n "$after" > "$work/after.jsonl" || true
-[[ $(wc -l < "$work/after.jsonl") -gt 0 ]] || { echo "restart_hits.sh: $trace has no request after the first $warm" >&2; exit 2; }
+[[ $(wc -l < "$work/after.jsonl") -gt 0 ]] ||
+  { echo "restart_hits.sh: $trace has no request after the first $warm" >&2; exit 2; }
 
 # The sum of a counter's samples with `label` on the Conductor's /metrics.
 metric() {
@@ -57,23 +67,36 @@ metric() {
 ratio() {  # hit miss -> "0.123"
   awk -v h="$1" -v m="$2" 'BEGIN { if (h + m == 0) print "n/a"; else printf "%.3f\n", h / (h + m) }'
 }
+hit_ratio() {  # replay JSON -> its prefix hit ratio
+  /usr/bin/python3 -c 'import json, sys; print("%.3f" % json.load(open(sys.argv[1]))["policies"][0]["hit_ratio"])' "$1"
+}
+# The pid of child `name` of the run in `run_dir`, as its supervisor last started it.
+child_pid() {
+  grep -o "started $2 (pid [0-9]*)" "$1/serve.log" | tail -n 1 | grep -o '[0-9]*)' | tr -d ')'
+}
 
-run() {  # dram_bytes ssd_bytes -> prints "hits_before misses_before hits_after misses_after adopted"
-  local dram=$1 ssd=$2 run_dir="$work/run-$1-$2"
+# Runs one cluster: `run DRAM_BYTES SSD_BYTES KEEP_PREFILL_CACHE VICTIMS...` (no victim: no restart); prints
+# "pool_hits_before pool_misses_before pool_hits_after pool_misses_after warm_hit_ratio after_hit_ratio
+# adopted".
+run() {
+  local dram=$1 ssd=$2 keep=$3
+  shift 3
+  local run_dir="$work/run-$dram-$ssd-$keep-$#"
   mkdir -p "$run_dir"
-  /usr/bin/python3 - "$run_dir/config.json" "$dram" "$ssd" <<'EOF'
+  /usr/bin/python3 - "$run_dir/config.json" "$dram" "$ssd" "$keep" <<'EOF'
 import json, sys
 c = json.load(open("configs/local.json"))
 c["model"] = "llama3-8b"  # quick prefills: the replay runs at the trace's pace
 c["serve"]["store_dram_bytes"] = int(sys.argv[2])
 c["serve"]["store_ssd_bytes"] = int(sys.argv[3])
+c["serve"]["keep_prefill_cache"] = sys.argv[4] == "true"
 json.dump(c, open(sys.argv[1], "w"))
 EOF
   port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  "$crescent" serve --config "$run_dir/config.json" --run-dir "$run_dir" --port "$port" \
+  "$crescent" serve --config "$run_dir/config.json" --run-dir "$run_dir/run" --port "$port" \
     > "$run_dir/serve.log" 2>&1 &
   serve_pid=$!
-  for _ in $(seq 200); do
+  for _ in $(seq 300); do
     curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
     sleep 0.1
   done
@@ -84,37 +107,53 @@ EOF
   local h0 m0
   h0=$(metric crescent_pool_prefix_tokens_total 'result="hit"')
   m0=$(metric crescent_pool_prefix_tokens_total 'result="miss"')
-  local node_pid
-  node_pid=$(pgrep -f "store node --master .*--cluster-secret-file $run_dir/cluster-secret" | head -n 1)
-  [[ -n $node_pid ]] || { echo "restart_hits.sh: no store node found" >&2; exit 1; }
-  kill -KILL "$node_pid"
-  local new_pid=""
-  for _ in $(seq 200); do
-    new_pid=$(pgrep -f "store node --master .*--cluster-secret-file $run_dir/cluster-secret" | head -n 1 || true)
-    [[ -n $new_pid && $new_pid != "$node_pid" ]] && grep -q "store node: segment" "$run_dir/store-node.log" && break
-    sleep 0.1
+  local victim
+  for victim in "$@"; do
+    kill -KILL "$(child_pid "$run_dir" "$victim")"
   done
-  sleep 1  # mounted and renewing
+  local ready
+  for victim in "$@"; do
+    ready="conductor: $victim up"  # an instance: the Conductor has it again
+    [[ $victim == store-node ]] && ready="store node: segment"
+    for _ in $(seq 300); do
+      [[ $(grep -c "$ready" "$run_dir/serve.log") -ge 2 ]] && break
+      sleep 0.1
+    done
+  done
+  sleep 1  # mounted and renewing; instances' full cache reports in
   "$crescent" replay "$work/after.jsonl" --url "http://127.0.0.1:$port" --time-scale "$time_scale" --json \
     > "$run_dir/after.json"
-  local h1 m1
+  local h1 m1 adopted
   h1=$(metric crescent_pool_prefix_tokens_total 'result="hit"')
   m1=$(metric crescent_pool_prefix_tokens_total 'result="miss"')
-  local adopted
-  adopted=$(grep -o "adopted [0-9]* objects" "$run_dir/store-node.log" | tail -n 1 | awk '{print $2}' || true)
+  adopted=$( (grep -o "adopted [0-9]* \(objects\|blocks\)" "$run_dir/serve.log" || true) |
+    awk '{ sum += $2 } END { printf "%d\n", sum }')
   kill -INT "$serve_pid"
   wait "$serve_pid" || true
   serve_pid=""
-  echo "$h0 $m0 $((h1 - h0)) $((m1 - m0)) ${adopted:-0}"
+  echo "$h0 $m0 $((h1 - h0)) $((m1 - m0)) $(hit_ratio "$run_dir/warm.json") $(hit_ratio "$run_dir/after.json") $adopted"
 }
 
-printf '%-28s %12s %12s %14s %10s\n' "store node" "before: hit" "after: hit" "after: tokens" "adopted"
-for sizes in "$large_bytes 0" "$small_dram_bytes 0" "$small_dram_bytes $large_bytes"; do
-  read -r dram ssd <<< "$sizes"
-  run "$dram" "$ssd" > "$work/result"  # in this shell: the trap stops what it started
-  read -r h0 m0 h1 m1 adopted < "$work/result"
-  name="DRAM $((dram >> 20)) MiB"
-  [[ $ssd -gt 0 ]] && name="$name + SSD $((ssd >> 20)) MiB"
-  printf '%-28s %12s %12s %14s %10s\n' "$name" "$(ratio "$h0" "$m0")" "$(ratio "$h1" "$m1")" \
-    "$((h1 + m1))" "$adopted"
-done
+if [[ $role == store-node ]]; then
+  printf '%-28s %12s %12s %14s %10s\n' "store node" "before: hit" "after: hit" "after: tokens" "adopted"
+  for sizes in "$large_bytes 0" "$small_dram_bytes 0" "$small_dram_bytes $large_bytes"; do
+    read -r dram ssd <<< "$sizes"
+    run "$dram" "$ssd" false store-node > "$work/result"  # in this shell: the trap stops what it started
+    read -r h0 m0 h1 m1 _ _ adopted < "$work/result"
+    name="DRAM $((dram >> 20)) MiB"
+    [[ $ssd -gt 0 ]] && name="$name + SSD $((ssd >> 20)) MiB"
+    printf '%-28s %12s %12s %14s %10s\n' "$name" "$(ratio "$h0" "$m0")" "$(ratio "$h1" "$m1")" \
+      "$((h1 + m1))" "$adopted"
+  done
+else
+  printf '%-34s %14s %14s %10s\n' "prefill instances" "warm: hit" "after: hit" "adopted"
+  for variant in "no restart" "restarted" "restarted, keep_prefill_cache"; do
+    case "$variant" in
+      "no restart") run "$large_bytes" 0 false > "$work/result" ;;
+      "restarted") run "$large_bytes" 0 false prefill-0 prefill-1 > "$work/result" ;;
+      *) run "$large_bytes" 0 true prefill-0 prefill-1 > "$work/result" ;;
+    esac
+    read -r _ _ _ _ warm_hit after_hit adopted < "$work/result"
+    printf '%-34s %14s %14s %10s\n' "$variant" "$warm_hit" "$after_hit" "$adopted"
+  done
+fi
