@@ -356,6 +356,7 @@ Result<std::unique_ptr<MountedSegment>> MountedSegment::mount(transfer::Transfer
     impl->mount.ssd_capacity_bytes = options.ssd_capacity_bytes;
     for (const auto& [key, size] : impl->ssd->held()) adopted.push_back({key, 0, size, ReplicaTier::kSsd});
     impl->ssd_adopted = impl->ssd->adopted();
+    std::lock_guard<std::mutex> lock(impl->tier_mu);
     impl->note_ssd_size();
   }
   Result<void*> memory = engine.allocate_memory(capacity_bytes);
