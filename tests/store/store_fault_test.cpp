@@ -55,6 +55,14 @@ std::unique_ptr<ChildProcess> start_node_process(const StoreCluster& cluster, co
   return std::move(*node);
 }
 
+/// A client of `cluster` reaching the node processes over tcp, a transfer failing within 2 s.
+Result<std::unique_ptr<Client>> tcp_client(const StoreCluster& cluster) {
+  ClientOptions options = cluster.client_options();
+  options.transports = {transfer::TransportKind::kTcp};
+  options.transfer_timeout = milliseconds(2000);
+  return Client::create(options);
+}
+
 TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
   MasterServerOptions options;
   options.master.segment_ttl = milliseconds(1000);
@@ -65,10 +73,7 @@ TEST(StoreFaults, NodeKilledItsSegmentGoesReadsFallBackAndNothingHangs) {
   auto doomed = start_node_process(cluster, "doomed-" + tag);
   auto survivor = start_node_process(cluster, "survivor-" + tag);
   ASSERT_TRUE(doomed && survivor);
-  ClientOptions client_options = cluster.client_options();
-  client_options.transports = {transfer::TransportKind::kTcp};
-  client_options.transfer_timeout = milliseconds(2000);
-  auto client = Client::create(client_options);
+  auto client = tcp_client(cluster);
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   Client& c = **client;
 
@@ -139,10 +144,7 @@ TEST(StoreFaults, ARestartedNodeReadoptsItsSsdObjects) {
                                         "--ssd-capacity", "64MiB"};
   auto node = start_node_process(cluster, name, ssd, name + "-first");
   ASSERT_TRUE(node);
-  ClientOptions client_options = cluster.client_options();
-  client_options.transports = {transfer::TransportKind::kTcp};
-  client_options.transfer_timeout = milliseconds(2000);
-  auto client = Client::create(client_options);
+  auto client = tcp_client(cluster);
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   Client& c = **client;
   constexpr int kValues = 40;  // 40 x 64 KiB = 2.5 MiB through 1 MiB of DRAM: the oldest are spilled
@@ -206,10 +208,7 @@ TEST(StoreFaults, PutsRightAfterANodeDiesSucceedOnLiveSegments) {
   auto doomed = start_node_process(cluster, "doomed-" + tag);
   auto survivor = start_node_process(cluster, "survivor-" + tag);
   ASSERT_TRUE(doomed && survivor);
-  ClientOptions client_options = cluster.client_options();
-  client_options.transports = {transfer::TransportKind::kTcp};
-  client_options.transfer_timeout = milliseconds(2000);
-  auto client = Client::create(client_options);
+  auto client = tcp_client(cluster);
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   Client& c = **client;
   const std::string doomed_segment = "doomed-" + tag + "/dram";
