@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git python3
   nlohmann-json3-dev libsimdjson-dev libcli11-dev libfmt-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libucx-dev libcpp-httplib-dev libssl-dev libxxhash-dev etcd-server redis-server libhiredis-dev
+  libucx-dev libcpp-httplib-dev libssl-dev libxxhash-dev etcd-server etcd-client redis-server libhiredis-dev
   libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   libboost-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
   gnuplot-nox

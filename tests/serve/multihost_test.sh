@@ -12,78 +12,15 @@
 set -uo pipefail
 crescent=$1 source_dir=$2 work=$3
 requests=${CRESCENT_MULTIHOST_REQUESTS:-40}
-tag="cr$$"
-switch="$tag-sw"
 hosts=(etcd conductor store prefill0 prefill1 decode0 decode1)
-declare -A address
-pids=()
+source "$(dirname "$0")/netns.sh"
 
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-  done
-  wait 2>/dev/null
-  for h in "${hosts[@]}"; do ip netns del "$tag-$h" 2>/dev/null; done
-  ip netns del "$switch" 2>/dev/null
-  [ -n "${stage:-}" ] && rm -rf "$stage"
-}
-trap cleanup EXIT
-
-skip() { echo "SKIPPED: $*"; exit 77; }
-fail() {
-  echo "FAILED: $*"
-  for f in "$work"/*.log; do echo "--- $f"; tail -n 15 "$f"; done
-  exit 1
-}
-
-[ "$(id -u)" -eq 0 ] || skip "network namespaces need root"
-command -v ip > /dev/null && command -v unshare > /dev/null || skip "ip (iproute2) and unshare are needed"
 command -v etcd > /dev/null || skip "etcd is not installed"
-ip netns add "$switch" 2> /dev/null || skip "cannot create a network namespace here (ip netns add failed)"
-ip -n "$switch" link add br0 type bridge && ip -n "$switch" link set br0 up || skip "no bridge in a namespace"
-
 rm -rf "$work" && mkdir -p "$work" || fail "cannot create $work"
-# What the hosts run and read, outside /tmp: each host has a /tmp of its own, so a build tree or a clone under
-# /tmp would not be there. The binary with the modules it loads from beside it, the config, the members'
-# secret, etcd's data.
-stage=$(mktemp -d /var/tmp/crescent-multihost.XXXXXX) || fail "cannot create a staging directory in /var/tmp"
-cp "$crescent" "$stage/" && cp "$(dirname "$crescent")"/lib*.so "$stage/" 2> /dev/null
-cp "$source_dir/configs/local.json" "$stage/" || fail "cannot stage the binary and the config in $stage"
-crescent="$stage/$(basename "$crescent")"
-"$crescent" serve secret "$stage/cluster-secret" > /dev/null || fail "cannot write the cluster secret"
-i=10
-for h in "${hosts[@]}"; do
-  ns="$tag-$h"
-  address[$h]="10.213.0.$i"
-  i=$((i + 1))
-  ip netns add "$ns" || fail "ip netns add $ns"
-  ip -n "$switch" link add "p-$h" type veth peer name eth0 netns "$ns" || fail "veth for $h"
-  ip -n "$switch" link set "p-$h" master br0 up
-  ip -n "$ns" addr add "${address[$h]}/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-done
-
-# Runs "$@" as host $1: its own network namespace, hostname, /tmp and /dev/shm; output to WORK/NAME.log.
-run_on() {
-  local h=$1 name=$2
-  shift 2
-  ip netns exec "$tag-$h" unshare --uts --mount --propagation private \
-    sh -c 'hostname "$0" && mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp && exec "$@"' \
-    "$tag-$h" "$@" > "$work/$name.log" 2>&1 &
-  pids+=($!)
-}
-
-# Waits up to $3 seconds for $2 in WORK/$1.log.
-wait_for() {
-  for _ in $(seq $(($3 * 10))); do
-    grep -q -- "$2" "$work/$1.log" 2> /dev/null && return 0
-    sleep 0.1
-  done
-  fail "$1 did not print '$2' within $3 s"
-}
+# 10.213.0.0/24 is this test's (scripts/chaos.sh uses 10.213.1.0/24): the two could run at once.
+netns_setup "cr$$" 10.213.0 "${hosts[@]}"
+netns_stage "$crescent" "$source_dir" multihost
+tag=$netns_tag
 
 etcd_url="http://${address[etcd]}:2379"
 run_on etcd etcd etcd --data-dir "$stage/etcd-data" --name multihost \
@@ -92,26 +29,25 @@ run_on etcd etcd etcd --data-dir "$stage/etcd-data" --name multihost \
   --initial-cluster "multihost=http://${address[etcd]}:2380"
 wait_for etcd "ready to serve client requests" 30
 
-config="$stage/local.json"
 # The store: master (transfer metadata in etcd, as every member finds it) and one node.
 run_on store store-master "$crescent" store master --etcd "$etcd_url" --metrics "" \
-  --cluster-secret-file "$stage/cluster-secret"
+  --cluster-secret-file "$secret"
 wait_for store-master "store master: leading" 30
 run_on store store-node "$crescent" store node --etcd "$etcd_url" --dram 256MiB --metrics "" --name node-0 \
-  --cluster-secret-file "$stage/cluster-secret"
+  --cluster-secret-file "$secret"
 wait_for store-node "store node: segment" 30
 master_address=$(sed -n 's/^store master on \([^ ]*\) .*/\1/p' "$work/store-master.log")
 case "$master_address" in 10.213.*) ;; *) fail "the store master advertises '$master_address', not its own host's address" ;; esac
 
 run_on conductor conductor "$crescent" serve conductor --config "$config" --host "${address[conductor]}" \
-  --port 8000 --etcd "$etcd_url" --cluster-secret-file "$stage/cluster-secret"
+  --port 8000 --etcd "$etcd_url" --cluster-secret-file "$secret"
 wait_for conductor "conductor: model" 30
 for role in prefill decode; do
   for index in 0 1; do
     extra=()
     [ "$role" = prefill ] && extra=(--store-master "$master_address")
     run_on "$role$index" "$role-$index" "$crescent" serve "$role" --index "$index" --config "$config" \
-      --etcd "$etcd_url" --cluster-secret-file "$stage/cluster-secret" "${extra[@]}"
+      --etcd "$etcd_url" --cluster-secret-file "$secret" "${extra[@]}"
   done
 done
 for role in prefill-0 prefill-1 decode-0 decode-1; do wait_for conductor "conductor: $role up" 60; done
