@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <system_error>
 
 namespace crescent::net {
@@ -130,20 +132,49 @@ void set_nodelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-uint16_t free_tcp_port() {
+namespace {
+
+// Whether `port` (0: any) can be bound on every local address now; the bound port, or 0.
+uint16_t try_bind(uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(port);
   socklen_t len = sizeof addr;
-  uint16_t port = 0;
+  uint16_t bound = 0;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+    bound = ntohs(addr.sin_port);
   }
   ::close(fd);
-  return port;
+  return bound;
+}
+
+// The first port of the kernel's ephemeral range (net.ipv4.ip_local_port_range), 32768 when unreadable.
+int ephemeral_range_start() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  int high = 0;
+  return in >> low >> high && low > 0 ? low : 32768;
+}
+
+}  // namespace
+
+uint16_t free_tcp_port() {
+  // Below the ephemeral range, where neither an outgoing connection nor a port-0 listener can take the port
+  // between this pick and the caller's bind; drawn at random so that concurrent pickers rarely meet.
+  constexpr int kLowest = 20000;
+  const int end = ephemeral_range_start();
+  if (end - kLowest >= 1000) {
+    thread_local std::mt19937 random(std::random_device{}());
+    std::uniform_int_distribution<int> pick(kLowest, end - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      if (const uint16_t port = try_bind(static_cast<uint16_t>(pick(random))); port != 0) return port;
+    }
+  }
+  return try_bind(0);
 }
 
 std::string endpoint_key(const std::string& host, int port) {

@@ -67,8 +67,10 @@ std::string describe(const Io& io, std::string_view during, std::chrono::millise
 /// Sets TCP_NODELAY: a small frame must not wait for Nagle's algorithm.
 void set_nodelay(int fd);
 
-/// A TCP port free on every local address now (bound to port 0, then released: someone else may take it
-/// before the caller's process binds it, which then fails to start), or 0 when none could be had.
+/// A TCP port free on every local address now, or 0 when none could be had. It is drawn at random from
+/// 20000 up to the kernel's ephemeral range, so a port-0 listener or an outgoing connection cannot take it
+/// before the caller's process binds it (another process picking ports by hand still could: it is
+/// released, not held). Falls back to a kernel-chosen port when that range is too small.
 uint16_t free_tcp_port();
 
 /// "host:port", or "[host]:port" for an IPv6 literal.
