@@ -171,7 +171,7 @@ std::string_view admission_name(const cluster::ServeSetup& s) {
 // What `crescent replay` needs to replay --replay against `url`.
 ReplayArgs replay_args(const ServeArgs& args, const cluster::ServeSetup& s, const std::string& url) {
   return {.trace_path = args.replay_trace,
-          .url = url,
+          .urls = {url},
           .model = s.cluster.model_name,
           .api_key = args.api_key,
           .config_path = args.config_path,

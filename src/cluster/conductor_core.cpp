@@ -63,6 +63,7 @@ conductor::Decision ConductorCore::place(ClusterRequest request, RequestCallback
   live.placements = 1;
   live.summary.prompt_tokens = std::ssize(live.request.prompt_token_ids);
   const conductor::RequestInfo info{live.summary.prompt_tokens, live.block_keys, live.request.max_tokens};
+  metrics_.observe_received();
   const auto decide_start = std::chrono::steady_clock::now();
   const conductor::Decision decision = cluster::place(conductor_, state_, info, candidate, now_s, *this);
   metrics_.observe_decision(

@@ -34,6 +34,10 @@ prometheus::Gauge& gauge(prometheus::Registry& registry, const std::string& name
 ServeMetrics::ServeMetrics(const std::string& model_name)
     : registry_(std::make_shared<prometheus::Registry>()),
       model_name_(model_name),
+      received_(counter(*registry_, "crescent_requests_received_total",
+                        "Requests given to the Conductor to place; with none in flight, = rejected + "
+                        "vllm:request_success_total (every finished_reason)",
+                        {})),
       rejected_(
           prometheus::BuildCounter()
               .Name("crescent_requests_rejected_total")
@@ -163,6 +167,9 @@ void ServeMetrics::observe_decision(double seconds) {
 }
 void ServeMetrics::observe_routing_overhead(double seconds) {
   routing_.Observe(seconds);
+}
+void ServeMetrics::observe_received() {
+  received_.Increment();
 }
 void ServeMetrics::observe_rejection(std::string_view reason) {
   rejected_.Add({{"reason", std::string(reason)}}).Increment();

@@ -59,6 +59,10 @@ class ServeMetrics {
   /// Router mode (docs/router.md): from a request all received to its first engine request sent, parsing,
   /// tokenizing and placing it (crescent_router_overhead_seconds).
   void observe_routing_overhead(double seconds);
+  /// A request given to the Conductor to place (crescent_requests_received_total). Each ends once: refused
+  /// (crescent_requests_rejected_total) or finished (vllm:request_success_total, any finished_reason;
+  /// "abort" for the failed and the cancelled), so with nothing in flight received = rejected + finished.
+  void observe_received();
   /// A request refused for `reason` (crescent_requests_rejected_total{reason}).
   void observe_rejection(std::string_view reason);
   /// An accepted prompt's tokens by where their KV came from (crescent_prefix_tokens_total{source}: local
@@ -121,6 +125,7 @@ class ServeMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   const std::string model_name_;
+  prometheus::Counter& received_;
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Counter>& failed_;
   prometheus::Family<prometheus::Counter>& replaced_;

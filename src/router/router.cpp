@@ -246,6 +246,7 @@ class Router::Impl final : private cluster::PlacementDriver {
     r.keys = std::move(keys);
     r.request_id = fmt::format("crescent-{:016x}", id);
     r.arrived_s = clock_.now_s();
+    metrics_.observe_received();
     const conductor::Decision decision = place(id, r);
     if (decision.rejected != conductor::RejectReason::kNone) requests_.erase(id);
     return decision;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/engine_core.h"
 #include "engine/step_log.h"
 #include "serve/http_client_error.h"
 
@@ -30,16 +31,32 @@ conductor::RejectReason reason_from_code(const std::string& code, int status) {
 // Bytes of a body kept for an error's text.
 constexpr size_t kErrorBodyBytes = 64 << 10;
 
-// One request's exchange: sends it, reads the stream, fills `o`. Returns a failure description, or empty.
-std::string run_one(const ReplayOptions& options, const std::string& model, const trace::Request& r,
-                    Clock::time_point start, cluster::RequestOutcome& o) {
-  const json body = {{"model", model},
-                     {"prompt", trace_prompt_tokens(r, options.block_size_tokens, options.vocab_size)},
-                     {"max_tokens", r.output_tokens},
-                     {"ignore_eos", true},
-                     {"stream", true},
-                     {"stream_options", {{"include_usage", true}}}};
-  httplib::Client client(options.host, options.port);
+// Why a request failed.
+struct Failure {
+  FailureClass kind;
+  std::string message;
+};
+
+// The text a crescent instance running the mock executor answers with `tokens` tokens for `seed`.
+std::string mock_text(uint64_t seed, int64_t tokens) {
+  std::string text;
+  for (int64_t i = 0; i < tokens; ++i) text.push_back(static_cast<char>(engine::mock_token(seed, i)));
+  return text;
+}
+
+// One request's exchange with `server`: sends it, reads the stream, fills `o` (its arrival_s already set).
+// Returns why it failed, or nullopt.
+std::optional<Failure> run_one(const ReplayOptions& options, const ServerAddress& server,
+                               const std::string& model, const trace::Request& r, Clock::time_point start,
+                               cluster::RequestOutcome& o) {
+  json body = {{"model", model},
+               {"prompt", trace_prompt_tokens(r, options.block_size_tokens, options.vocab_size)},
+               {"max_tokens", r.output_tokens},
+               {"ignore_eos", true},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  if (options.check_mock_output) body["seed"] = r.line;
+  httplib::Client client(server.host, server.port);
   const auto seconds = [](double s) {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(s));
   };
@@ -54,12 +71,16 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
   req.set_header("Content-Type", "application/json");
   if (!options.api_key.empty()) req.set_header("Authorization", "Bearer " + options.api_key);
 
-  std::string raw, pending, stream_error;  // raw: the body's first bytes, for an error's text
-  std::vector<double> chunk_s;             // when each token's chunk arrived (seconds since start)
+  std::string raw, pending, text;  // raw: the body's first bytes, for an error's text
+  std::optional<Failure> stream_failure;
+  std::vector<double> chunk_s;  // when each token's chunk arrived (seconds since start)
   int64_t completion_tokens = -1;
   bool done = false;
+  const auto broken = [&](FailureClass kind, std::string message) {
+    stream_failure = Failure{kind, std::move(message)};
+  };
   // Consumes the stream's bytes: SSE events, each a chunk, the usage, "[DONE]" or an error.
-  // False: the stream is broken (stream_error says how) and the request stops there.
+  // False: the stream is broken (stream_failure says how) and the request stops there.
   const auto receive = [&](const char* data, size_t n) {
     const double now = std::chrono::duration<double>(Clock::now() - start).count();
     if (raw.size() < kErrorBodyBytes) raw.append(data, std::min(n, kErrorBodyBytes - raw.size()));
@@ -76,11 +97,12 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
       }
       const json chunk = json::parse(payload, nullptr, false);
       if (chunk.is_discarded()) {
-        stream_error = "unparsable stream event: " + payload.substr(0, 200);
+        broken(FailureClass::kMalformed, "unparsable stream event: " + payload.substr(0, 200));
         continue;
       }
       if (chunk.contains("error")) {
-        stream_error = "error event: " + chunk["error"].value("message", payload.substr(0, 200));
+        broken(FailureClass::kSseError,
+               "error event: " + chunk["error"].value("message", payload.substr(0, 200)));
         continue;
       }
       if (chunk.contains("usage") && chunk["usage"].is_object()) {
@@ -96,20 +118,24 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
       if (chunk.contains("choices") && chunk["choices"].is_array() && !chunk["choices"].empty()) {
         const json& choice = chunk["choices"][0];
         const bool last = choice.contains("finish_reason") && !choice["finish_reason"].is_null();
-        if (!last || !choice.value("text", std::string()).empty()) chunk_s.push_back(now);
+        const std::string piece = choice.value("text", std::string());
+        text += piece;
+        if (!last || !piece.empty()) chunk_s.push_back(now);
         if (std::ssize(chunk_s) > r.output_tokens + options.extra_chunks_allowed) {
-          stream_error = fmt::format("the stream ran past max_tokens ({} token chunks for {})",
-                                     chunk_s.size(), r.output_tokens);
+          broken(FailureClass::kMalformed,
+                 fmt::format("the stream ran past max_tokens ({} token chunks for {})", chunk_s.size(),
+                             r.output_tokens));
           return false;
         }
       }
     }
     if (pending.size() > options.max_event_bytes) {
-      stream_error = fmt::format("a stream event longer than {} bytes", options.max_event_bytes);
+      broken(FailureClass::kMalformed,
+             fmt::format("a stream event longer than {} bytes", options.max_event_bytes));
       return false;
     }
     if (Clock::now() > deadline) {
-      stream_error = fmt::format("no whole answer within {:g} s", options.timeout_s);
+      broken(FailureClass::kHung, fmt::format("no whole answer within {:g} s", options.timeout_s));
       return false;
     }
     return true;
@@ -118,17 +144,27 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
     try {
       return receive(data, n);
     } catch (const std::exception& e) {  // a stream event of an unexpected shape (json type_error)
-      stream_error = fmt::format("unexpected stream event ({})", e.what());
+      broken(FailureClass::kMalformed, fmt::format("unexpected stream event ({})", e.what()));
       return false;
     }
   };
-  o.arrival_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const auto failure = [&](FailureClass kind, const std::string& message) {
+    return Failure{kind,
+                   fmt::format("request line {} at {}:{}: {}", r.line, server.host, server.port, message)};
+  };
   auto res = client.send(req);
   const double end_s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!stream_error.empty()) return fmt::format("request line {}: {}", r.line, stream_error);
+  if (stream_failure) return failure(stream_failure->kind, stream_failure->message);
   if (!res) {
-    return fmt::format("request line {}: {} after {:.1f} s ({})", r.line, httplib::to_string(res.error()),
-                       end_s - o.arrival_s, what_failed(res.error(), options.timeout_s));
+    const double took_s = end_s - o.arrival_s;
+    FailureClass kind = FailureClass::kConnectionClosed;
+    if (res.error() == httplib::Error::Connection || res.error() == httplib::Error::ConnectionTimeout) {
+      kind = FailureClass::kConnectionRefused;
+    } else if (took_s >= options.timeout_s * 0.99) {
+      kind = FailureClass::kHung;
+    }
+    return failure(kind, fmt::format("{} after {:.1f} s ({})", httplib::to_string(res.error()), took_s,
+                                     what_failed(res.error(), options.timeout_s)));
   }
   if (res->status == 429 || res->status == 400) {
     const json error = json::parse(raw.empty() ? res->body : raw, nullptr, false);
@@ -138,18 +174,28 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
       code = error["error"]["code"].get<std::string>();
     }
     if (res->status == 400 && code != "context-length" && code != "context_length_exceeded") {
-      return fmt::format("request line {}: HTTP 400: {}", r.line,
-                         (raw.empty() ? res->body : raw).substr(0, 300));
+      return failure(FailureClass::kHttpError,
+                     fmt::format("HTTP 400: {}", (raw.empty() ? res->body : raw).substr(0, 300)));
     }
     o.rejected = reason_from_code(code, res->status);
     o.finish_s = o.arrival_s;
-    return "";
+    return std::nullopt;
   }
   if (res->status != 200) {
-    return fmt::format("request line {}: HTTP {}: {}", r.line, res->status,
-                       (raw.empty() ? res->body : raw).substr(0, 300));
+    return failure(FailureClass::kHttpError,
+                   fmt::format("HTTP {}: {}", res->status, (raw.empty() ? res->body : raw).substr(0, 300)));
   }
-  if (!done || chunk_s.empty()) return fmt::format("request line {}: the stream ended early", r.line);
+  if (!done || chunk_s.empty()) return failure(FailureClass::kConnectionClosed, "the stream ended early");
+  if (options.check_mock_output) {
+    if (const std::string expected = mock_text(static_cast<uint64_t>(r.line), r.output_tokens);
+        text != expected) {
+      size_t at = 0;
+      while (at < text.size() && at < expected.size() && text[at] == expected[at]) ++at;
+      return failure(FailureClass::kWrongOutput,
+                     fmt::format("the answer ({} bytes) is not the mock model's ({} bytes) from byte {}",
+                                 text.size(), expected.size(), at));
+    }
+  }
   o.ttft_s = chunk_s.front() - o.arrival_s;
   o.finish_s = end_s;
   o.output_tokens = completion_tokens >= 0 ? completion_tokens : static_cast<int64_t>(chunk_s.size());
@@ -160,10 +206,30 @@ std::string run_one(const ReplayOptions& options, const std::string& model, cons
     o.tbt_s = g.tbt_s;
     o.max_token_gap_s = g.max_gap_s;
   }
-  return "";
+  return std::nullopt;
 }
 
 }  // namespace
+
+const char* to_string(FailureClass c) {
+  switch (c) {
+    case FailureClass::kHung:
+      return "hung";
+    case FailureClass::kHttpError:
+      return "http_error";
+    case FailureClass::kSseError:
+      return "sse_error";
+    case FailureClass::kConnectionClosed:
+      return "connection_closed";
+    case FailureClass::kConnectionRefused:
+      return "connection_refused";
+    case FailureClass::kMalformed:
+      return "malformed";
+    case FailureClass::kWrongOutput:
+      return "wrong_output";
+  }
+  return "?";
+}
 
 std::vector<int64_t> trace_prompt_tokens(const trace::Request& request, int64_t block_size_tokens,
                                          int64_t vocab_size) {
@@ -188,7 +254,7 @@ namespace {
 // The sum and count of histogram `name` in the server's /metrics, or nullopt (no such metric, no answer).
 std::optional<std::pair<double, double>> server_histogram(const ReplayOptions& options,
                                                           const std::string& name) {
-  httplib::Client client(options.host, options.port);
+  httplib::Client client(options.servers.front().host, options.servers.front().port);
   client.set_connection_timeout(5, 0);
   client.set_read_timeout(10, 0);
   httplib::Headers headers;
@@ -223,24 +289,30 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
   }
   if (options.vocab_size < 1) return Status::invalid_argument("--vocab-size must be >= 1");
   if (options.block_size_tokens < 1) return Status::invalid_argument("--block-size must be >= 1");
+  if (options.servers.empty()) return Status::invalid_argument("no server to replay against");
   ReplayResult out;
   out.model = options.model;
-  if (out.model.empty()) {
-    httplib::Client client(options.host, options.port);
+  // The first server that lists a model names it.
+  for (size_t i = 0; out.model.empty() && i < options.servers.size(); ++i) {
+    const ServerAddress& server = options.servers[i];
+    httplib::Client client(server.host, server.port);
     client.set_connection_timeout(5, 0);
+    client.set_read_timeout(10, 0);
     httplib::Headers headers;
     if (!options.api_key.empty()) headers.emplace("Authorization", "Bearer " + options.api_key);
     auto res = client.Get("/v1/models", headers);
     if (!res) {
-      return Status::unavailable(fmt::format("cannot reach http://{}:{}: {}", options.host, options.port,
+      if (i + 1 < options.servers.size()) continue;
+      return Status::unavailable(fmt::format("cannot reach http://{}:{}: {}", server.host, server.port,
                                              httplib::to_string(res.error())));
     }
     const json models = json::parse(res->body, nullptr, false);
     if (res->status != 200 || models.is_discarded() || !models.contains("data") ||
         !models["data"].is_array() || models["data"].empty() ||
         !models["data"][0].value("id", json()).is_string()) {
+      if (i + 1 < options.servers.size()) continue;
       return Status::unavailable(fmt::format("http://{}:{}/v1/models lists no model (HTTP {}): {}",
-                                             options.host, options.port, res->status,
+                                             server.host, server.port, res->status,
                                              res->body.substr(0, 200)));
     }
     out.model = models["data"][0]["id"].get<std::string>();
@@ -263,11 +335,18 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
       o.trace_line = trace[i].line;
       o.input_tokens = trace[i].input_tokens;
       o.output_tokens = trace[i].output_tokens;
-      const std::string error = run_one(options, out.model, trace[i], start, o);
+      o.arrival_s = std::chrono::duration<double>(Clock::now() - start).count();
+      std::optional<Failure> failure;
+      for (size_t k = 0; k < options.servers.size(); ++k) {
+        failure = run_one(options, options.servers[(i + k) % options.servers.size()], out.model, trace[i],
+                          start, o);
+        if (!failure || failure->kind != FailureClass::kConnectionRefused) break;
+      }
       std::lock_guard lock(mu);
-      if (!error.empty()) {
+      if (failure) {
         ++out.failed;
-        if (out.first_error.empty()) out.first_error = error;
+        ++out.failures[static_cast<size_t>(failure->kind)];
+        if (out.first_error.empty()) out.first_error = failure->message;
         o = {.arrival_s = o.arrival_s,
              .finish_s = o.arrival_s,
              .trace_line = o.trace_line,

@@ -5,6 +5,7 @@
 // refusals are measured per request, into the simulator's result type so the report is the simulator's.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -23,9 +24,17 @@ namespace crescent::serve {
 std::vector<int64_t> trace_prompt_tokens(const trace::Request& request, int64_t block_size_tokens,
                                          int64_t vocab_size);
 
-struct ReplayOptions {
+/// An OpenAI-compatible server to send requests to.
+struct ServerAddress {
   std::string host = "127.0.0.1";
   int port = 8000;
+};
+
+struct ReplayOptions {
+  /// Request i goes to servers[i % size]; one whose connection cannot be made (nothing was sent) is tried at
+  /// the next server, each at most once. The model list and /metrics come from the first. REQUIRES: not
+  /// empty.
+  std::vector<ServerAddress> servers = {ServerAddress{}};
   std::string model;    // the model to name; empty: the first one GET /v1/models lists
   std::string api_key;  // sent as a Bearer token when set
   double time_scale = 1.0;
@@ -38,9 +47,29 @@ struct ReplayOptions {
   /// than max_tokens + this many.
   size_t max_event_bytes = 1 << 20;
   int64_t extra_chunks_allowed = 8;
+  /// Sends each request a seed (its trace line) and checks the answer's text is exactly what a crescent
+  /// instance running the mock executor says for that seed (engine::mock_token): a mismatch is a failure of
+  /// class kWrongOutput. For servers of crescent's mock model only.
+  bool check_mock_output = false;
   /// Called as requests finish (from the replay's threads, serialized): finished so far, total.
   std::function<void(int64_t finished, int64_t total)> progress = nullptr;
 };
+
+/// How a failed request ended, for telling a clean ending (a client knows at once that it failed) from one a
+/// server must never give (docs/serving.md, "A chaos run").
+enum class FailureClass {
+  kHung,               // no whole answer within timeout_s
+  kHttpError,          // an HTTP error status other than a refusal (e.g. 503, 500, a 400 not for length)
+  kSseError,           // the stream ended with an error event
+  kConnectionClosed,   // the connection closed before the answer's end ([DONE])
+  kConnectionRefused,  // no server could be connected to: nothing was sent
+  kMalformed,          // a stream event that is not JSON, of an unexpected shape or size, or too many tokens
+  kWrongOutput,        // a complete answer whose text is not the mock model's (check_mock_output)
+};
+inline constexpr int kFailureClasses = 7;
+/// "hung", "http_error", "sse_error", "connection_closed", "connection_refused", "malformed",
+/// "wrong_output".
+const char* to_string(FailureClass c);
 
 /// What a replay measured. `result` follows cluster::RunResult: times in seconds from the first send; a
 /// refused request (HTTP 429, or 400 for a prompt that can never fit) is rejected with the server's reason
@@ -52,6 +81,8 @@ struct ReplayResult {
   int64_t failed =
       0;  // requests that neither completed nor were refused (no answer in time, 5xx, bad stream)
   std::string first_error;  // the first such failure, for the report
+  /// Failed requests by FailureClass (indexed by its value); they add up to `failed`.
+  std::array<int64_t, kFailureClasses> failures{};
   /// A crescent server's mean exposed KV transfer over the replay's requests (from its /metrics,
   /// crescent_kv_exposed_transfer_seconds: prefill end to KV all at decode); nullopt from other servers.
   std::optional<double> kv_exposed_transfer_mean_s;

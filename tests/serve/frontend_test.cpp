@@ -5,7 +5,6 @@
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -13,6 +12,7 @@
 
 #include <chrono>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -193,6 +193,7 @@ TEST_F(FrontendTest, MetricsFollowTheRequests) {
   ASSERT_TRUE(post("/v1/completions", {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 3}}));
   ASSERT_TRUE(post("/v1/completions", {{"model", "mock"}, {"prompt", prompt}, {"max_tokens", 2}}));
   EXPECT_EQ(metric(R"(vllm:request_success_total{finished_reason="length",model_name="mock"})"), 2);
+  EXPECT_EQ(metric("crescent_requests_received_total"), 2);
   EXPECT_EQ(metric(R"(vllm:prompt_tokens_total{model_name="mock"})"), 2200);
   EXPECT_EQ(metric(R"(vllm:generation_tokens_total{model_name="mock"})"), 5);
   EXPECT_EQ(metric(R"(vllm:prefix_cache_queries_total{model_name="mock"})"), 2200);
@@ -290,6 +291,7 @@ TEST_F(FrontendTest, OverloadIsA429WithRetryAfter) {
   EXPECT_EQ(json::parse(res->body)["error"]["code"], "ttft");
   EXPECT_EQ(cluster_->requests_in_flight(), 0u);
   EXPECT_EQ(metric(R"(crescent_requests_rejected_total{reason="ttft"})"), 1);
+  EXPECT_EQ(metric("crescent_requests_received_total"), 1);
 }
 
 TEST_F(FrontendTest, AClientThatLeavesMidStreamCancelsItsRequest) {
@@ -307,6 +309,10 @@ TEST_F(FrontendTest, AClientThatLeavesMidStreamCancelsItsRequest) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(cluster_->requests_in_flight(), 0u);
+  // Received, then ended once: as an abort, never refused.
+  EXPECT_EQ(metric("crescent_requests_received_total"), 1);
+  EXPECT_EQ(metric(R"(vllm:request_success_total{finished_reason="abort",model_name="mock"})"), 1);
+  EXPECT_EQ(metric(R"(crescent_requests_rejected_total{reason="ttft"})"), -1);
 }
 
 // A raw loopback connection to the server, for what HTTP client libraries will not send.

@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "cluster/report.h"
+#include "common/socket_io.h"
+#include "engine/engine_core.h"
 #include "serve/frontend.h"
 #include "test_cluster.h"
 
@@ -22,7 +24,7 @@ using ::testing::Not;
 
 ReplayOptions at(int port, double time_scale = 1) {
   ReplayOptions options;
-  options.port = port;
+  options.servers = {{.host = "127.0.0.1", .port = port}};
   options.time_scale = time_scale;
   return options;
 }
@@ -61,7 +63,9 @@ TEST_F(ReplayTest, MeasuresEveryRequestAndSeesTheSharedPrefix) {
   start("none", 30);
   const std::vector<trace::Request> trace = {request(0, 1100, 6, {1, 2, 3}), request(300, 1100, 4, {1, 2, 4}),
                                              request(310, 40, 1, {5})};
-  auto replayed = replay(trace, at(server_->port()));
+  ReplayOptions options = at(server_->port());
+  options.check_mock_output = true;  // and the answers are the mock model's, token for token
+  auto replayed = replay(trace, options);
   ASSERT_TRUE(replayed.ok()) << replayed.status().message();
   EXPECT_EQ(replayed->model, "mock");
   EXPECT_EQ(replayed->failed, 0) << replayed->first_error;
@@ -186,6 +190,74 @@ TEST(Replay, AServerThatMisbehavesFailsItsRequestsInTime) {
   EXPECT_THAT(jsonl, HasSubstr("\"outcome\":\"failed\""));
   EXPECT_THAT(jsonl, Not(HasSubstr("\"outcome\":\"rejected\"")));
   for (const auto& [error, says] : errors) EXPECT_THAT(error, HasSubstr(says));
+  EXPECT_EQ(all->failures[static_cast<size_t>(FailureClass::kHung)], 2);
+  EXPECT_EQ(all->failures[static_cast<size_t>(FailureClass::kMalformed)], 2);
+}
+
+// Each way a request can end badly has its class, so a chaos run can tell the endings a client sees at once
+// (an HTTP error, an SSE error event, a connection closed or refused) from those no server may give (hung,
+// malformed, wrong output). A server that cannot be connected to sends its requests to the next.
+TEST(Replay, FailuresAreClassifiedAndAnUnreachableServerIsPassedOver) {
+  httplib::Server server;
+  server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    const nlohmann::json body = nlohmann::json::parse(req.body);
+    const size_t kind = body["prompt"].size();
+    const auto chunk = [](const std::string& text) {
+      return "data: " + nlohmann::json{{"choices", {{{"index", 0}, {"text", text}}}}}.dump() + "\n\n";
+    };
+    if (kind == 21) {
+      res.status = 503;
+      res.set_content(R"({"error":{"message":"no leader","code":"no-leader"}})", "application/json");
+    } else if (kind == 22) {
+      res.set_content(chunk("a") + R"(data: {"error":{"message":"instance down"}})"
+                                   "\n\ndata: [DONE]\n\n",
+                      "text/event-stream");
+    } else if (kind == 23) {  // two tokens, then the connection ends without [DONE]
+      res.set_content(chunk("a") + chunk("b"), "text/event-stream");
+    } else {  // a whole answer: the mock model's for this seed, or not
+      const std::string right = [&] {
+        std::string t;
+        for (int64_t i = 0; i < 3; ++i) t.push_back(static_cast<char>(engine::mock_token(body["seed"], i)));
+        return t;
+      }();
+      const std::string text = kind == 24 ? right : right.substr(0, 2) + (right[2] == 'x' ? "y" : "x");
+      res.set_content(chunk(text.substr(0, 1)) + chunk(text.substr(1)) + "data: [DONE]\n\n",
+                      "text/event-stream");
+    }
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { server.listen_after_bind(); });
+  ReplayOptions options;
+  // The first server listens nowhere (a port just freed): its requests go to the second.
+  options.servers = {{.host = "127.0.0.1", .port = net::free_tcp_port()},
+                     {.host = "127.0.0.1", .port = port}};
+  options.model = "fake";
+  options.timeout_s = 5;
+  options.check_mock_output = true;
+  std::vector<trace::Request> trace;
+  for (int64_t n : {21, 22, 23, 24, 24, 25}) trace.push_back(request(0, n, 3, {1}));
+  for (size_t i = 0; i < trace.size(); ++i) trace[i].line = static_cast<int64_t>(i + 1);
+  auto replayed = replay(trace, options);
+  server.stop();
+  serving.join();
+  ASSERT_TRUE(replayed.ok()) << replayed.status().message();
+  const auto failures_of = [&](FailureClass c) { return replayed->failures[static_cast<size_t>(c)]; };
+  EXPECT_EQ(failures_of(FailureClass::kHttpError), 1);
+  EXPECT_EQ(failures_of(FailureClass::kSseError), 1);
+  EXPECT_EQ(failures_of(FailureClass::kConnectionClosed), 1);
+  EXPECT_EQ(failures_of(FailureClass::kWrongOutput), 1);
+  EXPECT_EQ(failures_of(FailureClass::kConnectionRefused), 0);
+  EXPECT_EQ(failures_of(FailureClass::kHung) + failures_of(FailureClass::kMalformed), 0);
+  EXPECT_EQ(replayed->failed, 4) << replayed->first_error;
+  EXPECT_FALSE(replayed->result.requests[3].failed);
+  EXPECT_FALSE(replayed->result.requests[4].failed);
+
+  // With no server to take them, requests are refused connections: failures, not hangs.
+  options.servers = {{.host = "127.0.0.1", .port = net::free_tcp_port()}};
+  auto nowhere = replay(std::vector<trace::Request>{request(0, 24, 3, {1})}, options);
+  ASSERT_TRUE(nowhere.ok());
+  EXPECT_EQ(nowhere->failures[static_cast<size_t>(FailureClass::kConnectionRefused)], 1);
 }
 
 TEST(Replay, AnUnreachableServerIsAnErrorBeforeAnythingIsSent) {
