@@ -14,7 +14,9 @@
 #      used beyond its capacity); etcd holds as many keys and leases as when the cluster first stood, every
 #      key under a lease, every instance's key naming the live process;
 #   4. the metrics add up on every Conductor process alive at the end: requests received = finished
-#      (vllm:request_success_total, every finished_reason) + refused (crescent_requests_rejected_total).
+#      (vllm:request_success_total, every finished_reason) + refused (crescent_requests_rejected_total);
+#   5. no role crashed: none died of SIGSEGV/SIGABRT/..., each exits 0 on the SIGTERM that ends the run, and
+#      no log holds a crash's mark.
 # It prints a table of the faults, the requests' outcomes and the invariants, and exits 0 only if every
 # invariant holds (77: namespaces cannot be made here, as the ctest's skip).
 #
