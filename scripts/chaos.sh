@@ -39,9 +39,9 @@ set -uo pipefail
 source_dir=$(cd "$(dirname "$0")/.." && pwd)
 seed=1 duration_s=600 requests="" time_scale=1 fault_interval_s=4 request_timeout_s=180
 work=/tmp/crescent-chaos binary="$source_dir/build/release/crescent"
-usage() {
+usage() {  # usage [STATUS]: the flags, then exit STATUS (2: a bad command line)
   sed -n '/^#   scripts\/chaos.sh/,/^#   --binary/p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
+  exit "${1:-2}"
 }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -53,7 +53,7 @@ while [ $# -gt 0 ]; do
     --request-timeout-s) request_timeout_s=$2 ;;
     --work) work=$2 ;;
     --binary) binary=$2 ;;
-    -h | --help) usage ;;
+    -h | --help) usage 0 ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2 && usage ;;
   esac
   [ $# -ge 2 ] || usage
