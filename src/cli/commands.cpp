@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -35,7 +36,12 @@ void run_guarded(int& exit_code, const std::function<int()>& body) {
   }
 }
 
+namespace {
+std::atomic<pthread_t> g_stop_waiter{};  // the thread that blocked the stop signals (and waits for them)
+}  // namespace
+
 sigset_t block_stop_signals() {
+  g_stop_waiter = pthread_self();
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -48,6 +54,10 @@ int wait_for_stop_signal(const sigset_t& set) {
   int signal = 0;
   sigwait(&set, &signal);
   return signal;
+}
+
+void wake_stop_signal_wait() {
+  pthread_kill(g_stop_waiter.load(), SIGTERM);
 }
 
 Result<std::string> config_path_or_default(const std::string& path, std::string_view bundled_default) {

@@ -65,6 +65,10 @@ void add_length_divisor_flag(CLI::App* cmd, int64_t& divisor);
 sigset_t block_stop_signals();
 /// Waits for one of `set`'s signals; returns its number.
 int wait_for_stop_signal(const sigset_t& set);
+/// Wakes wait_for_stop_signal with SIGTERM, sent to the thread that called block_stop_signals (a signal sent
+/// to the process may land on a thread a library started with the signal unblocked, which SIGTERM then
+/// kills). Safe from any thread. REQUIRES: block_stop_signals was called.
+void wake_stop_signal_wait();
 
 /// `crescent analyze TRACE...` (cli/analyze.cpp).
 void register_analyze(CLI::App& app, int& exit_code);

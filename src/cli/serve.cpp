@@ -351,7 +351,7 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   Supervisor supervisor(run_dir, !args.no_restart, {.restarts = 5, .window = std::chrono::minutes(1)},
                         [&failed](const std::string&) {
                           failed = true;
-                          ::kill(::getpid(), SIGTERM);  // wakes the wait for a stop signal
+                          wake_stop_signal_wait();
                         });
   const std::string self = self_path();
   const cluster::ClusterConfig& c = s.cluster.config;

@@ -100,7 +100,7 @@ int run_master(const MasterArgs& args) {
   options.etcd.leader_ttl = std::chrono::seconds(args.leader_ttl_s);
   options.on_leadership_lost = [] {
     g_deposed = true;
-    ::kill(::getpid(), SIGTERM);  // wakes the sigwait below
+    wake_stop_signal_wait();
   };
   const sigset_t signals = block_stop_signals();
   auto server = MasterServer::start(options);
