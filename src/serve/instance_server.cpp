@@ -399,6 +399,13 @@ class InstanceServer::Impl final : public engine::EngineListener {
   struct Reservation {
     uint64_t offset = 0, length = 0;
     int64_t blocks = 0;
+    bool arrived = false;  // its KV is all here (kKvArrived): its prefill instance writes no more into it
+  };
+  // Room of a request dropped before its KV arrived, out of use until kRoomFree or `until_s`
+  // (instance_wire.h, kHeldRoomTimeoutS).
+  struct HeldRoom {
+    uint64_t offset = 0, length = 0;
+    double until_s = 0;
   };
 
   bool prefill() const { return options_.role == InstanceRole::kPrefill; }
@@ -700,14 +707,60 @@ class InstanceServer::Impl final : public engine::EngineListener {
     }
   }
 
-  // Decode: forgets request `id` (its block keys, and the room it held).
+  // Decode: forgets request `id` (its block keys, and the room it held: at once when its KV had all arrived,
+  // else once its prefill instance writes no more there, kRoomFree).
   void release(uint64_t id) {
     expected_.erase(id);
     auto it = reservations_.find(id);
     if (it == reservations_.end()) return;
-    allocator_->free(it->second.offset, it->second.length);
+    if (it->second.arrived) {
+      allocator_->free(it->second.offset, it->second.length);
+    } else {
+      held_rooms_[id] = {it->second.offset, it->second.length, now_s() + kHeldRoomTimeoutS};
+    }
     reservations_.erase(it);
     load_dirty_ = true;
+  }
+
+  // Decode: the room held for dropped request `id` may be used again.
+  void free_held_room(uint64_t id) {
+    auto it = held_rooms_.find(id);
+    if (it == held_rooms_.end()) return;
+    allocator_->free(it->second.offset, it->second.length);
+    held_rooms_.erase(it);
+    load_dirty_ = true;
+  }
+
+  // Decode: rooms held past kHeldRoomTimeoutS are used again (said in the log: a prefill instance that
+  // comes back later still writing there would overwrite another request's KV, which its check refuses).
+  void expire_held_rooms() {
+    if (held_rooms_.empty()) return;
+    const double now = now_s();
+    std::vector<uint64_t> expired;
+    for (const auto& [id, room] : held_rooms_) {
+      if (now >= room.until_s) expired.push_back(id);
+    }
+    for (uint64_t id : expired) {
+      fmt::print(stderr,
+                 "{}: the room of dropped request {} is used again after {:g} s without word that its "
+                 "prefill instance writes no more there\n",
+                 identity_, id, kHeldRoomTimeoutS);
+      free_held_room(id);
+    }
+  }
+
+  // Prefill: drops order `id` before its prefill is done (cancelled, or a reset), and tells the Conductor it
+  // writes no more of its KV when it had a room at decode to write to (kKvWritesEnded).
+  void drop_order(uint64_t id) {
+    auto it = orders_.find(id);
+    if (it == orders_.end()) return;
+    if (it->second.target) {
+      InstanceMessage ended;
+      ended.kind = InstanceMessage::Kind::kKvWritesEnded;
+      ended.request_id = id;
+      outbox_.push_back(std::move(ended));
+    }
+    forget_order(id);
   }
 
   void handle(const InstanceMessage& m) {
@@ -834,6 +887,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
         auto it = reservations_.find(m.request_id);
         auto expected = expected_.find(m.request_id);
         if (it == reservations_.end() || expected == expected_.end()) break;
+        it->second.arrived = true;
         if (cpu_executor_) {
           // The KV is real (no checksum inside): it moves into the executor's blocks as it came.
           const Expected& e = expected->second;
@@ -889,7 +943,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       case InstanceMessage::Kind::kReset:
         drain_acked_ = false;  // a Conductor that did not know we drain (a new one): it acknowledges anew
         engine_->cancel_all();
-        while (!orders_.empty()) forget_order(orders_.begin()->first);
+        while (!orders_.empty()) drop_order(orders_.begin()->first);
         prefilling_.reset();
         while (!reservations_.empty()) release(reservations_.begin()->first);
         expected_.clear();
@@ -898,10 +952,13 @@ class InstanceServer::Impl final : public engine::EngineListener {
         break;
       case InstanceMessage::Kind::kCancel:
         engine_->cancel(m.request_id);
-        forget_order(m.request_id);
+        drop_order(m.request_id);
         if (prefilling_ == m.request_id) prefilling_.reset();
         release(m.request_id);
         load_dirty_ = true;
+        break;
+      case InstanceMessage::Kind::kRoomFree:
+        free_held_room(m.request_id);
         break;
       default:
         break;  // instance → Conductor kinds: not for us
@@ -1119,6 +1176,7 @@ class InstanceServer::Impl final : public engine::EngineListener {
       switch_conductor();
       engine_->advance_until(now_s());
       catch_up();
+      expire_held_rooms();
       check_drain();
       flush();
       if (!deferred_.empty()) continue;
@@ -1149,8 +1207,9 @@ class InstanceServer::Impl final : public engine::EngineListener {
   const std::string identity_;
   std::byte* kv_memory_ = nullptr;  // prefill: staging for one prompt; decode: the receive segment
   uint64_t kv_memory_bytes_ = 0;
-  std::string segment_;                               // decode: the receive segment's name
-  std::optional<store::SegmentAllocator> allocator_;  // decode: reservations within it
+  std::string segment_;                                // decode: the receive segment's name
+  std::optional<store::SegmentAllocator> allocator_;   // decode: reservations within it
+  std::unordered_map<uint64_t, HeldRoom> held_rooms_;  // decode: rooms of dropped requests, by request id
   zmq::context_t context_;
   zmq::socket_t control_;
   const SteadyClock clock_;

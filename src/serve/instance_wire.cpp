@@ -12,7 +12,7 @@ constexpr uint32_t kFields = 50;  // what encode packs, in order
 // sampled token's, each entry's count of alternatives, their token ids, their logprobs), as the unpacker
 // reads no deeper than arrays of scalars.
 constexpr uint32_t kLogprobFields = 6;
-constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kCacheReport);
+constexpr uint8_t kLastKind = static_cast<uint8_t>(InstanceMessage::Kind::kRoomFree);
 
 template <typename Packer>
 void pack_group(Packer& pk, const kv::DecodeGroup& g) {

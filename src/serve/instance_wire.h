@@ -38,6 +38,13 @@
 //   kTokens      request_ids, tokens (one decode step: each gained a token), logprob_rows, logprobs
 //   kKvTimeout   request_id (decode: its KV never came; the reservation is freed)
 //   kKvError     request_id, error (decode: a block failed its checksum)
+//   kKvWritesEnded request_id (prefill: dropped   kRoomFree   request_id (decode: the room of a request
+//                an order whose KV target it                  dropped before its KV arrived may be used
+//                had: it writes no more there)                again: its prefill instance writes no more)
+//
+// A decode instance keeps the room of a request dropped before its KV arrived out of use until kRoomFree (or
+// kHeldRoomTimeoutS): its prefill instance may still be writing there (stopped, then resumed, before the
+// Conductor's cancel or reset reached it), and another request's KV must not be overwritten.
 //
 // The logprobs fields (top_logprobs, logprob_rows, logprobs) travel only in a message that has some: an
 // optional tail of the array, so a message of a request that did not ask for logprobs is the same bytes as
@@ -54,6 +61,11 @@
 #include "model/logprobs.h"
 
 namespace crescent::serve {
+
+/// Seconds a decode instance keeps the room of a request dropped before its KV arrived out of use when no
+/// kRoomFree comes (its prefill instance gone for good, or the Conductor that knew of it): then it is used
+/// again.
+inline constexpr double kHeldRoomTimeoutS = 60;
 
 /// Which pool an instance serves.
 enum class InstanceRole : uint8_t { kPrefill, kDecode };
@@ -82,6 +94,8 @@ struct InstanceMessage {
     kPoolWritten,
     kDrainAck,
     kCacheReport,
+    kKvWritesEnded,
+    kRoomFree,
   };
   Kind kind = Kind::kLoad;
   uint64_t request_id = 0;

@@ -254,6 +254,9 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     post(decode_slot(d), m);
   }
   void send_kv_coming(InstanceId d, uint64_t id, int64_t input_tokens, double prefill_s) override {
+    if (const cluster::RequestSummary* summary = core_.summary(id)) {
+      rooms_[id] = {.prefill = summary->prefill_instance, .decode = d, .since_s = now_s()};
+    }
     InstanceMessage m;
     m.kind = InstanceMessage::Kind::kKvComing;
     m.request_id = id;
@@ -267,6 +270,7 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     m.kind = InstanceMessage::Kind::kKvArrived;
     m.request_id = id;
     m.first_token = first_token;
+    rooms_.erase(id);  // its prefill instance wrote it all: the room is the request's alone
     post(decode_slot(d), m);
   }
   void send_cancel(InstanceId p, InstanceId d, uint64_t id) override {
@@ -275,6 +279,11 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     m.request_id = id;
     post(prefill_slot(p), m);
     post(decode_slot(d), m);
+    // Its room at decode stays out of use until its prefill instance says it writes no more there.
+    if (auto room = rooms_.extract(id)) {
+      room.mapped().since_s = now_s();
+      dropped_rooms_.insert(std::move(room));
+    }
   }
 
  private:
@@ -527,6 +536,12 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         core_.state().on_decode_report(slot->id, m.load);
       return;
     }
+    // A prefill instance writes no more KV for this request (even one from before it went down says so
+    // truly): a room dropped meanwhile at decode may be used again.
+    if (m.kind == InstanceMessage::Kind::kKvWritesEnded || m.kind == InstanceMessage::Kind::kPrefillDone) {
+      free_dropped_room(*slot, m.request_id);
+      if (m.kind == InstanceMessage::Kind::kKvWritesEnded) return;
+    }
     if (!slot->up) return;  // a straggler from before it went down
     slot->last_seen_s = now;
     if (!placed_here(*slot, m)) {
@@ -583,6 +598,20 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     }
   }
 
+  // Prefill instance `slot` writes no more of request `id`'s KV: if the request was dropped with room
+  // reserved at decode, that room may be used again.
+  void free_dropped_room(const Slot& slot, uint64_t id) {
+    auto it = dropped_rooms_.find(id);
+    if (it == dropped_rooms_.end() || slot.role != InstanceRole::kPrefill || it->second.prefill != slot.id) {
+      return;
+    }
+    InstanceMessage m;
+    m.kind = InstanceMessage::Kind::kRoomFree;
+    m.request_id = id;
+    post(decode_slot(it->second.decode), m);
+    dropped_rooms_.erase(it);
+  }
+
   // Whether `m`, from `slot`, is about requests placed on that instance: reports of a prefill from the
   // request's prefill instance, of its decode (room, KV, tokens) from its decode instance. A kTokens
   // message keeps its ids placed there (the rest were checked above: no message names none).
@@ -624,6 +653,14 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
     for (Slot& s : slots_) {
       if (s.routing_id != identity || s.fd != fd) continue;
       s.fd = -1;
+      if (s.role == InstanceRole::kPrefill) {
+        // Its process is gone (a stopped one keeps its connection): it writes nowhere any more.
+        std::vector<uint64_t> ids;
+        for (const auto& [id, room] : dropped_rooms_) {
+          if (room.prefill == s.id) ids.push_back(id);
+        }
+        for (uint64_t id : ids) free_dropped_room(s, id);
+      }
       if (!s.reporting) continue;
       s.reporting = false;
       update_up(s, "its connection closed");
@@ -693,6 +730,13 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
           for (Slot& s : slots_) s.last_seen_s += now - last_check_s;
         }
         last_check_s = now;
+        // Rooms its decode instance has used again by now (kHeldRoomTimeoutS), and announced KV of requests
+        // long gone by a path that did not say so.
+        std::erase_if(dropped_rooms_,
+                      [&](const auto& e) { return now - e.second.since_s > kHeldRoomTimeoutS; });
+        std::erase_if(rooms_, [&](const auto& e) {
+          return now - e.second.since_s > 10 * kHeldRoomTimeoutS && core_.summary(e.first) == nullptr;
+        });
         for (Slot& s : slots_) {
           if (s.reporting && now - s.last_seen_s > heartbeat_s) {
             s.reporting = false;
@@ -853,6 +897,15 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
   cluster::ConductorCore core_;
   std::deque<Slot> slots_;  // every instance ever known, in the order they came (the config's first)
   std::unordered_map<std::string, Slot*> slot_by_name_;
+  // Decode rooms of requests whose KV is coming (kKvComing sent, kKvArrived not yet), by request id; and
+  // those of requests dropped meanwhile, kept until their prefill instance writes no more there
+  // (kKvWritesEnded, kPrefillDone, or its connection closed: its process is gone), when the decode instance
+  // gets kRoomFree.
+  struct Room {
+    InstanceId prefill = 0, decode = 0;
+    double since_s = 0;  // when the KV was announced, or the request dropped
+  };
+  std::unordered_map<uint64_t, Room> rooms_, dropped_rooms_;
   std::vector<Slot*> prefill_slots_, decode_slots_;  // by InstanceId (the state's number) in each role
   std::vector<std::pair<std::string, std::string>> outbox_;  // (identity, message) to send
   zmq::context_t context_;

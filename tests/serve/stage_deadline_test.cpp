@@ -379,5 +379,101 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   EXPECT_TRUE((*conductor)->wait_for_line("failed at a stage deadline", std::chrono::seconds(1)).ok());
 }
 
+// The room a decode instance reserved for a request dropped before its KV arrived stays out of use while the
+// request's prefill instance may still be writing there (stopped, then resumed before the drop reached it:
+// the chaos run's KV-overwrite race, docs/serving.md): a real decode instance, a real Conductor, and a
+// prefill member that starts every prompt and never finishes. Its first request is dropped at its prefill
+// deadline, and the next one gets other room; once the prefill member says it writes no more of the first
+// (kKvWritesEnded), the Conductor tells the decode instance (kRoomFree) and a third request reuses the room.
+TEST(StageDeadlines, ADroppedRequestsRoomIsUsedAgainOnlyOnceItsPrefillInstanceWritesNoMoreThere) {
+  test::TempDir dir("crescent-held-room");
+  json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
+  config["prefill_instances"] = 1;
+  config["decode_instances"] = 1;
+  config["serve"]["stage_timeout_floor_s"] = 1.0;
+  config["serve"]["stage_timeout_factor"] = 1;
+  std::ofstream(dir.file("one.json")) << config.dump();
+  const std::string secret_file = dir.file("cluster-secret");
+  const ClusterSecret secret = ClusterSecret::generate();
+  ASSERT_TRUE(secret.write_to(secret_file).ok());
+  auto conductor =
+      ChildProcess::start({CRESCENT_BINARY, "serve", "conductor", "--config", dir.file("one.json"), "--port",
+                           "0", "--control", "tcp://127.0.0.1:0", "--cluster-secret-file", secret_file},
+                          dir.file("conductor.log"));
+  ASSERT_TRUE(conductor.ok()) << conductor.status().to_string();
+  auto line = (*conductor)->wait_for_line("which connect to", std::chrono::seconds(30));
+  ASSERT_TRUE(line.ok()) << line.status().message() << (*conductor)->log_tail();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) << *line;
+  const int port = std::stoi(m[1]);
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(which connect to (tcp://127\.0\.0\.1:\d+))")));
+  const std::string control = m[1];
+  auto decode = ChildProcess::start(
+      {CRESCENT_BINARY, "serve", "decode", "--index", "0", "--config", dir.file("one.json"), "--conductor",
+       control, "--transfer-metadata", "dir:" + dir.file("metadata"), "--cluster-secret-file", secret_file},
+      dir.file("decode.log"));
+  ASSERT_TRUE(decode.ok()) << decode.status().to_string();
+  SilentInstance prefill(control, secret, serve::InstanceRole::kPrefill, 0);
+  // Every prompt starts; a cancel is answered "I write no more there" only once `writes_ended` is set.
+  std::atomic<bool> writes_ended{false};
+  prefill.answer_with(
+      [&](const InstanceMessage& order) {
+        std::vector<InstanceMessage> out = prefill_reports(order, {Kind::kPrefillStart});
+        if (order.kind == Kind::kCancel && writes_ended) {
+          InstanceMessage ended;
+          ended.kind = Kind::kKvWritesEnded;
+          ended.request_id = order.request_id;
+          out.push_back(ended);
+        }
+        return out;
+      },
+      std::chrono::milliseconds(0));
+  ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-0 up", std::chrono::seconds(20)).ok())
+      << (*conductor)->log_tail();
+  ASSERT_TRUE((*conductor)->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok());
+
+  std::vector<uint64_t> seen;
+  // Sends a prompt that times out in prefill; returns the room its decode instance reserved (kKvTarget).
+  const auto dropped_room = [&](const std::string& prompt) -> std::optional<InstanceMessage> {
+    const Reply reply = complete(port, prompt);
+    EXPECT_EQ(reply.status, 503) << reply.body.dump();
+    EXPECT_EQ(reply.body["error"]["code"], "prefill_timeout") << reply.body.dump();
+    auto target = prefill.wait_for(Kind::kKvTarget, 0, std::chrono::seconds(2), seen);
+    if (!target) return target;
+    seen.push_back(target->request_id);
+    // Its cancel reached the prefill member (answered as writes_ended said then).
+    EXPECT_TRUE(prefill.wait_for(Kind::kCancel, target->request_id, std::chrono::seconds(2)).has_value());
+    return target;
+  };
+  const std::string prompt(4000, 'p');  // a few blocks of room
+  const auto first = dropped_room(prompt + "1");
+  ASSERT_TRUE(first.has_value()) << (*decode)->log_tail();
+  const auto second = dropped_room(prompt + "2");
+  ASSERT_TRUE(second.has_value());
+  const auto overlaps = [](const InstanceMessage& a, const InstanceMessage& b) {
+    return a.offset_bytes < b.offset_bytes + b.length_bytes &&
+           b.offset_bytes < a.offset_bytes + a.length_bytes;
+  };
+  EXPECT_FALSE(overlaps(*first, *second)) << "the first request's room was given to the second at "
+                                          << second->offset_bytes << " while its prefill could still write";
+
+  // From now on the prefill member answers a cancel "I write no more there": the third request's room is
+  // freed with its drop (kRoomFree), and the fourth gets it; the first two stay held (nobody said so of
+  // them).
+  writes_ended = true;
+  const auto third = dropped_room(prompt + "3");
+  ASSERT_TRUE(third.has_value());
+  EXPECT_FALSE(overlaps(*third, *first) || overlaps(*third, *second));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the Conductor relays it to decode
+  const auto fourth = dropped_room(prompt + "4");
+  ASSERT_TRUE(fourth.has_value());
+  EXPECT_TRUE(overlaps(*fourth, *third))
+      << "the third request's room, freed, was not used again: the fourth "
+      << "got " << fourth->offset_bytes << ", the third had " << third->offset_bytes;
+  EXPECT_FALSE(overlaps(*fourth, *first) || overlaps(*fourth, *second));
+  (*decode)->stop(std::chrono::seconds(10));
+  (*conductor)->stop(std::chrono::seconds(10));
+}
+
 }  // namespace
 }  // namespace crescent
