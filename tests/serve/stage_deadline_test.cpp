@@ -232,42 +232,71 @@ void send_as(const std::string& control, const ClusterSecret& secret, const std:
   (void)dealer.send(zmq::buffer(serve::encode(message)), zmq::send_flags::none);
 }
 
-TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEachStagesDeadline) {
-  test::TempDir dir("crescent-deadlines");
+// A `crescent serve conductor` of one prefill and one decode instance, with a secret of its own, whose stage
+// deadlines are `floor_s` (factor 1), in `dir`: its config and secret files, HTTP port and control endpoint.
+struct StartedConductor {
+  std::string config_file, secret_file;
+  ClusterSecret secret = ClusterSecret::generate();
+  std::unique_ptr<ChildProcess> process;
+  int port = 0;
+  std::string control;
+};
+// nullopt (and a test failure saying why) when it did not start.
+std::optional<StartedConductor> start_conductor(const test::TempDir& dir, double floor_s) {
+  StartedConductor c;
   json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
   config["prefill_instances"] = 1;
   config["decode_instances"] = 1;
+  config["serve"]["stage_timeout_floor_s"] = floor_s;
+  config["serve"]["stage_timeout_factor"] = 1;
+  c.config_file = dir.file("one.json");
+  std::ofstream(c.config_file) << config.dump();
+  c.secret_file = dir.file("cluster-secret");
+  if (Status written = c.secret.write_to(c.secret_file); !written.ok()) {
+    ADD_FAILURE() << written.to_string();
+    return std::nullopt;
+  }
+  auto process =
+      ChildProcess::start({CRESCENT_BINARY, "serve", "conductor", "--config", c.config_file, "--port", "0",
+                           "--control", "tcp://127.0.0.1:0", "--cluster-secret-file", c.secret_file},
+                          dir.file("conductor.log"));
+  if (!process.ok()) {
+    ADD_FAILURE() << process.status().to_string();
+    return std::nullopt;
+  }
+  c.process = std::move(*process);
+  auto line = c.process->wait_for_line("which connect to", std::chrono::seconds(30));
+  std::smatch port, control;
+  if (!line.ok() || !std::regex_search(*line, port, std::regex(R"(http://127\.0\.0\.1:(\d+))")) ||
+      !std::regex_search(*line, control, std::regex(R"(which connect to (tcp://127\.0\.0\.1:\d+))"))) {
+    ADD_FAILURE() << "the Conductor did not say where it listens: "
+                  << (line.ok() ? *line : line.status().message()) << c.process->log_tail();
+    return std::nullopt;
+  }
+  c.port = std::stoi(port[1]);
+  c.control = control[1];
+  return c;
+}
+
+TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEachStagesDeadline) {
+  test::TempDir dir("crescent-deadlines");
   // A short prompt's stages are predicted to take milliseconds: each deadline is about the floor.
   constexpr double kFloorS = 2.0;
   constexpr double kLateS = 1.5;  // how late past its deadline a request may end on a loaded machine
-  config["serve"]["stage_timeout_floor_s"] = kFloorS;
-  config["serve"]["stage_timeout_factor"] = 1;
-  std::ofstream(dir.file("one.json")) << config.dump();
-  auto parsed = cluster::load_cluster_config(dir.file("one.json"), 512);
+  auto started = start_conductor(dir, kFloorS);
+  ASSERT_TRUE(started.has_value());
+  auto parsed = cluster::load_cluster_config(started->config_file, 512);
   ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
-  const std::string secret_file = dir.file("cluster-secret");
-  const ClusterSecret secret = ClusterSecret::generate();
-  ASSERT_TRUE(secret.write_to(secret_file).ok());
-
-  auto conductor =
-      ChildProcess::start({CRESCENT_BINARY, "serve", "conductor", "--config", dir.file("one.json"), "--port",
-                           "0", "--control", "tcp://127.0.0.1:0", "--cluster-secret-file", secret_file},
-                          dir.file("conductor.log"));
-  ASSERT_TRUE(conductor.ok()) << conductor.status().to_string();
-  auto line = (*conductor)->wait_for_line("which connect to", std::chrono::seconds(30));
-  ASSERT_TRUE(line.ok()) << line.status().message() << (*conductor)->log_tail();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) << *line;
-  const int port = std::stoi(m[1]);
-  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(which connect to (tcp://127\.0\.0\.1:\d+))")))
-      << *line;
-  const std::string control = m[1];
+  const ClusterSecret& secret = started->secret;
+  const int port = started->port;
+  const std::string& control = started->control;
+  std::unique_ptr<ChildProcess>& conductor = started->process;
 
   SilentInstance prefill(control, secret, serve::InstanceRole::kPrefill, 0);
   SilentInstance decode(control, secret, serve::InstanceRole::kDecode,
                         cluster::decode_kv_capacity_tokens(*parsed));
-  ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-0 up", std::chrono::seconds(10)).ok());
-  ASSERT_TRUE((*conductor)->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(conductor->wait_for_line("conductor: decode-0 up", std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(conductor->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok());
   std::vector<uint64_t> seen;  // requests of the earlier steps
 
   // 1. Queued and never started: 503 queue_timeout at the deadline; both instances told to drop it.
@@ -376,7 +405,7 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
   }
   EXPECT_EQ(test::scrape_metric(port, "crescent_instances_up{role=\"prefill\"}"), 1);
   EXPECT_EQ(test::scrape_metric(port, "vllm:num_requests_running{model_name=\"mock\"}"), 0);
-  EXPECT_TRUE((*conductor)->wait_for_line("failed at a stage deadline", std::chrono::seconds(1)).ok());
+  EXPECT_TRUE(conductor->wait_for_line("failed at a stage deadline", std::chrono::seconds(1)).ok());
 }
 
 // The room a decode instance reserved for a request dropped before its KV arrived stays out of use while the
@@ -387,29 +416,15 @@ TEST(StageDeadlines, AnInstanceThatHeartbeatsButNeverAnswersFailsItsRequestsAtEa
 // (kKvWritesEnded), the Conductor tells the decode instance (kRoomFree) and a third request reuses the room.
 TEST(StageDeadlines, ADroppedRequestsRoomIsUsedAgainOnlyOnceItsPrefillInstanceWritesNoMoreThere) {
   test::TempDir dir("crescent-held-room");
-  json config = json::parse(std::ifstream(CRESCENT_SOURCE_DIR "/configs/local.json"));
-  config["prefill_instances"] = 1;
-  config["decode_instances"] = 1;
-  config["serve"]["stage_timeout_floor_s"] = 1.0;
-  config["serve"]["stage_timeout_factor"] = 1;
-  std::ofstream(dir.file("one.json")) << config.dump();
-  const std::string secret_file = dir.file("cluster-secret");
-  const ClusterSecret secret = ClusterSecret::generate();
-  ASSERT_TRUE(secret.write_to(secret_file).ok());
-  auto conductor =
-      ChildProcess::start({CRESCENT_BINARY, "serve", "conductor", "--config", dir.file("one.json"), "--port",
-                           "0", "--control", "tcp://127.0.0.1:0", "--cluster-secret-file", secret_file},
-                          dir.file("conductor.log"));
-  ASSERT_TRUE(conductor.ok()) << conductor.status().to_string();
-  auto line = (*conductor)->wait_for_line("which connect to", std::chrono::seconds(30));
-  ASSERT_TRUE(line.ok()) << line.status().message() << (*conductor)->log_tail();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) << *line;
-  const int port = std::stoi(m[1]);
-  ASSERT_TRUE(std::regex_search(*line, m, std::regex(R"(which connect to (tcp://127\.0\.0\.1:\d+))")));
-  const std::string control = m[1];
+  auto started = start_conductor(dir, 1.0);
+  ASSERT_TRUE(started.has_value());
+  const ClusterSecret& secret = started->secret;
+  const std::string& secret_file = started->secret_file;
+  const int port = started->port;
+  const std::string& control = started->control;
+  std::unique_ptr<ChildProcess>& conductor = started->process;
   auto decode = ChildProcess::start(
-      {CRESCENT_BINARY, "serve", "decode", "--index", "0", "--config", dir.file("one.json"), "--conductor",
+      {CRESCENT_BINARY, "serve", "decode", "--index", "0", "--config", started->config_file, "--conductor",
        control, "--transfer-metadata", "dir:" + dir.file("metadata"), "--cluster-secret-file", secret_file},
       dir.file("decode.log"));
   ASSERT_TRUE(decode.ok()) << decode.status().to_string();
@@ -428,9 +443,9 @@ TEST(StageDeadlines, ADroppedRequestsRoomIsUsedAgainOnlyOnceItsPrefillInstanceWr
         return out;
       },
       std::chrono::milliseconds(0));
-  ASSERT_TRUE((*conductor)->wait_for_line("conductor: decode-0 up", std::chrono::seconds(20)).ok())
-      << (*conductor)->log_tail();
-  ASSERT_TRUE((*conductor)->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(conductor->wait_for_line("conductor: decode-0 up", std::chrono::seconds(20)).ok())
+      << conductor->log_tail();
+  ASSERT_TRUE(conductor->wait_for_line("conductor: prefill-0 up", std::chrono::seconds(10)).ok());
 
   std::vector<uint64_t> seen;
   // Sends a prompt that times out in prefill; returns the room its decode instance reserved (kKvTarget).
@@ -472,7 +487,7 @@ TEST(StageDeadlines, ADroppedRequestsRoomIsUsedAgainOnlyOnceItsPrefillInstanceWr
       << "got " << fourth->offset_bytes << ", the third had " << third->offset_bytes;
   EXPECT_FALSE(overlaps(*fourth, *first) || overlaps(*fourth, *second));
   (*decode)->stop(std::chrono::seconds(10));
-  (*conductor)->stop(std::chrono::seconds(10));
+  conductor->stop(std::chrono::seconds(10));
 }
 
 }  // namespace
