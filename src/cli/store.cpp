@@ -111,17 +111,24 @@ int run_master(const MasterArgs& args) {
       (*server)->transfer_metadata(),
       args.etcd.empty() ? "" : fmt::format(", campaigning in etcd {} under {}", args.etcd, args.etcd_prefix));
   std::fflush(stdout);
+  // Says when this master starts leading (tests and operators read it). Joined before the server goes: a
+  // standby stopped while it waits must not ask a destroyed server.
+  std::atomic<bool> stopping{false};
+  std::thread leading_watch;
   if (!args.etcd.empty()) {
-    // Say when this master starts leading (tests and operators read it); stop waiting on a signal.
-    std::thread([server = server->get()] {
-      while (!server->is_leader() && !g_deposed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (server->is_leader()) {
+    leading_watch = std::thread([&stopping, server = server->get()] {
+      while (!stopping && !server->is_leader() && !g_deposed) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (!stopping && server->is_leader()) {
         fmt::print("store master: leading\n");
         std::fflush(stdout);
       }
-    }).detach();
+    });
   }
   const int signal = wait_for_stop_signal(signals);
+  stopping = true;
+  if (leading_watch.joinable()) leading_watch.join();
   if (g_deposed) {
     fmt::print(stderr, "error: store master lost its leadership in etcd (lease expired); stopping\n");
     return 1;
