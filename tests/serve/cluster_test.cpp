@@ -91,14 +91,18 @@ TEST(ServeCluster, KvBytesMoveThroughThePoolAndTheTransferEngineAndPassTheirChec
   }
   EXPECT_EQ(cluster.metric("crescent_kv_blocks_verified_total"), 17);
   EXPECT_EQ(cluster.metric("crescent_kv_checksum_failures_total"), 0);
-  EXPECT_EQ(cluster.metric("crescent_kv_transfer_writes_total"), 2)
-      << "the reused 8-block prefix at once when the prefill starts, then the computed last block";
+  // The reused 8-block prefix at once when the prefill starts, then the computed last block: 2 writes, when
+  // the decode instance's room is known before the short prefill ends (it comes back in about a millisecond);
+  // 1 when it comes later (an ASan build on a loaded machine: CI saw it once).
+  const double short_writes = cluster.metric("crescent_kv_transfer_writes_total");
+  EXPECT_TRUE(short_writes == 2 || short_writes == 1) << short_writes;
 
   // A long prompt's KV streams to decode chunk by chunk (prefill_chunk_tokens, 16 blocks) while its prefill
-  // runs, and the rest at its end: 40 blocks in 3 writes.
+  // runs, and the rest at its end: 40 blocks in 3 writes (2 if the room came after the first chunk's end).
   const Answer long_prompt = complete(cluster.port(), std::string(20000, 'z'), 2);
   ASSERT_EQ(long_prompt.status, 200) << long_prompt.body.dump();
-  EXPECT_EQ(cluster.metric("crescent_kv_transfer_writes_total"), 2 + 3);
+  const double long_writes = cluster.metric("crescent_kv_transfer_writes_total") - short_writes;
+  EXPECT_TRUE(long_writes == 3 || long_writes == 2) << long_writes << ": streamed while it computed";
   EXPECT_EQ(cluster.metric("crescent_kv_bytes_moved_total{path=\"prefill_to_decode\"}"), (9 + 40) * 512 * 80);
 
   // A stop string ends a request mid-decode: the answer stops before it and the decode instance drops the
