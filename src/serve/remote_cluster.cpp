@@ -512,10 +512,18 @@ class RemoteCluster::Impl final : public cluster::InstanceLinks {
         update_up(*slot, "restarted");
       }
       if (!slot->reporting) {
+        // The instance's check counts run from its own start. A process new to this slot counts from 0; one
+        // this Conductor had not heard from before (it started after the instance, or took over from another
+        // Conductor) reported what it had counted to another: only what is new from here counts here, so the
+        // Conductors' counters add up. One heard from again after a silence goes on from its last report.
+        if (slot->incarnation != m.incarnation) {
+          const bool first_heard = slot->incarnation == 0;
+          slot->blocks_verified = first_heard ? m.blocks_verified : 0;
+          slot->checksum_failures = first_heard ? m.checksum_failures : 0;
+        }
         slot->reporting = true;
         slot->routing_id = routing_id;
         slot->incarnation = m.incarnation;
-        slot->blocks_verified = slot->checksum_failures = 0;
         slot->kv_events_endpoint = m.kv_events_endpoint;
         slot->kv_replay_endpoint = m.kv_replay_endpoint;
         ++slot->kv_generation;

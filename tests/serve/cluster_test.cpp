@@ -181,6 +181,8 @@ TEST(ServeCluster, AKilledConductorIsRestartedWhereEveryoneLooksForIt) {
   ServedCluster cluster;
   ASSERT_GT(cluster.port(), 0) << cluster.log();
   EXPECT_EQ(complete(cluster.port(), "before", 3).status, 200);
+  // Its one KV block checked at decode, counted here (it arrives with the next load report).
+  EXPECT_EQ(cluster.metric_when("crescent_kv_blocks_verified_total", [](double v) { return v >= 1; }), 1);
   const pid_t victim = cluster.pid("conductor");
   ASSERT_GT(victim, 0);
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
@@ -200,6 +202,9 @@ TEST(ServeCluster, AKilledConductorIsRestartedWhereEveryoneLooksForIt) {
   EXPECT_EQ(health["decode_instances_up"], 2);
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(complete(cluster.port(), "after " + std::to_string(i), 3).status, 200) << cluster.log();
+  // The new Conductor counts the checks made since it started, not again the one its predecessor counted:
+  // one Conductor after another, the counters add up.
+  EXPECT_EQ(cluster.metric_when("crescent_kv_blocks_verified_total", [](double v) { return v >= 4; }), 4);
 }
 
 // Issue 25 §3: a Conductor that starts (restarted here; a standby taking over alike) learns each prefill
