@@ -456,6 +456,7 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   }
   const size_t first = 1 + w.warmup;
   const auto start = Clock::now();
+  long faults_start = 0;
   double cpu_start = 0, sender_cpu_start = 0, client_cpu_start = 0, front_cpu_start = 0,
          engines_cpu_start = 0;
   std::pair<double, double> decisions_start{0, 0};
@@ -467,6 +468,7 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   for (size_t i = 1; i < bodies.size(); ++i) {
     if (i == first) {
       cpu_start = process_cpu_seconds();
+      faults_start = process_minor_page_faults();
       sender_cpu_start = this_thread_cpu_seconds();
       client_cpu_start = load.client_clock().seconds();
       front_cpu_start = front_clock.seconds();
@@ -480,6 +482,7 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   }
   load.wait_for(bodies.size(), kAnswerWaitS);
   const double cpu_s = process_cpu_seconds() - cpu_start;
+  const long faults = process_minor_page_faults() - faults_start;
   const double sender_cpu_s = this_thread_cpu_seconds() - sender_cpu_start;
   const double client_cpu_s = load.client_clock().seconds() - client_cpu_start;
   const double front_cpu_s = front_clock.seconds() - front_cpu_start;
@@ -529,6 +532,8 @@ Result<RouterBenchReport> run_router_bench(const RouterBenchOptions& options) {
   report.cpu_us_per_request = cpu_s / n * 1e6;
   report.router_cpu_us_per_request = (cpu_s - engines_cpu_s - client_cpu_s - sender_cpu_s) / n * 1e6;
   report.front_end_thread_cpu_us_per_request = front_cpu_s / n * 1e6;
+  report.page_faults_per_request = static_cast<double>(faults) / n;
+  if (const auto stats = model::token_prefix_cache_stats(*tokenizer)) report.token_prefix_cache = *stats;
   double tokens = 0;
   for (size_t i = first; i < w.prompts.size(); ++i)
     tokens += static_cast<double>(tokenizer->encode(w.prompts[i]).size());

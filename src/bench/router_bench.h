@@ -93,6 +93,12 @@ struct RouterBenchReport {
   /// the front end's HTTP server, the router's client and threads.
   double router_cpu_us_per_request = 0;
   double front_end_thread_cpu_us_per_request = 0;  // of which the front end's HTTP server thread
+  /// Minor page faults of the whole process (getrusage) / requests_sent: fresh memory touched per request,
+  /// each fault a trip into the kernel that a virtual machine makes dear.
+  double page_faults_per_request = 0;
+  /// The front end's tokenizer's prefix cache over the whole run (probe and warm-up included); all 0 when it
+  /// has none.
+  model::TokenPrefixCache::Stats token_prefix_cache;
   /// The Conductor's placement (cluster::place: Algorithm 1 and its bookkeeping) in the run, mean
   /// microseconds per measured request, from the router's crescent_conductor_decision_seconds.
   double placement_us_mean = 0;

@@ -163,6 +163,13 @@ int run_bench_router(BenchRouterArgs& args) {
         {"cpu_us_per_request", r.cpu_us_per_request},
         {"router_cpu_us_per_request", r.router_cpu_us_per_request},
         {"front_end_thread_cpu_us_per_request", r.front_end_thread_cpu_us_per_request},
+        {"page_faults_per_request", r.page_faults_per_request},
+        {"token_prefix_cache",
+         {{"whole_hits", r.token_prefix_cache.whole_hits},
+          {"prefix_hits", r.token_prefix_cache.prefix_hits},
+          {"misses", r.token_prefix_cache.misses},
+          {"entries", r.token_prefix_cache.entries},
+          {"bytes", r.token_prefix_cache.bytes}}},
         {"placement_us_mean", r.placement_us_mean},
         {"stages", stages},
         {"goal_p99_us", kGoalP99Us},
@@ -195,8 +202,13 @@ int run_bench_router(BenchRouterArgs& args) {
     row("load generator's lag behind schedule", r.send_lag_us);
     fmt::print(
         "\nCPU per request: {:.0f} us in the process; {:.0f} us outside the stand-in engines and the load "
-        "generator (router and front end), of which {:.0f} us on the front end's HTTP thread\n",
-        r.cpu_us_per_request, r.router_cpu_us_per_request, r.front_end_thread_cpu_us_per_request);
+        "generator (router and front end), of which {:.0f} us on the front end's HTTP thread; {:.1f} minor "
+        "page faults (the process)\n",
+        r.cpu_us_per_request, r.router_cpu_us_per_request, r.front_end_thread_cpu_us_per_request,
+        r.page_faults_per_request);
+    const model::TokenPrefixCache::Stats& c = r.token_prefix_cache;
+    fmt::print("tokenizer's prefix cache: {} whole hits, {} prefix hits, {} misses; {} texts kept ({:.1f} MiB)\n",
+               c.whole_hits, c.prefix_hits, c.misses, c.entries, static_cast<double>(c.bytes) / (1 << 20));
     fmt::print("goal: routing overhead p99 < {:g} us: {}\n", kGoalP99Us, goal_met ? "met" : "NOT met");
   }
   return r.failed == 0 ? 0 : 1;

@@ -22,6 +22,10 @@ double process_cpu_seconds() {
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
+long process_minor_page_faults() {
+  return self_usage().ru_minflt;
+}
+
 double peak_rss_mib() {
   return static_cast<double>(self_usage().ru_maxrss) / 1024;  // ru_maxrss is in KiB on Linux
 }

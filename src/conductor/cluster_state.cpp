@@ -21,6 +21,13 @@ ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances
   for (kv::DecodeLoad& d : decode_) d.kv_capacity_tokens = decode_kv_capacity_tokens;
 }
 
+void ClusterState::reserve_prefix_cache_blocks(InstanceId instance, int64_t blocks) {
+  if (blocks <= 0) return;
+  ready_s_[instance].reserve(static_cast<size_t>(blocks));
+  reserved_blocks_ += blocks;
+  index_.reserve(reserved_blocks_);
+}
+
 InstanceId ClusterState::add_prefill_instance() {
   busy_until_s_.push_back(0.0);
   prefill_up_.push_back(false);
@@ -133,7 +140,8 @@ void ClusterState::on_decode_down(InstanceId d) {
   decode_[d].kv_capacity_tokens = capacity;
 }
 
-void ClusterState::on_prefill_computed(InstanceId instance, std::span<const BlockKey> block_keys, double now_s) {
+void ClusterState::on_prefill_computed(InstanceId instance, std::span<const BlockKey> block_keys,
+                                       double now_s) {
   busy_until_s_[instance] = std::max(busy_until_s_[instance], now_s);
   // The blocks it stored are computed now, however long their placement predicted.
   auto& ready = ready_s_[instance];

@@ -38,6 +38,19 @@ void BlockCache::list_push_back(uint32_t slot) {
   lru_tail_ = slot;
 }
 
+void BlockCache::reserve(int64_t blocks) {
+  if (blocks <= 0) return;
+  const auto n = static_cast<size_t>(blocks);
+  entries_.reserve(n);
+  if (slots_.size() < n) {
+    // Written once so their pages are mapped now, then given back to the size in use (capacity is kept).
+    const size_t in_use = slots_.size();
+    slots_.resize(n);
+    slots_.resize(in_use);
+  }
+  free_slots_.reserve(n);
+}
+
 uint32_t BlockCache::allocate_slot(BlockKey key) {
   uint32_t slot;
   if (!free_slots_.empty()) {

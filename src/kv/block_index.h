@@ -36,6 +36,11 @@ class BlockIndex {
   /// Applies one cache's events: stored keys are added for `holder`, evicted keys removed.
   void apply(InstanceId holder, const TouchEvents& events);
 
+  /// Makes room for `blocks` distinct keys now (BlockMap::reserve): no growth nor page fault below it.
+  void reserve(int64_t blocks) {
+    if (blocks > 0) holders_.reserve(static_cast<size_t>(blocks));
+  }
+
   /// Starts loading where `key` is kept (a hint for loops over a request's keys, a few keys ahead).
   void prefetch(BlockKey key) const { holders_.prefetch(key); }
 

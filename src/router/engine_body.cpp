@@ -11,24 +11,32 @@ namespace {
 
 using nlohmann::json;
 
+// Room for a body's members but its prompt's ids, reserved with them (the string grows if they need more).
+constexpr size_t kBodyMembersBytes = 1024;
+
 void append_dump(std::string& out, const json& value) {
   out += value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// `ids` as a JSON array of integers, as nlohmann dumps one: written in place (20 characters and a comma at
-// most each), the string trimmed after.
-void append_ids(std::string& out, const std::vector<int64_t>& ids) {
-  const size_t start = out.size();
-  out.resize(start + 2 + 21 * ids.size());
-  char* p = out.data() + start;
-  char* const end = out.data() + out.size();
+// `ids` as a JSON array of integers, as nlohmann dumps one, written in this thread's scratch buffer (room
+// for the widest ids, 21 characters each, kept from request to request) and returned as a view of it, valid
+// until the thread's next call. The body is then allocated at its exact size: sizing it for the widest ids
+// (~180 KB for a 32 KB prompt's, where ~50 KB are written) made the allocator map fresh pages from the
+// kernel for every request, a page fault per 4 KiB (docs/benchmarks.md "Router mode").
+std::string_view ids_json(const std::vector<int64_t>& ids) {
+  thread_local std::vector<char> scratch;
+  const size_t bound = 2 + 21 * ids.size();
+  if (scratch.size() < bound) scratch.resize(bound);
+  char* const begin = scratch.data();
+  char* p = begin;
+  char* const end = begin + bound;
   *p++ = '[';
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i > 0) *p++ = ',';
     p = std::to_chars(p, end, ids[i]).ptr;
   }
   *p++ = ']';
-  out.resize(static_cast<size_t>(p - out.data()));
+  return {begin, static_cast<size_t>(p - begin)};
 }
 
 }  // namespace
@@ -61,8 +69,9 @@ std::string engine_body(const serve::RelayedRequest& request, bool token_ids, bo
   }
 
   // The body's members and the changes merged in key order (both std::map: the order nlohmann dumps in).
+  const std::string_view ids_text = ids_prompt ? ids_json(request.prompt_token_ids) : std::string_view();
   std::string out;
-  out.reserve(256 + 21 * request.prompt_token_ids.size());
+  out.reserve(kBodyMembersBytes + ids_text.size());
   out += '{';
   bool first = true;
   const auto member = [&](const std::string& key, const json& value) {
@@ -71,7 +80,7 @@ std::string engine_body(const serve::RelayedRequest& request, bool token_ids, bo
     append_dump(out, json(key));
     out += ':';
     if (ids_prompt && key == "prompt") {
-      append_ids(out, request.prompt_token_ids);
+      out += ids_text;
     } else {
       append_dump(out, value);
     }

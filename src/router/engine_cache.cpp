@@ -4,7 +4,10 @@ namespace crescent::router {
 
 EngineCache::EngineCache(BlockKey model_seed, int64_t block_size_tokens, int64_t approximate_capacity_blocks)
     : model_seed_(model_seed), block_size_tokens_(block_size_tokens) {
-  if (approximate_capacity_blocks > 0) lru_.emplace(approximate_capacity_blocks);
+  if (approximate_capacity_blocks > 0) {
+    lru_.emplace(approximate_capacity_blocks);
+    lru_->reserve(std::min(approximate_capacity_blocks, kMaxReservedCacheBlocks));
+  }
 }
 
 uint8_t EngineCache::tier_bit(const std::optional<std::string>& medium) {

@@ -42,12 +42,17 @@ struct EventProblems {
   uint64_t wrong_token_count = 0;      // BlockStored whose token ids do not fill its blocks (skipped)
 };
 
+/// The most blocks of one engine's cache the router makes room for up front (kv::BlockCache::reserve, the
+/// Conductor's index and ready times): a larger cache grows beyond as it fills. Room costs ~170 bytes a
+/// block in all (the three maps' slots at their load factor, the LRU's list): 256k blocks ~45 MiB.
+inline constexpr int64_t kMaxReservedCacheBlocks = int64_t{1} << 18;
+
 /// One engine's cache, tracked by one of the two CacheTracking ways. Not thread-safe.
 class EngineCache {
  public:
   /// An engine whose blocks hold `block_size_tokens` tokens, keyed from `model_seed` (kv/block_key.h). With
-  /// `approximate_capacity_blocks` > 0 it is tracked approximately with an LRU of that many blocks; 0: from
-  /// its events.
+  /// `approximate_capacity_blocks` > 0 it is tracked approximately with an LRU of that many blocks, room for
+  /// which (up to kMaxReservedCacheBlocks) is made now; 0: from its events.
   EngineCache(BlockKey model_seed, int64_t block_size_tokens, int64_t approximate_capacity_blocks);
 
   CacheTracking tracking() const { return lru_ ? CacheTracking::kApproximate : CacheTracking::kEvents; }

@@ -88,6 +88,8 @@ class Router::Impl final : private cluster::PlacementDriver {
     std::unique_ptr<EngineCache> cache;
     uint64_t kv_generation = 0;  // bumped when it comes up: its KV-event subscriber starts afresh
     int64_t kv_capacity_tokens = 0;
+    int64_t cache_blocks = 0;       // its prefix cache's size in blocks, when known (entry or /metrics); 0: not
+    bool cache_reserved = false;    // the index has made room for cache_blocks (once per engine)
     int64_t max_model_len = 0;  // its /v1/models'; 0: unknown
     EngineMetrics scraped;      // its last /metrics
     int health_failures = 0;    // consecutive
@@ -791,6 +793,7 @@ class Router::Impl final : private cluster::PlacementDriver {
         }
       }
       e.cache = std::make_unique<EngineCache>(options_.block_key_seed, e.entry.block_size_tokens, approximate_blocks);
+      e.cache_blocks = e.entry.cache_blocks > 0 ? e.entry.cache_blocks : reported_blocks;
     }
     return Status::ok_status();
   }
@@ -800,6 +803,12 @@ class Router::Impl final : private cluster::PlacementDriver {
     e.up = true;
     e.health_failures = 0;
     ++e.kv_generation;
+    if (e.prefill && !e.cache_reserved) {
+      // Room made now, not while requests wait for placements: the index fills to the cache's size without
+      // growing a table or faulting a page on the request path (docs/benchmarks.md "Router mode").
+      state_.reserve_prefix_cache_blocks(*e.prefill, std::min(e.cache_blocks, kMaxReservedCacheBlocks));
+      e.cache_reserved = true;
+    }
     if (e.prefill) state_.on_prefill_up(*e.prefill);
     if (e.decode) state_.on_decode_up(*e.decode);
     if (options_.log_engines) {

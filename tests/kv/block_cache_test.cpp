@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <random>
 #include <vector>
 
 namespace crescent::kv {
@@ -160,6 +161,52 @@ TEST(BlockCache, RepeatedKeysInOneRequest) {
   EXPECT_EQ(cache.pinned_blocks(), 1);
   cache.unpin(std::vector<BlockKey>{7});
   EXPECT_EQ(cache.pinned_blocks(), 0);
+}
+
+// A cache with its room reserved behaves exactly as one that grew: the same events, matches and sizes under a
+// seeded mix of touches (pinned or not), unpins and erases past its capacity.
+TEST(BlockCache, AReservedCacheBehavesAsOneThatGrew) {
+  std::mt19937_64 rng(5);
+  BlockCache reserved(500), grown(500);
+  reserved.reserve(500);
+  std::vector<std::vector<BlockKey>> pinned;
+  // Touches both caches with `keys` and checks they did the same; the reserved one's events.
+  const auto touch_both = [&](const std::vector<BlockKey>& keys, bool pin) {
+    TouchEvents a, b;
+    reserved.touch(keys, pin, &a);
+    grown.touch(keys, pin, &b);
+    EXPECT_EQ(a.stored, b.stored);
+    EXPECT_EQ(a.evicted, b.evicted);
+    EXPECT_EQ(a.pinned, b.pinned);
+    EXPECT_EQ(a.skipped, b.skipped);
+    return a;
+  };
+  for (int step = 0; step < 5000; ++step) {
+    std::vector<BlockKey> keys(1 + rng() % 40);
+    const BlockKey base = rng() % 64 * 1000;  // shared prefixes: 64 of them
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = base + (i < keys.size() / 2 ? i : rng() % 2000);
+    switch (rng() % 4) {
+      case 0:
+        pinned.push_back(touch_both(keys, true).pinned);
+        break;
+      case 1:
+        if (!pinned.empty()) {
+          reserved.unpin(pinned.back());
+          grown.unpin(pinned.back());
+          pinned.pop_back();
+        }
+        break;
+      case 2:
+        ASSERT_EQ(reserved.erase_unpinned(keys[0]), grown.erase_unpinned(keys[0]));
+        break;
+      default:
+        touch_both(keys, false);
+    }
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "step " << step;
+    ASSERT_EQ(reserved.prefix_match_blocks(keys), grown.prefix_match_blocks(keys));
+    ASSERT_EQ(reserved.size_blocks(), grown.size_blocks());
+    ASSERT_EQ(reserved.pinned_blocks(), grown.pinned_blocks());
+  }
 }
 
 TEST(BlockCache, UnboundedNeverEvicts) {

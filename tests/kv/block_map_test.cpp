@@ -95,5 +95,35 @@ TEST(BlockMap, GrowsAndErasesAtScale) {
   EXPECT_EQ(seen, keys.size() / 2);
 }
 
+// Room reserved for N keys is enough: N random keys (block keys are hashes) go in without a table growing,
+// and the map behaves as one that grew (same contents, lookups and erases), entries kept across a reserve.
+TEST(BlockMap, ReservedRoomTakesItsKeysWithoutGrowing) {
+  std::mt19937_64 rng(11);
+  for (const size_t n : {size_t{1}, size_t{1000}, size_t{100'000}, size_t{400'000}}) {
+    BlockMap<uint64_t> reserved, grown;
+    std::vector<BlockKey> keys(n);
+    for (BlockKey& key : keys) key = rng();
+    ASSERT_TRUE(reserved.try_emplace(keys[0], 1).second);  // an entry from before the reserve stays
+    reserved.reserve(n);
+    const size_t slots = reserved.slot_count();
+    EXPECT_GE(slots * 7, n * 8) << n;
+    EXPECT_LE(slots, 4 * n + 256 * 64) << n << ": room beyond what the spread of the hash needs";
+    EXPECT_EQ(*reserved.find(keys[0]), 1u);
+    for (size_t i = 1; i < n; ++i) {
+      ASSERT_TRUE(reserved.try_emplace(keys[i], keys[i] ^ 1).second);
+    }
+    for (size_t i = 1; i < n; ++i) grown.try_emplace(keys[i], keys[i] ^ 1);
+    grown.try_emplace(keys[0], 1);
+    EXPECT_EQ(reserved.slot_count(), slots) << n << " keys grew a reserved table";
+    ASSERT_EQ(reserved.size(), grown.size());
+    std::map<BlockKey, uint64_t> a, b;
+    reserved.for_each([&](BlockKey k, uint64_t v) { a.emplace(k, v); });
+    grown.for_each([&](BlockKey k, uint64_t v) { b.emplace(k, v); });
+    EXPECT_EQ(a, b);
+    for (size_t i = 0; i < n; i += 3) ASSERT_TRUE(reserved.erase(keys[i]));
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(reserved.find(keys[i]) != nullptr, i % 3 != 0);
+  }
+}
+
 }  // namespace
 }  // namespace crescent::kv

@@ -78,12 +78,27 @@ TEST(EngineBody, IsTheEditedBodyDumped) {
   EXPECT_EQ(compared, bodies.size() * 2 * 2 * 3);
 }
 
+TEST(EngineBody, WritesNoIdsAndOneId) {
+  serve::RelayedRequest request;
+  request.body = {{"model", "m"}, {"prompt", "x"}};
+  EXPECT_EQ(engine_body(request, true, false, nullptr), edited_tree(request, true, false, nullptr));
+  request.prompt_token_ids = {7};
+  EXPECT_EQ(engine_body(request, true, false, nullptr), edited_tree(request, true, false, nullptr));
+}
+
 TEST(EngineBody, WritesLongTokenIdPrompts) {
   serve::RelayedRequest request;
   request.body = {{"model", "m"}, {"prompt", std::string(32768, 'a')}, {"max_tokens", 4}, {"stream", true}};
   for (int64_t i = 0; i < 8000; ++i) request.prompt_token_ids.push_back(i * 16 + (i % 7) * 100000);
   request.prompt_token_ids.push_back(0);
   request.prompt_token_ids.push_back(INT64_MAX);
+  // Not ids an engine takes, but the body is written as exactly as their width is counted.
+  for (int64_t id :
+       {int64_t{-1}, int64_t{-10}, int64_t{-99}, int64_t{9}, int64_t{10}, INT64_MIN + 1, INT64_MIN})
+    request.prompt_token_ids.push_back(id);
+  for (int64_t p = 1; p <= INT64_MAX / 10; p *= 10) {  // each width's edges
+    for (int64_t id : {p - 1, p, p + 1, -p}) request.prompt_token_ids.push_back(id);
+  }
   EXPECT_EQ(engine_body(request, true, false, nullptr), edited_tree(request, true, false, nullptr));
 }
 
