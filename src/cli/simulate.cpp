@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "cluster/cluster_config.h"
 #include "cluster/report.h"
 #include "common/atomic_file.h"
+#include "common/parallel.h"
 #include "common/text_format.h"
 #include "conductor/conductor.h"
 #include "model/llama.h"
@@ -32,6 +34,7 @@ struct SimulateArgs {
   std::string policy = "global-cache-aware";
   bool policy_given = false;
   std::string compare;
+  int threads = 0;  // policies simulated at once; 0: the cores this process may use
   std::string admission = "none";
   std::string system = "disaggregated";
   int64_t chunk_tokens = 512;
@@ -65,6 +68,8 @@ std::string requests_out_path(const std::string& file, const std::string& policy
 
 int run_simulate(const SimulateArgs& args) {
   if (args.limit < 0) return fail(Status::invalid_argument("--limit must be >= 0"));
+  if (args.threads < 0)
+    return fail(Status::invalid_argument(fmt::format("--threads {}: must be >= 0", args.threads)));
   // Options that would be ignored are errors, and every name is checked before the trace is read.
   if (args.policy_given && !args.compare.empty()) {
     return fail(
@@ -133,10 +138,17 @@ int run_simulate(const SimulateArgs& args) {
                           .block_size_tokens = args.block_size_tokens,
                           .time_scale = args.time_scale,
                           .chunked_prefill_tokens = args.chunk_tokens};
+  // The policies' runs are independent (each its own Conductor and cluster over the same requests): run at
+  // once, one per thread; reported and written in the order given, so the output is the same.
+  std::vector<std::optional<Result<cluster::RunResult>>> results(names.size());
+  parallel_for(names.size(), static_cast<unsigned>(args.threads), [&](size_t i) {
+    sim::SimOptions run = options;
+    run.policy = policies[i];
+    results[i].emplace(sim::simulate(*config, *requests, run));
+  });
   std::vector<cluster::PolicyReport> reports;
   for (size_t i = 0; i < names.size(); ++i) {
-    options.policy = policies[i];
-    auto result = sim::simulate(*config, *requests, options);
+    Result<cluster::RunResult>& result = *results[i];
     if (!result.ok()) return fail(result.status());
     reports.push_back(cluster::summarize(names[i], *result, config->slo));
     if (const std::string warning = cluster::no_completion_warning(reports.back()); !warning.empty()) {
@@ -206,6 +218,10 @@ void register_simulate(CLI::App& app, int& exit_code) {
                       "Prefill policy: random, round-robin, least-loaded, cache-aware, global-cache-aware")
           ->capture_default_str();
   cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
+  cmd->add_option(
+      "--threads", args->threads,
+      "Policies of --compare simulated at once, one per thread (default 0: one per core this process "
+      "may use); the output is the same whatever the number");
   cmd->add_option("--admission", args->admission, "Admission: none, slo, early, predictive")
       ->capture_default_str();
   cmd->add_option(

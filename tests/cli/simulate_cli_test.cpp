@@ -72,10 +72,38 @@ TEST(SimulateCli, SameInputsGiveByteIdenticalOutput) {
   EXPECT_EQ(ja.out, jb.out);
 }
 
+// Policies run at once (one per thread) give what they give one after another: the table, the JSON and
+// each policy's per-request lines, byte for byte.
+TEST(SimulateCli, PoliciesRunAtOnceGiveTheSameOutputAsOneAfterAnother) {
+  const std::string args = "simulate " + kTrace + " " + kConfig +
+                           " --limit 3000 --compare random,least-loaded,cache-aware,global-cache-aware";
+  const auto lines = [](const std::string& out) { return quote(temp_path(out).string()); };
+  CliRun one = run_crescent(args + " --threads 1 --requests-out " + lines("crescent_sim_t1.jsonl"));
+  CliRun three = run_crescent(args + " --threads 3 --requests-out " + lines("crescent_sim_t3.jsonl"));
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  EXPECT_EQ(one.out, three.out);
+  for (const char* policy : {"random", "least-loaded", "cache-aware", "global-cache-aware"}) {
+    const auto read = [&](const char* stem) {
+      const std::filesystem::path path = temp_path(std::string(stem) + "." + policy + ".jsonl");
+      std::ifstream in(path);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::filesystem::remove(path);
+      return text;
+    };
+    const std::string a = read("crescent_sim_t1"), b = read("crescent_sim_t3");
+    EXPECT_FALSE(a.empty()) << policy;
+    EXPECT_EQ(a, b) << policy;
+  }
+  EXPECT_EQ(run_crescent(args + " --threads 2 --json").out, run_crescent(args + " --threads 1 --json").out);
+  expect_one_error_line(run_crescent(args + " --threads -1"), "--threads -1");
+}
+
 TEST(SimulateCli, UnknownPolicyListsValidNames) {
-  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --compare random,fastest"),
-                        "unknown prefill policy 'fastest' (valid: random, round-robin, least-loaded, cache-aware, "
-                        "global-cache-aware)");
+  expect_one_error_line(
+      run_crescent("simulate " + kTrace + " " + kConfig + " --compare random,fastest"),
+      "unknown prefill policy 'fastest' (valid: random, round-robin, least-loaded, cache-aware, "
+      "global-cache-aware)");
   expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --admission maybe"),
                         "valid: none, slo");
 }
