@@ -35,6 +35,7 @@ struct SimulateArgs {
   bool policy_given = false;
   std::string compare;
   int threads = 0;  // policies simulated at once; 0: the cores this process may use
+  bool threads_given = false;
   std::string admission = "none";
   std::string system = "disaggregated";
   int64_t chunk_tokens = 512;
@@ -71,6 +72,10 @@ int run_simulate(const SimulateArgs& args) {
   if (args.threads < 0)
     return fail(Status::invalid_argument(fmt::format("--threads {}: must be >= 0", args.threads)));
   // Options that would be ignored are errors, and every name is checked before the trace is read.
+  if (args.threads_given && args.compare.empty()) {
+    return fail(
+        Status::invalid_argument("--threads applies to --compare (it runs the compared policies at once)"));
+  }
   if (args.policy_given && !args.compare.empty()) {
     return fail(
         Status::invalid_argument("--policy and --compare both choose prefill policies: give one (--compare "
@@ -218,7 +223,7 @@ void register_simulate(CLI::App& app, int& exit_code) {
                       "Prefill policy: random, round-robin, least-loaded, cache-aware, global-cache-aware")
           ->capture_default_str();
   cmd->add_option("--compare", args->compare, "Comma-separated policies, run on the same input, one table");
-  cmd->add_option(
+  CLI::Option* threads = cmd->add_option(
       "--threads", args->threads,
       "Policies of --compare simulated at once, one per thread (default 0: one per core this process "
       "may use); the output is the same whatever the number");
@@ -242,8 +247,9 @@ void register_simulate(CLI::App& app, int& exit_code) {
                   "each; '-': to stdout (the report then goes to stderr)");
   cmd->add_flag("--skip-invalid", args->skip_invalid, "Skip invalid trace lines and report them");
   cmd->add_flag("--json", args->json, "Print JSON instead of a table");
-  cmd->callback([args, policy, chunk, &exit_code] {
+  cmd->callback([args, policy, chunk, threads, &exit_code] {
     args->policy_given = policy->count() > 0;
+    args->threads_given = threads->count() > 0;
     args->chunk_tokens_given = chunk->count() > 0;
     run_guarded(exit_code, [&] { return run_simulate(*args); });
   });

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -37,7 +38,13 @@ void parallel_for(size_t count, unsigned threads, const std::function<void(size_
     }
   };
   std::vector<std::thread> helpers;
-  for (size_t t = 1; t < workers; ++t) helpers.emplace_back(work);
+  for (size_t t = 1; t < workers; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: the ones started (and this one) take every index
+    }
+  }
   work();
   for (std::thread& t : helpers) t.join();
   if (first_error) std::rethrow_exception(first_error);

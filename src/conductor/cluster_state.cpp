@@ -22,10 +22,12 @@ ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances
 }
 
 void ClusterState::reserve_prefix_cache_blocks(InstanceId instance, int64_t blocks) {
-  if (blocks <= 0) return;
+  if (reserved_blocks_.size() <= instance) reserved_blocks_.resize(instance + 1, 0);
+  if (blocks <= reserved_blocks_[instance]) return;
   ready_s_[instance].reserve(static_cast<size_t>(blocks));
-  reserved_blocks_ += blocks;
-  index_.reserve(reserved_blocks_);
+  index_reserved_blocks_ += blocks - reserved_blocks_[instance];
+  reserved_blocks_[instance] = blocks;
+  index_.reserve(index_reserved_blocks_);
 }
 
 InstanceId ClusterState::add_prefill_instance() {

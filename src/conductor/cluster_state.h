@@ -121,8 +121,9 @@ class ClusterState final : public ClusterView {
 
   /// Makes room in the index for prefill instance `instance` to cache `blocks` blocks (its cache's size,
   /// when known), allocated and written now, so placements there neither grow a table nor fault a page in
-  /// until it holds that many (kv::BlockMap::reserve). Decisions are unchanged. For long-lived Conductors
-  /// (a router); the simulator does not call it.
+  /// until it holds that many (kv::BlockMap::reserve). The room an instance has is its largest call's: asking
+  /// again for as much or less adds nothing. Decisions are unchanged. For long-lived Conductors (a router);
+  /// the simulator does not call it.
   void reserve_prefix_cache_blocks(InstanceId instance, int64_t blocks);
 
   /// Event "instance up" (joined or rejoined): placements may go there again.
@@ -141,7 +142,8 @@ class ClusterState final : public ClusterView {
   std::vector<kv::DecodeLoad> decode_;
   std::vector<bool> prefill_up_, decode_up_;
   kv::BlockIndex index_;
-  int64_t reserved_blocks_ = 0;  // reserve_prefix_cache_blocks' sum: the index's reserved size
+  std::vector<int64_t> reserved_blocks_;  // per prefill instance: reserve_prefix_cache_blocks' largest
+  int64_t index_reserved_blocks_ = 0;     // their sum: the index's reserved size
   // A block indexed on a prefill instance: when it is (or will be) computed there, and whether only
   // placements put it there so far (they are counted, so a dropped request removes only blocks nobody else
   // will compute).

@@ -48,7 +48,6 @@ void BlockCache::reserve(int64_t blocks) {
     slots_.resize(n);
     slots_.resize(in_use);
   }
-  free_slots_.reserve(n);
 }
 
 uint32_t BlockCache::allocate_slot(BlockKey key) {

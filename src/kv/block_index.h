@@ -41,6 +41,9 @@ class BlockIndex {
     if (blocks > 0) holders_.reserve(static_cast<size_t>(blocks));
   }
 
+  /// Slots the index's tables hold, used or free (its memory, in entries; kv::BlockMap::slot_count).
+  size_t slot_count() const { return holders_.slot_count(); }
+
   /// Starts loading where `key` is kept (a hint for loops over a request's keys, a few keys ahead).
   void prefetch(BlockKey key) const { holders_.prefetch(key); }
 

@@ -65,10 +65,10 @@ class BlockMap {
     return erased;
   }
 
-  /// Sizes the tables to hold `entries` keys without growing (a table gets its share and room for the spread
-  /// of the hash), and writes their memory now: a map that fills up to a known size then takes neither a
-  /// table's doubling nor a page fault while it is being used (each fault a trip into the kernel).
-  /// Lookups and inserts behave the same; only the order of for_each changes.
+  /// Sizes the tables to hold `entries` keys in all (those already in included) without growing (a table gets
+  /// its share and room for the spread of the hash), and writes their memory now: a map that fills up to a
+  /// known size then takes neither a table's doubling nor a page fault while it is being used (each fault a
+  /// trip into the kernel). Lookups and inserts behave the same; only the order of for_each changes.
   void reserve(size_t entries) {
     const double share = static_cast<double>(entries) / static_cast<double>(tables_.size());
     // Keys per table are binomial around `share`: 4 standard deviations more cover every table in practice.

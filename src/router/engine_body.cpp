@@ -71,7 +71,9 @@ std::string engine_body(const serve::RelayedRequest& request, bool token_ids, bo
   // The body's members and the changes merged in key order (both std::map: the order nlohmann dumps in).
   const std::string_view ids_text = ids_prompt ? ids_json(request.prompt_token_ids) : std::string_view();
   std::string out;
-  out.reserve(kBodyMembersBytes + ids_text.size());
+  // A text prompt (or chat messages) is written as the client sent it: ~4 bytes a token, a guess (the string
+  // grows past it if need be).
+  out.reserve(kBodyMembersBytes + (ids_prompt ? ids_text.size() : 4 * request.prompt_token_ids.size()));
   out += '{';
   bool first = true;
   const auto member = [&](const std::string& key, const json& value) {

@@ -88,8 +88,7 @@ class Router::Impl final : private cluster::PlacementDriver {
     std::unique_ptr<EngineCache> cache;
     uint64_t kv_generation = 0;  // bumped when it comes up: its KV-event subscriber starts afresh
     int64_t kv_capacity_tokens = 0;
-    int64_t cache_blocks = 0;       // its prefix cache's size in blocks, when known (entry or /metrics); 0: not
-    bool cache_reserved = false;    // the index has made room for cache_blocks (once per engine)
+    int64_t cache_blocks = 0;  // its prefix cache's size in blocks, when known (entry or /metrics); 0: not
     int64_t max_model_len = 0;  // its /v1/models'; 0: unknown
     EngineMetrics scraped;      // its last /metrics
     int health_failures = 0;    // consecutive
@@ -803,11 +802,11 @@ class Router::Impl final : private cluster::PlacementDriver {
     e.up = true;
     e.health_failures = 0;
     ++e.kv_generation;
-    if (e.prefill && !e.cache_reserved) {
+    if (e.prefill) {
       // Room made now, not while requests wait for placements: the index fills to the cache's size without
-      // growing a table or faulting a page on the request path (docs/benchmarks.md "Router mode").
+      // growing a table on the request path (docs/benchmarks.md "Router mode"). Once per instance: an engine
+      // coming back (or registered again) asks for the room it has.
       state_.reserve_prefix_cache_blocks(*e.prefill, std::min(e.cache_blocks, kMaxReservedCacheBlocks));
-      e.cache_reserved = true;
     }
     if (e.prefill) state_.on_prefill_up(*e.prefill);
     if (e.decode) state_.on_decode_up(*e.decode);

@@ -97,6 +97,7 @@ TEST(SimulateCli, PoliciesRunAtOnceGiveTheSameOutputAsOneAfterAnother) {
   }
   EXPECT_EQ(run_crescent(args + " --threads 2 --json").out, run_crescent(args + " --threads 1 --json").out);
   expect_one_error_line(run_crescent(args + " --threads -1"), "--threads -1");
+  expect_one_error_line(run_crescent("simulate " + kTrace + " " + kConfig + " --threads 2"), "--compare");
 }
 
 TEST(SimulateCli, UnknownPolicyListsValidNames) {

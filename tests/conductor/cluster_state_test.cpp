@@ -37,6 +37,37 @@ TEST(ClusterState, PlacedPrefillsQueueFifoPerInstance) {
   EXPECT_THAT(state.prefill_busy_until_s(), ElementsAre(4.5, 0.0));
 }
 
+// Room for each instance's cache is reserved once: asking again for as much (an engine back up, or
+// registered again) or less adds nothing; more grows the index by the difference. Placements after it are
+// the same as without.
+TEST(ClusterState, ReservedRoomIsPerInstanceAndPlacesTheSame) {
+  ClusterState reserved(2, 1, kBlock, 1000), plain(2, 1, kBlock, 1000);
+  reserved.reserve_prefix_cache_blocks(0, 20'000);
+  const size_t slots = reserved.block_index().slot_count();
+  EXPECT_GE(slots * 7, size_t{20'000} * 8);
+  reserved.reserve_prefix_cache_blocks(0, 20'000);
+  reserved.reserve_prefix_cache_blocks(0, 5'000);
+  EXPECT_EQ(reserved.block_index().slot_count(), slots);
+  reserved.reserve_prefix_cache_blocks(1, 20'000);  // a second instance: room for both
+  EXPECT_GE(reserved.block_index().slot_count() * 7, size_t{40'000} * 8);
+  const size_t both = reserved.block_index().slot_count();
+  reserved.reserve_prefix_cache_blocks(1, 20'000);
+  EXPECT_EQ(reserved.block_index().slot_count(), both);
+
+  std::vector<BlockKey> keys;
+  for (BlockKey k = 1; k <= 300; ++k) keys.push_back(k * 0x9E3779B97F4A7C15ull);
+  const RequestInfo request{300 * kBlock, keys, 10};
+  for (ClusterState* state : {&reserved, &plain})
+    state->on_request_placed(request, placed_on(1, 0, 0, 1.0), 1.0);
+  EXPECT_EQ(reserved.block_index().blocks(), 300);
+  EXPECT_EQ(plain.block_index().blocks(), 300);
+  EXPECT_EQ(reserved.block_index().slot_count(), both);  // 300 blocks took no growth
+  for (BlockKey k : keys) ASSERT_THAT(reserved.block_index().holders(k), ElementsAre(1));
+  EXPECT_EQ(reserved.prefill_busy_until_s()[1], plain.prefill_busy_until_s()[1]);
+  for (ClusterState* state : {&reserved, &plain}) state->on_prefill_done(1, keys, 2.0);
+  EXPECT_EQ(reserved.block_index().blocks(), plain.block_index().blocks());
+}
+
 TEST(ClusterState, FetchedPrefixWaitsUntilTheSourceHasComputedIt) {
   ClusterState state(2, 1, kBlock, 1000);
   const std::vector<BlockKey> keys{1, 2, 3};
