@@ -74,6 +74,8 @@ void wake_stop_signal_wait();
 void register_analyze(CLI::App& app, int& exit_code);
 /// `crescent simulate TRACE` (cli/simulate.cpp).
 void register_simulate(CLI::App& app, int& exit_code);
+/// `crescent plan TRACE` (cli/plan.cpp).
+void register_plan(CLI::App& app, int& exit_code);
 /// `crescent experiment NAME --out DIR` (cli/experiment.cpp).
 void register_experiment(CLI::App& app, int& exit_code);
 /// `crescent bench transfer [...]` and the other benches under `bench` (cli/bench.cpp; drivers in src/bench).

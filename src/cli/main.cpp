@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   crescent::cli::register_analyze(app, exit_code);
   crescent::cli::register_simulate(app, exit_code);
+  crescent::cli::register_plan(app, exit_code);
   crescent::cli::register_experiment(app, exit_code);
   crescent::cli::register_bench(app, exit_code);
   crescent::cli::register_store(app, exit_code);
