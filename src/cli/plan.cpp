@@ -33,8 +33,8 @@ struct PlanArgs {
   double attainment = 0.99;
   std::optional<double> rate_scale;
   std::optional<double> rate_rps;
-  uint32_t nodes = 0;
-  uint32_t max_nodes = 64;
+  std::optional<uint32_t> nodes;
+  std::optional<uint32_t> max_nodes;
   double cache_dram_bytes = 1e12;
   std::string admissions;
   unsigned threads = 0;
@@ -94,9 +94,17 @@ int run_plan(const PlanArgs& args) {
   if (args.rate_rps && !(*args.rate_rps > 0)) {
     return fail(Status::invalid_argument(fmt::format("--rate {}: must be > 0 requests/s", *args.rate_rps)));
   }
+  if (args.nodes && *args.nodes < 2) {
+    return fail(Status::invalid_argument(
+        fmt::format("--nodes {}: a disaggregated cluster needs at least 2 nodes", *args.nodes)));
+  }
+  if (args.nodes && args.max_nodes) {
+    return fail(Status::invalid_argument(
+        "--max-nodes bounds the search for the fewest nodes; with --nodes the node count is given"));
+  }
   experiment::PlanOptions options{.attainment_target = args.attainment,
-                                  .node_budget = args.nodes,
-                                  .max_nodes = args.max_nodes,
+                                  .node_budget = args.nodes.value_or(0),
+                                  .max_nodes = args.max_nodes.value_or(64),
                                   .cache_dram_bytes = args.cache_dram_bytes,
                                   .prune = !args.no_prune,
                                   .threads = args.threads,
@@ -135,12 +143,14 @@ int run_plan(const PlanArgs& args) {
                                         ? fmt::format("the bundled default {}", kDefaultClusterConfig)
                                         : args.config_path;
   const std::string slo_origin = args.ttft_slo_s || args.tbt_slo_s ? "" : " (the config's)";
-  const std::string load = options.node_budget > 0
-                               ? fmt::format("the highest load {} nodes sustain", options.node_budget)
-                           : args.rate_scale || args.rate_rps
-                               ? fmt::format("x{:.3g} the trace's rate ({:.2f} requests/s)",
-                                             options.rate_scale, trace_rate_rps * options.rate_scale)
-                               : fmt::format("the trace's own rate ({:.2f} requests/s)", trace_rate_rps);
+  const std::string load =
+      options.node_budget > 0 ? fmt::format("the highest load {} nodes sustain", options.node_budget)
+      : trace_rate_rps <= 0
+          ? fmt::format("once: all {} requests arrive at the same instant", requests->size())
+      : args.rate_scale || args.rate_rps
+          ? fmt::format("x{:.3g} the trace's rate ({:.2f} requests/s)", options.rate_scale,
+                        trace_rate_rps * options.rate_scale)
+          : fmt::format("the trace's own rate ({:.2f} requests/s)", trace_rate_rps);
   const std::string header =
       fmt::format("plan: {} on {} nodes from {}; SLOs{}: {}; at {}; {} requests of {}", config->model.name,
                   config->hardware.name, config_origin, slo_origin, slo_text(config->slo, args.attainment),
@@ -201,6 +211,12 @@ int run_plan(const PlanArgs& args) {
     for (size_t i = 0; i < paths.size(); ++i) files.push_back({paths[i], contents[i]});
     if (Status s = write_files_atomically(files); !s.ok()) return fail(s);
     written = paths;
+    // A config an earlier plan wrote there and this one did not would be taken for this plan's.
+    for (const char* file : {"recommended.json", "next-smaller.json"}) {
+      const std::string path = (dir / file).string();
+      std::error_code ignored;
+      if (std::find(paths.begin(), paths.end(), path) == paths.end()) std::filesystem::remove(path, ignored);
+    }
   }
 
   if (args.json) {

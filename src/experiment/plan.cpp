@@ -36,7 +36,12 @@ class PlanBound {
     const perf::CostModel cost = cluster::cost_model(base);
     const double ttft_slo_s = base.slo.ttft_s;
     const double tbt_slo_s = base.slo.tbt_s.front();
-    needed_ = static_cast<size_t>(std::ceil(target * static_cast<double>(trace.size()) - 1e-9));
+    // The fewest requests meeting the SLOs that reach the target, as cluster::summarize computes attainment
+    // (met / all, in doubles).
+    const auto n = static_cast<double>(trace.size());
+    needed_ = static_cast<size_t>(std::ceil(target * n));
+    while (needed_ > 0 && static_cast<double>(needed_ - 1) / n >= target) --needed_;
+    while (needed_ < trace.size() && static_cast<double>(needed_) / n < target) ++needed_;
     std::unordered_set<BlockKey> seen;
     prefill_s_.reserve(trace.size());
     decode_kv_token_s_.reserve(trace.size());
@@ -56,11 +61,16 @@ class PlanBound {
       // Every decode step holding the request takes at least a batch of it alone; each of its gaps is one
       // such step, and its TBT (the mean of its longest gaps) is at least that.
       const double step_s = std::max(0.0, cost.decode_step_time_s(1, r.input_tokens));
-      const bool possible = prefill_s <= ttft_slo_s && (r.output_tokens < 2 || step_s <= tbt_slo_s);
+      // (With a relative slack, so that a rounding in the simulator's clock cannot make one meet them.)
+      const bool possible = prefill_s <= ttft_slo_s * (1 + kSlack) &&
+                            (r.output_tokens < 2 || step_s <= tbt_slo_s * (1 + kSlack));
+      if (!possible) ++impossible_;
       prefill_s_.push_back(possible ? prefill_s : kInfinity);
-      // From its second gap on it is in a decode batch, holding at least its prompt's KV.
-      const double held_s = static_cast<double>(std::max<int64_t>(0, r.output_tokens - 2)) * step_s;
-      decode_kv_token_s_.push_back(possible ? static_cast<double>(r.input_tokens) * held_s : kInfinity);
+      // A decode instance reserves prompt + output tokens of KV when the request joins its batch and keeps
+      // them through its output - 1 steps (engine::EngineCore).
+      const double held_s = static_cast<double>(std::max<int64_t>(0, r.output_tokens - 1)) * step_s;
+      decode_kv_token_s_.push_back(possible ? static_cast<double>(r.input_tokens + r.output_tokens) * held_s
+                                            : kInfinity);
       longest_decode_tokens = std::max(longest_decode_tokens, r.output_tokens - 1);
     }
     std::sort(prefill_s_.begin(), prefill_s_.end());
@@ -81,10 +91,17 @@ class PlanBound {
     // the TTFT SLO, decode by then plus the longest output at the TBT SLO.
     const double prefill_window_s = span_s_ / rate_scale + ttft_slo_s_;
     const double decode_window_s = prefill_window_s + longest_decode_s_;
-    return prefill_need_s_ > static_cast<double>(prefill) * prefill_window_s ||
+    return prefill_need_s_ > static_cast<double>(prefill) * prefill_window_s * (1 + kSlack) ||
            decode_need_kv_token_s_ >
-               static_cast<double>(decode) * decode_kv_capacity_tokens_ * decode_window_s;
+               static_cast<double>(decode) * decode_kv_capacity_tokens_ * decode_window_s * (1 + kSlack);
   }
+
+  // Requests that cannot meet the SLOs on any cluster, disaggregated or colocated: their prefill alone
+  // (with every reusable prefix hit) takes longer than the TTFT SLO, or a decode step of them alone longer
+  // than the TBT SLO (a colocated iteration is no shorter than either).
+  size_t impossible_requests() const { return impossible_; }
+  // Whether too few requests can meet the SLOs for the target: then no cluster reaches it.
+  bool hopeless() const { return prefill_s_.size() - impossible_ < needed_; }
 
   // How much room a split has: the smaller of its pools' capacity over need (> 1: both pools have room).
   double headroom(uint32_t prefill, uint32_t decode, double rate_scale) const {
@@ -103,7 +120,9 @@ class PlanBound {
     return sum;
   }
 
+  static constexpr double kSlack = 1e-9;
   size_t needed_ = 0;
+  size_t impossible_ = 0;
   std::vector<double> prefill_s_, decode_kv_token_s_;
   double prefill_need_s_ = 0, decode_need_kv_token_s_ = 0;
   double span_s_ = 0, ttft_slo_s_ = 0, longest_decode_s_ = 0, decode_kv_capacity_tokens_ = 0;
@@ -158,6 +177,14 @@ class Planner {
   Result<PlanResult> run() {
     const auto started = std::chrono::steady_clock::now();
     result_.cache_capacities_tokens = cache_capacities();
+    result_.requests = static_cast<int64_t>(trace_.size());
+    result_.impossible_requests = static_cast<int64_t>(bound_.impossible_requests());
+    if (bound_.hopeless()) {
+      // No cluster of any size or split reaches the target: nothing to search.
+      result_.hopeless = true;
+      result_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      return std::move(result_);
+    }
     Status status = options_.node_budget > 0 ? search_load() : search_nodes();
     if (!status.ok()) return status;
     choose_answer();
@@ -227,7 +254,8 @@ class Planner {
     bool met = std::any_of(result_.candidates.begin() + static_cast<std::ptrdiff_t>(first),
                            result_.candidates.begin() + static_cast<std::ptrdiff_t>(end),
                            [](const PlanCandidate& c) { return c.meets; });
-    for (size_t start = 0; start < todo.size() && !(until_one_meets && met); start += chunk) {
+    size_t start = 0;
+    for (; start < todo.size() && !(until_one_meets && met); start += chunk) {
       const size_t count = std::min(chunk, todo.size() - start);
       std::vector<std::optional<Result<cluster::RunResult>>> runs(count);
       parallel_for(count, options_.threads, [&](size_t k) {
@@ -251,6 +279,7 @@ class Planner {
         ++result_.simulations;
       }
     }
+    result_.skipped += static_cast<int64_t>(todo.size() - std::min(start, todo.size()));
     return met;
   }
 
@@ -297,6 +326,9 @@ class Planner {
     const uint32_t nodes = options_.node_budget;
     std::optional<double> met_scale, missed_scale;
     std::optional<size_t> met_first;
+    const double span_s =
+        trace_.empty() ? 0
+                       : static_cast<double>(trace_.back().timestamp_ms - trace_.front().timestamp_ms) / 1e3;
     auto probe = [&](double scale) -> Result<bool> {
       const size_t first = result_.candidates.size();
       std::vector<PlanCandidate> batch = candidates_at(nodes, scale, true, true);
@@ -321,11 +353,14 @@ class Planner {
     double scale = options_.rate_scale;
     auto met = probe(scale);
     if (!met.ok()) return met.status();
-    for (int step = 0; step < 8 && (!met_scale || !missed_scale); ++step) {
+    // Doubled up to 2^20 times; halved while the slowed trace stays within the simulator's clock (1e9 s).
+    for (int step = 0; step < 20 && (!met_scale || !missed_scale); ++step) {
+      if (!*met && span_s / (scale / 2) > 1e8) break;
       scale = *met ? scale * 2 : scale / 2;
       met = probe(scale);
       if (!met.ok()) return met.status();
     }
+    result_.highest_load_is_search_limit = met_scale && !missed_scale;
     if (met_scale && missed_scale) {
       for (int step = 0; step < 5; ++step) {
         auto m = probe(std::sqrt(*met_scale * *missed_scale));
@@ -378,8 +413,9 @@ class Planner {
     // The runner-up is another cluster: not the recommended one with only its cache or admission changed.
     for (size_t i : met) {
       const PlanCandidate& c = result_.candidates[i];
-      if (c.nodes != rec.nodes || c.system != rec.system || c.prefill_instances != rec.prefill_instances ||
-          (budget && c.rate_scale != rec.rate_scale)) {
+      const bool other_cluster =
+          c.nodes != rec.nodes || c.system != rec.system || c.prefill_instances != rec.prefill_instances;
+      if (other_cluster && (!budget || c.rate_scale == rec.rate_scale)) {
         result_.runner_up = i;
         break;
       }
@@ -401,11 +437,15 @@ class Planner {
              c.rate_scale == rec.rate_scale;
     });
     if (!budget) {
+      // The colocated candidate meeting the target with the fewest nodes, the highest attainment of those.
       for (size_t i = 0; i < result_.candidates.size(); ++i) {
         const PlanCandidate& c = result_.candidates[i];
-        if (c.meets && c.system != sim::System::kDisaggregated) {
+        if (!c.meets || c.system == sim::System::kDisaggregated) continue;
+        const auto& best = result_.colocated_fewest_nodes;
+        if (!best || c.nodes < result_.candidates[*best].nodes ||
+            (c.nodes == result_.candidates[*best].nodes &&
+             c.report->slo_attainment > result_.candidates[*best].report->slo_attainment)) {
           result_.colocated_fewest_nodes = i;
-          break;
         }
       }
     }
@@ -419,9 +459,12 @@ class Planner {
   PlanResult result_;
 };
 
+// "763k", "3.05M", "1.2T" tokens.
 std::string cache_name(int64_t tokens) {
-  if (tokens >= 1'000'000) return fmt::format("{:.3g}M", static_cast<double>(tokens) / 1e6);
-  if (tokens >= 1'000) return fmt::format("{:.3g}k", static_cast<double>(tokens) / 1e3);
+  const auto t = static_cast<double>(tokens);
+  for (auto [scale, unit] : {std::pair{1e12, "T"}, {1e9, "G"}, {1e6, "M"}, {1e3, "k"}}) {
+    if (t >= scale) return fmt::format("{:.3g}{}", t / scale, unit);
+  }
   return std::to_string(tokens);
 }
 
@@ -483,7 +526,27 @@ Result<PlanResult> plan(const cluster::ClusterConfig& base, std::span<const trac
     return Status::invalid_argument(
         fmt::format("cache DRAM {} bytes: must be > 0", options.cache_dram_bytes));
   }
+  if (options.node_budget > kMaxPlanNodes) {
+    return Status::invalid_argument(
+        fmt::format("node budget {}: at most {} nodes are planned", options.node_budget, kMaxPlanNodes));
+  }
+  if (options.max_nodes > kMaxPlanNodes) {
+    return Status::invalid_argument(
+        fmt::format("max nodes {}: at most {} nodes are planned", options.max_nodes, kMaxPlanNodes));
+  }
   if (options.admissions.empty()) return Status::invalid_argument("no admission policy to search");
+  for (size_t i = 0; i < options.admissions.size(); ++i) {
+    if (std::count(options.admissions.begin(), options.admissions.end(), options.admissions[i]) > 1) {
+      return Status::invalid_argument(
+          fmt::format("admission policy '{}' is named twice", conductor::to_string(options.admissions[i])));
+    }
+  }
+  if (options.node_budget > 0 && trace.size() > 1 &&
+      trace.back().timestamp_ms == trace.front().timestamp_ms) {
+    return Status::invalid_argument(
+        "every request of the trace arrives at the same instant: there is no rate to scale (a node budget "
+        "asks for the highest load; plan for the fewest nodes instead)");
+  }
   if (trace.empty()) return Status::invalid_argument("the trace has no requests to plan for");
   if (base.slo.tbt_s.empty()) return Status::invalid_argument("the config's slo.tbt_s is empty");
   CRESCENT_RETURN_IF_ERROR(sim::validate(
@@ -511,12 +574,16 @@ nlohmann::json to_json(const PlanResult& result, const PlanOptions& options) {
   search["candidates"] = result.candidates.size();
   search["simulated"] = result.simulations;
   search["pruned"] = result.pruned;
+  search["skipped"] = result.skipped;
   search["colocated_searched_to_nodes"] = result.colocated_searched_to_nodes;
   search["wall_s"] = result.wall_s;
   j["search"] = std::move(search);
   auto at = [&](const std::optional<size_t>& i) {
     return i ? candidate_json(result.candidates[*i]) : nlohmann::json(nullptr);
   };
+  j["impossible_requests"] = result.impossible_requests;
+  j["hopeless"] = result.hopeless;
+  if (options.node_budget > 0) j["highest_load_is_search_limit"] = result.highest_load_is_search_limit;
   j["recommended"] = at(result.recommended);
   j["runner_up"] = at(result.runner_up);
   j["next_smaller"] = at(result.next_smaller);
@@ -536,16 +603,18 @@ nlohmann::json to_json(const PlanResult& result, const PlanOptions& options) {
 
 namespace {
 
+// Two decimals, so that a near miss (98.96%) does not read as the target (99.0%).
 std::string percent(double ratio) {
-  return fmt::format("{:.1f}%", ratio * 100);
+  return fmt::format("{:.2f}%", ratio * 100);
 }
 
-// "5 nodes, 4P+1D 763k cache, none: 99.6% meet the SLOs, goodput 3.31 req/s, mean TTFT 2.1 s".
-std::string describe(const PlanCandidate& c) {
+// "5 nodes, 4P+1D 763k cache, none: 99.62% meet the SLOs, goodput 3.31 req/s, mean TTFT 2.1 s" (with
+// `load`, "at x3.91" after the node count).
+std::string describe(const PlanCandidate& c, bool load = false) {
   const cluster::PolicyReport& r = *c.report;
-  return fmt::format("{} nodes, {}: {} meet the SLOs, goodput {:.2f} req/s, mean TTFT {}", c.nodes,
-                     candidate_name(c), percent(r.slo_attainment), r.goodput_rps,
-                     format_or_na(r.ttft_mean_s, 1, 2, " s"));
+  return fmt::format("{} nodes{}, {}: {} meet the SLOs, goodput {:.2f} req/s, mean TTFT {}", c.nodes,
+                     load ? fmt::format(" at x{:.3g}", c.rate_scale) : "", candidate_name(c),
+                     percent(r.slo_attainment), r.goodput_rps, format_or_na(r.ttft_mean_s, 1, 2, " s"));
 }
 
 }  // namespace
@@ -554,15 +623,29 @@ std::string format_plan(const PlanResult& result, const PlanOptions& options, co
   std::string out;
   const auto& cs = result.candidates;
   const bool budget = options.node_budget > 0;
+  if (result.hopeless) {
+    return fmt::format(
+        "No cluster can meet the target: {} of the trace's requests cannot meet TTFT <= {:g} s and TBT <= "
+        "{:g} "
+        "ms on any node (their prefill alone, with every reusable prefix cached, takes longer than the TTFT "
+        "SLO, or a decode step of them alone longer than the TBT SLO), so at most {} of requests can meet "
+        "them, below the target {}. Loosen the SLOs (--ttft-slo, --tbt-slo) or the target (--attainment).\n",
+        result.impossible_requests, slo.ttft_s, slo.tbt_s.front() * 1000,
+        percent(1.0 - static_cast<double>(result.impossible_requests) /
+                          static_cast<double>(std::max<int64_t>(1, result.requests))),
+        percent(options.attainment_target));
+  }
   if (result.recommended) {
     const PlanCandidate& rec = cs[*result.recommended];
     if (budget) {
-      out += fmt::format("Highest load found for {} nodes: x{:.3g} the trace's rate, with {}\n",
-                         options.node_budget, rec.rate_scale, describe(rec));
+      out += fmt::format(
+          "Highest load {} for {} nodes: x{:.3g} the trace's rate, with {}\n",
+          result.highest_load_is_search_limit ? "searched (the search's limit; it may take more)" : "found",
+          options.node_budget, rec.rate_scale, describe(rec));
     } else {
       out += fmt::format("Recommended: {}\n", describe(rec));
     }
-    if (result.runner_up) out += fmt::format("Runner-up:   {}\n", describe(cs[*result.runner_up]));
+    if (result.runner_up) out += fmt::format("Runner-up:   {}\n", describe(cs[*result.runner_up], budget));
     if (!budget) {
       const bool split_ruled_out = std::any_of(cs.begin(), cs.end(), [&](const PlanCandidate& c) {
         return c.nodes + 1 == rec.nodes && c.system == sim::System::kDisaggregated && c.bound_rules_out;
@@ -617,8 +700,13 @@ std::string format_plan(const PlanResult& result, const PlanOptions& options, co
     out += fmt::format("No candidate up to {} nodes meets the target (--max-nodes raises the limit)\n",
                        options.max_nodes);
   }
-  out += fmt::format("Searched {} candidates: {} simulated, {} ruled out by the bound, in {:.1f} s\n\n",
-                     cs.size(), result.simulations, result.pruned, result.wall_s);
+  out += fmt::format(
+      "Searched {} candidates: {} simulated, {} ruled out by the bound{}, in {:.1f} s\n\n", cs.size(),
+      result.simulations, result.pruned,
+      result.skipped > 0
+          ? fmt::format(", {} not needed (their load's probe had already met the target)", result.skipped)
+          : "",
+      result.wall_s);
 
   // The table: per node count (or load), the best disaggregated and the best colocated candidate.
   std::vector<std::vector<std::string>> rows;
@@ -636,9 +724,18 @@ std::string format_plan(const PlanResult& result, const PlanOptions& options, co
                                     std::to_string(r.rejected),
                                     c.meets ? "yes" : "no"};
   };
+  // Groups of one node count and load, in the order considered (node budget: by load).
+  std::vector<std::pair<size_t, size_t>> groups;
   for (size_t i = 0; i < cs.size();) {
     size_t end = i;
     while (end < cs.size() && cs[end].nodes == cs[i].nodes && cs[end].rate_scale == cs[i].rate_scale) ++end;
+    groups.emplace_back(i, end);
+    i = end;
+  }
+  std::stable_sort(groups.begin(), groups.end(), [&](const auto& a, const auto& b) {
+    return cs[a.first].rate_scale < cs[b.first].rate_scale;
+  });
+  for (const auto& [i, end] : groups) {
     std::optional<size_t> best_d, best_c;
     for (size_t k = i; k < end; ++k) {
       if (!cs[k].simulated) continue;
@@ -653,7 +750,6 @@ std::string format_plan(const PlanResult& result, const PlanOptions& options, co
       rows.push_back({std::to_string(cs[i].nodes), budget ? fmt::format("x{:.3g}", cs[i].rate_scale) : "",
                       "disaggregated: every split ruled out by the bound", "", "", "", "", "", "", "", "no"});
     if (best_c) rows.push_back(row_of(cs[*best_c]));
-    i = end;
   }
   std::vector<std::string> header{"nodes",   budget ? "load" : "", "best candidate", "SLO met",
                                   "goodput", "TTFT mean",          "TTFT p99",       "TBT p99",

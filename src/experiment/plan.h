@@ -22,6 +22,9 @@
 
 namespace crescent::experiment {
 
+/// The most nodes a plan considers (PlanOptions::node_budget and max_nodes).
+inline constexpr uint32_t kMaxPlanNodes = 512;
+
 /// What a plan searches for. The SLO thresholds are the config's (slo.ttft_s and the first slo.tbt_s).
 /// Every member has an initializer, so designated initializers may leave any out.
 struct PlanOptions {
@@ -30,10 +33,10 @@ struct PlanOptions {
   /// The load: arrivals `rate_scale` times faster than the trace's (sim::SimOptions::time_scale). > 0. With
   /// node_budget, where the search for the highest load starts.
   double rate_scale = 1;
-  /// 0: find the fewest nodes meeting the target at rate_scale. N >= 2: find the highest rate scale at which
-  /// some candidate of N nodes meets it.
+  /// 0: find the fewest nodes meeting the target at rate_scale. N in 2..kMaxPlanNodes: find the highest rate
+  /// scale at which some candidate of N nodes meets it (the trace's requests must not all arrive at once).
   uint32_t node_budget = 0;
-  /// The fewest-nodes search gives up past this many nodes (>= 2).
+  /// The fewest-nodes search gives up past this many nodes (2..kMaxPlanNodes).
   uint32_t max_nodes = 64;
   /// Host DRAM of a prefill node that its prefix cache may use, bytes: the largest cache searched is this
   /// over the model's KV bytes per token (the paper's 8xA800 nodes hold 3M tokens of LLaMA3-70B, ~0.98 TB).
@@ -94,8 +97,18 @@ struct PlanResult {
   /// Node-budget search: the rate scales probed, in order, and whether some candidate met the target there.
   std::vector<double> probed_rate_scales;
   std::vector<bool> probe_met;
+  /// Node-budget search: every probe up to the search's limit (2^20 times rate_scale) met the target, so the
+  /// highest load is at least the recommendation's, not known to be the most.
+  bool highest_load_is_search_limit = false;
+  /// Requests that cannot meet the SLOs on any cluster (their prefill alone, with every reusable prefix hit,
+  /// is longer than the TTFT SLO, or a decode step of them alone longer than the TBT SLO).
+  int64_t impossible_requests = 0;
+  /// Too many such requests for the target: nothing was searched, no cluster can reach it.
+  bool hopeless = false;
+  int64_t requests = 0;     // in the trace
   int64_t simulations = 0;  // candidates simulated
   int64_t pruned = 0;       // candidates the bound ruled out and were not simulated
+  int64_t skipped = 0;      // node-budget probes' candidates not simulated: one of the probe already met
   double wall_s = 0;        // time the search took
 };
 

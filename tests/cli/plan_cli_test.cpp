@@ -72,7 +72,10 @@ TEST(PlanCli, JsonGoesToStdoutAloneAndBadFlagsAreOneErrorLine) {
   for (const auto& [flags, needle] : std::vector<std::pair<std::string, std::string>>{
            {"--rate 2 --rate-scale 3", "--rate-scale and --rate"},
            {"--attainment 1.5", "attainment target 1.5"},
-           {"--nodes 1", "node budget 1"},
+           {"--nodes 1", "--nodes 1"},
+           {"--nodes 0", "--nodes 0"},
+           {"--nodes 4 --max-nodes 8", "--max-nodes"},
+           {"--nodes 513", "at most 512"},
            {"--admissions none,maybe", "maybe"},
            {"--tbt-slo 0", "--tbt-slo 0"}}) {
     CliRun bad = run_crescent("plan " + kTrace + " --limit 100 " + flags);

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -161,6 +162,50 @@ TEST(Plan, ANodeBudgetFindsTheHighestLoadItSustains) {
   EXPECT_LE(lowest_missed / rec.rate_scale, std::pow(2.0, 1.0 / 32) * (1 + 1e-9));
 }
 
+TEST(Plan, ATargetNoClusterCanReachIsSaidWithoutSearching) {
+  const Inputs& in = inputs();
+  cluster::ClusterConfig config = in.config;
+  config.slo.tbt_s = {0.005};  // below a decode step of one request alone (~12 ms for llama3-70b on 8xA800)
+  auto result = plan(config, in.trace, small_search());
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  EXPECT_TRUE(result->hopeless);
+  EXPECT_TRUE(result->candidates.empty());
+  EXPECT_FALSE(result->recommended);
+  // Every request with a second token is impossible; those with one output token are not.
+  int64_t decoding = 0;
+  for (const trace::Request& r : in.trace) decoding += r.output_tokens >= 2 ? 1 : 0;
+  EXPECT_EQ(result->impossible_requests, decoding);
+  EXPECT_THAT(format_plan(*result, small_search(), config.slo), HasSubstr("No cluster can meet the target"));
+}
+
+TEST(Plan, ALoadBeyondTheSearchIsSaidToBeOnlyALowerBound) {
+  // Five short requests a second apart: any load of them meets the SLOs on 3 nodes.
+  std::vector<trace::Request> trace;
+  for (int64_t i = 0; i < 5; ++i) {
+    trace.push_back({.timestamp_ms = 1000 * i,
+                     .input_tokens = 512,
+                     .output_tokens = 2,
+                     .block_keys = {static_cast<BlockKey>(i)}});
+  }
+  PlanOptions options = small_search();
+  options.node_budget = 3;
+  auto result = plan(inputs().config, trace, options);
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  ASSERT_TRUE(result->recommended);
+  EXPECT_TRUE(result->highest_load_is_search_limit);
+  EXPECT_EQ(result->candidates[*result->recommended].rate_scale, std::pow(2.0, 20));
+  EXPECT_THAT(format_plan(*result, options, inputs().config.slo), HasSubstr("the search's limit"));
+  // The runner-up of a node budget is another split at the same load.
+  ASSERT_TRUE(result->runner_up);
+  const PlanCandidate& rec = result->candidates[*result->recommended];
+  const PlanCandidate& second = result->candidates[*result->runner_up];
+  EXPECT_EQ(second.rate_scale, rec.rate_scale);
+  EXPECT_TRUE(second.prefill_instances != rec.prefill_instances || second.system != rec.system);
+  // Requests all at one instant have no rate to scale.
+  for (trace::Request& r : trace) r.timestamp_ms = 0;
+  EXPECT_THAT(plan(inputs().config, trace, options).status().message(), HasSubstr("same instant"));
+}
+
 TEST(Plan, BadOptionsAreRefusedNamingThem) {
   const Inputs& in = inputs();
   auto message = [&](PlanOptions options) { return plan(in.config, in.trace, options).status().message(); };
@@ -171,6 +216,10 @@ TEST(Plan, BadOptionsAreRefusedNamingThem) {
   EXPECT_THAT(message({.max_nodes = 1}), HasSubstr("max nodes 1"));
   EXPECT_THAT(message({.cache_dram_bytes = 0}), HasSubstr("cache DRAM"));
   EXPECT_THAT(message({.admissions = {}}), HasSubstr("admission"));
+  EXPECT_THAT(message({.admissions = {conductor::Admission::kEarly, conductor::Admission::kEarly}}),
+              HasSubstr("'early' is named twice"));
+  EXPECT_THAT(message({.node_budget = kMaxPlanNodes + 1}), HasSubstr("at most 512"));
+  EXPECT_THAT(message({.max_nodes = kMaxPlanNodes + 1}), HasSubstr("at most 512"));
   EXPECT_THAT(plan(in.config, {}, {}).status().message(), HasSubstr("no requests"));
 }
 
