@@ -96,11 +96,20 @@ int run_replay(const ReplayArgs& args) {
     out["kv_exposed_transfer_mean_s"] = replayed->kv_exposed_transfer_mean_s
                                             ? nlohmann::json(*replayed->kv_exposed_transfer_mean_s)
                                             : nlohmann::json();
+    out["client"] = {{"schedule_lag_mean_s", replayed->schedule_lag_mean_s},
+                     {"schedule_lag_p99_s", replayed->schedule_lag_p99_s},
+                     {"schedule_lag_max_s", replayed->schedule_lag_max_s},
+                     {"max_in_flight", replayed->max_in_flight}};
     fmt::print("{}\n", dump_json(out, 2));
   } else {
     fmt::print("replay {}: {} requests, time scale {:g}, against {} (model {})\n\n", args.trace_path,
                requests->size(), args.time_scale, against, replayed->model);
     fmt::print("{}", cluster::format_table({report}, config->slo));
+    fmt::print(
+        "client: requests sent {:.1f} ms late on average (p99 {:.1f} ms, max {:.1f} ms) against the trace's "
+        "schedule; at most {} in flight at once\n",
+        replayed->schedule_lag_mean_s * 1e3, replayed->schedule_lag_p99_s * 1e3,
+        replayed->schedule_lag_max_s * 1e3, replayed->max_in_flight);
   }
   if (replayed->failed > 0) {
     std::vector<std::string> by_class;

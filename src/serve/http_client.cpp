@@ -875,4 +875,18 @@ void SseParser::take_line(std::string_view line) {
   data_ += '\n';
 }
 
+bool ended_before_sending(const Status& status) {
+  // The messages connect(), on_connected() and the connect deadline end exchanges with.
+  const std::string_view message = status.message();
+  switch (status.code()) {
+    case StatusCode::kUnavailable:
+      return message.find(": connect: ") != std::string_view::npos ||
+             message.find(": cannot resolve '") != std::string_view::npos;
+    case StatusCode::kDeadlineExceeded:
+      return message.find("(connect_timeout_s)") != std::string_view::npos;
+    default:
+      return false;
+  }
+}
+
 }  // namespace crescent::serve

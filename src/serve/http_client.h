@@ -72,6 +72,11 @@ struct HttpClientCallbacks {
   std::function<void(const Status& status)> on_end;
 };
 
+/// Whether an exchange that ended with `status` (on_end's) never reached the server: its host did not
+/// resolve, or the TCP connect failed or timed out (connect_timeout_s), so nothing of the request was sent
+/// and sending it elsewhere cannot run it twice.
+bool ended_before_sending(const Status& status);
+
 /// A whole response, from HttpClient::fetch().
 struct HttpClientResponse {
   int status = 0;

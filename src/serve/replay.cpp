@@ -2,18 +2,22 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/resource.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "engine/engine_core.h"
 #include "engine/step_log.h"
-#include "serve/http_client_error.h"
+#include "serve/http_client.h"
 
 namespace crescent::serve {
 namespace {
@@ -26,6 +30,22 @@ conductor::RejectReason reason_from_code(const std::string& code, int status) {
   if (code == "decode-capacity") return conductor::RejectReason::kDecodeCapacity;
   if (code == "context-length" || (status == 400)) return conductor::RejectReason::kContextLength;
   return conductor::RejectReason::kTtft;
+}
+
+// Token `position` of the block with hash id `id` in a trace prompt (trace_prompt_tokens).
+int64_t prompt_token(BlockKey id, int64_t position, int64_t vocab_size) {
+  const uint64_t h = XXH3_64bits_withSeed(&id, sizeof(id), static_cast<uint64_t>(position));
+  return static_cast<int64_t>(h % static_cast<uint64_t>(vocab_size));
+}
+
+// Raises this process's soft limit on open files to its hard limit: a replay holds a connection per request
+// in flight, thousands of them.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
 }
 
 // Bytes of a body kept for an error's text.
@@ -44,170 +64,370 @@ std::string mock_text(uint64_t seed, int64_t tokens) {
   return text;
 }
 
-// One request's exchange with `server`: sends it, reads the stream, fills `o` (its arrival_s already set).
-// Returns why it failed, or nullopt.
-std::optional<Failure> run_one(const ReplayOptions& options, const ServerAddress& server,
-                               const std::string& model, const trace::Request& r, Clock::time_point start,
-                               cluster::RequestOutcome& o) {
-  json body = {{"model", model},
-               {"prompt", trace_prompt_tokens(r, options.block_size_tokens, options.vocab_size)},
-               {"max_tokens", r.output_tokens},
-               {"ignore_eos", true},
-               {"stream", true},
-               {"stream_options", {{"include_usage", true}}}};
-  if (options.check_mock_output) body["seed"] = r.line;
-  httplib::Client client(server.host, server.port);
-  const auto seconds = [](double s) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(s));
-  };
-  client.set_connection_timeout(seconds(std::min(10.0, options.timeout_s)));
-  client.set_read_timeout(seconds(options.timeout_s));
-  client.set_write_timeout(seconds(options.timeout_s));
-  const Clock::time_point deadline = Clock::now() + seconds(options.timeout_s);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  if (!options.api_key.empty()) req.set_header("Authorization", "Bearer " + options.api_key);
+// The JSON array text of trace_prompt_tokens(request, ...) ("[3,141,59]"), built from cached per-block
+// fragments: the same hash id always stands for the same block_size_tokens ids, and a trace's prompts share
+// most of their blocks, so a replay that keeps up with thousands of requests a second does not hash and print
+// every token of every prompt (a 12k-token prompt: ~0.3 ms that way).
+class PromptText {
+ public:
+  PromptText(int64_t block_size_tokens, int64_t vocab_size)
+      : block_size_tokens_(block_size_tokens), vocab_size_(vocab_size) {}
 
-  std::string raw, pending, text;  // raw: the body's first bytes, for an error's text
-  std::optional<Failure> stream_failure;
-  std::vector<double> chunk_s;  // when each token's chunk arrived (seconds since start)
-  int64_t completion_tokens = -1;
-  bool done = false;
-  const auto broken = [&](FailureClass kind, std::string message) {
-    stream_failure = Failure{kind, std::move(message)};
-  };
-  // Consumes the stream's bytes: SSE events, each a chunk, the usage, "[DONE]" or an error.
-  // False: the stream is broken (stream_failure says how) and the request stops there.
-  const auto receive = [&](const char* data, size_t n) {
-    const double now = std::chrono::duration<double>(Clock::now() - start).count();
-    if (raw.size() < kErrorBodyBytes) raw.append(data, std::min(n, kErrorBodyBytes - raw.size()));
-    const size_t searched = pending.size() > 0 ? pending.size() - 1 : 0;  // "\n\n" may straddle
-    pending.append(data, n);
-    for (size_t end, from = searched; (end = pending.find("\n\n", from)) != std::string::npos; from = 0) {
-      const std::string event = pending.substr(0, end);
-      pending.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0) continue;
-      const std::string payload = event.substr(6);
-      if (payload == "[DONE]") {
-        done = true;
-        continue;
-      }
-      const json chunk = json::parse(payload, nullptr, false);
-      if (chunk.is_discarded()) {
-        broken(FailureClass::kMalformed, "unparsable stream event: " + payload.substr(0, 200));
-        continue;
-      }
-      if (chunk.contains("error")) {
-        broken(FailureClass::kSseError,
-               "error event: " + chunk["error"].value("message", payload.substr(0, 200)));
-        continue;
-      }
-      if (chunk.contains("usage") && chunk["usage"].is_object()) {
-        const json& usage = chunk["usage"];
-        completion_tokens = usage.value("completion_tokens", int64_t{-1});
-        if (usage.contains("prompt_tokens_details") && usage["prompt_tokens_details"].is_object()) {
-          o.prefix_hit_tokens = usage["prompt_tokens_details"].value("cached_tokens", int64_t{0});
-        }
-      }
-      // A token's chunk: one with text, or an empty one before the last (crescent sends a chunk per token,
-      // empty while its text is held back, e.g. a UTF-8 character's first bytes); a last chunk without text
-      // only says why the answer ended.
-      if (chunk.contains("choices") && chunk["choices"].is_array() && !chunk["choices"].empty()) {
-        const json& choice = chunk["choices"][0];
-        const bool last = choice.contains("finish_reason") && !choice["finish_reason"].is_null();
-        const std::string piece = choice.value("text", std::string());
-        text += piece;
-        if (!last || !piece.empty()) chunk_s.push_back(now);
-        if (std::ssize(chunk_s) > r.output_tokens + options.extra_chunks_allowed) {
-          broken(FailureClass::kMalformed,
-                 fmt::format("the stream ran past max_tokens ({} token chunks for {})", chunk_s.size(),
-                             r.output_tokens));
-          return false;
-        }
+  void append(const trace::Request& r, std::string& out) {
+    out += '[';
+    const size_t first = out.size();
+    const auto whole_blocks = static_cast<size_t>(
+        std::min<int64_t>(static_cast<int64_t>(r.block_keys.size()), r.input_tokens / block_size_tokens_));
+    for (size_t b = 0; b < whole_blocks; ++b) out += fragment(r.block_keys[b]);
+    // The last, partial block (and, in traces with fewer ids than blocks, the blocks after the last id):
+    // token by token, as trace_prompt_tokens makes them.
+    int64_t done = static_cast<int64_t>(whole_blocks) * block_size_tokens_;
+    for (size_t b = whole_blocks; done < r.input_tokens; ++b) {
+      const BlockKey id = r.block_keys.empty() ? 0 : r.block_keys[std::min(b, r.block_keys.size() - 1)];
+      const int64_t base = b < r.block_keys.size() ? 0 : static_cast<int64_t>(b) * block_size_tokens_;
+      for (int64_t t = 0; t < block_size_tokens_ && done < r.input_tokens; ++t, ++done) {
+        fmt::format_to(std::back_inserter(out), "{},", prompt_token(id, base + t, vocab_size_));
       }
     }
-    if (pending.size() > options.max_event_bytes) {
-      broken(FailureClass::kMalformed,
-             fmt::format("a stream event longer than {} bytes", options.max_event_bytes));
-      return false;
-    }
-    if (Clock::now() > deadline) {
-      broken(FailureClass::kHung, fmt::format("no whole answer within {:g} s", options.timeout_s));
-      return false;
-    }
-    return true;
-  };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    try {
-      return receive(data, n);
-    } catch (const std::exception& e) {  // a stream event of an unexpected shape (json type_error)
-      broken(FailureClass::kMalformed, fmt::format("unexpected stream event ({})", e.what()));
-      return false;
-    }
-  };
-  const auto failure = [&](FailureClass kind, const std::string& message) {
-    return Failure{kind,
-                   fmt::format("request line {} at {}:{}: {}", r.line, server.host, server.port, message)};
-  };
-  auto res = client.send(req);
-  const double end_s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (stream_failure) return failure(stream_failure->kind, stream_failure->message);
-  if (!res) {
-    const double took_s = end_s - o.arrival_s;
-    FailureClass kind = FailureClass::kConnectionClosed;
-    if (res.error() == httplib::Error::Connection || res.error() == httplib::Error::ConnectionTimeout) {
-      kind = FailureClass::kConnectionRefused;
-    } else if (took_s >= options.timeout_s * 0.99) {
-      kind = FailureClass::kHung;
-    }
-    return failure(kind, fmt::format("{} after {:.1f} s ({})", httplib::to_string(res.error()), took_s,
-                                     what_failed(res.error(), options.timeout_s)));
+    if (out.size() > first) out.pop_back();  // the last ','
+    out += ']';
   }
-  if (res->status == 429 || res->status == 400) {
-    const json error = json::parse(raw.empty() ? res->body : raw, nullptr, false);
-    std::string code;
-    if (!error.is_discarded() && error.contains("error") &&
-        error["error"].value("code", json()).is_string()) {
-      code = error["error"]["code"].get<std::string>();
+
+ private:
+  const std::string& fragment(BlockKey id) {
+    if (cached_bytes_ > kMaxCachedBytes) {
+      fragments_.clear();
+      cached_bytes_ = 0;
     }
-    if (res->status == 400 && code != "context-length" && code != "context_length_exceeded") {
-      return failure(FailureClass::kHttpError,
-                     fmt::format("HTTP 400: {}", (raw.empty() ? res->body : raw).substr(0, 300)));
+    auto [it, added] = fragments_.try_emplace(id);
+    if (added) {
+      const trace::Request one{.input_tokens = block_size_tokens_, .block_keys = {id}};
+      for (int64_t t : trace_prompt_tokens(one, block_size_tokens_, vocab_size_))
+        fmt::format_to(std::back_inserter(it->second), "{},", t);
+      cached_bytes_ += it->second.size();
     }
-    o.rejected = reason_from_code(code, res->status);
-    o.finish_s = o.arrival_s;
+    return it->second;
+  }
+
+  static constexpr size_t kMaxCachedBytes = 256 << 20;
+  int64_t block_size_tokens_;
+  int64_t vocab_size_;
+  std::unordered_map<BlockKey, std::string> fragments_;
+  size_t cached_bytes_ = 0;
+};
+
+// One request in flight: what its stream has said so far. Lives in its callbacks; used on the client's
+// thread only.
+struct Exchange {
+  size_t index = 0;
+  size_t attempt = 0;  // servers tried so far, minus one
+  std::string body;    // kept to send again to the next server when a connection cannot be made
+  Clock::time_point deadline;
+  int status = 0;                  // the response's HTTP status, 0 before its head
+  std::string raw;                 // the body's first bytes, for an error's text
+  std::string text;                // the answer so far
+  std::vector<double> chunk_s;     // when each token's chunk arrived (seconds since start)
+  int64_t completion_tokens = -1;  // from the usage chunk
+  bool done = false;               // "[DONE]" seen
+  std::optional<Failure> broken;   // why the stream is unusable
+};
+
+// Drives every request of one replay through one HttpClient: sends, reads streams, classifies endings.
+class Replayer {
+ public:
+  Replayer(std::span<const trace::Request> trace, const ReplayOptions& options, ReplayResult& out)
+      : trace_(trace),
+        options_(options),
+        out_(out),
+        client_(HttpClient::start({.max_idle_per_host = 4096})) {}
+
+  // Sends every request at its time (this thread paces; the client's thread does the rest) and waits for
+  // every answer.
+  void run() {
+    out_.result.requests.resize(trace_.size());
+    PromptText prompts(options_.block_size_tokens, options_.vocab_size);
+    std::vector<double> lags_s;
+    lags_s.reserve(trace_.size());
+    start_ = Clock::now();
+    for (size_t i = 0; i < trace_.size(); ++i) {
+      auto ex = std::make_shared<Exchange>();
+      ex->index = i;
+      ex->body = request_body(trace_[i], prompts);
+      const Clock::time_point at =
+          start_ + std::chrono::duration_cast<Clock::duration>(
+                       std::chrono::duration<double>(trace::arrival_time_s(trace_, i, options_.time_scale)));
+      std::this_thread::sleep_until(at);
+      const Clock::time_point now = Clock::now();
+      lags_s.push_back(std::max(0.0, std::chrono::duration<double>(now - at).count()));
+      cluster::RequestOutcome& o = out_.result.requests[i];
+      o.trace_line = trace_[i].line;
+      o.input_tokens = trace_[i].input_tokens;
+      o.output_tokens = trace_[i].output_tokens;
+      o.arrival_s = std::chrono::duration<double>(now - start_).count();
+      ex->deadline = now + seconds(options_.timeout_s);
+      {
+        std::lock_guard lock(mu_);
+        ++in_flight_;
+        out_.max_in_flight = std::max(out_.max_in_flight, in_flight_);
+      }
+      send(std::move(ex));
+    }
+    {
+      std::unique_lock lock(mu_);
+      all_done_.wait(lock, [&] { return finished_ == static_cast<int64_t>(trace_.size()); });
+    }
+    client_.reset();
+    if (!lags_s.empty()) {
+      std::sort(lags_s.begin(), lags_s.end());
+      out_.schedule_lag_max_s = lags_s.back();
+      out_.schedule_lag_p99_s = lags_s[std::min(lags_s.size() - 1, (lags_s.size() * 99 + 99) / 100 - 1)];
+      out_.schedule_lag_mean_s =
+          std::accumulate(lags_s.begin(), lags_s.end(), 0.0) / static_cast<double>(lags_s.size());
+    }
+  }
+
+ private:
+  static std::chrono::microseconds seconds(double s) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(s));
+  }
+
+  std::string request_body(const trace::Request& r, PromptText& prompts) const {
+    std::string body = R"({"model":)" + json(out_.model).dump() + R"(,"prompt":)";
+    body.reserve(body.size() + static_cast<size_t>(r.input_tokens) * 4 + 160);
+    prompts.append(r, body);
+    fmt::format_to(
+        std::back_inserter(body),
+        R"(,"max_tokens":{},"ignore_eos":true,"stream":true,"stream_options":{{"include_usage":true}})",
+        r.output_tokens);
+    if (options_.check_mock_output) fmt::format_to(std::back_inserter(body), R"(,"seed":{})", r.line);
+    body += '}';
+    return body;
+  }
+
+  const ServerAddress& server_of(const Exchange& ex) const {
+    return options_.servers[(ex.index + ex.attempt) % options_.servers.size()];
+  }
+
+  void send(std::shared_ptr<Exchange> ex) {
+    const ServerAddress& server = server_of(*ex);
+    // A request sent again to the next server has what is left of its time.
+    const double wait_s =
+        ex->attempt == 0
+            ? options_.timeout_s
+            : std::max(0.001, std::chrono::duration<double>(ex->deadline - Clock::now()).count());
+    HttpClientRequest request{.method = "POST",
+                              .host = server.host,
+                              .port = static_cast<uint16_t>(server.port),
+                              .target = "/v1/completions",
+                              .headers = {},
+                              // Kept for the next server only when there is one.
+                              .body = options_.servers.size() > 1 ? ex->body : std::move(ex->body),
+                              .connect_timeout_s = std::min(10.0, wait_s),
+                              .response_timeout_s = wait_s,
+                              .idle_timeout_s = wait_s};
+    if (!options_.api_key.empty())
+      request.headers.emplace_back("Authorization", "Bearer " + options_.api_key);
+    HttpClientCallbacks callbacks;
+    callbacks.on_head = [ex](int status, const auto&) {
+      ex->status = status;
+      return true;
+    };
+    callbacks.on_body = [this, ex](std::string_view piece) { return on_body(*ex, piece); };
+    callbacks.on_end = [this, ex](const Status& status) { on_end(ex, status); };
+    client_->send(std::move(request), std::move(callbacks));
+  }
+
+  // Reads the next bytes of the body: an error's text, or the stream's SSE events. False: the stream is
+  // broken (ex.broken says how) and the exchange stops there.
+  bool on_body(Exchange& ex, std::string_view piece) {
+    if (ex.raw.size() < kErrorBodyBytes) ex.raw.append(piece.substr(0, kErrorBodyBytes - ex.raw.size()));
+    if (ex.status != 200) return true;
+    if (!parser_of(ex).feed(piece).ok() && !ex.broken) {
+      ex.broken = Failure{FailureClass::kMalformed,
+                          fmt::format("a stream event longer than {} bytes", options_.max_event_bytes)};
+    }
+    if (!ex.broken && Clock::now() > ex.deadline) {
+      ex.broken =
+          Failure{FailureClass::kHung, fmt::format("no whole answer within {:g} s", options_.timeout_s)};
+    }
+    return !ex.broken;
+  }
+
+  SseParser& parser_of(Exchange& ex) {
+    auto [it, added] = parsers_.try_emplace(&ex, nullptr);
+    if (added) {
+      it->second = std::make_unique<SseParser>(
+          [this, &ex](std::string_view data) {
+            try {
+              on_event(ex, data);
+            } catch (const std::exception& e) {  // a stream event of an unexpected shape (json type_error)
+              if (!ex.broken)
+                ex.broken =
+                    Failure{FailureClass::kMalformed, fmt::format("unexpected stream event ({})", e.what())};
+            }
+          },
+          options_.max_event_bytes);
+    }
+    return *it->second;
+  }
+
+  // One SSE event's data: a chunk, the usage, "[DONE]" or an error.
+  void on_event(Exchange& ex, std::string_view data) {
+    if (ex.broken) return;
+    const double now = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (data == "[DONE]") {
+      ex.done = true;
+      return;
+    }
+    const json chunk = json::parse(data, nullptr, false);
+    if (chunk.is_discarded()) {
+      ex.broken =
+          Failure{FailureClass::kMalformed, "unparsable stream event: " + std::string(data.substr(0, 200))};
+      return;
+    }
+    if (chunk.contains("error")) {
+      ex.broken =
+          Failure{FailureClass::kSseError,
+                  "error event: " + chunk["error"].value("message", std::string(data.substr(0, 200)))};
+      return;
+    }
+    cluster::RequestOutcome& o = out_.result.requests[ex.index];
+    if (chunk.contains("usage") && chunk["usage"].is_object()) {
+      const json& usage = chunk["usage"];
+      ex.completion_tokens = usage.value("completion_tokens", int64_t{-1});
+      if (usage.contains("prompt_tokens_details") && usage["prompt_tokens_details"].is_object()) {
+        o.prefix_hit_tokens = usage["prompt_tokens_details"].value("cached_tokens", int64_t{0});
+      }
+    }
+    // A token's chunk: one with text, or an empty one before the last (crescent sends a chunk per token,
+    // empty while its text is held back, e.g. a UTF-8 character's first bytes); a last chunk without text
+    // only says why the answer ended.
+    if (chunk.contains("choices") && chunk["choices"].is_array() && !chunk["choices"].empty()) {
+      const json& choice = chunk["choices"][0];
+      const bool last = choice.contains("finish_reason") && !choice["finish_reason"].is_null();
+      const std::string piece = choice.value("text", std::string());
+      ex.text += piece;
+      if (!last || !piece.empty()) ex.chunk_s.push_back(now);
+      const trace::Request& r = trace_[ex.index];
+      if (std::ssize(ex.chunk_s) > r.output_tokens + options_.extra_chunks_allowed) {
+        ex.broken = Failure{FailureClass::kMalformed,
+                            fmt::format("the stream ran past max_tokens ({} token chunks for {})",
+                                        ex.chunk_s.size(), r.output_tokens)};
+      }
+    }
+  }
+
+  void on_end(const std::shared_ptr<Exchange>& ex, const Status& status) {
+    parsers_.erase(ex.get());
+    // A server that cannot be connected to (nothing was sent): the next one takes the request.
+    if (!ex->broken && ended_before_sending(status) && ex->attempt + 1 < options_.servers.size() &&
+        Clock::now() < ex->deadline) {
+      // A fresh exchange: nothing of the refused one carries over but the request.
+      auto next = std::make_shared<Exchange>();
+      next->index = ex->index;
+      next->attempt = ex->attempt + 1;
+      next->body = std::move(ex->body);
+      next->deadline = ex->deadline;
+      send(std::move(next));
+      return;
+    }
+    std::optional<Failure> failure = outcome(*ex, status);
+    const ServerAddress& server = server_of(*ex);
+    cluster::RequestOutcome& o = out_.result.requests[ex->index];
+    std::lock_guard lock(mu_);
+    if (failure) {
+      ++out_.failed;
+      ++out_.failures[static_cast<size_t>(failure->kind)];
+      if (out_.first_error.empty()) {
+        out_.first_error = fmt::format("request line {} at {}:{}: {}", trace_[ex->index].line, server.host,
+                                       server.port, failure->message);
+      }
+      o = {.arrival_s = o.arrival_s,
+           .finish_s = o.arrival_s,
+           .trace_line = o.trace_line,
+           .input_tokens = o.input_tokens,
+           .output_tokens = o.output_tokens,
+           .failed = true};
+    }
+    --in_flight_;
+    ++finished_;
+    if (options_.progress) options_.progress(finished_, static_cast<int64_t>(trace_.size()));
+    if (finished_ == static_cast<int64_t>(trace_.size())) all_done_.notify_all();
+  }
+
+  // How exchange `ex` ended, given the client's `status`: fills its outcome; returns why it failed, or
+  // nullopt.
+  std::optional<Failure> outcome(Exchange& ex, const Status& status) {
+    cluster::RequestOutcome& o = out_.result.requests[ex.index];
+    const double end_s = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (ex.broken) return ex.broken;
+    if (!status.ok()) {
+      FailureClass kind = FailureClass::kConnectionClosed;
+      if (ended_before_sending(status)) {
+        kind = FailureClass::kConnectionRefused;
+      } else if (status.code() == StatusCode::kDeadlineExceeded) {
+        kind = FailureClass::kHung;
+      } else if (status.code() == StatusCode::kInvalidArgument) {
+        kind = FailureClass::kMalformed;
+      }
+      return Failure{kind, fmt::format("after {:.1f} s: {}", end_s - o.arrival_s, status.message())};
+    }
+    if (ex.status == 429 || ex.status == 400) {
+      const json error = json::parse(ex.raw, nullptr, false);
+      std::string code;
+      if (!error.is_discarded() && error.contains("error") && error["error"].is_object() &&
+          error["error"].value("code", json()).is_string()) {
+        code = error["error"]["code"].get<std::string>();
+      }
+      if (ex.status == 400 && code != "context-length" && code != "context_length_exceeded") {
+        return Failure{FailureClass::kHttpError, fmt::format("HTTP 400: {}", ex.raw.substr(0, 300))};
+      }
+      o.rejected = reason_from_code(code, ex.status);
+      o.finish_s = o.arrival_s;
+      return std::nullopt;
+    }
+    if (ex.status != 200) {
+      return Failure{FailureClass::kHttpError, fmt::format("HTTP {}: {}", ex.status, ex.raw.substr(0, 300))};
+    }
+    if (!ex.done || ex.chunk_s.empty())
+      return Failure{FailureClass::kConnectionClosed, "the stream ended early"};
+    const trace::Request& r = trace_[ex.index];
+    if (options_.check_mock_output) {
+      if (const std::string expected = mock_text(static_cast<uint64_t>(r.line), r.output_tokens);
+          ex.text != expected) {
+        size_t at = 0;
+        while (at < ex.text.size() && at < expected.size() && ex.text[at] == expected[at]) ++at;
+        return Failure{FailureClass::kWrongOutput,
+                       fmt::format("the answer ({} bytes) is not the mock model's ({} bytes) from byte {}",
+                                   ex.text.size(), expected.size(), at)};
+      }
+    }
+    o.ttft_s = ex.chunk_s.front() - o.arrival_s;
+    o.finish_s = end_s;
+    o.output_tokens =
+        ex.completion_tokens >= 0 ? ex.completion_tokens : static_cast<int64_t>(ex.chunk_s.size());
+    if (ex.chunk_s.size() >= 2) {
+      std::vector<double> gaps;
+      for (size_t i = 1; i < ex.chunk_s.size(); ++i) gaps.push_back(ex.chunk_s[i] - ex.chunk_s[i - 1]);
+      const engine::TokenGaps g = engine::tbt_of_gaps(gaps);
+      o.tbt_s = g.tbt_s;
+      o.max_token_gap_s = g.max_gap_s;
+    }
     return std::nullopt;
   }
-  if (res->status != 200) {
-    return failure(FailureClass::kHttpError,
-                   fmt::format("HTTP {}: {}", res->status, (raw.empty() ? res->body : raw).substr(0, 300)));
-  }
-  if (!done || chunk_s.empty()) return failure(FailureClass::kConnectionClosed, "the stream ended early");
-  if (options.check_mock_output) {
-    if (const std::string expected = mock_text(static_cast<uint64_t>(r.line), r.output_tokens);
-        text != expected) {
-      size_t at = 0;
-      while (at < text.size() && at < expected.size() && text[at] == expected[at]) ++at;
-      return failure(FailureClass::kWrongOutput,
-                     fmt::format("the answer ({} bytes) is not the mock model's ({} bytes) from byte {}",
-                                 text.size(), expected.size(), at));
-    }
-  }
-  o.ttft_s = chunk_s.front() - o.arrival_s;
-  o.finish_s = end_s;
-  o.output_tokens = completion_tokens >= 0 ? completion_tokens : static_cast<int64_t>(chunk_s.size());
-  if (chunk_s.size() >= 2) {
-    std::vector<double> gaps;
-    for (size_t i = 1; i < chunk_s.size(); ++i) gaps.push_back(chunk_s[i] - chunk_s[i - 1]);
-    const engine::TokenGaps g = engine::tbt_of_gaps(gaps);
-    o.tbt_s = g.tbt_s;
-    o.max_token_gap_s = g.max_gap_s;
-  }
-  return std::nullopt;
-}
+
+  std::span<const trace::Request> trace_;
+  const ReplayOptions& options_;
+  ReplayResult& out_;
+  Clock::time_point start_;
+  // Each exchange's SSE parser, made at its first piece of body (client thread only).
+  std::unordered_map<const Exchange*, std::unique_ptr<SseParser>> parsers_;
+  std::mutex mu_;
+  std::condition_variable all_done_;
+  int64_t in_flight_ = 0;
+  int64_t finished_ = 0;
+  std::unique_ptr<HttpClient> client_;  // last: destroyed (its thread joined) before what its callbacks use
+};
 
 }  // namespace
 
@@ -242,8 +462,7 @@ std::vector<int64_t> trace_prompt_tokens(const trace::Request& request, int64_t 
     const int64_t base = b < request.block_keys.size() ? 0 : static_cast<int64_t>(b) * block_size_tokens;
     for (int64_t t = 0; t < block_size_tokens && tokens.size() < static_cast<size_t>(request.input_tokens);
          ++t) {
-      const uint64_t h = XXH3_64bits_withSeed(&id, sizeof(id), static_cast<uint64_t>(base + t));
-      tokens.push_back(static_cast<int64_t>(h % static_cast<uint64_t>(vocab_size)));
+      tokens.push_back(prompt_token(id, base + t, vocab_size));
     }
   }
   return tokens;
@@ -318,51 +537,8 @@ Result<ReplayResult> replay(std::span<const trace::Request> trace, const ReplayO
     out.model = models["data"][0]["id"].get<std::string>();
   }
   const auto exposed_before = server_histogram(options, kExposedTransfer);
-  out.result.requests.resize(trace.size());
-  std::mutex mu;
-  std::condition_variable all_done;
-  int64_t finished = 0;
-  const auto start = Clock::now();
-  for (size_t i = 0; i < trace.size(); ++i) {
-    const double at_s = trace::arrival_time_s(trace, i, options.time_scale);
-    std::this_thread::sleep_until(start +
-                                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                                      at_s)));  // One detached thread per request in flight (open loop:
-                                                // arrivals never wait for answers); each frees its
-    // resources when it ends, however long the trace.
-    std::thread([&, i] {
-      cluster::RequestOutcome& o = out.result.requests[i];
-      o.trace_line = trace[i].line;
-      o.input_tokens = trace[i].input_tokens;
-      o.output_tokens = trace[i].output_tokens;
-      o.arrival_s = std::chrono::duration<double>(Clock::now() - start).count();
-      std::optional<Failure> failure;
-      for (size_t k = 0; k < options.servers.size(); ++k) {
-        failure = run_one(options, options.servers[(i + k) % options.servers.size()], out.model, trace[i],
-                          start, o);
-        if (!failure || failure->kind != FailureClass::kConnectionRefused) break;
-      }
-      std::lock_guard lock(mu);
-      if (failure) {
-        ++out.failed;
-        ++out.failures[static_cast<size_t>(failure->kind)];
-        if (out.first_error.empty()) out.first_error = failure->message;
-        o = {.arrival_s = o.arrival_s,
-             .finish_s = o.arrival_s,
-             .trace_line = o.trace_line,
-             .input_tokens = o.input_tokens,
-             .output_tokens = o.output_tokens,
-             .failed = true};
-      }
-      ++finished;
-      if (options.progress) options.progress(finished, static_cast<int64_t>(trace.size()));
-      if (finished == static_cast<int64_t>(trace.size())) all_done.notify_all();
-    }).detach();
-  }
-  {
-    std::unique_lock lock(mu);
-    all_done.wait(lock, [&] { return finished == static_cast<int64_t>(trace.size()); });
-  }
+  raise_open_file_limit();
+  Replayer(trace, options, out).run();
   for (const cluster::RequestOutcome& o : out.result.requests) {
     out.result.makespan_s = std::max(out.result.makespan_s, o.finish_s);
   }

@@ -3,6 +3,8 @@
 // built from its hash_ids (same id → same tokens, exactly input_length of them), max_tokens = output_length
 // and ignore_eos; TTFT, token gaps, end-to-end latency, prefix hits (usage.prompt_tokens_details) and
 // refusals are measured per request, into the simulator's result type so the report is the simulator's.
+// One thread sends each request at its time; one event loop thread (HttpClient) holds every connection and
+// reads every stream, so thousands of streams may be in flight (docs/serving.md, "A client that keeps up").
 #pragma once
 
 #include <array>
@@ -51,7 +53,7 @@ struct ReplayOptions {
   /// instance running the mock executor says for that seed (engine::mock_token): a mismatch is a failure of
   /// class kWrongOutput. For servers of crescent's mock model only.
   bool check_mock_output = false;
-  /// Called as requests finish (from the replay's threads, serialized): finished so far, total.
+  /// Called as requests finish (on the client's event loop thread): finished so far, total.
   std::function<void(int64_t finished, int64_t total)> progress = nullptr;
 };
 
@@ -86,6 +88,13 @@ struct ReplayResult {
   /// A crescent server's mean exposed KV transfer over the replay's requests (from its /metrics,
   /// crescent_kv_exposed_transfer_seconds: prefill end to KV all at decode); nullopt from other servers.
   std::optional<double> kv_exposed_transfer_mean_s;
+  /// How late requests were sent against their schedule (arrival / time_scale), seconds: the replay's own
+  /// lag, which says whether the client kept up (every request is sent by one thread, every stream read by
+  /// one event loop thread).
+  double schedule_lag_mean_s = 0;
+  double schedule_lag_p99_s = 0;
+  double schedule_lag_max_s = 0;
+  int64_t max_in_flight = 0;  // the most requests sent and not yet finished at once
 };
 
 /// Replays `trace`. Errors: kUnavailable when the server cannot be reached or lists no model (before any

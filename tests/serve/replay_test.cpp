@@ -5,8 +5,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sys/resource.h>
 
 #include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -165,7 +169,7 @@ TEST(Replay, AServerThatMisbehavesFailsItsRequestsInTime) {
   const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::vector<std::pair<std::string, std::string>> errors;  // what each kind alone says
   for (const auto& [input, says] : std::vector<std::pair<int64_t, std::string>>{
-           {11, "Read after 1.0 s (the connection closed, or nothing came for 1 s)"},
+           {11, "no response head within 1 s of sending the request (response_timeout_s)"},
            {12, "no whole answer within 1 s"},
            {13, "the stream ran past max_tokens (12 token chunks for 3)"},
            {14, "a stream event longer than 1048576 bytes"}}) {
@@ -258,6 +262,99 @@ TEST(Replay, FailuresAreClassifiedAndAnUnreachableServerIsPassedOver) {
   auto nowhere = replay(std::vector<trace::Request>{request(0, 24, 3, {1})}, options);
   ASSERT_TRUE(nowhere.ok());
   EXPECT_EQ(nowhere->failures[static_cast<size_t>(FailureClass::kConnectionRefused)], 1);
+}
+
+// A streamed answer of one token, as crescent's front end sends it.
+std::string one_token_stream() {
+  const nlohmann::json chunk = {{"choices", {{{"index", 0}, {"text", "a"}, {"finish_reason", "length"}}}}};
+  const nlohmann::json usage = {{"choices", nlohmann::json::array()},
+                                {"usage", {{"prompt_tokens", 1}, {"completion_tokens", 1}}}};
+  return "data: " + chunk.dump() + "\n\ndata: " + usage.dump() + "\n\ndata: [DONE]\n\n";
+}
+
+// The replay's prompts are built from cached per-block text: the server sees exactly trace_prompt_tokens,
+// for whole and partial blocks, shared ids, more tokens than ids, and no ids at all.
+TEST(Replay, ThePromptSentIsTracePromptTokens) {
+  std::mutex mu;
+  std::map<int64_t, nlohmann::json> prompts;  // by max_tokens, which names the request here
+  auto server = HttpServer::start({.port = 0}, [&](HttpRequest request, HttpResponder responder) {
+    if (request.path != "/v1/completions")
+      return responder.respond(
+          HttpResponse{.status = 404, .content_type = "text/plain", .body = "", .headers = {}});  // /metrics
+    const nlohmann::json body = nlohmann::json::parse(request.body);
+    {
+      std::lock_guard lock(mu);
+      prompts[body["max_tokens"].get<int64_t>()] = body["prompt"];
+    }
+    responder.start_stream();
+    responder.write(one_token_stream());
+    responder.end();
+  });
+  ASSERT_TRUE(server.ok());
+  ReplayOptions options = at((*server)->port());
+  options.model = "fake";
+  options.block_size_tokens = 16;
+  options.vocab_size = 1000;
+  const std::vector<trace::Request> trace = {
+      request(0, 48, 1, {5, 6, 7}),   // whole blocks
+      request(0, 40, 2, {5, 6, 8}),   // a partial last block, shared ids
+      request(0, 70, 3, {5, 9}),      // more tokens than ids
+      request(0, 7, 4, {}),           // no ids
+      request(0, 48, 5, {5, 6, 7})};  // the first again, from the cache
+  auto replayed = replay(trace, options);
+  ASSERT_TRUE(replayed.ok()) << replayed.status().message();
+  EXPECT_EQ(replayed->failed, 0) << replayed->first_error;
+  ASSERT_EQ(prompts.size(), trace.size());
+  for (const trace::Request& r : trace) {
+    EXPECT_EQ(prompts[r.output_tokens].get<std::vector<int64_t>>(), trace_prompt_tokens(r, 16, 1000))
+        << "request " << r.output_tokens;
+  }
+}
+
+// One client thread and one event loop thread hold thousands of streams at once (issue 26 §4): the server
+// answers none until it holds them all, and the process meanwhile runs a few threads, not one per request.
+TEST(Replay, OneEventLoopHoldsThousandsOfStreamsAtOnce) {
+  constexpr size_t kStreams = 2000;
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  if (limit.rlim_max < 2 * kStreams + 200) {
+    GTEST_SKIP() << "the hard limit on open files (" << limit.rlim_max << ") is below " << 2 * kStreams + 200;
+  }
+  std::mutex mu;
+  std::vector<HttpResponder> held;
+  std::atomic<int64_t> threads_while_held{-1};
+  std::thread answering;
+  auto server = HttpServer::start({.port = 0}, [&](HttpRequest request, HttpResponder responder) {
+    if (request.path != "/v1/completions")
+      return responder.respond(
+          HttpResponse{.status = 404, .content_type = "text/plain", .body = "", .headers = {}});  // /metrics
+    responder.start_stream();
+    std::lock_guard lock(mu);
+    held.push_back(responder);
+    if (held.size() < kStreams) return;
+    answering = std::thread([&] {
+      threads_while_held = static_cast<int64_t>(std::distance(
+          std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator()));
+      for (HttpResponder& r : held) {
+        r.write(one_token_stream());
+        r.end();
+      }
+    });
+  });
+  ASSERT_TRUE(server.ok());
+  ReplayOptions options = at((*server)->port());
+  options.model = "fake";
+  options.timeout_s = 60;
+  std::vector<trace::Request> trace;
+  for (size_t i = 0; i < kStreams; ++i) trace.push_back(request(0, 8, 1, {static_cast<BlockKey>(i)}));
+  auto replayed = replay(trace, options);
+  if (answering.joinable()) answering.join();
+  ASSERT_TRUE(replayed.ok()) << replayed.status().message();
+  EXPECT_EQ(replayed->failed, 0) << replayed->first_error;
+  EXPECT_EQ(replayed->max_in_flight, static_cast<int64_t>(kStreams));
+  EXPECT_GT(threads_while_held.load(), 0) << "the server never held every stream at once";
+  EXPECT_LT(threads_while_held.load(), 64) << "a thread per request?";
+  EXPECT_GE(replayed->schedule_lag_max_s, 0);
 }
 
 TEST(Replay, AnUnreachableServerIsAnErrorBeforeAnythingIsSent) {
