@@ -389,7 +389,11 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   void on_connected(const std::shared_ptr<Connection>& conn, const beast::error_code& ec) {
     if (done_ || conn_ != conn) return;
     if (ec) {
-      finish(Status::unavailable(fmt::format("{}: connect: {}", where_, ec.message())));
+      // After a stale pooled connection the request may have reached the server: the message says so, and
+      // ended_before_sending() is false for it.
+      finish(Status::unavailable(fmt::format("{}: connect{}: {}", where_,
+                                             retried_ ? " (a fresh connection after a stale pooled one)" : "",
+                                             ec.message())));
       return;
     }
     conn->count_open();
@@ -582,8 +586,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   void on_deadline() {
     switch (wait_) {
       case Wait::kConnect:
-        finish(Status::deadline_exceeded(fmt::format("{}: not connected within {} s (connect_timeout_s)",
-                                                     where_, request_.connect_timeout_s)));
+        finish(Status::deadline_exceeded(fmt::format(
+            "{}: not connected within {} s (connect_timeout_s){}", where_, request_.connect_timeout_s,
+            retried_ ? ", a fresh connection after a stale pooled one" : "")));
         return;
       case Wait::kResponse:
         finish(
@@ -878,12 +883,14 @@ void SseParser::take_line(std::string_view line) {
 bool ended_before_sending(const Status& status) {
   // The messages connect(), on_connected() and the connect deadline end exchanges with.
   const std::string_view message = status.message();
+  // A connect that followed a stale pooled connection: the request was written to that one.
+  const auto retried = [](std::string_view m) { return m.find("stale pooled") != std::string_view::npos; };
   switch (status.code()) {
     case StatusCode::kUnavailable:
-      return message.find(": connect: ") != std::string_view::npos ||
-             message.find(": cannot resolve '") != std::string_view::npos;
+      return !retried(message) && (message.find(": connect: ") != std::string_view::npos ||
+                                   message.find(": cannot resolve '") != std::string_view::npos);
     case StatusCode::kDeadlineExceeded:
-      return message.find("(connect_timeout_s)") != std::string_view::npos;
+      return message.find("(connect_timeout_s)") != std::string_view::npos && !retried(message);
     default:
       return false;
   }

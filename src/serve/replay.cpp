@@ -6,8 +6,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -104,12 +106,13 @@ class PromptText {
       const trace::Request one{.input_tokens = block_size_tokens_, .block_keys = {id}};
       for (int64_t t : trace_prompt_tokens(one, block_size_tokens_, vocab_size_))
         fmt::format_to(std::back_inserter(it->second), "{},", t);
-      cached_bytes_ += it->second.size();
+      cached_bytes_ += it->second.size() + 96;
     }
     return it->second;
   }
 
-  static constexpr size_t kMaxCachedBytes = 256 << 20;
+  // Each entry counted with ~96 bytes of the map's own: at most ~64 MiB in all, then begun again.
+  static constexpr size_t kMaxCachedBytes = 64 << 20;
   int64_t block_size_tokens_;
   int64_t vocab_size_;
   std::unordered_map<BlockKey, std::string> fragments_;
@@ -123,13 +126,17 @@ struct Exchange {
   size_t attempt = 0;  // servers tried so far, minus one
   std::string body;    // kept to send again to the next server when a connection cannot be made
   Clock::time_point deadline;
-  int status = 0;                  // the response's HTTP status, 0 before its head
-  std::string raw;                 // the body's first bytes, for an error's text
-  std::string text;                // the answer so far
-  std::vector<double> chunk_s;     // when each token's chunk arrived (seconds since start)
-  int64_t completion_tokens = -1;  // from the usage chunk
-  bool done = false;               // "[DONE]" seen
-  std::optional<Failure> broken;   // why the stream is unusable
+  int status = 0;                      // the response's HTTP status, 0 before its head
+  std::string raw;                     // the body's first bytes, for an error's text
+  std::string text;                    // the answer so far
+  std::vector<double> chunk_s;         // when each token's chunk arrived (seconds since start)
+  int64_t completion_tokens = -1;      // from the usage chunk
+  bool done = false;                   // "[DONE]" seen
+  std::optional<Failure> broken;       // why the stream is unusable
+  bool error_body_cut = false;         // an error body longer than kErrorBodyBytes: read no further
+  uint64_t id = 0;                     // the client's id of the exchange, once send() returned (watchdog)
+  std::atomic<bool> ended{false};      // on_end ran
+  std::atomic<bool> timed_out{false};  // the watchdog cancelled it at its deadline
 };
 
 // Drives every request of one replay through one HttpClient: sends, reads streams, classifies endings.
@@ -149,6 +156,7 @@ class Replayer {
     std::vector<double> lags_s;
     lags_s.reserve(trace_.size());
     start_ = Clock::now();
+    std::thread watchdog([this] { watch_deadlines(); });
     for (size_t i = 0; i < trace_.size(); ++i) {
       auto ex = std::make_shared<Exchange>();
       ex->index = i;
@@ -175,7 +183,10 @@ class Replayer {
     {
       std::unique_lock lock(mu_);
       all_done_.wait(lock, [&] { return finished_ == static_cast<int64_t>(trace_.size()); });
+      watchdog_stop_ = true;
+      watchdog_wake_.notify_all();
     }
+    watchdog.join();
     client_.reset();
     if (!lags_s.empty()) {
       std::sort(lags_s.begin(), lags_s.end());
@@ -234,21 +245,51 @@ class Replayer {
     };
     callbacks.on_body = [this, ex](std::string_view piece) { return on_body(*ex, piece); };
     callbacks.on_end = [this, ex](const Status& status) { on_end(ex, status); };
-    client_->send(std::move(request), std::move(callbacks));
+    const uint64_t id = client_->send(std::move(request), std::move(callbacks));
+    std::lock_guard lock(mu_);
+    // (Its callbacks may have begun, or even ended, before send() returned: on_end then found no entry to
+    // erase, and the watchdog drops one whose exchange has ended.)
+    ex->id = id;
+    live_.emplace(id, ex);
+  }
+
+  // Ends every exchange past its deadline, whatever its server sends or does not: the client's own timeouts
+  // restart with each piece of the body (every 100 ms, until stopped).
+  void watch_deadlines() {
+    std::unique_lock lock(mu_);
+    while (!watchdog_stop_) {
+      watchdog_wake_.wait_for(lock, std::chrono::milliseconds(100));
+      const Clock::time_point now = Clock::now();
+      for (auto it = live_.begin(); it != live_.end();) {
+        if (it->second->ended) {
+          it = live_.erase(it);
+        } else if (now > it->second->deadline && !it->second->timed_out.exchange(true)) {
+          client_->cancel(it->first);
+          ++it;
+        } else {
+          ++it;
+        }
+      }
+    }
   }
 
   // Reads the next bytes of the body: an error's text, or the stream's SSE events. False: the stream is
   // broken (ex.broken says how) and the exchange stops there.
   bool on_body(Exchange& ex, std::string_view piece) {
-    if (ex.raw.size() < kErrorBodyBytes) ex.raw.append(piece.substr(0, kErrorBodyBytes - ex.raw.size()));
-    if (ex.status != 200) return true;
+    if (Clock::now() > ex.deadline) {
+      ex.broken =
+          Failure{FailureClass::kHung, fmt::format("no whole answer within {:g} s", options_.timeout_s)};
+      return false;
+    }
+    if (ex.status != 200) {
+      // An error's text: its first bytes are enough to tell what it says.
+      ex.raw.append(piece.substr(0, kErrorBodyBytes - ex.raw.size()));
+      ex.error_body_cut = ex.raw.size() >= kErrorBodyBytes;
+      return !ex.error_body_cut;
+    }
     if (!parser_of(ex).feed(piece).ok() && !ex.broken) {
       ex.broken = Failure{FailureClass::kMalformed,
                           fmt::format("a stream event longer than {} bytes", options_.max_event_bytes)};
-    }
-    if (!ex.broken && Clock::now() > ex.deadline) {
-      ex.broken =
-          Failure{FailureClass::kHung, fmt::format("no whole answer within {:g} s", options_.timeout_s)};
     }
     return !ex.broken;
   }
@@ -306,7 +347,7 @@ class Replayer {
       const json& choice = chunk["choices"][0];
       const bool last = choice.contains("finish_reason") && !choice["finish_reason"].is_null();
       const std::string piece = choice.value("text", std::string());
-      ex.text += piece;
+      if (options_.check_mock_output) ex.text += piece;
       if (!last || !piece.empty()) ex.chunk_s.push_back(now);
       const trace::Request& r = trace_[ex.index];
       if (std::ssize(ex.chunk_s) > r.output_tokens + options_.extra_chunks_allowed) {
@@ -319,6 +360,7 @@ class Replayer {
 
   void on_end(const std::shared_ptr<Exchange>& ex, const Status& status) {
     parsers_.erase(ex.get());
+    ex->ended = true;
     // A server that cannot be connected to (nothing was sent): the next one takes the request.
     if (!ex->broken && ended_before_sending(status) && ex->attempt + 1 < options_.servers.size() &&
         Clock::now() < ex->deadline) {
@@ -334,7 +376,8 @@ class Replayer {
     std::optional<Failure> failure = outcome(*ex, status);
     const ServerAddress& server = server_of(*ex);
     cluster::RequestOutcome& o = out_.result.requests[ex->index];
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    live_.erase(ex->id);
     if (failure) {
       ++out_.failed;
       ++out_.failures[static_cast<size_t>(failure->kind)];
@@ -351,8 +394,11 @@ class Replayer {
     }
     --in_flight_;
     ++finished_;
-    if (options_.progress) options_.progress(finished_, static_cast<int64_t>(trace_.size()));
+    const int64_t finished = finished_;
     if (finished_ == static_cast<int64_t>(trace_.size())) all_done_.notify_all();
+    lock.unlock();
+    // Only this thread calls it, so calls stay in order; not under mu_, so a slow terminal stalls no sender.
+    if (options_.progress) options_.progress(finished, static_cast<int64_t>(trace_.size()));
   }
 
   // How exchange `ex` ended, given the client's `status`: fills its outcome; returns why it failed, or
@@ -361,7 +407,11 @@ class Replayer {
     cluster::RequestOutcome& o = out_.result.requests[ex.index];
     const double end_s = std::chrono::duration<double>(Clock::now() - start_).count();
     if (ex.broken) return ex.broken;
-    if (!status.ok()) {
+    if (ex.timed_out) {
+      return Failure{FailureClass::kHung, fmt::format("no whole answer within {:g} s", options_.timeout_s)};
+    }
+    const bool whole = status.ok() || (ex.error_body_cut && status.code() == StatusCode::kCancelled);
+    if (!whole) {
       FailureClass kind = FailureClass::kConnectionClosed;
       if (ended_before_sending(status)) {
         kind = FailureClass::kConnectionRefused;
@@ -426,6 +476,9 @@ class Replayer {
   std::condition_variable all_done_;
   int64_t in_flight_ = 0;
   int64_t finished_ = 0;
+  std::map<uint64_t, std::shared_ptr<Exchange>> live_;  // exchanges in flight by client id (under mu_)
+  bool watchdog_stop_ = false;
+  std::condition_variable watchdog_wake_;
   std::unique_ptr<HttpClient> client_;  // last: destroyed (its thread joined) before what its callbacks use
 };
 

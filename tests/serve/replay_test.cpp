@@ -198,6 +198,43 @@ TEST(Replay, AServerThatMisbehavesFailsItsRequestsInTime) {
   EXPECT_EQ(all->failures[static_cast<size_t>(FailureClass::kMalformed)], 2);
 }
 
+// The request timeout holds whatever arrives meanwhile: an error status whose body trickles, or a stream
+// whose comments each come just within the client's idle timeout.
+TEST(Replay, TheRequestTimeoutHoldsWhateverTheServerTrickles) {
+  std::atomic<bool> stopping{false};
+  httplib::Server server;
+  server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    const size_t kind = nlohmann::json::parse(req.body)["prompt"].size();
+    if (kind == 31) res.status = 500;
+    res.set_chunked_content_provider(
+        kind == 31 ? "application/json" : "text/event-stream", [&, kind](size_t, httplib::DataSink& sink) {
+          if (stopping) return false;
+          std::this_thread::sleep_for(std::chrono::milliseconds(kind == 31 ? 100 : 900));
+          const std::string bytes = kind == 31 ? " " : ": still here\n\n";
+          return sink.write(bytes.data(), bytes.size());
+        });
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { server.listen_after_bind(); });
+  ReplayOptions options = at(port);
+  options.model = "fake";
+  options.timeout_s = 1;
+  for (int64_t kind : {31, 32}) {
+    const auto started = std::chrono::steady_clock::now();
+    auto replayed = replay(std::vector<trace::Request>{request(0, kind, 3, {1})}, options);
+    const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    ASSERT_TRUE(replayed.ok()) << replayed.status().message();
+    EXPECT_EQ(replayed->failures[static_cast<size_t>(FailureClass::kHung)], 1)
+        << kind << ": " << replayed->first_error;
+    EXPECT_THAT(replayed->first_error, HasSubstr("no whole answer within 1 s")) << kind;
+    EXPECT_LT(took_s, 2.5) << kind;
+  }
+  stopping = true;
+  server.stop();
+  serving.join();
+}
+
 // Each way a request can end badly has its class, so a chaos run can tell the endings a client sees at once
 // (an HTTP error, an SSE error event, a connection closed or refused) from those no server may give (hung,
 // malformed, wrong output). A server that cannot be connected to sends its requests to the next.
