@@ -10,6 +10,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <tuple>
 #include <unordered_set>
 
 #include "common/json_util.h"
@@ -784,6 +785,7 @@ Plot plan_plot(const PlanResult& result, const PlanOptions& options, const std::
             .y_from_zero = true,
             .log_x = budget,
             .integer_x = !budget};
+  plot.y2_label = "goodput of the best disaggregated candidate (requests/s)";
   // The best attainment of each family at each x.
   std::vector<std::pair<std::string, std::function<bool(const PlanCandidate&)>>> families;
   families.emplace_back("disaggregated (best split, cache, admission)",
@@ -794,23 +796,37 @@ Plot plan_plot(const PlanResult& result, const PlanOptions& options, const std::
   }
   double lo_x = kInfinity, hi_x = -kInfinity;
   for (size_t f = 0; f < families.size(); ++f) {
-    std::vector<std::pair<double, double>> points;  // (x, best attainment %)
+    // (x, best attainment %, that candidate's goodput)
+    std::vector<std::tuple<double, double, double>> points;
     for (const PlanCandidate& c : result.candidates) {
       if (!c.simulated || !families[f].second(c)) continue;
       const double x = budget ? c.rate_scale : static_cast<double>(c.nodes);
-      auto it = std::find_if(points.begin(), points.end(), [&](const auto& p) { return p.first == x; });
+      auto it =
+          std::find_if(points.begin(), points.end(), [&](const auto& p) { return std::get<0>(p) == x; });
       const double y = c.report->slo_attainment * 100;
-      if (it == points.end())
-        points.emplace_back(x, y);
-      else
-        it->second = std::max(it->second, y);
+      if (it == points.end()) {
+        points.emplace_back(x, y, c.report->goodput_rps);
+      } else if (y > std::get<1>(*it)) {
+        *it = {x, y, c.report->goodput_rps};
+      }
     }
     if (points.empty()) continue;
     std::sort(points.begin(), points.end());
+    if (f == 0) {
+      PlotSeries goodput{.name = "goodput of the best disaggregated (right axis)",
+                         .style = LineStyle::kDashed,
+                         .color = 5,
+                         .right_axis = true};
+      for (const auto& [x, y, g] : points) {
+        goodput.x.push_back(x);
+        goodput.y.push_back(g);
+      }
+      plot.series.push_back(std::move(goodput));
+    }
     PlotSeries series{.name = families[f].first,
                       .style = f == 0 ? LineStyle::kSolid : LineStyle::kDashed,
                       .color = static_cast<int>(f)};
-    for (const auto& [x, y] : points) {
+    for (const auto& [x, y, g] : points) {
       series.x.push_back(x);
       series.y.push_back(y);
       lo_x = std::min(lo_x, x);

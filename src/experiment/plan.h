@@ -128,8 +128,8 @@ nlohmann::json to_json(const PlanResult& result, const PlanOptions& options);
 std::string format_plan(const PlanResult& result, const PlanOptions& options, const cluster::SloConfig& slo);
 
 /// The plot: node-count search, the best attainment at each node count for disaggregated and each colocated
-/// system, the target as a line and the recommendation marked; node-budget search, the best attainment at
-/// each probed load.
+/// system, the best disaggregated candidate's goodput on the right axis, the target as a line and the
+/// recommendation marked; node-budget search, the same at each probed load.
 Plot plan_plot(const PlanResult& result, const PlanOptions& options, const std::string& title);
 
 }  // namespace crescent::experiment
