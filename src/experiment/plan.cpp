@@ -243,24 +243,24 @@ class Planner {
   // when `until_one_meets`. Returns whether one of [first, end) meets it.
   Result<bool> evaluate(size_t first, size_t end, std::string label, bool until_one_meets = false,
                         size_t chunk = 0) {
-    std::vector<size_t> todo;
+    std::vector<size_t> to_run;
     for (size_t i = first; i < end; ++i) {
       PlanCandidate& c = result_.candidates[i];
       if (c.simulated) continue;
       if (c.bound_rules_out && options_.prune) continue;
-      todo.push_back(i);
+      to_run.push_back(i);
     }
-    progress_.start_batch(std::move(label), todo.size());
-    if (chunk == 0) chunk = std::max<size_t>(1, todo.size());
+    progress_.start_batch(std::move(label), to_run.size());
+    if (chunk == 0) chunk = std::max<size_t>(1, to_run.size());
     bool met = std::any_of(result_.candidates.begin() + static_cast<std::ptrdiff_t>(first),
                            result_.candidates.begin() + static_cast<std::ptrdiff_t>(end),
                            [](const PlanCandidate& c) { return c.meets; });
     size_t start = 0;
-    for (; start < todo.size() && !(until_one_meets && met); start += chunk) {
-      const size_t count = std::min(chunk, todo.size() - start);
+    for (; start < to_run.size() && !(until_one_meets && met); start += chunk) {
+      const size_t count = std::min(chunk, to_run.size() - start);
       std::vector<std::optional<Result<cluster::RunResult>>> runs(count);
       parallel_for(count, options_.threads, [&](size_t k) {
-        const PlanCandidate& c = result_.candidates[todo[start + k]];
+        const PlanCandidate& c = result_.candidates[to_run[start + k]];
         runs[k].emplace(sim::simulate(candidate_config(base_, c), trace_,
                                       {.system = c.system,
                                        .policy = conductor::PrefillPolicy::kGlobalCacheAware,
@@ -272,7 +272,7 @@ class Planner {
       });
       for (size_t k = 0; k < count; ++k) {
         if (!runs[k]->ok()) return runs[k]->status();
-        PlanCandidate& c = result_.candidates[todo[start + k]];
+        PlanCandidate& c = result_.candidates[to_run[start + k]];
         c.simulated = true;
         c.report = cluster::summarize(candidate_name(c), **runs[k], base_.slo);
         c.meets = c.report->slo_attainment >= options_.attainment_target;
@@ -280,7 +280,7 @@ class Planner {
         ++result_.simulations;
       }
     }
-    result_.skipped += static_cast<int64_t>(todo.size() - std::min(start, todo.size()));
+    result_.skipped += static_cast<int64_t>(to_run.size() - std::min(start, to_run.size()));
     return met;
   }
 
