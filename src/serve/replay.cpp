@@ -50,6 +50,10 @@ void raise_open_file_limit() {
   }
 }
 
+// How long after a request's deadline the client's own response and idle timeouts fire: the watchdog
+// (every 100 ms) ends it first, so a request past its deadline always ends the same way, as hung.
+constexpr double kTimeoutMarginS = 0.5;
+
 // Bytes of a body kept for an error's text.
 constexpr size_t kErrorBodyBytes = 64 << 10;
 
@@ -234,8 +238,9 @@ class Replayer {
                               // Kept for the next server only when there is one.
                               .body = options_.servers.size() > 1 ? ex->body : std::move(ex->body),
                               .connect_timeout_s = std::min(10.0, wait_s),
-                              .response_timeout_s = wait_s,
-                              .idle_timeout_s = wait_s};
+                              // The watchdog ends it at its deadline; these only back it up.
+                              .response_timeout_s = wait_s + kTimeoutMarginS,
+                              .idle_timeout_s = wait_s + kTimeoutMarginS};
     if (!options_.api_key.empty())
       request.headers.emplace_back("Authorization", "Bearer " + options_.api_key);
     HttpClientCallbacks callbacks;

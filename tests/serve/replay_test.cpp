@@ -169,7 +169,7 @@ TEST(Replay, AServerThatMisbehavesFailsItsRequestsInTime) {
   const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::vector<std::pair<std::string, std::string>> errors;  // what each kind alone says
   for (const auto& [input, says] : std::vector<std::pair<int64_t, std::string>>{
-           {11, "no response head within 1 s of sending the request (response_timeout_s)"},
+           {11, "no whole answer within 1 s"},
            {12, "no whole answer within 1 s"},
            {13, "the stream ran past max_tokens (12 token chunks for 3)"},
            {14, "a stream event longer than 1048576 bytes"}}) {
