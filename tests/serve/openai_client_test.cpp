@@ -6,10 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
-#include "common/child_process.h"
+#include "served_cluster.h"
 #include "test_support/temp_dir.h"
 
 namespace crescent {
@@ -20,16 +19,13 @@ const std::string kClientDir = CRESCENT_SOURCE_DIR "/tests/serve/openai_client";
 TEST(OpenAiClient, TheOfficialNodeClientStreamsAndSeesAPrefixHit) {
   ASSERT_TRUE(std::filesystem::exists(kClientDir + "/node_modules/openai"))
       << "the openai npm package is missing: run scripts/install-deps.sh (npm ci in " << kClientDir << ")";
-  test::TempDir dir;
-  auto server = ChildProcess::start({CRESCENT_BINARY, "serve", "--port", "0"}, dir.file("serve.log"));
-  ASSERT_TRUE(server.ok()) << server.status().message();
-  auto line = (*server)->wait_for_line("crescent serve: model", std::chrono::seconds(10));
-  ASSERT_TRUE(line.ok()) << line.status().message();
-  std::smatch port;
-  ASSERT_TRUE(std::regex_search(*line, port, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) << *line;
+  ServedCluster server;
+  ASSERT_GT(server.port(), 0) << server.log();
 
+  test::TempDir dir;
   const std::string log = dir.file("client.log");
-  const std::string command = "node " + kClientDir + "/client_test.mjs http://127.0.0.1:" + port[1].str() +
+  const std::string command = "node " + kClientDir +
+                              "/client_test.mjs http://127.0.0.1:" + std::to_string(server.port()) +
                               "/v1 mock > " + log + " 2>&1";
   const int status = std::system(command.c_str());
   std::ifstream in(log);
@@ -37,7 +33,6 @@ TEST(OpenAiClient, TheOfficialNodeClientStreamsAndSeesAPrefixHit) {
   output << in.rdbuf();
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << output.str();
   EXPECT_THAT(output.str(), ::testing::HasSubstr("openai client ok"));
-  (*server)->stop();
 }
 
 }  // namespace
