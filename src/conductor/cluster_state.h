@@ -129,8 +129,8 @@ class ClusterState final : public ClusterView {
   /// Event "instance up" (joined or rejoined): placements may go there again.
   void on_prefill_up(InstanceId instance) { prefill_up_[instance] = true; }
   void on_decode_up(InstanceId d) { decode_up_[d] = true; }
-  bool prefill_up(InstanceId i) const override { return prefill_up_[i]; }
-  bool decode_up(InstanceId d) const override { return decode_up_[d]; }
+  std::span<const uint8_t> prefill_up_flags() const override { return prefill_up_; }
+  std::span<const uint8_t> decode_up_flags() const override { return decode_up_; }
 
  private:
   // A placement on `instance` of `block_keys` no longer stands: blocks only placements put in the index, and
@@ -140,7 +140,7 @@ class ClusterState final : public ClusterView {
   const int64_t block_size_tokens_;
   std::vector<double> busy_until_s_;  // per prefill instance: predicted end of its queue
   std::vector<kv::DecodeLoad> decode_;
-  std::vector<bool> prefill_up_, decode_up_;
+  std::vector<uint8_t> prefill_up_, decode_up_;  // 1: up
   kv::BlockIndex index_;
   std::vector<int64_t> reserved_blocks_;  // per prefill instance: reserve_prefix_cache_blocks' largest
   int64_t index_reserved_blocks_ = 0;     // their sum: the index's reserved size

@@ -39,16 +39,21 @@ class ClusterView {
   /// a remote fetch may have to wait for them. REQUIRES: `holder` holds every key.
   virtual double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const = 0;
 
-  /// Whether prefill instance `i` (decode instance `d`) is up: the Conductor places nothing on an instance
-  /// that is down. A simulated cluster's instances are always up; a live one's go down when they stop
-  /// reporting.
-  virtual bool prefill_up(InstanceId i) const {
-    (void)i;
-    return true;
+  /// Per prefill instance (decode instance), 1 when it is up and 0 when it is down: the Conductor places
+  /// nothing on an instance that is down. Empty: every instance is up (a simulated cluster's always are; a
+  /// live one's go down when they stop reporting). A span, not a call per instance, so the Conductor's loop
+  /// over a thousand instances reads it as it reads prefill_busy_until_s().
+  virtual std::span<const uint8_t> prefill_up_flags() const { return {}; }
+  virtual std::span<const uint8_t> decode_up_flags() const { return {}; }
+
+  /// Whether prefill instance `i` (decode instance `d`) is up.
+  bool prefill_up(InstanceId i) const {
+    const auto up = prefill_up_flags();
+    return up.empty() || up[i] != 0;
   }
-  virtual bool decode_up(InstanceId d) const {
-    (void)d;
-    return true;
+  bool decode_up(InstanceId d) const {
+    const auto up = decode_up_flags();
+    return up.empty() || up[d] != 0;
   }
 };
 

@@ -116,23 +116,25 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   return c;
 }
 
-template <typename ScoreFn>
-std::optional<InstanceId> Conductor::pick_lowest(uint32_t count, ScoreFn score,
+// Two passes: the lowest score, then the tie-break among the instances that have it (usually few), so the
+// pass over every instance is a plain min.
+std::optional<InstanceId> Conductor::pick_lowest(std::span<const double> scores,
                                                  const PlacementHistory& history) {
-  std::optional<InstanceId> best;
-  double lowest = std::numeric_limits<double>::infinity();
-  PlacementHistory::TieKey best_key{};
-  for (InstanceId i = 0; i < count; ++i) {
-    const double s = score(i);
-    if (s > lowest || s == std::numeric_limits<double>::infinity()) continue;
-    const PlacementHistory::TieKey key = history.tie_key(i);
-    if (s < lowest || key < best_key) {
-      best = i;
-      lowest = s;
-      best_key = key;
-    }
+  constexpr double kInfinity = std::numeric_limits<double>::infinity();
+  // Eight running minima: one would be a chain of dependent compares, four cycles each.
+  constexpr size_t kLanes = 8;
+  std::array<double, kLanes> lane;
+  lane.fill(kInfinity);
+  size_t i = 0;
+  for (; i + kLanes <= scores.size(); i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) lane[l] = scores[i + l] < lane[l] ? scores[i + l] : lane[l];
   }
-  return best;
+  for (; i < scores.size(); ++i) lane[0] = scores[i] < lane[0] ? scores[i] : lane[0];
+  double lowest = kInfinity;
+  for (const double m : lane) lowest = m < lowest ? m : lowest;
+  if (lowest == kInfinity) return std::nullopt;
+  return history.pick_first(static_cast<uint32_t>(scores.size()),
+                            [&](InstanceId id) { return scores[id] == lowest; });
 }
 
 // Among the instances holding the best prefix, the one that will have computed it soonest; ties go to the
@@ -143,8 +145,7 @@ Conductor::FetchSource Conductor::choose_fetch_source(const ClusterView& cluster
   const auto best_prefix = request.block_keys.first(static_cast<size_t>(match_.best_blocks));
   FetchSource best;
   double best_ready_s = std::numeric_limits<double>::infinity();
-  for (const auto& [inst, run] : match_.matches) {
-    if (run != match_.best_blocks) continue;
+  for (const InstanceId inst : match_.best_holders) {
     const double ready_s = cluster.prefix_ready_s(inst, best_prefix);
     if (ready_s < best_ready_s || (ready_s == best_ready_s && fetch_history_.prefer(inst, best.instance))) {
       best.instance = inst;
@@ -157,35 +158,40 @@ Conductor::FetchSource Conductor::choose_fetch_source(const ClusterView& cluster
 
 Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, const RequestInfo& request,
                                                    double now_s) {
+  constexpr double kInfinity = std::numeric_limits<double>::infinity();
   const auto busy_until = cluster.prefill_busy_until_s();
+  const auto up = cluster.prefill_up_flags();
   const auto instances = static_cast<uint32_t>(busy_until.size());
   // An instance that is down scores infinity, which pick_lowest skips.
   auto queue_s = [&](InstanceId i) {
-    return cluster.prefill_up(i) ? std::max(0.0, busy_until[i] - now_s)
-                                 : std::numeric_limits<double>::infinity();
+    return up.empty() || up[i] != 0 ? std::max(0.0, busy_until[i] - now_s) : kInfinity;
   };
 
   // Each instance's local prefix (Algorithm 1's instance.prefix_len), dense for the loops below.
+  if (match_.run_blocks.size() < instances) match_.run_blocks.resize(instances, 0);
   cluster.block_index().match_prefix(request.block_keys, match_);
-  local_blocks_.assign(instances, 0);
-  for (const auto& [inst, run] : match_.matches) {
-    if (inst < instances) local_blocks_[inst] = run;
-  }
+  const std::span<const int32_t> local_blocks(match_.run_blocks.data(), instances);
+  scores_.resize(instances);
 
   switch (options_.policy) {
     case PrefillPolicy::kRandom: {
       auto i = static_cast<InstanceId>(next_random() % instances);
       while (!cluster.prefill_up(i)) i = (i + 1) % instances;  // schedule() checked that one is up
-      return evaluate(i, local_blocks_[i], local_blocks_[i], request, queue_s(i));
+      return evaluate(i, local_blocks[i], local_blocks[i], request, queue_s(i));
     }
     case PrefillPolicy::kRoundRobin: {
       auto i = static_cast<InstanceId>(round_robin_next_++ % instances);
       while (!cluster.prefill_up(i)) i = static_cast<InstanceId>(round_robin_next_++ % instances);
-      return evaluate(i, local_blocks_[i], local_blocks_[i], request, queue_s(i));
+      return evaluate(i, local_blocks[i], local_blocks[i], request, queue_s(i));
     }
     case PrefillPolicy::kLeastLoaded: {
-      const InstanceId best = *pick_lowest(instances, queue_s, prefill_history_);
-      return evaluate(best, local_blocks_[best], local_blocks_[best], request, queue_s(best));
+      // std::max(x, 0.0), not queue_s's std::max(0.0, x): the same order, and the compiler makes it a max
+      // instruction, not a branch that mispredicts across idle and busy instances.
+      for (InstanceId i = 0; i < instances; ++i) {
+        scores_[i] = up.empty() || up[i] != 0 ? std::max(busy_until[i] - now_s, 0.0) : kInfinity;
+      }
+      const InstanceId best = *pick_lowest(scores_, prefill_history_);
+      return evaluate(best, local_blocks[best], local_blocks[best], request, queue_s(best));
     }
     case PrefillPolicy::kCacheAware:
     case PrefillPolicy::kGlobalCacheAware:
@@ -195,8 +201,6 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   // Algorithm 1: for each instance, reuse its local prefix or (global policy) fetch the best prefix when
   // best_len / local_len > kvcache_balancing_threshold; TTFT = T_queue + T_transfer + T_prefill; keep the
   // smallest. A fetch cannot start before its source has computed the prefix, so its wait overlaps the queue.
-  // T_transfer + T_prefill depends on the instance only through its local prefix length, and a request sees
-  // few distinct lengths, so it is computed once per length (memo) and the loop costs one add per instance.
   const bool global = options_.policy == PrefillPolicy::kGlobalCacheAware;
   const int64_t best_blocks = match_.best_blocks;
   const FetchSource source = global ? choose_fetch_source(cluster, request, now_s) : FetchSource{};
@@ -205,27 +209,50 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
            (local == 0 || static_cast<double>(best_blocks) / static_cast<double>(local) >
                               options_.kvcache_balancing_threshold);
   };
-  cost_by_local_.assign(static_cast<size_t>(best_blocks) + 1, -1.0);
-  auto cost_s = [&](InstanceId i) {
-    const int64_t local = local_blocks_[i];
-    if (!prefill_costs_.empty()) {  // instances not alike: each its own estimate
-      const PrefillChoice e = evaluate(i, local, fetches(local) ? best_blocks : local, request, 0.0);
-      return e.transfer_s + e.prefill_s;
-    }
-    double& c = cost_by_local_[static_cast<size_t>(local)];
-    if (c < 0) {
-      PrefillChoice e = evaluate(0, local, fetches(local) ? best_blocks : local, request, 0.0);
-      c = e.transfer_s + e.prefill_s;
-    }
-    return c;
-  };
   auto wait_s = [&](InstanceId i) {
-    return fetches(local_blocks_[i]) ? std::max(queue_s(i), source.wait_s) : queue_s(i);
+    return fetches(local_blocks[i]) ? std::max(queue_s(i), source.wait_s) : queue_s(i);
   };
 
-  const InstanceId best = *pick_lowest(
-      instances, [&](InstanceId i) { return wait_s(i) + cost_s(i); }, prefill_history_);
-  const int64_t local = local_blocks_[best];
+  if (!prefill_costs_.empty()) {  // instances not alike: each its own estimate
+    for (InstanceId i = 0; i < instances; ++i) {
+      const int64_t local = local_blocks[i];
+      const PrefillChoice e = evaluate(i, local, fetches(local) ? best_blocks : local, request, 0.0);
+      scores_[i] = wait_s(i) + (e.transfer_s + e.prefill_s);
+    }
+  } else {
+    // T_transfer + T_prefill depends on the instance only through its local prefix length, and a request
+    // sees few distinct lengths: computed once per length that occurs, with the floor under the queue (0,
+    // or the fetch's wait when it fetches). The loop over instances is then a max and an add each:
+    // max(busy - now, floor) is wait_s(), max(max(0, busy - now), wait), as the fetch's wait is >= 0.
+    cost_by_local_.assign(static_cast<size_t>(best_blocks) + 1, 0.0);
+    wait_floor_by_local_.assign(static_cast<size_t>(best_blocks) + 1, 0.0);
+    for (int64_t local = 0; local <= best_blocks; ++local) {
+      const bool occurs =
+          local == 0 || local == best_blocks ||
+          match_.reaching[static_cast<size_t>(local - 1)] > match_.reaching[static_cast<size_t>(local)];
+      if (!occurs) continue;
+      const bool fetch = fetches(local);
+      const PrefillChoice e = evaluate(0, local, fetch ? best_blocks : local, request, 0.0);
+      cost_by_local_[static_cast<size_t>(local)] = e.transfer_s + e.prefill_s;
+      if (fetch) wait_floor_by_local_[static_cast<size_t>(local)] = source.wait_s;
+    }
+    const double* cost = cost_by_local_.data();
+    const double* floor = wait_floor_by_local_.data();
+    if (up.empty()) {
+      for (InstanceId i = 0; i < instances; ++i) {
+        const int32_t local = local_blocks[i];
+        scores_[i] = std::max(busy_until[i] - now_s, floor[local]) + cost[local];
+      }
+    } else {
+      for (InstanceId i = 0; i < instances; ++i) {
+        const int32_t local = local_blocks[i];
+        scores_[i] = std::max(up[i] != 0 ? busy_until[i] - now_s : kInfinity, floor[local]) + cost[local];
+      }
+    }
+  }
+
+  const InstanceId best = *pick_lowest(scores_, prefill_history_);
+  const int64_t local = local_blocks[best];
   PrefillChoice choice = evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
   choice.fetch_from = source.instance;
   return choice;
@@ -252,13 +279,12 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
             request.input_tokens);
   }
   // Only instances with room compete, unless none has any.
-  const InstanceId best = *pick_lowest(
-      instances,
-      [&](InstanceId d) {
-        return !cluster.decode_up(d) || (fits && !has_room_[d]) ? std::numeric_limits<double>::infinity()
-                                                                : scores_[d];
-      },
-      decode_history_);
+  competing_.resize(instances);
+  for (InstanceId d = 0; d < instances; ++d) {
+    competing_[d] = !cluster.decode_up(d) || (fits && !has_room_[d]) ? std::numeric_limits<double>::infinity()
+                                                                     : scores_[d];
+  }
+  const InstanceId best = *pick_lowest(competing_, decode_history_);
   predicted_tbt_s = scores_[best];
   return best;
 }
@@ -314,8 +340,7 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
                                                            static_cast<int64_t>(std::ceil(context)));
     if (tbt_s <= options_.tbt_slo_s) scores_[i] = tbt_s;
   }
-  const std::optional<InstanceId> best = pick_lowest(
-      instances, [&](InstanceId i) { return scores_[i]; }, decode_history_);
+  const std::optional<InstanceId> best = pick_lowest(scores_, decode_history_);
   if (best) predicted_tbt_s = scores_[*best];
   return best;
 }

@@ -196,10 +196,10 @@ class Conductor {
                                                 double horizon_s, double& predicted_tbt_s);
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
                            bool& fits);
-  // Among instances 0..count-1, the one with the smallest finite score(i), ties broken by `history`; none
+  // The instance with the smallest finite score (scores[i] is instance i's), ties broken by `history`; none
   // when every score is infinite.
-  template <typename ScoreFn>
-  std::optional<InstanceId> pick_lowest(uint32_t count, ScoreFn score, const PlacementHistory& history);
+  static std::optional<InstanceId> pick_lowest(std::span<const double> scores,
+                                               const PlacementHistory& history);
   uint64_t next_random();
   const perf::CostModel& prefill_cost(InstanceId i) const {
     return i < prefill_costs_.size() && prefill_costs_[i] != nullptr ? *prefill_costs_[i] : cost_;
@@ -219,10 +219,11 @@ class Conductor {
   PlacementHistory fetch_history_;  // prefill instances that served remote prefix fetches
   // Scratch reused across decisions (no allocation per decision once warm).
   kv::PrefixMatch match_;
-  std::vector<int64_t> local_blocks_;  // per prefill instance: its local prefix match, in blocks
-  std::vector<double> cost_by_local_;  // T_transfer + T_prefill by local prefix length (-1: not computed yet)
-  std::vector<double> scores_;         // per instance: the policy's estimate (infinite: not eligible)
-  std::vector<char> has_room_;         // per decode instance: HBM room for the request now
+  std::vector<double> cost_by_local_;        // T_transfer + T_prefill by local prefix length (blocks)
+  std::vector<double> wait_floor_by_local_;  // by local prefix length: the fetch's wait, or 0 (no fetch)
+  std::vector<double> scores_;               // per instance: the policy's estimate (infinite: not eligible)
+  std::vector<double> competing_;  // per decode instance: its score if it may be chosen, else infinite
+  std::vector<char> has_room_;     // per decode instance: HBM room for the request now
 };
 
 }  // namespace crescent::conductor

@@ -1,6 +1,7 @@
 #include "kv/block_index.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace crescent::kv {
 namespace {
@@ -41,40 +42,54 @@ std::span<const InstanceId> BlockIndex::holders(BlockKey key) const {
 }
 
 void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const {
-  out.matches.clear();
+  std::fill(out.run_blocks.begin(), out.run_blocks.end(), 0);
+  out.reaching.clear();
   out.best_blocks = 0;
   out.best_instance = 0;
-  if (keys.empty()) return;
-  // `alive_` holds the instances whose run is unbroken so far; an instance leaving it at block i matched i
-  // blocks. Each step stamps the block's holders, then filters `alive_` by stamp: O(alive + holders) per
-  // block.
-  auto first = holders(keys[0]);
-  alive_.assign(first.begin(), first.end());
-  int64_t i = 1;
-  for (; i < static_cast<int64_t>(keys.size()) && !alive_.empty(); ++i) {
-    if (i + kMatchPrefetchAhead < static_cast<int64_t>(keys.size())) prefetch(keys[i + kMatchPrefetchAhead]);
-    ++stamp_now_;
-    for (InstanceId inst : holders(keys[i])) {
-      if (inst >= stamp_.size()) stamp_.resize(inst + 1, 0);
-      stamp_[inst] = stamp_now_;
-    }
-    next_alive_.clear();
-    for (InstanceId inst : alive_) {
-      if (inst < stamp_.size() && stamp_[inst] == stamp_now_) {
-        next_alive_.push_back(inst);
-      } else {
-        out.matches.emplace_back(inst, i);
+  out.best_holders.clear();
+  // An instance whose run_blocks is j after step j - 1 holds keys 0..j-1; holding key j too makes it j + 1.
+  // Step j touches the holders of key j only, and the walk ends at the first key that extends nobody's run.
+  const auto n = static_cast<int64_t>(keys.size());
+  std::span<const InstanceId> last;  // holders of the last key that extended a run
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kMatchPrefetchAhead < n) prefetch(keys[j + kMatchPrefetchAhead]);
+    const auto holders_j = holders(keys[j]);
+    int64_t extended = 0;
+    if (j == 0) {  // every holder starts a run (a key's holders are distinct)
+      for (InstanceId inst : holders_j) {
+        if (inst >= out.run_blocks.size()) out.run_blocks.resize(static_cast<size_t>(inst) + 1, 0);
+        out.run_blocks[inst] = 1;
+      }
+      extended = static_cast<int64_t>(holders_j.size());
+    } else {
+      for (InstanceId inst : holders_j) {
+        // Only instances that held key 0 (all within run_blocks) can have a run to extend.
+        if (inst < out.run_blocks.size() && out.run_blocks[inst] == j) {
+          out.run_blocks[inst] = static_cast<int32_t>(j + 1);
+          ++extended;
+        }
       }
     }
-    alive_.swap(next_alive_);
+    if (extended == 0) break;
+    out.reaching.push_back(extended);
+    last = holders_j;
   }
-  for (InstanceId inst : alive_) out.matches.emplace_back(inst, i);
-  for (const auto& [inst, run] : out.matches) {
-    if (run > out.best_blocks || (run == out.best_blocks && inst < out.best_instance)) {
-      out.best_blocks = run;
-      out.best_instance = inst;
-    }
+  out.best_blocks = static_cast<int64_t>(out.reaching.size());
+  if (out.best_blocks == 0) return;
+  out.best_instance = std::numeric_limits<InstanceId>::max();
+  for (InstanceId inst : last) {
+    if (out.blocks_of(inst) != out.best_blocks) continue;
+    out.best_holders.push_back(inst);
+    out.best_instance = std::min(out.best_instance, inst);
   }
+}
+
+std::vector<std::pair<InstanceId, int64_t>> PrefixMatch::matches() const {
+  std::vector<std::pair<InstanceId, int64_t>> out;
+  for (size_t i = 0; i < run_blocks.size(); ++i) {
+    if (run_blocks[i] > 0) out.emplace_back(static_cast<InstanceId>(i), run_blocks[i]);
+  }
+  return out;
 }
 
 }  // namespace crescent::kv

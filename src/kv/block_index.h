@@ -16,14 +16,25 @@
 
 namespace crescent::kv {
 
-/// Result of BlockIndex::match_prefix for one request.
+/// Result of BlockIndex::match_prefix for one request: each instance's leading run of the request's keys.
 struct PrefixMatch {
-  /// Instances whose cache holds a non-empty leading run of the request's keys: (instance, run length in
-  /// blocks), in no particular order. Instances not listed match 0 blocks.
-  std::vector<std::pair<InstanceId, int64_t>> matches;
+  /// Per instance id: how many leading keys of the request its cache holds, in blocks (0: none). At least
+  /// as long as the caller made it and as the largest holder id + 1; an id past the end matches 0
+  /// (blocks_of). Dense so a loop over every instance reads its run without a lookup.
+  std::vector<int32_t> run_blocks;
+  /// reaching[j]: how many instances hold the request's first j + 1 keys (run >= j + 1); size best_blocks.
+  /// A run length L >= 1 occurs when reaching[L - 1] > reaching[L] (or L == best_blocks).
+  std::vector<int64_t> reaching;
   int64_t best_blocks = 0;  // longest run over all instances (0 when no instance matches)
   InstanceId best_instance =
       0;  // lowest-numbered instance with best_blocks (meaningful when best_blocks > 0)
+  std::vector<InstanceId> best_holders;  // every instance with best_blocks, in no particular order
+
+  /// Instance `i`'s run, in blocks.
+  int64_t blocks_of(InstanceId i) const { return i < run_blocks.size() ? run_blocks[i] : 0; }
+  /// (instance, run in blocks) of every instance with a non-empty run, by instance id. O(run_blocks.size()):
+  /// for tests and reports, not for the Conductor's loops.
+  std::vector<std::pair<InstanceId, int64_t>> matches() const;
 };
 
 /// Map from block key to the instances holding a replica. Not thread-safe.
@@ -50,7 +61,9 @@ class BlockIndex {
   /// Instances holding `key` (empty if none), in insertion order.
   std::span<const InstanceId> holders(BlockKey key) const;
 
-  /// Per-instance leading-run match of `keys`. Cost O(len(keys) × replicas per key). Overwrites `out`.
+  /// Per-instance leading-run match of `keys`. Overwrites `out` (keeping its run_blocks' size, zeroed, as
+  /// the floor). Cost: zeroing run_blocks plus the holders of each key up to one past the longest run,
+  /// O(len(keys) × replicas per key); never instances × cached blocks.
   void match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const;
 
   /// Distinct keys held by at least one instance.
@@ -62,11 +75,6 @@ class BlockIndex {
   // Most blocks have one or two holders: kept inline, no allocation per block.
   BlockMap<boost::container::small_vector<InstanceId, 2>> holders_;
   int64_t replicas_ = 0;
-  // Scratch for match_prefix, mutable so matching stays const for callers: the instances whose run is
-  // unbroken, and a per-instance stamp marking the holders of the block being examined.
-  mutable std::vector<InstanceId> alive_, next_alive_;
-  mutable std::vector<uint64_t> stamp_;
-  mutable uint64_t stamp_now_ = 0;
 };
 
 }  // namespace crescent::kv

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <random>
 #include <vector>
 
 namespace crescent::conductor {
@@ -53,6 +55,35 @@ TEST(PlacementHistory, StaysFiniteOverLongRuns) {
   EXPECT_NEAR(w0, 4.0 / 3, 1e-9);
   EXPECT_NEAR(w1, 2.0 / 3, 1e-9);
   EXPECT_EQ(history.pick(std::vector<InstanceId>{0, 1}), 1u);
+}
+
+}  // namespace
+}  // namespace crescent::conductor
+
+namespace crescent::conductor {
+namespace {
+
+// pick_first is prefer() over the candidates, whatever the weights (ties included), the round-robin position
+// and which instances are candidates: checked against pairwise tie_key comparison.
+TEST(PlacementHistory, PickFirstIsPreferOverTheCandidates) {
+  std::mt19937 rng(3);
+  for (int round = 0; round < 300; ++round) {
+    PlacementHistory history(10.0);
+    const uint32_t count = 1 + rng() % 70;
+    double now_s = 0;
+    for (int p = 0, placements = static_cast<int>(rng() % 100); p < placements; ++p) {
+      if (rng() % 3 == 0) now_s += 1;  // several placements at one time: equal weights
+      history.record(static_cast<InstanceId>(rng() % (count + 5)), now_s);  // ids past count too
+    }
+    std::vector<char> candidate(count);
+    for (auto& c : candidate) c = rng() % 4 != 0;
+    std::optional<InstanceId> expected;
+    for (InstanceId i = 0; i < count; ++i) {
+      if (candidate[i] && (!expected || history.prefer(i, *expected))) expected = i;
+    }
+    EXPECT_EQ(history.pick_first(count, [&](InstanceId i) { return candidate[i] != 0; }), expected)
+        << "round " << round;
+  }
 }
 
 }  // namespace

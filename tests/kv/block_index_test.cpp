@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
 #include <vector>
 
 namespace crescent::kv {
@@ -40,9 +42,19 @@ TEST(BlockIndex, MatchPrefixPerInstance) {
   std::vector<BlockKey> request{10, 11, 12, 13};
   PrefixMatch m;
   index.match_prefix(request, m);
-  EXPECT_THAT(m.matches, UnorderedElementsAre(Pair(0u, 3), Pair(1u, 2), Pair(3u, 1)));
+  EXPECT_THAT(m.matches(), UnorderedElementsAre(Pair(0u, 3), Pair(1u, 2), Pair(3u, 1)));
   EXPECT_EQ(m.best_blocks, 3);
   EXPECT_EQ(m.best_instance, 0u);
+  EXPECT_THAT(m.best_holders, ElementsAre(0u));
+  EXPECT_THAT(m.reaching, ElementsAre(3, 2, 1)) << "instance 2 holds 11 and 12 but not 10: no run";
+  EXPECT_EQ(m.blocks_of(2), 0);
+  EXPECT_EQ(m.blocks_of(1000), 0);
+
+  // Run again on a request sharing only the first key: nothing of the last match is left over.
+  index.match_prefix(std::vector<BlockKey>{10, 99}, m);
+  EXPECT_THAT(m.matches(), UnorderedElementsAre(Pair(0u, 1), Pair(1u, 1), Pair(3u, 1)));
+  EXPECT_THAT(m.best_holders, UnorderedElementsAre(0u, 1u, 3u));
+  EXPECT_THAT(m.reaching, ElementsAre(3));
 }
 
 TEST(BlockIndex, BestInstanceTieGoesToLowestId) {
@@ -54,6 +66,53 @@ TEST(BlockIndex, BestInstanceTieGoesToLowestId) {
   index.match_prefix(request, m);
   EXPECT_EQ(m.best_blocks, 1);
   EXPECT_EQ(m.best_instance, 2u);
+  EXPECT_THAT(m.best_holders, UnorderedElementsAre(2u, 7u));
+}
+
+// Against the definition, instance by instance: the run is how many leading keys holders() lists it for.
+// Random indexes with gaps (an instance holding a later key but not an earlier one) and reused scratch.
+TEST(BlockIndex, MatchPrefixAgreesWithCheckingEachInstance) {
+  std::mt19937 rng(7);
+  PrefixMatch m;
+  for (int round = 0; round < 200; ++round) {
+    BlockIndex index;
+    const uint32_t instances = 1 + rng() % 40;
+    std::vector<BlockKey> request(rng() % 12);
+    for (size_t j = 0; j < request.size(); ++j) request[j] = 100 + j;
+    for (uint32_t i = 0; i < instances; ++i) {
+      const size_t held = rng() % (request.size() + 1);
+      for (size_t j = 0; j < held; ++j) {
+        if (rng() % 10 != 0) index.add(request[j], i);  // sometimes a gap
+      }
+    }
+    index.match_prefix(request, m);
+    int64_t best = 0;
+    std::vector<InstanceId> best_holders;
+    for (uint32_t i = 0; i < instances; ++i) {
+      int64_t run = 0;
+      while (run < static_cast<int64_t>(request.size())) {
+        auto h = index.holders(request[run]);
+        if (std::find(h.begin(), h.end(), i) == h.end()) break;
+        ++run;
+      }
+      ASSERT_EQ(m.blocks_of(i), run) << "round " << round << " instance " << i;
+      if (run > best) best_holders.clear();
+      if (run >= best && run > 0) best_holders.push_back(i);
+      best = std::max(best, run);
+    }
+    ASSERT_EQ(m.best_blocks, best);
+    std::sort(m.best_holders.begin(), m.best_holders.end());
+    ASSERT_EQ(m.best_holders, best_holders);
+    if (best > 0) {
+      ASSERT_EQ(m.best_instance, best_holders.front());
+    }
+    ASSERT_EQ(m.reaching.size(), static_cast<size_t>(best));
+    for (int64_t j = 0; j < best; ++j) {
+      int64_t reach = 0;
+      for (uint32_t i = 0; i < instances; ++i) reach += m.blocks_of(i) > j;
+      ASSERT_EQ(m.reaching[j], reach);
+    }
+  }
 }
 
 TEST(BlockIndex, FollowsCacheEvents) {
@@ -69,7 +128,7 @@ TEST(BlockIndex, FollowsCacheEvents) {
   EXPECT_THAT(index.holders(3), ElementsAre(4u));
   PrefixMatch m;
   index.match_prefix(std::vector<BlockKey>{1, 2}, m);
-  EXPECT_THAT(m.matches, ElementsAre(std::pair<InstanceId, int64_t>(4, 1)));
+  EXPECT_THAT(m.matches(), ElementsAre(std::pair<InstanceId, int64_t>(4, 1)));
   EXPECT_EQ(m.best_blocks, 1);
 }
 
