@@ -116,25 +116,46 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
   return c;
 }
 
-// Two passes: the lowest score, then the tie-break among the instances that have it (usually few), so the
-// pass over every instance is a plain min.
-std::optional<InstanceId> Conductor::pick_lowest(std::span<const double> scores,
-                                                 const PlacementHistory& history) {
-  constexpr double kInfinity = std::numeric_limits<double>::infinity();
-  // Eight running minima: one would be a chain of dependent compares, four cycles each.
-  constexpr size_t kLanes = 8;
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// Sets scores[i] = score(i) for every i and returns the lowest, kept as eight running minima: one would be a
+// chain of dependent compares, four cycles each, across a thousand instances.
+template <typename ScoreFn>
+double fill_scores(std::span<double> scores, ScoreFn score) {
+  constexpr uint32_t kLanes = 8;
   std::array<double, kLanes> lane;
   lane.fill(kInfinity);
-  size_t i = 0;
-  for (; i + kLanes <= scores.size(); i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) lane[l] = scores[i + l] < lane[l] ? scores[i + l] : lane[l];
+  const auto count = static_cast<uint32_t>(scores.size());
+  uint32_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    for (uint32_t l = 0; l < kLanes; ++l) {
+      const double s = scores[i + l] = score(i + l);
+      lane[l] = s < lane[l] ? s : lane[l];
+    }
   }
-  for (; i < scores.size(); ++i) lane[0] = scores[i] < lane[0] ? scores[i] : lane[0];
+  for (; i < count; ++i) {
+    const double s = scores[i] = score(i);
+    lane[0] = s < lane[0] ? s : lane[0];
+  }
   double lowest = kInfinity;
   for (const double m : lane) lowest = m < lowest ? m : lowest;
+  return lowest;
+}
+
+}  // namespace
+
+// Two passes: the lowest score, then the tie-break among the instances that have it.
+std::optional<InstanceId> Conductor::pick_lowest(std::span<const double> scores, double lowest,
+                                                 const PlacementHistory& history) {
   if (lowest == kInfinity) return std::nullopt;
   return history.pick_first(static_cast<uint32_t>(scores.size()),
                             [&](InstanceId id) { return scores[id] == lowest; });
+}
+
+std::optional<InstanceId> Conductor::pick_lowest(std::span<double> scores, const PlacementHistory& history) {
+  return pick_lowest(scores, fill_scores(scores, [&](InstanceId i) { return scores[i]; }), history);
 }
 
 // Among the instances holding the best prefix, the one that will have computed it soonest; ties go to the
@@ -158,7 +179,6 @@ Conductor::FetchSource Conductor::choose_fetch_source(const ClusterView& cluster
 
 Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, const RequestInfo& request,
                                                    double now_s) {
-  constexpr double kInfinity = std::numeric_limits<double>::infinity();
   const auto busy_until = cluster.prefill_busy_until_s();
   const auto up = cluster.prefill_up_flags();
   const auto instances = static_cast<uint32_t>(busy_until.size());
@@ -187,10 +207,13 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     case PrefillPolicy::kLeastLoaded: {
       // std::max(x, 0.0), not queue_s's std::max(0.0, x): the same order, and the compiler makes it a max
       // instruction, not a branch that mispredicts across idle and busy instances.
-      for (InstanceId i = 0; i < instances; ++i) {
-        scores_[i] = up.empty() || up[i] != 0 ? std::max(busy_until[i] - now_s, 0.0) : kInfinity;
-      }
-      const InstanceId best = *pick_lowest(scores_, prefill_history_);
+      const double lowest =
+          up.empty()
+              ? fill_scores(scores_, [&](InstanceId i) { return std::max(busy_until[i] - now_s, 0.0); })
+              : fill_scores(scores_, [&](InstanceId i) {
+                  return up[i] != 0 ? std::max(busy_until[i] - now_s, 0.0) : kInfinity;
+                });
+      const InstanceId best = *pick_lowest(scores_, lowest, prefill_history_);
       return evaluate(best, local_blocks[best], local_blocks[best], request, queue_s(best));
     }
     case PrefillPolicy::kCacheAware:
@@ -213,12 +236,13 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     return fetches(local_blocks[i]) ? std::max(queue_s(i), source.wait_s) : queue_s(i);
   };
 
+  double lowest = kInfinity;
   if (!prefill_costs_.empty()) {  // instances not alike: each its own estimate
-    for (InstanceId i = 0; i < instances; ++i) {
+    lowest = fill_scores(scores_, [&](InstanceId i) {
       const int64_t local = local_blocks[i];
       const PrefillChoice e = evaluate(i, local, fetches(local) ? best_blocks : local, request, 0.0);
-      scores_[i] = wait_s(i) + (e.transfer_s + e.prefill_s);
-    }
+      return wait_s(i) + (e.transfer_s + e.prefill_s);
+    });
   } else {
     // T_transfer + T_prefill depends on the instance only through its local prefix length, and a request
     // sees few distinct lengths: computed once per length that occurs, with the floor under the queue (0,
@@ -239,19 +263,19 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     const double* cost = cost_by_local_.data();
     const double* floor = wait_floor_by_local_.data();
     if (up.empty()) {
-      for (InstanceId i = 0; i < instances; ++i) {
+      lowest = fill_scores(scores_, [&](InstanceId i) {
         const int32_t local = local_blocks[i];
-        scores_[i] = std::max(busy_until[i] - now_s, floor[local]) + cost[local];
-      }
+        return std::max(busy_until[i] - now_s, floor[local]) + cost[local];
+      });
     } else {
-      for (InstanceId i = 0; i < instances; ++i) {
+      lowest = fill_scores(scores_, [&](InstanceId i) {
         const int32_t local = local_blocks[i];
-        scores_[i] = std::max(up[i] != 0 ? busy_until[i] - now_s : kInfinity, floor[local]) + cost[local];
-      }
+        return std::max(up[i] != 0 ? busy_until[i] - now_s : kInfinity, floor[local]) + cost[local];
+      });
     }
   }
 
-  const InstanceId best = *pick_lowest(scores_, prefill_history_);
+  const InstanceId best = *pick_lowest(scores_, lowest, prefill_history_);
   const int64_t local = local_blocks[best];
   PrefillChoice choice = evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
   choice.fetch_from = source.instance;

@@ -196,10 +196,11 @@ class Conductor {
                                                 double horizon_s, double& predicted_tbt_s);
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
                            bool& fits);
-  // The instance with the smallest finite score (scores[i] is instance i's), ties broken by `history`; none
-  // when every score is infinite.
-  static std::optional<InstanceId> pick_lowest(std::span<const double> scores,
+  // The instance with the smallest finite score (scores[i] is instance i's; `lowest` the smallest of them),
+  // ties broken by `history`; none when every score is infinite.
+  static std::optional<InstanceId> pick_lowest(std::span<const double> scores, double lowest,
                                                const PlacementHistory& history);
+  static std::optional<InstanceId> pick_lowest(std::span<double> scores, const PlacementHistory& history);
   uint64_t next_random();
   const perf::CostModel& prefill_cost(InstanceId i) const {
     return i < prefill_costs_.size() && prefill_costs_[i] != nullptr ? *prefill_costs_[i] : cost_;

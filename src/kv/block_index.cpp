@@ -51,6 +51,7 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
   // Step j touches the holders of key j only, and the walk ends at the first key that extends nobody's run.
   const auto n = static_cast<int64_t>(keys.size());
   std::span<const InstanceId> last;  // holders of the last key that extended a run
+  for (int64_t j = 0; j < std::min(n, kMatchPrefetchAhead); ++j) prefetch(keys[j]);
   for (int64_t j = 0; j < n; ++j) {
     if (j + kMatchPrefetchAhead < n) prefetch(keys[j + kMatchPrefetchAhead]);
     const auto holders_j = holders(keys[j]);
