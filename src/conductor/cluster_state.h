@@ -39,9 +39,8 @@ class ClusterState final : public ClusterView {
 
   // ClusterView
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s_.size()); }
-  uint32_t decode_instance_count() const override { return static_cast<uint32_t>(decode_.size()); }
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
-  kv::DecodeLoad decode_load(InstanceId d) const override { return decode_[d]; }
+  std::span<const kv::DecodeLoad> decode_loads() const override { return decode_; }
   const kv::BlockIndex& block_index() const override { return index_; }
   double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const override;
 

@@ -19,16 +19,19 @@ class ClusterView {
 
   /// Number of prefill instances (>= 1); instance ids are 0..count-1.
   virtual uint32_t prefill_instance_count() const = 0;
-  /// Number of decode instances (>= 1).
-  virtual uint32_t decode_instance_count() const = 0;
+  /// Number of decode instances (>= 1): decode_loads().size().
+  uint32_t decode_instance_count() const { return static_cast<uint32_t>(decode_loads().size()); }
 
   /// Per prefill instance: the time (seconds, the Conductor's clock) when it will have finished every request
   /// already assigned to it, from the predicted prefill times of its queue. A value <= now means idle.
   /// Size = prefill_instance_count().
   virtual std::span<const double> prefill_busy_until_s() const = 0;
 
-  /// Current load of decode instance `d`. REQUIRES: d < decode_instance_count().
-  virtual kv::DecodeLoad decode_load(InstanceId d) const = 0;
+  /// Current load of each decode instance (its id is its index): a span, so a loop over hundreds of decode
+  /// instances reads them in place.
+  virtual std::span<const kv::DecodeLoad> decode_loads() const = 0;
+  /// decode_loads()[d]. REQUIRES: d < decode_instance_count().
+  const kv::DecodeLoad& decode_load(InstanceId d) const { return decode_loads()[d]; }
 
   /// Which prefill instance caches which block (DRAM prefix caches).
   virtual const kv::BlockIndex& block_index() const = 0;

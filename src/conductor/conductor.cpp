@@ -288,14 +288,16 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
 // Ties go to the instance with the fewest recent placements, then round robin.
 InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request,
                                     double& predicted_tbt_s, bool& fits) {
-  const uint32_t instances = cluster.decode_instance_count();
+  const auto loads = cluster.decode_loads();
+  const auto up = cluster.decode_up_flags();
+  const auto instances = static_cast<uint32_t>(loads.size());
   const int64_t need = request.input_tokens + request.max_output_tokens;
   scores_.resize(instances);
   has_room_.resize(instances);
   fits = false;
   for (InstanceId d = 0; d < instances; ++d) {
-    const kv::DecodeLoad load = cluster.decode_load(d);
-    has_room_[d] = cluster.decode_up(d) && need <= load.kv_capacity_tokens - load.reserved_kv_tokens();
+    const kv::DecodeLoad& load = loads[d];
+    has_room_[d] = (up.empty() || up[d] != 0) && need <= load.kv_capacity_tokens - load.reserved_kv_tokens();
     fits |= has_room_[d] != 0;
     scores_[d] = decode_cost(d).decode_step_time_s(
         load.running.requests + load.waiting.requests + load.incoming.requests + 1,
@@ -305,8 +307,9 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   // Only instances with room compete, unless none has any.
   competing_.resize(instances);
   for (InstanceId d = 0; d < instances; ++d) {
-    competing_[d] = !cluster.decode_up(d) || (fits && !has_room_[d]) ? std::numeric_limits<double>::infinity()
-                                                                     : scores_[d];
+    competing_[d] = !(up.empty() || up[d] != 0) || (fits && !has_room_[d])
+                        ? std::numeric_limits<double>::infinity()
+                        : scores_[d];
   }
   const InstanceId best = *pick_lowest(competing_, decode_history_);
   predicted_tbt_s = scores_[best];
@@ -315,9 +318,11 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
 
 // Largest HBM KV capacity of any decode instance: a request needing more can never run.
 static int64_t max_decode_capacity_tokens(const ClusterView& cluster) {
+  const auto loads = cluster.decode_loads();
+  const auto up = cluster.decode_up_flags();
   int64_t capacity = 0;
-  for (InstanceId d = 0; d < cluster.decode_instance_count(); ++d) {
-    if (cluster.decode_up(d)) capacity = std::max(capacity, cluster.decode_load(d).kv_capacity_tokens);
+  for (InstanceId d = 0; d < loads.size(); ++d) {
+    if (up.empty() || up[d] != 0) capacity = std::max(capacity, loads[d].kv_capacity_tokens);
   }
   return capacity;
 }
@@ -340,11 +345,13 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
   const double expected_output = output_estimator_.expected_tokens();
   const double need = static_cast<double>(request.input_tokens) + expected_output;
   const bool predictive = options_.admission == Admission::kPredictive;
-  const uint32_t instances = cluster.decode_instance_count();
+  const auto loads = cluster.decode_loads();
+  const auto up = cluster.decode_up_flags();
+  const auto instances = static_cast<uint32_t>(loads.size());
   scores_.assign(instances, std::numeric_limits<double>::infinity());
   for (InstanceId i = 0; i < instances; ++i) {
-    if (!cluster.decode_up(i)) continue;
-    const kv::DecodeLoad load = cluster.decode_load(i);
+    if (!up.empty() && up[i] == 0) continue;
+    const kv::DecodeLoad& load = loads[i];
     double stay = 1.0;  // share of the running requests still there at the horizon
     if (predictive && load.running.requests > 0) {
       const double step_s =
@@ -371,12 +378,12 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
 
 Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& request, double now_s) {
   Decision d;
-  bool any_prefill = false, any_decode = false;
-  for (InstanceId i = 0; i < cluster.prefill_instance_count() && !any_prefill; ++i)
-    any_prefill = cluster.prefill_up(i);
-  for (InstanceId i = 0; i < cluster.decode_instance_count() && !any_decode; ++i)
-    any_decode = cluster.decode_up(i);
-  if (!any_prefill || !any_decode) {
+  auto any_up = [](std::span<const uint8_t> up, uint32_t instances) {
+    return instances > 0 &&
+           (up.empty() || std::any_of(up.begin(), up.end(), [](uint8_t f) { return f != 0; }));
+  };
+  if (!any_up(cluster.prefill_up_flags(), cluster.prefill_instance_count()) ||
+      !any_up(cluster.decode_up_flags(), cluster.decode_instance_count())) {
     d.rejected = RejectReason::kNoInstance;
     return d;
   }

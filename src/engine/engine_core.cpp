@@ -248,7 +248,7 @@ void EngineCore::join_batch(RequestId id, Record& r) {
   add(running_, r, +1);
   r.join_step = log_.next_step();
   leaving_.emplace(r.join_step + r.decode_steps - 1, id);
-  decoding_.push_back(id);
+  decoding_.push_back({id, &r});
 }
 
 void EngineCore::start_iteration(double start_s) {
@@ -288,8 +288,8 @@ void EngineCore::start_iteration(double start_s) {
     plan_.decode_context_tokens = running_.context_tokens;
     if (executor_.needs_request_ids()) {
       decode_ids_.clear();
-      for (RequestId id : decoding_) {
-        if (!records_.at(id).finished) decode_ids_.push_back(id);
+      for (const Decoding& d : decoding_) {
+        if (!d.record->finished) decode_ids_.push_back(d.id);
       }
       plan_.decode_ids = decode_ids_;
     }
@@ -308,8 +308,8 @@ void EngineCore::finish_iteration(double end_s) {
     running_.context_tokens += running_.requests;
     if (options_.report_tokens) {
       token_ids_.clear();
-      for (RequestId id : decoding_) {
-        if (!records_.at(id).finished) token_ids_.push_back(id);
+      for (const Decoding& d : decoding_) {
+        if (!d.record->finished) token_ids_.push_back(d.id);
       }
       listener_.on_tokens(token_ids_, end_s);
     }
@@ -320,11 +320,11 @@ void EngineCore::finish_iteration(double end_s) {
       if (it == records_.end() || it->second.finished) continue;  // cancelled
       leave_batch(id, step, end_s);
     }
-    while (!decoding_.empty() && records_.at(decoding_.front()).finished) {
-      records_.erase(decoding_.front());
+    while (!decoding_.empty() && decoding_.front().record->finished) {
+      records_.erase(decoding_.front().id);
       decoding_.pop_front();
     }
-    log_.trim_before(decoding_.empty() ? log_.next_step() : records_.at(decoding_.front()).join_step);
+    log_.trim_before(decoding_.empty() ? log_.next_step() : decoding_.front().record->join_step);
   }
   if (plan_.prefill_tokens > 0 && prefilling_ == plan_.prefill_request) {  // not cancelled meanwhile
     const RequestId id = *prefilling_;

@@ -283,7 +283,13 @@ class EngineCore {
   std::deque<RequestId> waiting_prompts_;  // FIFO, not yet admitted
   std::optional<RequestId> prefilling_;    // admitted, prompt not done
   std::deque<RequestId> waiting_decode_;   // KV arrived, waiting for HBM room
-  std::deque<RequestId> decoding_;         // in join order, to find the oldest request still decoding
+  // In join order, to find the oldest request still decoding, with its record: a record stays in records_
+  // (whose nodes do not move) until it leaves the front here, so the pointer saves a lookup per step.
+  struct Decoding {
+    RequestId id;
+    Record* record;
+  };
+  std::deque<Decoding> decoding_;
   bool busy_ = false;
   IterationPlan plan_;
   double end_s_ = 0;  // of the iteration under way

@@ -1,6 +1,7 @@
 #include "sim/disaggregated.h"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 #include <memory>
 #include <queue>
@@ -21,6 +22,33 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 struct InFlight {
   double prefill_start_s = 0;
   int64_t prefill_tokens = 0;  // prompt tokens its prefill computes
+};
+
+// The earliest of n event times, ties to the lowest index (what a scan with `<` finds), kept in a tournament
+// tree: an update costs O(log n), where a scan of every prefill instance per event cost O(n).
+class EarliestEvent {
+ public:
+  explicit EarliestEvent(size_t n) : leaves_(std::bit_ceil(std::max<size_t>(n, 1))), time_s_(leaves_, kInf) {
+    winner_.resize(2 * leaves_);
+    for (size_t i = 0; i < leaves_; ++i) winner_[leaves_ + i] = static_cast<uint32_t>(i);
+    for (size_t node = leaves_ - 1; node >= 1; --node) winner_[node] = better(2 * node, 2 * node + 1);
+  }
+  /// Event `i` (< n) is now at `time_s` (infinity: none).
+  void set(size_t i, double time_s) {
+    time_s_[i] = time_s;
+    for (size_t node = (leaves_ + i) / 2; node >= 1; node /= 2)
+      winner_[node] = better(2 * node, 2 * node + 1);
+  }
+  size_t earliest() const { return winner_[1]; }
+  double earliest_s() const { return time_s_[winner_[1]]; }
+
+ private:
+  uint32_t better(size_t left, size_t right) const {  // the left subtree's indices are the lower
+    return time_s_[winner_[left]] <= time_s_[winner_[right]] ? winner_[left] : winner_[right];
+  }
+  size_t leaves_;
+  std::vector<double> time_s_;    // per event
+  std::vector<uint32_t> winner_;  // per tree node (1 is the root; leaves from leaves_): its earliest event
 };
 
 // A prompt's KV reaching its decode instance.
@@ -49,7 +77,8 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
                                                      options.block_size_tokens)),
         state_(config.prefill_instances, config.decode_instances, options.block_size_tokens,
                cluster::decode_kv_capacity_tokens(config)),
-        executor_(cost_) {
+        executor_(cost_),
+        next_prefill_event_(config.prefill_instances) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());
     const engine::EngineOptions prefill_options =
@@ -148,21 +177,15 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
   // `t_s` (when finite).
   void advance_to(double t_s) {
     for (;;) {
-      InstanceId next_prefill = 0;
-      double prefill_s = kInf;
-      for (InstanceId i = 0; i < prefill_.size(); ++i) {
-        const double e = prefill_[i]->next_event_s();
-        if (e < prefill_s) {
-          prefill_s = e;
-          next_prefill = i;
-        }
-      }
+      const auto next_prefill = static_cast<InstanceId>(next_prefill_event_.earliest());
+      const double prefill_s = next_prefill_event_.earliest_s();
       const double kv_s = kv_arrivals_.empty() ? kInf : kv_arrivals_.top().time_s;
       const double next_s = std::min(prefill_s, kv_s);
       if (next_s > t_s || next_s == kInf) break;
       clock_.advance_to(next_s);
       if (prefill_s <= kv_s) {
         prefill_[next_prefill]->advance_until(prefill_s);
+        next_prefill_event_.set(next_prefill, prefill_[next_prefill]->next_event_s());
         continue;
       }
       const KvArrival a = kv_arrivals_.top();
@@ -213,6 +236,7 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
   void submit_prefill(InstanceId p, uint64_t id, const conductor::RequestInfo& request,
                       const engine::EngineCore::ArrangedPrefix& prefix, InstanceId, double now_s) override {
     prefill_[p]->submit_prompt(id, request.input_tokens, 1, request.block_keys, now_s, prefix);
+    next_prefill_event_.set(p, prefill_[p]->next_event_s());
   }
 
   void on_prefill_start(uint32_t req, double now_s, const engine::PrefillStart& start) {
@@ -266,6 +290,8 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
   std::vector<std::unique_ptr<PrefillListener>> prefill_listeners_;
   std::vector<std::unique_ptr<engine::EngineCore>> prefill_;
   std::vector<std::unique_ptr<engine::EngineCore>> decode_;
+  // Each prefill engine's next_event_s(), set whenever the simulation has one run or take a prompt.
+  EarliestEvent next_prefill_event_;
   std::priority_queue<KvArrival, std::vector<KvArrival>, std::greater<>> kv_arrivals_;
   uint64_t next_seq_ = 0;
   std::vector<InFlight> inflight_;

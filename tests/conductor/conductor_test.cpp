@@ -20,9 +20,8 @@ class FakeCluster : public ClusterView {
     for (auto& d : this->decode) d.kv_capacity_tokens = 1'000'000;
   }
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s.size()); }
-  uint32_t decode_instance_count() const override { return static_cast<uint32_t>(decode.size()); }
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s; }
-  kv::DecodeLoad decode_load(InstanceId d) const override { return decode[d]; }
+  std::span<const kv::DecodeLoad> decode_loads() const override { return decode; }
   const kv::BlockIndex& block_index() const override { return index; }
   double prefix_ready_s(InstanceId holder, std::span<const BlockKey>) const override {
     return ready_s[holder];
@@ -87,7 +86,8 @@ TEST_F(ConductorTest, RoundRobinTakesEachInstanceInTurnIgnoringCacheAndQueue) {
   cluster.cache(1, keys_);
   Conductor conductor(cost_, {.policy = PrefillPolicy::kRoundRobin});
   std::vector<InstanceId> chosen;
-  for (int i = 0; i < 6; ++i) chosen.push_back(conductor.schedule(cluster, {4096, keys_}, 0).prefill_instance);
+  for (int i = 0; i < 6; ++i)
+    chosen.push_back(conductor.schedule(cluster, {4096, keys_}, 0).prefill_instance);
   EXPECT_THAT(chosen, ::testing::ElementsAre(0u, 1u, 2u, 0u, 1u, 2u));
 }
 
