@@ -154,10 +154,6 @@ std::optional<InstanceId> Conductor::pick_lowest(std::span<const double> scores,
                             [&](InstanceId id) { return scores[id] == lowest; });
 }
 
-std::optional<InstanceId> Conductor::pick_lowest(std::span<double> scores, const PlacementHistory& history) {
-  return pick_lowest(scores, fill_scores(scores, [&](InstanceId i) { return scores[i]; }), history);
-}
-
 // Among the instances holding the best prefix, the one that will have computed it soonest; ties go to the
 // holder that served the fewest fetches recently, then round robin.
 Conductor::FetchSource Conductor::choose_fetch_source(const ClusterView& cluster, const RequestInfo& request,
@@ -306,12 +302,10 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   }
   // Only instances with room compete, unless none has any.
   competing_.resize(instances);
-  for (InstanceId d = 0; d < instances; ++d) {
-    competing_[d] = !(up.empty() || up[d] != 0) || (fits && !has_room_[d])
-                        ? std::numeric_limits<double>::infinity()
-                        : scores_[d];
-  }
-  const InstanceId best = *pick_lowest(competing_, decode_history_);
+  const double lowest = fill_scores(competing_, [&](InstanceId d) {
+    return !(up.empty() || up[d] != 0) || (fits && !has_room_[d]) ? kInfinity : scores_[d];
+  });
+  const InstanceId best = *pick_lowest(competing_, lowest, decode_history_);
   predicted_tbt_s = scores_[best];
   return best;
 }
@@ -348,9 +342,9 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
   const auto loads = cluster.decode_loads();
   const auto up = cluster.decode_up_flags();
   const auto instances = static_cast<uint32_t>(loads.size());
-  scores_.assign(instances, std::numeric_limits<double>::infinity());
-  for (InstanceId i = 0; i < instances; ++i) {
-    if (!up.empty() && up[i] == 0) continue;
+  scores_.resize(instances);
+  const double lowest = fill_scores(scores_, [&](InstanceId i) {
+    if (!up.empty() && up[i] == 0) return kInfinity;
     const kv::DecodeLoad& load = loads[i];
     double stay = 1.0;  // share of the running requests still there at the horizon
     if (predictive && load.running.requests > 0) {
@@ -361,7 +355,7 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
     const kv::DecodeGroup joined = predictive ? load.incoming : kv::DecodeGroup{};
     const double kv = stay * static_cast<double>(load.running.kv_tokens) +
                       static_cast<double>(load.waiting.kv_tokens + joined.kv_tokens);
-    if (kv + need > static_cast<double>(load.kv_capacity_tokens)) continue;
+    if (kv + need > static_cast<double>(load.kv_capacity_tokens)) return kInfinity;
     const double requests = stay * static_cast<double>(load.running.requests) +
                             static_cast<double>(load.waiting.requests + joined.requests) + 1;
     const double context =
@@ -369,9 +363,9 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
         static_cast<double>(load.waiting.context_tokens + joined.context_tokens + request.input_tokens);
     const double tbt_s = decode_cost(i).decode_step_time_s(static_cast<int64_t>(std::ceil(requests)),
                                                            static_cast<int64_t>(std::ceil(context)));
-    if (tbt_s <= options_.tbt_slo_s) scores_[i] = tbt_s;
-  }
-  const std::optional<InstanceId> best = pick_lowest(scores_, decode_history_);
+    return tbt_s <= options_.tbt_slo_s ? tbt_s : kInfinity;
+  });
+  const std::optional<InstanceId> best = pick_lowest(scores_, lowest, decode_history_);
   if (best) predicted_tbt_s = scores_[*best];
   return best;
 }

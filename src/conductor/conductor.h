@@ -200,7 +200,6 @@ class Conductor {
   // ties broken by `history`; none when every score is infinite.
   static std::optional<InstanceId> pick_lowest(std::span<const double> scores, double lowest,
                                                const PlacementHistory& history);
-  static std::optional<InstanceId> pick_lowest(std::span<double> scores, const PlacementHistory& history);
   uint64_t next_random();
   const perf::CostModel& prefill_cost(InstanceId i) const {
     return i < prefill_costs_.size() && prefill_costs_[i] != nullptr ? *prefill_costs_[i] : cost_;
