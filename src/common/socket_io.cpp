@@ -43,6 +43,18 @@ Io wait_fd(int fd, short events, Clock::time_point deadline, int stop_fd) {
   }
 }
 
+void advance_iov(iovec*& iov, int& count, size_t sent) {
+  while (count > 0 && sent >= iov->iov_len) {
+    sent -= iov->iov_len;
+    ++iov;
+    --count;
+  }
+  if (count > 0) {
+    iov->iov_base = static_cast<std::byte*>(iov->iov_base) + sent;
+    iov->iov_len -= sent;
+  }
+}
+
 // Sends every byte of `iov` (modified in place).
 Io send_all(int fd, iovec* iov, int iov_count, Clock::time_point deadline, int stop_fd) {
   while (iov_count > 0) {
@@ -56,16 +68,7 @@ Io send_all(int fd, iovec* iov, int iov_count, Clock::time_point deadline, int s
       if (Io waited = wait_fd(fd, POLLOUT, deadline, stop_fd); !waited.ok()) return waited;
       continue;
     }
-    auto sent = static_cast<size_t>(n);
-    while (iov_count > 0 && sent >= iov->iov_len) {
-      sent -= iov->iov_len;
-      ++iov;
-      --iov_count;
-    }
-    if (iov_count > 0) {
-      iov->iov_base = static_cast<std::byte*>(iov->iov_base) + sent;
-      iov->iov_len -= sent;
-    }
+    advance_iov(iov, iov_count, static_cast<size_t>(n));
   }
   return {};
 }

@@ -51,6 +51,9 @@ struct Io {
 /// Waits until `fd` is ready for `events` (or has an error: the next syscall reports it), `deadline` passes
 /// (kTimeout), or `stop_fd` (an eventfd, -1 for none) becomes readable (kStopped).
 Io wait_fd(int fd, short events, Clock::time_point deadline, int stop_fd);
+/// Drops the first `sent` bytes of iov[0, count): whole entries are skipped (`iov` and `count` move past
+/// them), a partly sent one is trimmed in place. REQUIRES: `sent` <= the entries' total length.
+void advance_iov(iovec*& iov, int& count, size_t sent);
 /// Sends every byte of `iov` (modified in place), MSG_NOSIGNAL.
 Io send_all(int fd, iovec* iov, int iov_count, Clock::time_point deadline, int stop_fd);
 /// Sends data[0, length).

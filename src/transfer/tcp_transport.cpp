@@ -1,12 +1,16 @@
 // TCP transport (paper §3.2.3): persistent connections ("lanes") to each peer engine, requests cut into
-// slices that the lanes of that peer pull from one shared queue, bytes moved straight between registered
-// memory and the socket (sendmsg of header + payload, recv into the destination), failures retried on
-// other lanes.
+// slices that the lanes of that peer pull from one shared queue, small slices pipelined (a window of them
+// on the wire per lane), bytes moved straight between registered memory and the socket (sendmsg of headers
+// + payloads; large read payloads received straight into the destination, small ones through a buffer),
+// failures retried on other lanes.
 //
 // Threads. Initiator side: `lanes_per_peer` lane threads per peer (peer = remote engine, keyed by
 // host:port), started on the first request to that peer; each owns one connection, opened lazily by the
-// lane itself (so neither open() nor submit() touches the network), and carries one slice at a time.
-// Target side: one listener thread, and one thread per accepted connection serving its requests in order.
+// lane itself (so neither open() nor submit() touches the network), and carries one window at a time: up
+// to kWindowSlices slices of at most kWindowBytes in all, sent back to back while the answers are read (so
+// neither side's socket buffers can fill against the other). Target side: one listener thread, and one
+// thread per accepted connection serving its requests in order, answering the requests that arrived
+// together in one sendmsg.
 // Every blocking call waits in poll() with a timeout and also on a shutdown eventfd, so a hung peer is
 // noticed at the request's deadline and shutdown() never waits on the network.
 //
@@ -19,9 +23,9 @@
 // well-formed request for bytes the target does not serve (unknown segment id, range outside it, zero
 // length) gets an error response, a written payload is drained, and the connection stays usable.
 //
-// Failures. A lane whose connection fails mid-slice (error, EOF, garbage response) closes it, is not used
-// again for failure.path_cooldown, and puts the slice back at the head of the queue for another lane (at
-// most failure.retry_budget times per slice). A stall longer than the request's remaining time fails the
+// Failures. A lane whose connection fails mid-window (error, EOF, garbage response) closes it, is not used
+// again for failure.path_cooldown, and puts the window's unanswered slices back at the head of the queue,
+// in order, for another lane (at most failure.retry_budget times per slice). A stall longer than the request's remaining time fails the
 // slice at its deadline. When a connect fails and no lane of the peer is connected, the peer is down: its
 // queued requests fail at once and new ones fail on submit until the cool-down ends.
 //
@@ -40,6 +44,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -49,6 +54,7 @@
 #include <list>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -81,7 +87,15 @@ constexpr size_t kResponseHeaderBytes = 24;
 // can make the target drain.
 constexpr uint64_t kMaxFrameBytes = 64ull << 20;
 constexpr uint32_t kMaxErrorBytes = 4096;
-constexpr size_t kDrainBytes = 64 << 10;
+// A lane puts up to kWindowSlices slices of at most kWindowBytes payload on the wire before it waits for
+// the first answer, so small transfers are not one round trip each. The first slice of a window is taken
+// whatever its size: a full slice (512 KiB by default) travels alone.
+constexpr size_t kWindowSlices = 64;
+constexpr uint64_t kWindowBytes = 256 << 10;
+// Answers are read through a buffer this big (a window of small reads costs a few recv calls, not two per
+// slice); a read payload of at least kDirectBytes is received straight into its destination instead.
+constexpr size_t kStagingBytes = 64 << 10;
+constexpr uint64_t kDirectBytes = 16 << 10;
 // Socket buffers: big enough that one 1 MiB slice fits the pipe, so a sender's sendmsg seldom waits.
 constexpr int kSocketBufferBytes = 4 << 20;
 
@@ -186,12 +200,11 @@ struct PendingRequest {
   uint64_t next = 0;  // bytes already handed out
 };
 
-// How one slice's transfer ended.
+// How a lane's window ended for the slices not yet answered.
 struct Outcome {
-  enum Code { kOk, kRefused, kLaneFailed, kStopped };
+  enum Code { kOk, kLaneFailed, kStopped };
   Code code = kOk;
   Io::Code io = Io::kOk;  // for kLaneFailed
-  Status refusal;         // for kRefused: the target's status
   std::string what;       // for kLaneFailed
 
   static Outcome lane_failed(Io::Code io, std::string what) {
@@ -201,17 +214,22 @@ struct Outcome {
     o.what = std::move(what);
     return o;
   }
-  static Outcome refused(Status status) {
-    Outcome o;
-    o.code = kRefused;
-    o.refusal = std::move(status);
-    return o;
-  }
   static Outcome stopped() {
     Outcome o;
     o.code = kStopped;
     return o;
   }
+};
+
+// What a lane has on the wire: the slices of one window, sent back to back and answered in order (the
+// target serves a connection's requests in order), and the buffer its answers are read through.
+struct Window {
+  std::vector<Slice> slices;
+  std::vector<std::array<std::byte, kRequestHeaderBytes>> headers;
+  std::vector<iovec> iov;
+  std::unique_ptr<std::byte[]> staging;  // received, not yet consumed: [begin, end)
+  size_t begin = 0;
+  size_t end = 0;
 };
 
 class Peer {
@@ -250,19 +268,30 @@ class Peer {
     uint64_t epoch = 0;
     Clock::time_point cooldown_until{};
     std::thread thread;
+    Window window;  // the lane thread's own
   };
 
   void run_lane(int index);
   bool has_work_locked() const { return !retry_.empty() || !pending_.empty(); }
   Clock::time_point earliest_deadline_locked() const;
   Slice take_slice_locked();
+  // Length of the slice take_slice_locked would return. REQUIRES: has_work_locked().
+  uint64_t next_slice_length_locked() const;
+  // Fills `window` with the next slices: at least one, then more while they fit kWindowSlices and
+  // kWindowBytes.
+  void take_window_locked(Window& window);
   // Removes queued slices whose deadline passed into `out`; true when there were any.
   bool take_expired_locked(Clock::time_point now, std::vector<std::pair<Slice, uint32_t>>& out);
   // Removes every queued slice into `out` (slice, parts it stands for).
   void take_all_locked(std::vector<std::pair<Slice, uint32_t>>& out);
   void connect_lane(std::unique_lock<std::mutex>& lock, int index);
   void close_lane(std::unique_lock<std::mutex>& lock, int index);
-  Outcome transfer(int fd, const Slice& slice);
+  // Sends the window's requests and reads their answers, both as the socket allows (so neither side's
+  // buffers can fill up against the other), reporting each slice as its answer completes. Returns how
+  // many were answered; the rest (when the lane failed or the engine stops) are the caller's.
+  size_t transfer_window(int fd, Window& window, Outcome& failure);
+  // Reports one answered slice.
+  void complete(Slice& slice, const Status& status, uint64_t bytes);
   void notify_locked() {
     if (waiting_ > 0) cv_.notify_all();
   }
@@ -287,7 +316,7 @@ class Peer {
   int waiting_ = 0;          // lane threads blocked on cv_
   std::deque<Slice> retry_;  // slices of failed lanes, served first
   std::deque<PendingRequest> pending_;
-  int in_flight_ = 0;
+  std::atomic<int> in_flight_{0};  // slices taken by lanes, not yet reported or put back
   int connected_lanes_ = 0;
   Clock::time_point down_until_{};  // a failed connect with no lane connected: fail fast until then
   std::string down_error_;
@@ -349,7 +378,6 @@ class TcpTransport final : public Transport {
 
  private:
   void serve(int fd);
-  Status refuse(int fd, uint64_t tag, const Status& why, Clock::time_point deadline);
 
   const TransportContext context_;
   const EngineOptions& options_;
@@ -443,7 +471,7 @@ void Peer::stop() {
 
 bool Peer::evict_if_idle() {
   std::lock_guard lock(mu_);
-  if (has_work_locked() || in_flight_ > 0) return false;
+  if (has_work_locked() || in_flight_.load() > 0) return false;
   endpoint_epoch.fetch_add(1);
   cv_.notify_all();  // idle lanes wake and close their now stale connections
   return true;
@@ -471,6 +499,23 @@ Slice Peer::take_slice_locked() {
   front.next += slice.length;
   if (front.next == front.whole.length) pending_.pop_front();
   return slice;
+}
+
+uint64_t Peer::next_slice_length_locked() const {
+  if (!retry_.empty()) return retry_.front().length;
+  const PendingRequest& front = pending_.front();
+  return std::min(slice_bytes_, front.whole.length - front.next);
+}
+
+void Peer::take_window_locked(Window& window) {
+  window.slices.clear();
+  uint64_t bytes = 0;
+  while (has_work_locked() && window.slices.size() < kWindowSlices) {
+    const uint64_t length = next_slice_length_locked();
+    if (!window.slices.empty() && bytes + length > kWindowBytes) break;
+    window.slices.push_back(take_slice_locked());
+    bytes += length;
+  }
 }
 
 bool Peer::take_expired_locked(Clock::time_point now, std::vector<std::pair<Slice, uint32_t>>& out) {
@@ -574,58 +619,61 @@ void Peer::run_lane(int index) {
         continue;
       }
     }
-    Slice slice = take_slice_locked();
-    ++in_flight_;
+    Window& window = lane.window;
+    take_window_locked(window);
+    in_flight_.fetch_add(static_cast<int>(window.slices.size()));
     last_used_ns.store(now.time_since_epoch().count(), std::memory_order_relaxed);
     const int fd = lane.fd;
     lock.unlock();
 
-    Outcome outcome = transfer(fd, slice);
+    Outcome outcome;
+    const size_t answered = transfer_window(fd, window, outcome);
+    std::span<Slice> rest(window.slices.begin() + static_cast<ptrdiff_t>(answered), window.slices.end());
 
-    if (outcome.code == Outcome::kOk || outcome.code == Outcome::kRefused ||
-        outcome.code == Outcome::kStopped) {
-      lock.lock();
-      --in_flight_;  // before part_done: a batch seen complete has no slice of this peer in flight
-      lock.unlock();
-      if (outcome.code == Outcome::kOk) {
-        slice.state->part_done(Status(), slice.length);
-      } else if (outcome.code == Outcome::kRefused) {
-        slice.state->part_done(
-            Status(outcome.refusal.code(), fmt::format("{}: {} refused by the target: {}", prefix(),
-                                                       slice_text(slice), outcome.refusal.message())),
-            0);
-      } else {
-        slice.state->part_done(
+    if (outcome.code == Outcome::kStopped) {
+      for (Slice& slice : rest) {
+        complete(
+            slice,
             Status::unavailable(fmt::format("{}: {}: engine shutting down", prefix(), slice_text(slice))), 0);
       }
       lock.lock();
       continue;
     }
+    if (outcome.code == Outcome::kOk) {
+      lock.lock();
+      continue;
+    }
 
-    // The lane failed: its stream is out of sync or dead. Close it, cool it down, retry the slice elsewhere.
+    // The lane failed: its stream is out of sync or dead. Close it, cool it down, retry the unanswered
+    // slices on other lanes (in their order, ahead of everything queued).
     lock.lock();
-    --in_flight_;
     const auto failed_at = Clock::now();
     const std::string what = fmt::format("lane {}: {}", index, outcome.what);
     last_error_ = what;
     lane.cooldown_until = failed_at + failure.path_cooldown;
     close_lane(lock, index);
-    Status verdict;
-    if (outcome.io == Io::kTimeout || failed_at >= slice.deadline) {
-      verdict = Status::deadline_exceeded(
-          fmt::format("{}: {}: {} after {} retries", prefix(), slice_text(slice), what, slice.retries));
-    } else if (slice.retries >= failure.retry_budget) {
-      verdict = Status::unavailable(
-          fmt::format("{}: {}: {} after {} retries", prefix(), slice_text(slice), what, slice.retries));
-    } else {
-      ++slice.retries;
-      counters.slices_retried.fetch_add(1, std::memory_order_relaxed);
-      retry_.push_front(slice);
-      notify_locked();
-      continue;
+    std::vector<std::pair<Slice, Status>> verdicts;
+    for (auto it = rest.rbegin(); it != rest.rend(); ++it) {
+      Slice& slice = *it;
+      in_flight_.fetch_sub(1);
+      if (outcome.io == Io::kTimeout || failed_at >= slice.deadline) {
+        verdicts.emplace_back(slice,
+                              Status::deadline_exceeded(fmt::format("{}: {}: {} after {} retries", prefix(),
+                                                                    slice_text(slice), what, slice.retries)));
+      } else if (slice.retries >= failure.retry_budget) {
+        verdicts.emplace_back(
+            slice, Status::unavailable(fmt::format("{}: {}: {} after {} retries", prefix(), slice_text(slice),
+                                                   what, slice.retries)));
+      } else {
+        ++slice.retries;
+        counters.slices_retried.fetch_add(1, std::memory_order_relaxed);
+        retry_.push_front(slice);
+      }
     }
+    if (verdicts.size() < rest.size()) notify_locked();
+    if (verdicts.empty()) continue;
     lock.unlock();
-    slice.state->part_done(verdict, 0);
+    for (auto it = verdicts.rbegin(); it != verdicts.rend(); ++it) it->first.state->part_done(it->second, 0);
     lock.lock();
   }
   if (lane.fd >= 0) close_lane(lock, index);
@@ -702,56 +750,166 @@ void Peer::close_lane(std::unique_lock<std::mutex>& lock, int index) {
   lock.lock();
 }
 
-Outcome Peer::transfer(int fd, const Slice& slice) {
+void Peer::complete(Slice& slice, const Status& status, uint64_t bytes) {
+  in_flight_.fetch_sub(1);  // before part_done: a batch seen complete has no slice of this peer in flight
+  slice.state->part_done(status, bytes);
+}
+
+size_t Peer::transfer_window(int fd, Window& w, Outcome& failure) {
   const int stop_fd = transport_->stop_fd();
   const auto stall = transport_->failure().request_timeout;
-  const uint64_t tag = next_tag_.fetch_add(1, std::memory_order_relaxed);
-  std::byte header[kRequestHeaderBytes];
-  RequestHeader{.op = slice.op == TransferOp::kRead ? kOpRead : kOpWrite,
-                .tag = tag,
-                .segment_id = slice.segment_id,
-                .offset = slice.offset,
-                .length = slice.length}
-      .encode(header);
+  const size_t count = w.slices.size();
+  const uint64_t first_tag = next_tag_.fetch_add(count, std::memory_order_relaxed);
+  w.headers.resize(count);
+  w.iov.clear();
+  for (size_t i = 0; i < count; ++i) {
+    const Slice& slice = w.slices[i];
+    RequestHeader{.op = slice.op == TransferOp::kRead ? kOpRead : kOpWrite,
+                  .tag = first_tag + i,
+                  .segment_id = slice.segment_id,
+                  .offset = slice.offset,
+                  .length = slice.length}
+        .encode(w.headers[i].data());
+    w.iov.push_back({.iov_base = w.headers[i].data(), .iov_len = kRequestHeaderBytes});
+    // Written payloads go straight from the caller's registered memory.
+    if (slice.op == TransferOp::kWrite) w.iov.push_back({.iov_base = slice.local, .iov_len = slice.length});
+  }
+  iovec* unsent = w.iov.data();
+  int unsent_count = static_cast<int>(w.iov.size());
+  if (!w.staging) w.staging = std::make_unique<std::byte[]>(kStagingBytes);
+  std::byte* const staging = w.staging.get();
+  w.begin = w.end = 0;
+
+  // The answer being read is that of slice `answered`: its header, then its error text or read payload.
+  enum class Part { kHeader, kErrorText, kPayload };
+  Part part = Part::kHeader;
+  ResponseHeader response;
+  uint64_t payload_done = 0;
+  size_t answered = 0;
   auto lane_failed = [&](const Io& io, std::string_view during) {
-    return io.code == Io::kStopped ? Outcome::stopped()
-                                   : Outcome::lane_failed(io.code, describe(io, during, stall));
+    failure = io.code == Io::kStopped ? Outcome::stopped()
+                                      : Outcome::lane_failed(io.code, describe(io, during, stall));
+    return answered;
+  };
+  auto garbage = [&](std::string what) {
+    failure = Outcome::lane_failed(Io::kError, std::move(what));
+    return answered;
   };
 
-  // One sendmsg carries header and payload, straight from the caller's registered memory.
-  iovec iov[2] = {{.iov_base = header, .iov_len = sizeof(header)},
-                  {.iov_base = slice.local, .iov_len = slice.length}};
-  Io io = send_all(fd, iov, slice.op == TransferOp::kWrite ? 2 : 1, slice.deadline, stop_fd);
-  if (!io.ok()) return lane_failed(io, "send");
+  for (;;) {
+    // Consume what is buffered.
+    while (answered < count) {
+      Slice& slice = w.slices[answered];
+      const size_t available = w.end - w.begin;
+      if (part == Part::kHeader) {
+        if (available < kResponseHeaderBytes) break;
+        if (!response.decode(staging + w.begin)) return garbage("garbage response (bad magic or version)");
+        const uint64_t tag = first_tag + answered;
+        if (response.tag != tag) {
+          return garbage(fmt::format("response for tag {} while expecting {}", response.tag, tag));
+        }
+        w.begin += kResponseHeaderBytes;
+        if (response.status != 0) {
+          part = Part::kErrorText;
+        } else if (response.error_length != 0) {
+          return garbage("garbage response (ok with error text)");
+        } else if (slice.op == TransferOp::kRead) {
+          part = Part::kPayload;
+          payload_done = 0;
+        } else {
+          complete(slice, Status(), slice.length);
+          ++answered;
+        }
+        continue;
+      }
+      if (part == Part::kErrorText) {
+        if (available < response.error_length) break;
+        const std::string_view text(reinterpret_cast<const char*>(staging + w.begin), response.error_length);
+        w.begin += response.error_length;
+        const auto code = response.status <= static_cast<uint16_t>(StatusCode::kDeadlineExceeded)
+                              ? static_cast<StatusCode>(response.status)
+                              : StatusCode::kInternal;
+        complete(
+            slice,
+            Status(code, fmt::format("{}: {} refused by the target: {}", prefix(), slice_text(slice), text)),
+            0);
+        ++answered;
+        part = Part::kHeader;
+        continue;
+      }
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(available, slice.length - payload_done));
+      std::memcpy(slice.local + payload_done, staging + w.begin, take);
+      w.begin += take;
+      payload_done += take;
+      if (payload_done < slice.length) break;
+      complete(slice, Status(), slice.length);
+      ++answered;
+      part = Part::kHeader;
+    }
+    if (answered == count) {
+      // Nothing may follow the last answer: the target answers only what was asked.
+      if (w.begin != w.end) return garbage("bytes after the last response of a window");
+      return answered;
+    }
+    if (w.begin == w.end) w.begin = w.end = 0;
 
-  std::byte response_bytes[kResponseHeaderBytes];
-  io = recv_all(fd, response_bytes, sizeof(response_bytes), slice.deadline, stop_fd);
-  if (!io.ok()) return lane_failed(io, "receive of the response");
-  ResponseHeader response;
-  if (!response.decode(response_bytes)) {
-    return Outcome::lane_failed(Io::kError, "garbage response (bad magic or version)");
+    bool progressed = false;
+    if (unsent_count > 0) {
+      msghdr message{};
+      message.msg_iov = unsent;
+      message.msg_iovlen = static_cast<size_t>(unsent_count);
+      const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        net::advance_iov(unsent, unsent_count, static_cast<size_t>(n));
+        progressed = true;
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return lane_failed(Io{Io::kError, errno}, "send");
+      }
+    }
+
+    const Slice& slice = w.slices[answered];
+    std::byte* into = nullptr;
+    size_t room = 0;
+    const bool direct =
+        part == Part::kPayload && w.begin == w.end && slice.length - payload_done >= kDirectBytes;
+    if (direct) {
+      into = slice.local + payload_done;  // a large payload goes straight to its destination
+      room = static_cast<size_t>(slice.length - payload_done);
+    } else {
+      if (kStagingBytes - w.end < kResponseHeaderBytes + kMaxErrorBytes) {
+        std::memmove(staging, staging + w.begin, w.end - w.begin);
+        w.end -= w.begin;
+        w.begin = 0;
+      }
+      into = staging + w.end;
+      room = kStagingBytes - w.end;
+      // A large read's header alone, so that its payload can then go straight to its destination.
+      if (part == Part::kHeader && w.begin == w.end && slice.op == TransferOp::kRead &&
+          slice.length >= kDirectBytes) {
+        room = kResponseHeaderBytes;
+      }
+    }
+    const ssize_t n = ::recv(fd, into, room, MSG_DONTWAIT);
+    if (n > 0) {
+      if (direct) {
+        payload_done += static_cast<uint64_t>(n);
+      } else {
+        w.end += static_cast<size_t>(n);
+      }
+      continue;
+    }
+    if (n == 0) return lane_failed(Io{Io::kClosed}, "receive of a response");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return lane_failed(Io{Io::kError, errno}, "receive of a response");
+    }
+    if (progressed) continue;
+    Clock::time_point deadline = kNoDeadline;
+    for (size_t i = answered; i < count; ++i) deadline = std::min(deadline, w.slices[i].deadline);
+    const short events = static_cast<short>(POLLIN | (unsent_count > 0 ? POLLOUT : 0));
+    if (Io waited = wait_fd(fd, events, deadline, stop_fd); !waited.ok()) {
+      return lane_failed(waited, unsent_count > 0 ? "send" : "receive of a response");
+    }
   }
-  if (response.tag != tag) {
-    return Outcome::lane_failed(Io::kError,
-                                fmt::format("response for tag {} while expecting {}", response.tag, tag));
-  }
-  if (response.status != 0) {
-    std::string text(response.error_length, '\0');
-    io = recv_all(fd, text.data(), text.size(), slice.deadline, stop_fd);
-    if (!io.ok()) return lane_failed(io, "receive of an error response");
-    const auto code = response.status <= static_cast<uint16_t>(StatusCode::kDeadlineExceeded)
-                          ? static_cast<StatusCode>(response.status)
-                          : StatusCode::kInternal;
-    return Outcome::refused(Status(code, std::move(text)));
-  }
-  if (response.error_length != 0) {
-    return Outcome::lane_failed(Io::kError, "garbage response (ok with error text)");
-  }
-  if (slice.op == TransferOp::kRead) {
-    io = recv_all(fd, slice.local, slice.length, slice.deadline, stop_fd);
-    if (!io.ok()) return lane_failed(io, "receive of the payload");
-  }
-  return Outcome{};
 }
 
 // ---- TcpTransport ------------------------------------------------------------------------------------
@@ -869,73 +1027,153 @@ void TcpTransport::shutdown() {
 
 // ---- Target side -------------------------------------------------------------------------------------
 
-Status TcpTransport::refuse(int fd, uint64_t tag, const Status& why, Clock::time_point deadline) {
-  context_.counters->remote_accesses_refused.fetch_add(1, std::memory_order_relaxed);
-  const std::string text = why.message().substr(0, kMaxErrorBytes);
-  std::byte header[kResponseHeaderBytes];
-  ResponseHeader{.status = static_cast<uint16_t>(why.code()),
-                 .tag = tag,
-                 .error_length = static_cast<uint32_t>(text.size())}
-      .encode(header);
-  iovec iov[2] = {{.iov_base = header, .iov_len = sizeof(header)},
-                  {.iov_base = const_cast<char*>(text.data()), .iov_len = text.size()}};
-  const Io io = send_all(fd, iov, 2, deadline, stop_fd_);
-  return io.ok() ? Status() : Status::unavailable("send failed");
-}
+// One accepted connection. Requests are parsed out of a receive buffer, so a pipelined window of small
+// requests costs one recv, not one per request; the answers to the requests that arrived together go out
+// in one sendmsg, read payloads straight from the segments' memory, under one shared lock of the segment
+// table (released before waiting for more requests, so withdrawing a segment never waits on a client).
+class ServerConnection {
+ public:
+  ServerConnection(int fd, const SegmentTable& segments, Counters& counters, int stop_fd,
+                   std::chrono::milliseconds stall)
+      : fd_(fd), segments_(segments), counters_(counters), stop_fd_(stop_fd), stall_(stall) {
+    headers_.reserve(kMaxAnswerIov);
+    iov_.reserve(kMaxAnswerIov);
+  }
+
+  // Serves requests until the peer closes, breaks the protocol or stalls mid-frame, or shutdown.
+  void run() {
+    for (;;) {
+      if (end_ - begin_ < kRequestHeaderBytes) {
+        // Everything asked so far is answered before waiting for more: the client may wait for it.
+        if (!flush().ok()) return;
+        std::memmove(in_.get(), in_.get() + begin_, end_ - begin_);
+        end_ -= begin_;
+        begin_ = 0;
+        // An idle connection waits for its next request without a deadline; a started frame must complete.
+        if (!fill(end_ == 0 ? kNoDeadline : Clock::now() + stall_).ok()) return;
+        continue;
+      }
+      RequestHeader request;
+      if (!request.decode(in_.get() + begin_)) return;  // not our protocol: the stream cannot be trusted
+      begin_ += kRequestHeaderBytes;
+      if (!serve(request).ok()) return;
+      if (iov_.size() + 2 > kMaxAnswerIov || answer_bytes_ >= kMaxAnswerBytes) {
+        if (!flush().ok()) return;
+      }
+    }
+  }
+
+ private:
+  // Up to this many iovecs (IOV_MAX is 1024) and this many payload bytes are answered per sendmsg.
+  static constexpr size_t kMaxAnswerIov = 512;
+  static constexpr uint64_t kMaxAnswerBytes = 1 << 20;
+  static constexpr size_t kReceiveBytes = 64 << 10;
+
+  Io serve(const RequestHeader& request) {
+    // A peer that stops mid-frame holds this thread (and, mid-payload, the segment) at most this long.
+    const auto deadline = Clock::now() + stall_;
+    if (!view_.held()) view_ = segments_.view();
+    Result<std::byte*> range = view_.range(request.segment_id, request.offset, request.length);
+    if (!range.ok()) {
+      counters_.remote_accesses_refused.fetch_add(1, std::memory_order_relaxed);
+      if (request.op == kOpWrite) {  // keep the stream in sync: the payload follows regardless
+        if (Io io = receive(nullptr, request.length, deadline); !io.ok()) return io;
+      }
+      std::string& text = errors_.emplace_back(range.status().message().substr(0, kMaxErrorBytes));
+      add_header(request.tag, static_cast<uint16_t>(range.status().code()), text.size());
+      iov_.push_back({.iov_base = text.data(), .iov_len = text.size()});
+      return Io{};
+    }
+    if (request.op == kOpWrite) {
+      UntrackedSegmentAccess untracked;
+      if (Io io = receive(*range, request.length, deadline); !io.ok()) return io;
+      add_header(request.tag, 0, 0);
+      return Io{};
+    }
+    add_header(request.tag, 0, 0);
+    iov_.push_back({.iov_base = *range, .iov_len = request.length});
+    answer_bytes_ += request.length;
+    return Io{};
+  }
+
+  void add_header(uint64_t tag, uint16_t status, size_t error_length) {
+    auto& header = headers_.emplace_back();
+    ResponseHeader{.status = status, .tag = tag, .error_length = static_cast<uint32_t>(error_length)}.encode(
+        header.data());
+    iov_.push_back({.iov_base = header.data(), .iov_len = header.size()});
+  }
+
+  // Moves the `length` bytes that follow into `out` (nullptr: drops them), the buffered ones first.
+  Io receive(std::byte* out, uint64_t length, Clock::time_point deadline) {
+    const auto buffered = static_cast<size_t>(std::min<uint64_t>(length, end_ - begin_));
+    if (out != nullptr) std::memcpy(out, in_.get() + begin_, buffered);
+    begin_ += buffered;
+    length -= buffered;
+    if (out != nullptr) return recv_all(fd_, out + buffered, length, deadline, stop_fd_);
+    while (length > 0) {
+      const auto chunk = static_cast<size_t>(std::min<uint64_t>(length, kReceiveBytes));
+      if (Io io = recv_all(fd_, in_.get() + end_, chunk, deadline, stop_fd_); !io.ok()) return io;
+      length -= chunk;
+    }
+    return Io{};
+  }
+
+  // Reads what has arrived (at least one byte) after the buffered bytes.
+  Io fill(Clock::time_point deadline) {
+    for (;;) {
+      const ssize_t n = ::recv(fd_, in_.get() + end_, kReceiveBytes - end_, MSG_DONTWAIT);
+      if (n > 0) {
+        end_ += static_cast<size_t>(n);
+        return Io{};
+      }
+      if (n == 0) return Io{Io::kClosed};
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return Io{Io::kError, errno};
+      if (Io waited = wait_fd(fd_, POLLIN, deadline, stop_fd_); !waited.ok()) return waited;
+    }
+  }
+
+  // Sends the queued answers and releases the segments.
+  Io flush() {
+    Io io;
+    if (!iov_.empty()) {
+      UntrackedSegmentAccess untracked;
+      io = send_all(fd_, iov_.data(), static_cast<int>(iov_.size()), Clock::now() + stall_, stop_fd_);
+    }
+    iov_.clear();
+    headers_.clear();
+    errors_.clear();
+    answer_bytes_ = 0;
+    view_.release();
+    return io;
+  }
+
+  const int fd_;
+  const SegmentTable& segments_;
+  Counters& counters_;
+  const int stop_fd_;
+  const std::chrono::milliseconds stall_;
+  // Received request bytes not yet consumed: [begin_, end_). Room for a drained payload chunk past end_.
+  std::unique_ptr<std::byte[]> in_ = std::make_unique<std::byte[]>(2 * kReceiveBytes);
+  size_t begin_ = 0;
+  size_t end_ = 0;
+  // Queued answers: headers (reserved, so the iovecs' pointers stay valid), refusals' texts (a deque keeps
+  // them in place), the iovecs, and the lock keeping their segments alive.
+  std::vector<std::array<std::byte, kResponseHeaderBytes>> headers_;
+  std::deque<std::string> errors_;
+  std::vector<iovec> iov_;
+  uint64_t answer_bytes_ = 0;
+  SegmentTable::View view_;
+};
 
 void TcpTransport::serve(int fd) {
-  // A peer that stops mid-frame holds this thread (and, mid-payload, the segment) at most this long.
-  const auto stall = failure_.request_timeout;
   if (member_key_ && !net::member_handshake(fd, net::HandshakeSide::kServer, *member_key_,
                                             Clock::now() + failure_.connect_timeout, stop_fd_)
                           .ok()) {
     context_.counters->peers_refused.fetch_add(1, std::memory_order_relaxed);
     return;  // closed unserved: no segment is named to a stranger
   }
-  std::unique_ptr<std::byte[]> drain;  // for payloads of refused writes; allocated on first use
-  std::byte header_bytes[kRequestHeaderBytes];
-  std::byte response_bytes[kResponseHeaderBytes];
-  for (;;) {
-    // An idle connection waits for its next request without a deadline; a started frame must complete.
-    Io io = recv_frame_start(fd, header_bytes, sizeof(header_bytes), stall, stop_fd_);
-    if (!io.ok()) break;
-    RequestHeader request;
-    if (!request.decode(header_bytes)) break;  // not our protocol: the stream cannot be trusted
-    const auto deadline = Clock::now() + stall;
-    Result<SegmentTable::Access> checked =
-        context_.segments->access(request.segment_id, request.offset, request.length);
-    if (!checked.ok()) {
-      if (request.op == kOpWrite) {  // keep the stream in sync: the payload follows regardless
-        if (!drain) drain = std::make_unique<std::byte[]>(kDrainBytes);
-        for (uint64_t left = request.length; left > 0 && io.ok();) {
-          const size_t chunk = static_cast<size_t>(std::min<uint64_t>(left, kDrainBytes));
-          io = recv_all(fd, drain.get(), chunk, deadline, stop_fd_);
-          left -= chunk;
-        }
-        if (!io.ok()) break;
-      }
-      if (!refuse(fd, request.tag, checked.status(), deadline).ok()) break;
-      continue;
-    }
-    // Held (a shared lock on the segment table) only while the payload moves: withdraw waits for it.
-    std::optional<SegmentTable::Access> access(std::move(checked).value());
-    ResponseHeader{.status = 0, .tag = request.tag, .error_length = 0}.encode(response_bytes);
-    if (request.op == kOpRead) {
-      // Header and payload in one sendmsg, straight from the segment's memory.
-      iovec iov[2] = {{.iov_base = response_bytes, .iov_len = sizeof(response_bytes)},
-                      {.iov_base = access->data(), .iov_len = request.length}};
-      UntrackedSegmentAccess untracked;
-      io = send_all(fd, iov, 2, deadline, stop_fd_);
-    } else {
-      {
-        UntrackedSegmentAccess untracked;
-        io = recv_all(fd, access->data(), request.length, deadline, stop_fd_);
-      }
-      access.reset();  // release the segment before answering
-      if (io.ok()) io = send_bytes(fd, response_bytes, sizeof(response_bytes), deadline, stop_fd_);
-    }
-    if (!io.ok()) break;
-  }
+  ServerConnection(fd, *context_.segments, *context_.counters, stop_fd_, failure_.request_timeout).run();
 }
 
 }  // namespace

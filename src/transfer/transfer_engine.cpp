@@ -144,16 +144,23 @@ void SegmentTable::add(const LocalSegment& segment) {
 }
 
 void SegmentTable::remove(uint64_t id) {
-  std::unique_lock lock(mu_);  // waits for every Access in progress
+  std::unique_lock lock(mu_);  // waits for every View held
   segments_.erase(id);
 }
 
-Result<SegmentTable::Access> SegmentTable::access(uint64_t id, uint64_t offset_bytes,
-                                                  uint64_t length_bytes) const {
-  Access access;
-  access.lock_ = std::shared_lock(mu_);
-  auto it = segments_.find(id);
-  if (it == segments_.end()) return Status::not_found(fmt::format("no segment with id {} is exposed", id));
+SegmentTable::View SegmentTable::view() const {
+  View view;
+  view.lock_ = std::shared_lock(mu_);
+  view.table_ = this;
+  return view;
+}
+
+Result<std::byte*> SegmentTable::View::range(uint64_t id, uint64_t offset_bytes,
+                                             uint64_t length_bytes) const {
+  auto it = table_->segments_.find(id);
+  if (it == table_->segments_.end()) {
+    return Status::not_found(fmt::format("no segment with id {} is exposed", id));
+  }
   const LocalSegment& segment = it->second;
   if (length_bytes == 0) {
     return Status::invalid_argument(fmt::format("zero-length access to segment '{}'", segment.name));
@@ -162,8 +169,7 @@ Result<SegmentTable::Access> SegmentTable::access(uint64_t id, uint64_t offset_b
     return Status::out_of_range(fmt::format("access [{}, +{}) outside segment '{}' of {} bytes", offset_bytes,
                                             length_bytes, segment.name, segment.length_bytes));
   }
-  access.data_ = segment.base + offset_bytes;
-  return access;
+  return segment.base + offset_bytes;
 }
 
 }  // namespace internal

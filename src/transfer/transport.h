@@ -85,24 +85,28 @@ struct LocalSegment {
 /// freed) is never touched afterwards.
 class SegmentTable {
  public:
-  /// A checked access to [offset, offset + length) of a segment; keeps it alive while held.
-  class Access {
+  /// Checked accesses to the segments under one shared lock: the segments it hands out stay alive (and
+  /// remove() waits) while it is held, so a server may check many requests of a pipelined window at once.
+  class View {
    public:
-    std::byte* data() const { return data_; }
+    /// Bytes [offset, offset + length) of segment `id`, or kNotFound / kOutOfRange / kInvalidArgument with
+    /// a message a peer can be sent (unknown segment id, zero length, range beyond the segment).
+    Result<std::byte*> range(uint64_t id, uint64_t offset_bytes, uint64_t length_bytes) const;
+    /// Lets remove() proceed; the pointers handed out must not be used afterwards.
+    void release() { lock_ = {}; }
+    bool held() const { return lock_.owns_lock(); }
 
    private:
     friend class SegmentTable;
     std::shared_lock<std::shared_mutex> lock_;
-    std::byte* data_ = nullptr;
+    const SegmentTable* table_ = nullptr;
   };
 
   void add(const LocalSegment& segment);
-  /// Removes `id`; waits for accesses in progress to end.
+  /// Removes `id`; waits for every View held to be released.
   void remove(uint64_t id);
-  /// An access to bytes [offset, offset + length) of segment `id`, or kNotFound / kOutOfRange /
-  /// kInvalidArgument with a message a peer can be sent (unknown segment id, zero length, range beyond the
-  /// segment).
-  Result<Access> access(uint64_t id, uint64_t offset_bytes, uint64_t length_bytes) const;
+  /// Takes the shared lock (waiting while a remove() is in progress).
+  View view() const;
 
  private:
   mutable std::shared_mutex mu_;

@@ -672,6 +672,76 @@ TEST(TcpTransport, LanesBrokenRepeatedlyUnderConcurrentSubmits) {
   EXPECT_EQ(initiator->stats().requests_failed, 0u);
 }
 
+// Many small reads and writes of random sizes (a lane carries a window of them at a time) while lanes are
+// broken again and again: the unanswered slices of a broken window are retried, every request completes
+// with the right bytes, and nothing is answered twice into the wrong place.
+TEST(TcpTransport, WindowsOfSmallRequestsSurviveBrokenLanes) {
+  auto metadata = make_in_process_metadata();
+  auto target = make_engine(tcp_options("target", metadata));
+  EngineOptions options = tcp_options("initiator", metadata);
+  options.tcp.lanes_per_peer = 3;
+  options.failure.path_cooldown = 5ms;
+  options.failure.retry_budget = 1000;  // the test breaks far more often than a network would
+  options.failure.request_timeout = 60s;
+  auto initiator = make_engine(options);
+  ASSERT_TRUE(target && initiator);
+  constexpr size_t kBytes = 8 << 20;
+  std::byte* remote = allocate(*target, kBytes);
+  std::byte* local = allocate(*initiator, kBytes);
+  ASSERT_TRUE(remote && local);
+  fill_pattern(remote, kBytes / 2, 81);                          // read into the first half
+  fill_pattern(local + kBytes / 2, kBytes / 2, 82, kBytes / 2);  // written from the second
+  ASSERT_TRUE(target->expose_segment("target/kv", remote, kBytes).ok());
+  auto segment = initiator->open_segment("target/kv");
+  ASSERT_TRUE(segment.ok());
+
+  // Requests of 1 byte to 20 KiB tiling each half, reads and writes interleaved in every batch.
+  std::mt19937 rng(5);
+  std::vector<TransferRequest> requests;
+  for (const TransferOp op : {TransferOp::kRead, TransferOp::kWrite}) {
+    const size_t base = op == TransferOp::kRead ? 0 : kBytes / 2;
+    for (size_t at = 0; at < kBytes / 2;) {
+      const size_t length = std::min<size_t>(1 + rng() % (20 << 10), kBytes / 2 - at);
+      requests.push_back({.op = op,
+                          .local_address = local + base + at,
+                          .segment = *segment,
+                          .offset_bytes = base + at,
+                          .length_bytes = length});
+      at += length;
+    }
+  }
+  std::shuffle(requests.begin(), requests.end(), rng);
+
+  std::atomic<bool> running{true};
+  std::atomic<int> breaks{0};
+  std::thread breaker([&] {  // one break per 256 KiB moved: windows are cut mid-answer
+    uint64_t next = 256 << 10;
+    int lane = 0;
+    while (running.load()) {
+      if (initiator->stats().bytes_transferred >= next) {
+        breaks += initiator->break_tcp_lane_for_testing(*segment, lane++ % 3).ok();
+        next += 256 << 10;
+      }
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  size_t completed = 0;
+  for (size_t at = 0; at < requests.size(); at += 512) {
+    const std::vector<TransferRequest> batch(
+        requests.begin() + static_cast<ptrdiff_t>(at),
+        requests.begin() + static_cast<ptrdiff_t>(std::min(at + 512, requests.size())));
+    completed += run_batch(*initiator, batch).completed;
+  }
+  running = false;
+  breaker.join();
+  EXPECT_EQ(completed, requests.size());
+  EXPECT_TRUE(matches_pattern(local, kBytes / 2, 81, 0));                         // read
+  EXPECT_TRUE(matches_pattern(remote + kBytes / 2, kBytes / 2, 82, kBytes / 2));  // written
+  EXPECT_GT(breaks.load(), 0);
+  EXPECT_GT(initiator->stats().slices_retried, 0u);
+  EXPECT_EQ(initiator->stats().requests_failed, 0u);
+}
+
 // The owner of a segment is SIGKILLed with requests in flight: every one of them ends (failed, naming the
 // peer) within the request timeout, and the engine keeps serving transfers to another, live peer.
 TEST(TcpTransport, KilledPeerFailsPendingRequestsWithinTimeout) {
@@ -1112,7 +1182,70 @@ TEST(TcpTransport, MalformedFramesAreRefused) {
   EXPECT_TRUE(matches_pattern(local, kBytes, 51, 0));
 }
 
+// Frames sent back to back, as a lane's window goes out: answered in order, a write's payload taken across
+// the target's receive buffer, a refused write's payload drained wherever it ends.
+TEST(TcpTransport, PipelinedFramesAreAnsweredInOrder) {
+  auto metadata = make_in_process_metadata();
+  auto target = make_engine(tcp_options("target", metadata));
+  ASSERT_TRUE(target);
+  constexpr size_t kBytes = 1 << 20;
+  std::byte* memory = allocate(*target, kBytes);
+  fill_pattern(memory, kBytes, 61);
+  ASSERT_TRUE(target->expose_segment("target/kv", memory, kBytes).ok());
+  const auto [port, id] = tcp_endpoint(*metadata, "target/kv");
+  ASSERT_NE(port, 0);
+
+  constexpr size_t kWriteBytes = 100 << 10;  // more than the target reads at once
+  std::vector<std::byte> written(kWriteBytes);
+  fill_pattern(written.data(), kWriteBytes, 62, 300000);
+  std::vector<std::byte> stream;
+  auto append = [&stream](const std::vector<std::byte>& bytes) {
+    stream.insert(stream.end(), bytes.begin(), bytes.end());
+  };
+  append(frame(kOpRead, 1, id, 1000, 4096));
+  append(frame(kOpWrite, 2, id, 300000, kWriteBytes));
+  append(written);
+  append(frame(kOpRead, 3, id + 1000, 0, 16));         // unknown segment
+  append(frame(kOpWrite, 4, id, kBytes - 10, 70000));  // beyond the segment: drained
+  stream.resize(stream.size() + 70000, std::byte{0x5a});
+  append(frame(kOpRead, 5, id, 77, 16));
+  append(frame(kOpRead, 6, id, 300000, kWriteBytes));  // the write, read back
+
+  RawConnection raw(port);
+  ASSERT_TRUE(raw.connected());
+  ASSERT_TRUE(raw.send(stream));
+  std::vector<std::byte> payload(kWriteBytes);
+  auto r = raw.response();
+  ASSERT_TRUE(r.received);
+  EXPECT_EQ(r.tag, 1u);
+  EXPECT_EQ(r.status, 0);
+  ASSERT_TRUE(raw.receive(payload.data(), 4096));
+  EXPECT_TRUE(matches_pattern(payload.data(), 4096, 61, 1000));
+  r = raw.response();
+  EXPECT_EQ(r.tag, 2u);
+  EXPECT_EQ(r.status, 0);
+  r = raw.response();
+  EXPECT_EQ(r.tag, 3u);
+  EXPECT_NE(r.error.find("no segment with id"), std::string::npos) << r.error;
+  r = raw.response();
+  EXPECT_EQ(r.tag, 4u);
+  EXPECT_NE(r.error.find("outside segment"), std::string::npos) << r.error;
+  r = raw.response();
+  EXPECT_EQ(r.tag, 5u);
+  EXPECT_EQ(r.status, 0);
+  ASSERT_TRUE(raw.receive(payload.data(), 16));
+  EXPECT_TRUE(matches_pattern(payload.data(), 16, 61, 77));
+  r = raw.response();
+  EXPECT_EQ(r.tag, 6u);
+  EXPECT_EQ(r.status, 0);
+  ASSERT_TRUE(raw.receive(payload.data(), kWriteBytes));
+  EXPECT_EQ(payload, written);
+  EXPECT_EQ(target->stats().remote_accesses_refused, 2u);
+}
+
 // A segment withdrawn after it was opened: the target refuses, the request fails naming segment and peer.
+// Then small requests alternately to it and to a kept segment, which lanes carry in windows: only the
+// refused ones fail (their answers' texts read back to back), the others bring the right bytes.
 TEST(TcpTransport, WithdrawnSegmentIsRefused) {
   auto metadata = make_in_process_metadata();
   auto target = make_engine(tcp_options("target", metadata));
@@ -1120,9 +1253,12 @@ TEST(TcpTransport, WithdrawnSegmentIsRefused) {
   ASSERT_TRUE(target && initiator);
   std::byte* remote = allocate(*target, 1 << 20);
   std::byte* local = allocate(*initiator, 1 << 20);
+  fill_pattern(remote, 1 << 20, 63);
   ASSERT_TRUE(target->expose_segment("target/gone", remote, 1 << 20).ok());
+  ASSERT_TRUE(target->expose_segment("target/kept", remote, 1 << 20).ok());
   auto segment = initiator->open_segment("target/gone");
-  ASSERT_TRUE(segment.ok());
+  auto kept = initiator->open_segment("target/kept");
+  ASSERT_TRUE(segment.ok() && kept.ok());
   ASSERT_TRUE(target->withdraw_segment("target/gone").ok());
   std::vector<std::string> errors;
   const BatchSummary summary = run_batch(*initiator,
@@ -1139,6 +1275,29 @@ TEST(TcpTransport, WithdrawnSegmentIsRefused) {
   EXPECT_NE(errors[0].find("refused"), std::string::npos) << errors[0];
   EXPECT_EQ(target->stats().remote_accesses_refused, 2u);  // two 512 KiB slices
   EXPECT_EQ(initiator->stats().slices_retried, 0u);        // a refusal is an answer, not a lane failure
+
+  std::vector<TransferRequest> requests;
+  for (size_t i = 0; i < 64; ++i) {
+    requests.push_back({.op = i % 4 == 1 ? TransferOp::kWrite : TransferOp::kRead,
+                        .local_address = local + i * 4096,
+                        .segment = i % 2 == 0 ? *kept : *segment,
+                        .offset_bytes = i * 4096,
+                        .length_bytes = 4096});
+  }
+  errors.clear();
+  const BatchSummary mixed = run_batch(*initiator, requests, 10s, &errors);
+  EXPECT_EQ(mixed.completed, 32u);
+  EXPECT_EQ(mixed.failed, 32u);
+  ASSERT_EQ(errors.size(), 32u);
+  for (const std::string& error : errors) {
+    EXPECT_NE(error.find("target/gone"), std::string::npos) << error;
+    EXPECT_NE(error.find("refused by the target"), std::string::npos) << error;
+  }
+  for (size_t i = 0; i < 64; i += 2) {
+    EXPECT_TRUE(matches_pattern(local + i * 4096, 4096, 63, i * 4096)) << "request " << i;
+  }
+  EXPECT_EQ(target->stats().remote_accesses_refused, 2u + 32u);
+  EXPECT_EQ(initiator->stats().slices_retried, 0u);
 }
 
 // break_tcp_lane_for_testing on lanes that are not connected.
