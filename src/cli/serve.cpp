@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -93,7 +94,7 @@ struct ServeArgs {
   std::string engines_file;     // conductor --engines FILE
   std::string tokenizer_file;   // conductor --tokenizer FILE (a tokenizer.json), or --model DIR's
   int leader_ttl_s = 5;         // conductor --leader-ttl-s: with --etcd, the leading Conductor's lease
-  double drain_timeout_s = 30;  // prefill|decode --drain-timeout-s: a SIGTERM's drain waits this long at most
+  double drain_timeout_s = 30;  // --drain-timeout-s: a SIGTERM's drain waits this long at most
   double engines_wait_s = 30;   // conductor --engines-wait-s: how long the engines have to answer at start
 };
 
@@ -216,6 +217,32 @@ Result<serve::FrontendOptions> cluster_frontend_options(const ServeArgs& args, c
   return frontend;
 }
 
+// After a SIGTERM began a drain: waits until `drained()`, --drain-timeout-s (`timeout_s`) passes, or a
+// second stop signal arrives, polling every 20 ms, and says which under `name`; `left` says what becomes of
+// what is still under way when the wait ends early.
+void wait_for_drain(const std::string& name, const std::function<bool()>& drained, double timeout_s,
+                    const sigset_t& signals, std::string_view left) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
+  const timespec poll{.tv_sec = 0, .tv_nsec = 20'000'000};
+  for (;;) {
+    if (drained()) {
+      fmt::print("{}: drained; stopping\n", name);
+      return;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      fmt::print("{}: still busy after --drain-timeout-s {}; stopping ({})\n", name, timeout_s, left);
+      return;
+    }
+    if (const int again = ::sigtimedwait(&signals, nullptr, &poll); again > 0) {
+      fmt::print("{}: stopping ({} while draining; {})\n", name, again == SIGINT ? "SIGINT" : "SIGTERM",
+                 left);
+      return;
+    }
+  }
+}
+
 // Serves HTTP with `handler` (the front end built with `frontend`) until a stop signal, or replays --replay
 // against it; returns the exit code. `who` starts its lines ("crescent serve", or "conductor" for the role
 // alone).
@@ -248,9 +275,25 @@ int serve_http(const ServeArgs& args, const cluster::ServeSetup& s, const serve:
                peak_rss_mib());
     return code;
   }
-  const int signal = wait_for_stop_signal(signals);
+  if (wait_for_stop_signal(signals) == SIGINT) {
+    (*server)->stop();
+    fmt::print("{}: stopping (SIGINT)\n", who);
+    return 0;
+  }
+  // SIGTERM drains: no new connections, requests under way finish (a second signal, or --drain-timeout-s,
+  // stops at once).
+  fmt::print(
+      "{}: draining (SIGTERM: new connections are refused, requests under way finish; a second "
+      "signal stops at once)\n",
+      who);
+  std::fflush(stdout);
+  (*server)->begin_drain();
+  serve::HttpServer& http_server = **server;
+  wait_for_drain(
+      who, [&] { return http_server.responses_in_flight() == 0; }, args.drain_timeout_s, signals,
+      "the responses still under way end with their connections");
+  std::fflush(stdout);
   (*server)->stop();
-  fmt::print("{}: stopping ({})\n", who, signal == SIGINT ? "SIGINT" : "SIGTERM");
   return 0;
 }
 
@@ -423,6 +466,8 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
                                           s.cluster.model_name,
                                           "--body-limit",
                                           std::to_string(args.body_limit_bytes),
+                                          "--drain-timeout-s",
+                                          fmt::format("{}", args.drain_timeout_s),
                                           "--cluster-secret-file",
                                           secret_path};
   // The key reaches the Conductor in its environment (readable by this user only), not on its command line
@@ -523,11 +568,21 @@ int run_cluster(const ServeArgs& args, const cluster::ServeSetup& s) {
   int code = 0;
   if (!args.replay_trace.empty()) {
     code = run_replay(replay_args(args, s, url));
+    supervisor.stop_all();
+  } else if (wait_for_stop_signal(signals) == SIGINT || failed) {
+    if (!failed) fmt::print("crescent serve: stopping (SIGINT)\n");
+    supervisor.stop_all();
   } else {
-    const int signal = wait_for_stop_signal(signals);
-    if (!failed) fmt::print("crescent serve: stopping ({})\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+    // SIGTERM: the Conductor drains its front end while the instances still serve its streams, then
+    // everything stops.
+    fmt::print(
+        "crescent serve: draining the Conductor's front end (SIGTERM; at most --drain-timeout-s {}), "
+        "then stopping\n",
+        args.drain_timeout_s);
+    std::fflush(stdout);
+    supervisor.stop_all("conductor", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::duration<double>(args.drain_timeout_s + 5)));
   }
-  supervisor.stop_all();
   for (const std::string& file : cache_files) std::filesystem::remove(file, perms_error);
   if (failed) fmt::print(stderr, "error: a child process could not be kept running; logs in {}\n", run_dir);
   return failed ? 1 : code;
@@ -732,27 +787,9 @@ int run_instance_role(const ServeArgs& args, serve::InstanceRole role) {
   fmt::print("{}: draining (SIGTERM; a second signal stops at once)\n", name);
   std::fflush(stdout);
   (*instance)->begin_drain();
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                             std::chrono::duration<double>(args.drain_timeout_s));
-  const timespec poll{.tv_sec = 0, .tv_nsec = 20'000'000};
-  for (;;) {
-    if ((*instance)->drained()) {
-      fmt::print("{}: drained; stopping\n", name);
-      break;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      fmt::print(
-          "{}: still busy after --drain-timeout-s {}; stopping (the Conductor places again what is "
-          "left)\n",
-          name, args.drain_timeout_s);
-      break;
-    }
-    if (const int again = ::sigtimedwait(&signals, nullptr, &poll); again > 0) {
-      fmt::print("{}: stopping ({} while draining)\n", name, again == SIGINT ? "SIGINT" : "SIGTERM");
-      break;
-    }
-  }
+  wait_for_drain(
+      name, [&] { return (*instance)->drained(); }, args.drain_timeout_s, signals,
+      "the Conductor places again what is left");
   return 0;
 }
 
@@ -798,6 +835,11 @@ void add_http_flags(CLI::App* cmd, ServeArgs& args) {
                   "Read the API key from this file (its first line), instead of --api-key");
   cmd->add_option("--body-limit", args.body_limit_bytes, "Largest request body in bytes (else 413)")
       ->capture_default_str();
+  cmd->add_option("--drain-timeout-s", args.drain_timeout_s,
+                  "On SIGTERM the front end drains (refuses new connections, answers new requests on open "
+                  "ones 503, lets the responses under way finish): for this long at most")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--replay", args.replay_trace,
                   "Replay this trace against the cluster, print the report (as `crescent replay`) and stop");
   cmd->add_option("--limit", args.replay_limit, "With --replay: only the first N valid requests (0 = all)")

@@ -109,11 +109,16 @@ void Supervisor::echo_logs(Child& child) {
   }
 }
 
-void Supervisor::stop_all() {
+void Supervisor::stop_all(const std::string& drain_first, std::chrono::milliseconds drain_grace) {
   {
     // Children restarted by the watcher die with its thread: stop them all before it ends.
     std::lock_guard lock(mu_);
     stopping_ = true;
+    for (auto& child : children_) {
+      if (child->name != drain_first) continue;
+      child->process->stop(drain_grace, SIGTERM);
+      echo_logs(*child);
+    }
     for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
       // SIGINT: at once (SIGTERM would make an instance drain first, one child after another).
       (*it)->process->stop(std::chrono::seconds(2), SIGINT);

@@ -44,8 +44,10 @@ class Supervisor {
   /// Starts watching: echoing logs and restarting children that die.
   void watch();
   /// Stops watching, then stops the children in reverse start order (SIGINT, which every role takes as
-  /// "stop now" where SIGTERM drains an instance; SIGKILL after 2 s).
-  void stop_all();
+  /// "stop now" where SIGTERM drains an instance; SIGKILL after 2 s). `drain_first`: that child is sent
+  /// SIGTERM before any other stops and given `drain_grace` to exit (a Conductor draining its front end,
+  /// whose streams need the instances still up); SIGKILL after that.
+  void stop_all(const std::string& drain_first = "", std::chrono::milliseconds drain_grace = {});
   /// The pid of child `name` (0 when unknown), for fault tests and operators.
   pid_t pid(const std::string& name) const;
 

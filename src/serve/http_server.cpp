@@ -11,6 +11,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <deque>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -42,9 +43,11 @@ std::string status_line(int status) {
 struct HttpServerShared {
   asio::io_context io{1};
   std::atomic<bool> stopped{false};
+  bool draining = false;  // the loop thread's: begin_drain() was called
   HttpServerOptions options;
   HttpHandler handler;
   std::atomic<size_t> connections{0};
+  std::atomic<size_t> responses_in_flight{0};
   uint64_t body_bytes_reserved =
       0;  // the loop thread's: what requests being read may hold (bodies_limit_bytes)
 };
@@ -74,6 +77,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     shared_->connections.fetch_add(1);
   }
   ~Session() {
+    response_done();
     release_body_bytes();
     shared_->connections.fetch_sub(1);
   }
@@ -87,10 +91,16 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     if (!reading_) read_some();
   }
 
+  // Closes an idle connection (waiting for its next request, nothing of it received): a drain's first step.
+  void close_if_idle() {
+    if (state_ == State::kAwaiting && buffer_.size() == 0) close();
+  }
+
   void close() {
     if (state_ == State::kClosed) return;
     const bool unfinished = state_ == State::kHandling || state_ == State::kStreaming;
     state_ = State::kClosed;
+    response_done();
     beast::error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
@@ -163,6 +173,21 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
  private:
   enum class State { kAwaiting, kReading, kHandling, kStreaming, kFinishing, kClosed };
 
+  // A request is being answered: counted in responses_in_flight until response_done().
+  void enter_handling() {
+    state_ = State::kHandling;
+    if (!counted_) {
+      counted_ = true;
+      shared_->responses_in_flight.fetch_add(1);
+    }
+  }
+  void response_done() {
+    if (counted_) {
+      counted_ = false;
+      shared_->responses_in_flight.fetch_sub(1);
+    }
+  }
+
   void arm_timer(int ms) {
     timer_.expires_after(std::chrono::milliseconds(ms));
     timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
@@ -233,7 +258,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
       if (std::optional<HttpResponse> answer = options.check_head(head_of(parser_->get()))) {
         keep_alive_ = false;  // its body is not read: the connection cannot serve another request
         head_request_ = parser_->get().method() == http::verb::head;
-        state_ = State::kHandling;
+        enter_handling();
         respond(std::move(*answer));
         return false;
       }
@@ -242,7 +267,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
                                               options.body_limit_bytes);
     if (shared_->body_bytes_reserved + bytes > options.bodies_limit_bytes) {
       keep_alive_ = false;
-      state_ = State::kHandling;
+      enter_handling();
       ApiError error;
       error.http_status = 503;
       error.type = "server_error";
@@ -282,8 +307,8 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
       return;
     }
     if (ec) {
-      if (ec != http::error::end_of_stream && ec != asio::error::eof && ec != asio::error::operation_aborted &&
-          ec != asio::error::connection_reset) {
+      if (ec != http::error::end_of_stream && ec != asio::error::eof &&
+          ec != asio::error::operation_aborted && ec != asio::error::connection_reset) {
         reject(400, fmt::format("malformed HTTP request: {}", ec.message()));
       } else {
         close();
@@ -296,8 +321,23 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     head_request_ = message.method() == http::verb::head;
     HttpRequest request = head_of(message);
     request.body = std::move(message.body());
-    state_ = State::kHandling;
+    enter_handling();
     on_disconnect_ = nullptr;
+    if (shared_->draining) {
+      keep_alive_ = false;
+      ApiError error;
+      error.http_status = 503;
+      error.type = "server_error";
+      error.code = "server_shutting_down";
+      error.message = "this server is shutting down; send the request again (to another server, or later)";
+      HttpResponse response;
+      response.status = 503;
+      response.body = to_json(error).dump();
+      response.headers.emplace_back("Retry-After", "1");
+      respond(std::move(response));
+      release_body_bytes();
+      return;
+    }
     // Watch the connection while the request is handled: a client that leaves before its answer (streamed or
     // not) cancels its request.
     if (!reading_ && buffer_.size() == 0) read_some();
@@ -308,7 +348,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   // Answers a request that could not be read with `status` and closes the connection.
   void reject(int status, std::string message) {
     keep_alive_ = false;
-    state_ = State::kHandling;
+    enter_handling();
     ApiError error;
     error.http_status = status;
     error.message = std::move(message);
@@ -340,24 +380,25 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     // A client that does not read what it asked for is cut off after the idle timeout without progress.
     arm_timer(shared_->options.idle_timeout_ms);
     asio::async_write(socket_, asio::buffer(out_.front()),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       if (ec || self->state_ == State::kClosed) {
-                         self->writing_ = false;
-                         self->out_.clear();
-                         self->queued_bytes_ = 0;
-                         self->close();
-                         return;
-                       }
-                       self->queued_bytes_ -= self->out_.front().size();
-                       self->out_.pop_front();
-                       self->write_next();
-                     });
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec || self->state_ == State::kClosed) {
+                          self->writing_ = false;
+                          self->out_.clear();
+                          self->queued_bytes_ = 0;
+                          self->close();
+                          return;
+                        }
+                        self->queued_bytes_ -= self->out_.front().size();
+                        self->out_.pop_front();
+                        self->write_next();
+                      });
   }
 
   // The response is out: serve the next request, or close.
   void finished() {
     on_disconnect_ = nullptr;
-    if (!keep_alive_ || shared_->stopped) {
+    response_done();
+    if (!keep_alive_ || shared_->stopped || shared_->draining) {
       close();
       return;
     }
@@ -381,6 +422,7 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
   bool http10_ = false;        // the request was HTTP/1.0: no chunked streams, no 100 Continue
   bool head_request_ = false;  // a HEAD request: headers only
   bool stream_headers_pending_ = false;
+  bool counted_ = false;  // in shared_->responses_in_flight
   std::deque<std::string> out_;
   size_t queued_bytes_ = 0;
   uint64_t body_bytes_reserved_ = 0;  // this request's share of shared_->body_bytes_reserved
@@ -467,18 +509,36 @@ class HttpServer::Impl {
     if (thread_.joinable()) thread_.join();
   }
 
+  void begin_drain() {
+    if (shared_->stopped) return;
+    std::promise<void> done;
+    asio::post(shared_->io, [this, &done] {
+      shared_->draining = true;
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+      accept_retry_.cancel();
+      for (auto& [raw, weak] : sessions_) {
+        if (auto s = weak.lock()) s->close_if_idle();
+      }
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+
   int port() const { return port_; }
   size_t connections() const { return shared_->connections.load(); }
+  size_t responses_in_flight() const { return shared_->responses_in_flight.load(); }
 
  private:
   void accept() {
     acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || shared_->stopped) return;  // closed by stop()
+      // closed by stop() or begin_drain()
+      if (ec == asio::error::operation_aborted || shared_->stopped || shared_->draining) return;
       if (ec) {
         // Out of file descriptors, say: try again shortly rather than never accept again.
         accept_retry_.expires_after(std::chrono::milliseconds(100));
         accept_retry_.async_wait([this](beast::error_code wait_ec) {
-          if (!wait_ec && !shared_->stopped) accept();
+          if (!wait_ec && !shared_->stopped && !shared_->draining) accept();
         });
         return;
       }
@@ -528,6 +588,12 @@ void HttpServer::stop() {
 }
 size_t HttpServer::connections() const {
   return impl_->connections();
+}
+void HttpServer::begin_drain() {
+  impl_->begin_drain();
+}
+size_t HttpServer::responses_in_flight() const {
+  return impl_->responses_in_flight();
 }
 
 }  // namespace crescent::serve

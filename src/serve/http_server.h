@@ -96,6 +96,15 @@ class HttpServer {
   int port() const;
   /// Closes the listener and every connection; idempotent.
   void stop();
+  /// Starts a graceful stop: the listener closes (new connections are refused, so a load balancer tries
+  /// another front end), idle keep-alive connections close, a request that arrives on a connection still
+  /// open is answered 503 (Retry-After: 1, code "server_shutting_down") and its connection closed, and the
+  /// responses under way go on to their end. Wait for responses_in_flight() to reach 0, then stop().
+  /// Idempotent; returns once the loop has done it.
+  void begin_drain();
+  /// Requests handed to the handler (or answered by the server itself) whose response has not been sent
+  /// whole yet.
+  size_t responses_in_flight() const;
   /// Connections open now.
   size_t connections() const;
 

@@ -175,6 +175,42 @@ TEST(ServeCluster, AKilledDecodeInstancesStreamsMoveAndGiveTheUndisturbedTokens)
     EXPECT_EQ(complete(cluster.port(), "rejoined " + std::to_string(i), 3).status, 200);
 }
 
+// SIGTERM to `crescent serve`: the Conductor drains its front end while the instances still serve, so a
+// stream under way finishes whole while new connections are refused; then everything stops, with status 0.
+TEST(ServeCluster, ASigtermFinishesTheStreamsUnderWayBeforeTheClusterStops) {
+  ServedCluster cluster;
+  ASSERT_GT(cluster.port(), 0) << cluster.log();
+  constexpr int64_t kTokens = 200;  // ~3 s at the mock's ~17 ms steps
+  Stream s;
+  std::thread client([&] { stream(cluster.port(), "drained", kTokens, s); });
+  while (s.live_tokens < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  bool clean = false;
+  std::thread stopper([&] { clean = cluster.stop(std::chrono::seconds(60), SIGTERM); });
+  // The Conductor's own log (the parent echoes it only once the Conductor has exited).
+  const std::string conductor_log = cluster.run_dir() + "/conductor.log";
+  auto conductor_says = [&](const std::string& text) {
+    std::ifstream in(conductor_log);
+    std::stringstream all;
+    all << in.rdbuf();
+    return all.str().find(text) != std::string::npos;
+  };
+  const auto give_up = Clock::now() + std::chrono::seconds(30);
+  while (!conductor_says("conductor: draining") && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(conductor_says("conductor: draining")) << cluster.log();
+  if (!s.done) {
+    EXPECT_EQ(complete(cluster.port(), "late", 3).status, 0) << "a new connection is refused";
+  }
+  client.join();
+  stopper.join();
+  EXPECT_TRUE(s.done) << "the stream ends with [DONE]";
+  EXPECT_EQ(s.error, "");
+  EXPECT_EQ(s.tokens, kTokens);
+  EXPECT_TRUE(clean) << cluster.log();
+  EXPECT_TRUE(conductor_says("conductor: drained; stopping")) << cluster.log();
+}
+
 // The Conductor is a supervised child like the others: killed, it is restarted on the same ports, the
 // instances find it again, and clients are served at the same URL.
 TEST(ServeCluster, AKilledConductorIsRestartedWhereEveryoneLooksForIt) {

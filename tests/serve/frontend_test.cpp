@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -631,6 +632,80 @@ TEST(HttpServer, AStreamWrittenFromAnotherThreadWhileItsHandlerRunsLosesNothing)
   auto res = client.Get("/");
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   EXPECT_EQ(res->body, "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+  (*server)->stop();
+}
+
+// A drain (SIGTERM on a front end): a stream under way goes on to its end and is counted until then, an idle
+// keep-alive connection is closed, a request still arriving on an open connection is answered 503 and its
+// connection closed, and a new connection is refused.
+TEST(HttpServer, ADrainFinishesWhatIsUnderWayAndTakesNothingNew) {
+  std::mutex mu;
+  std::vector<HttpResponder> streams;
+  auto server = HttpServer::start({.port = 0}, [&](HttpRequest request, HttpResponder responder) {
+    if (request.path == "/stream") {
+      responder.start_stream();
+      std::lock_guard lock(mu);
+      streams.push_back(responder);
+      return;
+    }
+    responder.respond({.status = 200, .content_type = "text/plain", .body = "ok", .headers = {}});
+  });
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  const int port = (*server)->port();
+  auto stream_count = [&] {
+    std::lock_guard lock(mu);
+    return streams.size();
+  };
+
+  const int streaming = raw_connect(port);  // a stream under way
+  const int idle = raw_connect(port);       // answered, then idle on keep-alive
+  const int arriving = raw_connect(port);   // a request half sent when the drain begins
+  ASSERT_TRUE(streaming >= 0 && idle >= 0 && arriving >= 0);
+  const std::string stream_request = post_bytes("{}", "HTTP/1.1", "POST", "/stream");
+  ASSERT_EQ(::send(streaming, stream_request.data(), stream_request.size(), 0),
+            static_cast<ssize_t>(stream_request.size()));
+  const std::string whole = post_bytes("{}", "HTTP/1.1", "POST", "/whole");
+  ASSERT_EQ(::send(idle, whole.data(), whole.size(), 0), static_cast<ssize_t>(whole.size()));
+  EXPECT_NE(read_until(idle, [](const std::string& t) { return t.ends_with("ok"); }).find("200 OK"),
+            std::string::npos);
+  const std::string half = whole.substr(0, 20);
+  ASSERT_EQ(::send(arriving, half.data(), half.size(), MSG_NOSIGNAL), static_cast<ssize_t>(half.size()));
+  for (int i = 0; i < 500 && stream_count() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(stream_count(), 1u);
+  // The whole answer is counted until its write completes, which may come just after the client read it.
+  for (int i = 0; i < 500 && (*server)->responses_in_flight() > 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ((*server)->responses_in_flight(), 1u);
+
+  // The server reads the half request at once; a connection with nothing read yet would count as idle.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  (*server)->begin_drain();
+  EXPECT_LT(raw_connect(port), 0);  // the listener is closed
+  char byte = 0;
+  EXPECT_EQ(::recv(idle, &byte, 1, 0), 0);  // closed, with nothing sent
+  const std::string rest = whole.substr(20);
+  ASSERT_EQ(::send(arriving, rest.data(), rest.size(), MSG_NOSIGNAL), static_cast<ssize_t>(rest.size()));
+  const std::string refused = read_until(arriving, [](const std::string&) { return false; });  // to the close
+  EXPECT_NE(refused.find("HTTP/1.1 503"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("server_shutting_down"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("Connection: close"), std::string::npos) << refused;
+  EXPECT_EQ(stream_count(), 1u);  // the handler never saw it
+  EXPECT_EQ((*server)->responses_in_flight(), 1u);
+
+  streams[0].write("data: still here\n\n");
+  streams[0].end();
+  const std::string streamed =
+      read_until(streaming, [](const std::string&) { return false; });  // to the close
+  EXPECT_NE(streamed.find("data: still here"), std::string::npos) << streamed;
+  EXPECT_NE(streamed.find("0\r\n\r\n"), std::string::npos) << streamed;  // the chunked stream's end
+  for (int i = 0; i < 500 && (*server)->responses_in_flight() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ((*server)->responses_in_flight(), 0u);
+  for (const int fd : {streaming, idle, arriving}) ::close(fd);
   (*server)->stop();
 }
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
 
 #include <chrono>
 #include <fstream>
@@ -36,7 +37,14 @@ class ServedCluster {
     std::smatch m;
     if (std::regex_search(*line, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) port_ = std::stoi(m[1]);
   }
-  ~ServedCluster() { process_->stop(std::chrono::seconds(10)); }
+  // SIGINT, as Ctrl-C: everything stops at once (SIGTERM would first let the Conductor finish its streams).
+  ~ServedCluster() { process_->stop(std::chrono::seconds(10), SIGINT); }
+
+  /// Stops `crescent serve` with `signal`, SIGKILL after `grace`; whether it then exited with status 0.
+  bool stop(std::chrono::milliseconds grace, int signal) {
+    process_->stop(grace, signal);
+    return process_->exited_cleanly();
+  }
 
   int port() const { return port_; }
   /// Its run directory (children's logs, the cluster secret).
