@@ -69,6 +69,8 @@ class LocalCluster::Impl final : public InstanceLinks {
       for (const auto& p : prefill_) gauges.requests_waiting += p->outstanding();
       gauges.prefill_instances_up = std::ssize(prefill_);  // in process, nothing goes down
       gauges.decode_instances_up = std::ssize(decode_);
+      // In process the Conductor reads every prefill instance's cache events as they happen, from the start.
+      gauges.prefill_caches_synced = gauges.prefill_instances_up;
     }
     return core_.metrics().scrape(gauges);
   }

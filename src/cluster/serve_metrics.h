@@ -27,8 +27,9 @@ struct LoadGauges {
   int64_t prefill_instances_up = 0;  // instances the Conductor may place on (crescent_instances_up{role})
   int64_t decode_instances_up = 0;
   /// Prefill instances up whose whole cache the Conductor has learned since they came up (their full KV
-  /// report: crescent_prefill_caches_synced); -1: not tracked (in process, router mode), and the gauge says
-  /// so.
+  /// report: crescent_prefill_caches_synced; in process, all of them); -1: not known (router mode: an
+  /// engine's events tell what it stores from the router's subscription on, not what it held before), and
+  /// the gauge says so.
   int64_t prefill_caches_synced = -1;
 
   /// Adds the decode pool's sums: its running and waiting requests, its usage (committed KV / capacity) and

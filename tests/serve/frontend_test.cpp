@@ -207,6 +207,7 @@ TEST_F(FrontendTest, MetricsFollowTheRequests) {
   EXPECT_EQ(metric("crescent_conductor_decision_seconds_count"), 2);
   EXPECT_EQ(metric(R"(vllm:num_requests_running{model_name="mock"})"), 0);
   EXPECT_GT(metric(R"(crescent_kv_transfer_bytes_total{kind="prefill_to_decode"})"), 0);
+  EXPECT_EQ(metric("crescent_prefill_caches_synced"), 2);  // in process, every prefill instance's
 }
 
 TEST_F(FrontendTest, BadRequestsGetTheRightStatusAndAJsonError) {
