@@ -266,18 +266,8 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     const uint64_t bytes = std::min<uint64_t>(parser_->content_length().value_or(options.body_limit_bytes),
                                               options.body_limit_bytes);
     if (shared_->body_bytes_reserved + bytes > options.bodies_limit_bytes) {
-      keep_alive_ = false;
-      enter_handling();
-      ApiError error;
-      error.http_status = 503;
-      error.type = "server_error";
-      error.code = "server_busy";
-      error.message = "the server is reading as many request bodies as it holds at once; try again shortly";
-      HttpResponse response;
-      response.status = 503;
-      response.body = to_json(error).dump();
-      response.headers.emplace_back("Retry-After", "1");
-      respond(std::move(response));
+      refuse_for_now("server_busy",
+                     "the server is reading as many request bodies as it holds at once; try again shortly");
       return false;
     }
     body_bytes_reserved_ = bytes;
@@ -324,17 +314,8 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     enter_handling();
     on_disconnect_ = nullptr;
     if (shared_->draining) {
-      keep_alive_ = false;
-      ApiError error;
-      error.http_status = 503;
-      error.type = "server_error";
-      error.code = "server_shutting_down";
-      error.message = "this server is shutting down; send the request again (to another server, or later)";
-      HttpResponse response;
-      response.status = 503;
-      response.body = to_json(error).dump();
-      response.headers.emplace_back("Retry-After", "1");
-      respond(std::move(response));
+      refuse_for_now("server_shutting_down",
+                     "this server is shutting down; send the request again (to another server, or later)");
       release_body_bytes();
       return;
     }
@@ -343,6 +324,23 @@ class HttpResponder::Session : public std::enable_shared_from_this<Session> {
     if (!reading_ && buffer_.size() == 0) read_some();
     shared_->handler(std::move(request), HttpResponder(shared_from_this()));
     release_body_bytes();  // the handler has read the body (and dropped it, or kept what it took)
+  }
+
+  // Answers 503 with Retry-After: 1 and error `code` (the server cannot take the request now; another try
+  // may succeed) and closes the connection.
+  void refuse_for_now(std::string code, std::string message) {
+    keep_alive_ = false;
+    enter_handling();
+    ApiError error;
+    error.http_status = 503;
+    error.type = "server_error";
+    error.code = std::move(code);
+    error.message = std::move(message);
+    HttpResponse response;
+    response.status = 503;
+    response.body = to_json(error).dump();
+    response.headers.emplace_back("Retry-After", "1");
+    respond(std::move(response));
   }
 
   // Answers a request that could not be read with `status` and closes the connection.
