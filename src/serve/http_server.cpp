@@ -495,9 +495,7 @@ class HttpServer::Impl {
   void stop() {
     if (shared_->stopped.exchange(true)) return;
     asio::post(shared_->io, [this] {
-      beast::error_code ignored;
-      acceptor_.close(ignored);
-      accept_retry_.cancel();
+      close_listener();
       for (auto& [raw, weak] : sessions_) {
         if (auto s = weak.lock()) s->close();
       }
@@ -512,9 +510,7 @@ class HttpServer::Impl {
     std::promise<void> done;
     asio::post(shared_->io, [this, &done] {
       shared_->draining = true;
-      beast::error_code ignored;
-      acceptor_.close(ignored);
-      accept_retry_.cancel();
+      close_listener();
       for (auto& [raw, weak] : sessions_) {
         if (auto s = weak.lock()) s->close_if_idle();
       }
@@ -528,6 +524,13 @@ class HttpServer::Impl {
   size_t responses_in_flight() const { return shared_->responses_in_flight.load(); }
 
  private:
+  // No more connections: the acceptor closes (its pending accept ends aborted) and a retry waiting is off.
+  void close_listener() {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+    accept_retry_.cancel();
+  }
+
   void accept() {
     acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
       // closed by stop() or begin_drain()

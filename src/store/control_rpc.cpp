@@ -32,10 +32,9 @@ constexpr size_t kHeaderBytes = 16;
 // its bytes actually arrive.
 constexpr size_t kBodyChunkBytes = 1 << 20;
 // A caller alone on its channel polls the socket this long for its reply before it sleeps in poll(): on
-// this project's 2-core VM a sleeping thread takes ~10 us more to wake than the master takes to answer a
-// metadata call (a loopback ping-pong: 31k round trips/s with both sides sleeping, 46k with the caller
-// polling). Not with other calls in flight, where polling would take CPU from the threads doing work; nor
-// on the server, for the same reason (docs/benchmarks.md, "Metadata calls from one thread").
+// this project's 2-core VM waking a sleeping thread is a large part of a metadata call's round trip. Not
+// with other calls in flight, where polling would take CPU from the threads doing work; nor on the server,
+// for the same reason (docs/benchmarks.md, "Metadata calls from one thread").
 constexpr auto kPollBeforeSleeping = std::chrono::microseconds(25);
 
 /// Returns once `fd` has bytes to read (or is closed or failed), or `budget` has passed.
