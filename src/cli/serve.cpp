@@ -627,9 +627,6 @@ int run_router_role(const ServeArgs& args) {
   if (!s.ok()) return fail(s.status());
   s->cluster.model_name = engines->front().model;
   s->cluster.block_size_tokens = engines->front().block_size_tokens;
-  // Engines cannot fetch a prefix from each other: Algorithm 1 over local prefixes (router.h).
-  if (s->cluster.config.serve.policy == conductor::PrefillPolicy::kGlobalCacheAware)
-    s->cluster.config.serve.policy = conductor::PrefillPolicy::kCacheAware;
   const sigset_t signals = block_stop_signals();
 
   serve::FrontendOptions frontend{
@@ -657,13 +654,20 @@ int run_router_role(const ServeArgs& args) {
   options.etcd_endpoint = args.etcd;
   options.etcd_prefix = args.etcd_prefix;
   options.startup_timeout_s = args.engines_wait_s;
+  const conductor::PrefillPolicy policy = router::placement_policy(options);
+  std::string placed_by(conductor::to_string(policy));
+  if (policy != options.config.serve.policy) {
+    placed_by = fmt::format("{} ({} without a kv_pool the engines share)", placed_by,
+                            conductor::to_string(options.config.serve.policy));
+  }
   auto router = router::Router::start(std::move(options));
   if (!router.ok()) return fail(router.status());
   const auto [prefill, decode] = (*router)->instances_up();
   return serve_http(
       args, *s, frontend, serve::make_router_frontend(**router, frontend), signals, "router",
-      fmt::format("router mode: {} engines from {} ({} prefill, {} decode), prompts tokenized by {}",
-                  engine_count, args.engines_file, prefill, decode, tokenizer_source));
+      fmt::format(
+          "router mode: {} engines from {} ({} prefill, {} decode), placed by {}, prompts tokenized by {}",
+          engine_count, args.engines_file, prefill, decode, placed_by, tokenizer_source));
 }
 
 // `crescent serve conductor`: the Conductor and HTTP front end alone; instances connect to --control.

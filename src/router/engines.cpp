@@ -66,9 +66,9 @@ Result<EngineEntry> engine_from_json(const nlohmann::json& j, const std::string&
     named = fmt::format("{} ('{}')", where, it->get<std::string>());
   }
   JsonFields f(j, named);
-  CRESCENT_RETURN_IF_ERROR(f.no_unknown_keys({"name", "url", "role", "model", "block_size", "kv_events",
-                                              "kv_replay", "profile", "cache_blocks", "kv_capacity_tokens",
-                                              "token_ids", "api_key_file"}));
+  CRESCENT_RETURN_IF_ERROR(
+      f.no_unknown_keys({"name", "url", "role", "model", "block_size", "kv_events", "kv_replay", "profile",
+                         "cache_blocks", "kv_capacity_tokens", "token_ids", "api_key_file", "kv_pool"}));
   CRESCENT_RETURN_IF_ERROR(f.no_missing_keys({"name", "url", "role", "model", "block_size"}));
   CRESCENT_RETURN_IF_ERROR(f.string("name", e.name));
   if (e.name.empty()) return Status::invalid_argument(fmt::format("{}: field 'name' is empty", named));
@@ -112,6 +112,7 @@ Result<EngineEntry> engine_from_json(const nlohmann::json& j, const std::string&
     e.token_ids = it->get<bool>();
   }
   CRESCENT_RETURN_IF_ERROR(f.string("api_key_file", e.api_key_file, false));
+  CRESCENT_RETURN_IF_ERROR(f.string("kv_pool", e.kv_pool, false));
   return e;
 }
 
@@ -128,6 +129,7 @@ nlohmann::json to_json(const EngineEntry& e) {
   if (e.kv_capacity_tokens > 0) j["kv_capacity_tokens"] = e.kv_capacity_tokens;
   if (!e.token_ids) j["token_ids"] = false;
   if (!e.api_key_file.empty()) j["api_key_file"] = e.api_key_file;
+  if (!e.kv_pool.empty()) j["kv_pool"] = e.kv_pool;
   return j;
 }
 
@@ -150,6 +152,12 @@ Status check_engines(const std::vector<EngineEntry>& engines, const std::string&
     if (e.model != first.model) {
       return Status::invalid_argument(fmt::format("{}: model '{}' differs from engine '{}''s '{}'", named,
                                                   e.model, first.name, first.model));
+    }
+    if (e.kv_pool != first.kv_pool) {
+      // The Conductor prices a fetch from any engine's prefix for every engine, or for none.
+      return Status::invalid_argument(fmt::format(
+          "{}: kv_pool '{}' differs from engine '{}''s '{}' (the engines share one KV pool, or none does)",
+          named, e.kv_pool, first.name, first.kv_pool));
     }
     (e.role == EngineRole::kBoth ? both : e.role == EngineRole::kPrefill ? prefill : decode)++;
   }

@@ -5,7 +5,9 @@
 // Optional per entry: "profile" (a `crescent profile --url` file: the engine's cost model),
 // "cache_blocks" (its prefix cache size, for tracking it without KV events; default: what its /metrics
 // says), "kv_capacity_tokens" (its KV cache in tokens; default: its /metrics), "token_ids" (false: it takes
-// completions prompts as text only; default true), "api_key_file" (a file holding the engine's API key).
+// completions prompts as text only; default true), "api_key_file" (a file holding the engine's API key),
+// "kv_pool" (the name of a KV pool the engine's connector shares with the other engines, as vLLM with
+// LMCache's connector does: a prefix one engine computed, another loads from it).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,7 @@ struct EngineEntry {
   int64_t kv_capacity_tokens = 0;  // KV cache size in tokens; 0: from its /metrics
   bool token_ids = true;           // its /v1/completions takes prompts as token ids
   std::string api_key_file;        // empty: the engine asks for no key
+  std::string kv_pool;             // the KV pool its connector shares with other engines; empty: none
 };
 
 /// Reads one entry (a JSON object); `where` names it in errors ("engines.json: engines[2]"). Errors
@@ -50,8 +53,9 @@ Result<EngineEntry> engine_from_json(const nlohmann::json& j, const std::string&
 nlohmann::json to_json(const EngineEntry& entry);
 
 /// Reads every entry of an engines file (`{"engines": [...]}`, or the array alone) and checks them together:
-/// names unique, one block size and one model for all, and the roles making a cluster (every engine
-/// `both`, or at least one prefill and one decode engine and no `both`). Errors name the file and entry.
+/// names unique, one block size, one model and one kv_pool (or none) for all, and the roles making a cluster
+/// (every engine `both`, or at least one prefill and one decode engine and no `both`). Errors name the file
+/// and entry.
 Result<std::vector<EngineEntry>> load_engines_file(const std::string& path);
 /// The checks load_engines_file makes across entries, for entries from anywhere (`where` names their source).
 Status check_engines(const std::vector<EngineEntry>& engines, const std::string& where);

@@ -307,11 +307,8 @@ class Router::Impl final : private cluster::PlacementDriver {
   // ---- Placement -----------------------------------------------------------------------------------
 
   conductor::ConductorOptions conductor_options() const {
-    conductor::PrefillPolicy policy = options_.config.serve.policy;
-    // Engines cannot fetch a prefix from each other: Algorithm 1 over local prefixes.
-    if (policy == conductor::PrefillPolicy::kGlobalCacheAware) policy = conductor::PrefillPolicy::kCacheAware;
-    conductor::ConductorOptions o =
-        cluster::conductor_options(options_.config, policy, options_.config.serve.admission, block_size());
+    conductor::ConductorOptions o = cluster::conductor_options(options_.config, placement_policy(options_),
+                                                               options_.config.serve.admission, block_size());
     o.prefill_chunk_tokens = 0;  // an engine's chunking is its own: one prefill, as its profile timed it
     o.prefix_cache_in_hbm = true;  // an engine's prefix cache is in its GPUs' memory
     return o;
@@ -436,8 +433,8 @@ class Router::Impl final : private cluster::PlacementDriver {
     r.prefill_done = true;
     // Counted once a prefill ran, as the engine counts it: a request placed again after its engine failed
     // counts once, with the prefix of where it ran.
-    metrics_.observe_prefix(static_cast<int64_t>(r.request.prompt_token_ids.size()), r.decision.local_prefix_tokens,
-                            0);
+    metrics_.observe_prefix(static_cast<int64_t>(r.request.prompt_token_ids.size()),
+                            r.decision.local_prefix_tokens, r.decision.fetched_prefix_tokens);
     Engine& p = engines_[r.prefill_engine];
     if (p.up && p.prefill) {
       if (p.cache && p.cache->tracking() == CacheTracking::kApproximate) {
@@ -1228,6 +1225,15 @@ class Router::Impl final : private cluster::PlacementDriver {
   std::atomic<bool> stopping_{false};
   std::thread poll_thread_, kv_thread_, registry_thread_;
 };
+
+conductor::PrefillPolicy placement_policy(const RouterOptions& options) {
+  // check_engines: every engine names the same kv_pool, or none does.
+  if (options.config.serve.policy == conductor::PrefillPolicy::kGlobalCacheAware &&
+      (options.engines.empty() || options.engines.front().kv_pool.empty())) {
+    return conductor::PrefillPolicy::kCacheAware;
+  }
+  return options.config.serve.policy;
+}
 
 Result<std::unique_ptr<Router>> Router::start(RouterOptions options) {
   CRESCENT_RETURN_IF_ERROR(check_engines(options.engines, "router"));

@@ -31,8 +31,8 @@ namespace crescent::router {
 struct RouterOptions {
   /// The engines at start (an engines file: check_engines holds for them).
   std::vector<EngineEntry> engines;
-  /// SLOs, policy (global-cache-aware is taken as cache-aware: engines cannot fetch each other's KV) and
-  /// admission (config.serve), and the model and hardware of the cost model of engines without a profile.
+  /// SLOs, policy (placement_policy says which runs) and admission (config.serve), and the model and
+  /// hardware of the cost model of engines without a profile.
   cluster::ClusterConfig config;
   /// The cost model of engines whose entry names no profile (`crescent profile --url`); none: the config's
   /// model and hardware (its roofline, or its own profile, e.g. --profile). An entry's profile times that
@@ -52,6 +52,12 @@ struct RouterOptions {
   std::string etcd_endpoint;
   std::string etcd_prefix = "/crescent-serve";
 };
+
+/// The prefill policy the router places by: config.serve.policy, except that global-cache-aware is taken as
+/// cache-aware when the engines share no kv_pool (an engine cannot load a prefix another engine computed).
+/// With a pool, a prefix any engine holds (its KV events) is a fetch priced at the hardware's
+/// network_bytes_per_s (paper §4.2, Algorithm 1).
+conductor::PrefillPolicy placement_policy(const RouterOptions& options);
 
 /// Router mode's EngineRelay. Thread-safe.
 class Router final : public serve::EngineRelay {

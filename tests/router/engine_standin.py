@@ -8,16 +8,21 @@ shares no code with crescent:
   * a prefix cache of full blocks (LRU) whose changes go out as vLLM KV events (msgpack batches on a ZeroMQ PUB
     socket, a ROUTER socket replaying the buffered ones);
   * vLLM's NIXL-connector P/D handshake as its toy proxy drives it (kv_transfer_params), the KV "pull" being an
-    HTTP call between two stand-ins.
-Time is simulated with sleeps: one prefill at a time (FIFO), prefill_base_s + uncached tokens *
-prefill_s_per_token, then one token every decode_step_s. Tokens are a formula of the prompt, so tests know the
+    HTTP call between two stand-ins;
+  * with --kv-pool, a KV connector's shared store (LMCache's or Mooncake's): a prompt's blocks after its
+    locally cached ones are loaded from a pool stand-in (`engine_standin.py pool`) that every prefill writes to.
+Time is simulated with sleeps: one prefill at a time (FIFO), prefill_base_s + pool-loaded tokens *
+kv_pool_load_s_per_token + uncached tokens * prefill_s_per_token, then one token every decode_step_s. Tokens are a formula of the prompt, so tests know the
 answer in advance. Test hooks: GET /standin/stats, POST /standin/clear, --drop-batches (gaps on the PUB socket).
 
   /usr/bin/python3 engine_standin.py --model NAME [--host 127.0.0.1] [--port 0] [--role both|prefill|decode]
       [--block-size 16] [--cache-blocks 1024] [--vocab-size 128256] [--max-model-len 131072]
       [--prefill-s-per-token 0.0001] [--prefill-base-s 0.002] [--decode-step-s 0.005]
       [--kv-events on|off] [--kv-events-port 0] [--kv-replay-port 0] [--replay-buffer 1000]
-      [--drop-batches SEQS|every:N] [--engine-id ID] [--ready-file PATH]
+      [--drop-batches SEQS|every:N] [--kv-pool URL] [--kv-pool-load-s-per-token 0]
+      [--engine-id ID] [--ready-file PATH]
+  /usr/bin/python3 engine_standin.py pool [--host 127.0.0.1] [--port 0] [--capacity-blocks 1048576]
+      [--ready-file PATH]
 
 When ready it prints one JSON line {"http", "kv_events", "kv_replay", "pid"} (also written to --ready-file).
 SIGTERM or SIGINT: exit 0. See README.md next to this file.
@@ -26,9 +31,11 @@ import argparse
 import collections
 import dataclasses
 import hashlib
+import http.client
 import http.server
 import json
 import os
+import queue
 import select
 import signal
 import socket
@@ -37,6 +44,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 
@@ -275,6 +283,87 @@ class PrefixCache:
         self.blocks.clear()
 
 
+class KvPool:
+    """The shared KV pool of engines whose connector stores every prefill's blocks in it and loads a prompt's
+    next blocks from it on a local miss (vLLM with LMCache's or Mooncake's store connector): full blocks by the
+    stand-ins' hash, least recently used first, `capacity` blocks."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.blocks = collections.OrderedDict()
+        self.lock = threading.Lock()
+        self.counts = collections.Counter()
+
+    def look_up(self, hashes):
+        """How many of `hashes`, from the first on, the pool holds (touched as used)."""
+        with self.lock:
+            n = 0
+            while n < len(hashes) and hashes[n] in self.blocks:
+                self.blocks.move_to_end(hashes[n])
+                n += 1
+            self.counts["lookups"] += 1
+            self.counts["blocks_found"] += n
+            return n
+
+    def store(self, hashes):
+        with self.lock:
+            for h in hashes[-self.capacity:]:
+                self.blocks[h] = None
+                self.blocks.move_to_end(h)
+            while len(self.blocks) > self.capacity:
+                self.blocks.popitem(last=False)
+            self.counts["stores"] += 1
+
+    def stats(self):
+        with self.lock:
+            return {"blocks": len(self.blocks), **self.counts}
+
+
+class KvPoolClient:
+    """An engine's side of the pool: POST {url}/pool/lookup and /pool/store with {"hashes": [...]}, each
+    thread on a keep-alive connection of its own. Stores go out from a thread of their own, as a connector
+    saves KV without holding up the next prefill. A pool that does not answer is a miss (and counted), as a
+    connector whose store is down loads nothing."""
+
+    def __init__(self, url):
+        self.url = urllib.parse.urlsplit(url)
+        self.failures = 0
+        self.local = threading.local()
+        self.stores = queue.Queue()
+        threading.Thread(target=self._store_loop, daemon=True).start()
+
+    def _call(self, path, hashes):
+        body = json.dumps({"hashes": hashes}).encode()
+        for attempt in range(2):  # a kept-alive connection the pool closed meanwhile: once more on a new one
+            if getattr(self.local, "conn", None) is None:
+                self.local.conn = http.client.HTTPConnection(self.url.hostname, self.url.port,
+                                                             timeout=KV_PULL_TIMEOUT_S)
+            try:
+                self.local.conn.request("POST", path, body, {"Content-Type": "application/json"})
+                response = self.local.conn.getresponse()
+                answer = json.loads(response.read())
+                if response.status == 200:
+                    return answer
+                break
+            except (OSError, ValueError, http.client.HTTPException):
+                self.local.conn.close()
+                self.local.conn = None
+        self.failures += 1
+        return None
+
+    def look_up(self, hashes):
+        answer = self._call("/pool/lookup", hashes) if hashes else None
+        return answer["blocks"] if isinstance(answer, dict) and isinstance(answer.get("blocks"), int) else 0
+
+    def store(self, hashes):
+        if hashes:
+            self.stores.put(hashes)
+
+    def _store_loop(self):
+        while True:
+            self._call("/pool/store", self.stores.get())
+
+
 # ---- KV events -----------------------------------------------------------------------------------------------
 
 def parse_drops(spec):
@@ -429,6 +518,7 @@ class Engine:
         self.counts = collections.Counter()
         self.request_ids = collections.Counter()
         self.stopping = False
+        self.pool = KvPoolClient(cfg.kv_pool) if cfg.kv_pool else None
         self.worker = threading.Thread(target=self._prefill_loop, daemon=True)
         self.worker.start()
 
@@ -475,12 +565,29 @@ class Engine:
                 job = self.queue.popleft()
                 self.prefilling = True
                 job.cached_tokens = self._look_up(job.tokens, job.hashes)
-            time.sleep(self.cfg.prefill_base_s + (len(job.tokens) - job.cached_tokens) * self.cfg.prefill_s_per_token)
+            pooled = self._load_from_pool(job) if self.pool else 0
+            time.sleep(self.cfg.prefill_base_s + pooled * self.cfg.kv_pool_load_s_per_token +
+                       (len(job.tokens) - job.cached_tokens - pooled) * self.cfg.prefill_s_per_token)
+            job.cached_tokens += pooled
             with self.lock:
                 self._store(job.tokens, job.hashes)
                 self.counts["prefills"] += 1
                 self.prefilling = False
+            if self.pool:
+                self.pool.store(job.hashes)  # the connector saves the prompt's blocks once they are computed
             job.done.set()
+
+    def _load_from_pool(self, job):
+        """The prompt's tokens after its locally cached ones that the shared pool holds (whole blocks, at most
+        len - 1 tokens in all), counted as vLLM counts a connector's hits."""
+        bs = self.cfg.block_size
+        local_blocks = job.cached_tokens // bs
+        wanted = job.hashes[local_blocks:(len(job.tokens) - 1) // bs]
+        pooled = self.pool.look_up(wanted) * bs
+        with self.lock:
+            self.counts["external_prefix_queries"] += len(job.tokens) - job.cached_tokens
+            self.counts["external_prefix_hits"] += pooled
+        return pooled
 
     def _look_up(self, tokens, hashes):
         """(lock held) The prompt's cached tokens, counted in the prefix-cache and prompt counters."""
@@ -574,6 +681,9 @@ class Engine:
                     "remote_prefill_decodes": self.counts["remote_prefill_decodes"],
                     "prefix_queries_tokens": self.counts["prefix_queries"],
                     "prefix_hits_tokens": self.counts["prefix_hits"],
+                    "pool_queries_tokens": self.counts["external_prefix_queries"],
+                    "pool_hits_tokens": self.counts["external_prefix_hits"],
+                    "pool_failures": self.pool.failures if self.pool else 0,
                     "batches_published": published, "batches_dropped": dropped,
                     "cached_blocks": len(self.cache.blocks),
                     "aborted": self.counts["aborted"], "held_kv": len(self.held),
@@ -596,6 +706,11 @@ class Engine:
                  [(model, c["prefix_queries"])]),
                 ("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
                  [(model, c["prefix_hits"])]),
+                ("vllm:external_prefix_cache_queries_total", "counter",
+                 "Prompt tokens looked up in the KV connector's store after the prefix cache.",
+                 [(model, c["external_prefix_queries"])]),
+                ("vllm:external_prefix_cache_hits_total", "counter",
+                 "Prompt tokens loaded from the KV connector's store.", [(model, c["external_prefix_hits"])]),
                 ("vllm:prompt_tokens_total", "counter", "Prompt tokens processed.", [(model, c["prompt_tokens"])]),
                 ("vllm:generation_tokens_total", "counter", "Tokens generated.", [(model, c["generation_tokens"])]),
                 ("vllm:request_success_total", "counter", "Finished requests by finish reason.",
@@ -850,6 +965,36 @@ class _EventSink:
         self.handler._send_event(self.reply.token_chunk(text, "length" if self.sent == self.n_tokens else None))
 
 
+class PoolHandler(Handler):
+    """The KV pool stand-in's HTTP: POST /pool/lookup and /pool/store {"hashes": [...]}, GET /pool/stats."""
+    server_version = "kv-pool-standin"
+
+    def do_GET(self):
+        self._dispatch({"/health": Handler._health, "/pool/stats": PoolHandler._pool_stats})
+
+    def do_POST(self):
+        self._dispatch({"/pool/lookup": PoolHandler._lookup, "/pool/store": PoolHandler._store})
+
+    def _hashes(self, body):
+        try:
+            hashes = json.loads(body)["hashes"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise ApiError(400, "the body must be {\"hashes\": [...]}") from None
+        if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
+            raise ApiError(400, "'hashes' must be a list of integers", "hashes")
+        return hashes
+
+    def _lookup(self, body):
+        self._send_json(200, {"blocks": self.server.pool.look_up(self._hashes(body))})
+
+    def _store(self, body):
+        self.server.pool.store(self._hashes(body))
+        self._send_json(200, {})
+
+    def _pool_stats(self, _body):
+        self._send_json(200, self.server.pool.stats())
+
+
 class StandinServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # a router opening many connections at once must not hit the listen backlog
@@ -875,6 +1020,8 @@ def parse_args(argv):
     p.add_argument("--kv-replay-port", type=int, default=0)
     p.add_argument("--replay-buffer", type=int, default=1000)
     p.add_argument("--drop-batches", type=parse_drops, default=parse_drops(""))
+    p.add_argument("--kv-pool", help="URL of a KV pool stand-in (engine_standin.py pool) shared with others")
+    p.add_argument("--kv-pool-load-s-per-token", type=float, default=0.0)
     p.add_argument("--engine-id", default=f"standin-{os.getpid()}")
     p.add_argument("--ready-file")
     cfg = p.parse_args(argv)
@@ -895,7 +1042,30 @@ def announce(ready, ready_file):
     print(line, flush=True)
 
 
+def serve_pool(argv):
+    """`engine_standin.py pool [--host H] [--port P] [--capacity-blocks N] [--ready-file F]`: the shared KV pool
+    stand-ins name with --kv-pool. Announces {"http", "pid"}."""
+    p = argparse.ArgumentParser(prog="engine_standin.py pool", description="A KV pool shared by stand-ins.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--capacity-blocks", type=int, default=1 << 20)
+    p.add_argument("--ready-file")
+    cfg = p.parse_args(argv)
+    if cfg.capacity_blocks < 1:
+        p.error("--capacity-blocks must be positive")
+    server = StandinServer((cfg.host, cfg.port), PoolHandler)
+    server.pool = KvPool(cfg.capacity_blocks)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    announce({"http": f"http://{cfg.host}:{server.server_address[1]}", "pid": os.getpid()}, cfg.ready_file)
+    server.serve_forever(poll_interval=0.2)
+    server.server_close()
+    return 0
+
+
 def main(argv):
+    if argv and argv[0] == "pool":
+        return serve_pool(argv[1:])
     cfg = parse_args(argv)
     publisher = None
     if cfg.kv_events == "on":

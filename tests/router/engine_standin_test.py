@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Tests of the engine stand-in (engine_standin.py), each against real stand-in processes: the OpenAI API
 streamed and not, the metrics, the prefix cache, the KV events on PUB and their replay on ROUTER, eviction, the
-prefill queue's timing, client disconnects, and the P/D handshake between two stand-ins.
+prefill queue's timing, client disconnects, the P/D handshake between two stand-ins, and a KV pool they share.
 
   /usr/bin/python3 engine_standin_test.py [-v]
 """
@@ -507,6 +507,91 @@ class PdHandshakeTest(unittest.TestCase):
             answer = self.decode.post_json("/v1/completions", {"prompt": [5, 6, 7, 8, 9],
                                                                "kv_transfer_params": {**params, "remote_port": port}})
         self.assertEqual(answer[0], 500, answer)  # nobody listens there
+
+
+class KvPoolTest(unittest.TestCase):
+    """Two stand-ins sharing a pool stand-in (--kv-pool): what one computed, the other loads."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pool = Standin("pool")
+        pool_url = cls.pool.ready["http"]
+        cls.a = Standin("--model", "m", "--block-size", "4", "--kv-pool", pool_url, "--engine-id", "A",
+                        "--prefill-s-per-token", "0.001", "--kv-pool-load-s-per-token", "0.0002")
+        cls.b = Standin("--model", "m", "--block-size", "4", "--kv-pool", pool_url, "--engine-id", "B",
+                        "--prefill-s-per-token", "0.001", "--kv-pool-load-s-per-token", "0.0002")
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.a.stop() == 0 and cls.b.stop() == 0 and cls.pool.stop() == 0
+
+    def pool_stats(self):
+        return json.loads(self.pool.request("GET", "/pool/stats")[2])
+
+    def cached(self, standin, prompt):
+        status, body = standin.post_json("/v1/completions", {"prompt": prompt, "max_tokens": 1})
+        self.assertEqual(status, 200, body)
+        return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    def wait_for_pool_blocks(self, count):
+        deadline = time.time() + 5  # a stand-in stores in the pool from a thread of its own
+        while self.pool_stats()["blocks"] < count:
+            self.assertLess(time.time(), deadline, "the pool did not get the blocks")
+            time.sleep(0.02)
+
+    def test_a_prefix_computed_on_one_is_loaded_by_the_other(self):
+        base = self.pool_stats()["blocks"]
+        prompt = list(range(2000, 2402))  # 100 full blocks of 4, and 2 tokens
+        self.assertEqual(self.cached(self.a, prompt), 0)
+        self.wait_for_pool_blocks(base + 100)
+        before, _ = self.b.metrics()
+        sub = subscriber(self.b.ready["kv_events"])
+        self.assertEqual(self.cached(self.b, prompt), 400)  # all 100 blocks from the pool
+        after, _ = self.b.metrics()
+        label = '{model_name="m"}'
+        self.assertEqual(after["vllm:external_prefix_cache_queries_total" + label]
+                         - before["vllm:external_prefix_cache_queries_total" + label], 402)
+        self.assertEqual(after["vllm:external_prefix_cache_hits_total" + label]
+                         - before["vllm:external_prefix_cache_hits_total" + label], 400)
+        self.assertEqual(after["vllm:prefix_cache_hits_total" + label]
+                         - before["vllm:prefix_cache_hits_total" + label], 0)
+        # B now caches the loaded blocks itself, and says so as vLLM does.
+        _, events = batch(receive(sub))
+        self.assertEqual([e[0] for e in events], ["BlockStored"])
+        self.assertEqual(events[0][1], engine_standin.block_hashes(prompt, 4))
+        sub.close()
+        self.assertEqual(self.cached(self.b, prompt), 400)
+        self.assertEqual(self.b.stats()["pool_hits_tokens"], 400)  # the second time from its own cache
+
+    def test_the_pool_continues_a_local_prefix(self):
+        base = self.pool_stats()["blocks"]
+        shared = list(range(3000, 3040))  # 10 blocks
+        self.cached(self.b, shared)  # B has 10 blocks itself (and stores them in the pool)
+        self.wait_for_pool_blocks(base + 10)
+        longer = shared + list(range(5000, 5041))  # 10 more blocks, and 1 token
+        self.assertEqual(self.cached(self.a, longer), 40)  # B's 10 blocks, from the pool
+        self.wait_for_pool_blocks(base + 20)
+        before = self.b.stats()
+        self.assertEqual(self.cached(self.b, longer), 80)  # 10 blocks local, 10 from the pool
+        after = self.b.stats()
+        self.assertEqual(after["prefix_hits_tokens"] - before["prefix_hits_tokens"], 40)
+        self.assertEqual(after["pool_hits_tokens"] - before["pool_hits_tokens"], 40)
+        self.assertEqual(after["pool_queries_tokens"] - before["pool_queries_tokens"], 81 - 40)
+
+    def test_a_pool_that_is_gone_is_a_miss(self):
+        with socket_on_free_port() as port:
+            lone = Standin("--model", "m", "--block-size", "4", "--kv-pool", f"http://127.0.0.1:{port}")
+            try:
+                self.assertEqual(self.cached(lone, list(range(100, 140))), 0)
+                self.assertGreater(lone.stats()["pool_failures"], 0)
+            finally:
+                self.assertEqual(lone.stop(), 0)
+
+    def test_bad_pool_requests(self):
+        for body in (b"nope", {"hashes": "x"}, {"hashes": [1, "2"]}, {}):
+            status, _, data = self.pool.request("POST", "/pool/lookup", body)
+            self.assertEqual(status, 400, data)
+        self.assertEqual(self.pool.request("POST", "/pool/nothing", {"hashes": []})[0], 404)
 
 
 class socket_on_free_port:

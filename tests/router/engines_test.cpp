@@ -1,5 +1,7 @@
 // Router mode's pieces alone: the engines file, what an engine's KV events say it caches (under crescent's
 // own block keys), and what its /metrics say.
+#include "router/engines.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,7 @@
 #include "kv/block_key.h"
 #include "router/engine_cache.h"
 #include "router/engine_metrics.h"
-#include "router/engines.h"
+#include "router/router.h"
 
 namespace crescent::router {
 namespace {
@@ -42,6 +44,7 @@ TEST(Engines, AnEntryReadsBackAsItWasWritten) {
   j["profile"] = "p.json";
   j["cache_blocks"] = 4096;
   j["token_ids"] = false;
+  j["kv_pool"] = "lmcache";
   auto e = engine_from_json(j, "x");
   ASSERT_TRUE(e.ok()) << e.status().message();
   EXPECT_EQ(e->name, "gpu-0");
@@ -49,6 +52,7 @@ TEST(Engines, AnEntryReadsBackAsItWasWritten) {
   EXPECT_EQ(e->block_size_tokens, 16);
   EXPECT_EQ(e->cache_blocks, 4096);
   EXPECT_FALSE(e->token_ids);
+  EXPECT_EQ(e->kv_pool, "lmcache");
   EXPECT_EQ(to_json(*e), j);
 }
 
@@ -101,9 +105,28 @@ TEST(Engines, TheEnginesTogetherMakeOneCluster) {
   other = engine("b");
   other["model"] = "qwen";
   EXPECT_THAT(check({engine("a"), other}), HasSubstr("model 'qwen' differs from engine 'a''s 'llama'"));
+  other = engine("b");
+  other["kv_pool"] = "lmcache";
+  EXPECT_THAT(
+      check({engine("a"), other}),
+      HasSubstr("engines[1] ('b'): kv_pool 'lmcache' differs from engine 'a''s '' (the engines share one"));
+  json pooled = engine("a");
+  pooled["kv_pool"] = "lmcache";
+  EXPECT_EQ(check({pooled, other}), "");
   EXPECT_THAT(check({engine("a"), engine("p", "prefill")}), HasSubstr("either all colocated"));
   EXPECT_THAT(check({engine("p", "prefill")}), HasSubstr("1 prefill and 0 decode engines"));
   EXPECT_THAT(check({}), HasSubstr("no engines"));
+}
+
+TEST(Engines, GlobalCacheAwarePlacesByFetchesOnlyWhenTheEnginesShareAKvPool) {
+  RouterOptions options;
+  options.engines.push_back(*engine_from_json(engine("a"), "x"));
+  options.config.serve.policy = conductor::PrefillPolicy::kGlobalCacheAware;
+  EXPECT_EQ(placement_policy(options), conductor::PrefillPolicy::kCacheAware);
+  options.engines.front().kv_pool = "lmcache";
+  EXPECT_EQ(placement_policy(options), conductor::PrefillPolicy::kGlobalCacheAware);
+  options.config.serve.policy = conductor::PrefillPolicy::kLeastLoaded;
+  EXPECT_EQ(placement_policy(options), conductor::PrefillPolicy::kLeastLoaded);
 }
 
 TEST(Engines, AFileNamesItselfInItsErrors) {

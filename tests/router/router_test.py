@@ -36,6 +36,9 @@ BLOCK = 16
 
 # The stand-ins' timing, as standin-profile.json says it to the Conductor and the simulator.
 STANDIN_TIMING = ["--prefill-s-per-token", "0.0002", "--prefill-base-s", "0.002", "--decode-step-s", "0.005"]
+# A load from the shared pool at the network speed the Conductor prices a fetch at (standins.json's
+# network_bytes_per_s, 2 GB/s, over llama3-8b's 131,072 bytes of KV per token).
+POOL_LOAD = ["--kv-pool-load-s-per-token", str(131072 / 2e9)]
 # The trace slice every run replays: prompts a 32nd of the trace's, each 512-token hash id one 16-token block.
 TRACE_SLICE = ["--block-size", str(BLOCK), "--length-divisor", "32"]
 
@@ -70,17 +73,15 @@ def metric(text, name, **labels):
     return None
 
 
-class Standin:
-    """One engine stand-in process."""
+class StandinProcess:
+    """engine_standin.py with `args`, up once it wrote its ready file (self.ready, self.url)."""
 
-    def __init__(self, workdir, name, *extra):
+    def __init__(self, workdir, name, args):
         self.name = name
         ready = os.path.join(workdir, f"{name}.ready")
         self.log = open(os.path.join(workdir, f"{name}.log"), "w")
-        self.proc = subprocess.Popen(
-            ["/usr/bin/python3", STANDIN, "--model", MODEL, "--port", "0", "--block-size", str(BLOCK),
-             "--engine-id", name, "--ready-file", ready, *STANDIN_TIMING, *extra],
-            stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(["/usr/bin/python3", STANDIN, *args, "--ready-file", ready],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 20
         while not os.path.exists(ready):
             if self.proc.poll() is not None or time.time() > deadline:
@@ -89,16 +90,6 @@ class Standin:
         with open(ready) as f:
             self.ready = json.load(f)
         self.url = self.ready["http"]
-
-    def entry(self, role="both", events=True):
-        e = {"name": self.name, "url": self.url, "role": role, "model": MODEL, "block_size": BLOCK}
-        if events and self.ready["kv_events"]:
-            e["kv_events"] = self.ready["kv_events"]
-            e["kv_replay"] = self.ready["kv_replay"]
-        return e
-
-    def stats(self):
-        return http_json(self.url + "/standin/stats")
 
     def kill(self):
         if self.proc.poll() is None:
@@ -113,6 +104,36 @@ class Standin:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()
+
+
+class KvPool(StandinProcess):
+    """The KV pool stand-in engines share with --kv-pool (vLLM with a store connector)."""
+
+    def __init__(self, workdir, name="kv-pool"):
+        super().__init__(workdir, name, ["pool", "--port", "0"])
+
+    def stats(self):
+        return http_json(self.url + "/pool/stats")
+
+
+class Standin(StandinProcess):
+    """One engine stand-in process."""
+
+    def __init__(self, workdir, name, *extra):
+        super().__init__(workdir, name, ["--model", MODEL, "--port", "0", "--block-size", str(BLOCK),
+                                         "--engine-id", name, *STANDIN_TIMING, *extra])
+
+    def entry(self, role="both", events=True, kv_pool=None):
+        e = {"name": self.name, "url": self.url, "role": role, "model": MODEL, "block_size": BLOCK}
+        if kv_pool:
+            e["kv_pool"] = kv_pool
+        if events and self.ready["kv_events"]:
+            e["kv_events"] = self.ready["kv_events"]
+            e["kv_replay"] = self.ready["kv_replay"]
+        return e
+
+    def stats(self):
+        return http_json(self.url + "/standin/stats")
 
 
 class Router:
@@ -238,9 +259,10 @@ def simulate(policy, limit, time_scale):
 
 
 def standin_hit_ratio(standins):
-    hits = sum(s.stats()["prefix_hits_tokens"] for s in standins)
-    queries = sum(s.stats()["prefix_queries_tokens"] for s in standins)
-    return hits / queries
+    """Prompt tokens the stand-ins did not compute (their prefix caches' hits and their pool loads) over all."""
+    stats = [s.stats() for s in standins]
+    hits = sum(st["prefix_hits_tokens"] + st["pool_hits_tokens"] for st in stats)
+    return hits / sum(st["prefix_queries_tokens"] for st in stats)
 
 
 def router_hit_ratio(metrics_text):
@@ -283,22 +305,34 @@ class RouterTest(unittest.TestCase):
 
     def test_placing_by_estimated_ttft_beats_round_robin_and_least_loaded(self):
         """4 stand-ins, 600 requests: the prefix hits the stand-ins report under cache-aware placement are the
-        ones the router placed on, come within 15% of what the simulator predicts for the same Conductor (and
-        are compared with its global-cache-aware), and mean TTFT is lower than round-robin's and
-        least-loaded's."""
+        ones the router placed on, come within 15% of what the simulator predicts for the same Conductor, and
+        mean TTFT is lower than round-robin's and least-loaded's. Stand-ins sharing a KV pool, placed by
+        global-cache-aware, reach at least 90% of the simulator's global-cache-aware hits."""
         limit, time_scale = 600, 15
         results = {}
-        for policy in ["cache-aware", "round-robin", "least-loaded"]:
-            standins = self.start_standins(4, "--cache-blocks", "4096", prefix=policy)
-            router = self.start_router([s.entry() for s in standins], "--policy", policy)
+        for policy in ["cache-aware", "global-cache-aware", "round-robin", "least-loaded"]:
+            pool, extra, router_extra = None, ["--cache-blocks", "4096"], []
+            if policy == "global-cache-aware":
+                pool = KvPool(self.workdir)
+                self.standins.append(pool)
+                extra += ["--kv-pool", pool.url, *POOL_LOAD]
+                router_extra = ["--config", CONFIG]  # a fetch from the pool timed at its network_bytes_per_s
+            standins = self.start_standins(4, *extra, prefix=policy)
+            router = self.start_router([s.entry(kv_pool=pool and "standin-pool") for s in standins],
+                                       "--policy", policy, *router_extra)
             report = replay(router.url, limit, time_scale)
             live = report["policies"][0]
             self.assertEqual(live["completed"], limit, report.get("first_error"))
             results[policy] = {"ttft_mean_s": live["ttft_mean_s"], "hit_ratio": standin_hit_ratio(standins),
                                "client_hit_ratio": live["hit_ratio"],
-                               "router_hit_ratio": router_hit_ratio(router.metrics())}
+                               "router_hit_ratio": router_hit_ratio(router.metrics()), "pool_hit_ratio": 0.0}
+            if pool:
+                stats = [s.stats() for s in standins]
+                results[policy]["pool_hit_ratio"] = (sum(st["pool_hits_tokens"] for st in stats) /
+                                                     sum(st["prefix_queries_tokens"] for st in stats))
+                self.assertEqual(sum(st["pool_failures"] for st in stats), 0)
             router.stop()
-            for s in standins:
+            for s in standins + ([pool] if pool else []):
                 s.stop()
         predicted = {p: simulate(p, limit, time_scale) for p in ["cache-aware", "global-cache-aware"]}
         print(json.dumps({"live": results, "simulated": {p: {"ttft_mean_s": r["ttft_mean_s"],
@@ -317,6 +351,15 @@ class RouterTest(unittest.TestCase):
         self.assertLess(ca["ttft_mean_s"], results["round-robin"]["ttft_mean_s"])
         self.assertLess(ca["ttft_mean_s"], results["least-loaded"]["ttft_mean_s"])
         self.assertGreater(ca["hit_ratio"], results["round-robin"]["hit_ratio"])
+        # A shared pool: what one engine computed, another loads. The router placed by global-cache-aware
+        # (the pool priced as a fetch) and the engines' hits, their own and the pool's, are the simulator's.
+        gca = results["global-cache-aware"]
+        self.assertAlmostEqual(gca["hit_ratio"], gca["client_hit_ratio"], delta=0.005)
+        self.assertAlmostEqual(gca["hit_ratio"], gca["router_hit_ratio"], delta=0.005)
+        self.assertGreater(gca["pool_hit_ratio"], 0)
+        self.assertGreaterEqual(gca["hit_ratio"], 0.9 * predicted["global-cache-aware"]["hit_ratio"])
+        self.assertLess(gca["ttft_mean_s"], results["round-robin"]["ttft_mean_s"])
+        self.assertLess(gca["ttft_mean_s"], results["least-loaded"]["ttft_mean_s"])
 
 
     # ---- §3: KV events lost on the way ---------------------------------------------------------------
