@@ -3,7 +3,7 @@
 // request's blocks (times the replicas of each), never instances × cached blocks.
 #pragma once
 
-#include <boost/container/small_vector.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -35,6 +35,64 @@ struct PrefixMatch {
   /// (instance, run in blocks) of every instance with a non-empty run, by instance id. O(run_blocks.size()):
   /// for tests and reports, not for the Conductor's loops.
   std::vector<std::pair<InstanceId, int64_t>> matches() const;
+};
+
+/// The instances holding one block: up to two inline, more in an array of their own. 16 bytes, where
+/// boost::container::small_vector<InstanceId, 2> takes 32: an index of millions of blocks keeps one per
+/// block.
+class HolderList {
+ public:
+  HolderList() = default;
+  HolderList(HolderList&& other) noexcept : size_(other.size_), capacity_(other.capacity_), ids_(other.ids_) {
+    other.size_ = 0;
+    other.capacity_ = kInline;
+  }
+  HolderList& operator=(HolderList&& other) noexcept {
+    if (this != &other) {
+      release();
+      size_ = std::exchange(other.size_, 0);
+      capacity_ = std::exchange(other.capacity_, kInline);
+      ids_ = other.ids_;
+    }
+    return *this;
+  }
+  HolderList(const HolderList&) = delete;
+  HolderList& operator=(const HolderList&) = delete;
+  ~HolderList() { release(); }
+
+  const InstanceId* data() const { return on_heap() ? ids_.heap : ids_.inline_ids; }
+  InstanceId* data() { return on_heap() ? ids_.heap : ids_.inline_ids; }
+  uint32_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  InstanceId* begin() { return data(); }
+  InstanceId* end() { return data() + size_; }
+  InstanceId& back() { return data()[size_ - 1]; }
+  void push_back(InstanceId id) {
+    if (size_ == capacity_) grow();
+    data()[size_++] = id;
+  }
+  void pop_back() { --size_; }  // REQUIRES: !empty(); the room stays
+
+ private:
+  static constexpr uint32_t kInline = 2;
+  bool on_heap() const { return capacity_ > kInline; }
+  void grow() {
+    auto* heap = new InstanceId[capacity_ * 2];
+    std::copy_n(data(), size_, heap);
+    release();
+    ids_.heap = heap;
+    capacity_ *= 2;
+  }
+  void release() {
+    if (on_heap()) delete[] ids_.heap;
+  }
+
+  uint32_t size_ = 0;
+  uint32_t capacity_ = kInline;
+  union Ids {
+    InstanceId inline_ids[kInline];
+    InstanceId* heap;
+  } ids_{};
 };
 
 /// Map from block key to the instances holding a replica. Not thread-safe.
@@ -73,7 +131,7 @@ class BlockIndex {
 
  private:
   // Most blocks have one or two holders: kept inline, no allocation per block.
-  BlockMap<boost::container::small_vector<InstanceId, 2>> holders_;
+  BlockMap<HolderList> holders_;
   int64_t replicas_ = 0;
 };
 

@@ -32,6 +32,41 @@ TEST(BlockIndex, AddRemoveIsIdempotent) {
   EXPECT_EQ(index.replicas(), 0);
 }
 
+// A block's holders are kept two inline and more apart (HolderList): through adds and removes of up to 300
+// holders per key, a key's holders are what a std::vector kept the same way says, in the same order, and keys
+// whose lists moved (the map's tables growing and shifting on erase) keep theirs.
+TEST(BlockIndex, HolderListsOfAnySizeStayExact) {
+  std::mt19937 rng(5);
+  BlockIndex index;
+  std::vector<std::vector<InstanceId>> reference(2000);
+  for (int step = 0; step < 300'000; ++step) {
+    const auto key = static_cast<BlockKey>(rng() % reference.size());
+    // Key k has up to 1 + k % 300 holders: most keys have several, some hundreds.
+    const auto holder = static_cast<InstanceId>(rng() % (1 + key % 300));
+    auto& want = reference[key];
+    auto pos = std::find(want.begin(), want.end(), holder);
+    if (rng() % 3 != 0) {
+      index.add(key, holder);
+      if (pos == want.end()) want.push_back(holder);
+    } else {
+      index.remove(key, holder);
+      if (pos != want.end()) {
+        *pos = want.back();  // the index's removal: the last holder takes the removed one's place
+        want.pop_back();
+      }
+    }
+  }
+  int64_t replicas = 0, blocks = 0;
+  for (size_t key = 0; key < reference.size(); ++key) {
+    const auto have = index.holders(key);
+    ASSERT_EQ(std::vector<InstanceId>(have.begin(), have.end()), reference[key]) << "key " << key;
+    replicas += static_cast<int64_t>(reference[key].size());
+    blocks += !reference[key].empty();
+  }
+  EXPECT_EQ(index.replicas(), replicas);
+  EXPECT_EQ(index.blocks(), blocks);
+}
+
 TEST(BlockIndex, MatchPrefixPerInstance) {
   BlockIndex index;
   // instance 0 holds 10,11,12; instance 1 holds 10,11; instance 2 holds 11,12 (no leading block); 3 holds 10.

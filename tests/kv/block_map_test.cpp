@@ -125,5 +125,48 @@ TEST(BlockMap, ReservedRoomTakesItsKeysWithoutGrowing) {
   }
 }
 
+// An empty map reserved for few keys uses few tables: room for n keys is then within about twice n (256
+// tables of their share and its spread took up to 3x for a prefill instance's few thousand blocks). Filled
+// to n it does not grow; filled far past it, it spreads over all tables and stays a map.
+TEST(BlockMap, AMapReservedForFewKeysIsSmallAndStillGrows) {
+  std::mt19937_64 rng(13);
+  for (const size_t n : {size_t{1}, size_t{1000}, size_t{5859}, size_t{30'000}}) {
+    BlockMap<uint64_t> map;
+    std::unordered_map<BlockKey, uint64_t> reference;
+    map.reserve(n);
+    const size_t slots = map.slot_count();
+    EXPECT_GE(slots * 7, n * 8) << n;
+    EXPECT_LE(slots, 2 * n * 8 / 7 + 64) << n << ": room beyond twice what n keys need";
+    std::vector<BlockKey> keys(n);
+    for (BlockKey& key : keys) key = rng();
+    for (BlockKey key : keys) {
+      ASSERT_TRUE(map.try_emplace(key, key ^ 1).second);
+      reference.emplace(key, key ^ 1);
+    }
+    EXPECT_EQ(map.slot_count(), slots) << n << " keys grew a reserved table";
+    // Far past the reservation, with erases among the inserts.
+    for (size_t i = 0; i < 20 * n + 40'000; ++i) {
+      const BlockKey key = rng();
+      if (i % 3 == 2) {
+        const BlockKey gone = reference.begin()->first;
+        ASSERT_TRUE(map.erase(gone));
+        reference.erase(gone);
+      }
+      ASSERT_TRUE(map.try_emplace(key, key ^ 1).second);
+      reference.emplace(key, key ^ 1);
+    }
+    ASSERT_EQ(map.size(), reference.size());
+    for (const auto& [key, value] : reference) {
+      const uint64_t* found = map.find(key);
+      ASSERT_NE(found, nullptr);
+      ASSERT_EQ(*found, value);
+    }
+    const std::map<BlockKey, uint64_t> want(reference.begin(), reference.end());
+    std::map<BlockKey, uint64_t> have;
+    map.for_each([&](BlockKey k, uint64_t v) { EXPECT_TRUE(have.emplace(k, v).second); });
+    EXPECT_EQ(have, want);
+  }
+}
+
 }  // namespace
 }  // namespace crescent::kv
