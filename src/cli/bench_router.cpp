@@ -19,6 +19,7 @@
 #include "cluster/serve_options.h"
 #include "common/bundled_files.h"
 #include "conductor/conductor.h"
+#include "router/router.h"
 
 namespace crescent::cli {
 namespace {
@@ -103,9 +104,10 @@ int run_bench_router(BenchRouterArgs& args) {
       {.policy = args.policy, .admission = args.admission, .block_size_tokens = 16});
   if (!setup.ok()) return fail(setup.status());
   o.config = setup->cluster.config;
-  // Engines cannot fetch a prefix from each other: Algorithm 1 over local prefixes (router.h, as serve does).
-  if (o.config.serve.policy == conductor::PrefillPolicy::kGlobalCacheAware)
-    o.config.serve.policy = conductor::PrefillPolicy::kCacheAware;
+  // The policy the router places by (router::placement_policy): the bench's stand-ins share no KV pool.
+  router::RouterOptions router_options;
+  router_options.config = o.config;
+  o.config.serve.policy = router::placement_policy(router_options);
   std::string tokenizer_source = "the prompt's bytes";
   if (!args.tokenizer_file.empty()) {
     auto loaded = model::load_huggingface_tokenizer(args.tokenizer_file, 0);  // checked once here

@@ -660,6 +660,7 @@ int run_router_role(const ServeArgs& args) {
     placed_by = fmt::format("{} ({} without a kv_pool the engines share)", placed_by,
                             conductor::to_string(options.config.serve.policy));
   }
+  s->cluster.config.serve.policy = policy;  // what the front end's start line names
   auto router = router::Router::start(std::move(options));
   if (!router.ok()) return fail(router.status());
   const auto [prefill, decode] = (*router)->instances_up();

@@ -39,14 +39,16 @@ struct PrefixMatch {
 
 /// The instances holding one block: up to two inline, more in an array of their own. 16 bytes, where
 /// boost::container::small_vector<InstanceId, 2> takes 32: an index of millions of blocks keeps one per
-/// block.
+/// block. Move-only (a moved-from list is empty); the room of an array is kept when ids are popped.
 class HolderList {
  public:
   HolderList() = default;
+  /// Takes `other`'s ids (and its array), leaving it empty.
   HolderList(HolderList&& other) noexcept : size_(other.size_), capacity_(other.capacity_), ids_(other.ids_) {
     other.size_ = 0;
     other.capacity_ = kInline;
   }
+  /// Frees this list's array, then takes `other`'s ids, leaving it empty. Self-assignment does nothing.
   HolderList& operator=(HolderList&& other) noexcept {
     if (this != &other) {
       release();
@@ -60,13 +62,18 @@ class HolderList {
   HolderList& operator=(const HolderList&) = delete;
   ~HolderList() { release(); }
 
+  /// The ids, size() of them, in the order push_back and the caller's writes left them.
   const InstanceId* data() const { return on_heap() ? ids_.heap : ids_.inline_ids; }
   InstanceId* data() { return on_heap() ? ids_.heap : ids_.inline_ids; }
   uint32_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   InstanceId* begin() { return data(); }
   InstanceId* end() { return data() + size_; }
+  const InstanceId* begin() const { return data(); }
+  const InstanceId* end() const { return data() + size_; }
+  /// The last id. REQUIRES: !empty().
   InstanceId& back() { return data()[size_ - 1]; }
+  /// Appends `id`, moving the ids to an array twice as large when the room is full.
   void push_back(InstanceId id) {
     if (size_ == capacity_) grow();
     data()[size_++] = id;
@@ -94,8 +101,9 @@ class HolderList {
     InstanceId* heap;
   } ids_{};
 };
+static_assert(sizeof(HolderList) == 16, "a HolderList is 16 bytes: one per indexed block");
 
-/// Map from block key to the instances holding a replica. Not thread-safe.
+/// Map from block key to the instances holding a replica. Not thread-safe; movable, not copyable.
 class BlockIndex {
  public:
   /// Records that `holder` caches `key`. Idempotent.

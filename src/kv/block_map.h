@@ -5,12 +5,11 @@
 // chasing (docs/benchmarks.md, "Router mode: routing overhead"). The keys are spread over 256 tables by their
 // hash, so a table that doubles rehashes 1/256 of the entries: growing never stalls the caller for long (one
 // table of half a million entries took 30 ms to double, a router's whole request path under its lock). A
-// small map (one prefill instance's cache: a few thousand blocks) uses one table, or as few as hold about
-// kKeysPerTable keys each when reserved, because 256 tables of a few keys each round up to much more room
-// than one table of them all (256 tables for 5,859 keys took 16,384 slots; one takes 8,192). It spreads over
-// all 256 when it grows to 7/8 of twice that share per table (one rehash of the whole map, at 7,168 entries
-// for a map that was not reserved). Block keys are hashes already: a multiplicative mix of one picks its
-// table and slot.
+// small map (one prefill instance's cache in a simulation: a few thousand blocks) uses one table, because 256
+// tables of a few keys each round up to much more room than one table of them all (256 tables for 5,859 keys
+// took 16,384 slots; one takes 8,192). It spreads over all 256 when it reaches kSpreadAtKeys (one rehash of
+// 7,168 entries, well under a millisecond), or when reserved for more. Block keys are hashes already: a
+// multiplicative mix of one picks its table and slot.
 #pragma once
 
 #include <array>
@@ -52,9 +51,7 @@ class BlockMap {
       ++size_;
       return {&*zero_, true};
     }
-    if (table_bits_ < kMaxTableBits && size_ >= (kKeysPerTable * 2 * 7 / 8) << table_bits_) {
-      spread_over(kMaxTableBits);
-    }
+    if (table_bits_ == 0 && size_ >= kSpreadAtKeys) spread_over_all_tables();
     auto inserted = table(key).try_emplace(key, mix(key), std::move(value));
     size_ += inserted.second;
     return inserted;
@@ -76,16 +73,16 @@ class BlockMap {
   /// Sizes the tables to hold `entries` keys in all (those already in included) without growing (a table gets
   /// its share and room for the spread of the hash), and writes their memory now: a map that fills up to a
   /// known size then takes neither a table's doubling nor a page fault while it is being used (each fault a
-  /// trip into the kernel). Room for fewer than 256 * kKeysPerTable keys is spread over fewer tables (at
-  /// least kKeysPerTable keys' share each); entries already in move to the tables their keys then pick.
-  /// Lookups and inserts behave the same; only the order of for_each changes.
+  /// trip into the kernel). Room for fewer than kOneTableKeys keys is one table; for more, 256 (entries
+  /// already in move to the tables their keys then pick). Lookups and inserts behave the same; only the order
+  /// of for_each changes.
   void reserve(size_t entries) {
-    int bits = 0;
-    while (bits < kMaxTableBits && (entries >> bits) > kKeysPerTable) ++bits;
-    if (size_ == 0) {
-      table_bits_ = bits;
-    } else if (bits > table_bits_) {
-      spread_over(bits);
+    if (entries > kOneTableKeys && table_bits_ == 0) {
+      spread_over_all_tables();
+    } else if (entries <= kOneTableKeys && size_ == 0 && table_bits_ != 0) {
+      for (Table& t : tables_)
+        t = Table{};  // an emptied map reserved small again: one table, its memory only
+      table_bits_ = 0;
     }
     const size_t tables = size_t{1} << table_bits_;
     const double share = static_cast<double>(entries) / static_cast<double>(tables);
@@ -122,9 +119,12 @@ class BlockMap {
   }
 
  private:
-  static constexpr BlockKey kEmpty = 0;          // marks a free slot; key 0 itself lives in zero_
-  static constexpr int kMaxTableBits = 8;        // 256 tables
-  static constexpr size_t kKeysPerTable = 4096;  // a reserved map's share per table, at fewest tables
+  static constexpr BlockKey kEmpty = 0;    // marks a free slot; key 0 itself lives in zero_
+  static constexpr int kMaxTableBits = 8;  // 256 tables
+  // A map of one table spreads over 256 when it reaches this many keys (7/8 of 8,192 slots), or when it is
+  // reserved for more than kOneTableKeys.
+  static constexpr size_t kSpreadAtKeys = 7168;
+  static constexpr size_t kOneTableKeys = 4096;
   struct Slot {
     BlockKey key = kEmpty;
     V value{};
@@ -218,23 +218,21 @@ class BlockMap {
   size_t table_of(uint64_t m) const { return static_cast<size_t>((m >> 1) >> (63 - table_bits_)); }
   Table& table(BlockKey key) { return tables_[table_of(mix(key))]; }
 
-  // Moves every entry into the table its key picks among 2^bits (a small map that grew, or is reserved for
-  // more). REQUIRES: bits > table_bits_.
-  void spread_over(int bits) {
+  // Moves every entry of the one table into the table its key picks among 256 (a small map that grew, or is
+  // reserved for more). REQUIRES: table_bits_ == 0.
+  void spread_over_all_tables() {
     std::vector<Slot> entries;
     entries.reserve(size_);
-    for (size_t t = 0; t < (size_t{1} << table_bits_); ++t) {
-      for (Slot& slot : tables_[t].slots) {
-        if (slot.key != kEmpty) entries.push_back(std::move(slot));
-      }
-      tables_[t] = Table{};
+    for (Slot& slot : tables_[0].slots) {
+      if (slot.key != kEmpty) entries.push_back(std::move(slot));
     }
-    table_bits_ = bits;
+    tables_[0] = Table{};
+    table_bits_ = kMaxTableBits;
     for (Slot& slot : entries) table(slot.key).try_emplace(slot.key, mix(slot.key), std::move(slot.value));
   }
 
   std::array<Table, size_t{1} << kMaxTableBits> tables_;
-  int table_bits_ = 0;  // tables in use: the first 2^table_bits_
+  int table_bits_ = 0;  // tables in use: the first 2^table_bits_ (0: one table, or 8: all 256)
   size_t size_ = 0;
   std::optional<V> zero_;
 };

@@ -34,12 +34,13 @@ TEST(BlockIndex, AddRemoveIsIdempotent) {
 
 // A block's holders are kept two inline and more apart (HolderList): through adds and removes of up to 300
 // holders per key, a key's holders are what a std::vector kept the same way says, in the same order, and keys
-// whose lists moved (the map's tables growing and shifting on erase) keep theirs.
+// whose lists moved (the map spreading from one table over 256 past 7,168 keys, its tables growing and
+// shifting on erase) keep theirs.
 TEST(BlockIndex, HolderListsOfAnySizeStayExact) {
   std::mt19937 rng(5);
   BlockIndex index;
-  std::vector<std::vector<InstanceId>> reference(2000);
-  for (int step = 0; step < 300'000; ++step) {
+  std::vector<std::vector<InstanceId>> reference(9000);
+  for (int step = 0; step < 400'000; ++step) {
     const auto key = static_cast<BlockKey>(rng() % reference.size());
     // Key k has up to 1 + k % 300 holders: most keys have several, some hundreds.
     const auto holder = static_cast<InstanceId>(rng() % (1 + key % 300));

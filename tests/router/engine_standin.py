@@ -326,8 +326,9 @@ class KvPoolClient:
     connector whose store is down loads nothing."""
 
     def __init__(self, url):
-        self.url = urllib.parse.urlsplit(url)
+        self.url = urllib.parse.urlsplit(url)  # checked by parse_args
         self.failures = 0
+        self.failures_lock = threading.Lock()  # the prefill worker and the store thread both count
         self.local = threading.local()
         self.stores = queue.Queue()
         threading.Thread(target=self._store_loop, daemon=True).start()
@@ -348,7 +349,8 @@ class KvPoolClient:
             except (OSError, ValueError, http.client.HTTPException):
                 self.local.conn.close()
                 self.local.conn = None
-        self.failures += 1
+        with self.failures_lock:
+            self.failures += 1
         return None
 
     def look_up(self, hashes):
@@ -1029,6 +1031,15 @@ def parse_args(argv):
         p.error("--block-size, --cache-blocks and --replay-buffer must be positive, --max-model-len at least 2")
     if not 256 <= cfg.vocab_size <= 2**32:
         p.error("--vocab-size must be in [256, 2^32] (string prompts are bytes)")
+    if cfg.kv_pool is not None:
+        try:
+            url = urllib.parse.urlsplit(cfg.kv_pool)
+            if url.scheme != "http" or not url.hostname or url.port is None:
+                raise ValueError
+        except ValueError:
+            p.error(f"--kv-pool must be http://HOST:PORT, not {cfg.kv_pool!r}")
+    if cfg.kv_pool_load_s_per_token < 0:
+        p.error("--kv-pool-load-s-per-token must be >= 0")
     return cfg
 
 

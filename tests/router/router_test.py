@@ -265,11 +265,13 @@ def standin_hit_ratio(standins):
     return hits / sum(st["prefix_queries_tokens"] for st in stats)
 
 
-def router_hit_ratio(metrics_text):
-    """The prefix the router placed requests on, as a share of their prompts (crescent_prefix_tokens_total)."""
+def router_prefix_shares(metrics_text):
+    """The prefix the router placed requests on, as shares of their prompts (crescent_prefix_tokens_total):
+    (local + fetched, fetched)."""
     tokens = {source: metric(metrics_text, "crescent_prefix_tokens_total", source=source)
               for source in ("local", "pool", "none")}
-    return (tokens["local"] + tokens["pool"]) / sum(tokens.values())
+    total = sum(tokens.values())
+    return (tokens["local"] + tokens["pool"]) / total, tokens["pool"] / total
 
 
 class RouterTest(unittest.TestCase):
@@ -323,9 +325,10 @@ class RouterTest(unittest.TestCase):
             report = replay(router.url, limit, time_scale)
             live = report["policies"][0]
             self.assertEqual(live["completed"], limit, report.get("first_error"))
+            router_hits, router_fetched = router_prefix_shares(router.metrics())
             results[policy] = {"ttft_mean_s": live["ttft_mean_s"], "hit_ratio": standin_hit_ratio(standins),
-                               "client_hit_ratio": live["hit_ratio"],
-                               "router_hit_ratio": router_hit_ratio(router.metrics()), "pool_hit_ratio": 0.0}
+                               "client_hit_ratio": live["hit_ratio"], "router_hit_ratio": router_hits,
+                               "pool_hit_ratio": 0.0, "router_fetched_ratio": router_fetched}
             if pool:
                 stats = [s.stats() for s in standins]
                 results[policy]["pool_hit_ratio"] = (sum(st["pool_hits_tokens"] for st in stats) /
@@ -356,6 +359,7 @@ class RouterTest(unittest.TestCase):
         gca = results["global-cache-aware"]
         self.assertAlmostEqual(gca["hit_ratio"], gca["client_hit_ratio"], delta=0.005)
         self.assertAlmostEqual(gca["hit_ratio"], gca["router_hit_ratio"], delta=0.005)
+        self.assertAlmostEqual(gca["pool_hit_ratio"], gca["router_fetched_ratio"], delta=0.005)
         self.assertGreater(gca["pool_hit_ratio"], 0)
         self.assertGreaterEqual(gca["hit_ratio"], 0.9 * predicted["global-cache-aware"]["hit_ratio"])
         self.assertLess(gca["ttft_mean_s"], results["round-robin"]["ttft_mean_s"])
