@@ -8,13 +8,14 @@ namespace {
 
 // Keys looked up this far ahead are prefetched: the index is megabytes, so each lookup would otherwise wait
 // on memory alone.
-constexpr int64_t kMatchPrefetchAhead = 8;
+constexpr int64_t kMatchPrefetchAhead = 16;
 
 }  // namespace
 
 void BlockIndex::add(BlockKey key, InstanceId holder) {
   auto& list = *holders_.try_emplace(key, {}).first;
   if (std::find(list.begin(), list.end(), holder) != list.end()) return;
+  key_changed(key);
   list.push_back(holder);
   ++replicas_;
 }
@@ -24,6 +25,7 @@ void BlockIndex::remove(BlockKey key, InstanceId holder) {
   if (list == nullptr) return;
   auto pos = std::find(list->begin(), list->end(), holder);
   if (pos == list->end()) return;
+  key_changed(key);
   *pos = list->back();
   list->pop_back();
   --replicas_;
@@ -42,7 +44,6 @@ std::span<const InstanceId> BlockIndex::holders(BlockKey key) const {
 }
 
 void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const {
-  std::fill(out.run_blocks.begin(), out.run_blocks.end(), 0);
   out.reaching.clear();
   out.best_blocks = 0;
   out.best_instance = 0;
@@ -50,6 +51,7 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
   // An instance whose run_blocks is j after step j - 1 holds keys 0..j-1; holding key j too makes it j + 1.
   // Step j touches the holders of key j only, and the walk ends at the first key that extends nobody's run.
   const auto n = static_cast<int64_t>(keys.size());
+  if (n == 0) std::fill(out.run_blocks.begin(), out.run_blocks.end(), 0);
   std::span<const InstanceId> last;  // holders of the last key that extended a run
   for (int64_t j = 0; j < std::min(n, kMatchPrefetchAhead); ++j) prefetch(keys[j]);
   for (int64_t j = 0; j < n; ++j) {
@@ -57,10 +59,19 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
     const auto holders_j = holders(keys[j]);
     int64_t extended = 0;
     if (j == 0) {  // every holder starts a run (a key's holders are distinct)
-      for (InstanceId inst : holders_j) {
-        if (inst >= out.run_blocks.size()) out.run_blocks.resize(static_cast<size_t>(inst) + 1, 0);
-        out.run_blocks[inst] = 1;
+      if (first_runs_.empty() || first_key_ != keys[0]) {
+        first_key_ = keys[0];
+        first_runs_.assign(out.run_blocks.size(), 0);
+        for (InstanceId inst : holders_j) {
+          if (inst >= first_runs_.size()) first_runs_.resize(static_cast<size_t>(inst) + 1, 0);
+          first_runs_[inst] = 1;
+        }
+        // Never empty once built, so empty means unknown: an instance id is always in range.
+        if (first_runs_.empty()) first_runs_.push_back(0);
       }
+      if (out.run_blocks.size() < first_runs_.size()) out.run_blocks.resize(first_runs_.size());
+      std::copy(first_runs_.begin(), first_runs_.end(), out.run_blocks.begin());
+      std::fill(out.run_blocks.begin() + static_cast<ptrdiff_t>(first_runs_.size()), out.run_blocks.end(), 0);
       extended = static_cast<int64_t>(holders_j.size());
     } else {
       for (InstanceId inst : holders_j) {

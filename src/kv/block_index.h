@@ -103,7 +103,8 @@ class HolderList {
 };
 static_assert(sizeof(HolderList) == 16, "a HolderList is 16 bytes: one per indexed block");
 
-/// Map from block key to the instances holding a replica. Not thread-safe; movable, not copyable.
+/// Map from block key to the instances holding a replica. Not thread-safe, const methods included
+/// (match_prefix keeps a cache); movable, not copyable.
 class BlockIndex {
  public:
   /// Records that `holder` caches `key`. Idempotent.
@@ -129,7 +130,9 @@ class BlockIndex {
 
   /// Per-instance leading-run match of `keys`. Overwrites `out` (keeping its run_blocks' size, zeroed, as
   /// the floor). Cost: zeroing run_blocks plus the holders of each key up to one past the longest run,
-  /// O(len(keys) × replicas per key); never instances × cached blocks.
+  /// O(len(keys) × replicas per key); never instances × cached blocks. The runs after the first key are
+  /// kept for the next match that starts with the same key (until its holders change), so a first block
+  /// every instance holds (a shared system prompt) costs a copy, not a write per holder.
   void match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const;
 
   /// Distinct keys held by at least one instance.
@@ -138,9 +141,18 @@ class BlockIndex {
   int64_t replicas() const { return replicas_; }
 
  private:
+  // Keeps first_runs_ current only while `key`'s holders stay as they were.
+  void key_changed(BlockKey key) {
+    if (key == first_key_) first_runs_.clear();
+  }
+
   // Most blocks have one or two holders: kept inline, no allocation per block.
   BlockMap<HolderList> holders_;
   int64_t replicas_ = 0;
+  // The dense runs (1 per holder, else 0) after matching first_key_, the first key of the last match;
+  // empty when not known (no match yet, or first_key_'s holders changed since).
+  mutable BlockKey first_key_ = 0;
+  mutable std::vector<int32_t> first_runs_;
 };
 
 }  // namespace crescent::kv

@@ -151,6 +151,41 @@ TEST(BlockIndex, MatchPrefixAgreesWithCheckingEachInstance) {
   }
 }
 
+// One index changing between matches, as the Conductor's does: most requests start with the same key
+// (a shared system prompt), whose holders the index keeps from one match to the next. After every add and
+// remove, of that key or others, each instance's run is still what holders() lists it for, whatever the
+// caller's run_blocks size.
+TEST(BlockIndex, MatchesStayExactAsTheSharedFirstKeysHoldersChange) {
+  std::mt19937 rng(11);
+  BlockIndex index;
+  PrefixMatch m;
+  constexpr uint32_t kInstances = 70;
+  for (int step = 0; step < 4000; ++step) {
+    const BlockKey first = rng() % 5 == 0 ? 7 : 1;  // mostly key 1 first; key 7 sometimes
+    std::vector<BlockKey> request{first};
+    for (size_t j = 1; j < 1 + rng() % 5; ++j) request.push_back(100 + rng() % 4 * 10 + j);
+    const auto instance = static_cast<InstanceId>(rng() % kInstances);
+    const BlockKey key = rng() % 2 == 0 ? first : request.back();
+    if (rng() % 3 == 0) {
+      index.remove(key, instance);
+    } else {
+      index.add(key, instance);
+    }
+    if (rng() % 8 == 0) m.run_blocks.assign(rng() % (2 * kInstances), 0);  // a caller's floor, or none
+    index.match_prefix(request, m);
+    for (InstanceId i = 0; i < kInstances; ++i) {
+      int64_t run = 0;
+      while (run < static_cast<int64_t>(request.size())) {
+        auto h = index.holders(request[static_cast<size_t>(run)]);
+        if (std::find(h.begin(), h.end(), i) == h.end()) break;
+        ++run;
+      }
+      ASSERT_EQ(m.blocks_of(i), run) << "step " << step << " instance " << i;
+    }
+    for (size_t i = kInstances; i < m.run_blocks.size(); ++i) ASSERT_EQ(m.run_blocks[i], 0);
+  }
+}
+
 TEST(BlockIndex, FollowsCacheEvents) {
   BlockCache cache(2);
   BlockIndex index;
