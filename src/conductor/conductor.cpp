@@ -120,13 +120,6 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
-// max(queue_s, floor_s) as one max instruction: `a > b ? a : b` is what x86's maxsd computes, where
-// std::max's `a < b ? b : a` compiles to a compare and a branch that mispredicts across idle and busy
-// instances. They differ only in which zero they return for zeros of opposite sign, which compare equal.
-inline double at_least(double queue_s, double floor_s) {
-  return queue_s > floor_s ? queue_s : floor_s;
-}
-
 // Sets scores[i] = score(i) for every i and returns the lowest, kept as eight running minima: one would be a
 // chain of dependent compares, four cycles each, across a thousand instances.
 template <typename ScoreFn>
@@ -208,11 +201,13 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
       return evaluate(i, local_blocks[i], local_blocks[i], request, queue_s(i));
     }
     case PrefillPolicy::kLeastLoaded: {
+      // std::max(x, 0.0), not queue_s's std::max(0.0, x): the same order, and the compiler makes it a max
+      // instruction, not a branch that mispredicts across idle and busy instances.
       const double lowest =
           up.empty()
-              ? fill_scores(scores_, [&](InstanceId i) { return at_least(busy_until[i] - now_s, 0.0); })
+              ? fill_scores(scores_, [&](InstanceId i) { return std::max(busy_until[i] - now_s, 0.0); })
               : fill_scores(scores_, [&](InstanceId i) {
-                  return up[i] != 0 ? at_least(busy_until[i] - now_s, 0.0) : kInfinity;
+                  return up[i] != 0 ? std::max(busy_until[i] - now_s, 0.0) : kInfinity;
                 });
       const InstanceId best = *pick_lowest(scores_, lowest, prefill_history_);
       return evaluate(best, local_blocks[best], local_blocks[best], request, queue_s(best));
@@ -266,12 +261,12 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     if (up.empty()) {
       lowest = fill_scores(scores_, [&](InstanceId i) {
         const int32_t local = local_blocks[i];
-        return at_least(busy_until[i] - now_s, floor[local]) + cost[local];
+        return std::max(busy_until[i] - now_s, floor[local]) + cost[local];
       });
     } else {
       lowest = fill_scores(scores_, [&](InstanceId i) {
         const int32_t local = local_blocks[i];
-        return at_least(up[i] != 0 ? busy_until[i] - now_s : kInfinity, floor[local]) + cost[local];
+        return std::max(up[i] != 0 ? busy_until[i] - now_s : kInfinity, floor[local]) + cost[local];
       });
     }
   }

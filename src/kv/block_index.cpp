@@ -8,7 +8,19 @@ namespace {
 
 // Keys looked up this far ahead are prefetched: the index is megabytes, so each lookup would otherwise wait
 // on memory alone.
-constexpr int64_t kMatchPrefetchAhead = 16;
+constexpr int64_t kMatchPrefetchAhead = 8;
+
+// A first key with this many holders or more has its runs kept for the next match (a copy of run_blocks,
+// where writing fewer holders' runs costs less than that copy).
+constexpr size_t kKeepFirstRunsFromHolders = 64;
+
+// Sets runs[i] = 1 for each holder i, growing `runs` (with zeros) to cover the largest id.
+void write_first_runs(std::span<const InstanceId> holders, std::vector<int32_t>& runs) {
+  for (InstanceId inst : holders) {
+    if (inst >= runs.size()) runs.resize(static_cast<size_t>(inst) + 1, 0);
+    runs[inst] = 1;
+  }
+}
 
 }  // namespace
 
@@ -59,19 +71,20 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
     const auto holders_j = holders(keys[j]);
     int64_t extended = 0;
     if (j == 0) {  // every holder starts a run (a key's holders are distinct)
-      if (first_runs_.empty() || first_key_ != keys[0]) {
-        first_key_ = keys[0];
-        first_runs_.assign(out.run_blocks.size(), 0);
-        for (InstanceId inst : holders_j) {
-          if (inst >= first_runs_.size()) first_runs_.resize(static_cast<size_t>(inst) + 1, 0);
-          first_runs_[inst] = 1;
+      if (holders_j.size() < kKeepFirstRunsFromHolders) {
+        std::fill(out.run_blocks.begin(), out.run_blocks.end(), 0);
+        write_first_runs(holders_j, out.run_blocks);
+      } else {
+        if (first_runs_.empty() || first_key_ != keys[0]) {
+          first_key_ = keys[0];
+          first_runs_.assign(out.run_blocks.size(), 0);
+          write_first_runs(holders_j, first_runs_);  // not empty: it now covers the holders' ids
         }
-        // Never empty once built, so empty means unknown: an instance id is always in range.
-        if (first_runs_.empty()) first_runs_.push_back(0);
+        if (out.run_blocks.size() < first_runs_.size()) out.run_blocks.resize(first_runs_.size());
+        std::copy(first_runs_.begin(), first_runs_.end(), out.run_blocks.begin());
+        std::fill(out.run_blocks.begin() + static_cast<ptrdiff_t>(first_runs_.size()), out.run_blocks.end(),
+                  0);
       }
-      if (out.run_blocks.size() < first_runs_.size()) out.run_blocks.resize(first_runs_.size());
-      std::copy(first_runs_.begin(), first_runs_.end(), out.run_blocks.begin());
-      std::fill(out.run_blocks.begin() + static_cast<ptrdiff_t>(first_runs_.size()), out.run_blocks.end(), 0);
       extended = static_cast<int64_t>(holders_j.size());
     } else {
       for (InstanceId inst : holders_j) {

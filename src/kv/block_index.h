@@ -128,11 +128,12 @@ class BlockIndex {
   /// Instances holding `key` (empty if none), in insertion order.
   std::span<const InstanceId> holders(BlockKey key) const;
 
-  /// Per-instance leading-run match of `keys`. Overwrites `out` (keeping its run_blocks' size, zeroed, as
-  /// the floor). Cost: zeroing run_blocks plus the holders of each key up to one past the longest run,
-  /// O(len(keys) × replicas per key); never instances × cached blocks. The runs after the first key are
-  /// kept for the next match that starts with the same key (until its holders change), so a first block
-  /// every instance holds (a shared system prompt) costs a copy, not a write per holder.
+  /// Per-instance leading-run match of `keys`. Overwrites `out`; run_blocks keeps at least its size (the
+  /// caller's floor) and may come back longer (zeros past the largest holder id). Cost: one pass over
+  /// run_blocks plus the holders of each key up to one past the longest run, O(len(keys) × replicas per
+  /// key); never instances × cached blocks. When the first key has many holders (a shared system prompt
+  /// every instance holds), its runs are kept for the next match that starts with it (until its holders
+  /// change), and that pass is a copy instead of a write per holder.
   void match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) const;
 
   /// Distinct keys held by at least one instance.
@@ -149,8 +150,9 @@ class BlockIndex {
   // Most blocks have one or two holders: kept inline, no allocation per block.
   BlockMap<HolderList> holders_;
   int64_t replicas_ = 0;
-  // The dense runs (1 per holder, else 0) after matching first_key_, the first key of the last match;
-  // empty when not known (no match yet, or first_key_'s holders changed since).
+  // The dense runs (1 per holder, else 0) after matching first_key_, the first key of the last match with
+  // many holders; empty when not known (none yet, or first_key_'s holders changed since), never empty once
+  // built (first_key_ has holders).
   mutable BlockKey first_key_ = 0;
   mutable std::vector<int32_t> first_runs_;
 };
