@@ -1,8 +1,10 @@
 // Conductor decision throughput: Conductor::schedule for the conversation trace's requests against 16, 128
 // and 1,024 prefill instances (and 16 decode instances) whose prefix caches index 1M distinct blocks, for
 // least-loaded and global-cache-aware. Goal (issue 26): 1,000,000 decisions/s at 1,024 instances for
-// global-cache-aware on one core; docs/benchmarks.md has the figures. Baseline in the same process: the
-// prefix match alone (BlockIndex::match_prefix), the part that must not grow with instances × cached blocks.
+// global-cache-aware on one core; docs/benchmarks.md has the figures. Baselines in the same process: each
+// decision with the Conductor's busy order (third argument 1, conductor/busy_order.h) and with the loop over
+// every instance it replaces (0); and the prefix match alone (BlockIndex::match_prefix), the part that must
+// not grow with instances × cached blocks.
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -72,6 +74,8 @@ void BM_ConductorDecision(benchmark::State& state) {
   const auto policy = static_cast<conductor::PrefillPolicy>(state.range(1));
   BenchCluster cluster(static_cast<uint32_t>(state.range(0)));
   conductor::Conductor conductor(cost_model(), {.policy = policy});
+  const bool busy_order = state.range(2) != 0;
+  conductor.set_busy_order_enabled(busy_order);
   const auto& trace = conversation();
   size_t r = 0;
   for (auto _ : state) {
@@ -80,14 +84,15 @@ void BM_ConductorDecision(benchmark::State& state) {
     benchmark::DoNotOptimize(
         conductor.schedule(cluster, {req.input_tokens, req.block_keys, req.output_tokens}, 5.0));
   }
-  state.SetLabel(std::string(conductor::to_string(policy)));
+  state.SetLabel(std::string(conductor::to_string(policy)) + (busy_order ? "" : ", loop (no busy order)"));
   state.counters["decisions/s"] =
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_ConductorDecision)
     ->ArgsProduct({{16, 128, 1024},
                    {static_cast<int64_t>(conductor::PrefillPolicy::kLeastLoaded),
-                    static_cast<int64_t>(conductor::PrefillPolicy::kGlobalCacheAware)}})
+                    static_cast<int64_t>(conductor::PrefillPolicy::kGlobalCacheAware)},
+                   {1, 0}})
     ->Unit(benchmark::kMicrosecond);
 
 void BM_PrefixMatchOnly(benchmark::State& state) {

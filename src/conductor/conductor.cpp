@@ -119,6 +119,10 @@ Conductor::PrefillChoice Conductor::evaluate(InstanceId instance, int64_t local_
 namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
+// The busy order (busy_order.h) serves pools of at least this many prefill instances, when at most one in
+// this many has a local prefix length other than the most common one: below, the loop costs little.
+constexpr uint32_t kBusyOrderMinInstances = 64;
+constexpr uint32_t kBusyOrderMaxOthersShare = 8;
 
 // Sets scores[i] = score(i) for every i and returns the lowest, kept as eight running minima: one would be a
 // chain of dependent compares, four cycles each, across a thousand instances.
@@ -202,7 +206,18 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     }
     case PrefillPolicy::kLeastLoaded: {
       // std::max(x, 0.0), not queue_s's std::max(0.0, x): the same order, and the compiler makes it a max
-      // instruction, not a branch that mispredicts across idle and busy instances.
+      // instruction, not a branch that mispredicts across idle and busy instances (in the loop below).
+      if (busy_order_enabled_ && instances >= kBusyOrderMinInstances &&
+          busy_order_.sync(busy_until, up, prefill_history_)) {
+        const auto best =
+            busy_order_.best([](InstanceId) { return true; },
+                             [&](double busy) { return std::max(busy - now_s, 0.0); }, prefill_history_);
+        if (best) {
+          ++busy_order_choices_;
+          const InstanceId i = best->instance;
+          return evaluate(i, local_blocks[i], local_blocks[i], request, queue_s(i));
+        }
+      }
       const double lowest =
           up.empty()
               ? fill_scores(scores_, [&](InstanceId i) { return std::max(busy_until[i] - now_s, 0.0); })
@@ -258,6 +273,15 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     }
     const double* cost = cost_by_local_.data();
     const double* floor = wait_floor_by_local_.data();
+    if (auto best = pick_prefill_by_order(cluster.block_index(), request.block_keys, busy_until, up,
+                                          local_blocks, cost, floor, now_s)) {
+      ++busy_order_choices_;
+      const int64_t local = local_blocks[*best];
+      PrefillChoice choice =
+          evaluate(*best, local, fetches(local) ? best_blocks : local, request, wait_s(*best));
+      choice.fetch_from = source.instance;
+      return choice;
+    }
     if (up.empty()) {
       lowest = fill_scores(scores_, [&](InstanceId i) {
         const int32_t local = local_blocks[i];
@@ -276,6 +300,72 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   PrefillChoice choice = evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
   choice.fetch_from = source.instance;
   return choice;
+}
+
+std::optional<InstanceId> Conductor::pick_prefill_by_order(
+    const kv::BlockIndex& index, std::span<const BlockKey> keys, std::span<const double> busy_until,
+    std::span<const uint8_t> up, std::span<const int32_t> local_blocks, const double* cost,
+    const double* floor, double now_s) {
+  const auto instances = static_cast<uint32_t>(busy_until.size());
+  // Holder ids at or past the pool's size would be counted in reaching: the loop then decides.
+  if (!busy_order_enabled_ || instances < kBusyOrderMinInstances || match_.run_blocks.size() != instances) {
+    return std::nullopt;
+  }
+  // The most common local length (the group), from the match's counts: instances - reaching[0] have none,
+  // reaching[L - 1] - reaching[L] have L blocks.
+  const int64_t best_blocks = match_.best_blocks;
+  const auto& reaching = match_.reaching;
+  int32_t group = 0;
+  int64_t group_size = instances - (best_blocks > 0 ? reaching[0] : 0);
+  for (int64_t length = 1; length <= best_blocks; ++length) {
+    const auto i = static_cast<size_t>(length);
+    const int64_t size = reaching[i - 1] - (length < best_blocks ? reaching[i] : 0);
+    if (size > group_size) {
+      group = static_cast<int32_t>(length);
+      group_size = size;
+    }
+  }
+  // The others are scored one by one: worth it only while they are few.
+  const uint32_t max_others = instances / kBusyOrderMaxOthersShare;
+  if (instances - group_size > max_others) return std::nullopt;
+  others_.clear();
+  auto add_other = [&](InstanceId i) {
+    const int32_t local = local_blocks[i];
+    others_.emplace_back(
+        i,
+        std::max(up.empty() || up[i] != 0 ? busy_until[i] - now_s : kInfinity, floor[local]) + cost[local]);
+  };
+  if (group == 0 || reaching[static_cast<size_t>(group) - 1] == instances) {
+    // No instance has a shorter run, so the others are those with a longer one: they hold the key after the
+    // group's run (and every key before it).
+    if (group < best_blocks) {
+      for (const InstanceId i : index.holders(keys[static_cast<size_t>(group)])) {
+        if (i < instances && local_blocks[i] > group) add_other(i);
+      }
+    }
+  } else {
+    for (InstanceId i = 0; i < instances; ++i) {
+      if (local_blocks[i] == group) continue;
+      if (others_.size() == max_others) return std::nullopt;
+      add_other(i);
+    }
+  }
+  if (!busy_order_.sync(busy_until, up, prefill_history_)) return std::nullopt;
+  // The loops' expression exactly, for an instance that is up.
+  const double group_floor = floor[group];
+  const double group_cost = cost[group];
+  const auto in_group = busy_order_.best(
+      [&](InstanceId i) { return local_blocks[i] == group; },
+      [&](double busy) { return std::max(busy - now_s, group_floor) + group_cost; }, prefill_history_);
+  double lowest = in_group ? in_group->score : kInfinity;
+  for (const auto& [i, score] : others_) lowest = std::min(lowest, score);
+  if (lowest == kInfinity) return std::nullopt;
+  std::optional<InstanceId> best;
+  if (in_group && in_group->score == lowest) best = in_group->instance;
+  for (const auto& [i, score] : others_) {
+    if (score == lowest && (!best || prefill_history_.prefer(i, *best))) best = i;
+  }
+  return best;
 }
 
 // Decode instance with the smallest predicted TBT once this request joins (Algorithm 1 line 17), preferring

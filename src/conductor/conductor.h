@@ -9,9 +9,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
+#include "conductor/busy_order.h"
 #include "conductor/cluster_view.h"
 #include "conductor/placement_history.h"
 #include "kv/block_index.h"
@@ -170,6 +172,14 @@ class Conductor {
   void set_instance_cost_models(std::vector<const perf::CostModel*> prefill,
                                 std::vector<const perf::CostModel*> decode);
 
+  /// Whether a prefill choice may use the busy order kept across decisions (busy_order.h) instead of a loop
+  /// over every instance, when it applies: 64 instances or more, and for the cache-aware policies, instances
+  /// alike (no set_instance_cost_models) nearly all of which have one local prefix length. The decisions are
+  /// the same either way; tests and benchmarks compare the two.
+  void set_busy_order_enabled(bool enabled) { busy_order_enabled_ = enabled; }
+  /// How many prefill choices the busy order answered (the others were loops over every instance).
+  uint64_t busy_order_choices() const { return busy_order_choices_; }
+
   /// Records a finished request's output length (feeds the output-length estimator used by admission).
   void observe_output(int64_t output_tokens) { output_estimator_.observe(output_tokens); }
   double expected_output_tokens() const { return output_estimator_.expected_tokens(); }
@@ -196,6 +206,16 @@ class Conductor {
                                                 double horizon_s, double& predicted_tbt_s);
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,
                            bool& fits);
+  // The loops' answer from busy_order_ when nearly every instance has one local prefix length (their scores
+  // differ only by queue): prefill instance i scores max(queue_i, floor[L_i]) + cost[L_i] for its local
+  // length L_i (floor and cost indexed by length), and the lowest wins, ties by prefill_history_. None when
+  // the order does not apply or every score is infinite. `keys` are the request's, `index` the one match_
+  // came from.
+  std::optional<InstanceId> pick_prefill_by_order(const kv::BlockIndex& index, std::span<const BlockKey> keys,
+                                                  std::span<const double> busy_until,
+                                                  std::span<const uint8_t> up,
+                                                  std::span<const int32_t> local_blocks, const double* cost,
+                                                  const double* floor, double now_s);
   // The instance with the smallest finite score (scores[i] is instance i's; `lowest` the smallest of them),
   // ties broken by `history`; none when every score is infinite.
   static std::optional<InstanceId> pick_lowest(std::span<const double> scores, double lowest,
@@ -217,6 +237,9 @@ class Conductor {
   PlacementHistory prefill_history_;
   PlacementHistory decode_history_;
   PlacementHistory fetch_history_;  // prefill instances that served remote prefix fetches
+  BusyOrder busy_order_;            // the prefill instances by busy_until, for pick_prefill_by_order
+  bool busy_order_enabled_ = true;
+  uint64_t busy_order_choices_ = 0;
   // Scratch reused across decisions (no allocation per decision once warm).
   kv::PrefixMatch match_;
   std::vector<double> cost_by_local_;        // T_transfer + T_prefill by local prefix length (blocks)
@@ -224,6 +247,7 @@ class Conductor {
   std::vector<double> scores_;               // per instance: the policy's estimate (infinite: not eligible)
   std::vector<double> competing_;  // per decode instance: its score if it may be chosen, else infinite
   std::vector<char> has_room_;     // per decode instance: HBM room for the request now
+  std::vector<std::pair<InstanceId, double>> others_;  // pick_prefill_by_order: instances outside the group
 };
 
 }  // namespace crescent::conductor

@@ -27,11 +27,13 @@ void PlacementHistory::record(InstanceId instance, double now_s) {
     const double scale = 1 / weight_of(now_s);  // old weights may round to 0: they no longer count
     for (double& w : weight_) w *= scale;
     origin_s_ = now_s;
+    ++rescales_;
   }
   if (instance >= weight_.size()) weight_.resize(static_cast<size_t>(instance) + 1, 0.0);
   weight_[instance] += weight_of(now_s);
   last_s_ = now_s;
   next_ = instance + 1;
+  ++records_;
 }
 
 double PlacementHistory::recent_placements(InstanceId instance, double now_s) const {

@@ -53,6 +53,13 @@ class PlacementHistory {
   template <typename IsCandidate>
   std::optional<InstanceId> pick_first(uint32_t count, IsCandidate is_candidate) const;
 
+  /// The instance round robin starts from: the one after the last placed on (0 before any).
+  InstanceId round_robin_start() const { return next_; }
+  /// How many placements were recorded, and how many times the weights were rescaled (which changes every
+  /// weight): from these a caller keeping copies of weights (BusyOrder) knows which changed.
+  uint64_t records() const { return records_; }
+  uint64_t rescales() const { return rescales_; }
+
   /// The candidate to choose among `tied` (equally good by the policy; non-empty, distinct): the first by
   /// prefer().
   InstanceId pick(std::span<const InstanceId> tied) const;
@@ -68,6 +75,7 @@ class PlacementHistory {
   double last_s_ = 0;
   std::vector<double> weight_;  // per instance id
   InstanceId next_ = 0;         // the instance after the last one placed on: round robin starts here
+  uint64_t records_ = 0, rescales_ = 0;
 };
 
 template <typename IsCandidate>

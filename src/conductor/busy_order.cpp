@@ -1,0 +1,109 @@
+#include "conductor/busy_order.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+namespace crescent::conductor {
+
+void BusyOrder::reset(size_t instances) {
+  order_.clear();
+  boundary_ = order_.end();
+  node_.assign(instances, order_.end());
+  present_.assign(instances, 0);
+  in_front_.assign(instances, 0);
+  busy_until_s_.assign(instances, 0.0);
+  up_.assign(instances, 0);  // an up instance differs from its copy, so the next sync inserts it
+  all_up_last_ = false;
+  nan_count_ = 0;
+  width_ = std::bit_ceil(std::max<size_t>(instances, 1));
+  tree_.assign(2 * width_, kInfinity);
+  dirty_.clear();
+}
+
+void BusyOrder::set_front(InstanceId i, bool in_front, const PlacementHistory& history) {
+  in_front_[i] = in_front ? 1 : 0;
+  tree_[width_ + i] = in_front ? history.tie_key(i).weight : kInfinity;
+  dirty_.push_back(i);
+}
+
+void BusyOrder::flush() {
+  if (dirty_.size() > width_ / 16) {
+    for (size_t n = width_ - 1; n >= 1; --n) tree_[n] = std::min(tree_[2 * n], tree_[2 * n + 1]);
+  } else {
+    for (const uint32_t leaf : dirty_) {
+      for (size_t n = (width_ + leaf) / 2; n >= 1; n /= 2) {
+        const double m = std::min(tree_[2 * n], tree_[2 * n + 1]);
+        if (tree_[n] == m) break;  // an unchanged node leaves its ancestors unchanged
+        tree_[n] = m;
+      }
+    }
+  }
+  dirty_.clear();
+}
+
+void BusyOrder::update(InstanceId i, double busy_until_s, uint8_t up, const PlacementHistory& history) {
+  Order::node_type moved;  // the instance's entry, reused (no allocation) when it stays in the order
+  if (present_[i] != 0) {
+    if (in_front_[i] != 0) set_front(i, false, history);
+    if (boundary_ == node_[i]) ++boundary_;
+    moved = order_.extract(node_[i]);
+    present_[i] = 0;
+  }
+  nan_count_ -= std::isnan(busy_until_s_[i]) ? 1 : 0;
+  nan_count_ += std::isnan(busy_until_s) ? 1 : 0;
+  busy_until_s_[i] = busy_until_s;
+  up_[i] = up;
+  if (up == 0 || std::isnan(busy_until_s)) return;
+  if (moved.empty()) {
+    node_[i] = order_.emplace(busy_until_s, i).first;
+  } else {
+    moved.value().first = busy_until_s;
+    node_[i] = order_.insert(std::move(moved)).position;
+  }
+  present_[i] = 1;
+  // An entry landing ahead of the boundary joins the front, which stays a prefix; best() moves the boundary.
+  if (boundary_ == order_.end() || *node_[i] < *boundary_) set_front(i, true, history);
+}
+
+bool BusyOrder::sync(std::span<const double> busy_until_s, std::span<const uint8_t> up,
+                     const PlacementHistory& history) {
+  const size_t instances = busy_until_s.size();
+  if (instances != busy_until_s_.size()) reset(instances);
+  // Compared bit for bit (flags byte for byte), a block of instances at a time with memcmp (vectorised;
+  // nothing changed is the common case): a NaN then equals itself, and nan_count_ remembers it.
+  const bool all_up = up.empty();
+  const bool flags_as_before = all_up == all_up_last_;
+  constexpr size_t kBlock = 64;
+  for (size_t base = 0; base < instances; base += kBlock) {
+    const size_t n = std::min(kBlock, instances - base);
+    if (flags_as_before && std::memcmp(&busy_until_s[base], &busy_until_s_[base], n * sizeof(double)) == 0 &&
+        (all_up || std::memcmp(&up[base], &up_[base], n) == 0)) {
+      continue;
+    }
+    for (size_t i = base; i < base + n; ++i) {
+      const uint8_t flag = all_up ? 1 : up[i];
+      if (std::bit_cast<uint64_t>(busy_until_s[i]) != std::bit_cast<uint64_t>(busy_until_s_[i]) ||
+          flag != up_[i]) {
+        update(static_cast<InstanceId>(i), busy_until_s[i], flag, history);
+      }
+    }
+  }
+  all_up_last_ = all_up;
+  // Weights: one record since the last sync changes one instance's; more, or a rescale, any.
+  if (history.rescales() != history_rescales_ || history.records() - history_records_ > 1) {
+    for (size_t i = 0; i < instances; ++i) {
+      if (in_front_[i] != 0) set_front(static_cast<InstanceId>(i), true, history);
+    }
+  } else if (history.records() != history_records_) {
+    const InstanceId last = history.round_robin_start() - 1;
+    if (last < instances && in_front_[last] != 0) set_front(last, true, history);
+  }
+  history_records_ = history.records();
+  history_rescales_ = history.rescales();
+  flush();  // also when unusable: the leaves written would otherwise pile up until the next best()
+  return nan_count_ == 0;
+}
+
+}  // namespace crescent::conductor

@@ -1,0 +1,169 @@
+// The prefill instances in order of busy_until, kept from one decision to the next, so Algorithm 1 need not
+// score every instance when most of them share one local prefix length (docs/benchmarks.md, "Conductor
+// decisions"): among instances alike but for their queue, the lowest TTFT is the least busy one's.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <set>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "common/instance_id.h"
+#include "conductor/placement_history.h"
+
+namespace crescent::conductor {
+
+/// The up instances of one pool ordered by (busy_until, id), kept current by comparing the pool's state with
+/// copies taken at the last sync; and a min-tree of the tie-break weights (PlacementHistory) over a prefix of
+/// that order, the front. best() answers "the preferred instance with the lowest score among a group" from the
+/// order's first members and the tree, without a pass over the pool. Not thread-safe.
+class BusyOrder {
+ public:
+  BusyOrder() = default;
+  /// A copy or a move starts empty (the order's iterators belong to its own set): the next sync rebuilds it.
+  BusyOrder(const BusyOrder&) : BusyOrder() {}
+  BusyOrder(BusyOrder&&) noexcept : BusyOrder() {}
+  BusyOrder& operator=(const BusyOrder&) {
+    reset(0);
+    return *this;
+  }
+  BusyOrder& operator=(BusyOrder&&) noexcept {
+    reset(0);
+    return *this;
+  }
+  ~BusyOrder() = default;
+
+  /// Brings the order up to date with a pool of busy_until_s.size() instances: `busy_until_s` (seconds, per
+  /// instance), `up` (per instance: 0 down, any other value up; empty: all up) and `history`, the pool's
+  /// tie-break. Costs a compare per instance plus O(log instances) per instance whose busy_until, flag or
+  /// weight changed since the last sync: all of them the first time, when the pool's size changed, or when
+  /// more than one placement was recorded (or the weights rescaled) since. False when the order cannot be
+  /// used: some instance's busy_until (up or down) is NaN.
+  bool sync(std::span<const double> busy_until_s, std::span<const uint8_t> up, const PlacementHistory& history);
+
+  /// An instance and its score (in the caller's unit: seconds for the Conductor's TTFT estimates).
+  struct Best {
+    InstanceId instance;
+    double score;
+  };
+
+  /// Among the up instances `i` with member(i), those with the lowest score(busy_until_s[i]), and among them
+  /// the one history.prefer() chooses (the same `history` as the last sync, unchanged since). `score` must be
+  /// non-decreasing in busy_until and is evaluated exactly as given, so ties by rounding are found as a loop
+  /// over the instances would find them. None when no up instance is a member. Costs O(k) for the k
+  /// non-members ahead of the first member in the order, O(log instances) for each instance entering or
+  /// leaving the front, and about O(log instances) for the tree (more when non-members hold the least
+  /// weights). REQUIRES: sync() returned true.
+  template <typename Member, typename Score>
+  std::optional<Best> best(Member member, Score score, const PlacementHistory& history);
+
+ private:
+  using Order = std::set<std::pair<double, InstanceId>>;
+  static constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+  void reset(size_t instances);
+  // Moves instance `i` to its new state (erasing and re-inserting it in the order); `up` is its flag (0: down).
+  void update(InstanceId i, double busy_until_s, uint8_t up, const PlacementHistory& history);
+  // Puts instance `i` in or out of the front; its tree leaf is written, the leaf's ancestors at flush().
+  void set_front(InstanceId i, bool in_front, const PlacementHistory& history);
+  void flush();
+  // Lowers `least` to the least member leaf below `node` if smaller (branch and bound).
+  template <typename Member>
+  void least_weight(size_t node, double& least, Member& member) const;
+  // The first member leaf holding `least` with id >= `from` (none if none).
+  template <typename Member>
+  std::optional<InstanceId> first_with(InstanceId from, double least, Member& member) const;
+
+  Order order_;
+  Order::iterator boundary_ = order_.end();  // the first entry not in the front (end(): all are)
+  std::vector<Order::iterator> node_;        // per instance: its entry (valid when present_)
+  std::vector<uint8_t> present_;             // per instance: in the order (up and busy_until not NaN)
+  std::vector<uint8_t> in_front_;            // per instance
+  std::vector<double> busy_until_s_;         // per instance: at the last sync
+  std::vector<uint8_t> up_;                  // per instance: its flag at the last sync (1 when all up; 0 before)
+  bool all_up_last_ = false;                 // the last sync's flags were empty (all up)
+  size_t nan_count_ = 0;                     // instances whose busy_until is NaN
+  size_t width_ = 0;                         // leaves in the tree: a power of two >= instances
+  std::vector<double> tree_;                 // tree_[width_ + i]: instance i's weight if in front, else inf;
+                                             // tree_[n] = min(tree_[2n], tree_[2n + 1])
+  std::vector<uint32_t> dirty_;              // leaves written since the last flush()
+  uint64_t history_records_ = 0, history_rescales_ = 0;  // the history's counters at the last sync
+};
+
+template <typename Member>
+void BusyOrder::least_weight(size_t node, double& least, Member& member) const {
+  if (!(tree_[node] < least)) return;
+  if (node >= width_) {
+    if (member(static_cast<InstanceId>(node - width_))) least = tree_[node];
+    return;
+  }
+  size_t first = 2 * node;
+  size_t second = first + 1;
+  if (tree_[second] < tree_[first]) std::swap(first, second);
+  least_weight(first, least, member);
+  least_weight(second, least, member);
+}
+
+template <typename Member>
+std::optional<InstanceId> BusyOrder::first_with(InstanceId from, double least, Member& member) const {
+  if (from >= width_) return std::nullopt;
+  size_t node = width_ + from;
+  while (true) {
+    if (tree_[node] <= least) {
+      while (node < width_) node = tree_[2 * node] <= least ? 2 * node : 2 * node + 1;  // the leftmost such leaf
+      const auto id = static_cast<InstanceId>(node - width_);
+      if (tree_[node] == least && member(id)) return id;
+    }
+    // On to the subtree right after this one: up while a right child, then its right sibling.
+    while ((node & 1) != 0) {
+      node >>= 1;
+      if (node <= 1) return std::nullopt;  // was the rightmost subtree
+    }
+    ++node;
+  }
+}
+
+template <typename Member, typename Score>
+std::optional<BusyOrder::Best> BusyOrder::best(Member member, Score score, const PlacementHistory& history) {
+  auto first = order_.begin();
+  while (first != order_.end() && !member(first->second)) ++first;
+  if (first == order_.end()) return std::nullopt;
+  const double lowest = score(first->first);
+  if (std::isnan(lowest)) return std::nullopt;
+  // The front becomes the entries scoring <= lowest: a prefix of the order, as score is monotone. Members in
+  // it score exactly `lowest` (the first member's is the least), so they are the tied ones.
+  while (boundary_ != order_.end() && score(boundary_->first) <= lowest) {
+    set_front(boundary_->second, true, history);
+    ++boundary_;
+  }
+  while (boundary_ != order_.begin()) {
+    const auto last = std::prev(boundary_);
+    if (score(last->first) <= lowest) break;
+    set_front(last->second, false, history);
+    boundary_ = last;
+  }
+  flush();
+  // PlacementHistory::prefer: the least weight, then the first from the round robin's start, cyclically.
+  // The least leaf of all is usually a member's: the leftmost leaf holding it then answers both questions
+  // when it is at or after the round robin's start.
+  const InstanceId start = history.round_robin_start();
+  double least = tree_[1];
+  std::optional<InstanceId> id = first_with(0, least, member);
+  if (!id) {
+    least = kInfinity;
+    least_weight(1, least, member);
+    id = first_with(0, least, member);
+  }
+  if (!id) return std::nullopt;  // unreachable: the first member is in the front, so a member leaf holds least
+  if (*id < start) {
+    if (auto later = first_with(start, least, member)) id = later;
+  }
+  return Best{*id, lowest};
+}
+
+}  // namespace crescent::conductor
