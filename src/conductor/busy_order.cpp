@@ -71,12 +71,16 @@ bool BusyOrder::sync(std::span<const double> busy_until_s, std::span<const uint8
                      const PlacementHistory& history) {
   const size_t instances = busy_until_s.size();
   if (instances != busy_until_s_.size()) reset(instances);
-  // Compared bit for bit (flags byte for byte), a block of instances at a time with memcmp (vectorised;
-  // nothing changed is the common case): a NaN then equals itself, and nan_count_ remembers it.
+  // Compared bit for bit (flags byte for byte) with memcmp, vectorised: the whole arrays (nothing changed
+  // is common), then a block of instances at a time. A NaN then equals itself; nan_count_ remembers it.
   const bool all_up = up.empty();
   const bool flags_as_before = all_up == all_up_last_;
+  const bool all_same =
+      flags_as_before && instances > 0 &&
+      std::memcmp(busy_until_s.data(), busy_until_s_.data(), instances * sizeof(double)) == 0 &&
+      (all_up || std::memcmp(up.data(), up_.data(), instances) == 0);
   constexpr size_t kBlock = 64;
-  for (size_t base = 0; base < instances; base += kBlock) {
+  for (size_t base = 0; !all_same && base < instances; base += kBlock) {
     const size_t n = std::min(kBlock, instances - base);
     if (flags_as_before && std::memcmp(&busy_until_s[base], &busy_until_s_[base], n * sizeof(double)) == 0 &&
         (all_up || std::memcmp(&up[base], &up_[base], n) == 0)) {

@@ -259,8 +259,11 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     // sees few distinct lengths: computed once per length that occurs, with the floor under the queue (0,
     // or the fetch's wait when it fetches). The loop over instances is then a max and an add each:
     // max(busy - now, floor) is wait_s(), max(max(0, busy - now), wait), as the fetch's wait is >= 0.
-    cost_by_local_.assign(static_cast<size_t>(best_blocks) + 1, 0.0);
-    wait_floor_by_local_.assign(static_cast<size_t>(best_blocks) + 1, 0.0);
+    // Written for the lengths that occur, the only ones read: the tables only grow, never cleared.
+    if (cost_by_local_.size() <= static_cast<size_t>(best_blocks)) {
+      cost_by_local_.resize(static_cast<size_t>(best_blocks) + 1);
+      wait_floor_by_local_.resize(static_cast<size_t>(best_blocks) + 1);
+    }
     for (int64_t local = 0; local <= best_blocks; ++local) {
       const bool occurs =
           local == 0 || local == best_blocks ||
@@ -269,7 +272,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
       const bool fetch = fetches(local);
       const PrefillChoice e = evaluate(0, local, fetch ? best_blocks : local, request, 0.0);
       cost_by_local_[static_cast<size_t>(local)] = e.transfer_s + e.prefill_s;
-      if (fetch) wait_floor_by_local_[static_cast<size_t>(local)] = source.wait_s;
+      wait_floor_by_local_[static_cast<size_t>(local)] = fetch ? source.wait_s : 0.0;
     }
     const double* cost = cost_by_local_.data();
     const double* floor = wait_floor_by_local_.data();

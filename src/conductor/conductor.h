@@ -242,8 +242,9 @@ class Conductor {
   uint64_t busy_order_choices_ = 0;
   // Scratch reused across decisions (no allocation per decision once warm).
   kv::PrefixMatch match_;
-  std::vector<double> cost_by_local_;        // T_transfer + T_prefill by local prefix length (blocks)
-  std::vector<double> wait_floor_by_local_;  // by local prefix length: the fetch's wait, or 0 (no fetch)
+  // By local prefix length (blocks), valid for the lengths the current decision's match has (the rest stale):
+  std::vector<double> cost_by_local_;        // T_transfer + T_prefill
+  std::vector<double> wait_floor_by_local_;  // the fetch's wait, or 0 (no fetch)
   std::vector<double> scores_;               // per instance: the policy's estimate (infinite: not eligible)
   std::vector<double> competing_;  // per decode instance: its score if it may be chosen, else infinite
   std::vector<char> has_room_;     // per decode instance: HBM room for the request now
