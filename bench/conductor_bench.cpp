@@ -4,7 +4,10 @@
 // global-cache-aware on one core; docs/benchmarks.md has the figures. Baselines in the same process: each
 // decision with the Conductor's busy order (third argument 1, conductor/busy_order.h) and with the loop over
 // every instance it replaces (0); and the prefix match alone (BlockIndex::match_prefix), the part that must
-// not grow with instances × cached blocks.
+// not grow with instances × cached blocks. The fourth argument 1 makes the cluster change as a simulated one
+// does: each decision's prefill joins its instance's queue (busy_until moves, logged as ClusterState logs
+// it) and the clock advances 2 ms per request (about three quarters of the prefill pool's capacity at 1,024
+// instances); 0 keeps every busy time as it started.
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -58,11 +61,20 @@ class BenchCluster : public conductor::ClusterView {
   std::span<const kv::DecodeLoad> decode_loads() const override { return decode_; }
   const kv::BlockIndex& block_index() const override { return index_; }
   double prefix_ready_s(InstanceId, std::span<const BlockKey>) const override { return 0; }
+  conductor::PrefillChanges prefill_changes() const override { return changes_.changes(); }
+
+  /// A placed decision's prefill joins its instance's queue (as ClusterState::on_request_placed predicts it).
+  void place(const conductor::Decision& d, double now_s) {
+    auto& busy = busy_until_s_[d.prefill_instance];
+    busy = std::max(busy, now_s) + d.transfer_s + d.prefill_s;
+    changes_.note(d.prefill_instance);
+  }
 
  private:
   std::vector<double> busy_until_s_;
   std::vector<kv::DecodeLoad> decode_;
   kv::BlockIndex index_;
+  conductor::PrefillChangeLog changes_;
 };
 
 const perf::CostModel& cost_model() {
@@ -75,16 +87,26 @@ void BM_ConductorDecision(benchmark::State& state) {
   BenchCluster cluster(static_cast<uint32_t>(state.range(0)));
   conductor::Conductor conductor(cost_model(), {.policy = policy});
   const bool busy_order = state.range(2) != 0;
+  const bool changing = state.range(3) != 0;
   conductor.set_busy_order_enabled(busy_order);
   const auto& trace = conversation();
   size_t r = 0;
+  double now_s = 5.0;
   for (auto _ : state) {
     const auto& req = trace[r];
     r = r + 1 == trace.size() ? 0 : r + 1;
-    benchmark::DoNotOptimize(
-        conductor.schedule(cluster, {req.input_tokens, req.block_keys, req.output_tokens}, 5.0));
+    const auto d = conductor.schedule(cluster, {req.input_tokens, req.block_keys, req.output_tokens}, now_s);
+    benchmark::DoNotOptimize(d);
+    if (changing) {
+      cluster.place(d, now_s);
+      now_s += 0.002;
+    }
   }
-  state.SetLabel(std::string(conductor::to_string(policy)) + (busy_order ? "" : ", loop (no busy order)"));
+  state.SetLabel(std::string(conductor::to_string(policy)) + (busy_order ? "" : ", loop (no busy order)") +
+                 (changing ? ", busy times change" : ""));
+  state.counters["order share"] =
+      static_cast<double>(conductor.busy_order_choices()) /
+      static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
   state.counters["decisions/s"] =
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
@@ -92,7 +114,8 @@ BENCHMARK(BM_ConductorDecision)
     ->ArgsProduct({{16, 128, 1024},
                    {static_cast<int64_t>(conductor::PrefillPolicy::kLeastLoaded),
                     static_cast<int64_t>(conductor::PrefillPolicy::kGlobalCacheAware)},
-                   {1, 0}})
+                   {1, 0},
+                   {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 void BM_PrefixMatchOnly(benchmark::State& state) {

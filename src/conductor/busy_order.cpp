@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 
@@ -20,6 +21,8 @@ void BusyOrder::reset(size_t instances) {
   width_ = std::bit_ceil(std::max<size_t>(instances, 1));
   tree_.assign(2 * width_, kInfinity);
   dirty_.clear();
+  changes_source_ = 0;
+  changes_count_ = 0;
 }
 
 void BusyOrder::set_front(InstanceId i, bool in_front, const PlacementHistory& history) {
@@ -68,32 +71,49 @@ void BusyOrder::update(InstanceId i, double busy_until_s, uint8_t up, const Plac
 }
 
 bool BusyOrder::sync(std::span<const double> busy_until_s, std::span<const uint8_t> up,
-                     const PlacementHistory& history) {
+                     const PlacementHistory& history, const PrefillChanges& changes) {
   const size_t instances = busy_until_s.size();
-  if (instances != busy_until_s_.size()) reset(instances);
-  // Compared bit for bit (flags byte for byte) with memcmp, vectorised: the whole arrays (nothing changed
-  // is common), then a block of instances at a time. A NaN then equals itself; nan_count_ remembers it.
+  if (instances != busy_until_s_.size()) reset(instances);  // also forgets the change log's position
   const bool all_up = up.empty();
   const bool flags_as_before = all_up == all_up_last_;
-  const bool all_same =
-      flags_as_before && instances > 0 &&
-      std::memcmp(busy_until_s.data(), busy_until_s_.data(), instances * sizeof(double)) == 0 &&
-      (all_up || std::memcmp(up.data(), up_.data(), instances) == 0);
-  constexpr size_t kBlock = 64;
-  for (size_t base = 0; !all_same && base < instances; base += kBlock) {
-    const size_t n = std::min(kBlock, instances - base);
-    if (flags_as_before && std::memcmp(&busy_until_s[base], &busy_until_s_[base], n * sizeof(double)) == 0 &&
-        (all_up || std::memcmp(&up[base], &up_[base], n) == 0)) {
-      continue;
+  auto flag = [&](size_t i) -> uint8_t { return all_up ? 1 : up[i]; };
+  const uint64_t new_changes = changes.count - changes_count_;
+  if (changes.source != 0 && changes.source == changes_source_ && flags_as_before &&
+      new_changes <= changes.recent.size()) {
+    // The log names every instance changed since the last sync (an instance named twice compares equal the
+    // second time).
+    for (uint64_t c = changes_count_; c < changes.count; ++c) {
+      const InstanceId i = changes.recent[c % changes.recent.size()];
+      if (i < instances) compare(i, busy_until_s[i], flag(i), history);
     }
-    for (size_t i = base; i < base + n; ++i) {
-      const uint8_t flag = all_up ? 1 : up[i];
-      if (std::bit_cast<uint64_t>(busy_until_s[i]) != std::bit_cast<uint64_t>(busy_until_s_[i]) ||
-          flag != up_[i]) {
-        update(static_cast<InstanceId>(i), busy_until_s[i], flag, history);
+  } else {
+    // Compared bit for bit (flags byte for byte) with memcmp, vectorised: the whole arrays (nothing changed
+    // is common), then a block of instances at a time. A NaN then equals itself; nan_count_ remembers it.
+    const bool all_same =
+        flags_as_before && instances > 0 &&
+        std::memcmp(busy_until_s.data(), busy_until_s_.data(), instances * sizeof(double)) == 0 &&
+        (all_up || std::memcmp(up.data(), up_.data(), instances) == 0);
+    constexpr size_t kBlock = 64;
+    for (size_t base = 0; !all_same && base < instances; base += kBlock) {
+      const size_t n = std::min(kBlock, instances - base);
+      if (flags_as_before &&
+          std::memcmp(&busy_until_s[base], &busy_until_s_[base], n * sizeof(double)) == 0 &&
+          (all_up || std::memcmp(&up[base], &up_[base], n) == 0)) {
+        continue;
       }
+      for (size_t i = base; i < base + n; ++i)
+        compare(static_cast<InstanceId>(i), busy_until_s[i], flag(i), history);
     }
   }
+#ifndef NDEBUG
+  // The log's promise, checked: the copies now equal the pool.
+  for (size_t i = 0; i < instances; ++i) {
+    assert(std::bit_cast<uint64_t>(busy_until_s[i]) == std::bit_cast<uint64_t>(busy_until_s_[i]));
+    assert(flag(i) == up_[i]);
+  }
+#endif
+  changes_source_ = changes.source;
+  changes_count_ = changes.count;
   all_up_last_ = all_up;
   // Weights: one record since the last sync changes one instance's; more, or a rescale, any.
   if (history.rescales() != history_rescales_ || history.records() - history_records_ > 1) {

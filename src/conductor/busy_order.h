@@ -3,6 +3,7 @@
 // decisions"): among instances alike but for their queue, the lowest TTFT is the least busy one's.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <iterator>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "common/instance_id.h"
+#include "conductor/cluster_view.h"
 #include "conductor/placement_history.h"
 
 namespace crescent::conductor {
@@ -40,11 +42,15 @@ class BusyOrder {
 
   /// Brings the order up to date with a pool of busy_until_s.size() instances: `busy_until_s` (seconds, per
   /// instance), `up` (per instance: 0 down, any other value up; empty: all up) and `history`, the pool's
-  /// tie-break. Costs a compare per instance plus O(log instances) per instance whose busy_until, flag or
-  /// weight changed since the last sync: all of them the first time, when the pool's size changed, or when
-  /// more than one placement was recorded (or the weights rescaled) since. False when the order cannot be
-  /// used: some instance's busy_until (up or down) is NaN.
-  bool sync(std::span<const double> busy_until_s, std::span<const uint8_t> up, const PlacementHistory& history);
+  /// tie-break. `changes` is the pool's change log (ClusterView::prefill_changes): when it is the log of the
+  /// last sync's pool and still holds every change since, only the instances it names are compared with
+  /// their copies; otherwise (no log, another log, or more changes than it keeps) every instance is.
+  /// Costs those compares plus O(log instances) per instance whose busy_until, flag or weight changed since
+  /// the last sync: all of them the first time, when the pool's size changed, or when more than one placement
+  /// was recorded (or the weights rescaled) since. False when the order cannot be used: some instance's
+  /// busy_until (up or down) is NaN.
+  bool sync(std::span<const double> busy_until_s, std::span<const uint8_t> up,
+            const PlacementHistory& history, const PrefillChanges& changes = {});
 
   /// An instance and its score (in the caller's unit: seconds for the Conductor's TTFT estimates).
   struct Best {
@@ -67,6 +73,12 @@ class BusyOrder {
   static constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
   void reset(size_t instances);
+  // Updates instance `i` if its busy_until (bit for bit) or flag differs from its copy.
+  void compare(InstanceId i, double busy_until_s, uint8_t up, const PlacementHistory& history) {
+    if (std::bit_cast<uint64_t>(busy_until_s) != std::bit_cast<uint64_t>(busy_until_s_[i]) || up != up_[i]) {
+      update(i, busy_until_s, up, history);
+    }
+  }
   // Moves instance `i` to its new state (erasing and re-inserting it in the order); `up` is its flag (0: down).
   void update(InstanceId i, double busy_until_s, uint8_t up, const PlacementHistory& history);
   // Puts instance `i` in or out of the front; its tree leaf is written, the leaf's ancestors at flush().
@@ -93,6 +105,7 @@ class BusyOrder {
                                              // tree_[n] = min(tree_[2n], tree_[2n + 1])
   std::vector<uint32_t> dirty_;              // leaves written since the last flush()
   uint64_t history_records_ = 0, history_rescales_ = 0;  // the history's counters at the last sync
+  uint64_t changes_source_ = 0, changes_count_ = 0;      // the change log's at the last sync (0: none)
 };
 
 template <typename Member>

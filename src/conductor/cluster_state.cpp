@@ -34,6 +34,7 @@ InstanceId ClusterState::add_prefill_instance() {
   busy_until_s_.push_back(0.0);
   prefill_up_.push_back(false);
   ready_s_.emplace_back();
+  prefill_changes_.note(static_cast<InstanceId>(busy_until_s_.size() - 1));
   return static_cast<InstanceId>(busy_until_s_.size() - 1);
 }
 
@@ -66,11 +67,10 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
   // FIFO with predicted service times: the start and end of this prefill are known now.
   PrefillTimeline t;
   t.prefix_ready_s = fetch_ready_s;
-  double& busy_until_s = busy_until_s_[decision.prefill_instance];
-  t.start_s = std::max({now_s, busy_until_s, fetch_ready_s});
+  t.start_s = std::max({now_s, busy_until_s_[decision.prefill_instance], fetch_ready_s});
   t.compute_start_s = t.start_s + decision.transfer_s;
   t.done_s = t.compute_start_s + decision.prefill_s;
-  busy_until_s = t.done_s;
+  set_busy_until(decision.prefill_instance, t.done_s);
   // Algorithm 1's "update the cache": the prompt's blocks will be on the chosen instance, readable once its
   // prefill is done, and later requests may be placed on them before the instance's own KV events say so.
   auto& ready = ready_s_[decision.prefill_instance];
@@ -132,7 +132,7 @@ void ClusterState::on_kv_cleared(InstanceId instance) {
 void ClusterState::on_prefill_down(InstanceId instance, double now_s) {
   prefill_up_[instance] = false;
   on_kv_cleared(instance);
-  busy_until_s_[instance] = now_s;
+  set_busy_until(instance, now_s);  // logs the flag's change too
 }
 
 void ClusterState::on_decode_down(InstanceId d) {
@@ -144,7 +144,7 @@ void ClusterState::on_decode_down(InstanceId d) {
 
 void ClusterState::on_prefill_computed(InstanceId instance, std::span<const BlockKey> block_keys,
                                        double now_s) {
-  busy_until_s_[instance] = std::max(busy_until_s_[instance], now_s);
+  set_busy_until(instance, std::max(busy_until_s_[instance], now_s));
   // The blocks it stored are computed now, however long their placement predicted.
   auto& ready = ready_s_[instance];
   for (BlockKey k : block_keys) {

@@ -43,6 +43,7 @@ class ClusterState final : public ClusterView {
   std::span<const kv::DecodeLoad> decode_loads() const override { return decode_; }
   const kv::BlockIndex& block_index() const override { return index_; }
   double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const override;
+  PrefillChanges prefill_changes() const override { return prefill_changes_.changes(); }
 
   /// Event "request placed": the Conductor accepted `decision` for `request` at `now_s`. Its prefill joins
   /// the chosen instance's FIFO queue as predicted (Algorithm 1): it starts once the instance is free and,
@@ -68,7 +69,7 @@ class ClusterState final : public ClusterView {
   /// placement there uses them) leave the index: they will never be computed there.
   void on_request_dropped(InstanceId instance, std::span<const BlockKey> block_keys,
                           double remaining_prefill_s, double now_s) {
-    busy_until_s_[instance] = std::max(now_s, busy_until_s_[instance] - std::max(0.0, remaining_prefill_s));
+    set_busy_until(instance, std::max(now_s, busy_until_s_[instance] - std::max(0.0, remaining_prefill_s)));
     release_placement(instance, block_keys);
   }
   /// Event "all blocks cleared" (vLLM's AllBlocksCleared, or an instance that restarted or left).
@@ -100,7 +101,7 @@ class ClusterState final : public ClusterView {
   /// Conductor knows when every request it placed there is done): its queue's predicted end is now at the
   /// latest.
   void on_prefill_idle(InstanceId instance, double now_s) {
-    busy_until_s_[instance] = std::min(busy_until_s_[instance], now_s);
+    set_busy_until(instance, std::min(busy_until_s_[instance], now_s));
   }
 
   /// Event "decode report": decode instance `d` reports its load (running, waiting and incoming requests,
@@ -126,7 +127,10 @@ class ClusterState final : public ClusterView {
   void reserve_prefix_cache_blocks(InstanceId instance, int64_t blocks);
 
   /// Event "instance up" (joined or rejoined): placements may go there again.
-  void on_prefill_up(InstanceId instance) { prefill_up_[instance] = true; }
+  void on_prefill_up(InstanceId instance) {
+    prefill_up_[instance] = true;
+    prefill_changes_.note(instance);
+  }
   void on_decode_up(InstanceId d) { decode_up_[d] = true; }
   std::span<const uint8_t> prefill_up_flags() const override { return prefill_up_; }
   std::span<const uint8_t> decode_up_flags() const override { return decode_up_; }
@@ -135,11 +139,17 @@ class ClusterState final : public ClusterView {
   // A placement on `instance` of `block_keys` no longer stands: blocks only placements put in the index, and
   // no other placement there will compute, leave it.
   void release_placement(InstanceId instance, std::span<const BlockKey> block_keys);
+  // Every write to a busy_until goes through here, so prefill_changes() logs it.
+  void set_busy_until(InstanceId instance, double busy_until_s) {
+    busy_until_s_[instance] = busy_until_s;
+    prefill_changes_.note(instance);
+  }
 
   const int64_t block_size_tokens_;
   std::vector<double> busy_until_s_;  // per prefill instance: predicted end of its queue
   std::vector<kv::DecodeLoad> decode_;
   std::vector<uint8_t> prefill_up_, decode_up_;  // 1: up
+  PrefillChangeLog prefill_changes_;             // writes to busy_until_s_ and prefill_up_
   kv::BlockIndex index_;
   std::vector<int64_t> reserved_blocks_;  // per prefill instance: reserve_prefix_cache_blocks' largest
   int64_t index_reserved_blocks_ = 0;     // their sum: the index's reserved size

@@ -2,6 +2,7 @@
 // implements it from events, for the simulator and the live Conductor alike; tests may hand-set a fake.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 
@@ -11,6 +12,50 @@
 #include "kv/decode_load.h"
 
 namespace crescent::conductor {
+
+/// Which prefill instances' busy_until or up flag changed lately (ClusterView::prefill_changes), so a
+/// consumer that keeps copies of them (the Conductor's busy order, busy_order.h) re-reads those alone instead
+/// of comparing the whole pool. Change number c (from 0, since the log began) was to instance
+/// recent[c % recent.size()]; the last min(count, recent.size()) changes are there.
+struct PrefillChanges {
+  uint64_t source = 0;  // tells logs apart: unique to one log over the process's life; 0: no log is kept
+  uint64_t count = 0;   // changes logged so far
+  std::span<const InstanceId> recent;  // ring of the last changed ids
+};
+
+/// The log behind PrefillChanges: a ring of the last kRecent changed instance ids. A view calls note(i)
+/// after every write to instance i's busy_until or up flag (and for an instance added to the pool). A copy
+/// is a new log (another source), so a consumer never mistakes one view's changes for another's.
+class PrefillChangeLog {
+ public:
+  static constexpr size_t kRecent = 64;
+
+  PrefillChangeLog() : source_(next_source()) {}
+  PrefillChangeLog(const PrefillChangeLog&) : PrefillChangeLog() {}
+  PrefillChangeLog(PrefillChangeLog&&) noexcept : PrefillChangeLog() {}
+  /// Assigned, a log starts over as a new one.
+  PrefillChangeLog& operator=(const PrefillChangeLog&) {
+    source_ = next_source();
+    count_ = 0;
+    return *this;
+  }
+  PrefillChangeLog& operator=(PrefillChangeLog&& other) noexcept {
+    return *this = static_cast<const PrefillChangeLog&>(other);
+  }
+  ~PrefillChangeLog() = default;
+
+  /// Logs a change to instance `i`.
+  void note(InstanceId i) { recent_[count_++ % kRecent] = i; }
+  /// What prefill_changes() returns.
+  PrefillChanges changes() const { return {source_, count_, recent_}; }
+
+ private:
+  static uint64_t next_source();
+
+  uint64_t source_;
+  uint64_t count_ = 0;
+  std::array<InstanceId, kRecent> recent_{};
+};
 
 /// Read-only view of the prefill and decode pools.
 class ClusterView {
@@ -48,6 +93,11 @@ class ClusterView {
   /// over a thousand instances reads it as it reads prefill_busy_until_s().
   virtual std::span<const uint8_t> prefill_up_flags() const { return {}; }
   virtual std::span<const uint8_t> decode_up_flags() const { return {}; }
+
+  /// Which prefill instances' busy_until or up flag changed lately. A view that returns a source other than
+  /// 0 must log every such change (PrefillChangeLog::note). The default keeps no log: the Conductor then
+  /// compares every instance with its copy on each decision.
+  virtual PrefillChanges prefill_changes() const { return {}; }
 
   /// Whether prefill instance `i` (decode instance `d`) is up.
   bool prefill_up(InstanceId i) const {

@@ -191,7 +191,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   if (match_.run_blocks.size() < instances) match_.run_blocks.resize(instances, 0);
   cluster.block_index().match_prefix(request.block_keys, match_);
   const std::span<const int32_t> local_blocks(match_.run_blocks.data(), instances);
-  scores_.resize(instances);
+  prefill_scores_.resize(instances);
 
   switch (options_.policy) {
     case PrefillPolicy::kRandom: {
@@ -208,7 +208,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
       // std::max(x, 0.0), not queue_s's std::max(0.0, x): the same order, and the compiler makes it a max
       // instruction, not a branch that mispredicts across idle and busy instances (in the loop below).
       if (busy_order_enabled_ && instances >= kBusyOrderMinInstances &&
-          busy_order_.sync(busy_until, up, prefill_history_)) {
+          busy_order_.sync(busy_until, up, prefill_history_, cluster.prefill_changes())) {
         const auto best =
             busy_order_.best([](InstanceId) { return true; },
                              [&](double busy) { return std::max(busy - now_s, 0.0); }, prefill_history_);
@@ -219,12 +219,12 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
         }
       }
       const double lowest =
-          up.empty()
-              ? fill_scores(scores_, [&](InstanceId i) { return std::max(busy_until[i] - now_s, 0.0); })
-              : fill_scores(scores_, [&](InstanceId i) {
-                  return up[i] != 0 ? std::max(busy_until[i] - now_s, 0.0) : kInfinity;
-                });
-      const InstanceId best = *pick_lowest(scores_, lowest, prefill_history_);
+          up.empty() ? fill_scores(prefill_scores_,
+                                   [&](InstanceId i) { return std::max(busy_until[i] - now_s, 0.0); })
+                     : fill_scores(prefill_scores_, [&](InstanceId i) {
+                         return up[i] != 0 ? std::max(busy_until[i] - now_s, 0.0) : kInfinity;
+                       });
+      const InstanceId best = *pick_lowest(prefill_scores_, lowest, prefill_history_);
       return evaluate(best, local_blocks[best], local_blocks[best], request, queue_s(best));
     }
     case PrefillPolicy::kCacheAware:
@@ -249,7 +249,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
 
   double lowest = kInfinity;
   if (!prefill_costs_.empty()) {  // instances not alike: each its own estimate
-    lowest = fill_scores(scores_, [&](InstanceId i) {
+    lowest = fill_scores(prefill_scores_, [&](InstanceId i) {
       const int64_t local = local_blocks[i];
       const PrefillChoice e = evaluate(i, local, fetches(local) ? best_blocks : local, request, 0.0);
       return wait_s(i) + (e.transfer_s + e.prefill_s);
@@ -276,8 +276,8 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     }
     const double* cost = cost_by_local_.data();
     const double* floor = wait_floor_by_local_.data();
-    if (auto best = pick_prefill_by_order(cluster.block_index(), request.block_keys, busy_until, up,
-                                          local_blocks, cost, floor, now_s)) {
+    if (auto best = pick_prefill_by_order(cluster, request.block_keys, busy_until, up, local_blocks, cost,
+                                          floor, now_s)) {
       ++busy_order_choices_;
       const int64_t local = local_blocks[*best];
       PrefillChoice choice =
@@ -286,19 +286,19 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
       return choice;
     }
     if (up.empty()) {
-      lowest = fill_scores(scores_, [&](InstanceId i) {
+      lowest = fill_scores(prefill_scores_, [&](InstanceId i) {
         const int32_t local = local_blocks[i];
         return std::max(busy_until[i] - now_s, floor[local]) + cost[local];
       });
     } else {
-      lowest = fill_scores(scores_, [&](InstanceId i) {
+      lowest = fill_scores(prefill_scores_, [&](InstanceId i) {
         const int32_t local = local_blocks[i];
         return std::max(up[i] != 0 ? busy_until[i] - now_s : kInfinity, floor[local]) + cost[local];
       });
     }
   }
 
-  const InstanceId best = *pick_lowest(scores_, lowest, prefill_history_);
+  const InstanceId best = *pick_lowest(prefill_scores_, lowest, prefill_history_);
   const int64_t local = local_blocks[best];
   PrefillChoice choice = evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
   choice.fetch_from = source.instance;
@@ -306,7 +306,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
 }
 
 std::optional<InstanceId> Conductor::pick_prefill_by_order(
-    const kv::BlockIndex& index, std::span<const BlockKey> keys, std::span<const double> busy_until,
+    const ClusterView& cluster, std::span<const BlockKey> keys, std::span<const double> busy_until,
     std::span<const uint8_t> up, std::span<const int32_t> local_blocks, const double* cost,
     const double* floor, double now_s) {
   const auto instances = static_cast<uint32_t>(busy_until.size());
@@ -342,7 +342,7 @@ std::optional<InstanceId> Conductor::pick_prefill_by_order(
     // No instance has a shorter run, so the others are those with a longer one: they hold the key after the
     // group's run (and every key before it).
     if (group < best_blocks) {
-      for (const InstanceId i : index.holders(keys[static_cast<size_t>(group)])) {
+      for (const InstanceId i : cluster.block_index().holders(keys[static_cast<size_t>(group)])) {
         if (i < instances && local_blocks[i] > group) add_other(i);
       }
     }
@@ -353,7 +353,7 @@ std::optional<InstanceId> Conductor::pick_prefill_by_order(
       add_other(i);
     }
   }
-  if (!busy_order_.sync(busy_until, up, prefill_history_)) return std::nullopt;
+  if (!busy_order_.sync(busy_until, up, prefill_history_, cluster.prefill_changes())) return std::nullopt;
   // The loops' expression exactly, for an instance that is up.
   const double group_floor = floor[group];
   const double group_cost = cost[group];
@@ -381,26 +381,37 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   const auto up = cluster.decode_up_flags();
   const auto instances = static_cast<uint32_t>(loads.size());
   const int64_t need = request.input_tokens + request.max_output_tokens;
-  scores_.resize(instances);
-  has_room_.resize(instances);
+  // One pass keeping two candidates: the best with room, the best of all up instances. Only instances with
+  // room compete, unless none has any. "Best": the lowest score, ties to decode_history_.prefer() (what
+  // pick_lowest answers).
+  struct Candidate {
+    double score = kInfinity;
+    InstanceId instance = 0;
+  };
+  Candidate with_room, any_up;
   fits = false;
+  auto consider = [&](Candidate& c, InstanceId d, double score) {
+    if (score < c.score ||
+        (score == c.score && score != kInfinity && decode_history_.prefer(d, c.instance))) {
+      c = {score, d};
+    }
+  };
   for (InstanceId d = 0; d < instances; ++d) {
+    if (!up.empty() && up[d] == 0) continue;
     const kv::DecodeLoad& load = loads[d];
-    has_room_[d] = (up.empty() || up[d] != 0) && need <= load.kv_capacity_tokens - load.reserved_kv_tokens();
-    fits |= has_room_[d] != 0;
-    scores_[d] = decode_cost(d).decode_step_time_s(
+    const double score = decode_cost(d).decode_step_time_s(
         load.running.requests + load.waiting.requests + load.incoming.requests + 1,
         load.running.context_tokens + load.waiting.context_tokens + load.incoming.context_tokens +
             request.input_tokens);
+    consider(any_up, d, score);
+    if (need <= load.kv_capacity_tokens - load.reserved_kv_tokens()) {
+      fits = true;
+      consider(with_room, d, score);
+    }
   }
-  // Only instances with room compete, unless none has any.
-  competing_.resize(instances);
-  const double lowest = fill_scores(competing_, [&](InstanceId d) {
-    return !(up.empty() || up[d] != 0) || (fits && !has_room_[d]) ? kInfinity : scores_[d];
-  });
-  const InstanceId best = *pick_lowest(competing_, lowest, decode_history_);
-  predicted_tbt_s = scores_[best];
-  return best;
+  const Candidate best = fits ? with_room : any_up;
+  predicted_tbt_s = best.score;
+  return best.instance;
 }
 
 // Largest HBM KV capacity of any decode instance: a request needing more can never run.
@@ -435,8 +446,8 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
   const auto loads = cluster.decode_loads();
   const auto up = cluster.decode_up_flags();
   const auto instances = static_cast<uint32_t>(loads.size());
-  scores_.resize(instances);
-  const double lowest = fill_scores(scores_, [&](InstanceId i) {
+  decode_scores_.resize(instances);
+  const double lowest = fill_scores(decode_scores_, [&](InstanceId i) {
     if (!up.empty() && up[i] == 0) return kInfinity;
     const kv::DecodeLoad& load = loads[i];
     double stay = 1.0;  // share of the running requests still there at the horizon
@@ -458,8 +469,8 @@ std::optional<InstanceId> Conductor::decode_instance_for(const ClusterView& clus
                                                            static_cast<int64_t>(std::ceil(context)));
     return tbt_s <= options_.tbt_slo_s ? tbt_s : kInfinity;
   });
-  const std::optional<InstanceId> best = pick_lowest(scores_, lowest, decode_history_);
-  if (best) predicted_tbt_s = scores_[*best];
+  const std::optional<InstanceId> best = pick_lowest(decode_scores_, lowest, decode_history_);
+  if (best) predicted_tbt_s = decode_scores_[*best];
   return best;
 }
 

@@ -209,9 +209,9 @@ class Conductor {
   // The loops' answer from busy_order_ when nearly every instance has one local prefix length (their scores
   // differ only by queue): prefill instance i scores max(queue_i, floor[L_i]) + cost[L_i] for its local
   // length L_i (floor and cost indexed by length), and the lowest wins, ties by prefill_history_. None when
-  // the order does not apply or every score is infinite. `keys` are the request's, `index` the one match_
-  // came from.
-  std::optional<InstanceId> pick_prefill_by_order(const kv::BlockIndex& index, std::span<const BlockKey> keys,
+  // the order does not apply or every score is infinite. `keys` are the request's; match_ came from
+  // `cluster`'s index.
+  std::optional<InstanceId> pick_prefill_by_order(const ClusterView& cluster, std::span<const BlockKey> keys,
                                                   std::span<const double> busy_until,
                                                   std::span<const uint8_t> up,
                                                   std::span<const int32_t> local_blocks, const double* cost,
@@ -245,9 +245,9 @@ class Conductor {
   // By local prefix length (blocks), valid for the lengths the current decision's match has (the rest stale):
   std::vector<double> cost_by_local_;        // T_transfer + T_prefill
   std::vector<double> wait_floor_by_local_;  // the fetch's wait, or 0 (no fetch)
-  std::vector<double> scores_;               // per instance: the policy's estimate (infinite: not eligible)
-  std::vector<double> competing_;  // per decode instance: its score if it may be chosen, else infinite
-  std::vector<char> has_room_;     // per decode instance: HBM room for the request now
+  // Per prefill (decode) instance: the policy's estimate (infinite: not eligible). Two, so that neither is
+  // resized (and zeroed) on every decision when the pools differ in size.
+  std::vector<double> prefill_scores_, decode_scores_;
   std::vector<std::pair<InstanceId, double>> others_;  // pick_prefill_by_order: instances outside the group
 };
 

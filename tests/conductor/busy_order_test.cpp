@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -30,74 +31,192 @@ std::optional<BusyOrder::Best> best_by_loop(const std::vector<double>& busy_unti
   return best;
 }
 
+// Run twice: comparing every instance at each sync, and reading a change log (PrefillChangeLog) that names
+// what changed, sometimes more changes than it keeps, sometimes a new log.
 TEST(BusyOrder, AgreesWithALoopAsBusyTimesFlagsWeightsAndSizeChange) {
-  std::mt19937_64 rng(2026);
-  auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
-  auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
-  auto below = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-  // Busy times on a coarse grid tie exactly (0 and -0 too); a cost far above them ties by rounding.
-  auto busy_time = [&] {
-    if (chance(0.01)) return chance(0.5) ? -0.0 : std::numeric_limits<double>::infinity();
-    return chance(0.7) ? 0.5 * static_cast<double>(below(20)) : uniform(0, 10);
-  };
-  size_t questions = 0, ties = 0;
-  for (int trial = 0; trial < 12; ++trial) {
-    BusyOrder order;
-    PlacementHistory history(/*half_life_s=*/1.0);
-    std::vector<double> busy(1 + below(150));
-    for (double& b : busy) b = busy_time();
-    std::vector<uint8_t> up;
-    double now_s = 0;
-    for (int step = 0; step < 400; ++step) {
-      // Change the pool: a few busy times, flags, its size; time moves on (sometimes past a rescale).
-      for (size_t k = below(4); k > 0; --k) busy[below(busy.size())] = busy_time();
-      if (chance(0.1)) up.clear();
-      if (chance(0.1)) up.assign(busy.size(), 1);
-      if (!up.empty()) {
-        up.resize(busy.size(), 1);
-        for (size_t k = below(3); k > 0; --k) {
-          uint8_t& flag = up[below(up.size())];
-          flag = flag != 0 ? 0 : static_cast<uint8_t>(1 + below(2));  // any non-zero flag is up
+  for (const bool logged : {false, true}) {
+    SCOPED_TRACE(logged ? "with a change log" : "without a change log");
+    std::mt19937_64 rng(2026);
+    auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+    auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+    auto below = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+    // Busy times on a coarse grid tie exactly (0 and -0 too); a cost far above them ties by rounding.
+    auto busy_time = [&] {
+      if (chance(0.01)) return chance(0.5) ? -0.0 : std::numeric_limits<double>::infinity();
+      return chance(0.7) ? 0.5 * static_cast<double>(below(20)) : uniform(0, 10);
+    };
+    size_t questions = 0, ties = 0;
+    for (int trial = 0; trial < 12; ++trial) {
+      BusyOrder order;
+      PlacementHistory history(/*half_life_s=*/1.0);
+      std::vector<double> busy(1 + below(150));
+      for (double& b : busy) b = busy_time();
+      std::vector<uint8_t> up;
+      PrefillChangeLog log;
+      auto note_all = [&] {
+        for (InstanceId i = 0; i < busy.size(); ++i) log.note(i);
+      };
+      double now_s = 0;
+      for (int step = 0; step < 400; ++step) {
+        // Change the pool: a few busy times (sometimes more than the log keeps), flags, its size; time moves
+        // on (sometimes past a rescale).
+        for (size_t k = chance(0.05) ? PrefillChangeLog::kRecent + 10 : below(4); k > 0; --k) {
+          const auto i = static_cast<InstanceId>(below(busy.size()));
+          busy[i] = busy_time();
+          log.note(i);
         }
-      }
-      if (chance(0.02)) {
-        busy.resize(1 + below(150), 1.0);
-        if (!up.empty()) up.resize(busy.size(), 1);
-      }
-      now_s += chance(0.01) ? 600 : (chance(0.5) ? 0 : uniform(0, 0.5));
-      const double clock_s = std::fmod(now_s, 10.0);  // busy times stay around the clock
-      const double floor_s = chance(0.5) ? 0 : 0.5 * static_cast<double>(below(6));
-      const double cost_s = chance(0.2) ? 1e17 : uniform(0, 3);
-      std::vector<uint8_t> in_group(busy.size());
-      const double share = uniform(0, 1);
-      for (auto& m : in_group) m = chance(share) ? 1 : 0;
-      auto member = [&](InstanceId i) { return in_group[i] != 0; };
-      auto score = [&](double b) { return std::max(b - clock_s, floor_s) + cost_s; };
-
-      ASSERT_TRUE(order.sync(busy, up, history));
-      const auto got = order.best(member, score, history);
-      const auto want = best_by_loop(busy, up, member, score, history);
-      ASSERT_EQ(got.has_value(), want.has_value()) << "trial " << trial << " step " << step;
-      if (want) {
-        ASSERT_EQ(got->instance, want->instance) << "trial " << trial << " step " << step;
-        ASSERT_EQ(got->score, want->score);
-        ++questions;
-        size_t tied = 0;
-        for (InstanceId i = 0; i < busy.size(); ++i) {
-          tied += (up.empty() || up[i] != 0) && member(i) && score(busy[i]) == want->score ? 1 : 0;
-        }
-        ties += tied > 1 ? 1 : 0;
-        // The answer is placed on, as the Conductor does, and sometimes others too (a sync then sees more
-        // than one weight changed).
-        if (chance(0.8)) history.record(want->instance, now_s);
+        if (chance(0.1)) up.clear();
         if (chance(0.1)) {
-          for (size_t k = 1 + below(3); k > 0; --k) history.record(static_cast<InstanceId>(below(busy.size())), now_s);
+          up.assign(busy.size(), 1);
+          note_all();
+        }
+        if (!up.empty()) {
+          up.resize(busy.size(), 1);
+          for (size_t k = below(3); k > 0; --k) {
+            const auto i = static_cast<InstanceId>(below(up.size()));
+            up[i] = up[i] != 0 ? 0 : static_cast<uint8_t>(1 + below(2));  // any non-zero flag is up
+            log.note(i);
+          }
+        }
+        if (chance(0.02)) {
+          busy.resize(1 + below(150), 1.0);
+          if (!up.empty()) up.resize(busy.size(), 1);
+          note_all();
+        }
+        if (chance(0.03)) log = PrefillChangeLog();  // another view's log: its count means nothing here
+        now_s += chance(0.01) ? 600 : (chance(0.5) ? 0 : uniform(0, 0.5));
+        const double clock_s = std::fmod(now_s, 10.0);  // busy times stay around the clock
+        const double floor_s = chance(0.5) ? 0 : 0.5 * static_cast<double>(below(6));
+        const double cost_s = chance(0.2) ? 1e17 : uniform(0, 3);
+        std::vector<uint8_t> in_group(busy.size());
+        const double share = uniform(0, 1);
+        for (auto& m : in_group) m = chance(share) ? 1 : 0;
+        auto member = [&](InstanceId i) { return in_group[i] != 0; };
+        auto score = [&](double b) { return std::max(b - clock_s, floor_s) + cost_s; };
+
+        ASSERT_TRUE(order.sync(busy, up, history, logged ? log.changes() : PrefillChanges{}));
+        const auto got = order.best(member, score, history);
+        const auto want = best_by_loop(busy, up, member, score, history);
+        ASSERT_EQ(got.has_value(), want.has_value()) << "trial " << trial << " step " << step;
+        if (want) {
+          ASSERT_EQ(got->instance, want->instance) << "trial " << trial << " step " << step;
+          ASSERT_EQ(got->score, want->score);
+          ++questions;
+          size_t tied = 0;
+          for (InstanceId i = 0; i < busy.size(); ++i) {
+            tied += (up.empty() || up[i] != 0) && member(i) && score(busy[i]) == want->score ? 1 : 0;
+          }
+          ties += tied > 1 ? 1 : 0;
+          // The answer is placed on, as the Conductor does, and sometimes others too (a sync then sees more
+          // than one weight changed).
+          if (chance(0.8)) history.record(want->instance, now_s);
+          if (chance(0.1)) {
+            for (size_t k = 1 + below(3); k > 0; --k)
+              history.record(static_cast<InstanceId>(below(busy.size())), now_s);
+          }
         }
       }
     }
+    EXPECT_GT(questions, 3000u);
+    EXPECT_GT(ties, questions / 4) << "the tie-break must be exercised";
   }
-  EXPECT_GT(questions, 3000u);
-  EXPECT_GT(ties, questions / 4) << "the tie-break must be exercised";
+}
+
+// The order trusts a change log: a change it does not name goes unseen until a sync compares everything
+// (the log is another one, or has lost changes). ClusterState must therefore log every write (below).
+TEST(BusyOrder, ReadsOnlyTheInstancesTheChangeLogNames) {
+#ifndef NDEBUG
+  GTEST_SKIP() << "debug builds assert that the log named every change; this test breaks that on purpose";
+#endif
+  PlacementHistory history;
+  PrefillChangeLog log;
+  std::vector<double> busy{3, 1, 2};
+  BusyOrder order;
+  auto all = [](InstanceId) { return true; };
+  auto queue = [](double b) { return b; };
+  ASSERT_TRUE(order.sync(busy, {}, history, log.changes()));
+  EXPECT_EQ(order.best(all, queue, history)->instance, 1u);
+  busy[2] = 0.5;  // not logged
+  ASSERT_TRUE(order.sync(busy, {}, history, log.changes()));
+  EXPECT_EQ(order.best(all, queue, history)->instance, 1u);
+  log.note(2);
+  ASSERT_TRUE(order.sync(busy, {}, history, log.changes()));
+  EXPECT_EQ(order.best(all, queue, history)->instance, 2u);
+  busy[0] = 0.25;  // not logged, but the log overflows: everything is compared
+  for (size_t k = 0; k <= PrefillChangeLog::kRecent; ++k) log.note(1);
+  ASSERT_TRUE(order.sync(busy, {}, history, log.changes()));
+  EXPECT_EQ(order.best(all, queue, history)->instance, 0u);
+  busy[1] = 0.125;  // not logged, but a copy of the log is another log
+  const PrefillChangeLog copy = log;
+  ASSERT_TRUE(order.sync(busy, {}, history, copy.changes()));
+  EXPECT_EQ(order.best(all, queue, history)->instance, 1u);
+}
+
+// Every ClusterState event that changes a prefill instance's busy_until or up flag logs it, so the busy
+// order never misses a change: random events, the pool compared before and after each.
+TEST(ClusterStateChangeLog, NamesEveryPrefillInstanceAnEventChanged) {
+  const perf::CostModel cost(*perf::model_preset("llama3-70b"), *perf::hardware_preset("8xA800"));
+  Conductor conductor(cost, {.policy = PrefillPolicy::kGlobalCacheAware});
+  ClusterState cluster(6, 2, 512, 1'000'000);
+  std::mt19937_64 rng(7);
+  auto below = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  uint64_t seen = cluster.prefill_changes().count;
+  double now_s = 0;
+  size_t changed_events = 0;
+  for (int step = 0; step < 3000; ++step) {
+    const std::vector<double> busy_before(cluster.prefill_busy_until_s().begin(),
+                                          cluster.prefill_busy_until_s().end());
+    const std::vector<uint8_t> up_before(cluster.prefill_up_flags().begin(),
+                                         cluster.prefill_up_flags().end());
+    now_s += 0.01 * static_cast<double>(below(50));
+    const auto i = static_cast<InstanceId>(below(cluster.prefill_instance_count()));
+    std::vector<BlockKey> keys;
+    for (size_t k = 1 + below(6); k > 0; --k) keys.push_back(1 + below(20));
+    switch (below(8)) {
+      case 0: {
+        const auto d = conductor.schedule(cluster, {static_cast<int64_t>(keys.size()) * 512, keys, 8}, now_s);
+        if (d.rejected == RejectReason::kNone) cluster.on_request_placed({512, keys, 8}, d, now_s);
+        break;
+      }
+      case 1:
+        cluster.on_request_dropped(i, keys, 0.1 * static_cast<double>(below(20)), now_s);
+        break;
+      case 2:
+        cluster.on_prefill_done(i, keys, now_s);
+        break;
+      case 3:
+        cluster.on_prefill_idle(i, now_s);
+        break;
+      case 4:
+        cluster.on_prefill_down(i, now_s);
+        break;
+      case 5:
+        cluster.on_prefill_up(i);
+        break;
+      case 6:
+        if (cluster.prefill_instance_count() < 12) cluster.add_prefill_instance();
+        break;
+      default:
+        cluster.on_kv_cleared(i);
+        break;
+    }
+    const auto changes = cluster.prefill_changes();
+    ASSERT_LE(changes.count - seen, changes.recent.size()) << "one event logs a few changes";
+    std::vector<uint8_t> logged(cluster.prefill_instance_count(), 0);
+    for (uint64_t c = seen; c < changes.count; ++c) logged[changes.recent[c % changes.recent.size()]] = 1;
+    seen = changes.count;
+    for (InstanceId p = 0; p < cluster.prefill_instance_count(); ++p) {
+      const bool is_new = p >= busy_before.size();
+      const bool changed = is_new ||
+                           std::bit_cast<uint64_t>(busy_before[p]) !=
+                               std::bit_cast<uint64_t>(cluster.prefill_busy_until_s()[p]) ||
+                           up_before[p] != cluster.prefill_up_flags()[p];
+      changed_events += changed ? 1 : 0;
+      EXPECT_TRUE(!changed || logged[p] != 0)
+          << "step " << step << ": instance " << p << " changed, not logged";
+    }
+  }
+  EXPECT_GT(changed_events, 500u);
 }
 
 TEST(BusyOrder, ANaNBusyTimeMakesTheOrderUnusableUntilItIsGone) {
