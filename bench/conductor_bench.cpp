@@ -63,7 +63,8 @@ class BenchCluster : public conductor::ClusterView {
   double prefix_ready_s(InstanceId, std::span<const BlockKey>) const override { return 0; }
   conductor::PrefillChanges prefill_changes() const override { return changes_.changes(); }
 
-  /// A placed decision's prefill joins its instance's queue (as ClusterState::on_request_placed predicts it).
+  /// An accepted decision's prefill joins its instance's queue (as ClusterState::on_request_placed predicts
+  /// it).
   void place(const conductor::Decision& d, double now_s) {
     auto& busy = busy_until_s_[d.prefill_instance];
     busy = std::max(busy, now_s) + d.transfer_s + d.prefill_s;
@@ -98,7 +99,7 @@ void BM_ConductorDecision(benchmark::State& state) {
     const auto d = conductor.schedule(cluster, {req.input_tokens, req.block_keys, req.output_tokens}, now_s);
     benchmark::DoNotOptimize(d);
     if (changing) {
-      cluster.place(d, now_s);
+      if (d.rejected == conductor::RejectReason::kNone) cluster.place(d, now_s);
       now_s += 0.002;
     }
   }

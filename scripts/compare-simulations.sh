@@ -7,7 +7,8 @@
 # Runs 108 simulations with each binary: both bundled traces at 8x and 30x time scale; least-loaded,
 # cache-aware and global-cache-aware; admission none, predictive and slo; on paper-fig5 scaled to 64+64 and
 # 128+128 instances and decode-bound scaled to 84+12 (pools of 64 instances and more, where the Conductor's
-# busy order decides). Compares each report and per-request file with cmp; exits 1 on the first difference.
+# busy order decides). Compares each report and per-request file with cmp; exits 1 on the first difference
+# or failed run. The binaries are paths (./build/release/crescent), not names looked up in PATH.
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
@@ -22,7 +23,7 @@ mkdir -p "$out/configs" "$out/old" "$out/new"
 
 # A bundled config with its pool sizes replaced.
 scaled() {  # NAME BASE PREFILL DECODE
-  /usr/bin/python3 - "$root/configs/$2.json" "$3" "$4" "$1" >"$out/configs/$1.json" <<'EOF'
+  python3 - "$root/configs/$2.json" "$3" "$4" "$1" >"$out/configs/$1.json" <<'EOF'
 import json, sys
 config = json.load(open(sys.argv[1]))
 config.update(name=sys.argv[4], prefill_instances=int(sys.argv[2]), decode_instances=int(sys.argv[3]))
@@ -43,10 +44,13 @@ for config in p64 p128 db96; do
           for side in old new; do
             bin=$old
             [[ $side == new ]] && bin=$new
-            "$bin" simulate "$root/data/traces/${trace}_trace.jsonl.gz" --config "$out/configs/$config.json" \
+            if ! "$bin" simulate "$root/data/traces/${trace}_trace.jsonl.gz" --config "$out/configs/$config.json" \
               --time-scale "$scale" --policy "$policy" --admission "$admission" --json \
               --requests-out "$out/$side/$name.requests.jsonl" >"$out/$side/$name.report.json" \
-              2>>"$out/$side.log"
+              2>>"$out/$side.log"; then
+              echo "FAILED: $side binary on $name (its messages: $out/$side.log)" >&2
+              exit 1
+            fi
           done
           for file in report.json requests.jsonl; do
             if ! cmp -s "$out/old/$name.$file" "$out/new/$name.$file"; then

@@ -43,8 +43,9 @@ class BusyOrder {
   /// Brings the order up to date with a pool of busy_until_s.size() instances: `busy_until_s` (seconds, per
   /// instance), `up` (per instance: 0 down, any other value up; empty: all up) and `history`, the pool's
   /// tie-break. `changes` is the pool's change log (ClusterView::prefill_changes): when it is the log of the
-  /// last sync's pool and still holds every change since, only the instances it names are compared with
-  /// their copies; otherwise (no log, another log, or more changes than it keeps) every instance is.
+  /// last sync's pool, still holds every change since, and the pool's size and flags' form (empty or not)
+  /// are as at the last sync, only the instances it names are compared with their copies; otherwise (no
+  /// log, another log, more changes than it keeps) every instance is.
   /// Costs those compares plus O(log instances) per instance whose busy_until, flag or weight changed since
   /// the last sync: all of them the first time, when the pool's size changed, or when more than one placement
   /// was recorded (or the weights rescaled) since. False when the order cannot be used: some instance's

@@ -20,12 +20,13 @@ namespace crescent::conductor {
 struct PrefillChanges {
   uint64_t source = 0;  // tells logs apart: unique to one log over the process's life; 0: no log is kept
   uint64_t count = 0;   // changes logged so far
-  std::span<const InstanceId> recent;  // ring of the last changed ids
+  std::span<const InstanceId> recent;  // ring of the last changed ids; valid while the log lives
 };
 
 /// The log behind PrefillChanges: a ring of the last kRecent changed instance ids. A view calls note(i)
 /// after every write to instance i's busy_until or up flag (and for an instance added to the pool). A copy
-/// is a new log (another source), so a consumer never mistakes one view's changes for another's.
+/// is a new log (another source), so a consumer never mistakes one view's changes for another's; a moved-from
+/// log keeps its source and count. The only source of sources: a view must not make its own up.
 class PrefillChangeLog {
  public:
   static constexpr size_t kRecent = 64;
@@ -95,8 +96,8 @@ class ClusterView {
   virtual std::span<const uint8_t> decode_up_flags() const { return {}; }
 
   /// Which prefill instances' busy_until or up flag changed lately. A view that returns a source other than
-  /// 0 must log every such change (PrefillChangeLog::note). The default keeps no log: the Conductor then
-  /// compares every instance with its copy on each decision.
+  /// 0 returns its PrefillChangeLog's changes() and must log every such change there (note). The default
+  /// keeps no log: the Conductor then compares every instance with its copy on each decision.
   virtual PrefillChanges prefill_changes() const { return {}; }
 
   /// Whether prefill instance `i` (decode instance `d`) is up.

@@ -386,14 +386,17 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   // pick_lowest answers).
   struct Candidate {
     double score = kInfinity;
-    InstanceId instance = 0;
+    std::optional<InstanceId> instance;  // the best so far (a finite score)
+    std::optional<InstanceId> first;     // the first considered
   };
   Candidate with_room, any_up;
   fits = false;
   auto consider = [&](Candidate& c, InstanceId d, double score) {
+    if (!c.first) c.first = d;
     if (score < c.score ||
-        (score == c.score && score != kInfinity && decode_history_.prefer(d, c.instance))) {
-      c = {score, d};
+        (score == c.score && score != kInfinity && decode_history_.prefer(d, *c.instance))) {
+      c.score = score;
+      c.instance = d;
     }
   };
   for (InstanceId d = 0; d < instances; ++d) {
@@ -409,9 +412,11 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
       consider(with_room, d, score);
     }
   }
-  const Candidate best = fits ? with_room : any_up;
+  const Candidate& best = fits ? with_room : any_up;
   predicted_tbt_s = best.score;
-  return best.instance;
+  // Every score infinite or NaN (a cost model gone wrong): the first candidate, its TBT predicted infinite
+  // (which SLO admission rejects). schedule() checked that some decode instance is up.
+  return best.instance ? *best.instance : best.first.value_or(0);
 }
 
 // Largest HBM KV capacity of any decode instance: a request needing more can never run.

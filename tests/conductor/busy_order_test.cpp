@@ -150,6 +150,16 @@ TEST(BusyOrder, ReadsOnlyTheInstancesTheChangeLogNames) {
   const PrefillChangeLog copy = log;
   ASSERT_TRUE(order.sync(busy, {}, history, copy.changes()));
   EXPECT_EQ(order.best(all, queue, history)->instance, 1u);
+  // Another log whose count is a few past the last one's (3 against 0): its entries are not this pool's
+  // changes.
+  PrefillChangeLog other;
+  ASSERT_TRUE(order.sync(busy, {}, history, other.changes()));  // the order now follows `other`, at 0
+  PrefillChangeLog third;
+  for (int k = 0; k < 3; ++k) third.note(0);
+  busy[2] = 0.0625;  // named by neither log
+  ASSERT_TRUE(
+      order.sync(busy, {}, history, third.changes()));  // count 3: within `other`'s reach, not its source
+  EXPECT_EQ(order.best(all, queue, history)->instance, 2u);
 }
 
 // Every ClusterState event that changes a prefill instance's busy_until or up flag logs it, so the busy
@@ -174,8 +184,9 @@ TEST(ClusterStateChangeLog, NamesEveryPrefillInstanceAnEventChanged) {
     for (size_t k = 1 + below(6); k > 0; --k) keys.push_back(1 + below(20));
     switch (below(8)) {
       case 0: {
-        const auto d = conductor.schedule(cluster, {static_cast<int64_t>(keys.size()) * 512, keys, 8}, now_s);
-        if (d.rejected == RejectReason::kNone) cluster.on_request_placed({512, keys, 8}, d, now_s);
+        const RequestInfo request{static_cast<int64_t>(keys.size()) * 512, keys, 8};
+        const auto d = conductor.schedule(cluster, request, now_s);
+        if (d.rejected == RejectReason::kNone) cluster.on_request_placed(request, d, now_s);
         break;
       }
       case 1:
@@ -203,7 +214,11 @@ TEST(ClusterStateChangeLog, NamesEveryPrefillInstanceAnEventChanged) {
     const auto changes = cluster.prefill_changes();
     ASSERT_LE(changes.count - seen, changes.recent.size()) << "one event logs a few changes";
     std::vector<uint8_t> logged(cluster.prefill_instance_count(), 0);
-    for (uint64_t c = seen; c < changes.count; ++c) logged[changes.recent[c % changes.recent.size()]] = 1;
+    for (uint64_t c = seen; c < changes.count; ++c) {
+      const InstanceId id = changes.recent[c % changes.recent.size()];
+      ASSERT_LT(id, logged.size()) << "step " << step;
+      logged[id] = 1;
+    }
     seen = changes.count;
     for (InstanceId p = 0; p < cluster.prefill_instance_count(); ++p) {
       const bool is_new = p >= busy_before.size();
