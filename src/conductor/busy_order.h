@@ -163,20 +163,22 @@ std::optional<BusyOrder::Best> BusyOrder::best(Member member, Score score, const
   }
   flush();
   // PlacementHistory::prefer: the least weight, then the first from the round robin's start, cyclically.
-  // The least leaf of all is usually a member's: the leftmost leaf holding it then answers both questions
-  // when it is at or after the round robin's start.
+  // The least leaf of all is usually a member's, and then one search from the start usually finds it; only
+  // when no member holds it does a branch and bound find the members' least.
   const InstanceId start = history.round_robin_start();
-  double least = tree_[1];
-  std::optional<InstanceId> id = first_with(0, least, member);
+  // The first member leaf holding `least` from the round robin's start, cyclically.
+  auto cyclic_first = [&](double least) {
+    auto id = first_with(start, least, member);
+    return id || start == 0 ? id : first_with(0, least, member);
+  };
+  std::optional<InstanceId> id = cyclic_first(tree_[1]);
   if (!id) {
-    least = kInfinity;
+    double least = kInfinity;
     least_weight(1, least, member);
-    id = first_with(0, least, member);
+    id = cyclic_first(least);
   }
-  if (!id) return std::nullopt;  // unreachable: the first member is in the front, so a member leaf holds least
-  if (*id < start) {
-    if (auto later = first_with(start, least, member)) id = later;
-  }
+  if (!id)
+    return std::nullopt;  // unreachable: the first member is in the front, so a member leaf holds least
   return Best{*id, lowest};
 }
 
