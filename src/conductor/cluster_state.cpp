@@ -3,12 +3,6 @@
 #include <algorithm>
 
 namespace crescent::conductor {
-namespace {
-
-// A placement's keys looked up this far ahead are prefetched (the index and ready maps are megabytes).
-constexpr size_t kPrefetchAhead = 8;
-
-}  // namespace
 
 ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances, int64_t block_size_tokens,
                            int64_t decode_kv_capacity_tokens)
@@ -48,9 +42,12 @@ InstanceId ClusterState::add_decode_instance(int64_t kv_capacity_tokens) {
 double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const {
   double ready_s = 0;
   const auto& ready = ready_s_[holder];
-  for (BlockKey k : keys) {
-    if (const CachedBlock* block = ready.find(k)) ready_s = std::max(ready_s, block->ready_s);
-  }
+  kv::for_each_prefetched(
+      keys,
+      [&](BlockKey k) {
+        if (const CachedBlock* block = ready.find(k)) ready_s = std::max(ready_s, block->ready_s);
+      },
+      ready);
   return ready_s;
 }
 
@@ -74,17 +71,14 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
   // Algorithm 1's "update the cache": the prompt's blocks will be on the chosen instance, readable once its
   // prefill is done, and later requests may be placed on them before the instance's own KV events say so.
   auto& ready = ready_s_[decision.prefill_instance];
-  const std::span<const BlockKey> keys = request.block_keys;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kPrefetchAhead < keys.size()) {
-      ready.prefetch(keys[i + kPrefetchAhead]);
-      index_.prefetch(keys[i + kPrefetchAhead]);
-    }
-    const BlockKey k = keys[i];
-    auto [block, added] = ready.try_emplace(k, CachedBlock{t.done_s});
-    if (added) index_.add(k, decision.prefill_instance);
-    if (!block->stored) ++block->placements;
-  }
+  kv::for_each_prefetched(
+      request.block_keys,
+      [&](BlockKey k) {
+        auto [block, added] = ready.try_emplace(k, CachedBlock{t.done_s});
+        if (added) index_.add(k, decision.prefill_instance);
+        if (!block->stored) ++block->placements;
+      },
+      ready, index_);
   if (request.max_output_tokens > 1) {
     kv::DecodeGroup& incoming = decode_[decision.decode_instance].incoming;
     incoming.requests += 1;
@@ -97,30 +91,39 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
 void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> stored,
                                std::span<const BlockKey> removed, double ready_s) {
   auto& ready = ready_s_[instance];
-  for (BlockKey k : removed) {
-    index_.remove(k, instance);
-    ready.erase(k);
-  }
-  for (BlockKey k : stored) {
-    index_.add(k, instance);
-    // A block placed earlier keeps its predicted ready time: an instance stores a block (and says so) when
-    // its prefill starts, before the block is computed.
-    auto [block, added] = ready.try_emplace(k, CachedBlock{ready_s});
-    if (!added) block->ready_s = std::max(block->ready_s, ready_s);
-    block->stored = true;
-  }
+  kv::for_each_prefetched(
+      removed,
+      [&](BlockKey k) {
+        index_.remove(k, instance);
+        ready.erase(k);
+      },
+      ready, index_);
+  kv::for_each_prefetched(
+      stored,
+      [&](BlockKey k) {
+        index_.add(k, instance);
+        // A block placed earlier keeps its predicted ready time: an instance stores a block (and says so)
+        // when its prefill starts, before the block is computed.
+        auto [block, added] = ready.try_emplace(k, CachedBlock{ready_s});
+        if (!added) block->ready_s = std::max(block->ready_s, ready_s);
+        block->stored = true;
+      },
+      ready, index_);
 }
 
 void ClusterState::release_placement(InstanceId instance, std::span<const BlockKey> block_keys) {
   auto& ready = ready_s_[instance];
-  for (BlockKey k : block_keys) {
-    CachedBlock* block = ready.find(k);
-    if (block == nullptr || block->stored || block->placements == 0) continue;
-    if (--block->placements == 0) {  // no other placement will compute it there
-      index_.remove(k, instance);
-      ready.erase(k);
-    }
-  }
+  kv::for_each_prefetched(
+      block_keys,
+      [&](BlockKey k) {
+        CachedBlock* block = ready.find(k);
+        if (block == nullptr || block->stored || block->placements == 0) return;
+        if (--block->placements == 0) {  // no other placement will compute it there
+          index_.remove(k, instance);
+          ready.erase(k);
+        }
+      },
+      ready);
 }
 
 void ClusterState::on_kv_cleared(InstanceId instance) {
@@ -147,11 +150,14 @@ void ClusterState::on_prefill_computed(InstanceId instance, std::span<const Bloc
   set_busy_until(instance, std::max(busy_until_s_[instance], now_s));
   // The blocks it stored are computed now, however long their placement predicted.
   auto& ready = ready_s_[instance];
-  for (BlockKey k : block_keys) {
-    if (CachedBlock* block = ready.find(k); block != nullptr && block->stored) {
-      block->ready_s = std::min(block->ready_s, now_s);
-    }
-  }
+  kv::for_each_prefetched(
+      block_keys,
+      [&](BlockKey k) {
+        if (CachedBlock* block = ready.find(k); block != nullptr && block->stored) {
+          block->ready_s = std::min(block->ready_s, now_s);
+        }
+      },
+      ready);
 }
 
 }  // namespace crescent::conductor

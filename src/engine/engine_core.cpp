@@ -125,7 +125,7 @@ int64_t EngineCore::take_cached_prefix(RequestId id, Record& r, double now_s) {
   // A DRAM cache stores blocks before they are computed: this prompt will compute the ones it stored.
   if (options_.prefix_in_dram) {
     r.owned = touch_events_.stored;
-    for (BlockKey k : r.owned) pending_[k] = id;
+    for (BlockKey k : r.owned) *pending_.try_emplace(k, id).first = id;
   }
   // Blocks it could not keep are reported as removed: whoever indexed them for this prompt's placement
   // (ClusterState) must not count on them. A DRAM cache also reports the blocks it already held as stored:
@@ -158,12 +158,12 @@ int64_t EngineCore::computed_prefix_tokens(RequestId id, Record& r) {
   int64_t blocks = 0;
   bool run = true;
   for (BlockKey k : r.block_keys) {
-    auto p = pending_.find(k);
-    if (p != pending_.end() && p->second != id && !records_.contains(p->second)) {
-      p->second = id;  // its owner was cancelled
+    RequestId* owner = pending_.find(k);
+    if (owner != nullptr && *owner != id && !records_.contains(*owner)) {
+      *owner = id;  // its owner was cancelled
       r.owned.push_back(k);
     }
-    if (run && cache_->contains(k) && p == pending_.end()) {
+    if (run && cache_->contains(k) && owner == nullptr) {
       ++blocks;
     } else {
       run = false;
@@ -177,10 +177,10 @@ int64_t EngineCore::computed_prefix_tokens(RequestId id, Record& r) {
 void EngineCore::drop_uncomputed(RequestId id, Record& r) {
   std::vector<BlockKey> removed;
   for (BlockKey k : r.owned) {
-    auto p = pending_.find(k);
-    if (p == pending_.end() || p->second != id) continue;
+    const RequestId* owner = pending_.find(k);
+    if (owner == nullptr || *owner != id) continue;
     if (cache_->erase_unpinned(k)) {
-      pending_.erase(p);
+      pending_.erase(k);
       removed.push_back(k);
     }
   }
@@ -192,10 +192,12 @@ void EngineCore::drop_uncomputed(RequestId id, Record& r) {
 
 // A DRAM cache's blocks `id` computed are no longer pending.
 void EngineCore::mark_computed(RequestId id, Record& r) {
-  for (BlockKey k : r.owned) {
-    auto p = pending_.find(k);
-    if (p != pending_.end() && p->second == id) pending_.erase(p);
-  }
+  kv::for_each_prefetched(
+      r.owned,
+      [&](BlockKey k) {
+        if (const RequestId* owner = pending_.find(k); owner != nullptr && *owner == id) pending_.erase(k);
+      },
+      pending_);
   std::vector<BlockKey>().swap(r.owned);
 }
 

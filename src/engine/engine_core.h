@@ -20,6 +20,7 @@
 #include "engine/step_log.h"
 #include "kv/block_cache.h"
 #include "kv/block_key.h"
+#include "kv/block_map.h"
 #include "kv/decode_load.h"
 #include "perf/cost_model.h"
 
@@ -274,7 +275,7 @@ class EngineCore {
   EngineListener& listener_;
   std::optional<kv::BlockCache> cache_;  // with EngineOptions::prefix_cache
   // DRAM cache: blocks stored for a queued or prefilling prompt and not computed yet, with that prompt.
-  std::unordered_map<BlockKey, RequestId> pending_;
+  kv::BlockMap<RequestId> pending_;
   double now_s_ = 0;  // the latest time the engine was told (for events of cancel())
   std::unordered_map<RequestId, Record> records_;
   int64_t outstanding_ = 0;

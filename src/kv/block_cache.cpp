@@ -1,14 +1,9 @@
 #include "kv/block_cache.h"
 
 #include <cassert>
+#include <ranges>
 
 namespace crescent::kv {
-namespace {
-
-// A touch's keys looked up this far ahead are prefetched (a cache of 100,000 blocks is megabytes).
-constexpr size_t kTouchPrefetchAhead = 8;
-
-}  // namespace
 
 BlockCache::BlockCache(int64_t capacity_blocks) : capacity_blocks_(capacity_blocks) {
   assert(capacity_blocks >= 1);
@@ -94,7 +89,7 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
   const uint64_t call = ++touch_calls_;
   held_.clear();
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kTouchPrefetchAhead < keys.size()) entries_.prefetch(keys[i + kTouchPrefetchAhead]);
+    if (i + kPrefetchAheadKeys < keys.size()) entries_.prefetch(keys[i + kPrefetchAheadKeys]);
     const BlockKey key = keys[i];
     if (Entry* found = entries_.find(key)) {
       Entry& e = *found;
@@ -133,15 +128,18 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
 }
 
 void BlockCache::unpin(std::span<const BlockKey> keys) {
-  for (auto key = keys.rbegin(); key != keys.rend(); ++key) {
-    Entry* e = entries_.find(*key);
-    assert(e != nullptr && e->ref_count > 0);
-    if (e == nullptr || e->ref_count == 0) continue;
-    if (--e->ref_count == 0) {
-      --pinned_blocks_;
-      list_push_back(e->slot);
-    }
-  }
+  for_each_prefetched(
+      std::views::reverse(keys),
+      [&](BlockKey key) {
+        Entry* e = entries_.find(key);
+        assert(e != nullptr && e->ref_count > 0);
+        if (e == nullptr || e->ref_count == 0) return;
+        if (--e->ref_count == 0) {
+          --pinned_blocks_;
+          list_push_back(e->slot);
+        }
+      },
+      entries_);
 }
 
 }  // namespace crescent::kv

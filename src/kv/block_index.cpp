@@ -8,7 +8,7 @@ namespace {
 
 // Keys looked up this far ahead are prefetched: the index is megabytes, so each lookup would otherwise wait
 // on memory alone.
-constexpr int64_t kMatchPrefetchAhead = 8;
+constexpr auto kMatchPrefetchAhead = static_cast<int64_t>(kPrefetchAheadKeys);
 
 // A first key with this many holders or more has its runs kept for the next match (a copy of run_blocks,
 // where writing fewer holders' runs costs less than that copy).

@@ -122,8 +122,9 @@ class BlockIndex {
   /// Slots the index's tables hold, used or free (its memory, in entries; kv::BlockMap::slot_count).
   size_t slot_count() const { return holders_.slot_count(); }
 
-  /// Starts loading where `key` is kept (a hint for loops over a request's keys, a few keys ahead).
-  void prefetch(BlockKey key) const { holders_.prefetch(key); }
+  /// Starts loading where `key` is kept (a hint for loops over a request's keys, a few keys ahead). Always
+  /// inlined, as BlockMap::prefetch.
+  [[gnu::always_inline]] void prefetch(BlockKey key) const { holders_.prefetch(key); }
 
   /// Instances holding `key` (empty if none), in insertion order.
   std::span<const InstanceId> holders(BlockKey key) const;

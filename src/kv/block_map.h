@@ -12,11 +12,13 @@
 // multiplicative mix of one picks its table and slot.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <ranges>
 #include <utility>
 #include <vector>
 
@@ -37,7 +39,8 @@ class BlockMap {
   const V* find(BlockKey key) const { return const_cast<BlockMap*>(this)->find(key); }
 
   /// Starts loading the slot `key` would be found in (a hint: for a loop over many keys, a few keys ahead).
-  void prefetch(BlockKey key) const {
+  /// Always inlined: g++ 12 judges a function that only prefetches to have no effect and drops calls to it.
+  [[gnu::always_inline]] void prefetch(BlockKey key) const {
     const uint64_t m = mix(key);
     const Table& t = tables_[table_of(m)];
     if (!t.slots.empty()) __builtin_prefetch(&t.slots[t.home(m)]);
@@ -236,5 +239,23 @@ class BlockMap {
   size_t size_ = 0;
   std::optional<V> zero_;
 };
+
+/// How many keys ahead of a loop over a request's keys their lookups are started (for_each_prefetched).
+inline constexpr size_t kPrefetchAheadKeys = 8;
+
+/// Calls visit(key) for each key of `keys` (a random-access range of BlockKey), in order, having started
+/// loading where each of `maps` keeps the key (their prefetch(key): BlockMap, BlockIndex) kPrefetchAheadKeys
+/// keys earlier: a loop over a request's keys in maps of megabytes then waits on memory for several keys at
+/// once instead of one after another (a DRAM miss is ~250 ns here; docs/benchmarks.md).
+template <std::ranges::random_access_range Keys, typename Visit, typename... Maps>
+void for_each_prefetched(Keys&& keys, Visit&& visit, const Maps&... maps) {
+  const auto n = static_cast<size_t>(std::ranges::size(keys));
+  const auto first = std::ranges::begin(keys);
+  for (size_t i = 0; i < std::min(n, kPrefetchAheadKeys); ++i) (maps.prefetch(first[i]), ...);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAheadKeys < n) (maps.prefetch(first[i + kPrefetchAheadKeys]), ...);
+    visit(first[i]);
+  }
+}
 
 }  // namespace crescent::kv

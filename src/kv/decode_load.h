@@ -15,6 +15,8 @@ struct DecodeGroup {
   /// KV tokens they hold (or will hold on joining): prompt + tokens generated so far.
   int64_t context_tokens = 0;
   int64_t kv_tokens = 0;  // HBM KV tokens reserved for them: prompt + max output each (no preemption)
+
+  bool operator==(const DecodeGroup&) const = default;
 };
 
 /// Load of one decode instance.
@@ -29,6 +31,8 @@ struct DecodeLoad {
   /// KV tokens promised to requests: committed plus incoming. A request fits when its prompt + max output
   /// is at most kv_capacity_tokens - reserved_kv_tokens().
   int64_t reserved_kv_tokens() const { return committed_kv_tokens() + incoming.kv_tokens; }
+
+  bool operator==(const DecodeLoad&) const = default;
 };
 
 /// The sums over a decode pool.

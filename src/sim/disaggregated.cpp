@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <limits>
 #include <memory>
 #include <queue>
@@ -64,7 +65,9 @@ struct KvArrival {
 // options live instances use (cluster::prefill_engine_options, cluster::decode_engine_options) and the mock
 // executor. Events run in time order: the prefill engines' iterations, KV arriving at decode, arrivals.
 // Decode engines are brought up to date lazily (at each arrival, and before KV reaches them): nothing else
-// depends on them in between.
+// depends on them in between. At an arrival only the decode engines with an iteration due run, and only
+// those whose load changed since the last report report it again (the rest would report what the
+// Conductor's state already holds): a decision costs the decode engines that did something, not all of them.
 class Simulation final : private engine::EngineListener, private cluster::PlacementDriver {
  public:
   Simulation(const cluster::ClusterConfig& config, std::span<const trace::Request> trace,
@@ -78,7 +81,9 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
         state_(config.prefill_instances, config.decode_instances, options.block_size_tokens,
                cluster::decode_kv_capacity_tokens(config)),
         executor_(cost_),
-        next_prefill_event_(config.prefill_instances) {
+        next_prefill_event_(config.prefill_instances),
+        next_decode_event_(config.decode_instances),
+        decode_load_changed_(config.decode_instances, 0) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());
     const engine::EngineOptions prefill_options =
@@ -94,6 +99,7 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
     for (uint32_t d = 0; d < config.decode_instances; ++d) {
       engine::EngineListener& listener = *this;
       decode_.push_back(std::make_unique<engine::EngineCore>(decode_options, executor_, listener));
+      decode_changed(d);  // the first decision hears every engine
     }
   }
 
@@ -163,10 +169,8 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
     for (double busy_until_s : busy_until) sample.prefill_queue_s += std::max(0.0, busy_until_s - now_s);
     sample.prefill_queue_s /= static_cast<double>(busy_until.size());
     kv::DecodePoolLoad pool;
-    for (auto& d : decode_) {
-      d->advance_until(now_s);
-      pool.add(d->decode_load());
-    }
+    advance_decode_until(now_s);
+    for (auto& d : decode_) pool.add(d->decode_load());
     sample.decode_kv_share = pool.usage();
     sample.decode_running = pool.requests_running;
     sample.decode_waiting = pool.requests_waiting;
@@ -195,6 +199,7 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
       engine::EngineCore& d = *decode_[o.decode_instance];
       d.advance_until(a.time_s);
       d.submit_decode(a.req, o.arrival_s + o.ttft_s, a.time_s);
+      decode_changed(o.decode_instance);
     }
     if (t_s != kInf) clock_.advance_to(t_s);
   }
@@ -223,15 +228,42 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
 
   // cluster::PlacementDriver: the engines are here.
   void report_decode_loads(conductor::ClusterState& state, double now_s) override {
-    // Every decode instance reports its current load (a live instance reports periodically; here the
-    // report is exact).
-    for (InstanceId d = 0; d < decode_.size(); ++d) {
-      decode_[d]->advance_until(now_s);
+    // Every decode instance's current load reaches the state (a live instance reports periodically; here the
+    // report is exact). An engine whose load did not change since its last report would repeat it.
+    advance_decode_until(now_s);
+    for (InstanceId d : decode_loads_changed_) {
       state.on_decode_report(d, decode_[d]->decode_load());
+      decode_load_changed_[d] = 0;
     }
+    decode_loads_changed_.clear();
+#ifndef NDEBUG
+    // The engines not reported again hold the load the state has (the sim tests run this in debug builds).
+    for (InstanceId d = 0; d < decode_.size(); ++d)
+      assert(state.decode_loads()[d] == decode_[d]->decode_load());
+#endif
   }
   void expect(InstanceId d, uint64_t id, const conductor::RequestInfo& request, double now_s) override {
     decode_[d]->expect(id, request.input_tokens, request.max_output_tokens, now_s);
+    decode_changed(d);
+  }
+
+  // Runs the iterations of every decode engine that ends one at or before `t_s`. An engine with none due
+  // is left as it is: advancing it would change nothing (decode engines keep no cache, and simulated KV
+  // never times out), and its load is what it last reported.
+  void advance_decode_until(double t_s) {
+    while (next_decode_event_.earliest_s() <= t_s && next_decode_event_.earliest_s() != kInf) {
+      const auto d = static_cast<InstanceId>(next_decode_event_.earliest());
+      decode_[d]->advance_until(t_s);
+      decode_changed(d);
+    }
+  }
+  // Decode engine `d` ran or took a request: its next iteration may have moved, and its load changed.
+  void decode_changed(InstanceId d) {
+    next_decode_event_.set(d, decode_[d]->next_event_s());
+    if (!decode_load_changed_[d]) {
+      decode_load_changed_[d] = 1;
+      decode_loads_changed_.push_back(d);
+    }
   }
   void submit_prefill(InstanceId p, uint64_t id, const conductor::RequestInfo& request,
                       const engine::EngineCore::ArrangedPrefix& prefix, InstanceId, double now_s) override {
@@ -292,6 +324,11 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
   std::vector<std::unique_ptr<engine::EngineCore>> decode_;
   // Each prefill engine's next_event_s(), set whenever the simulation has one run or take a prompt.
   EarliestEvent next_prefill_event_;
+  // Each decode engine's next_event_s(), set whenever one runs or takes a request (decode_changed).
+  EarliestEvent next_decode_event_;
+  // Decode engines whose load changed since they last reported it: a flag per engine, and their ids.
+  std::vector<uint8_t> decode_load_changed_;
+  std::vector<InstanceId> decode_loads_changed_;
   std::priority_queue<KvArrival, std::vector<KvArrival>, std::greater<>> kv_arrivals_;
   uint64_t next_seq_ = 0;
   std::vector<InFlight> inflight_;
