@@ -250,7 +250,7 @@ void EngineCore::join_batch(RequestId id, Record& r) {
   add(running_, r, +1);
   r.join_step = log_.next_step();
   leaving_.emplace(r.join_step + r.decode_steps - 1, id);
-  decoding_.push_back({id, &r});
+  decoding_.push_back({id, &r, r.join_step});
 }
 
 void EngineCore::start_iteration(double start_s) {
@@ -322,11 +322,14 @@ void EngineCore::finish_iteration(double end_s) {
       if (it == records_.end() || it->second.finished) continue;  // cancelled
       leave_batch(id, step, end_s);
     }
-    while (!decoding_.empty() && decoding_.front().record->finished) {
-      records_.erase(decoding_.front().id);
-      decoding_.pop_front();
+    if (decoding_finished_) {  // else the front is as it was: no record read per step
+      while (!decoding_.empty() && decoding_.front().record->finished) {
+        records_.erase(decoding_.front().id);
+        decoding_.pop_front();
+      }
+      decoding_finished_ = false;
     }
-    log_.trim_before(decoding_.empty() ? log_.next_step() : decoding_.front().record->join_step);
+    log_.trim_before(decoding_.empty() ? log_.next_step() : decoding_.front().join_step);
   }
   if (plan_.prefill_tokens > 0 && prefilling_ == plan_.prefill_request) {  // not cancelled meanwhile
     const RequestId id = *prefilling_;
@@ -407,6 +410,7 @@ void EngineCore::cancel(RequestId id) {
     records_.erase(it);
   } else {
     r.finished = true;  // erased once it reaches the front of decoding_; its leaving_ entry is skipped
+    decoding_finished_ = true;
     std::vector<BlockKey>().swap(r.pinned);
     std::vector<BlockKey>().swap(r.block_keys);
   }
@@ -430,6 +434,7 @@ void EngineCore::finish(RequestId id, Record& r, double now_s, const std::option
     records_.erase(id);  // never in decoding_
   } else {
     r.finished = true;  // erased once it reaches the front of decoding_
+    decoding_finished_ = true;
     std::vector<BlockKey>().swap(r.pinned);
     std::vector<BlockKey>().swap(r.block_keys);
   }

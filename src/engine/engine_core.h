@@ -273,9 +273,6 @@ class EngineCore {
   EngineOptions options_;
   Executor& executor_;
   EngineListener& listener_;
-  std::optional<kv::BlockCache> cache_;  // with EngineOptions::prefix_cache
-  // DRAM cache: blocks stored for a queued or prefilling prompt and not computed yet, with that prompt.
-  kv::BlockMap<RequestId> pending_;
   double now_s_ = 0;  // the latest time the engine was told (for events of cancel())
   std::unordered_map<RequestId, Record> records_;
   int64_t outstanding_ = 0;
@@ -289,8 +286,10 @@ class EngineCore {
   struct Decoding {
     RequestId id;
     Record* record;
+    int64_t join_step;  // record->join_step, here so that each step need not read the record
   };
   std::deque<Decoding> decoding_;
+  bool decoding_finished_ = false;  // a request in decoding_ finished since finish_iteration last looked
   bool busy_ = false;
   IterationPlan plan_;
   double end_s_ = 0;  // of the iteration under way
@@ -307,6 +306,10 @@ class EngineCore {
   std::vector<RequestId> decode_ids_;  // IterationPlan::decode_ids
   int64_t iterations_ = 0;
   int64_t decode_steps_ = 0;
+  // Last: the two block maps are ~10 KiB each, and the fields above are read at every step, together.
+  std::optional<kv::BlockCache> cache_;  // with EngineOptions::prefix_cache
+  // DRAM cache: blocks stored for a queued or prefilling prompt and not computed yet, with that prompt.
+  kv::BlockMap<RequestId> pending_;
 };
 
 }  // namespace crescent::engine
