@@ -159,14 +159,20 @@ int run_simulate(const SimulateArgs& args) {
     if (const std::string warning = cluster::no_completion_warning(reports.back()); !warning.empty()) {
       fmt::print(stderr, "warning: {}\n", warning);
     }
+    // Line by line: a million requests' lines are ~400 MB, more than the simulation held.
     if (requests_to_stdout) {
-      fmt::print("{}", cluster::requests_jsonl(*result, names[i]));
+      cluster::for_each_request_line(
+          *result, names[i], [](std::string_view line) { std::fwrite(line.data(), 1, line.size(), stdout); });
     } else if (!args.requests_out.empty()) {
       const std::string path = requests_out_path(args.requests_out, names[i], names.size() > 1);
-      if (Status written = write_file_atomically(path, cluster::requests_jsonl(*result, names[i]));
-          !written.ok()) {
-        return fail(written);
-      }
+      Result<std::unique_ptr<AtomicFileWriter>> writer = AtomicFileWriter::open(path);
+      if (!writer.ok()) return fail(writer.status());
+      Status written;
+      cluster::for_each_request_line(*result, names[i], [&](std::string_view line) {
+        if (written.ok()) written = (*writer)->write(line);
+      });
+      if (written.ok()) written = (*writer)->commit();
+      if (!written.ok()) return fail(written);
       fmt::print(stderr, "wrote {} per-request lines ({}) to {}\n", result->requests.size(), names[i], path);
     }
   }

@@ -140,8 +140,14 @@ std::string no_completion_warning(const PolicyReport& r) {
 
 std::string requests_jsonl(const RunResult& result, std::string_view policy) {
   std::string out;
-  out.reserve(result.requests.size() * 512);
+  for_each_request_line(result, policy, [&](std::string_view line) { out += line; });
+  return out;
+}
+
+void for_each_request_line(const RunResult& result, std::string_view policy,
+                           const std::function<void(std::string_view)>& line_out) {
   const nlohmann::json null;
+  std::string text;
   for (size_t i = 0; i < result.requests.size(); ++i) {
     const RequestOutcome& o = result.requests[i];
     const bool done = o.rejected == conductor::RejectReason::kNone && !o.failed;
@@ -171,10 +177,10 @@ std::string requests_jsonl(const RunResult& result, std::string_view policy) {
         {"max_token_gap_s", gaps ? nlohmann::json(o.max_token_gap_s) : null},
         {"e2e_s", when_done(o.finish_s - o.arrival_s)},
     };
-    out += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    out += '\n';
+    text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    text += '\n';
+    line_out(text);
   }
-  return out;
 }
 
 std::string format_table(const std::vector<PolicyReport>& reports, const SloConfig& slo) {
