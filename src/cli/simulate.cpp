@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -161,15 +163,21 @@ int run_simulate(const SimulateArgs& args) {
     }
     // Line by line: a million requests' lines are ~400 MB, more than the simulation held.
     if (requests_to_stdout) {
-      cluster::for_each_request_line(
-          *result, names[i], [](std::string_view line) { std::fwrite(line.data(), 1, line.size(), stdout); });
+      cluster::for_each_request_line(*result, names[i], [](std::string_view line) {
+        return std::fwrite(line.data(), 1, line.size(), stdout) == line.size();
+      });
+      if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        return fail(Status::io_error(
+            fmt::format("--requests-out -: cannot write to stdout: {}", std::strerror(errno))));
+      }
     } else if (!args.requests_out.empty()) {
       const std::string path = requests_out_path(args.requests_out, names[i], names.size() > 1);
       Result<std::unique_ptr<AtomicFileWriter>> writer = AtomicFileWriter::open(path);
       if (!writer.ok()) return fail(writer.status());
       Status written;
       cluster::for_each_request_line(*result, names[i], [&](std::string_view line) {
-        if (written.ok()) written = (*writer)->write(line);
+        written = (*writer)->write(line);
+        return written.ok();
       });
       if (written.ok()) written = (*writer)->commit();
       if (!written.ok()) return fail(written);

@@ -140,12 +140,15 @@ std::string no_completion_warning(const PolicyReport& r) {
 
 std::string requests_jsonl(const RunResult& result, std::string_view policy) {
   std::string out;
-  for_each_request_line(result, policy, [&](std::string_view line) { out += line; });
+  for_each_request_line(result, policy, [&](std::string_view line) {
+    out += line;
+    return true;
+  });
   return out;
 }
 
 void for_each_request_line(const RunResult& result, std::string_view policy,
-                           const std::function<void(std::string_view)>& line_out) {
+                           const std::function<bool(std::string_view)>& line_out) {
   const nlohmann::json null;
   std::string text;
   for (size_t i = 0; i < result.requests.size(); ++i) {
@@ -179,7 +182,7 @@ void for_each_request_line(const RunResult& result, std::string_view policy,
     };
     text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     text += '\n';
-    line_out(text);
+    if (!line_out(text)) return;
   }
 }
 

@@ -66,10 +66,10 @@ std::string no_completion_warning(const PolicyReport& report);
 /// null: every instance, hit and time field but arrival_s of a rejected request; tbt_s and max_token_gap_s of
 /// a request with one output token.
 std::string requests_jsonl(const RunResult& result, std::string_view policy);
-/// requests_jsonl's lines passed to `line` one at a time, in order, each with its '\n': for an output too
-/// large to hold whole (a million requests are ~400 MB of lines).
+/// requests_jsonl's lines passed to `line` one at a time, in order, each with its '\n', until it returns
+/// false (a failed write): for an output too large to hold whole (a million requests are ~400 MB of lines).
 void for_each_request_line(const RunResult& result, std::string_view policy,
-                           const std::function<void(std::string_view)>& line);
+                           const std::function<bool(std::string_view)>& line_out);
 
 /// `value`, or NaN for a statistic of nothing (plots leave NaN points out).
 inline double or_nan(std::optional<double> value) {

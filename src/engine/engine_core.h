@@ -282,7 +282,8 @@ class EngineCore {
   std::optional<RequestId> prefilling_;    // admitted, prompt not done
   std::deque<RequestId> waiting_decode_;   // KV arrived, waiting for HBM room
   // In join order, to find the oldest request still decoding, with its record: a record stays in records_
-  // (whose nodes do not move) until it leaves the front here, so the pointer saves a lookup per step.
+  // (whose nodes do not move) until it leaves the front here, so the pointer saves a lookup when a request
+  // finished (decoding_finished_) or a plan names the batch's requests.
   struct Decoding {
     RequestId id;
     Record* record;

@@ -26,7 +26,8 @@ struct InFlight {
 };
 
 // The earliest of n event times, ties to the lowest index (what a scan with `<` finds), kept in a tournament
-// tree: an update costs O(log n), where a scan of every prefill instance per event cost O(n).
+// tree: an update costs O(log n), where a scan of every instance per event cost O(n). One for the prefill
+// engines, one for the decode engines.
 class EarliestEvent {
  public:
   explicit EarliestEvent(size_t n) : leaves_(std::bit_ceil(std::max<size_t>(n, 1))), time_s_(leaves_, kInf) {

@@ -72,6 +72,17 @@ TEST(SimulateCli, SameInputsGiveByteIdenticalOutput) {
   EXPECT_EQ(ja.out, jb.out);
 }
 
+// Per-request lines that cannot be written (a full disk) are an error naming where, not a truncated output
+// and exit 0; to a file, they leave no file behind.
+TEST(SimulateCli, PerRequestLinesThatCannotBeWrittenAreAnError) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  const std::string args = "simulate " + kTrace + " " + kConfig + " --limit 300";
+  expect_one_error_line(run_crescent(args + " --requests-out - > /dev/full"), "cannot write to stdout");
+  const CliRun fine = run_crescent(args + " --requests-out - 2>/dev/null");
+  EXPECT_EQ(fine.exit_code, 0);
+  EXPECT_EQ(std::count(fine.out.begin(), fine.out.end(), '\n'), 300);
+}
+
 // Policies run at once (one per thread) give what they give one after another: the table, the JSON and
 // each policy's per-request lines, byte for byte.
 TEST(SimulateCli, PoliciesRunAtOnceGiveTheSameOutputAsOneAfterAnother) {
