@@ -490,11 +490,15 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
     d.rejected = RejectReason::kNoInstance;
     return d;
   }
+  // The prefix match's first lookups start now: the index is megabytes, and the checks and the decode
+  // choice (which does not depend on the prefill's) run while they arrive.
+  cluster.block_index().prefetch_match(request.block_keys);
   const int64_t capacity = max_decode_capacity_tokens(cluster);
   if (request.input_tokens > capacity || request.max_output_tokens > capacity - request.input_tokens) {
     d.rejected = RejectReason::kContextLength;
     return d;
   }
+  d.decode_instance = choose_decode(cluster, request, d.predicted_tbt_s, d.decode_has_room);
   PrefillChoice p = choose_prefill(cluster, request, now_s);
   const int64_t n = request.input_tokens;
   const int64_t block = options_.block_size_tokens;
@@ -507,7 +511,6 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
   d.queue_s = p.queue_s;
   d.prefill_s = p.prefill_s;
   d.ttft_s = p.queue_s + p.transfer_s + p.prefill_s;
-  d.decode_instance = choose_decode(cluster, request, d.predicted_tbt_s, d.decode_has_room);
   switch (request.admitted ? Admission::kNone : options_.admission) {
     case Admission::kNone:
       break;

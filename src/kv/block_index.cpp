@@ -8,7 +8,7 @@ namespace {
 
 // Keys looked up this far ahead are prefetched: the index is megabytes, so each lookup would otherwise wait
 // on memory alone.
-constexpr auto kMatchPrefetchAhead = static_cast<int64_t>(kPrefetchAheadKeys);
+constexpr auto kMatchPrefetchAhead = static_cast<int64_t>(BlockIndex::kMatchPrefetchAheadKeys);
 
 // A first key with this many holders or more has its runs kept for the next match (a copy of run_blocks,
 // where writing fewer holders' runs costs less than that copy).
@@ -65,7 +65,7 @@ void BlockIndex::match_prefix(std::span<const BlockKey> keys, PrefixMatch& out) 
   const auto n = static_cast<int64_t>(keys.size());
   if (n == 0) std::fill(out.run_blocks.begin(), out.run_blocks.end(), 0);
   std::span<const InstanceId> last;  // holders of the last key that extended a run
-  for (int64_t j = 0; j < std::min(n, kMatchPrefetchAhead); ++j) prefetch(keys[j]);
+  prefetch_match(keys);
   for (int64_t j = 0; j < n; ++j) {
     if (j + kMatchPrefetchAhead < n) prefetch(keys[j + kMatchPrefetchAhead]);
     const auto holders_j = holders(keys[j]);

@@ -126,6 +126,17 @@ class BlockIndex {
   /// inlined, as BlockMap::prefetch.
   [[gnu::always_inline]] void prefetch(BlockKey key) const { holders_.prefetch(key); }
 
+  /// How many keys ahead of its walk match_prefix starts their lookups. 16, not kPrefetchAheadKeys: the
+  /// walk does little per key, and 8 ahead it still waited on memory (docs/benchmarks.md, "Conductor
+  /// decisions").
+  static constexpr size_t kMatchPrefetchAheadKeys = 16;
+
+  /// Starts loading what match_prefix(keys) reads first (the first kMatchPrefetchAheadKeys keys' slots), for
+  /// a caller with other work to do before the match. Always inlined, as prefetch.
+  [[gnu::always_inline]] void prefetch_match(std::span<const BlockKey> keys) const {
+    for (size_t j = 0; j < std::min(keys.size(), kMatchPrefetchAheadKeys); ++j) prefetch(keys[j]);
+  }
+
   /// Instances holding `key` (empty if none), in insertion order.
   std::span<const InstanceId> holders(BlockKey key) const;
 
