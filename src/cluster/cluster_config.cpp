@@ -169,7 +169,10 @@ Status validate(const ClusterConfig& config, int64_t block_size_tokens) {
                     config.model.name, cost.weight_bytes() / 1e9, config.hardware.gpus,
                     config.hardware.hbm_bytes_per_gpu / 1e9, config.decode_hbm_reserved_share * 100));
   }
-  return Status();
+  // No prompt or batch is longer than a decode instance's KV capacity (longer prompts are rejected).
+  return cost.check_times_finite(decode_kv_capacity_tokens(config),
+                                 fmt::format("{} on {} ({} times)", config.model.name, config.hardware.name,
+                                             cost.coefficients().source));
 }
 
 Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const std::string& where,

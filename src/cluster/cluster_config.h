@@ -163,7 +163,8 @@ engine::EngineOptions decode_engine_options(const ClusterConfig& config);
 
 /// Checks that `config` can run with blocks of `block_size_tokens`: block size >= 1, at least one instance
 /// per pool, a prefill cache of at least one block, a valid model and hardware, model weights that leave HBM
-/// room for KV in a decode instance. Errors (kInvalidArgument) say which. The simulator and every live
+/// room for KV in a decode instance, finite predicted times up to that KV capacity
+/// (perf::CostModel::check_times_finite). Errors (kInvalidArgument) say which. The simulator and every live
 /// cluster check this before they start.
 Status validate(const ClusterConfig& config, int64_t block_size_tokens);
 

@@ -158,6 +158,13 @@ std::optional<InstanceId> Conductor::pick_lowest(std::span<const double> scores,
                             [&](InstanceId id) { return scores[id] == lowest; });
 }
 
+InstanceId Conductor::lowest_prefill_or_first_up(double lowest, std::span<const uint8_t> up) const {
+  if (const auto best = pick_lowest(prefill_scores_, lowest, prefill_history_)) return *best;
+  InstanceId first = 0;
+  while (!up.empty() && up[first] == 0) ++first;
+  return first;
+}
+
 // Among the instances holding the best prefix, the one that will have computed it soonest; ties go to the
 // holder that served the fewest fetches recently, then round robin.
 Conductor::FetchSource Conductor::choose_fetch_source(const ClusterView& cluster, const RequestInfo& request,
@@ -224,7 +231,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
                      : fill_scores(prefill_scores_, [&](InstanceId i) {
                          return up[i] != 0 ? std::max(busy_until[i] - now_s, 0.0) : kInfinity;
                        });
-      const InstanceId best = *pick_lowest(prefill_scores_, lowest, prefill_history_);
+      const InstanceId best = lowest_prefill_or_first_up(lowest, up);
       return evaluate(best, local_blocks[best], local_blocks[best], request, queue_s(best));
     }
     case PrefillPolicy::kCacheAware:
@@ -298,7 +305,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
     }
   }
 
-  const InstanceId best = *pick_lowest(prefill_scores_, lowest, prefill_history_);
+  const InstanceId best = lowest_prefill_or_first_up(lowest, up);
   const int64_t local = local_blocks[best];
   PrefillChoice choice = evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
   choice.fetch_from = source.instance;

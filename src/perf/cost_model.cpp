@@ -1,5 +1,7 @@
 #include "perf/cost_model.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <utility>
 
@@ -36,6 +38,39 @@ int64_t CostModel::decode_kv_capacity_tokens(double reserved_share) const {
       weight_bytes_;
   if (usable_bytes <= 0) return 0;
   return static_cast<int64_t>(std::floor(usable_bytes / kv_bytes_per_token_));
+}
+
+Status CostModel::check_times_finite(int64_t max_tokens, std::string_view where) const {
+  const std::string_view why =
+      "a FLOPS or bandwidth figure is too small, or a profile's coefficient too large";
+  // An infinite coefficient can hide in a time as 0 * inf = NaN, which std::max drops: checked first.
+  const std::pair<std::string_view, double> coefficients[] = {
+      {"linear_s_per_token", c_.linear_s_per_token},
+      {"attention_s_per_token_context", c_.attention_s_per_token_context},
+      {"decode_weight_read_s", c_.decode_weight_read_s},
+      {"decode_kv_read_s_per_token", c_.decode_kv_read_s_per_token},
+      {"decode_s_per_request", c_.decode_s_per_request},
+      {"prefill_iteration_overhead_s", c_.prefill_iteration_overhead_s},
+      {"KV transfer seconds per token", kv_transfer_s_per_token_},
+      {"KV load seconds per token", kv_load_s_per_token_},
+  };
+  for (const auto& [name, value] : coefficients) {
+    if (!std::isfinite(value))
+      return Status::invalid_argument(fmt::format("{}: {} is {}: {}", where, name, value, why));
+  }
+  const int64_t n = std::max<int64_t>(1, max_tokens);
+  const std::pair<std::string_view, double> times[] = {
+      {"prefill", iteration_time_s(0, 0, n, n)},
+      {"decode step", decode_step_time_s(n, n)},
+      {"KV transfer", kv_transfer_time_s(n)},
+      {"KV load", kv_load_time_s(n)},
+  };
+  for (const auto& [what, seconds] : times) {
+    if (std::isfinite(seconds)) continue;
+    return Status::invalid_argument(
+        fmt::format("{}: the predicted {} time for {} tokens is {} s: {}", where, what, n, seconds, why));
+  }
+  return Status();
 }
 
 }  // namespace crescent::perf

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cassert>
 #include <cstdint>
+#include <string_view>
 
+#include "common/status.h"
 #include "perf/hardware_spec.h"
 #include "perf/model_spec.h"
 #include "perf/profile.h"
@@ -171,6 +173,14 @@ class CostModel {
   /// activations and fragmentation: floor((gpus * hbm_bytes_per_gpu * (1 - reserved_share) - weight_bytes)
   /// / kv_bytes_per_token), 0 when the weights do not fit. REQUIRES: 0 <= reserved_share < 1.
   int64_t decode_kv_capacity_tokens(double reserved_share = 0.1) const;
+
+  /// Whether the times this model predicts for work of up to `max_tokens` tokens are finite: its
+  /// coefficients, then a prefill of that many tokens after as long a prefix, a decode step of that many
+  /// requests over that many tokens, that many tokens' KV moved and loaded. Times grow with tokens, so these
+  /// cover every smaller size. Figures that pass validation alone can still overflow (a bandwidth of 1e-300
+  /// bytes/s, a profile's coefficient of 1e300 s), and an infinite time cannot be scheduled. Error
+  /// (kInvalidArgument): `where`, which time, its size and value.
+  Status check_times_finite(int64_t max_tokens, std::string_view where) const;
 
  private:
   // Average number of tokens a new token attends to under causal masking: p + (n + 1) / 2.

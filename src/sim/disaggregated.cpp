@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <queue>
@@ -35,8 +36,10 @@ class EarliestEvent {
     for (size_t i = 0; i < leaves_; ++i) winner_[leaves_ + i] = static_cast<uint32_t>(i);
     for (size_t node = leaves_ - 1; node >= 1; --node) winner_[node] = better(2 * node, 2 * node + 1);
   }
-  /// Event `i` (< n) is now at `time_s` (infinity: none).
+  /// Event `i` (< n) is now at `time_s` (infinity: none). Not NaN: it would hide the events it is compared
+  /// with (cluster::validate keeps the cost model's times finite).
   void set(size_t i, double time_s) {
+    assert(!std::isnan(time_s));
     time_s_[i] = time_s;
     for (size_t node = (leaves_ + i) / 2; node >= 1; node /= 2)
       winner_[node] = better(2 * node, 2 * node + 1);

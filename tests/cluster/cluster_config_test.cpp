@@ -82,6 +82,17 @@ TEST(ClusterConfig, ImpossibleValuesAreNamed) {
   EXPECT_THAT(all, HasSubstr("missing field 'decode_instances'"));
   EXPECT_THAT(all, HasSubstr("model: missing fields 'hidden_size', 'attention_heads'"));
   EXPECT_THAT(all, HasSubstr("hardware: missing fields 'peak_flops_per_gpu'"));
+  j = valid();  // figures that validate alone, but predict infinite times
+  j["hardware"] = {{"preset", "8xA800"}, {"peak_flops_per_gpu", 1e-300}};
+  EXPECT_EQ(error_of(j), "");
+  auto stalled = cluster_config_from_json(j, "c.json", 512);
+  ASSERT_TRUE(stalled.ok());
+  EXPECT_THAT(validate(*stalled, 512).message(),
+              HasSubstr("peak_flops_per_gpu=1e-300 (roofline times): linear_s_per_token is inf"));
+  j["hardware"] = {{"preset", "8xA800"}, {"peak_flops_per_gpu", 1e-295}};  // finite coefficients
+  stalled = cluster_config_from_json(j, "c.json", 512);
+  ASSERT_TRUE(stalled.ok());
+  EXPECT_THAT(validate(*stalled, 512).message(), HasSubstr("the predicted prefill time for"));
   j = valid();
   j["decode_instances"] = 70000;
   EXPECT_THAT(error_of(j), HasSubstr("field 'decode_instances' must be <= 65536, got 70000"));
