@@ -101,14 +101,17 @@ void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> st
   kv::for_each_prefetched(
       stored,
       [&](BlockKey k) {
-        index_.add(k, instance);
         // A block placed earlier keeps its predicted ready time: an instance stores a block (and says so)
-        // when its prefill starts, before the block is computed.
+        // when its prefill starts, before the block is computed. Its placement indexed it already.
         auto [block, added] = ready.try_emplace(k, CachedBlock{ready_s});
-        if (!added) block->ready_s = std::max(block->ready_s, ready_s);
+        if (added) {
+          index_.add(k, instance);
+        } else {
+          block->ready_s = std::max(block->ready_s, ready_s);
+        }
         block->stored = true;
       },
-      ready, index_);
+      ready);
 }
 
 void ClusterState::release_placement(InstanceId instance, std::span<const BlockKey> block_keys) {
@@ -116,12 +119,8 @@ void ClusterState::release_placement(InstanceId instance, std::span<const BlockK
   kv::for_each_prefetched(
       block_keys,
       [&](BlockKey k) {
-        CachedBlock* block = ready.find(k);
-        if (block == nullptr || block->stored || block->placements == 0) return;
-        if (--block->placements == 0) {  // no other placement will compute it there
-          index_.remove(k, instance);
-          ready.erase(k);
-        }
+        if (CachedBlock* block = ready.find(k); block != nullptr && !block->stored)
+          release(instance, k, *block);
       },
       ready);
 }
@@ -153,8 +152,25 @@ void ClusterState::on_prefill_computed(InstanceId instance, std::span<const Bloc
   kv::for_each_prefetched(
       block_keys,
       [&](BlockKey k) {
-        if (CachedBlock* block = ready.find(k); block != nullptr && block->stored) {
-          block->ready_s = std::min(block->ready_s, now_s);
+        if (CachedBlock* block = ready.find(k); block != nullptr && block->stored) computed(*block, now_s);
+      },
+      ready);
+}
+
+void ClusterState::on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s) {
+  set_busy_until(instance, std::max(busy_until_s_[instance], now_s));
+  // on_prefill_computed, then on_placement_settled, in one pass: the first changes only stored blocks, the
+  // second only blocks not stored.
+  auto& ready = ready_s_[instance];
+  kv::for_each_prefetched(
+      block_keys,
+      [&](BlockKey k) {
+        CachedBlock* block = ready.find(k);
+        if (block == nullptr) return;
+        if (block->stored) {
+          computed(*block, now_s);
+        } else {
+          release(instance, k, *block);
         }
       },
       ready);

@@ -81,10 +81,7 @@ class ClusterState final : public ClusterView {
   /// course: of its `block_keys`, those the instance did not store (no KV event said so: a cache smaller than
   /// the prompt keeps its head) leave the index unless another placement there will compute them, as for a
   /// dropped request.
-  void on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s) {
-    on_prefill_computed(instance, block_keys, now_s);
-    on_placement_settled(instance, block_keys);
-  }
+  void on_prefill_done(InstanceId instance, std::span<const BlockKey> block_keys, double now_s);
   /// on_prefill_done's first half, for a Conductor whose KV events may come after the prefill is seen to end
   /// (a live engine's events travel on another socket than its answer, docs/router.md): the queue estimate
   /// and the ready times of stored blocks, but the placement still stands in the index until
@@ -150,7 +147,7 @@ class ClusterState final : public ClusterView {
   std::vector<kv::DecodeLoad> decode_;
   std::vector<uint8_t> prefill_up_, decode_up_;  // 1: up
   PrefillChangeLog prefill_changes_;             // writes to busy_until_s_ and prefill_up_
-  kv::BlockIndex index_;
+  kv::BlockIndex index_;  // holds `key` on `instance` exactly when ready_s_[instance] has `key`
   std::vector<int64_t> reserved_blocks_;  // per prefill instance: reserve_prefix_cache_blocks' largest
   int64_t index_reserved_blocks_ = 0;     // their sum: the index's reserved size
   // A block indexed on a prefill instance: when it is (or will be) computed there, and whether only
@@ -161,6 +158,15 @@ class ClusterState final : public ClusterView {
     uint32_t placements = 0;  // placed requests that will compute it, until a KV event says it is stored
     bool stored = false;      // a KV event (or a simulated cache) said the instance stores it
   };
+  // A stored block's prefill ended at `now_s`: it is readable from then, if its placement predicted later.
+  static void computed(CachedBlock& block, double now_s) { block.ready_s = std::min(block.ready_s, now_s); }
+  // One placement of block `key` (not stored) on `instance` no longer stands: when no other placement there
+  // will compute it, it leaves the index and `block` is gone.
+  void release(InstanceId instance, BlockKey key, CachedBlock& block) {
+    if (block.placements == 0 || --block.placements > 0) return;
+    index_.remove(key, instance);
+    ready_s_[instance].erase(key);
+  }
   // Per prefill instance: its indexed blocks. Blocks are indexed when their request is placed, so a remote
   // fetch must wait until the holder has actually produced them.
   std::vector<kv::BlockMap<CachedBlock>> ready_s_;
