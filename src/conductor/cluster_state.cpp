@@ -102,7 +102,8 @@ void ClusterState::on_kv_event(InstanceId instance, std::span<const BlockKey> st
       stored,
       [&](BlockKey k) {
         // A block placed earlier keeps its predicted ready time: an instance stores a block (and says so)
-        // when its prefill starts, before the block is computed. Its placement indexed it already.
+        // when its prefill starts, before the block is computed. A block the ready map had (placed, or
+        // stored before) is indexed already.
         auto [block, added] = ready.try_emplace(k, CachedBlock{ready_s});
         if (added) {
           index_.add(k, instance);

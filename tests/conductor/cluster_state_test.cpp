@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
 #include <vector>
 
 namespace crescent::conductor {
@@ -214,6 +216,92 @@ TEST(ClusterState, ADroppedRequestTakesOnlyItsOwnPlacedBlocksOutOfTheIndex) {
   state.on_request_dropped(0, with_stored, 0, 0);  // again: nothing more goes
   state.block_index().match_prefix(stored, match);
   EXPECT_EQ(match.best_blocks, 1);
+}
+
+}  // namespace
+}  // namespace crescent::conductor
+
+namespace crescent::conductor {
+namespace {
+
+// on_prefill_done is on_prefill_computed then on_placement_settled in one pass over the keys, and a stored
+// block that is in an instance's ready map already skips the index. Two states driven alike through random
+// events (requests with repeated keys and key 0; events for blocks placed and not; drops, clears, instances
+// down and up), one ending prefills with on_prefill_done and one with the two halves, must agree on every
+// key's holders and ready times after each event; and in both, the index holds a key on an instance exactly
+// when that instance has a ready time for it (every time here is >= 1, so a present block's is > 0).
+TEST(ClusterState, APrefillDoneInOnePassActsAsItsTwoHalvesAndTheIndexFollowsTheReadyTimes) {
+  constexpr uint32_t kInstances = 3;
+  constexpr BlockKey kKeys = 12;  // keys 0..11
+  ClusterState one_pass(kInstances, 1, kBlock, 1'000'000), two_halves(kInstances, 1, kBlock, 1'000'000);
+  std::mt19937_64 rng(26);
+  auto below = [&](uint64_t n) { return rng() % n; };
+  auto random_keys = [&](size_t max_size) {
+    std::vector<BlockKey> keys(1 + below(max_size));
+    for (BlockKey& k : keys) k = below(kKeys);
+    return keys;
+  };
+  struct Placed {
+    InstanceId instance;
+    std::vector<BlockKey> keys;
+  };
+  std::vector<Placed> placed;
+  double now_s = 1;
+  for (int event = 0; event < 4000; ++event) {
+    now_s += 0.25;
+    const auto instance = static_cast<InstanceId>(below(kInstances));
+    const uint64_t kind = below(10);
+    if (kind < 3) {
+      Placed p{instance, random_keys(6)};
+      Decision d;
+      d.prefill_instance = instance;
+      d.prefill_s = static_cast<double>(below(4));
+      const RequestInfo request{static_cast<int64_t>(p.keys.size()) * kBlock, p.keys, 1};
+      one_pass.on_request_placed(request, d, now_s);
+      two_halves.on_request_placed(request, d, now_s);
+      placed.push_back(std::move(p));
+    } else if (kind < 5) {
+      const std::vector<BlockKey> stored = random_keys(4), removed = random_keys(3);
+      one_pass.on_kv_event(instance, stored, removed, now_s);
+      two_halves.on_kv_event(instance, stored, removed, now_s);
+    } else if (kind < 8 && !placed.empty()) {
+      const size_t i = below(placed.size());
+      const Placed p = placed[i];
+      placed.erase(placed.begin() + static_cast<ptrdiff_t>(i));
+      if (kind == 7) {
+        one_pass.on_request_dropped(p.instance, p.keys, 1.0, now_s);
+        two_halves.on_request_dropped(p.instance, p.keys, 1.0, now_s);
+      } else {
+        one_pass.on_prefill_done(p.instance, p.keys, now_s);
+        two_halves.on_prefill_computed(p.instance, p.keys, now_s);
+        two_halves.on_placement_settled(p.instance, p.keys);
+      }
+    } else if (kind == 8 && below(20) == 0) {  // its placements' blocks are forgotten with it
+      one_pass.on_prefill_down(instance, now_s);
+      two_halves.on_prefill_down(instance, now_s);
+      one_pass.on_prefill_up(instance);
+      two_halves.on_prefill_up(instance);
+      std::erase_if(placed, [&](const Placed& p) { return p.instance == instance; });
+    }
+    for (BlockKey k = 0; k < kKeys; ++k) {
+      auto holders = [&](const ClusterState& s) {
+        const auto span = s.block_index().holders(k);
+        std::vector<InstanceId> sorted(span.begin(), span.end());
+        std::sort(sorted.begin(), sorted.end());
+        return sorted;
+      };
+      const std::vector<InstanceId> held = holders(one_pass);
+      ASSERT_EQ(held, holders(two_halves)) << "event " << event << ", key " << k;
+      for (InstanceId i = 0; i < kInstances; ++i) {
+        const std::vector<BlockKey> key{k};
+        const double ready_s = one_pass.prefix_ready_s(i, key);
+        ASSERT_EQ(ready_s, two_halves.prefix_ready_s(i, key)) << "event " << event << ", key " << k;
+        ASSERT_EQ(std::binary_search(held.begin(), held.end(), i), ready_s > 0)
+            << "event " << event << ", key " << k << ", instance " << i;
+      }
+    }
+  }
+  EXPECT_EQ(one_pass.prefill_busy_until_s()[0], two_halves.prefill_busy_until_s()[0]);
 }
 
 }  // namespace
