@@ -169,10 +169,15 @@ Status validate(const ClusterConfig& config, int64_t block_size_tokens) {
                     config.model.name, cost.weight_bytes() / 1e9, config.hardware.gpus,
                     config.hardware.hbm_bytes_per_gpu / 1e9, config.decode_hbm_reserved_share * 100));
   }
+  return check_cost_model_times(config, cost, "");
+}
+
+Status check_cost_model_times(const ClusterConfig& config, const perf::CostModel& cost,
+                              std::string_view context) {
   // No prompt or batch is longer than a decode instance's KV capacity (longer prompts are rejected).
-  return cost.check_times_finite(decode_kv_capacity_tokens(config),
-                                 fmt::format("{} on {} ({} times)", config.model.name, config.hardware.name,
-                                             cost.coefficients().source));
+  return cost.check_times_finite(decode_kv_capacity_tokens(config), config.prefill_chunk_tokens,
+                                 fmt::format("{}{} on {} ({} times)", context, config.model.name,
+                                             config.hardware.name, cost.coefficients().source));
 }
 
 Result<ClusterConfig> cluster_config_from_json(const nlohmann::json& j, const std::string& where,

@@ -163,10 +163,16 @@ engine::EngineOptions decode_engine_options(const ClusterConfig& config);
 
 /// Checks that `config` can run with blocks of `block_size_tokens`: block size >= 1, at least one instance
 /// per pool, a prefill cache of at least one block, a valid model and hardware, model weights that leave HBM
-/// room for KV in a decode instance, finite predicted times up to that KV capacity
-/// (perf::CostModel::check_times_finite). Errors (kInvalidArgument) say which. The simulator and every live
-/// cluster check this before they start.
+/// room for KV in a decode instance, finite predicted times (check_cost_model_times).
+/// Errors (kInvalidArgument) say which. The simulator and every live cluster check this before they start.
 Status validate(const ClusterConfig& config, int64_t block_size_tokens);
+
+/// perf::CostModel::check_times_finite for `cost` (the config's own, or an engine's from its profile) over
+/// the work a cluster of `config` is given: prompts and batches up to a decode instance's KV capacity
+/// (decode_kv_capacity_tokens), prefilled in the config's chunks. The error names `context` (may be empty),
+/// then the model, the hardware and where the times come from ("roofline" or the profile's source).
+Status check_cost_model_times(const ClusterConfig& config, const perf::CostModel& cost,
+                              std::string_view context);
 
 /// Parses a cluster config object; `where` (usually the path) prefixes error messages. Errors name the field:
 /// every missing required field at once, zero instances, negative or zero bandwidths, capacities below one

@@ -25,8 +25,14 @@ class SteadyClock final : public Clock {
 
   double now_s() const override { return std::chrono::duration<double>(Steady::now() - start_).count(); }
   /// The steady_clock time point of `seconds` on this clock (for waits: condition_variable::wait_until).
+  /// Beyond ~31 years either way (1e9 s; infinity) it is that far, and NaN is the farthest: the clock's
+  /// int64 nanoseconds end at ~292 years, and converting a double past them is undefined.
   Steady::time_point at(double seconds) const {
-    return start_ + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(seconds));
+    constexpr double kFarthestS = 1e9;
+    double s = seconds;
+    if (!(s < kFarthestS)) s = kFarthestS;  // also NaN
+    if (s < -kFarthestS) s = -kFarthestS;
+    return start_ + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(s));
   }
 
  private:

@@ -161,7 +161,7 @@ std::optional<InstanceId> Conductor::pick_lowest(std::span<const double> scores,
 InstanceId Conductor::lowest_prefill_or_first_up(double lowest, std::span<const uint8_t> up) const {
   if (const auto best = pick_lowest(prefill_scores_, lowest, prefill_history_)) return *best;
   InstanceId first = 0;
-  while (!up.empty() && up[first] == 0) ++first;
+  while (first + 1 < up.size() && up[first] == 0) ++first;
   return first;
 }
 
@@ -521,16 +521,17 @@ Decision Conductor::schedule(const ClusterView& cluster, const RequestInfo& requ
   switch (request.admitted ? Admission::kNone : options_.admission) {
     case Admission::kNone:
       break;
+    // Written !(t <= slo), not t > slo: a time that is NaN (a cost model gone wrong) is rejected too.
     case Admission::kSlo:
-      if (d.ttft_s > options_.ttft_slo_s) {
+      if (!(d.ttft_s <= options_.ttft_slo_s)) {
         d.rejected = RejectReason::kTtft;
-      } else if (d.predicted_tbt_s > options_.tbt_slo_s) {
+      } else if (!(d.predicted_tbt_s <= options_.tbt_slo_s)) {
         d.rejected = RejectReason::kTbt;
       }
       break;
     case Admission::kEarly:
     case Admission::kPredictive: {
-      if (d.ttft_s > options_.ttft_slo_s) {
+      if (!(d.ttft_s <= options_.ttft_slo_s)) {
         d.rejected = RejectReason::kTtft;
         break;
       }

@@ -40,35 +40,47 @@ int64_t CostModel::decode_kv_capacity_tokens(double reserved_share) const {
   return static_cast<int64_t>(std::floor(usable_bytes / kv_bytes_per_token_));
 }
 
-Status CostModel::check_times_finite(int64_t max_tokens, std::string_view where) const {
-  const std::string_view why =
-      "a FLOPS or bandwidth figure is too small, or a profile's coefficient too large";
-  // An infinite coefficient can hide in a time as 0 * inf = NaN, which std::max drops: checked first.
-  const std::pair<std::string_view, double> coefficients[] = {
-      {"linear_s_per_token", c_.linear_s_per_token},
-      {"attention_s_per_token_context", c_.attention_s_per_token_context},
-      {"decode_weight_read_s", c_.decode_weight_read_s},
-      {"decode_kv_read_s_per_token", c_.decode_kv_read_s_per_token},
-      {"decode_s_per_request", c_.decode_s_per_request},
-      {"prefill_iteration_overhead_s", c_.prefill_iteration_overhead_s},
-      {"KV transfer seconds per token", kv_transfer_s_per_token_},
-      {"KV load seconds per token", kv_load_s_per_token_},
+Status CostModel::check_times_finite(int64_t max_tokens, int64_t chunk_tokens, std::string_view where) const {
+  const bool roofline = c_.source == "roofline";
+  const std::string_view flops = roofline ? "hardware figures peak_flops_per_gpu x gpus x mfu too small"
+                                          : "the profile's coefficient too large";
+  const std::string_view hbm =
+      roofline ? "hardware figures hbm_bytes_per_s_per_gpu x gpus x memory_bandwidth_utilization too small"
+               : "the profile's coefficient too large";
+  const std::pair<std::string_view, std::pair<double, std::string_view>> coefficients[] = {
+      {"linear_s_per_token", {c_.linear_s_per_token, flops}},
+      {"attention_s_per_token_context", {c_.attention_s_per_token_context, flops}},
+      {"decode_weight_read_s", {c_.decode_weight_read_s, hbm}},
+      {"decode_kv_read_s_per_token", {c_.decode_kv_read_s_per_token, hbm}},
+      {"decode_s_per_request", {c_.decode_s_per_request, "the profile's coefficient too large"}},
+      {"prefill_iteration_overhead_s",
+       {c_.prefill_iteration_overhead_s, "the profile's coefficient too large"}},
+      {"KV transfer seconds per token",
+       {kv_transfer_s_per_token_, "hardware figure network_bytes_per_s too small"}},
+      {"KV load seconds per token",
+       {kv_load_s_per_token_, "hardware figure host_device_bytes_per_s too small"}},
   };
-  for (const auto& [name, value] : coefficients) {
+  // An infinite coefficient can hide in a time as 0 * inf = NaN, which std::max drops: checked first.
+  for (const auto& [name, value_and_cause] : coefficients) {
+    const auto& [value, cause] = value_and_cause;
     if (!std::isfinite(value))
-      return Status::invalid_argument(fmt::format("{}: {} is {}: {}", where, name, value, why));
+      return Status::invalid_argument(fmt::format("{}: {} is {} s: {}", where, name, value, cause));
   }
   const int64_t n = std::max<int64_t>(1, max_tokens);
-  const std::pair<std::string_view, double> times[] = {
-      {"prefill", iteration_time_s(0, 0, n, n)},
-      {"decode step", decode_step_time_s(n, n)},
-      {"KV transfer", kv_transfer_time_s(n)},
-      {"KV load", kv_load_time_s(n)},
+  const std::string_view compute =
+      roofline ? "hardware figures peak_flops_per_gpu or hbm_bytes_per_s_per_gpu too small"
+               : "the profile's coefficients too large";
+  const std::pair<std::string_view, std::pair<double, std::string_view>> times[] = {
+      {"prefill", {prefill_iterations_time_s(n, n, std::max<int64_t>(0, chunk_tokens)), compute}},
+      {"decode step", {decode_step_time_s(n, n), compute}},
+      {"KV transfer", {kv_transfer_time_s(n), "hardware figure network_bytes_per_s too small"}},
+      {"KV load", {kv_load_time_s(n), "hardware figure host_device_bytes_per_s too small"}},
   };
-  for (const auto& [what, seconds] : times) {
+  for (const auto& [what, seconds_and_cause] : times) {
+    const auto& [seconds, cause] = seconds_and_cause;
     if (std::isfinite(seconds)) continue;
     return Status::invalid_argument(
-        fmt::format("{}: the predicted {} time for {} tokens is {} s: {}", where, what, n, seconds, why));
+        fmt::format("{}: the predicted {} time for {} tokens is {} s: {}", where, what, n, seconds, cause));
   }
   return Status();
 }

@@ -174,13 +174,14 @@ class CostModel {
   /// / kv_bytes_per_token), 0 when the weights do not fit. REQUIRES: 0 <= reserved_share < 1.
   int64_t decode_kv_capacity_tokens(double reserved_share = 0.1) const;
 
-  /// Whether the times this model predicts for work of up to `max_tokens` tokens are finite: its
-  /// coefficients, then a prefill of that many tokens after as long a prefix, a decode step of that many
-  /// requests over that many tokens, that many tokens' KV moved and loaded. Times grow with tokens, so these
-  /// cover every smaller size. Figures that pass validation alone can still overflow (a bandwidth of 1e-300
-  /// bytes/s, a profile's coefficient of 1e300 s), and an infinite time cannot be scheduled. Error
-  /// (kInvalidArgument): `where`, which time, its size and value.
-  Status check_times_finite(int64_t max_tokens, std::string_view where) const;
+  /// Whether the times this model predicts are finite for work of up to `max_tokens` tokens: its
+  /// coefficients, then a prefill of that many tokens after as long a prefix in iterations of `chunk_tokens`
+  /// (0: one), a decode step of that many requests over that many tokens, that many tokens' KV moved and
+  /// loaded. Times grow with tokens, so these bound every smaller size. Figures that pass validation alone
+  /// can still overflow (a bandwidth of 1e-300 bytes/s, a profile's coefficient of 1e300 s), and an infinite
+  /// time cannot be scheduled. Error (kInvalidArgument): `where`, which coefficient or time, and the figures
+  /// it comes from.
+  Status check_times_finite(int64_t max_tokens, int64_t chunk_tokens, std::string_view where) const;
 
  private:
   // Average number of tokens a new token attends to under causal masking: p + (n + 1) / 2.

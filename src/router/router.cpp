@@ -148,7 +148,7 @@ class Router::Impl final : private cluster::PlacementDriver {
 
   // Checks every engine and starts the threads.
   Status start() {
-    CRESCENT_RETURN_IF_ERROR(check_times_finite(cost_, "router"));
+    CRESCENT_RETURN_IF_ERROR(cluster::check_cost_model_times(options_.config, cost_, "router: "));
     client_ = serve::HttpClient::start();
     InstanceId next_prefill = 0, next_decode = 0;
     for (const EngineEntry& entry : options_.engines) {
@@ -189,12 +189,6 @@ class Router::Impl final : private cluster::PlacementDriver {
     return Status::ok_status();
   }
 
-  // Whether `cost` predicts finite times for prompts and batches up to a decode instance's KV capacity (the
-  // Conductor cannot order infinite ones).
-  Status check_times_finite(const perf::CostModel& cost, std::string_view where) const {
-    return cost.check_times_finite(cluster::decode_kv_capacity_tokens(options_.config), where);
-  }
-
   // The cost model of `entry`'s profile, loaded once per file (engines of one kind share it).
   Result<const perf::CostModel*> profile_cost(const EngineEntry& entry) {
     std::lock_guard lock(profiles_mu_);
@@ -206,7 +200,9 @@ class Router::Impl final : private cluster::PlacementDriver {
           fmt::format("engine '{}': profile: {}", entry.name, profile.status().message()));
     }
     auto cost = std::make_unique<perf::CostModel>(engine_cost_model(options_.config, *profile));
-    CRESCENT_RETURN_IF_ERROR(check_times_finite(*cost, fmt::format("engine '{}': profile", entry.name)));
+    // Checked up to the config's KV capacity: an engine that reports more may be given longer prompts.
+    CRESCENT_RETURN_IF_ERROR(cluster::check_cost_model_times(
+        options_.config, *cost, fmt::format("engine '{}': profile {}: ", entry.name, entry.profile_path)));
     return profile_costs_.emplace(entry.profile_path, std::move(cost)).first->second.get();
   }
 

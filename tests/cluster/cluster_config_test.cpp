@@ -88,11 +88,19 @@ TEST(ClusterConfig, ImpossibleValuesAreNamed) {
   auto stalled = cluster_config_from_json(j, "c.json", 512);
   ASSERT_TRUE(stalled.ok());
   EXPECT_THAT(validate(*stalled, 512).message(),
-              HasSubstr("peak_flops_per_gpu=1e-300 (roofline times): linear_s_per_token is inf"));
-  j["hardware"] = {{"preset", "8xA800"}, {"peak_flops_per_gpu", 1e-295}};  // finite coefficients
+              HasSubstr("peak_flops_per_gpu=1e-300 (roofline times): linear_s_per_token is inf s: hardware "
+                        "figures peak_flops_per_gpu x gpus x mfu too small"));
+  j["hardware"] = {{"preset", "8xA800"}, {"network_bytes_per_s", 1e-300}};
   stalled = cluster_config_from_json(j, "c.json", 512);
   ASSERT_TRUE(stalled.ok());
-  EXPECT_THAT(validate(*stalled, 512).message(), HasSubstr("the predicted prefill time for"));
+  EXPECT_THAT(validate(*stalled, 512).message(),
+              HasSubstr("the predicted KV transfer time for 1327186 tokens is inf s: hardware figure "
+                        "network_bytes_per_s too small"));
+  // Finite however slow: a prompt as long as a decode instance holds (1.3M tokens) takes ~1e14 s here.
+  j["hardware"] = {{"preset", "8xA800"}, {"peak_flops_per_gpu", 1e4}};
+  stalled = cluster_config_from_json(j, "c.json", 512);
+  ASSERT_TRUE(stalled.ok());
+  EXPECT_TRUE(validate(*stalled, 512).ok()) << validate(*stalled, 512).message();
   j = valid();
   j["decode_instances"] = 70000;
   EXPECT_THAT(error_of(j), HasSubstr("field 'decode_instances' must be <= 65536, got 70000"));

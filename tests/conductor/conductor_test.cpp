@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <set>
 #include <vector>
@@ -514,40 +515,52 @@ TEST(ConductorInstancesDown, NothingIsPlacedOnAnInstanceThatIsDown) {
 namespace crescent::conductor {
 namespace {
 
-// A cost model whose times overflow to infinity (figures too small to be real; cluster::validate and the
-// router refuse them, perf::CostModel::check_times_finite) leaves no instance with a finite score. The
-// Conductor still answers: the first prefill and decode instances that are up, their TTFT and TBT predicted
-// infinite, which SLO admission rejects. Before, the prefill choice dereferenced an empty optional.
+// A cost model whose times overflow (figures too small to be real; cluster::validate and the router refuse
+// them, cluster::check_cost_model_times) leaves no instance with a finite score. The Conductor still answers:
+// the first prefill instance up, its TTFT predicted infinite or NaN (0 tokens x an infinite time per token),
+// which SLO admission rejects. Before, the prefill choice dereferenced an empty optional.
 TEST(ConductorInfiniteCosts, EveryPolicyPlacesOnTheFirstInstanceUpAndSloAdmissionRejects) {
-  perf::HardwareSpec stalled = *perf::hardware_preset("8xA800");
-  stalled.peak_flops_per_gpu = 1e-300;
-  stalled.hbm_bytes_per_s_per_gpu = 1e-300;
-  const perf::CostModel cost(*perf::model_preset("llama3-70b"), stalled);
-  ASSERT_FALSE(cost.check_times_finite(4096, "test").ok());
+  perf::HardwareSpec no_compute = *perf::hardware_preset("8xA800");  // every iteration takes forever
+  no_compute.peak_flops_per_gpu = 1e-300;
+  no_compute.hbm_bytes_per_s_per_gpu = 1e-300;
+  perf::HardwareSpec no_links = *perf::hardware_preset("8xA800");  // moving or loading KV: NaN for 0 tokens
+  no_links.network_bytes_per_s = 1e-310;  // a subnormal: bytes per token over it overflow
+  no_links.host_device_bytes_per_s = 1e-310;
   const std::vector<BlockKey> keys{1, 2, 3, 4};
-  for (PrefillPolicy policy :
-       {PrefillPolicy::kLeastLoaded, PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
-    SCOPED_TRACE(std::string(to_string(policy)));
-    ClusterState state(3, 3, 512, 1'000'000);
-    state.on_prefill_down(0, 0);
-    state.on_decode_down(0);
-    Conductor none(cost, {.policy = policy});
-    for (int i = 0; i < 4; ++i) {  // placed again and again: every queue's predicted end becomes infinite
-      const Decision d = none.schedule(state, {2048, keys, 10}, i);
-      ASSERT_EQ(d.rejected, RejectReason::kNone);
-      // Least-loaded scores queues alone: the first two go to the two queues still empty.
-      if (policy != PrefillPolicy::kLeastLoaded || i >= 2) {
-        EXPECT_EQ(d.prefill_instance, 1u);
+  for (const perf::HardwareSpec& hardware : {no_compute, no_links}) {
+    const perf::CostModel cost(*perf::model_preset("llama3-70b"), hardware);
+    ASSERT_FALSE(cost.check_times_finite(4096, 0, "test").ok());
+    const bool compute = &hardware == &no_compute;
+    for (PrefillPolicy policy :
+         {PrefillPolicy::kLeastLoaded, PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
+      SCOPED_TRACE(std::string(to_string(policy)) + (compute ? ", no compute" : ", no links"));
+      ClusterState state(3, 3, 512, 1'000'000);
+      state.on_prefill_down(0, 0);
+      state.on_decode_down(0);
+      Conductor none(cost, {.policy = policy});
+      for (int i = 0; i < 4; ++i) {  // placed again and again: every queue's predicted end becomes unknowable
+        const Decision d = none.schedule(state, {2048, keys, 10}, i);
+        ASSERT_EQ(d.rejected, RejectReason::kNone);
+        // Least-loaded scores queues alone: the first two go to the two queues still empty.
+        if (policy != PrefillPolicy::kLeastLoaded || i >= 2) {
+          EXPECT_EQ(d.prefill_instance, 1u);
+        }
+        EXPECT_NE(d.prefill_instance, 0u);
+        EXPECT_NE(d.decode_instance, 0u);
+        EXPECT_FALSE(std::isfinite(d.ttft_s)) << d.ttft_s;
+        if (compute) {
+          EXPECT_EQ(d.decode_instance, 1u);
+          EXPECT_EQ(d.predicted_tbt_s, std::numeric_limits<double>::infinity());
+        }
+        state.on_request_placed({2048, keys, 10}, d, i);
       }
-      EXPECT_NE(d.prefill_instance, 0u);
-      EXPECT_EQ(d.decode_instance, 1u);
-      EXPECT_EQ(d.ttft_s, std::numeric_limits<double>::infinity());
-      EXPECT_EQ(d.predicted_tbt_s, std::numeric_limits<double>::infinity());
-      state.on_request_placed({2048, keys, 10}, d, i);
+      Conductor slo(cost,
+                    {.policy = policy, .admission = Admission::kSlo, .ttft_slo_s = 1e9, .tbt_slo_s = 1e9});
+      EXPECT_EQ(slo.schedule(state, {2048, keys, 10}, 5).rejected, RejectReason::kTtft);
+      Conductor predictive(
+          cost, {.policy = policy, .admission = Admission::kPredictive, .ttft_slo_s = 1e9, .tbt_slo_s = 1e9});
+      EXPECT_EQ(predictive.schedule(state, {2048, keys, 10}, 5).rejected, RejectReason::kTtft);
     }
-    Conductor slo(cost,
-                  {.policy = policy, .admission = Admission::kSlo, .ttft_slo_s = 1e9, .tbt_slo_s = 1e9});
-    EXPECT_EQ(slo.schedule(state, {2048, keys, 10}, 5).rejected, RejectReason::kTtft);
   }
 }
 
