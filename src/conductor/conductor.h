@@ -222,7 +222,8 @@ class Conductor {
                                                const PlacementHistory& history);
   // pick_lowest over prefill_scores_, or when no score is finite (a cost model that overflows, queues
   // predicted never to end) the first prefill instance up (`up` empty: all are), as choose_decode falls back:
-  // its TTFT is then predicted infinite, which SLO admission rejects. schedule() checked that one is up.
+  // its TTFT is then predicted infinite or NaN, which SLO admission rejects. schedule() checked that one is
+  // up.
   InstanceId lowest_prefill_or_first_up(double lowest, std::span<const uint8_t> up) const;
   uint64_t next_random();
   const perf::CostModel& prefill_cost(InstanceId i) const {
