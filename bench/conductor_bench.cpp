@@ -60,7 +60,7 @@ class BenchCluster : public conductor::ClusterView {
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
   std::span<const kv::DecodeLoad> decode_loads() const override { return decode_; }
   const kv::BlockIndex& block_index() const override { return index_; }
-  double prefix_ready_s(InstanceId, std::span<const BlockKey>) const override { return 0; }
+  double prefix_ready_s(InstanceId, std::span<const BlockKey>, double) const override { return 0; }
   conductor::PrefillChanges prefill_changes() const override { return changes_.changes(); }
 
   /// An accepted decision's prefill joins its instance's queue (as ClusterState::on_request_placed predicts

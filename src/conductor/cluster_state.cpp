@@ -1,6 +1,7 @@
 #include "conductor/cluster_state.h"
 
 #include <algorithm>
+#include <ranges>
 
 namespace crescent::conductor {
 
@@ -39,13 +40,16 @@ InstanceId ClusterState::add_decode_instance(int64_t kv_capacity_tokens) {
   return static_cast<InstanceId>(decode_.size() - 1);
 }
 
-double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const {
+double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys,
+                                    double stop_above_s) const {
+  // The latest of the keys' times, whatever the order: a max of doubles is exact.
   double ready_s = 0;
   const auto& ready = ready_s_[holder];
   kv::for_each_prefetched(
-      keys,
+      std::views::reverse(keys),
       [&](BlockKey k) {
         if (const CachedBlock* block = ready.find(k)) ready_s = std::max(ready_s, block->ready_s);
+        return ready_s <= stop_above_s;
       },
       ready);
   return ready_s;

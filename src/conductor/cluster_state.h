@@ -42,7 +42,11 @@ class ClusterState final : public ClusterView {
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
   std::span<const kv::DecodeLoad> decode_loads() const override { return decode_; }
   const kv::BlockIndex& block_index() const override { return index_; }
-  double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const override;
+  /// Walks `keys` last to first (a prompt's later blocks were mostly computed later, so a holder ready after
+  /// `stop_above_s` is found out in a key or two) and stops at the first key ready after `stop_above_s`.
+  double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys,
+                        double stop_above_s) const override;
+  using ClusterView::prefix_ready_s;
   PrefillChanges prefill_changes() const override { return prefill_changes_.changes(); }
 
   /// Event "request placed": the Conductor accepted `decision` for `request` at `now_s`. Its prefill joins

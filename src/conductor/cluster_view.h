@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <span>
 
 #include "common/instance_id.h"
@@ -83,10 +84,17 @@ class ClusterView {
   virtual const kv::BlockIndex& block_index() const = 0;
 
   /// When prefill instance `holder` will have computed all of `keys` (seconds, the Conductor's clock); a
-  /// value
-  /// <= now means ready. Blocks enter the index when their request is placed, before its prefill has run, so
-  /// a remote fetch may have to wait for them. REQUIRES: `holder` holds every key.
-  virtual double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const = 0;
+  /// value <= now means ready. Blocks enter the index when their request is placed, before its prefill has
+  /// run, so a remote fetch may have to wait for them. The answer is exact when it is <= `stop_above_s`;
+  /// otherwise it is some time > `stop_above_s` (a view may stop at the first key it finds ready later: a
+  /// caller looking for the holder ready soonest passes the best time so far). REQUIRES: `holder` holds
+  /// every key.
+  virtual double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys,
+                                double stop_above_s) const = 0;
+  /// The exact time (no stop).
+  double prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys) const {
+    return prefix_ready_s(holder, keys, std::numeric_limits<double>::infinity());
+  }
 
   /// Per prefill instance (decode instance), 1 when it is up and 0 when it is down: the Conductor places
   /// nothing on an instance that is down. Empty: every instance is up (a simulated cluster's always are; a

@@ -165,22 +165,28 @@ InstanceId Conductor::lowest_prefill_or_first_up(double lowest, std::span<const 
   return first;
 }
 
-// Among the instances holding the best prefix, the one that will have computed it soonest; ties go to the
-// holder that served the fewest fetches recently, then round robin.
-Conductor::FetchSource Conductor::choose_fetch_source(const ClusterView& cluster, const RequestInfo& request,
-                                                      double now_s) const {
-  if (match_.best_blocks == 0) return {};
+double Conductor::fetch_wait_s(const ClusterView& cluster, const RequestInfo& request, double now_s) const {
+  if (match_.best_blocks == 0) return 0;
   const auto best_prefix = request.block_keys.first(static_cast<size_t>(match_.best_blocks));
-  FetchSource best;
+  double soonest_s = std::numeric_limits<double>::infinity();
+  for (const InstanceId inst : match_.best_holders) {
+    soonest_s = std::min(soonest_s, cluster.prefix_ready_s(inst, best_prefix, soonest_s));
+    if (soonest_s <= now_s) return 0;
+  }
+  return soonest_s - now_s;
+}
+
+InstanceId Conductor::choose_fetch_source(const ClusterView& cluster, const RequestInfo& request) const {
+  const auto best_prefix = request.block_keys.first(static_cast<size_t>(match_.best_blocks));
+  InstanceId best = 0;
   double best_ready_s = std::numeric_limits<double>::infinity();
   for (const InstanceId inst : match_.best_holders) {
-    const double ready_s = cluster.prefix_ready_s(inst, best_prefix);
-    if (ready_s < best_ready_s || (ready_s == best_ready_s && fetch_history_.prefer(inst, best.instance))) {
-      best.instance = inst;
+    const double ready_s = cluster.prefix_ready_s(inst, best_prefix, best_ready_s);
+    if (ready_s < best_ready_s || (ready_s == best_ready_s && fetch_history_.prefer(inst, best))) {
+      best = inst;
       best_ready_s = ready_s;
     }
   }
-  best.wait_s = std::max(0.0, best_ready_s - now_s);
   return best;
 }
 
@@ -244,14 +250,19 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
   // smallest. A fetch cannot start before its source has computed the prefix, so its wait overlaps the queue.
   const bool global = options_.policy == PrefillPolicy::kGlobalCacheAware;
   const int64_t best_blocks = match_.best_blocks;
-  const FetchSource source = global ? choose_fetch_source(cluster, request, now_s) : FetchSource{};
+  const double fetch_wait = global ? fetch_wait_s(cluster, request, now_s) : 0.0;
+  // The fetch's source, for the choice made (one that fetches).
+  auto with_source = [&](PrefillChoice choice) {
+    if (choice.fetched_blocks > 0) choice.fetch_from = choose_fetch_source(cluster, request);
+    return choice;
+  };
   auto fetches = [&](int64_t local) {
     return global && best_blocks > local &&
            (local == 0 || static_cast<double>(best_blocks) / static_cast<double>(local) >
                               options_.kvcache_balancing_threshold);
   };
   auto wait_s = [&](InstanceId i) {
-    return fetches(local_blocks[i]) ? std::max(queue_s(i), source.wait_s) : queue_s(i);
+    return fetches(local_blocks[i]) ? std::max(queue_s(i), fetch_wait) : queue_s(i);
   };
 
   double lowest = kInfinity;
@@ -279,7 +290,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
       const bool fetch = fetches(local);
       const PrefillChoice e = evaluate(0, local, fetch ? best_blocks : local, request, 0.0);
       cost_by_local_[static_cast<size_t>(local)] = e.transfer_s + e.prefill_s;
-      wait_floor_by_local_[static_cast<size_t>(local)] = fetch ? source.wait_s : 0.0;
+      wait_floor_by_local_[static_cast<size_t>(local)] = fetch ? fetch_wait : 0.0;
     }
     const double* cost = cost_by_local_.data();
     const double* floor = wait_floor_by_local_.data();
@@ -287,10 +298,8 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
                                           floor, now_s)) {
       ++busy_order_choices_;
       const int64_t local = local_blocks[*best];
-      PrefillChoice choice =
-          evaluate(*best, local, fetches(local) ? best_blocks : local, request, wait_s(*best));
-      choice.fetch_from = source.instance;
-      return choice;
+      return with_source(
+          evaluate(*best, local, fetches(local) ? best_blocks : local, request, wait_s(*best)));
     }
     if (up.empty()) {
       lowest = fill_scores(prefill_scores_, [&](InstanceId i) {
@@ -307,9 +316,7 @@ Conductor::PrefillChoice Conductor::choose_prefill(const ClusterView& cluster, c
 
   const InstanceId best = lowest_prefill_or_first_up(lowest, up);
   const int64_t local = local_blocks[best];
-  PrefillChoice choice = evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best));
-  choice.fetch_from = source.instance;
-  return choice;
+  return with_source(evaluate(best, local, fetches(local) ? best_blocks : local, request, wait_s(best)));
 }
 
 std::optional<InstanceId> Conductor::pick_prefill_by_order(

@@ -193,15 +193,17 @@ class Conductor {
     InstanceId fetch_from = 0;  // meaningful when fetched_blocks > 0
     double transfer_s = 0, queue_s = 0, prefill_s = 0;
   };
-  // Where a remote prefix would come from: the holder of the best prefix that can serve it soonest.
-  struct FetchSource {
-    InstanceId instance = 0;
-    double wait_s = 0;  // until it has computed the prefix (0 when ready)
-  };
   PrefillChoice choose_prefill(const ClusterView& cluster, const RequestInfo& request, double now_s);
   PrefillChoice evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                          const RequestInfo& request, double queue_s) const;
-  FetchSource choose_fetch_source(const ClusterView& cluster, const RequestInfo& request, double now_s) const;
+  // How long a fetch of the best prefix (match_) waits at `now_s` for the holder that will have computed it
+  // soonest (0 when one has: the search stops there).
+  double fetch_wait_s(const ClusterView& cluster, const RequestInfo& request, double now_s) const;
+  // Where a remote prefix comes from: the holder of the best prefix that will have computed it soonest, ties
+  // to the one that served the fewest fetches recently, then round robin. Asked only for a choice that
+  // fetches: it reads every holder's blocks, and a shared system prompt's block has hundreds of holders.
+  // REQUIRES: match_.best_blocks > 0.
+  InstanceId choose_fetch_source(const ClusterView& cluster, const RequestInfo& request) const;
   std::optional<InstanceId> decode_instance_for(const ClusterView& cluster, const RequestInfo& request,
                                                 double horizon_s, double& predicted_tbt_s);
   InstanceId choose_decode(const ClusterView& cluster, const RequestInfo& request, double& predicted_tbt_s,

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <ranges>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -246,7 +247,8 @@ inline constexpr size_t kPrefetchAheadKeys = 8;
 /// Calls visit(key) for each key of `keys` (a random-access range of BlockKey), in order, having started
 /// loading where each of `maps` keeps the key (their prefetch(key): BlockMap, BlockIndex) kPrefetchAheadKeys
 /// keys earlier: a loop over a request's keys in maps of megabytes then waits on memory for several keys at
-/// once instead of one after another (a DRAM miss is ~250 ns here; docs/benchmarks.md).
+/// once instead of one after another (a DRAM miss is ~250 ns here; docs/benchmarks.md). A `visit` that
+/// returns bool stops the walk by returning false.
 template <std::ranges::random_access_range Keys, typename Visit, typename... Maps>
 void for_each_prefetched(Keys&& keys, Visit&& visit, const Maps&... maps) {
   const auto n = static_cast<size_t>(std::ranges::size(keys));
@@ -254,7 +256,11 @@ void for_each_prefetched(Keys&& keys, Visit&& visit, const Maps&... maps) {
   for (size_t i = 0; i < std::min(n, kPrefetchAheadKeys); ++i) (maps.prefetch(first[i]), ...);
   for (size_t i = 0; i < n; ++i) {
     if (i + kPrefetchAheadKeys < n) (maps.prefetch(first[i + kPrefetchAheadKeys]), ...);
-    visit(first[i]);
+    if constexpr (std::is_same_v<decltype(visit(first[i])), bool>) {
+      if (!visit(first[i])) return;
+    } else {
+      visit(first[i]);
+    }
   }
 }
 

@@ -278,7 +278,7 @@ class IndexOnlyView : public ClusterView {
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s; }
   std::span<const kv::DecodeLoad> decode_loads() const override { return decode; }
   const kv::BlockIndex& block_index() const override { return index; }
-  double prefix_ready_s(InstanceId, std::span<const BlockKey>) const override { return 0; }
+  double prefix_ready_s(InstanceId, std::span<const BlockKey>, double) const override { return 0; }
 
   std::vector<double> busy_until_s;
   std::vector<kv::DecodeLoad> decode;

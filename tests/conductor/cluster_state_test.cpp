@@ -99,6 +99,32 @@ TEST(ClusterState, KvEventsKeepTheIndexAndReadyTimes) {
   EXPECT_DOUBLE_EQ(state.prefix_ready_s(0, std::vector<BlockKey>{1, 2}), 0.0);
 }
 
+// A caller looking for the holder ready soonest passes the best time so far: the answer is exact up to it,
+// and only said to be later beyond it (the walk may stop at the first key ready later).
+TEST(ClusterState, APrefixReadyTimeIsExactUpToTheStopAndLaterBeyondIt) {
+  ClusterState state(2, 1, kBlock, 1000);
+  std::mt19937_64 rng(7);
+  std::vector<BlockKey> keys;
+  for (BlockKey k = 1; k <= 40; ++k) {
+    keys.push_back(k);
+    state.on_kv_event(0, std::vector<BlockKey>{k}, {}, static_cast<double>(1 + rng() % 20));
+  }
+  for (int trial = 0; trial < 2000; ++trial) {
+    const size_t first = rng() % keys.size();
+    const std::span<const BlockKey> prefix(keys.data() + first, 1 + rng() % (keys.size() - first));
+    double exact_s = 0;
+    for (BlockKey k : prefix) exact_s = std::max(exact_s, state.prefix_ready_s(0, std::vector<BlockKey>{k}));
+    ASSERT_EQ(state.prefix_ready_s(0, prefix), exact_s);
+    const double stop_s = static_cast<double>(rng() % 22);
+    const double ready_s = state.prefix_ready_s(0, prefix, stop_s);
+    if (exact_s <= stop_s) {
+      ASSERT_EQ(ready_s, exact_s) << "trial " << trial << ", stop " << stop_s;
+    } else {
+      ASSERT_GT(ready_s, stop_s) << "trial " << trial << ", exact " << exact_s;
+    }
+  }
+}
+
 TEST(ClusterState, PlacementsCountAsIncomingUntilTheDecodeInstanceReports) {
   ClusterState state(1, 2, kBlock, 1000);
   EXPECT_EQ(state.decode_load(1).kv_capacity_tokens, 1000);

@@ -3,8 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -25,7 +27,7 @@ class FakeCluster : public ClusterView {
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s; }
   std::span<const kv::DecodeLoad> decode_loads() const override { return decode; }
   const kv::BlockIndex& block_index() const override { return index; }
-  double prefix_ready_s(InstanceId holder, std::span<const BlockKey>) const override {
+  double prefix_ready_s(InstanceId holder, std::span<const BlockKey>, double) const override {
     return ready_s[holder];
   }
 
@@ -319,6 +321,45 @@ TEST_F(ConductorTest, FetchSourceTiesSpreadOverHolders) {
     cluster.busy_until_s = {100.0, 100.0, 0.0};
   }
   EXPECT_EQ(sources.size(), 2u);  // equally ready holders take turns serving fetches
+}
+
+// The fetch's wait is the soonest holder's (0 once one holder has computed the prefix), and its source is
+// that holder, ties to the lowest id (a new Conductor has served no fetch). Checked against every holder's
+// exact ready time in a ClusterState, whose answers stop early past the best time so far.
+TEST_F(ConductorTest, TheFetchSourceIsTheHolderReadySoonestAndTheWaitIsItsOwn) {
+  constexpr uint32_t kInstances = 70;  // the last holds nothing and is idle: it fetches
+  std::mt19937_64 rng(11);
+  const std::vector<BlockKey> keys{1, 2, 3};
+  for (int trial = 0; trial < 300; ++trial) {
+    ClusterState state(kInstances, 1, 512, 1'000'000);
+    const double now_s = 100;
+    std::vector<double> ready_s(kInstances, -1);  // per holder: its prefix's exact ready time
+    for (InstanceId h = 0; h + 1 < kInstances; ++h) {
+      double latest_s = 0;
+      for (BlockKey k : keys) {  // times from few values, so holders tie; some before now
+        if (rng() % 3 == 0) break;
+        const double t = 90 + 5 * static_cast<double>(rng() % 6);
+        state.on_kv_event(h, std::vector<BlockKey>{k}, {}, t);
+        latest_s = std::max(latest_s, t);
+        if (k == keys.back()) ready_s[h] = latest_s;  // holds the whole prefix
+      }
+      Decision busy;  // a queue no fetch waits as long for
+      busy.prefill_instance = h;
+      busy.prefill_s = 1e6;
+      state.on_request_placed({1, {}, 1}, busy, now_s);
+    }
+    const auto soonest = std::ranges::min_element(ready_s, [](double a, double b) {
+      return (a < 0 ? std::numeric_limits<double>::infinity() : a) <
+             (b < 0 ? std::numeric_limits<double>::infinity() : b);
+    });
+    if (*soonest < 0) continue;  // no holder
+    Conductor conductor(cost_, {.policy = PrefillPolicy::kGlobalCacheAware});
+    const Decision d = conductor.schedule(state, {3 * 512, keys, 10}, now_s);
+    ASSERT_EQ(d.prefill_instance, kInstances - 1) << "trial " << trial;
+    ASSERT_EQ(d.fetched_prefix_tokens, 3 * 512);
+    ASSERT_EQ(d.fetch_from, static_cast<InstanceId>(soonest - ready_s.begin())) << "trial " << trial;
+    ASSERT_EQ(d.queue_s, std::max(0.0, *soonest - now_s)) << "trial " << trial;
+  }
 }
 
 TEST_F(ConductorTest, SameInputsGiveSameDecisions) {
