@@ -113,9 +113,9 @@ void EngineCore::advance_until(double t_s) {
 // longer fits; the listener hears what was stored and removed. Returns the cached prefix, in tokens.
 int64_t EngineCore::take_cached_prefix(RequestId id, Record& r, double now_s) {
   const int64_t block = options_.block_size_tokens;
-  const int64_t hit_tokens = std::min(cache_->prefix_match_blocks(r.block_keys) * block, r.input_tokens);
   touch_events_.clear();
   cache_->touch(r.block_keys, /*pin=*/true, &touch_events_);
+  const int64_t hit_tokens = std::min(touch_events_.hit_blocks * block, r.input_tokens);
   r.pinned = touch_events_.pinned;
   if (!options_.prefix_in_dram) {
     const int64_t unpinned_blocks = cache_->size_blocks() - cache_->pinned_blocks();

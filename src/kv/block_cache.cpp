@@ -86,12 +86,15 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
   // Pass 1, first to last: take each key out of the LRU list (pinned, or held until pass 2) or store it, so
   // later keys of the same request can never evict earlier ones. Pass 2 puts the held keys back, last to
   // first: keys[0] ends up the most recent. A slot's `touch_call` marks it held by this call (repeated keys).
+  // The leading hits are found before anything is stored, and nothing is evicted before a key is stored.
   const uint64_t call = ++touch_calls_;
   held_.clear();
+  bool leading = true;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (i + kPrefetchAheadKeys < keys.size()) entries_.prefetch(keys[i + kPrefetchAheadKeys]);
     const BlockKey key = keys[i];
     if (Entry* found = entries_.find(key)) {
+      if (leading && events) ++events->hit_blocks;
       Entry& e = *found;
       if (pin) {
         if (e.ref_count++ == 0) {
@@ -106,6 +109,7 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
       }
       continue;
     }
+    leading = false;
     if (size_blocks() >= capacity_blocks_) {
       if (lru_head_ == kNil) {  // every other cached block is in use or this request's: skip it
         if (events) events->skipped.push_back(key);

@@ -24,11 +24,15 @@ struct TouchEvents {
   std::vector<BlockKey> evicted;  // keys evicted to make room, in eviction order
   std::vector<BlockKey> pinned;   // keys pinned by this call (pass them to unpin() when the request is done)
   std::vector<BlockKey> skipped;  // absent keys not stored: no room left that was not in use
+  /// The leading run of the keys that were cached before the call, in blocks (what prefix_match_blocks
+  /// answered just before it).
+  int64_t hit_blocks = 0;
   void clear() {
     stored.clear();
     evicted.clear();
     pinned.clear();
     skipped.clear();
+    hit_blocks = 0;
   }
 };
 

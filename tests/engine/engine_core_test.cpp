@@ -5,6 +5,7 @@
 
 #include <limits>
 #include <map>
+#include <random>
 #include <vector>
 
 namespace crescent::engine {
@@ -231,6 +232,49 @@ TEST_F(EngineCoreTest, ADramCacheForgetsWhatACancelledPromptNeverComputed) {
   engine.advance_until(200);
   EXPECT_EQ(recorder.seen[5].start.local_hit_tokens, 48);
   EXPECT_EQ(engine.outstanding(), 0);
+}
+
+// A small DRAM cache under churn: prompts sharing prefixes, longer than the room left (their tails are
+// skipped), cancelled while queued or prefilling. A prompt's local hit at admission is a run of blocks the
+// cache holds.
+TEST_F(EngineCoreTest, ADramCacheUnderChurnAdmitsOnlyBlocksItHolds) {
+  struct HitChecker : Recorder {
+    void on_prefill_start(RequestId id, double now_s, const PrefillStart& start) override {
+      Recorder::on_prefill_start(id, now_s, start);
+      const auto& keys = prompts->at(id);
+      for (int64_t b = 0; b < start.local_hit_tokens / 16; ++b)
+        EXPECT_TRUE(engine->prefix_cache_contains(keys[static_cast<size_t>(b)])) << "prompt " << id;
+      ++admitted;
+    }
+    const std::map<RequestId, std::vector<BlockKey>>* prompts = nullptr;
+    const EngineCore* engine = nullptr;
+    int admitted = 0;
+  } recorder;
+  std::map<RequestId, std::vector<BlockKey>> prompts;
+  EngineCore engine(
+      {.kv_capacity_tokens = 16 * 24, .prefix_cache = true, .block_size_tokens = 16, .prefix_in_dram = true},
+      executor_, recorder);
+  recorder.prompts = &prompts;
+  recorder.engine = &engine;
+  std::mt19937_64 rng(3);
+  double now_s = 0;
+  for (RequestId id = 0; id < 3000; ++id) {
+    now_s += 0.25 * static_cast<double>(rng() % 4);
+    engine.advance_until(now_s);
+    std::vector<BlockKey> keys(1 + rng() % 12);
+    const BlockKey prefix = 100 * (rng() % 6);  // six shared prefixes of varied length
+    const size_t shared = rng() % (keys.size() + 1);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i < shared ? prefix + i : 1000 + rng() % 5000;
+    prompts[id] = keys;
+    engine.submit_prompt(id, static_cast<int64_t>(keys.size()) * 16, 1, keys, now_s);
+    if (rng() % 5 == 0) engine.cancel(rng() % (id + 1));  // anywhere: queued, prefilling or gone
+  }
+  engine.advance_until(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(engine.outstanding(), 0);
+  EXPECT_GT(recorder.admitted, 2000);
+  int64_t hits = 0;
+  for (const auto& [id, seen] : recorder.seen) hits += seen.start.local_hit_tokens;
+  EXPECT_GT(hits, 0);
 }
 
 TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {

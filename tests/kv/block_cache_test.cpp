@@ -20,6 +20,11 @@ TEST(BlockCache, PrefixMatchCountsLeadingRunOnly) {
   EXPECT_EQ(cache.prefix_match_blocks(probe), 2);
   std::vector<BlockKey> miss{9, 1};
   EXPECT_EQ(cache.prefix_match_blocks(miss), 0);
+  // A touch reports the same run, as it was before the touch stored 9.
+  TouchEvents events;
+  cache.touch(probe, false, &events);
+  EXPECT_EQ(events.hit_blocks, 2);
+  EXPECT_EQ(cache.prefix_match_blocks(probe), 4);
 }
 
 TEST(BlockCache, EvictsLeastRecentlyUsed) {
@@ -170,15 +175,19 @@ TEST(BlockCache, AReservedCacheBehavesAsOneThatGrew) {
   BlockCache reserved(500), grown(500);
   reserved.reserve(500);
   std::vector<std::vector<BlockKey>> pinned;
-  // Touches both caches with `keys` and checks they did the same; the reserved one's events.
+  // Touches both caches with `keys` and checks they did the same, and that each reported as hits what
+  // prefix_match_blocks answered before; the reserved one's events.
   const auto touch_both = [&](const std::vector<BlockKey>& keys, bool pin) {
     TouchEvents a, b;
+    const int64_t hits = reserved.prefix_match_blocks(keys);
     reserved.touch(keys, pin, &a);
+    EXPECT_EQ(a.hit_blocks, hits);
     grown.touch(keys, pin, &b);
     EXPECT_EQ(a.stored, b.stored);
     EXPECT_EQ(a.evicted, b.evicted);
     EXPECT_EQ(a.pinned, b.pinned);
     EXPECT_EQ(a.skipped, b.skipped);
+    EXPECT_EQ(a.hit_blocks, b.hit_blocks);
     return a;
   };
   for (int step = 0; step < 5000; ++step) {
