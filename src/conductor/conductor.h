@@ -197,7 +197,8 @@ class Conductor {
   PrefillChoice evaluate(InstanceId instance, int64_t local_blocks, int64_t prefix_blocks,
                          const RequestInfo& request, double queue_s) const;
   // How long a fetch of the best prefix (match_) waits at `now_s` for the holder that will have computed it
-  // soonest (0 when one has: the search stops there).
+  // soonest, in seconds: 0 when one has (the search stops there) or when there is no best prefix, infinity
+  // when no holder's time is finite.
   double fetch_wait_s(const ClusterView& cluster, const RequestInfo& request, double now_s) const;
   // Where a remote prefix comes from: the holder of the best prefix that will have computed it soonest, ties
   // to the one that served the fewest fetches recently, then round robin. Asked only for a choice that

@@ -46,9 +46,10 @@ void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t outpu
   // A prefill instance takes a prompt's blocks into its DRAM cache when the prompt is queued, pinned until
   // its prefill ends (Algorithm 1's cache update, as ClusterState indexes them): the prefix it will reuse
   // cannot be evicted while it waits, and the blocks it will compute are there for the prompts queued behind
-  // it.
+  // it. What it will reuse is counted at admission (computed_prefix_tokens), once the prompts ahead of it
+  // have computed theirs.
   now_s_ = std::max(now_s_, now_s);
-  if (cache_ && options_.prefix_in_dram) r.cached_prefix_tokens = take_cached_prefix(id, r, now_s);
+  if (cache_ && options_.prefix_in_dram) take_cached_prefix(id, r, now_s);
   r.where = Record::Where::kQueued;
   waiting_prompts_.push_back(id);
   ++outstanding_;

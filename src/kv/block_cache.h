@@ -25,7 +25,7 @@ struct TouchEvents {
   std::vector<BlockKey> pinned;   // keys pinned by this call (pass them to unpin() when the request is done)
   std::vector<BlockKey> skipped;  // absent keys not stored: no room left that was not in use
   /// The leading run of the keys that were cached before the call, in blocks (what prefix_match_blocks
-  /// answered just before it).
+  /// answered just before it). Counted into, as the lists are appended to: clear() between calls.
   int64_t hit_blocks = 0;
   void clear() {
     stored.clear();
@@ -61,7 +61,7 @@ class BlockCache {
   /// keeps its head. Afterwards every touched key is more recent than any other block, keys[0] the most
   /// recent and the last key the least (see the top of this file). With `pin`, every occurrence of a key
   /// that ends up cached is pinned once (pinned blocks are out of the LRU order until unpinned).
-  /// `events` (optional) receives what changed.
+  /// `events` (optional) receives what changed, and the run of keys that were cached already (hit_blocks).
   void touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events = nullptr);
 
   /// Drops one pin from each occurrence of a key in `keys` (a request's blocks in prefix order, as pinned by

@@ -256,7 +256,10 @@ void for_each_prefetched(Keys&& keys, Visit&& visit, const Maps&... maps) {
   for (size_t i = 0; i < std::min(n, kPrefetchAheadKeys); ++i) (maps.prefetch(first[i]), ...);
   for (size_t i = 0; i < n; ++i) {
     if (i + kPrefetchAheadKeys < n) (maps.prefetch(first[i + kPrefetchAheadKeys]), ...);
-    if constexpr (std::is_same_v<decltype(visit(first[i])), bool>) {
+    using Returns = decltype(visit(first[i]));
+    static_assert(std::is_void_v<Returns> || std::is_same_v<Returns, bool>,
+                  "visit returns nothing, or bool to say whether to go on");
+    if constexpr (std::is_same_v<Returns, bool>) {
       if (!visit(first[i])) return;
     } else {
       visit(first[i]);

@@ -324,20 +324,24 @@ TEST_F(ConductorTest, FetchSourceTiesSpreadOverHolders) {
 }
 
 // The fetch's wait is the soonest holder's (0 once one holder has computed the prefix), and its source is
-// that holder, ties to the lowest id (a new Conductor has served no fetch). Checked against every holder's
-// exact ready time in a ClusterState, whose answers stop early past the best time so far.
+// that holder: ties to the lowest id for a new Conductor, then, once it has served a fetch, to the next tied
+// holder after it (fewer recent fetches, then round robin). Checked against every holder's exact ready time
+// in a ClusterState, whose answers stop early past the best time so far. In half the trials every other
+// instance holds the whole prefix, so the busy order answers; in the rest the loop does.
 TEST_F(ConductorTest, TheFetchSourceIsTheHolderReadySoonestAndTheWaitIsItsOwn) {
   constexpr uint32_t kInstances = 70;  // the last holds nothing and is idle: it fetches
   std::mt19937_64 rng(11);
   const std::vector<BlockKey> keys{1, 2, 3};
+  uint64_t by_order = 0, by_loop = 0, second_source_moved = 0;
   for (int trial = 0; trial < 300; ++trial) {
+    const bool all_hold = trial % 2 == 0;
     ClusterState state(kInstances, 1, 512, 1'000'000);
     const double now_s = 100;
     std::vector<double> ready_s(kInstances, -1);  // per holder: its prefix's exact ready time
     for (InstanceId h = 0; h + 1 < kInstances; ++h) {
       double latest_s = 0;
       for (BlockKey k : keys) {  // times from few values, so holders tie; some before now
-        if (rng() % 3 == 0) break;
+        if (!all_hold && rng() % 3 == 0) break;
         const double t = 90 + 5 * static_cast<double>(rng() % 6);
         state.on_kv_event(h, std::vector<BlockKey>{k}, {}, t);
         latest_s = std::max(latest_s, t);
@@ -348,18 +352,32 @@ TEST_F(ConductorTest, TheFetchSourceIsTheHolderReadySoonestAndTheWaitIsItsOwn) {
       busy.prefill_s = 1e6;
       state.on_request_placed({1, {}, 1}, busy, now_s);
     }
-    const auto soonest = std::ranges::min_element(ready_s, [](double a, double b) {
-      return (a < 0 ? std::numeric_limits<double>::infinity() : a) <
-             (b < 0 ? std::numeric_limits<double>::infinity() : b);
-    });
-    if (*soonest < 0) continue;  // no holder
+    double soonest_s = std::numeric_limits<double>::infinity();
+    std::vector<InstanceId> tied;  // holders ready at soonest_s, by id
+    for (InstanceId h = 0; h < kInstances; ++h) {
+      if (ready_s[h] < 0 || ready_s[h] > soonest_s) continue;
+      if (ready_s[h] < soonest_s) tied.clear();
+      soonest_s = ready_s[h];
+      tied.push_back(h);
+    }
+    if (tied.empty()) continue;  // no holder
     Conductor conductor(cost_, {.policy = PrefillPolicy::kGlobalCacheAware});
-    const Decision d = conductor.schedule(state, {3 * 512, keys, 10}, now_s);
-    ASSERT_EQ(d.prefill_instance, kInstances - 1) << "trial " << trial;
-    ASSERT_EQ(d.fetched_prefix_tokens, 3 * 512);
-    ASSERT_EQ(d.fetch_from, static_cast<InstanceId>(soonest - ready_s.begin())) << "trial " << trial;
-    ASSERT_EQ(d.queue_s, std::max(0.0, *soonest - now_s)) << "trial " << trial;
+    const RequestInfo request{3 * 512, keys, 10};
+    const Decision first = conductor.schedule(state, request, now_s);
+    ASSERT_EQ(first.prefill_instance, kInstances - 1) << "trial " << trial;
+    ASSERT_EQ(first.fetched_prefix_tokens, 3 * 512);
+    ASSERT_EQ(first.fetch_from, tied.front()) << "trial " << trial;
+    ASSERT_EQ(first.queue_s, std::max(0.0, soonest_s - now_s)) << "trial " << trial;
+    // The same request again: the first source has served a fetch, the other tied holders none.
+    const Decision second = conductor.schedule(state, request, now_s);
+    const InstanceId expected = tied.size() > 1 ? tied[1] : tied.front();
+    ASSERT_EQ(second.fetch_from, expected) << "trial " << trial;
+    second_source_moved += second.fetch_from != first.fetch_from;
+    (conductor.busy_order_choices() > 0 ? by_order : by_loop) += 1;
   }
+  EXPECT_GT(by_order, 100u);
+  EXPECT_GT(by_loop, 100u);
+  EXPECT_GT(second_source_moved, 50u);
 }
 
 TEST_F(ConductorTest, SameInputsGiveSameDecisions) {
