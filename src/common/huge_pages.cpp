@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 
 namespace crescent {
@@ -11,7 +11,8 @@ namespace crescent {
 std::optional<std::string> huge_page_tunables(const char* tunables, std::string_view thp_mode,
                                               const char* opt_out) {
   if (opt_out != nullptr && std::string_view(opt_out) == "0") return std::nullopt;
-  if (thp_mode != "always" && thp_mode != "madvise") return std::nullopt;
+  // Under "always" the kernel gives huge pages unasked, and glibc's tunable does nothing.
+  if (thp_mode != "madvise") return std::nullopt;
   const std::string_view given = tunables != nullptr ? tunables : "";
   // Tunables are name=value pairs separated by ':'.
   for (size_t start = 0; start <= given.size();) {
@@ -40,7 +41,8 @@ void reexec_with_huge_page_heap(char** argv) {
   const std::optional<std::string> wanted =
       huge_page_tunables(tunables, transparent_huge_page_mode(), std::getenv("CRESCENT_HUGE_PAGES"));
   if (!wanted) return;
-  const std::optional<std::string> before = tunables != nullptr ? std::optional<std::string>(tunables) : std::nullopt;
+  const std::optional<std::string> before =
+      tunables != nullptr ? std::optional<std::string>(tunables) : std::nullopt;
   if (setenv("GLIBC_TUNABLES", wanted->c_str(), 1) != 0) return;
   execv("/proc/self/exe", argv);
   // Not executed (no /proc, say): run on as we are, with the environment we were given.

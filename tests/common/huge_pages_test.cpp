@@ -11,9 +11,8 @@
 namespace crescent {
 namespace {
 
-TEST(HugePageTunables, AreAddedWhereTransparentHugePagesCanBeAskedFor) {
+TEST(HugePageTunables, AreAddedWhereTransparentHugePagesAreGivenWhenAskedFor) {
   EXPECT_EQ(huge_page_tunables(nullptr, "madvise", nullptr), "glibc.malloc.hugetlb=1");
-  EXPECT_EQ(huge_page_tunables(nullptr, "always", nullptr), "glibc.malloc.hugetlb=1");
   EXPECT_EQ(huge_page_tunables("", "madvise", nullptr), "glibc.malloc.hugetlb=1");  // no leading ':'
   EXPECT_EQ(huge_page_tunables(nullptr, "madvise", "1"), "glibc.malloc.hugetlb=1");
 }
@@ -21,7 +20,7 @@ TEST(HugePageTunables, AreAddedWhereTransparentHugePagesCanBeAskedFor) {
 TEST(HugePageTunables, KeepTheTunablesGiven) {
   EXPECT_EQ(huge_page_tunables("glibc.malloc.arena_max=2", "madvise", nullptr),
             "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
-  EXPECT_EQ(huge_page_tunables("glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0", "always", nullptr),
+  EXPECT_EQ(huge_page_tunables("glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0", "madvise", nullptr),
             "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0:glibc.malloc.hugetlb=1");
   // Only the whole name counts.
   EXPECT_EQ(huge_page_tunables("glibc.malloc.hugetlbx=0", "madvise", nullptr),
@@ -40,6 +39,7 @@ TEST(HugePageTunables, ChangeNothingWhenSetAlreadyOptedOutOrOff) {
   EXPECT_EQ(huge_page_tunables(ours.c_str(), "madvise", nullptr), std::nullopt);
   EXPECT_EQ(huge_page_tunables(nullptr, "madvise", "0"), std::nullopt);
   EXPECT_EQ(huge_page_tunables(nullptr, "never", nullptr), std::nullopt);
+  EXPECT_EQ(huge_page_tunables(nullptr, "always", nullptr), std::nullopt);  // given unasked
   EXPECT_EQ(huge_page_tunables(nullptr, "", nullptr), std::nullopt);
 }
 
