@@ -5,11 +5,8 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
-#include <utility>
 
-#include "common/huge_pages.h"
 #include "run_crescent.h"
 
 namespace crescent::cli_test {
@@ -60,52 +57,6 @@ TEST(SimulateCli, JsonHasEveryPolicyWithTheDocumentedFields) {
     EXPECT_EQ(p["completed"].get<int>() + p["rejected"].get<int>(), 2000);
     EXPECT_LE(p["ttft_p50_s"].get<double>(), p["ttft_p99_s"].get<double>());
   }
-}
-
-// The commands that simulate start once more, with a heap of huge pages (common/huge_pages.h). Under
-// LD_SHOW_AUXV glibc prints each start's auxiliary vector, and a second start's program is /proc/self/exe.
-// One second start and no third: it saw its tunable set. What it prints is what one start prints.
-TEST(SimulateCli, SimulatingCommandsStartOnceMoreWithAHugePageHeap) {
-  const std::string mode = transparent_huge_page_mode();
-  if (mode != "madvise")
-    GTEST_SKIP() << "transparent huge pages are " << (mode.empty() ? "unknown" : mode)
-                 << " here, not given only when asked for";
-  const auto run_with = [](const std::string& env, const std::string& args) {
-    return run_shell("env -u GLIBC_TUNABLES -u CRESCENT_HUGE_PAGES LD_SHOW_AUXV=1 " + env + " " +
-                     quote(CRESCENT_BINARY) + " " + args);
-  };
-  // Second starts, and the output without the auxiliary vectors' lines.
-  const auto second_starts = [](const CliRun& run) {
-    int starts = 0;
-    std::string output;
-    std::istringstream lines(run.out);
-    for (std::string line; std::getline(lines, line);) {
-      if (!line.starts_with("AT_")) {
-        output += line + "\n";
-      } else if (line.starts_with("AT_EXECFN:") && line.ends_with("/proc/self/exe")) {
-        ++starts;
-      }
-    }
-    return std::pair(starts, output);
-  };
-  const std::string simulate = "simulate " + kTrace + " " + kConfig + " --limit 300 --json";
-  const CliRun again = run_with("", simulate);
-  ASSERT_EQ(again.exit_code, 0) << again.err;
-  const auto [starts, output] = second_starts(again);
-  EXPECT_EQ(starts, 1);
-  EXPECT_THAT(output, HasSubstr("global-cache-aware"));
-  // Not when asked not to, nor when the user set the tunable, nor for a command that does not simulate.
-  for (const std::string env : {"CRESCENT_HUGE_PAGES=0", "GLIBC_TUNABLES=glibc.malloc.hugetlb=0"}) {
-    const CliRun once = run_with(env, simulate);
-    ASSERT_EQ(once.exit_code, 0) << env << ": " << once.err;
-    EXPECT_EQ(second_starts(once), std::pair(0, output)) << env;
-  }
-  for (const std::string command : {"plan", "experiment"}) {
-    EXPECT_EQ(second_starts(run_with("", command + " --help")).first, 1) << command;
-  }
-  const CliRun analyze = run_with("", "analyze " + kTrace + " --json");
-  ASSERT_EQ(analyze.exit_code, 0) << analyze.err;
-  EXPECT_EQ(second_starts(analyze).first, 0);
 }
 
 TEST(SimulateCli, SameInputsGiveByteIdenticalOutput) {
