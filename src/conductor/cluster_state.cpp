@@ -76,7 +76,7 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
   // prefill is done, and later requests may be placed on them before the instance's own KV events say so.
   auto& ready = ready_s_[decision.prefill_instance];
   kv::for_each_prefetched(
-      request.block_keys,
+      request.block_keys.first(std::min(request.block_keys.size(), request.reused_later_blocks)),
       [&](BlockKey k) {
         auto [block, added] = ready.try_emplace(k, CachedBlock{t.done_s});
         if (added) index_.add(k, decision.prefill_instance);

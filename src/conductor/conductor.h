@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -110,6 +111,10 @@ struct RequestInfo {
   /// Already accepted: it is placed again after its instance failed (a live cluster), so admission does not
   /// judge it again (an accepted request is never refused later); a request that cannot run anywhere is.
   bool admitted = false;
+  /// How many of its leading blocks a later request may name (ClusterState::on_request_placed indexes only
+  /// those): all of them in a live cluster, which cannot know. A simulator that read the whole trace knows
+  /// that no later request names the blocks past it, so no decision will look them up.
+  size_t reused_later_blocks = std::numeric_limits<size_t>::max();
 };
 
 /// Why a request was refused.

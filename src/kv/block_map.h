@@ -131,7 +131,7 @@ class BlockMap {
   static constexpr size_t kOneTableKeys = 4096;
   struct Slot {
     BlockKey key = kEmpty;
-    V value{};
+    [[no_unique_address]] V value{};  // a set's empty value takes no room: 8-byte slots
   };
 
   // One table: linear probing in a power-of-two array at most 7/8 full; a slot's home comes from bits of the

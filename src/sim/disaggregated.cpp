@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "conductor/cluster_state.h"
 #include "engine/engine_core.h"
+#include "kv/block_map.h"
 #include "kv/decode_load.h"
 #include "perf/cost_model.h"
 
@@ -56,6 +57,34 @@ class EarliestEvent {
   std::vector<uint32_t> winner_;  // per tree node (1 is the root; leaves from leaves_): its earliest event
 };
 
+// Per request of `trace`, in arrival order: one past the last of its blocks that a later request names
+// (0: none). The trace is walked last request first, with the keys seen so far in a set (~10 bytes a
+// reference, for as long as this takes).
+std::vector<uint32_t> reused_later_blocks_of(std::span<const trace::Request> trace) {
+  std::vector<uint32_t> out(trace.size(), 0);
+  // Sized for every reference up front, so no table grows: each is then its own mapping, given back to the
+  // system when the set goes (a table freed after growing may stay in the heap and add to the run's peak).
+  size_t references = 0;
+  for (const trace::Request& r : trace) references += r.block_keys.size();
+  struct Seen {};  // a set: 8 bytes a slot (kv::BlockMap stores no room for an empty value)
+  kv::BlockMap<Seen> seen;
+  seen.reserve(references);
+  for (size_t r = trace.size(); r-- > 0;) {
+    const std::span<const BlockKey> keys = trace[r].block_keys;
+    uint32_t later = 0;
+    size_t j = 0;
+    kv::for_each_prefetched(
+        keys,
+        [&](BlockKey k) {
+          ++j;
+          if (!seen.try_emplace(k, Seen{}).second) later = static_cast<uint32_t>(j);
+        },
+        seen);
+    out[r] = later;
+  }
+  return out;
+}
+
 // A prompt's KV reaching its decode instance.
 struct KvArrival {
   double time_s;
@@ -90,6 +119,11 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
         decode_load_changed_(config.decode_instances, 0) {
     result_.requests.resize(trace.size());
     inflight_.resize(trace.size());
+    if (options.index_only_reused_blocks) {
+      reused_later_blocks_ = reused_later_blocks_of(trace);
+    } else {
+      reused_later_blocks_.assign(trace.size(), std::numeric_limits<uint32_t>::max());
+    }
     const engine::EngineOptions prefill_options =
         cluster::prefill_engine_options(config, options.block_size_tokens);
     for (InstanceId i = 0; i < config.prefill_instances; ++i) {
@@ -158,7 +192,7 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
     // What its DRAM cache stored and evicted reaches the Conductor's state, as live KV events do.
     void on_kv_event(std::span<const BlockKey> stored, std::span<const BlockKey> removed,
                      double now_s) override {
-      sim_.state_.on_kv_event(instance_, stored, removed, now_s);
+      sim_.state_.on_kv_event(instance_, sim_.reused_later(stored), removed, now_s);
     }
 
    private:
@@ -218,7 +252,10 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
     o.output_tokens = r.output_tokens;
     ++result_.counters.events;
     ++result_.counters.decisions;
-    const conductor::RequestInfo info{r.input_tokens, r.block_keys, r.output_tokens};
+    const conductor::RequestInfo info{.input_tokens = r.input_tokens,
+                                      .block_keys = r.block_keys,
+                                      .max_output_tokens = r.output_tokens,
+                                      .reused_later_blocks = reused_later_blocks_[req]};
     const conductor::Decision dec = cluster::place(conductor_, state_, info, req, now_s, *this);
     o.prefill_instance = dec.prefill_instance;
     o.decode_instance = dec.decode_instance;
@@ -271,7 +308,10 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
   }
   void submit_prefill(InstanceId p, uint64_t id, const conductor::RequestInfo& request,
                       const engine::EngineCore::ArrangedPrefix& prefix, InstanceId, double now_s) override {
+    // A DRAM cache takes the prompt's blocks now, and says which it stores (reused_later).
+    submitting_ = &request;
     prefill_[p]->submit_prompt(id, request.input_tokens, 1, request.block_keys, now_s, prefix);
+    submitting_ = nullptr;
     next_prefill_event_.set(p, prefill_[p]->next_event_s());
   }
 
@@ -289,7 +329,9 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
     o.ttft_s = now_s - o.arrival_s;
     // The rest of its prefill brought the prefix into HBM (in its first iteration).
     o.prefix_load_s = std::max(0.0, o.ttft_s - o.queue_wait_s - o.prefill_compute_s);
-    state_.on_prefill_done(instance, trace_[req].block_keys, now_s);
+    const std::span<const BlockKey> keys = trace_[req].block_keys;
+    state_.on_prefill_done(instance, keys.first(std::min<size_t>(keys.size(), reused_later_blocks_[req])),
+                           now_s);
     if (o.output_tokens <= 1) {
       o.finish_s = now_s;
       conductor_.observe_output(o.output_tokens);
@@ -337,6 +379,28 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
   uint64_t next_seq_ = 0;
   std::vector<InFlight> inflight_;
   cluster::RunResult result_;
+  // Per request: how many of its leading blocks a later request names (reused_later_blocks_of).
+  std::vector<uint32_t> reused_later_blocks_;
+  // The request whose prompt a prefill engine is taking (submit_prefill), while it does.
+  const conductor::RequestInfo* submitting_ = nullptr;
+
+  // Of the blocks a prefill engine says it stores, those the Conductor's state needs: while it takes a
+  // prompt, the ones among the prompt's first reused_later_blocks (a cache lists them in the prompt's order).
+  // The others no later request names, so no decision will look them up.
+  std::span<const BlockKey> reused_later(std::span<const BlockKey> stored) const {
+    if (submitting_ == nullptr) return stored;
+    const std::span<const BlockKey> keys = submitting_->block_keys;
+    const size_t later = std::min(keys.size(), submitting_->reused_later_blocks);
+    size_t i = 0, kept = 0;
+    for (BlockKey k : stored) {
+      while (i < keys.size() && keys[i] != k) ++i;
+      if (i == keys.size()) return stored;  // not the prompt's order: keep them all
+      if (i >= later) break;
+      ++kept;
+      ++i;
+    }
+    return stored.first(kept);
+  }
 };
 
 }  // namespace

@@ -53,6 +53,12 @@ struct SimOptions {
   double load_sample_interval_s = 0;
   /// Called every kProgressEveryRequests arrivals (may be empty).
   std::function<void(const SimProgress&)> progress = nullptr;
+  /// Disaggregated: the Conductor's state (conductor::ClusterState) is told of a prompt's blocks only up to
+  /// the last one a later request of the trace names (conductor::RequestInfo::reused_later_blocks). No
+  /// decision looks up the others again, so the decisions and every output are the same, for less work (the
+  /// 1M-request run: docs/benchmarks.md, "Blocks no later request names"). false: of every block, as a live
+  /// Conductor.
+  bool index_only_reused_blocks = true;
 };
 
 }  // namespace crescent::sim

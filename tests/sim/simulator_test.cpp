@@ -248,6 +248,52 @@ TEST(Simulator, SameInputsSameResult) {
   }
 }
 
+// The Conductor's state told only of the blocks a later request names decides as when told of all of them:
+// every outcome the same, over policies that read the index, fetch and evict (caches of 60 blocks), on both
+// bundled traces.
+TEST(Simulator, IndexingOnlyBlocksALaterRequestNamesChangesNoOutcome) {
+  cluster::ClusterConfig c = small_cluster(6, 3);
+  c.prefill_cache_capacity_tokens = 60 * 512;
+  c.slo.ttft_s = 2.0;
+  for (const char* name : {"conversation_trace", "synthetic_trace"}) {
+    auto t = trace::read_trace(std::string(CRESCENT_SOURCE_DIR "/data/traces/") + name + ".jsonl.gz", {});
+    ASSERT_TRUE(t.ok());
+    t->resize(1200);
+    for (auto policy : {PrefillPolicy::kCacheAware, PrefillPolicy::kGlobalCacheAware}) {
+      // Admission on the predicted TTFT, near the load's: a prediction that differs changes who is refused.
+      SimOptions options{.policy = policy, .admission = conductor::Admission::kSlo, .time_scale = 4.0};
+      auto all = simulate(c, *t, [&] {
+        SimOptions o = options;
+        o.index_only_reused_blocks = false;
+        return o;
+      }());
+      auto reused = simulate(c, *t, options);
+      ASSERT_TRUE(all.ok() && reused.ok());
+      ASSERT_EQ(all->requests.size(), reused->requests.size());
+      int64_t fetched_tokens = 0, rejected = 0;
+      for (size_t i = 0; i < all->requests.size(); ++i) {
+        const cluster::RequestOutcome& a = all->requests[i];
+        const cluster::RequestOutcome& b = reused->requests[i];
+        EXPECT_EQ(a.prefill_instance, b.prefill_instance) << name << " " << i;
+        EXPECT_EQ(a.decode_instance, b.decode_instance) << name << " " << i;
+        EXPECT_EQ(a.prefix_hit_tokens, b.prefix_hit_tokens) << name << " " << i;
+        EXPECT_EQ(a.fetched_tokens, b.fetched_tokens) << name << " " << i;
+        EXPECT_EQ(a.ttft_s, b.ttft_s) << name << " " << i;
+        EXPECT_EQ(a.finish_s, b.finish_s) << name << " " << i;
+        EXPECT_EQ(a.rejected, b.rejected) << name << " " << i;
+        fetched_tokens += a.fetched_tokens;
+        rejected += a.rejected != conductor::RejectReason::kNone;
+      }
+      EXPECT_EQ(all->counters.events, reused->counters.events);
+      if (policy == PrefillPolicy::kGlobalCacheAware) {
+        EXPECT_GT(fetched_tokens, 0) << name;
+      }
+      EXPECT_GT(rejected, 0) << name;
+      EXPECT_LT(rejected, static_cast<int64_t>(all->requests.size()) / 2) << name;
+    }
+  }
+}
+
 TEST(Simulator, EveryRequestCompletesWithConsistentTimes) {
   const cluster::ClusterConfig c = small_cluster(3, 2);
   auto t = trace::read_trace(CRESCENT_SOURCE_DIR "/data/traces/conversation_trace.jsonl.gz", {});
