@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cassert>
 #include <limits>
+#include <utility>
 
 namespace crescent::engine {
 
@@ -35,7 +36,8 @@ void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t outpu
 }
 
 void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
-                               std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix) {
+                               std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix,
+                               size_t keyed_blocks) {
   assert(input_tokens >= 1 && output_tokens >= 1 && !records_.contains(id));
   Record& r = records_[id];
   r.arranged = prefix;
@@ -43,6 +45,7 @@ void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t outpu
   r.output_tokens = output_tokens;
   r.decode_steps = output_tokens - 1;
   if (cache_) r.block_keys.assign(block_keys.begin(), block_keys.end());
+  r.keyed_blocks = keyed_blocks;
   // A prefill instance takes a prompt's blocks into its DRAM cache when the prompt is queued, pinned until
   // its prefill ends (Algorithm 1's cache update, as ClusterState indexes them): the prefix it will reuse
   // cannot be evicted while it waits, and the blocks it will compute are there for the prompts queued behind
@@ -115,9 +118,12 @@ void EngineCore::advance_until(double t_s) {
 int64_t EngineCore::take_cached_prefix(RequestId id, Record& r, double now_s) {
   const int64_t block = options_.block_size_tokens;
   touch_events_.clear();
-  cache_->touch(r.block_keys, /*pin=*/true, &touch_events_);
+  cache_->touch(r.block_keys, /*pin=*/true, &touch_events_, r.keyed_blocks);
   const int64_t hit_tokens = std::min(touch_events_.hit_blocks * block, r.input_tokens);
   r.pinned = touch_events_.pinned;
+  r.unkeyed = touch_events_.pinned_unkeyed;
+  // A DRAM cache's unkeyed blocks are not looked at again (computed_prefix_tokens would find none cached).
+  if (options_.prefix_in_dram) r.block_keys.resize(std::min(r.block_keys.size(), touch_events_.unkeyed_from));
   if (!options_.prefix_in_dram) {
     const int64_t unpinned_blocks = cache_->size_blocks() - cache_->pinned_blocks();
     const int64_t over_tokens = reserved_kv_tokens_ + unpinned_blocks * block - options_.kv_capacity_tokens;
@@ -378,7 +384,9 @@ void EngineCore::cancel(RequestId id) {
     case Record::Where::kQueued:
       std::erase(waiting_prompts_, id);
       if (cache_) {
-        cache_->unpin(r.pinned);  // a DRAM prefix cache pinned it when it was queued
+        // A DRAM prefix cache pinned it when it was queued; its unkeyed blocks were never computed.
+        cache_->erase(std::exchange(r.unkeyed, {}));
+        cache_->unpin(r.pinned);
         drop_uncomputed(id, r);
       }
       --outstanding_;
@@ -403,7 +411,12 @@ void EngineCore::cancel(RequestId id) {
       break;
   }
   reserved_kv_tokens_ -= r.input_tokens + r.output_tokens;
-  if (cache_) cache_->unpin(r.pinned);
+  if (cache_) {
+    // A DRAM cache's blocks this prompt has not computed leave it (drop_uncomputed, below, for the keyed).
+    if (r.where == Record::Where::kPrefilling && options_.prefix_in_dram)
+      cache_->erase(std::exchange(r.unkeyed, {}));
+    cache_->unpin(r.pinned, std::exchange(r.unkeyed, {}));
+  }
   --outstanding_;
   executor_.release(id);
   if (r.where == Record::Where::kPrefilling) {
@@ -427,7 +440,7 @@ void EngineCore::leave_batch(RequestId id, int64_t step, double now_s) {
 
 void EngineCore::finish(RequestId id, Record& r, double now_s, const std::optional<StepLog::Gaps>& gaps) {
   reserved_kv_tokens_ -= r.input_tokens + r.output_tokens;
-  if (cache_) cache_->unpin(r.pinned);
+  if (cache_) cache_->unpin(r.pinned, std::exchange(r.unkeyed, {}));
   --outstanding_;
   listener_.on_finished(id, now_s, gaps);
   executor_.release(id);

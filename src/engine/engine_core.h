@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <queue>
 #include <span>
@@ -183,8 +184,14 @@ class EngineCore {
     int64_t fetched_tokens = 0;
     double ready_s = 0;  // the fetched part exists (its source computed it) from then: the prompt waits
   };
+  /// `keyed_blocks`: the caller knows no later prompt names the blocks from this index on, so the prefix
+  /// cache may keep those it does not hold already unkeyed (kv::BlockCache::touch): they take room and are
+  /// evicted as keyed blocks would be, but cost no map entry, and no KV event names them (nor
+  /// Executor::on_blocks_removed: the executor must keep no bytes by key). The simulator knows it from its
+  /// trace; a live instance keys every block (the default).
   void submit_prompt(RequestId id, int64_t input_tokens, int64_t output_tokens,
-                     std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix);
+                     std::span<const BlockKey> block_keys, double now_s, ArrangedPrefix prefix,
+                     size_t keyed_blocks = std::numeric_limits<size_t>::max());
 
   /// Disaggregated decode: `id` was placed here; its KV is on its way (counted as incoming in decode_load()).
   /// `now_s` starts its kv_transfer_timeout_s. REQUIRES: output_tokens >= 2 (a one-token request never
@@ -253,8 +260,10 @@ class EngineCore {
     double kv_deadline_s = 0;  // expected: drop it if its KV has not arrived by then
     bool finished = false;
     enum class Where { kIncoming, kQueued, kPrefilling, kWaitingDecode, kDecoding } where = Where::kIncoming;
-    std::vector<BlockKey> block_keys;  // with the prefix cache
+    std::vector<BlockKey> block_keys;  // with the prefix cache (a DRAM cache: the keyed ones once taken)
+    size_t keyed_blocks = std::numeric_limits<size_t>::max();  // submit_prompt's
     std::vector<BlockKey> pinned;      // blocks pinned in the prefix cache while it runs
+    kv::UnkeyedRun unkeyed;            // and its unkeyed blocks, pinned
   };
 
   void start_iteration(double start_s);

@@ -60,7 +60,15 @@ uint32_t BlockCache::allocate_slot(BlockKey key) {
 
 void BlockCache::evict_lru(TouchEvents* events) {
   const uint32_t victim = lru_head_;
-  const BlockKey victim_key = slots_[victim].key;
+  Slot& s = slots_[victim];
+  if (s.touch_call == kRunSlot) {  // an unkeyed run: one block of it goes, unreported
+    --unkeyed_blocks_;
+    if (--s.key > 0) return;
+    list_remove(victim);
+    free_slots_.push_back(victim);
+    return;
+  }
+  const BlockKey victim_key = s.key;
   list_remove(victim);
   free_slots_.push_back(victim);
   entries_.erase(victim_key);
@@ -82,7 +90,39 @@ int64_t BlockCache::evict_unpinned(int64_t blocks, TouchEvents* events) {
   return evicted;
 }
 
-void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events) {
+uint32_t BlockCache::store_unkeyed(int64_t blocks, bool pin, TouchEvents* events) {
+  int64_t stored = 0;
+  for (; stored < blocks; ++stored) {
+    if (size_blocks() >= capacity_blocks_) {
+      if (lru_head_ == kNil) break;  // no room left that is not in use: the rest are skipped
+      evict_lru(events);
+    }
+    ++unkeyed_blocks_;
+  }
+  if (events) events->stored_unkeyed += stored;
+  if (stored == 0) return kNil;
+  const uint32_t slot = allocate_slot(static_cast<BlockKey>(stored));
+  slots_[slot].touch_call = kRunSlot;
+  if (pin) {
+    pinned_blocks_ += stored;
+    if (events) events->pinned_unkeyed = {slot};
+  }
+  return slot;
+}
+
+void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events, size_t keyed_blocks) {
+  // The unkeyed tail: from `keyed_blocks` on, the keys after the last one cached. Those keys are absent
+  // and, being named nowhere else in `keys`, stay absent while the others are stored: they are stored after
+  // them, as the keyed loop below would store them, but as one run.
+  size_t keyed = keys.size();
+  if (keyed_blocks < keys.size()) {
+    for (size_t i = keyed; i > keyed_blocks && keys.size() - i < kPrefetchAheadKeys; --i)
+      entries_.prefetch(keys[i - 1]);
+    for (; keyed > keyed_blocks && entries_.find(keys[keyed - 1]) == nullptr; --keyed) {
+      if (keyed > keyed_blocks + kPrefetchAheadKeys) entries_.prefetch(keys[keyed - 1 - kPrefetchAheadKeys]);
+    }
+  }
+  if (events) events->unkeyed_from = keyed;
   // Pass 1, first to last: take each key out of the LRU list (pinned, or held until pass 2) or store it, so
   // later keys of the same request can never evict earlier ones. Pass 2 puts the held keys back, last to
   // first: keys[0] ends up the most recent. A slot's `touch_call` marks it held by this call (repeated keys).
@@ -90,8 +130,8 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
   const uint64_t call = ++touch_calls_;
   held_.clear();
   bool leading = true;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i + kPrefetchAheadKeys < keys.size()) entries_.prefetch(keys[i + kPrefetchAheadKeys]);
+  for (size_t i = 0; i < keyed; ++i) {
+    if (i + kPrefetchAheadKeys < keyed) entries_.prefetch(keys[i + kPrefetchAheadKeys]);
     const BlockKey key = keys[i];
     if (Entry* found = entries_.find(key)) {
       if (leading && events) ++events->hit_blocks;
@@ -128,10 +168,29 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
     }
     if (events) events->stored.push_back(key);
   }
+  if (keyed < keys.size()) {
+    const uint32_t run = store_unkeyed(static_cast<int64_t>(keys.size() - keyed), pin, events);
+    if (run != kNil && !pin) held_.push_back(run);
+  }
   for (auto slot = held_.rbegin(); slot != held_.rend(); ++slot) list_push_back(*slot);
 }
 
-void BlockCache::unpin(std::span<const BlockKey> keys) {
+void BlockCache::erase(UnkeyedRun unkeyed) {
+  if (unkeyed.empty()) return;
+  const Slot& s = slots_[unkeyed.slot];
+  assert(s.touch_call == kRunSlot && s.prev == kNil && s.next == kNil && lru_head_ != unkeyed.slot);
+  const auto blocks = static_cast<int64_t>(s.key);
+  pinned_blocks_ -= blocks;
+  unkeyed_blocks_ -= blocks;
+  free_slots_.push_back(unkeyed.slot);
+}
+
+void BlockCache::unpin(std::span<const BlockKey> keys, UnkeyedRun unkeyed) {
+  if (!unkeyed.empty()) {  // after the keys in the request: the least recent of them
+    assert(slots_[unkeyed.slot].touch_call == kRunSlot && lru_head_ != unkeyed.slot);
+    pinned_blocks_ -= static_cast<int64_t>(slots_[unkeyed.slot].key);
+    list_push_back(unkeyed.slot);
+  }
   for_each_prefetched(
       std::views::reverse(keys),
       [&](BlockKey key) {

@@ -308,9 +308,12 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
   }
   void submit_prefill(InstanceId p, uint64_t id, const conductor::RequestInfo& request,
                       const engine::EngineCore::ArrangedPrefix& prefix, InstanceId, double now_s) override {
-    // A DRAM cache takes the prompt's blocks now, and says which it stores (reused_later).
+    // A DRAM cache takes the prompt's blocks now, and says which it stores (reused_later). Those no later
+    // request names that it does not hold already it keeps unkeyed (kv::BlockCache's top comment): they
+    // evict and are evicted as keyed blocks would be, and no KV event names them, as none needs to.
     submitting_ = &request;
-    prefill_[p]->submit_prompt(id, request.input_tokens, 1, request.block_keys, now_s, prefix);
+    prefill_[p]->submit_prompt(id, request.input_tokens, 1, request.block_keys, now_s, prefix,
+                               request.reused_later_blocks);
     submitting_ = nullptr;
     next_prefill_event_.set(p, prefill_[p]->next_event_s());
   }

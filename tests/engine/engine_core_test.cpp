@@ -3,9 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <vector>
 
 namespace crescent::engine {
@@ -275,6 +277,92 @@ TEST_F(EngineCoreTest, ADramCacheUnderChurnAdmitsOnlyBlocksItHolds) {
   int64_t hits = 0;
   for (const auto& [id, seen] : recorder.seen) hits += seen.start.local_hit_tokens;
   EXPECT_GT(hits, 0);
+}
+
+// An engine told which of a prompt's blocks no later prompt names (submit_prompt's keyed_blocks, as the
+// simulator tells its prefill instances) keeps them unkeyed and does what one keying every block does: the
+// same prefill starts, hits, first tokens and finishes, and the same keyed blocks cached, under churn with
+// cancels anywhere, for a DRAM cache (a prefill instance's) and an HBM one (a colocated node's).
+TEST_F(EngineCoreTest, UnkeyedBlocksChangeNothingElse) {
+  for (const bool in_dram : {true, false}) {
+    SCOPED_TRACE(in_dram ? "DRAM cache" : "HBM cache");
+    struct Prompt {
+      RequestId id;
+      std::vector<BlockKey> keys;
+      size_t keyed_blocks = 0;
+      double at_s;
+      std::optional<RequestId> cancel;
+    };
+    std::mt19937_64 rng(7);
+    std::vector<Prompt> prompts;
+    BlockKey fresh = 1'000'000;
+    double now_s = 0;
+    for (RequestId id = 0; id < 3000; ++id) {
+      now_s += 0.5 * static_cast<double>(rng() % 8);  // about as fast as the engine serves them
+      std::vector<BlockKey> keys(1 + rng() % 12);
+      const BlockKey prefix = 100 * (rng() % 6);
+      const size_t shared = rng() % (keys.size() + 1), own = rng() % (keys.size() + 1);
+      for (size_t i = 0; i < keys.size(); ++i)
+        keys[i] = i < shared ? prefix + i : i >= keys.size() - own ? fresh++ : 1000 + rng() % 3000;
+      std::optional<RequestId> cancel;  // one of the last few: queued, prefilling, decoding or gone
+      if (rng() % 5 == 0) cancel = id - std::min<RequestId>(id, rng() % 4);
+      prompts.push_back({id, keys, 0, now_s, cancel});
+    }
+    // Last prompt first: one past the last block a later prompt names; the others are never named again.
+    std::set<BlockKey> named_later, tail_keys;
+    for (auto p = prompts.rbegin(); p != prompts.rend(); ++p) {
+      for (size_t k = 0; k < p->keys.size(); ++k)
+        if (!named_later.insert(p->keys[k]).second) p->keyed_blocks = k + 1;
+      tail_keys.insert(p->keys.begin() + static_cast<ptrdiff_t>(p->keyed_blocks), p->keys.end());
+    }
+    Recorder keyed_seen, unkeyed_seen;
+    const EngineOptions options{.kv_capacity_tokens = 16 * 40,
+                                .prefix_cache = true,
+                                .block_size_tokens = 16,
+                                .prefix_in_dram = in_dram};
+    EngineCore keyed(options, executor_, keyed_seen), unkeyed(options, executor_, unkeyed_seen);
+    const auto keyed_part = [&](const EngineCore& engine) {
+      std::set<BlockKey> out;
+      for (BlockKey k : engine.prefix_cache_keys())
+        if (!tail_keys.contains(k)) out.insert(k);
+      return out;
+    };
+    int64_t tail_blocks_cached = 0;
+    for (const Prompt& p : prompts) {
+      keyed.advance_until(p.at_s);
+      unkeyed.advance_until(p.at_s);
+      const auto input_tokens = static_cast<int64_t>(p.keys.size()) * 16;
+      keyed.submit_prompt(p.id, input_tokens, 1 + p.id % 3, p.keys, p.at_s);
+      unkeyed.submit_prompt(p.id, input_tokens, 1 + p.id % 3, p.keys, p.at_s, {}, p.keyed_blocks);
+      if (p.cancel) {
+        keyed.cancel(*p.cancel);
+        unkeyed.cancel(*p.cancel);
+      }
+      ASSERT_EQ(keyed_part(unkeyed), keyed_part(keyed)) << "prompt " << p.id;
+      const auto cached = keyed.prefix_cache_keys();
+      tail_blocks_cached += std::ranges::count_if(cached, [&](BlockKey k) { return tail_keys.contains(k); });
+    }
+    // Unkeyed blocks took room: the keyed engine held many blocks no later prompt names.
+    EXPECT_GT(tail_blocks_cached, 20000);
+    keyed.advance_until(std::numeric_limits<double>::infinity());
+    unkeyed.advance_until(std::numeric_limits<double>::infinity());
+    ASSERT_EQ(unkeyed_seen.seen.size(), keyed_seen.seen.size());
+    int64_t hits = 0;
+    for (const auto& [id, a] : keyed_seen.seen) {
+      const Seen& b = unkeyed_seen.seen.at(id);
+      EXPECT_EQ(b.prefill_start_s, a.prefill_start_s) << id;
+      EXPECT_EQ(b.start.hit_tokens, a.start.hit_tokens) << id;
+      EXPECT_EQ(b.start.local_hit_tokens, a.start.local_hit_tokens) << id;
+      EXPECT_EQ(b.start.prefill_tokens, a.start.prefill_tokens) << id;
+      EXPECT_EQ(b.first_token_s, a.first_token_s) << id;
+      EXPECT_EQ(b.finish_s, a.finish_s) << id;
+      hits += a.start.local_hit_tokens;
+    }
+    EXPECT_EQ(unkeyed_seen.finished_order, keyed_seen.finished_order);
+    EXPECT_EQ(keyed_part(unkeyed), keyed_part(keyed));
+    EXPECT_GT(hits, 0);
+    EXPECT_GT(keyed_seen.finished_order.size(), 2000u);
+  }
 }
 
 TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {

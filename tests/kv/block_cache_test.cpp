@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <unordered_set>
 #include <vector>
 
 namespace crescent::kv {
@@ -216,6 +217,190 @@ TEST(BlockCache, AReservedCacheBehavesAsOneThatGrew) {
     ASSERT_EQ(reserved.size_blocks(), grown.size_blocks());
     ASSERT_EQ(reserved.pinned_blocks(), grown.pinned_blocks());
   }
+}
+
+// Unkeyed blocks take room and a place in the LRU order as keyed blocks would, and go unreported.
+TEST(BlockCache, UnkeyedBlocksAreEvictedWhereKeyedOnesWouldBe) {
+  BlockCache cache(4);
+  TouchEvents ev;
+  cache.touch(std::vector<BlockKey>{1, 2, 3, 4}, false, &ev, /*keyed_blocks=*/1);
+  EXPECT_THAT(ev.stored, ElementsAre(1));
+  EXPECT_EQ(ev.unkeyed_from, 1u);
+  EXPECT_EQ(ev.stored_unkeyed, 3);
+  EXPECT_TRUE(ev.pinned_unkeyed.empty());  // not pinned
+  EXPECT_EQ(cache.size_blocks(), 4);
+  EXPECT_EQ(cache.unkeyed_blocks(), 3);
+  EXPECT_THAT(cache.keys(), ElementsAre(1));
+  // 1 is the most recent of the four and the unkeyed run the least: the next three blocks evict the run.
+  ev.clear();
+  cache.touch(std::vector<BlockKey>{5}, false, &ev);
+  EXPECT_THAT(ev.evicted, IsEmpty());
+  EXPECT_EQ(cache.unkeyed_blocks(), 2);
+  cache.touch(std::vector<BlockKey>{6, 7}, false, &ev);
+  EXPECT_THAT(ev.evicted, IsEmpty());
+  EXPECT_EQ(cache.unkeyed_blocks(), 0);
+  cache.touch(std::vector<BlockKey>{8}, false, &ev);
+  EXPECT_THAT(ev.evicted, ElementsAre(1));
+  EXPECT_EQ(cache.size_blocks(), 4);
+  // A cached key from `keyed_blocks` on stays keyed, and so does every key before it: only the absent run
+  // at the end goes unkeyed.
+  ev.clear();
+  cache.touch(std::vector<BlockKey>{9, 8, 10}, false, &ev, /*keyed_blocks=*/0);  // LRU first: 5, 7, 6, 8
+  EXPECT_EQ(ev.unkeyed_from, 2u);
+  EXPECT_THAT(ev.stored, ElementsAre(9));
+  EXPECT_EQ(ev.stored_unkeyed, 1);
+  EXPECT_THAT(ev.evicted, ElementsAre(5, 7));
+}
+
+TEST(BlockCache, APinnedUnkeyedRunIsUnpinnedOrErasedAsAWhole) {
+  BlockCache cache(3);
+  TouchEvents ev;
+  cache.touch(std::vector<BlockKey>{1, 2, 3}, /*pin=*/true, &ev, /*keyed_blocks=*/1);
+  ASSERT_FALSE(ev.pinned_unkeyed.empty());
+  EXPECT_THAT(ev.pinned, ElementsAre(1));
+  EXPECT_EQ(cache.pinned_blocks(), 3);
+  const UnkeyedRun run = ev.pinned_unkeyed;
+  ev.clear();
+  cache.touch(std::vector<BlockKey>{9}, false, &ev);  // every block is in use
+  EXPECT_THAT(ev.skipped, ElementsAre(9));
+  cache.unpin(std::vector<BlockKey>{1}, run);  // the run goes back as the least recent
+  EXPECT_EQ(cache.pinned_blocks(), 0);
+  ev.clear();
+  cache.touch(std::vector<BlockKey>{9}, false, &ev);
+  EXPECT_THAT(ev.evicted, IsEmpty());  // one of the run's blocks, not 1
+  EXPECT_TRUE(cache.contains(1));
+  EXPECT_EQ(cache.unkeyed_blocks(), 1);
+
+  // Erased while pinned (its request was cancelled before computing it): its room is free at once.
+  BlockCache other(4);
+  ev.clear();
+  other.touch(std::vector<BlockKey>{1, 2, 3, 4}, /*pin=*/true, &ev, /*keyed_blocks=*/2);
+  EXPECT_EQ(other.unkeyed_blocks(), 2);
+  other.erase(ev.pinned_unkeyed);
+  EXPECT_EQ(other.size_blocks(), 2);
+  EXPECT_EQ(other.pinned_blocks(), 2);
+  other.erase(UnkeyedRun{});  // no run: no-op
+  // Blocks with no room left are skipped, unkeyed or not: none stored, no run.
+  ev.clear();
+  other.touch(std::vector<BlockKey>{5, 6, 7}, /*pin=*/true, &ev, /*keyed_blocks=*/1);
+  EXPECT_EQ(ev.stored_unkeyed, 1);
+  EXPECT_EQ(other.size_blocks(), 4);
+  ev.clear();
+  other.touch(std::vector<BlockKey>{8, 9}, /*pin=*/true, &ev, /*keyed_blocks=*/0);
+  EXPECT_EQ(ev.stored_unkeyed, 0);
+  EXPECT_TRUE(ev.pinned_unkeyed.empty());
+}
+
+// A cache told which keys no later call names behaves as one keying every block: the same sizes, pins,
+// hits and events for every keyed block, under a seeded mix of touches (pinned or not), unpins, cancels
+// and evictions whose prompts share prefixes, repeat keys and end in keys of their own. Each touch's
+// `keyed_blocks` is computed from the whole op sequence, last op first, as the simulator does.
+TEST(BlockCache, UnkeyedTailsChangeNothingAKeyedCacheWouldShow) {
+  std::mt19937_64 rng(11);
+  struct Op {
+    enum Kind { kTouch, kTouchPinned, kUnpin, kCancel, kEvict } kind;
+    std::vector<BlockKey> keys;
+    size_t keyed_blocks = 0;
+  };
+  std::vector<Op> ops;
+  BlockKey fresh = 1'000'000;  // keys no other op names
+  for (int i = 0; i < 6000; ++i) {
+    const auto kind = static_cast<Op::Kind>(rng() % 5);
+    Op op{kind, {}};
+    if (kind == Op::kTouch || kind == Op::kTouchPinned) {
+      op.keys.resize(1 + rng() % 30);
+      const BlockKey base = rng() % 16 * 1000;
+      const size_t shared = rng() % (op.keys.size() + 1), own = rng() % (op.keys.size() + 1);
+      for (size_t k = 0; k < op.keys.size(); ++k) {
+        op.keys[k] = k < shared ? base + k : k >= op.keys.size() - own ? fresh++ : 500 + rng() % 400;
+      }
+    }
+    ops.push_back(std::move(op));
+  }
+  std::unordered_set<BlockKey> named_later;
+  for (auto op = ops.rbegin(); op != ops.rend(); ++op) {
+    for (size_t k = 0; k < op->keys.size(); ++k) {
+      if (!named_later.insert(op->keys[k]).second) op->keyed_blocks = k + 1;
+    }
+  }
+  BlockCache keyed(300), unkeyed(300);
+  std::unordered_set<BlockKey> went_unkeyed;
+  const auto keyed_only = [&](const std::vector<BlockKey>& keys) {
+    std::vector<BlockKey> out;
+    for (BlockKey k : keys)
+      if (!went_unkeyed.contains(k)) out.push_back(k);
+    return out;
+  };
+  struct Pinned {
+    std::vector<BlockKey> keys;          // as the keyed cache pinned them
+    std::vector<BlockKey> unkeyed_keys;  // of them, those the other cache holds unkeyed
+    UnkeyedRun run;
+  };
+  std::vector<Pinned> pinned;
+  int64_t stored_unkeyed = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    switch (op.kind) {
+      case Op::kTouch:
+      case Op::kTouchPinned: {
+        const bool pin = op.kind == Op::kTouchPinned;
+        TouchEvents a, b;
+        keyed.touch(op.keys, pin, &a);
+        unkeyed.touch(op.keys, pin, &b, op.keyed_blocks);
+        ASSERT_GE(b.unkeyed_from, std::min(op.keyed_blocks, op.keys.size()));
+        const std::vector<BlockKey> tail(op.keys.begin() + static_cast<ptrdiff_t>(b.unkeyed_from),
+                                         op.keys.end());
+        went_unkeyed.insert(tail.begin(), tail.end());
+        stored_unkeyed += b.stored_unkeyed;
+        EXPECT_EQ(b.hit_blocks, a.hit_blocks);
+        EXPECT_EQ(b.stored, keyed_only(a.stored));
+        EXPECT_EQ(b.evicted, keyed_only(a.evicted));
+        EXPECT_EQ(b.pinned, keyed_only(a.pinned));
+        EXPECT_EQ(b.skipped, keyed_only(a.skipped));
+        EXPECT_EQ(b.stored_unkeyed, static_cast<int64_t>(a.stored.size() - b.stored.size()));
+        if (pin) {
+          std::vector<BlockKey> unkeyed_keys;
+          for (BlockKey k : a.pinned)
+            if (went_unkeyed.contains(k)) unkeyed_keys.push_back(k);
+          pinned.push_back({a.pinned, unkeyed_keys, b.pinned_unkeyed});
+        }
+        break;
+      }
+      case Op::kUnpin:
+      case Op::kCancel:
+        if (!pinned.empty()) {
+          const size_t which = rng() % pinned.size();
+          const Pinned p = pinned[which];
+          pinned.erase(pinned.begin() + static_cast<ptrdiff_t>(which));
+          if (op.kind == Op::kUnpin) {
+            keyed.unpin(p.keys);
+            unkeyed.unpin(keyed_only(p.keys), p.run);
+          } else {  // its unkeyed blocks leave; as the keyed cache's would once unpinned
+            keyed.unpin(p.keys);
+            for (BlockKey k : p.unkeyed_keys) ASSERT_TRUE(keyed.erase_unpinned(k));
+            unkeyed.erase(p.run);
+            unkeyed.unpin(keyed_only(p.keys));
+          }
+        }
+        break;
+      case Op::kEvict: {
+        TouchEvents a, b;
+        const int64_t blocks = static_cast<int64_t>(rng() % 20);
+        ASSERT_EQ(keyed.evict_unpinned(blocks, &a), unkeyed.evict_unpinned(blocks, &b));
+        EXPECT_EQ(b.evicted, keyed_only(a.evicted));
+        break;
+      }
+    }
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "op " << i;
+    ASSERT_EQ(unkeyed.size_blocks(), keyed.size_blocks()) << "op " << i;
+    ASSERT_EQ(unkeyed.pinned_blocks(), keyed.pinned_blocks()) << "op " << i;
+    ASSERT_EQ(unkeyed.size_blocks() - unkeyed.unkeyed_blocks(),
+              static_cast<int64_t>(keyed_only(keyed.keys()).size()))
+        << "op " << i;
+  }
+  // The mix exercised what it is about: many blocks went unkeyed, and the caches were full.
+  EXPECT_GT(stored_unkeyed, 10000);
+  EXPECT_GT(unkeyed.unkeyed_blocks(), 0);
 }
 
 TEST(BlockCache, UnboundedNeverEvicts) {
