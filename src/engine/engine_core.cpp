@@ -17,7 +17,7 @@ int64_t mock_token(uint64_t seed, int64_t index) {
 }
 
 EngineCore::EngineCore(const EngineOptions& options, Executor& executor, EngineListener& listener)
-    : options_(options), executor_(executor), listener_(listener) {
+    : executor_(executor), options_(options), listener_(listener) {
   if (options.prefix_cache) {
     cache_.emplace(std::max<int64_t>(1, options.kv_capacity_tokens / options.block_size_tokens));
     executor_.use_prefix_cache(&*cache_);
@@ -55,6 +55,7 @@ void EngineCore::submit_prompt(RequestId id, int64_t input_tokens, int64_t outpu
   if (cache_ && options_.prefix_in_dram) take_cached_prefix(id, r, now_s);
   r.where = Record::Where::kQueued;
   waiting_prompts_.push_back(id);
+  steady_decode_ = false;
   ++outstanding_;
   if (!busy_) start_iteration(now_s);
 }
@@ -86,6 +87,7 @@ bool EngineCore::submit_decode(RequestId id, double first_token_s, double now_s)
   add(incoming_, r, -1);
   add(waiting_decode_load_, r, +1);
   waiting_decode_.push_back(id);
+  steady_decode_ = false;
   ++outstanding_;
   if (!busy_) start_iteration(now_s);
   return true;
@@ -108,9 +110,32 @@ void EngineCore::advance_until(double t_s) {
     executor_.release(id);
   }
   while (busy_ && end_s_ <= t_s) {
+    if (steady_decode_ && next_leave_step_ > log_.next_step()) {
+      // What finish_iteration and start_iteration would do for a step no request joins or leaves after
+      // (the simulator's decode instances run ~100 of them per request): the same sums, the same order.
+      assert(decode_only_step() && plan_.decode_requests == running_.requests);
+      ++iterations_;
+      ++decode_steps_;
+      log_.append(end_s_);
+      running_.context_tokens += running_.requests;
+      plan_.decode_context_tokens = running_.context_tokens;
+      end_s_ += executor_.run_iteration_s(plan_);
+      continue;
+    }
     finish_iteration(end_s_);
     start_iteration(end_s_);
   }
+}
+
+// Whether the iteration under way only decodes and, unless a request leaves after it, the next would be the
+// same batch with one more token each: no prompt is waiting or prefilling, no request waits to join or was
+// cancelled, the executor needs no ids (a plan names them when it does) and the listener no tokens.
+bool EngineCore::decode_only_step() const {
+  const bool only_decode =
+      busy_ && plan_.decode_requests > 0 && !plan_.prefill_request && plan_.decode_ids.empty();
+  assert(!only_decode || plan_.prefill_tokens + plan_.load_tokens == 0);
+  return only_decode && !prefilling_ && waiting_prompts_.empty() && waiting_decode_.empty() &&
+         !decoding_finished_ && !options_.report_tokens;
 }
 
 // Looks up `id`'s blocks in the prefix cache and pins them there (absent ones are stored), evicting what no
@@ -257,10 +282,12 @@ void EngineCore::join_batch(RequestId id, Record& r) {
   add(running_, r, +1);
   r.join_step = log_.next_step();
   leaving_.emplace(r.join_step + r.decode_steps - 1, id);
+  leaving_changed();
   decoding_.push_back({id, &r, r.join_step});
 }
 
 void EngineCore::start_iteration(double start_s) {
+  steady_decode_ = false;
   admit_decodes();
   if (!prefilling_ && !waiting_prompts_.empty()) {
     const RequestId id = waiting_prompts_.front();
@@ -305,6 +332,7 @@ void EngineCore::start_iteration(double start_s) {
   }
   busy_ = !plan_.empty();
   if (busy_) end_s_ = start_s + executor_.run_iteration_s(plan_);
+  steady_decode_ = decode_only_step();
 }
 
 void EngineCore::finish_iteration(double end_s) {
@@ -325,6 +353,7 @@ void EngineCore::finish_iteration(double end_s) {
     while (!leaving_.empty() && leaving_.top().first <= step) {
       const RequestId id = leaving_.top().second;
       leaving_.pop();
+      leaving_changed();
       auto it = records_.find(id);
       if (it == records_.end() || it->second.finished) continue;  // cancelled
       leave_batch(id, step, end_s);
@@ -375,6 +404,7 @@ void EngineCore::cancel(RequestId id) {
   auto it = records_.find(id);
   if (it == records_.end() || it->second.finished) return;
   Record& r = it->second;
+  steady_decode_ = false;
   switch (r.where) {
     case Record::Where::kIncoming:
       add(incoming_, r, -1);

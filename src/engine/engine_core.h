@@ -239,6 +239,14 @@ class EngineCore {
   kv::DecodeLoad decode_load() const {
     return {running_, waiting_decode_load_, incoming_, options_.kv_capacity_tokens};
   }
+  /// Starts loading what the engine's next decode step reads, so that a caller about to advance many engines
+  /// (the simulator's decode instances) overlaps their cache misses. Changes nothing.
+  [[gnu::always_inline]] void prefetch_step() const {
+    const auto* first = reinterpret_cast<const char*>(this);
+    const auto* end = reinterpret_cast<const char*>(&kv_deadlines_ + 1);
+    for (const char* line = first; line < end; line += 64) __builtin_prefetch(line);
+    log_.prefetch_next();
+  }
   /// Iterations run, and those that decoded (continuous-batching steps), since construction.
   int64_t iterations() const { return iterations_; }
   int64_t decode_steps() const { return decode_steps_; }
@@ -268,6 +276,9 @@ class EngineCore {
 
   void start_iteration(double start_s);
   void finish_iteration(double end_s);
+  bool decode_only_step() const;
+  void leaving_changed() { next_leave_step_ = leaving_.empty() ? kNoStep : leaving_.top().first; }
+  static constexpr int64_t kNoStep = std::numeric_limits<int64_t>::max();
   int64_t take_cached_prefix(RequestId id, Record& r, double now_s);
   int64_t computed_prefix_tokens(RequestId id, Record& r);
   void drop_uncomputed(RequestId id, Record& r);
@@ -279,14 +290,34 @@ class EngineCore {
   void finish(RequestId id, Record& r, double now_s, const std::optional<StepLog::Gaps>& gaps);
   static void add(kv::DecodeGroup& group, const Record& r, int sign);
 
-  EngineOptions options_;
+  // First, together: what a decode step reads and writes (the simulator's decode instances run ~100 steps
+  // a request, each on an engine whose lines other work has evicted since its last step: every line it
+  // touches is a miss). advance_until's fast path reads only these.
+  bool busy_ = false;
+  // The iteration under way only decodes, and until a request is due to leave each next one is the same
+  // batch with one more token each (decode_only_step()): set when an iteration starts, cleared by what could
+  // change the next plan (a prompt or a decode arriving, a cancel).
+  bool steady_decode_ = false;
+  bool decoding_finished_ = false;     // a request in decoding_ finished since finish_iteration last looked
+  double end_s_ = 0;                   // of the iteration under way
+  double now_s_ = 0;                   // the latest time the engine was told (for events of cancel())
+  int64_t next_leave_step_ = kNoStep;  // leaving_'s first (kNoStep when empty)
+  kv::DecodeGroup running_;
+  int64_t iterations_ = 0;
+  int64_t decode_steps_ = 0;
   Executor& executor_;
+  IterationPlan plan_;
+  StepLog log_;
+  // (KV deadline, id), earliest first; an entry whose deadline no longer matches its record's is stale.
+  std::priority_queue<std::pair<double, RequestId>, std::vector<std::pair<double, RequestId>>, std::greater<>>
+      kv_deadlines_;
+
+  EngineOptions options_;
   EngineListener& listener_;
-  double now_s_ = 0;  // the latest time the engine was told (for events of cancel())
   std::unordered_map<RequestId, Record> records_;
   int64_t outstanding_ = 0;
   int64_t reserved_kv_tokens_ = 0;  // prompt + max output of every admitted, unfinished request
-  kv::DecodeGroup running_, waiting_decode_load_, incoming_;
+  kv::DecodeGroup waiting_decode_load_, incoming_;
   std::deque<RequestId> waiting_prompts_;  // FIFO, not yet admitted
   std::optional<RequestId> prefilling_;    // admitted, prompt not done
   std::deque<RequestId> waiting_decode_;   // KV arrived, waiting for HBM room
@@ -299,24 +330,14 @@ class EngineCore {
     int64_t join_step;  // record->join_step, here so that each step need not read the record
   };
   std::deque<Decoding> decoding_;
-  bool decoding_finished_ = false;  // a request in decoding_ finished since finish_iteration last looked
-  bool busy_ = false;
-  IterationPlan plan_;
-  double end_s_ = 0;  // of the iteration under way
-  StepLog log_;
   // (last decode step, request): who leaves after which step.
   std::priority_queue<std::pair<int64_t, RequestId>, std::vector<std::pair<int64_t, RequestId>>,
                       std::greater<>>
       leaving_;
-  // (KV deadline, id), earliest first; an entry whose deadline no longer matches its record's is stale.
-  std::priority_queue<std::pair<double, RequestId>, std::vector<std::pair<double, RequestId>>, std::greater<>>
-      kv_deadlines_;
   kv::TouchEvents touch_events_;       // scratch
   std::vector<RequestId> token_ids_;   // scratch for on_tokens
   std::vector<RequestId> decode_ids_;  // IterationPlan::decode_ids
-  int64_t iterations_ = 0;
-  int64_t decode_steps_ = 0;
-  // Last: the two block maps are ~10 KiB each, and the fields above are read at every step, together.
+  // Last: the two block maps are ~10 KiB each.
   std::optional<kv::BlockCache> cache_;  // with EngineOptions::prefix_cache
   // DRAM cache: blocks stored for a queued or prefilling prompt and not computed yet, with that prompt.
   kv::BlockMap<RequestId> pending_;

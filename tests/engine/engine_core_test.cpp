@@ -405,6 +405,66 @@ TEST_F(EngineCoreTest, ReportsEachStepsTokensAndCancelsAnywhere) {
   EXPECT_EQ(engine.decode_load().running.kv_tokens, 0);
 }
 
+// Steps no request joins or leaves after run on advance_until's fast path; an engine that reports each
+// step's tokens takes the general path every step. Both give the same times, loads and gaps, under decodes
+// arriving, prompts prefilled in chunks beside the batch, and cancels anywhere, with iteration times that
+// depend on the batch and its context.
+TEST_F(EngineCoreTest, TheFastDecodePathRunsStepsAsTheGeneralOne) {
+  struct BatchExecutor final : Executor {
+    double run_iteration_s(const IterationPlan& plan) override {
+      return 0.01 + 0.001 * static_cast<double>(plan.decode_requests) +
+             1e-6 * static_cast<double>(plan.decode_context_tokens + plan.prefill_tokens);
+    }
+  } executor;
+  Recorder fast_seen, general_seen;
+  EngineOptions options{.kv_capacity_tokens = 200'000, .chunk_tokens = 256};
+  EngineCore fast(options, executor, fast_seen);
+  options.report_tokens = true;
+  EngineCore general(options, executor, general_seen);
+  std::mt19937_64 rng(9);
+  double now_s = 0;
+  for (RequestId id = 0; id < 3000; ++id) {
+    now_s += 0.2 * static_cast<double>(rng() % 8);
+    for (EngineCore* e : {&fast, &general}) e->advance_until(now_s);
+    if (rng() % 6 == 0) {  // mostly a request decoding in a steady batch
+      const RequestId victim = id - std::min<RequestId>(id, rng() % 20);
+      for (EngineCore* e : {&fast, &general}) e->cancel(victim);
+    }
+    const auto input = static_cast<int64_t>(1 + rng() % 1000), output = static_cast<int64_t>(2 + rng() % 200);
+    switch (rng() % 4) {
+      case 0:  // a prompt computed here, in chunks beside the batch
+        for (EngineCore* e : {&fast, &general}) e->submit_prompt(id, input, output, {}, now_s);
+        break;
+      case 1:  // a request that never arrives, cancelled later or not
+        for (EngineCore* e : {&fast, &general}) e->expect(id, input, output, now_s);
+        break;
+      default:
+        for (EngineCore* e : {&fast, &general}) {
+          e->expect(id, input, output, now_s);
+          e->submit_decode(id, now_s, now_s);
+        }
+    }
+    ASSERT_EQ(fast.decode_load(), general.decode_load()) << id;
+    ASSERT_EQ(fast.next_event_s(), general.next_event_s()) << id;
+  }
+  for (EngineCore* e : {&fast, &general}) e->advance_until(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(fast.decode_steps(), general.decode_steps());
+  EXPECT_EQ(fast.iterations(), general.iterations());
+  EXPECT_GT(fast.decode_steps(), 10'000);
+  EXPECT_EQ(fast_seen.finished_order, general_seen.finished_order);
+  EXPECT_GT(fast_seen.finished_order.size(), 1000u);
+  for (const auto& [id, a] : general_seen.seen) {
+    const Seen& b = fast_seen.seen.at(id);
+    EXPECT_EQ(b.first_token_s, a.first_token_s) << id;
+    EXPECT_EQ(b.finish_s, a.finish_s) << id;
+    ASSERT_EQ(b.gaps.has_value(), a.gaps.has_value()) << id;
+    if (a.gaps) {
+      EXPECT_EQ(b.gaps->tbt_s, a.gaps->tbt_s) << id;
+      EXPECT_EQ(b.gaps->max_gap_s, a.gaps->max_gap_s) << id;
+    }
+  }
+}
+
 struct TimeoutRecorder : Recorder {
   void on_kv_timeout(RequestId id, double now_s) override { timed_out.emplace_back(id, now_s); }
   std::vector<std::pair<RequestId, double>> timed_out;
