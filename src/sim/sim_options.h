@@ -56,8 +56,9 @@ struct SimOptions {
   /// Disaggregated: the Conductor's state (conductor::ClusterState) is told of a prompt's blocks only up to
   /// the last one a later request of the trace names (conductor::RequestInfo::reused_later_blocks). No
   /// decision looks up the others again, so the decisions and every output are the same, for less work (the
-  /// 1M-request run: docs/benchmarks.md, "Blocks no later request names"). false: of every block, as a live
-  /// Conductor.
+  /// 1M-request run: docs/benchmarks.md, "Blocks no later request names"), and the prefill engines' caches
+  /// keep the others unkeyed (kv::BlockCache's top comment; "Unkeyed blocks" there). false: of every block,
+  /// as a live Conductor and live instances.
   bool index_only_reused_blocks = true;
 };
 
