@@ -58,20 +58,27 @@ enum class Admission {
 };
 
 /// Running mean of the output lengths of finished requests: the expected output of a request whose length is
-/// not known yet, starting from a prior worth `prior_weight` observations.
+/// not known yet, starting from a prior worth `prior_weight` observations. The observations are summed as
+/// integers, so the mean does not depend on the order they come in (the simulator's decode instances report
+/// the requests they finish in index order, not time order: sim/disaggregated.cpp).
 class OutputLengthEstimator {
  public:
   explicit OutputLengthEstimator(double prior_tokens = 256, double prior_weight = 8)
-      : sum_tokens_(prior_tokens * prior_weight), count_(prior_weight) {}
+      : prior_sum_tokens_(prior_tokens * prior_weight), prior_weight_(prior_weight) {}
   void observe(int64_t output_tokens) {
-    sum_tokens_ += static_cast<double>(output_tokens);
-    count_ += 1;
+    observed_tokens_ += output_tokens;
+    ++observed_;
   }
-  double expected_tokens() const { return sum_tokens_ / count_; }
+  double expected_tokens() const {
+    return (prior_sum_tokens_ + static_cast<double>(observed_tokens_)) /
+           (prior_weight_ + static_cast<double>(observed_));
+  }
 
  private:
-  double sum_tokens_;
-  double count_;
+  double prior_sum_tokens_;
+  double prior_weight_;
+  int64_t observed_tokens_ = 0;
+  int64_t observed_ = 0;
 };
 
 /// Parses "none", "slo", "early", "predictive". Error (kNotFound) lists the valid names.

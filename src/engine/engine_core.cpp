@@ -116,6 +116,7 @@ void EngineCore::advance_until(double t_s) {
       assert(decode_only_step() && plan_.decode_requests == running_.requests);
       ++iterations_;
       ++decode_steps_;
+      ++fast_decode_steps_;
       log_.append(end_s_);
       running_.context_tokens += running_.requests;
       plan_.decode_context_tokens = running_.context_tokens;

@@ -184,8 +184,9 @@ class EngineCore {
     int64_t fetched_tokens = 0;
     double ready_s = 0;  // the fetched part exists (its source computed it) from then: the prompt waits
   };
-  /// `keyed_blocks`: the caller knows no later prompt names the blocks from this index on, so the prefix
-  /// cache may keep those it does not hold already unkeyed (kv::BlockCache::touch): they take room and are
+  /// `keyed_blocks`: the caller knows no later prompt names the blocks from this index on (and none of them
+  /// occurs twice in this one), so the prefix cache may keep those it does not hold already unkeyed
+  /// (kv::BlockCache::touch): they take room and are
   /// evicted as keyed blocks would be, but cost no map entry, and no KV event names them (nor
   /// Executor::on_blocks_removed: the executor must keep no bytes by key). The simulator knows it from its
   /// trace; a live instance keys every block (the default).
@@ -222,7 +223,7 @@ class EngineCore {
 
   /// Requests here and not finished: queued, prefilling, waiting for HBM or decoding (not incoming).
   int64_t outstanding() const { return outstanding_; }
-  /// Every block key the prefix cache holds (none without EngineOptions::prefix_cache).
+  /// Every block key the prefix cache holds (none without EngineOptions::prefix_cache), unkeyed blocks aside.
   std::vector<BlockKey> prefix_cache_keys() const {
     return cache_ ? cache_->keys() : std::vector<BlockKey>{};
   }
@@ -242,7 +243,7 @@ class EngineCore {
   /// Starts loading what the engine's next decode step reads, so that a caller about to advance many engines
   /// (the simulator's decode instances) overlaps their cache misses. Changes nothing.
   [[gnu::always_inline]] void prefetch_step() const {
-    const auto* first = reinterpret_cast<const char*>(this);
+    const auto* first = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(this) & ~uintptr_t{63});
     const auto* end = reinterpret_cast<const char*>(&kv_deadlines_ + 1);
     for (const char* line = first; line < end; line += 64) __builtin_prefetch(line);
     log_.prefetch_next();
@@ -250,6 +251,9 @@ class EngineCore {
   /// Iterations run, and those that decoded (continuous-batching steps), since construction.
   int64_t iterations() const { return iterations_; }
   int64_t decode_steps() const { return decode_steps_; }
+  /// Of the decode steps, those advance_until ran on its fast path (a steady batch: docs/benchmarks.md,
+  /// "Unkeyed blocks and cheaper decode steps").
+  int64_t fast_decode_steps() const { return fast_decode_steps_; }
 
  private:
   struct Record {
@@ -305,6 +309,7 @@ class EngineCore {
   kv::DecodeGroup running_;
   int64_t iterations_ = 0;
   int64_t decode_steps_ = 0;
+  int64_t fast_decode_steps_ = 0;
   Executor& executor_;
   IterationPlan plan_;
   StepLog log_;

@@ -178,7 +178,8 @@ void BlockCache::touch(std::span<const BlockKey> keys, bool pin, TouchEvents* ev
 void BlockCache::erase(UnkeyedRun unkeyed) {
   if (unkeyed.empty()) return;
   const Slot& s = slots_[unkeyed.slot];
-  assert(s.touch_call == kRunSlot && s.prev == kNil && s.next == kNil && lru_head_ != unkeyed.slot);
+  assert(s.touch_call == kRunSlot && s.prev == kNil && s.next == kNil && lru_head_ != unkeyed.slot &&
+         lru_tail_ != unkeyed.slot);
   const auto blocks = static_cast<int64_t>(s.key);
   pinned_blocks_ -= blocks;
   unkeyed_blocks_ -= blocks;
@@ -187,7 +188,9 @@ void BlockCache::erase(UnkeyedRun unkeyed) {
 
 void BlockCache::unpin(std::span<const BlockKey> keys, UnkeyedRun unkeyed) {
   if (!unkeyed.empty()) {  // after the keys in the request: the least recent of them
-    assert(slots_[unkeyed.slot].touch_call == kRunSlot && lru_head_ != unkeyed.slot);
+    [[maybe_unused]] const Slot& s = slots_[unkeyed.slot];
+    assert(s.touch_call == kRunSlot && s.prev == kNil && s.next == kNil && lru_head_ != unkeyed.slot &&
+           lru_tail_ != unkeyed.slot);
     pinned_blocks_ -= static_cast<int64_t>(slots_[unkeyed.slot].key);
     list_push_back(unkeyed.slot);
   }

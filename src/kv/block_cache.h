@@ -28,9 +28,9 @@ namespace crescent::kv {
 /// A run of unkeyed blocks one touch() stored pinned (see the top of this file), to unpin() or erase() as a
 /// whole. Empty when there is none.
 struct UnkeyedRun {
-  static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
-  uint32_t slot = kNone;
-  bool empty() const { return slot == kNone; }
+  static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();  // the slot of no run
+  uint32_t slot = kNone;                                                   // the run's slot in the cache
+  bool empty() const { return slot == kNone; }                             // no run
 };
 
 /// What one touch() did, for keeping an index of holders (kv/block_index.h) in step with the cache.
@@ -88,9 +88,10 @@ class BlockCache {
   /// `events` (optional) receives what changed, and the run of keys that were cached already (hit_blocks).
   ///
   /// `keyed_blocks`: of the keys from index `keyed_blocks` on, the trailing run of absent ones is stored
-  /// unkeyed (see the top of this file; events->pinned_unkeyed is their run when pinned).
-  /// REQUIRES: no later call names a key from index `keyed_blocks` on (touch, unpin, contains,
-  /// prefix_match_blocks, erase_unpinned), and none of them occurs twice in `keys`.
+  /// unkeyed (see the top of this file): from events->unkeyed_from on, in none of the events' lists, and
+  /// events->pinned_unkeyed is their run when pinned.
+  /// REQUIRES: a key from index `keyed_blocks` on occurs nowhere else in `keys`, and no later call names it
+  /// (touch, contains, prefix_match_blocks, erase_unpinned), but to unpin it where this call pinned it keyed.
   void touch(std::span<const BlockKey> keys, bool pin, TouchEvents* events = nullptr,
              size_t keyed_blocks = std::numeric_limits<size_t>::max());
 
@@ -105,7 +106,8 @@ class BlockCache {
   void erase(UnkeyedRun unkeyed);
 
   /// Evicts up to `blocks` unpinned blocks, least recently used first, and returns how many it evicted
-  /// (fewer when fewer are unpinned). `events` (optional) receives them in `evicted`. For a cache whose room
+  /// (fewer when fewer are unpinned). `events` (optional) receives them in `evicted` (unkeyed ones are
+  /// counted, not listed). For a cache whose room
   /// is shared with other data (a colocated node's HBM, sim/colocated.cpp).
   int64_t evict_unpinned(int64_t blocks, TouchEvents* events = nullptr);
   /// Drops `key` if it is cached and unpinned (e.g. a block stored for a request that was cancelled before

@@ -292,9 +292,9 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
   // is left as it is: advancing it would change nothing (decode engines keep no cache, and simulated KV
   // never times out), and its load is what it last reported. Those due run in index order, each to `t_s`:
   // they do not interact, and the order of their finishes changes nothing (the Conductor sums output
-  // lengths, integers, exactly in any order). So a scan of their next times finds them, where a tree of the
-  // earliest cost an update per step; and as they are cold (thousands of events ran since their last
-  // step), their lines are loaded together before any runs.
+  // lengths as integers: conductor::OutputLengthEstimator). So a scan of their next times finds them, where
+  // a tree picked the earliest engine at an update per engine advanced; and as they are cold (thousands of
+  // events ran since their last step), their lines are loaded together before any runs.
   void advance_decode_until(double t_s) {
     due_decode_.clear();
     for (InstanceId d = 0; d < next_decode_event_s_.size(); ++d) {

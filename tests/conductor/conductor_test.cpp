@@ -436,6 +436,23 @@ TEST(OutputLengthEstimator, RunningMeanFromPrior) {
   EXPECT_DOUBLE_EQ(e.expected_tokens(), 200);
 }
 
+// The simulator's decode instances report finished requests in index order, not time order: the estimate
+// must not depend on the order. Lengths up to 2^40 and a prior whose sum is not a whole number make a sum
+// kept in a double round differently in different orders.
+TEST(OutputLengthEstimator, TheOrderOfObservationsChangesNothing) {
+  std::mt19937_64 rng(4);
+  std::vector<int64_t> outputs(100'000);
+  for (int64_t& o : outputs) o = 1 + static_cast<int64_t>(rng() % (int64_t{1} << 40));
+  OutputLengthEstimator forward(/*prior_tokens=*/300.3), shuffled(/*prior_tokens=*/300.3);
+  for (int64_t o : outputs) forward.observe(o);
+  std::shuffle(outputs.begin(), outputs.end(), rng);
+  for (int64_t o : outputs) shuffled.observe(o);
+  EXPECT_EQ(forward.expected_tokens(), shuffled.expected_tokens());  // the same bits
+  int64_t sum = 0;
+  for (int64_t o : outputs) sum += o;
+  EXPECT_DOUBLE_EQ(forward.expected_tokens(), (300.3 * 8 + static_cast<double>(sum)) / (8 + 100'000.0));
+}
+
 class AdmissionTest : public ConductorTest {
  protected:
   // One decode instance with 1M tokens of HBM; `running`, `incoming` as given; prefill idle.
