@@ -82,6 +82,10 @@ void Conductor::set_instance_cost_models(std::vector<const perf::CostModel*> pre
                                          std::vector<const perf::CostModel*> decode) {
   prefill_costs_ = std::move(prefill);
   decode_costs_ = std::move(decode);
+  uniform_decode_cost_ = &cost_;
+  for (const perf::CostModel* cost : decode_costs_) {
+    if (cost != nullptr && cost != &cost_) uniform_decode_cost_ = nullptr;
+  }
 }
 
 uint64_t Conductor::next_random() {
@@ -388,49 +392,64 @@ std::optional<InstanceId> Conductor::pick_prefill_by_order(
 // Decode instance with the smallest predicted TBT once this request joins (Algorithm 1 line 17), preferring
 // instances whose HBM can hold its KV (prompt + max output) on top of everything already reserved, waiting or
 // incoming. Waiting and incoming requests count as joined. `fits` is false when no instance has room now.
-// Ties go to the instance with the fewest recent placements, then round robin.
+// Ties go to the instance with the fewest recent placements, then round robin (decode_history_.prefer).
+//
+// Scored in one pass by fill_scores (an instance without room, or down, scores infinity), then the tied
+// instances collected in a second: a loop keeping the best candidate so far is a chain of dependent compares
+// across the pool, and this runs for every request over hundreds of instances.
 InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request,
                                     double& predicted_tbt_s, bool& fits) {
   const auto loads = cluster.decode_loads();
   const auto up = cluster.decode_up_flags();
   const auto instances = static_cast<uint32_t>(loads.size());
   const int64_t need = request.input_tokens + request.max_output_tokens;
-  // One pass keeping two candidates: the best with room, the best of all up instances. Only instances with
-  // room compete, unless none has any. "Best": the lowest score, ties to decode_history_.prefer() (what
-  // pick_lowest answers).
-  struct Candidate {
-    double score = kInfinity;
-    std::optional<InstanceId> instance;  // the best so far (a finite score)
-    std::optional<InstanceId> first;     // the first considered
+  // The loop's inputs by value: its stores of scores would otherwise make it read them again each time.
+  const kv::DecodeLoad* const load_of = loads.data();
+  const uint8_t* const up_flag = up.empty() ? nullptr : up.data();
+  const int64_t input_tokens = request.input_tokens;
+  auto is_up = [up_flag](InstanceId d) { return up_flag == nullptr || up_flag[d] != 0; };
+  auto has_room = [load_of, need](InstanceId d) {
+    return need <= load_of[d].kv_capacity_tokens - load_of[d].reserved_kv_tokens();
   };
-  Candidate with_room, any_up;
-  fits = false;
-  auto consider = [&](Candidate& c, InstanceId d, double score) {
-    if (!c.first) c.first = d;
-    if (score < c.score ||
-        (score == c.score && score != kInfinity && decode_history_.prefer(d, *c.instance))) {
-      c.score = score;
-      c.instance = d;
-    }
+  auto score_with = [load_of, input_tokens](const auto& cost, InstanceId d) {
+    const kv::DecodeLoad& load = load_of[d];
+    return cost.time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,
+                       load.running.context_tokens + load.waiting.context_tokens +
+                           load.incoming.context_tokens + input_tokens);
   };
-  for (InstanceId d = 0; d < instances; ++d) {
-    if (!up.empty() && up[d] == 0) continue;
-    const kv::DecodeLoad& load = loads[d];
-    const double score = decode_cost(d).decode_step_time_s(
-        load.running.requests + load.waiting.requests + load.incoming.requests + 1,
-        load.running.context_tokens + load.waiting.context_tokens + load.incoming.context_tokens +
-            request.input_tokens);
-    consider(any_up, d, score);
-    if (need <= load.kv_capacity_tokens - load.reserved_kv_tokens()) {
-      fits = true;
-      consider(with_room, d, score);
+  // Scores of the instances that compete (up, and with room unless `room` is false); the lowest.
+  auto fill = [&](bool room) {
+    decode_scores_.resize(instances);
+    if (uniform_decode_cost_ != nullptr) {
+      const perf::CostModel::DecodeStepCost cost = uniform_decode_cost_->decode_step_cost();
+      return fill_scores(decode_scores_, [=](InstanceId d) {
+        return is_up(d) && (!room || has_room(d)) ? score_with(cost, d) : kInfinity;
+      });
     }
+    return fill_scores(decode_scores_, [&](InstanceId d) {
+      return is_up(d) && (!room || has_room(d)) ? score_with(decode_cost(d).decode_step_cost(), d)
+                                                : kInfinity;
+    });
+  };
+  // Only instances with room compete, unless none has any. A finite score means one has.
+  double lowest = fill(true);
+  fits = lowest != kInfinity;
+  for (InstanceId d = 0; !fits && d < instances; ++d) fits = is_up(d) && has_room(d);
+  if (!fits) lowest = fill(false);
+  predicted_tbt_s = lowest;
+  if (lowest == kInfinity) {
+    // Every score infinite or NaN (a cost model gone wrong): the first that competes, its TBT predicted
+    // infinite (which SLO admission rejects). schedule() checked that some decode instance is up.
+    for (InstanceId d = 0; d < instances; ++d) {
+      if (is_up(d) && (!fits || has_room(d))) return d;
+    }
+    return 0;
   }
-  const Candidate& best = fits ? with_room : any_up;
-  predicted_tbt_s = best.score;
-  // Every score infinite or NaN (a cost model gone wrong): the first candidate, its TBT predicted infinite
-  // (which SLO admission rejects). schedule() checked that some decode instance is up.
-  return best.instance ? *best.instance : best.first.value_or(0);
+  tied_.clear();
+  for (InstanceId d = 0; d < instances; ++d) {
+    if (decode_scores_[d] == lowest) tied_.push_back(d);
+  }
+  return tied_.size() == 1 ? tied_.front() : decode_history_.pick(tied_);
 }
 
 // Largest HBM KV capacity of any decode instance: a request needing more can never run.

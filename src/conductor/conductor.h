@@ -250,6 +250,8 @@ class Conductor {
 
   const perf::CostModel& cost_;
   std::vector<const perf::CostModel*> prefill_costs_, decode_costs_;  // set_instance_cost_models
+  // The one cost model of every decode instance, or null when they differ (set_instance_cost_models).
+  const perf::CostModel* uniform_decode_cost_ = &cost_;
   ConductorOptions options_;
   uint64_t rng_state_;
   uint64_t round_robin_next_ = 0;  // PrefillPolicy::kRoundRobin: the instance after the last one chosen
@@ -269,6 +271,7 @@ class Conductor {
   // resized (and zeroed) on every decision when the pools differ in size.
   std::vector<double> prefill_scores_, decode_scores_;
   std::vector<std::pair<InstanceId, double>> others_;  // pick_prefill_by_order: instances outside the group
+  std::vector<InstanceId> tied_;                       // choose_decode: the instances with the lowest score
 };
 
 }  // namespace crescent::conductor

@@ -69,14 +69,27 @@ class CostModel {
   /// A profile's memory term adds decode_s_per_request per request.
   /// 0 when batch_requests == 0. REQUIRES: batch_requests >= 0, context_tokens >= 0.
   double decode_step_time_s(int64_t batch_requests, int64_t context_tokens) const {
-    assert(batch_requests >= 0 && context_tokens >= 0);
-    if (batch_requests == 0) return 0;
-    const double ctx = static_cast<double>(context_tokens);
-    const double batch = static_cast<double>(batch_requests);
-    const double memory_s =
-        c_.decode_weight_read_s + batch * c_.decode_s_per_request + ctx * c_.decode_kv_read_s_per_token;
-    const double compute_s = batch * c_.linear_s_per_token + ctx * c_.attention_s_per_token_context;
-    return std::max(memory_s, compute_s);
+    return decode_step_cost().time_s(batch_requests, context_tokens);
+  }
+  /// decode_step_time_s's coefficients by value: a loop over hundreds of decode instances keeps them in
+  /// registers, where a reference's would be read again after every store of a double.
+  struct DecodeStepCost {
+    double weight_read_s, s_per_request, kv_read_s_per_token, linear_s_per_token,
+        attention_s_per_token_context;
+    /// decode_step_time_s(batch_requests, context_tokens).
+    double time_s(int64_t batch_requests, int64_t context_tokens) const {
+      assert(batch_requests >= 0 && context_tokens >= 0);
+      if (batch_requests == 0) return 0;
+      const double ctx = static_cast<double>(context_tokens);
+      const double batch = static_cast<double>(batch_requests);
+      const double memory_s = weight_read_s + batch * s_per_request + ctx * kv_read_s_per_token;
+      const double compute_s = batch * linear_s_per_token + ctx * attention_s_per_token_context;
+      return std::max(memory_s, compute_s);
+    }
+  };
+  DecodeStepCost decode_step_cost() const {
+    return {c_.decode_weight_read_s, c_.decode_s_per_request, c_.decode_kv_read_s_per_token,
+            c_.linear_s_per_token, c_.attention_s_per_token_context};
   }
 
   /// Seconds of one engine iteration of a colocated instance (vLLM-style, paper §5.1) that decodes one token

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <set>
 #include <vector>
@@ -26,6 +27,7 @@ class FakeCluster : public ClusterView {
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s.size()); }
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s; }
   std::span<const kv::DecodeLoad> decode_loads() const override { return decode; }
+  std::span<const uint8_t> decode_up_flags() const override { return decode_up; }
   const kv::BlockIndex& block_index() const override { return index; }
   double prefix_ready_s(InstanceId holder, std::span<const BlockKey>, double) const override {
     return ready_s[holder];
@@ -38,6 +40,7 @@ class FakeCluster : public ClusterView {
   std::vector<double> busy_until_s;
   std::vector<double> ready_s;  // per instance: when its cached blocks are computed
   std::vector<kv::DecodeLoad> decode;
+  std::vector<uint8_t> decode_up;  // empty: every decode instance is up
   kv::BlockIndex index;
 };
 
@@ -228,6 +231,94 @@ TEST_F(ConductorTest, DecodeWithoutRoomAnywhereStillPicksLightest) {
   auto d = place(PrefillPolicy::kLeastLoaded, cluster, 4096, keys_);
   EXPECT_EQ(d.decode_instance, 1u);
   EXPECT_FALSE(d.decode_has_room);
+}
+
+// The decode choice against the plainest reading of Algorithm 1 line 17: one pass keeping the best
+// candidate, among the instances up with room (all up ones when none has room), ties to the history's
+// prefer(). Loads drawn from a few values so that scores tie often, some instances down, sometimes no room
+// anywhere, 37 instances (not a multiple of the scoring loop's eight lanes), uniform and per-instance cost
+// models.
+TEST_F(ConductorTest, DecodeChoiceIsAOneCandidateFoldOverTheInstances) {
+  perf::HardwareSpec fast_hardware = *perf::hardware_preset("8xA800");
+  fast_hardware.hbm_bytes_per_s_per_gpu *= 2;
+  const perf::CostModel fast(*perf::model_preset("llama3-70b"), fast_hardware);
+  constexpr uint32_t kDecode = 37;
+  for (const bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "per-instance cost models" : "one cost model");
+    FakeCluster cluster(1, kDecode);
+    cluster.decode_up.assign(kDecode, 1);
+    Conductor conductor(cost_, {.policy = PrefillPolicy::kLeastLoaded});
+    std::vector<const perf::CostModel*> decode_costs(kDecode, nullptr);
+    if (mixed) {
+      for (uint32_t d = 0; d < kDecode; d += 3) decode_costs[d] = &fast;
+    }
+    conductor.set_instance_cost_models({}, decode_costs);
+    auto cost_of = [&](InstanceId d) -> const perf::CostModel& {
+      return decode_costs[d] != nullptr ? *decode_costs[d] : cost_;
+    };
+    PlacementHistory history;  // the Conductor's, mirrored: it records each accepted decode placement
+    std::mt19937_64 rng(26);
+    int ties = 0, no_room = 0;
+    for (int decision = 0; decision < 3000; ++decision) {
+      const double now_s = decision * 0.01;
+      const bool crowded = decision % 10 == 0;  // no instance has room
+      for (uint32_t d = 0; d < kDecode; ++d) {
+        const int64_t running = static_cast<int64_t>(rng() % 4) * 10;
+        const int64_t incoming = static_cast<int64_t>(rng() % 2);
+        cluster.decode[d] = {.running = {running, running * 2'000, running * 2'500},
+                             .waiting = {},
+                             .incoming = {incoming, incoming * 3'000, incoming * 4'000},
+                             .kv_capacity_tokens = crowded ? running * 2'500 + incoming * 4'000 + 1'000
+                                                           : (rng() % 3 == 0 ? 60'000 : 1'000'000)};
+        cluster.decode_up[d] = d == 0 || rng() % 8 != 0 ? 1 : 0;
+      }
+      const int64_t input_tokens = 1'000 + static_cast<int64_t>(rng() % 3) * 1'000;
+      const RequestInfo request{input_tokens, {}, 100};
+      // The reference: one candidate with room, one of all up.
+      const int64_t need = input_tokens + 100;
+      std::optional<InstanceId> with_room, any_up;
+      double room_score = std::numeric_limits<double>::infinity(), up_score = room_score;
+      int at_lowest = 0;
+      for (InstanceId d = 0; d < kDecode; ++d) {
+        if (cluster.decode_up[d] == 0) continue;
+        const kv::DecodeLoad& load = cluster.decode[d];
+        const double score = cost_of(d).decode_step_time_s(
+            load.running.requests + load.incoming.requests + 1,
+            load.running.context_tokens + load.incoming.context_tokens + input_tokens);
+        auto consider = [&](std::optional<InstanceId>& best, double& best_score) {
+          if (score < best_score || (score == best_score && history.prefer(d, *best))) {
+            best_score = score;
+            best = d;
+          }
+        };
+        consider(any_up, up_score);
+        if (need <= load.kv_capacity_tokens - load.reserved_kv_tokens()) consider(with_room, room_score);
+      }
+      const bool fits = with_room.has_value();
+      const InstanceId expected = fits ? *with_room : *any_up;
+      for (InstanceId d = 0; d < kDecode; ++d) {
+        const kv::DecodeLoad& load = cluster.decode[d];
+        at_lowest += cluster.decode_up[d] != 0 &&
+                     (!fits || need <= load.kv_capacity_tokens - load.reserved_kv_tokens()) &&
+                     cost_of(d).decode_step_time_s(
+                         load.running.requests + load.incoming.requests + 1,
+                         load.running.context_tokens + load.incoming.context_tokens + input_tokens) ==
+                         (fits ? room_score : up_score);
+      }
+      ties += at_lowest > 1;
+      no_room += !fits;
+
+      const Decision got = conductor.schedule(cluster, request, now_s);
+      ASSERT_EQ(got.rejected, RejectReason::kNone) << decision;
+      ASSERT_EQ(got.decode_instance, expected) << decision;
+      ASSERT_EQ(got.decode_has_room, fits) << decision;
+      ASSERT_EQ(got.predicted_tbt_s, fits ? room_score : up_score) << decision;
+      history.record(got.decode_instance, now_s);
+    }
+    // The draw exercised what it is for.
+    EXPECT_GT(ties, 500);
+    EXPECT_GT(no_room, 200);
+  }
 }
 
 TEST_F(ConductorTest, RefusesRequestsLargerThanAnyDecodeHbm) {
