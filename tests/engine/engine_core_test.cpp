@@ -532,5 +532,39 @@ TEST_F(EngineCoreTest, MockExecutorTakesTheCostModelsIterationTime) {
   EXPECT_DOUBLE_EQ(mock.run_iteration_s(plan), cost.iteration_time_s(8, 80'000, 512, 1024));
 }
 
+// StepLog's gaps against a plain reading of paper §5.1: every gap of the request's steps, sorted, the mean of
+// the longest ceil(n / 10). Requests long and short, in turn, and across trims: its scratch only grows, so a
+// short request after a long one must not see the long one's gaps.
+TEST(StepLogTest, GapsAreTheRequestsStepsAndTheTbtTheMeanOfTheLongestTenth) {
+  std::mt19937_64 rng(5);
+  StepLog log;
+  double end_s = 0;
+  auto append = [&] {
+    end_s += 0.01 + static_cast<double>(rng() % 1000) * 1e-5;
+    log.append(end_s);
+  };
+  for (int round = 0; round < 400; ++round) {
+    const int64_t length = round % 2 == 0 ? 1 + static_cast<int64_t>(rng() % 300) : 1 + round % 7;
+    const double first_token_s = end_s;
+    const int64_t join_step = log.next_step();
+    std::vector<double> ends;
+    for (int64_t s = 0; s < length; ++s) {
+      append();
+      ends.push_back(end_s);
+    }
+    std::vector<double> expected{ends[0] - first_token_s};
+    for (size_t i = 1; i < ends.size(); ++i) expected.push_back(ends[i] - ends[i - 1]);
+    std::sort(expected.begin(), expected.end(), std::greater<>());
+    const size_t k = std::max<size_t>(1, (expected.size() + 9) / 10);
+    double sum = 0;
+    for (size_t i = 0; i < k; ++i) sum += expected[i];
+
+    const StepLog::Gaps got = log.gaps(first_token_s, join_step, log.next_step() - 1);
+    ASSERT_DOUBLE_EQ(got.tbt_s, sum / static_cast<double>(k)) << "round " << round;
+    ASSERT_EQ(got.max_gap_s, expected.front()) << "round " << round;
+    log.trim_before(log.next_step());
+  }
+}
+
 }  // namespace
 }  // namespace crescent::engine
