@@ -241,13 +241,15 @@ class EngineCore {
     return {running_, waiting_decode_load_, incoming_, options_.kv_capacity_tokens};
   }
   /// Starts loading what the engine's next decode step reads, so that a caller about to advance many engines
-  /// (the simulator's decode instances) overlaps their cache misses. Changes nothing.
+  /// (the simulator's decode instances) overlaps their cache misses. Changes nothing. Two parts: the
+  /// engine's own fields, then where its step log appends, which is found by reading those fields: a caller
+  /// issues the first for every engine before the second for any, so no read waits on a line just asked for.
   [[gnu::always_inline]] void prefetch_step() const {
     const auto* first = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(this) & ~uintptr_t{63});
     const auto* end = reinterpret_cast<const char*>(&kv_deadlines_ + 1);
     for (const char* line = first; line < end; line += 64) __builtin_prefetch(line);
-    log_.prefetch_next();
   }
+  [[gnu::always_inline]] void prefetch_step_log() const { log_.prefetch_next(); }
   /// Iterations run, and those that decoded (continuous-batching steps), since construction.
   int64_t iterations() const { return iterations_; }
   int64_t decode_steps() const { return decode_steps_; }

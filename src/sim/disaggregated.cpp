@@ -304,6 +304,7 @@ class Simulation final : private engine::EngineListener, private cluster::Placem
         decode_[d]->prefetch_step();
       }
     }
+    for (InstanceId d : due_decode_) decode_[d]->prefetch_step_log();
     for (InstanceId d : due_decode_) {
       decode_[d]->advance_until(t_s);
       decode_changed(d);
