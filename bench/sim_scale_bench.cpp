@@ -4,7 +4,8 @@
 //     instances: wall time and the process's peak RSS;
 //   - the four policies of `simulate --compare` on the conversation trace, one after another and one per
 //     thread (common/parallel.h, as the CLI runs them), over one read of the trace.
-// Each is one long iteration; run one at a time with --benchmark_filter.
+// Each is one long iteration; run one at a time with --benchmark_filter. Like `crescent simulate`, the bench
+// starts once more with a heap of huge pages (common/huge_pages.h).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -14,6 +15,7 @@
 #include <iostream>
 
 #include "cluster/cluster_config.h"
+#include "common/huge_pages.h"
 #include "common/parallel.h"
 #include "sim/simulator.h"
 #include "trace/reader.h"
@@ -102,4 +104,13 @@ BENCHMARK(BM_CompareFourPolicies)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// Runs with the heap `crescent simulate` has: of huge pages, where the kernel gives them when asked
+// (common/huge_pages.h; CRESCENT_HUGE_PAGES=0 to compare without).
+int main(int argc, char** argv) {
+  crescent::reexec_with_huge_page_heap(argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,9 +1,18 @@
 // crescent: one executable, one file per subcommand (see docs/architecture.md).
 #include <CLI/CLI.hpp>
+#include <string_view>
 
 #include "cli/commands.h"
+#include "common/huge_pages.h"
 
 int main(int argc, char** argv) {
+  // The commands that simulate run on a heap of huge pages (common/huge_pages.h).
+  if (argc > 1) {
+    const std::string_view command = argv[1];
+    if (command == "simulate" || command == "plan" || command == "experiment") {
+      crescent::reexec_with_huge_page_heap(argv);
+    }
+  }
   CLI::App app{
       "crescent: KV-cache-centric LLM serving (Mooncake) — trace analysis, cluster simulation, KV cache "
       "pool"};
