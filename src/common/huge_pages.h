@@ -4,9 +4,10 @@
 // asks the kernel for huge pages on the memory it takes (madvise MADV_HUGEPAGE, where the kernel's THP mode
 // is "madvise", Debian's default) under its tunable glibc.malloc.hugetlb=1, which it reads only when a
 // program starts: so such a command executes itself again, once, with the tunable set. The 1M-request
-// simulation at 512 + 512 instances ran in ~0.8x the time, with 50x fewer page faults (docs/benchmarks.md,
-// "Huge pages"). Servers do not: a page fault in a huge-page region may compact memory first, a stall a
-// request path should not take.
+// simulation at 512 + 512 instances ran in a median 0.9x the wall time, with ~45x fewer page faults
+// (docs/benchmarks.md, "A cheaper decode choice, and huge pages by default"). Servers do not: a page fault
+// in a huge-page region may compact memory first, a stall a request path should not take. Children of the
+// second start (gnuplot for `plan`'s plot) inherit the tunable.
 #pragma once
 
 #include <optional>
@@ -39,7 +40,8 @@ std::string transparent_huge_page_mode();
 ///   - the kernel did not start this program through its dynamic loader (AT_BASE is 0: it runs as
 ///     `ld.so crescent ...`, which a new start would not repeat).
 /// When the exec fails, the environment is as it was and the process runs on with the heap it has. Call it
-/// first thing in main, before any thread starts.
+/// first thing in main, before crescent starts threads or writes anything. Libraries' constructors may have
+/// started threads of their own (OpenBLAS's pool): the exec ends them, and their start-up runs again.
 void reexec_with_huge_page_heap(char** argv);
 
 }  // namespace crescent

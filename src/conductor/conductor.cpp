@@ -76,18 +76,20 @@ Conductor::Conductor(const perf::CostModel& cost_model, ConductorOptions options
       rng_state_(options.seed),
       output_estimator_(options.expected_output_prior_tokens) {}
 
-// splitmix64: a tiny, well-distributed generator whose output is the same on every platform (unlike
-// std::uniform_int_distribution), which keeps simulations byte-identical for a seed.
 void Conductor::set_instance_cost_models(std::vector<const perf::CostModel*> prefill,
                                          std::vector<const perf::CostModel*> decode) {
   prefill_costs_ = std::move(prefill);
   decode_costs_ = std::move(decode);
-  uniform_decode_cost_ = &cost_;
+  // One model for every listed instance (null: cost_), or none.
+  auto model = [&](const perf::CostModel* cost) { return cost != nullptr ? cost : &cost_; };
+  uniform_decode_cost_ = decode_costs_.empty() ? &cost_ : model(decode_costs_.front());
   for (const perf::CostModel* cost : decode_costs_) {
-    if (cost != nullptr && cost != &cost_) uniform_decode_cost_ = nullptr;
+    if (model(cost) != uniform_decode_cost_) uniform_decode_cost_ = nullptr;
   }
 }
 
+// splitmix64: a tiny, well-distributed generator whose output is the same on every platform (unlike
+// std::uniform_int_distribution), which keeps simulations byte-identical for a seed.
 uint64_t Conductor::next_random() {
   uint64_t z = (rng_state_ += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -158,11 +160,14 @@ double fill_scores(std::span<double> scores, ScoreFn score) {
 std::optional<InstanceId> Conductor::pick_lowest(std::span<const double> scores, double lowest,
                                                  const PlacementHistory& history) {
   if (lowest == kInfinity) return std::nullopt;
-  return history.pick_first(static_cast<uint32_t>(scores.size()),
-                            [&](InstanceId id) { return scores[id] == lowest; });
+  tied_.clear();
+  for (InstanceId i = 0; i < scores.size(); ++i) {
+    if (scores[i] == lowest) tied_.push_back(i);
+  }
+  return tied_.size() == 1 ? tied_.front() : history.pick(tied_);
 }
 
-InstanceId Conductor::lowest_prefill_or_first_up(double lowest, std::span<const uint8_t> up) const {
+InstanceId Conductor::lowest_prefill_or_first_up(double lowest, std::span<const uint8_t> up) {
   if (const auto best = pick_lowest(prefill_scores_, lowest, prefill_history_)) return *best;
   InstanceId first = 0;
   while (first + 1 < up.size() && up[first] == 0) ++first;
@@ -394,9 +399,9 @@ std::optional<InstanceId> Conductor::pick_prefill_by_order(
 // incoming. Waiting and incoming requests count as joined. `fits` is false when no instance has room now.
 // Ties go to the instance with the fewest recent placements, then round robin (decode_history_.prefer).
 //
-// Scored in one pass by fill_scores (an instance without room, or down, scores infinity), then the tied
-// instances collected in a second: a loop keeping the best candidate so far is a chain of dependent compares
-// across the pool, and this runs for every request over hundreds of instances.
+// Scored in one pass by fill_scores (an instance without room, or down, scores infinity), then picked by
+// pick_lowest: a loop keeping the best candidate so far is a chain of dependent compares across the pool, and
+// this runs for every request over hundreds of instances.
 InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request,
                                     double& predicted_tbt_s, bool& fits) {
   const auto loads = cluster.decode_loads();
@@ -420,7 +425,9 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
   // Scores of the instances that compete (up, and with room unless `room` is false); the lowest.
   auto fill = [&](bool room) {
     decode_scores_.resize(instances);
-    if (uniform_decode_cost_ != nullptr) {
+    // Instances past those listed are timed by cost_.
+    if (uniform_decode_cost_ != nullptr &&
+        (uniform_decode_cost_ == &cost_ || instances <= decode_costs_.size())) {
       const perf::CostModel::DecodeStepCost cost = uniform_decode_cost_->decode_step_cost();
       return fill_scores(decode_scores_, [=](InstanceId d) {
         return is_up(d) && (!room || has_room(d)) ? score_with(cost, d) : kInfinity;
@@ -445,11 +452,7 @@ InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInf
     }
     return 0;
   }
-  tied_.clear();
-  for (InstanceId d = 0; d < instances; ++d) {
-    if (decode_scores_[d] == lowest) tied_.push_back(d);
-  }
-  return tied_.size() == 1 ? tied_.front() : decode_history_.pick(tied_);
+  return *pick_lowest(decode_scores_, lowest, decode_history_);
 }
 
 // Largest HBM KV capacity of any decode instance: a request needing more can never run.

@@ -232,14 +232,15 @@ class Conductor {
                                                   std::span<const int32_t> local_blocks, const double* cost,
                                                   const double* floor, double now_s);
   // The instance with the smallest finite score (scores[i] is instance i's; `lowest` the smallest of them),
-  // ties broken by `history`; none when every score is infinite.
-  static std::optional<InstanceId> pick_lowest(std::span<const double> scores, double lowest,
-                                               const PlacementHistory& history);
+  // ties broken by `history`; none when every score is infinite. The tied are collected first (usually one),
+  // so the history's weights are read only for them.
+  std::optional<InstanceId> pick_lowest(std::span<const double> scores, double lowest,
+                                        const PlacementHistory& history);
   // pick_lowest over prefill_scores_, or when no score is finite (a cost model that overflows, queues
   // predicted never to end) the first prefill instance up (`up` empty: all are), as choose_decode falls back:
   // its TTFT is then predicted infinite or NaN, which SLO admission rejects. schedule() checked that one is
   // up.
-  InstanceId lowest_prefill_or_first_up(double lowest, std::span<const uint8_t> up) const;
+  InstanceId lowest_prefill_or_first_up(double lowest, std::span<const uint8_t> up);
   uint64_t next_random();
   const perf::CostModel& prefill_cost(InstanceId i) const {
     return i < prefill_costs_.size() && prefill_costs_[i] != nullptr ? *prefill_costs_[i] : cost_;
@@ -250,7 +251,8 @@ class Conductor {
 
   const perf::CostModel& cost_;
   std::vector<const perf::CostModel*> prefill_costs_, decode_costs_;  // set_instance_cost_models
-  // The one cost model of every decode instance, or null when they differ (set_instance_cost_models).
+  // The one cost model of every decode instance listed in decode_costs_ (cost_ when none is), or null when
+  // they differ (set_instance_cost_models).
   const perf::CostModel* uniform_decode_cost_ = &cost_;
   ConductorOptions options_;
   uint64_t rng_state_;
@@ -271,7 +273,7 @@ class Conductor {
   // resized (and zeroed) on every decision when the pools differ in size.
   std::vector<double> prefill_scores_, decode_scores_;
   std::vector<std::pair<InstanceId, double>> others_;  // pick_prefill_by_order: instances outside the group
-  std::vector<InstanceId> tied_;                       // choose_decode: the instances with the lowest score
+  std::vector<InstanceId> tied_;                       // pick_lowest: the instances with the lowest score
 };
 
 }  // namespace crescent::conductor

@@ -48,11 +48,6 @@ class PlacementHistory {
     return {i < weight_.size() ? weight_[i] : 0.0, static_cast<InstanceId>(i - next_)};
   }
 
-  /// The instance prefer() chooses among ids 0..count-1 for which `is_candidate(id)` holds (none if none
-  /// does): the same answer as comparing tie_key() pairwise, in two passes suited to a thousand candidates.
-  template <typename IsCandidate>
-  std::optional<InstanceId> pick_first(uint32_t count, IsCandidate is_candidate) const;
-
   /// The instance round robin starts from: the one after the last placed on (0 before any).
   InstanceId round_robin_start() const { return next_; }
   /// How many placements were recorded, and how many times the weights were rescaled (which changes every
@@ -77,38 +72,5 @@ class PlacementHistory {
   InstanceId next_ = 0;         // the instance after the last one placed on: round robin starts here
   uint64_t records_ = 0, rescales_ = 0;
 };
-
-template <typename IsCandidate>
-std::optional<InstanceId> PlacementHistory::pick_first(uint32_t count, IsCandidate is_candidate) const {
-  constexpr double kInfinity = std::numeric_limits<double>::infinity();
-  // The fewest recent placements among the candidates, with eight running minima (one would be a chain of
-  // dependent compares).
-  constexpr uint32_t kLanes = 8;
-  std::array<double, kLanes> lane;
-  lane.fill(kInfinity);
-  auto weight = [&](InstanceId i) { return i < weight_.size() ? weight_[i] : 0.0; };
-  uint32_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) {
-    for (uint32_t l = 0; l < kLanes; ++l) {
-      const double w = is_candidate(i + l) ? weight(i + l) : kInfinity;
-      lane[l] = w < lane[l] ? w : lane[l];
-    }
-  }
-  for (; i < count; ++i) {
-    const double w = is_candidate(i) ? weight(i) : kInfinity;
-    lane[0] = w < lane[0] ? w : lane[0];
-  }
-  double least = kInfinity;
-  for (const double w : lane) least = w < least ? w : least;
-  if (least == kInfinity) return std::nullopt;
-  // Then round robin: the first such candidate from next_ on, else from 0.
-  for (InstanceId id = next_; id < count; ++id) {
-    if (is_candidate(id) && weight(id) == least) return id;
-  }
-  for (InstanceId id = 0; id < std::min(next_, count); ++id) {
-    if (is_candidate(id) && weight(id) == least) return id;
-  }
-  return std::nullopt;  // unreachable: some candidate has the least weight
-}
 
 }  // namespace crescent::conductor

@@ -249,6 +249,7 @@ class EngineCore {
     const auto* end = reinterpret_cast<const char*>(&kv_deadlines_ + 1);
     for (const char* line = first; line < end; line += 64) __builtin_prefetch(line);
   }
+  /// The second part: starts loading where the step log's next append writes.
   [[gnu::always_inline]] void prefetch_step_log() const { log_.prefetch_next(); }
   /// Iterations run, and those that decoded (continuous-batching steps), since construction.
   int64_t iterations() const { return iterations_; }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -55,6 +56,7 @@ class StepLog {
   Gaps gaps(double first_token_s, int64_t join_step, int64_t last_step) {
     // Differences of adjacent end times, in a loop the compiler vectorizes; the scratch only grows, so
     // nothing is zeroed per request.
+    assert(join_step >= base_ && last_step >= join_step && last_step < next_step());
     const auto count = static_cast<size_t>(last_step - join_step + 1);
     if (gaps_.size() < count) gaps_.resize(count);
     const double* end = end_s_.data() + (join_step - base_);

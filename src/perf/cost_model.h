@@ -87,6 +87,7 @@ class CostModel {
       return std::max(memory_s, compute_s);
     }
   };
+  /// This model's DecodeStepCost.
   DecodeStepCost decode_step_cost() const {
     return {c_.decode_weight_read_s, c_.decode_s_per_request, c_.decode_kv_read_s_per_token,
             c_.linear_s_per_token, c_.attention_s_per_token_context};

@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "conductor/cluster_state.h"
@@ -236,25 +237,27 @@ TEST_F(ConductorTest, DecodeWithoutRoomAnywhereStillPicksLightest) {
 // The decode choice against the plainest reading of Algorithm 1 line 17: one pass keeping the best
 // candidate, among the instances up with room (all up ones when none has room), ties to the history's
 // prefer(). Loads drawn from a few values so that scores tie often, some instances down, sometimes no room
-// anywhere, 37 instances (not a multiple of the scoring loop's eight lanes), uniform and per-instance cost
-// models.
+// anywhere, 37 instances (not a multiple of the scoring loop's eight lanes), one cost model or several.
 TEST_F(ConductorTest, DecodeChoiceIsAOneCandidateFoldOverTheInstances) {
   perf::HardwareSpec fast_hardware = *perf::hardware_preset("8xA800");
   fast_hardware.hbm_bytes_per_s_per_gpu *= 2;
   const perf::CostModel fast(*perf::model_preset("llama3-70b"), fast_hardware);
   constexpr uint32_t kDecode = 37;
-  for (const bool mixed : {false, true}) {
-    SCOPED_TRACE(mixed ? "per-instance cost models" : "one cost model");
+  // Cost models: the Conductor's for all; every third instance faster; all faster (one model, not the
+  // Conductor's); all listed faster but the list shorter than the pool (the rest the Conductor's).
+  for (const int models : {0, 1, 2, 3}) {
+    SCOPED_TRACE("cost models " + std::to_string(models));
     FakeCluster cluster(1, kDecode);
     cluster.decode_up.assign(kDecode, 1);
     Conductor conductor(cost_, {.policy = PrefillPolicy::kLeastLoaded});
     std::vector<const perf::CostModel*> decode_costs(kDecode, nullptr);
-    if (mixed) {
-      for (uint32_t d = 0; d < kDecode; d += 3) decode_costs[d] = &fast;
+    for (uint32_t d = 0; d < kDecode; ++d) {
+      if ((models == 1 && d % 3 == 0) || models >= 2) decode_costs[d] = &fast;
     }
+    if (models == 3) decode_costs.resize(kDecode - 5);
     conductor.set_instance_cost_models({}, decode_costs);
     auto cost_of = [&](InstanceId d) -> const perf::CostModel& {
-      return decode_costs[d] != nullptr ? *decode_costs[d] : cost_;
+      return d < decode_costs.size() && decode_costs[d] != nullptr ? *decode_costs[d] : cost_;
     };
     PlacementHistory history;  // the Conductor's, mirrored: it records each accepted decode placement
     std::mt19937_64 rng(26);
