@@ -55,10 +55,12 @@ class BenchCluster : public conductor::ClusterView {
       decode_[d].running = {running, running * 10'000, running * 11'000};
       decode_[d].kv_capacity_tokens = 1'300'000;
     }
+    decode_choice_.set_all(decode_, {});  // the loads never change here
   }
   uint32_t prefill_instance_count() const override { return static_cast<uint32_t>(busy_until_s_.size()); }
   std::span<const double> prefill_busy_until_s() const override { return busy_until_s_; }
   std::span<const kv::DecodeLoad> decode_loads() const override { return decode_; }
+  const conductor::DecodeChoiceLoads* decode_choice_loads() const override { return &decode_choice_; }
   const kv::BlockIndex& block_index() const override { return index_; }
   double prefix_ready_s(InstanceId, std::span<const BlockKey>, double) const override { return 0; }
   conductor::PrefillChanges prefill_changes() const override { return changes_.changes(); }
@@ -74,6 +76,7 @@ class BenchCluster : public conductor::ClusterView {
  private:
   std::vector<double> busy_until_s_;
   std::vector<kv::DecodeLoad> decode_;
+  conductor::DecodeChoiceLoads decode_choice_;
   kv::BlockIndex index_;
   conductor::PrefillChangeLog changes_;
 };

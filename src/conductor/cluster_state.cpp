@@ -14,6 +14,7 @@ ClusterState::ClusterState(uint32_t prefill_instances, uint32_t decode_instances
       decode_up_(decode_instances, true),
       ready_s_(prefill_instances) {
   for (kv::DecodeLoad& d : decode_) d.kv_capacity_tokens = decode_kv_capacity_tokens;
+  decode_choice_.set_all(decode_, decode_up_);
 }
 
 void ClusterState::reserve_prefix_cache_blocks(InstanceId instance, int64_t blocks) {
@@ -37,7 +38,9 @@ InstanceId ClusterState::add_decode_instance(int64_t kv_capacity_tokens) {
   kv::DecodeLoad& load = decode_.emplace_back();
   load.kv_capacity_tokens = kv_capacity_tokens;
   decode_up_.push_back(false);
-  return static_cast<InstanceId>(decode_.size() - 1);
+  const auto d = static_cast<InstanceId>(decode_.size() - 1);
+  decode_changed(d);
+  return d;
 }
 
 double ClusterState::prefix_ready_s(InstanceId holder, std::span<const BlockKey> keys,
@@ -88,6 +91,7 @@ PrefillTimeline ClusterState::on_request_placed(const RequestInfo& request, cons
     incoming.requests += 1;
     incoming.context_tokens += request.input_tokens;
     incoming.kv_tokens += request.input_tokens + request.max_output_tokens;
+    decode_changed(decision.decode_instance);
   }
   return t;
 }
@@ -147,6 +151,7 @@ void ClusterState::on_decode_down(InstanceId d) {
   const int64_t capacity = decode_[d].kv_capacity_tokens;
   decode_[d] = kv::DecodeLoad{};
   decode_[d].kv_capacity_tokens = capacity;
+  decode_changed(d);
 }
 
 void ClusterState::on_prefill_computed(InstanceId instance, std::span<const BlockKey> block_keys,

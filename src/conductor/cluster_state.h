@@ -48,6 +48,7 @@ class ClusterState final : public ClusterView {
                         double stop_above_s) const override;
   using ClusterView::prefix_ready_s;
   PrefillChanges prefill_changes() const override { return prefill_changes_.changes(); }
+  const DecodeChoiceLoads* decode_choice_loads() const override { return &decode_choice_; }
 
   /// Event "request placed": the Conductor accepted `decision` for `request` at `now_s`. Its prefill joins
   /// the chosen instance's FIFO queue as predicted (Algorithm 1): it starts once the instance is free and,
@@ -107,7 +108,10 @@ class ClusterState final : public ClusterView {
 
   /// Event "decode report": decode instance `d` reports its load (running, waiting and incoming requests,
   /// HBM capacity). Replaces what placements added since its last report.
-  void on_decode_report(InstanceId d, const kv::DecodeLoad& load) { decode_[d] = load; }
+  void on_decode_report(InstanceId d, const kv::DecodeLoad& load) {
+    decode_[d] = load;
+    decode_changed(d);
+  }
 
   /// Event "instance down" (it stopped reporting, or restarted): nothing is placed there any more. A prefill
   /// instance's cached blocks and queue are forgotten; a decode instance's load is zeroed.
@@ -132,7 +136,10 @@ class ClusterState final : public ClusterView {
     prefill_up_[instance] = true;
     prefill_changes_.note(instance);
   }
-  void on_decode_up(InstanceId d) { decode_up_[d] = true; }
+  void on_decode_up(InstanceId d) {
+    decode_up_[d] = true;
+    decode_changed(d);
+  }
   std::span<const uint8_t> prefill_up_flags() const override { return prefill_up_; }
   std::span<const uint8_t> decode_up_flags() const override { return decode_up_; }
 
@@ -140,6 +147,8 @@ class ClusterState final : public ClusterView {
   // A placement on `instance` of `block_keys` no longer stands: blocks only placements put in the index, and
   // no other placement there will compute, leave it.
   void release_placement(InstanceId instance, std::span<const BlockKey> block_keys);
+  // After every write to decode_[d] or decode_up_[d]: decode_choice_ follows.
+  void decode_changed(InstanceId d) { decode_choice_.set(d, decode_[d], decode_up_[d] != 0); }
   // Every write to a busy_until goes through here, so prefill_changes() logs it.
   void set_busy_until(InstanceId instance, double busy_until_s) {
     busy_until_s_[instance] = busy_until_s;
@@ -150,6 +159,7 @@ class ClusterState final : public ClusterView {
   std::vector<double> busy_until_s_;  // per prefill instance: predicted end of its queue
   std::vector<kv::DecodeLoad> decode_;
   std::vector<uint8_t> prefill_up_, decode_up_;  // 1: up
+  DecodeChoiceLoads decode_choice_;              // decode_ and decode_up_, as the decode choice reads them
   PrefillChangeLog prefill_changes_;             // writes to busy_until_s_ and prefill_up_
   kv::BlockIndex index_;  // holds `key` on `instance` exactly when ready_s_[instance] has `key`
   std::vector<int64_t> reserved_blocks_;  // per prefill instance: reserve_prefix_cache_blocks' largest

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 #include "common/instance_id.h"
 #include "kv/block_index.h"
@@ -59,6 +60,44 @@ class PrefillChangeLog {
   std::array<InstanceId, kRecent> recent_{};
 };
 
+/// The decode pool as the decode choice reads it (Conductor::choose_decode, Algorithm 1 line 17): per decode
+/// instance, the requests and context tokens a request joining it would share its steps with (running,
+/// waiting and incoming: DecodeLoad's three groups), and its room (kv_capacity_tokens - reserved_kv_tokens;
+/// minus infinity when it is down, so that no request fits). Arrays of doubles, so the choice's loop over
+/// hundreds of instances reads 24 bytes an instance instead of a DecodeLoad's 80 and scores two at a time.
+/// Token and request counts below 2^53 are exact as doubles.
+class DecodeChoiceLoads {
+ public:
+  /// Sets instance `d`'s entries from its load and up flag, growing the arrays to hold it.
+  void set(InstanceId d, const kv::DecodeLoad& load, bool up) {
+    if (d >= room_tokens_.size()) {
+      batch_requests_.resize(d + 1, 0);
+      context_tokens_.resize(d + 1, 0);
+      room_tokens_.resize(d + 1, -std::numeric_limits<double>::infinity());
+    }
+    batch_requests_[d] =
+        static_cast<double>(load.running.requests + load.waiting.requests + load.incoming.requests);
+    context_tokens_[d] = static_cast<double>(load.running.context_tokens + load.waiting.context_tokens +
+                                             load.incoming.context_tokens);
+    room_tokens_[d] = up ? static_cast<double>(load.kv_capacity_tokens - load.reserved_kv_tokens())
+                         : -std::numeric_limits<double>::infinity();
+  }
+  /// Sets every instance's entries: `loads` and `up` (empty: all up) as ClusterView returns them.
+  void set_all(std::span<const kv::DecodeLoad> loads, std::span<const uint8_t> up) {
+    for (InstanceId d = 0; d < loads.size(); ++d) set(d, loads[d], up.empty() || up[d] != 0);
+  }
+
+  /// Per instance: requests running, waiting and incoming.
+  std::span<const double> batch_requests() const { return batch_requests_; }
+  /// Per instance: their context tokens (DecodeGroup::context_tokens, summed).
+  std::span<const double> context_tokens() const { return context_tokens_; }
+  /// Per instance: HBM KV tokens not yet reserved; minus infinity when the instance is down.
+  std::span<const double> room_tokens() const { return room_tokens_; }
+
+ private:
+  std::vector<double> batch_requests_, context_tokens_, room_tokens_;
+};
+
 /// Read-only view of the prefill and decode pools.
 class ClusterView {
  public:
@@ -102,6 +141,12 @@ class ClusterView {
   /// over a thousand instances reads it as it reads prefill_busy_until_s().
   virtual std::span<const uint8_t> prefill_up_flags() const { return {}; }
   virtual std::span<const uint8_t> decode_up_flags() const { return {}; }
+
+  /// decode_loads() and decode_up_flags() as the decode choice reads them, kept by a view that sets an
+  /// instance's entries whenever its load or up flag changes: at every decision they must equal what
+  /// DecodeChoiceLoads::set_all(decode_loads(), decode_up_flags()) makes, at least decode_instance_count()
+  /// entries. The default (null): the Conductor derives them on each decision.
+  virtual const DecodeChoiceLoads* decode_choice_loads() const { return nullptr; }
 
   /// Which prefill instances' busy_until or up flag changed lately. A view that returns a source other than
   /// 0 returns its PrefillChangeLog's changes() and must log every such change there (note). The default

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -130,28 +131,31 @@ constexpr double kInfinity = std::numeric_limits<double>::infinity();
 constexpr uint32_t kBusyOrderMinInstances = 64;
 constexpr uint32_t kBusyOrderMaxOthersShare = 8;
 
-// Sets scores[i] = score(i) for every i and returns the lowest, kept as eight running minima: one would be a
-// chain of dependent compares, four cycles each, across a thousand instances.
-template <typename ScoreFn>
-double fill_scores(std::span<double> scores, ScoreFn score) {
+// The lowest of `scores`, kept as eight running minima: one would be a chain of dependent compares, four
+// cycles each, across a thousand instances.
+double lowest_of(std::span<const double> scores) {
   constexpr uint32_t kLanes = 8;
   std::array<double, kLanes> lane;
   lane.fill(kInfinity);
   const auto count = static_cast<uint32_t>(scores.size());
   uint32_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
-    for (uint32_t l = 0; l < kLanes; ++l) {
-      const double s = scores[i + l] = score(i + l);
-      lane[l] = s < lane[l] ? s : lane[l];
-    }
+    for (uint32_t l = 0; l < kLanes; ++l) lane[l] = scores[i + l] < lane[l] ? scores[i + l] : lane[l];
   }
-  for (; i < count; ++i) {
-    const double s = scores[i] = score(i);
-    lane[0] = s < lane[0] ? s : lane[0];
-  }
+  for (; i < count; ++i) lane[0] = scores[i] < lane[0] ? scores[i] : lane[0];
   double lowest = kInfinity;
   for (const double m : lane) lowest = m < lowest ? m : lowest;
   return lowest;
+}
+
+// Sets scores[i] = score(i) for every i and returns the lowest. Two loops: the first vectorizes where
+// `score` is arithmetic without branches (the decode choice's).
+template <typename ScoreFn>
+double fill_scores(std::span<double> scores, ScoreFn score) {
+  double* const out = scores.data();
+  const auto count = static_cast<uint32_t>(scores.size());
+  for (uint32_t i = 0; i < count; ++i) out[i] = score(i);
+  return lowest_of(scores);
 }
 
 }  // namespace
@@ -401,54 +405,64 @@ std::optional<InstanceId> Conductor::pick_prefill_by_order(
 //
 // Scored in one pass by fill_scores (an instance without room, or down, scores infinity), then picked by
 // pick_lowest: a loop keeping the best candidate so far is a chain of dependent compares across the pool, and
-// this runs for every request over hundreds of instances.
+// this runs for every request over hundreds of instances. The loop reads the view's DecodeChoiceLoads (three
+// doubles an instance, kept as loads change), not its DecodeLoads (ten integers).
 InstanceId Conductor::choose_decode(const ClusterView& cluster, const RequestInfo& request,
                                     double& predicted_tbt_s, bool& fits) {
-  const auto loads = cluster.decode_loads();
   const auto up = cluster.decode_up_flags();
-  const auto instances = static_cast<uint32_t>(loads.size());
-  const int64_t need = request.input_tokens + request.max_output_tokens;
+  const auto instances = cluster.decode_instance_count();
+  const DecodeChoiceLoads* loads = cluster.decode_choice_loads();
+  if (loads == nullptr) {
+    derived_decode_loads_.set_all(cluster.decode_loads(), up);
+    loads = &derived_decode_loads_;
+  }
+  assert(loads->room_tokens().size() >= instances);
   // The loop's inputs by value: its stores of scores would otherwise make it read them again each time.
-  const kv::DecodeLoad* const load_of = loads.data();
+  const double* const batch_of = loads->batch_requests().data();
+  const double* const context_of = loads->context_tokens().data();
+  const double* const room_of = loads->room_tokens().data();
   const uint8_t* const up_flag = up.empty() ? nullptr : up.data();
-  const int64_t input_tokens = request.input_tokens;
+  const auto need = static_cast<double>(request.input_tokens + request.max_output_tokens);
+  const auto input_tokens = static_cast<double>(request.input_tokens);
   auto is_up = [up_flag](InstanceId d) { return up_flag == nullptr || up_flag[d] != 0; };
-  auto has_room = [load_of, need](InstanceId d) {
-    return need <= load_of[d].kv_capacity_tokens - load_of[d].reserved_kv_tokens();
+  // An instance down has no room.
+  auto has_room = [room_of, need](InstanceId d) { return need <= room_of[d]; };
+  // The request joins the batch: one request and its prompt more.
+  auto score_with = [batch_of, context_of, input_tokens](const auto& cost, InstanceId d) {
+    return cost.busy_time_s(batch_of[d] + 1, context_of[d] + input_tokens);
   };
-  auto score_with = [load_of, input_tokens](const auto& cost, InstanceId d) {
-    const kv::DecodeLoad& load = load_of[d];
-    return cost.time_s(load.running.requests + load.waiting.requests + load.incoming.requests + 1,
-                       load.running.context_tokens + load.waiting.context_tokens +
-                           load.incoming.context_tokens + input_tokens);
-  };
-  // Scores of the instances that compete (up, and with room unless `room` is false); the lowest.
+  // Scores of the instances that compete (with room, or up when `room` is false); the lowest.
   auto fill = [&](bool room) {
     decode_scores_.resize(instances);
     // Instances past those listed are timed by cost_.
     if (uniform_decode_cost_ != nullptr &&
         (uniform_decode_cost_ == &cost_ || instances <= decode_costs_.size())) {
       const perf::CostModel::DecodeStepCost cost = uniform_decode_cost_->decode_step_cost();
-      return fill_scores(decode_scores_, [=](InstanceId d) {
-        return is_up(d) && (!room || has_room(d)) ? score_with(cost, d) : kInfinity;
-      });
+      if (room) {
+        // The score computed whether or not the instance has room, so the loop has no branch.
+        return fill_scores(decode_scores_, [=](InstanceId d) {
+          const double score = score_with(cost, d);
+          return has_room(d) ? score : kInfinity;
+        });
+      }
+      return fill_scores(decode_scores_,
+                         [=](InstanceId d) { return is_up(d) ? score_with(cost, d) : kInfinity; });
     }
     return fill_scores(decode_scores_, [&](InstanceId d) {
-      return is_up(d) && (!room || has_room(d)) ? score_with(decode_cost(d).decode_step_cost(), d)
-                                                : kInfinity;
+      return (room ? has_room(d) : is_up(d)) ? score_with(decode_cost(d).decode_step_cost(), d) : kInfinity;
     });
   };
   // Only instances with room compete, unless none has any. A finite score means one has.
   double lowest = fill(true);
   fits = lowest != kInfinity;
-  for (InstanceId d = 0; !fits && d < instances; ++d) fits = is_up(d) && has_room(d);
+  for (InstanceId d = 0; !fits && d < instances; ++d) fits = has_room(d);
   if (!fits) lowest = fill(false);
   predicted_tbt_s = lowest;
   if (lowest == kInfinity) {
     // Every score infinite or NaN (a cost model gone wrong): the first that competes, its TBT predicted
     // infinite (which SLO admission rejects). schedule() checked that some decode instance is up.
     for (InstanceId d = 0; d < instances; ++d) {
-      if (is_up(d) && (!fits || has_room(d))) return d;
+      if (fits ? has_room(d) : is_up(d)) return d;
     }
     return 0;
   }

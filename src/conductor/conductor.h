@@ -274,6 +274,7 @@ class Conductor {
   std::vector<double> prefill_scores_, decode_scores_;
   std::vector<std::pair<InstanceId, double>> others_;  // pick_prefill_by_order: instances outside the group
   std::vector<InstanceId> tied_;                       // pick_lowest: the instances with the lowest score
+  DecodeChoiceLoads derived_decode_loads_;  // choose_decode: for a view that keeps none (decode_choice_loads)
 };
 
 }  // namespace crescent::conductor

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -144,6 +145,58 @@ TEST(ClusterState, PlacementsCountAsIncomingUntilTheDecodeInstanceReports) {
   load = state.decode_load(1);
   EXPECT_EQ(load.incoming.requests, 0);
   EXPECT_EQ(load.running.requests, 1);
+}
+
+// The arrays the decode choice reads (DecodeChoiceLoads) are kept by every event that changes a decode
+// instance's load or up flag: after each, they equal those derived afresh from decode_loads() and
+// decode_up_flags().
+TEST(ClusterState, TheDecodeChoiceLoadsFollowEveryDecodeEvent) {
+  ClusterState state(1, 3, kBlock, 1000);
+  const auto expect_kept = [&](const char* after) {
+    SCOPED_TRACE(after);
+    DecodeChoiceLoads derived;
+    derived.set_all(state.decode_loads(), state.decode_up_flags());
+    const DecodeChoiceLoads* kept = state.decode_choice_loads();
+    ASSERT_NE(kept, nullptr);
+    EXPECT_THAT(kept->batch_requests(), ::testing::ElementsAreArray(derived.batch_requests()));
+    EXPECT_THAT(kept->context_tokens(), ::testing::ElementsAreArray(derived.context_tokens()));
+    EXPECT_THAT(kept->room_tokens(), ::testing::ElementsAreArray(derived.room_tokens()));
+  };
+  expect_kept("start");
+  EXPECT_THAT(state.decode_choice_loads()->room_tokens(), ElementsAre(1000, 1000, 1000));
+  const std::vector<BlockKey> keys{1};
+  state.on_request_placed({300, keys, 50}, placed_on(0, 1, 0, 1), 0);
+  expect_kept("placed");
+  EXPECT_THAT(state.decode_choice_loads()->batch_requests(), ElementsAre(0, 1, 0));
+  EXPECT_THAT(state.decode_choice_loads()->context_tokens(), ElementsAre(0, 300, 0));
+  EXPECT_THAT(state.decode_choice_loads()->room_tokens(), ElementsAre(1000, 650, 1000));
+  kv::DecodeLoad report;
+  report.running = {.requests = 2, .context_tokens = 500, .kv_tokens = 600};
+  report.waiting = {.requests = 1, .context_tokens = 40, .kv_tokens = 90};
+  report.incoming = {.requests = 1, .context_tokens = 7, .kv_tokens = 10};
+  report.kv_capacity_tokens = 2000;
+  state.on_decode_report(2, report);
+  expect_kept("report");
+  EXPECT_EQ(state.decode_choice_loads()->batch_requests()[2], 4);
+  EXPECT_EQ(state.decode_choice_loads()->context_tokens()[2], 547);
+  EXPECT_EQ(state.decode_choice_loads()->room_tokens()[2], 2000 - 700);
+  state.on_decode_down(1);
+  expect_kept("down");
+  EXPECT_EQ(state.decode_choice_loads()->room_tokens()[1], -std::numeric_limits<double>::infinity());
+  state.on_decode_report(1, report);  // a report while down: still no room
+  expect_kept("report while down");
+  EXPECT_EQ(state.decode_choice_loads()->room_tokens()[1], -std::numeric_limits<double>::infinity());
+  state.on_decode_up(1);
+  expect_kept("up again");
+  EXPECT_EQ(state.decode_choice_loads()->room_tokens()[1], 2000 - 700);  // the report's load
+  const InstanceId added = state.add_decode_instance(500);
+  expect_kept("added, down");
+  EXPECT_EQ(state.decode_choice_loads()->room_tokens()[added], -std::numeric_limits<double>::infinity());
+  state.on_decode_up(added);
+  expect_kept("added, up");
+  state.on_request_placed({100, keys, 20}, placed_on(0, added, 0, 1), 0);
+  expect_kept("placed on the added");
+  EXPECT_EQ(state.decode_choice_loads()->room_tokens()[added], 380);
 }
 
 TEST(ClusterState, APlacedPromptsBlocksAreIndexedAtOnceAndReadyWhenItsPrefillEnds) {
