@@ -9,9 +9,10 @@
 namespace crescent::conductor {
 
 void BusyOrder::reset(size_t instances) {
-  order_.clear();
-  boundary_ = order_.end();
-  node_.assign(instances, order_.end());
+  // Room for the order and as much again, half on each side of it.
+  entries_.assign(2 * instances + 2, 0);
+  lo_ = hi_ = entries_.size() / 2;
+  front_ = 0;
   present_.assign(instances, 0);
   in_front_.assign(instances, 0);
   busy_until_s_.assign(instances, 0.0);
@@ -46,12 +47,62 @@ void BusyOrder::flush() {
   dirty_.clear();
 }
 
+size_t BusyOrder::lower_bound(const Entry& e) const {
+  const Entry* base = entries_.data() + lo_;
+  size_t n = hi_ - lo_;
+  if (n == 0) return lo_;
+  while (n > 1) {
+    const size_t half = n / 2;
+    base = base[half] < e ? base + half : base;
+    n -= half;
+  }
+  return static_cast<size_t>(base - entries_.data()) + (*base < e ? 1 : 0);
+}
+
+void BusyOrder::erase_at(size_t at) {
+  Entry* const data = entries_.data();
+  if (at - lo_ < hi_ - at - 1) {
+    std::memmove(data + lo_ + 1, data + lo_, (at - lo_) * sizeof(Entry));
+    ++lo_;
+  } else {
+    std::memmove(data + at, data + at + 1, (hi_ - at - 1) * sizeof(Entry));
+    --hi_;
+  }
+}
+
+size_t BusyOrder::insert(const Entry& e) {
+  if (lo_ == 0 || hi_ == entries_.size()) {  // recentre: the order drifts as entries leave one end
+    const size_t size = hi_ - lo_;
+    const size_t lo = (entries_.size() - size) / 2;
+    std::memmove(entries_.data() + lo, entries_.data() + lo_, size * sizeof(Entry));
+    lo_ = lo;
+    hi_ = lo + size;
+  }
+  Entry* const data = entries_.data();
+  const size_t at = lower_bound(e);
+  const size_t rank = at - lo_;
+  if (rank < hi_ - at) {
+    std::memmove(data + lo_ - 1, data + lo_, rank * sizeof(Entry));
+    --lo_;
+    data[at - 1] = e;
+  } else {
+    std::memmove(data + at + 1, data + at, (hi_ - at) * sizeof(Entry));
+    ++hi_;
+    data[at] = e;
+  }
+  return rank;
+}
+
 void BusyOrder::update(InstanceId i, double busy_until_s, uint8_t up, const PlacementHistory& history) {
-  Order::node_type moved;  // the instance's entry, reused (no allocation) when it stays in the order
   if (present_[i] != 0) {
-    if (in_front_[i] != 0) set_front(i, false, history);
-    if (boundary_ == node_[i]) ++boundary_;
-    moved = order_.extract(node_[i]);
+    const size_t at = lower_bound(entry(busy_until_s_[i], i));
+    assert(at < hi_ && id_of(entries_[at]) == i);
+    // An entry of the front leaves it, which stays a prefix; one past it leaves the boundary where it is.
+    if (in_front_[i] != 0) {
+      set_front(i, false, history);
+      --front_;
+    }
+    erase_at(at);
     present_[i] = 0;
   }
   nan_count_ -= std::isnan(busy_until_s_[i]) ? 1 : 0;
@@ -59,15 +110,14 @@ void BusyOrder::update(InstanceId i, double busy_until_s, uint8_t up, const Plac
   busy_until_s_[i] = busy_until_s;
   up_[i] = up;
   if (up == 0 || std::isnan(busy_until_s)) return;
-  if (moved.empty()) {
-    node_[i] = order_.emplace(busy_until_s, i).first;
-  } else {
-    moved.value().first = busy_until_s;
-    node_[i] = order_.insert(std::move(moved)).position;
-  }
+  const size_t rank = insert(entry(busy_until_s, i));
   present_[i] = 1;
-  // An entry landing ahead of the boundary joins the front, which stays a prefix; best() moves the boundary.
-  if (boundary_ == order_.end() || *node_[i] < *boundary_) set_front(i, true, history);
+  // An entry landing ahead of the boundary (the first entry past the front) joins the front, which stays a
+  // prefix; best() moves the boundary.
+  if (rank <= front_) {
+    set_front(i, true, history);
+    ++front_;
+  }
 }
 
 bool BusyOrder::sync(std::span<const double> busy_until_s, std::span<const uint8_t> up,

@@ -6,10 +6,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <iterator>
 #include <limits>
 #include <optional>
-#include <set>
 #include <span>
 #include <utility>
 #include <vector>
@@ -26,29 +24,17 @@ namespace crescent::conductor {
 /// order's first members and the tree, without a pass over the pool. Not thread-safe.
 class BusyOrder {
  public:
-  BusyOrder() = default;
-  /// A copy or a move starts empty (the order's iterators belong to its own set): the next sync rebuilds it.
-  BusyOrder(const BusyOrder&) : BusyOrder() {}
-  BusyOrder(BusyOrder&&) noexcept : BusyOrder() {}
-  BusyOrder& operator=(const BusyOrder&) {
-    reset(0);
-    return *this;
-  }
-  BusyOrder& operator=(BusyOrder&&) noexcept {
-    reset(0);
-    return *this;
-  }
-  ~BusyOrder() = default;
-
   /// Brings the order up to date with a pool of busy_until_s.size() instances: `busy_until_s` (seconds, per
   /// instance), `up` (per instance: 0 down, any other value up; empty: all up) and `history`, the pool's
   /// tie-break. `changes` is the pool's change log (ClusterView::prefill_changes): when it is the log of the
   /// last sync's pool, still holds every change since, and the pool's size and flags' form (empty or not)
   /// are as at the last sync, only the instances it names are compared with their copies; otherwise (no
   /// log, another log, more changes than it keeps) every instance is.
-  /// Costs those compares plus O(log instances) per instance whose busy_until, flag or weight changed since
-  /// the last sync: all of them the first time, when the pool's size changed, or when more than one placement
-  /// was recorded (or the weights rescaled) since. False when the order cannot be used: some instance's
+  /// Costs those compares plus, per instance whose busy_until or flag changed since the last sync, a binary
+  /// search and a move of the entries on the shorter side of its old and new places in the order (16 bytes
+  /// each, at most half the pool); and O(log instances) per instance whose weight changed. All of them change
+  /// the first time or when the pool's size changed; all weights when more than one placement was recorded
+  /// (or the weights rescaled) since. False when the order cannot be used: some instance's
   /// busy_until (up or down) is NaN.
   bool sync(std::span<const double> busy_until_s, std::span<const uint8_t> up,
             const PlacementHistory& history, const PrefillChanges& changes = {});
@@ -70,8 +56,17 @@ class BusyOrder {
   std::optional<Best> best(Member member, Score score, const PlacementHistory& history);
 
  private:
-  using Order = std::set<std::pair<double, InstanceId>>;
   static constexpr double kInfinity = std::numeric_limits<double>::infinity();
+  // One up instance in the order: its busy_until's bits, mapped so that their unsigned order is the doubles'
+  // (-0 as 0; never NaN), above its id. One unsigned compare then orders by (busy_until, id), without the
+  // branches of comparing doubles then ids.
+  using Entry = unsigned __int128;
+  static Entry entry(double busy_until_s, InstanceId id) {
+    auto bits = std::bit_cast<uint64_t>(busy_until_s + 0.0);  // -0 + 0 is +0
+    bits = (bits >> 63) != 0 ? ~bits : bits | (uint64_t{1} << 63);
+    return (Entry{bits} << 64) | id;
+  }
+  static InstanceId id_of(Entry e) { return static_cast<InstanceId>(e); }
 
   void reset(size_t instances);
   // Updates instance `i` if its busy_until (bit for bit) or flag differs from its copy.
@@ -82,6 +77,12 @@ class BusyOrder {
   }
   // Moves instance `i` to its new state (erasing and re-inserting it in the order); `up` is its flag (0: down).
   void update(InstanceId i, double busy_until_s, uint8_t up, const PlacementHistory& history);
+  // The first of entries_[lo_, hi_) not below `e` (binary search without branches on the comparison).
+  size_t lower_bound(const Entry& e) const;
+  // Removes entries_[at], moving the shorter side of the order over it.
+  void erase_at(size_t at);
+  // Inserts `e` at its place; returns its rank (entries ahead of it).
+  size_t insert(const Entry& e);
   // Puts instance `i` in or out of the front; its tree leaf is written, the leaf's ancestors at flush().
   void set_front(InstanceId i, bool in_front, const PlacementHistory& history);
   void flush();
@@ -92,9 +93,12 @@ class BusyOrder {
   template <typename Member>
   std::optional<InstanceId> first_with(InstanceId from, double least, Member& member) const;
 
-  Order order_;
-  Order::iterator boundary_ = order_.end();  // the first entry not in the front (end(): all are)
-  std::vector<Order::iterator> node_;        // per instance: its entry (valid when present_)
+  // The order: entries_[lo_, hi_), sorted, with free room on both sides, so an entry is erased or inserted
+  // by moving the entries on its shorter side (an instance placed on leaves the front for the back: few
+  // move). Recentred when an insert finds either side full.
+  std::vector<Entry> entries_;
+  size_t lo_ = 0, hi_ = 0;
+  size_t front_ = 0;                         // the front: the first front_ entries of the order
   std::vector<uint8_t> present_;             // per instance: in the order (up and busy_until not NaN)
   std::vector<uint8_t> in_front_;            // per instance
   std::vector<double> busy_until_s_;         // per instance: at the last sync
@@ -144,22 +148,24 @@ std::optional<InstanceId> BusyOrder::first_with(InstanceId from, double least, M
 
 template <typename Member, typename Score>
 std::optional<BusyOrder::Best> BusyOrder::best(Member member, Score score, const PlacementHistory& history) {
-  auto first = order_.begin();
-  while (first != order_.end() && !member(first->second)) ++first;
-  if (first == order_.end()) return std::nullopt;
-  const double lowest = score(first->first);
+  const Entry* const order = entries_.data() + lo_;
+  const size_t size = hi_ - lo_;
+  // Scored from the copy of busy_until, bit for bit (an entry's bits map -0 to 0).
+  auto score_at = [&](size_t rank) { return score(busy_until_s_[id_of(order[rank])]); };
+  size_t first = 0;
+  while (first < size && !member(id_of(order[first]))) ++first;
+  if (first == size) return std::nullopt;
+  const double lowest = score_at(first);
   if (std::isnan(lowest)) return std::nullopt;
   // The front becomes the entries scoring <= lowest: a prefix of the order, as score is monotone. Members in
   // it score exactly `lowest` (the first member's is the least), so they are the tied ones.
-  while (boundary_ != order_.end() && score(boundary_->first) <= lowest) {
-    set_front(boundary_->second, true, history);
-    ++boundary_;
+  while (front_ < size && score_at(front_) <= lowest) {
+    set_front(id_of(order[front_]), true, history);
+    ++front_;
   }
-  while (boundary_ != order_.begin()) {
-    const auto last = std::prev(boundary_);
-    if (score(last->first) <= lowest) break;
-    set_front(last->second, false, history);
-    boundary_ = last;
+  while (front_ > 0 && !(score_at(front_ - 1) <= lowest)) {
+    set_front(id_of(order[front_ - 1]), false, history);
+    --front_;
   }
   flush();
   // PlacementHistory::prefer: the least weight, then the first from the round robin's start, cyclically.

@@ -94,6 +94,7 @@ TEST(BusyOrder, AgreesWithALoopAsBusyTimesFlagsWeightsAndSizeChange) {
         auto member = [&](InstanceId i) { return in_group[i] != 0; };
         auto score = [&](double b) { return std::max(b - clock_s, floor_s) + cost_s; };
 
+        if (chance(0.02)) order = BusyOrder(order);  // a copy carries on where the original was
         ASSERT_TRUE(order.sync(busy, up, history, logged ? log.changes() : PrefillChanges{}));
         const auto got = order.best(member, score, history);
         const auto want = best_by_loop(busy, up, member, score, history);
