@@ -21,6 +21,7 @@ void BusyOrder::reset(size_t instances) {
   nan_count_ = 0;
   width_ = std::bit_ceil(std::max<size_t>(instances, 1));
   tree_.assign(2 * width_, kInfinity);
+  nan_weights_ = 0;
   dirty_.clear();
   changes_source_ = 0;
   changes_count_ = 0;
@@ -28,7 +29,10 @@ void BusyOrder::reset(size_t instances) {
 
 void BusyOrder::set_front(InstanceId i, bool in_front, const PlacementHistory& history) {
   in_front_[i] = in_front ? 1 : 0;
-  tree_[width_ + i] = in_front ? history.tie_key(i).weight : kInfinity;
+  double& leaf = tree_[width_ + i];
+  nan_weights_ -= std::isnan(leaf) ? 1 : 0;
+  leaf = in_front ? history.tie_key(i).weight : kInfinity;
+  nan_weights_ += std::isnan(leaf) ? 1 : 0;
   dirty_.push_back(i);
 }
 
@@ -123,7 +127,8 @@ void BusyOrder::update(InstanceId i, double busy_until_s, uint8_t up, const Plac
 bool BusyOrder::sync(std::span<const double> busy_until_s, std::span<const uint8_t> up,
                      const PlacementHistory& history, const PrefillChanges& changes) {
   const size_t instances = busy_until_s.size();
-  if (instances != busy_until_s_.size()) reset(instances);  // also forgets the change log's position
+  // Also forgets the change log's position. A moved-from order (its vectors empty) starts over here too.
+  if (instances != busy_until_s_.size() || entries_.size() != 2 * instances + 2) reset(instances);
   const bool all_up = up.empty();
   const bool flags_as_before = all_up == all_up_last_;
   auto flag = [&](size_t i) -> uint8_t { return all_up ? 1 : up[i]; };

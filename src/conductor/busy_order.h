@@ -33,9 +33,10 @@ class BusyOrder {
   /// log, another log, more changes than it keeps) every instance is.
   /// Costs those compares plus, per instance whose busy_until or flag changed since the last sync, a binary
   /// search and a move of the entries on the shorter side of its old and new places in the order (16 bytes
-  /// each, at most half the pool); and O(log instances) per instance whose weight changed. All of them change
-  /// the first time or when the pool's size changed; all weights when more than one placement was recorded
-  /// (or the weights rescaled) since. False when the order cannot be used: some instance's
+  /// each, at most half the pool; and, after about half the pool's size in updates, a move of the whole order
+  /// back to the middle of its room); and O(log instances) per instance whose weight changed. All of them
+  /// change the first time or when the pool's size changed; all weights when more than one placement was
+  /// recorded (or the weights rescaled) since. False when the order cannot be used: some instance's
   /// busy_until (up or down) is NaN.
   bool sync(std::span<const double> busy_until_s, std::span<const uint8_t> up,
             const PlacementHistory& history, const PrefillChanges& changes = {});
@@ -125,6 +126,7 @@ class BusyOrder {
   std::vector<double> tree_;                 // tree_[width_ + i]: instance i's weight if in front, else inf;
                                              // tree_[n] = min(tree_[2n], tree_[2n + 1])
   std::vector<uint32_t> dirty_;              // leaves written since the last flush()
+  size_t nan_weights_ = 0;                   // leaves holding a NaN weight (the searches below then decide)
   uint64_t history_records_ = 0, history_rescales_ = 0;  // the history's counters at the last sync
   uint64_t changes_source_ = 0, changes_count_ = 0;      // the change log's at the last sync (0: none)
 };
@@ -187,11 +189,11 @@ std::optional<BusyOrder::Best> BusyOrder::best(Member member, Score score, const
   // PlacementHistory::prefer: the least weight, then the first from the round robin's start, cyclically.
   // Usually the leftmost leaf holding the least weight of all is a member's, and it is at or past the start
   // or no leaf from the start on holds that weight: then it is the answer, found by a descent and a range
-  // minimum without branches on the tree's values. Otherwise (weights tied, or a non-member holding the
-  // least) searches from the start find the first member leaf holding it; only when no member holds it does
-  // a branch and bound find the members' least.
+  // minimum without branches on the tree's values. Otherwise (weights tied, a non-member holding the least,
+  // or a NaN weight anywhere) searches from the start find the first member leaf holding the least; only
+  // when no member holds it does a branch and bound find the members' least.
   const InstanceId start = history.round_robin_start();
-  if (const double least = tree_[1]; least < kInfinity) {
+  if (const double least = tree_[1]; nan_weights_ == 0 && least < kInfinity) {
     const InstanceId leftmost = leftmost_holding(least);
     if (member(leftmost) && (leftmost >= start || !(least_from(start) <= least)))
       return Best{leftmost, lowest};

@@ -40,9 +40,18 @@ TEST(BusyOrder, AgreesWithALoopAsBusyTimesFlagsWeightsAndSizeChange) {
     auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
     auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
     auto below = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-    // Busy times on a coarse grid tie exactly (0 and -0 too); a cost far above them ties by rounding.
+    // Busy times on a coarse grid tie exactly (0 and -0 too); a cost far above them ties by rounding. A few
+    // are negative, infinite either way, or subnormal, for the order's mapping of a double's bits.
     auto busy_time = [&] {
-      if (chance(0.01)) return chance(0.5) ? -0.0 : std::numeric_limits<double>::infinity();
+      if (chance(0.02)) {
+        constexpr double kSpecial[] = {-0.0,
+                                       std::numeric_limits<double>::infinity(),
+                                       -std::numeric_limits<double>::infinity(),
+                                       std::numeric_limits<double>::denorm_min(),
+                                       -std::numeric_limits<double>::denorm_min(),
+                                       -2.5};
+        return kSpecial[below(std::size(kSpecial))];
+      }
       return chance(0.7) ? 0.5 * static_cast<double>(below(20)) : uniform(0, 10);
     };
     size_t questions = 0, ties = 0;
@@ -248,7 +257,7 @@ TEST(BusyOrder, ANaNBusyTimeMakesTheOrderUnusableUntilItIsGone) {
   EXPECT_EQ(best->instance, 2u);
 }
 
-TEST(BusyOrder, ACopyOrAMoveRebuildsAtItsNextSync) {
+TEST(BusyOrder, ACopyCarriesOnAndAMovedFromOrderStartsOver) {
   PlacementHistory history;
   std::vector<double> busy{3, 1, 2};
   BusyOrder order;
@@ -263,9 +272,15 @@ TEST(BusyOrder, ACopyOrAMoveRebuildsAtItsNextSync) {
     ASSERT_TRUE(o->sync(busy, {}, history));
     EXPECT_EQ(o->best(all, queue, history)->instance, 2u);
   }
-  order = copy;  // assigned: empty again, then rebuilt
+  // Moved from: usable for any pool, the empty one included.
+  ASSERT_TRUE(order.sync({}, {}, history));
+  EXPECT_FALSE(order.best(all, queue, history));
   ASSERT_TRUE(order.sync(busy, {}, history));
   EXPECT_EQ(order.best(all, queue, history)->instance, 2u);
+  order = copy;
+  busy[0] = 0.25;
+  ASSERT_TRUE(order.sync(busy, {}, history));
+  EXPECT_EQ(order.best(all, queue, history)->instance, 0u);
 }
 
 // A view whose block index names an instance past the pool (a ClusterState never does; another view might):
