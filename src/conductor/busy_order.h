@@ -3,7 +3,6 @@
 // decisions"): among instances alike but for their queue, the lowest TTFT is the least busy one's.
 #pragma once
 
-#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -94,15 +93,6 @@ class BusyOrder {
     while (node < width_) node = 2 * node + (tree_[2 * node] == least ? 0 : 1);
     return static_cast<InstanceId>(node - width_);
   }
-  // The least leaf at or after `from` (infinity if none): a range minimum over [from, width_), bottom up.
-  double least_from(InstanceId from) const {
-    double least = kInfinity;
-    for (size_t node = width_ + size_t{from}, end = 2 * width_; node < end; node >>= 1, end >>= 1) {
-      least = std::min(least, (node & 1) != 0 ? tree_[node] : kInfinity);  // a right child: its parent
-      node += node & 1;                                                    // covers leaves before it
-    }
-    return least;
-  }
   // Lowers `least` to the least member leaf below `node` if smaller (branch and bound).
   template <typename Member>
   void least_weight(size_t node, double& least, Member& member) const;
@@ -187,16 +177,20 @@ std::optional<BusyOrder::Best> BusyOrder::best(Member member, Score score, const
   }
   flush();
   // PlacementHistory::prefer: the least weight, then the first from the round robin's start, cyclically.
-  // Usually the leftmost leaf holding the least weight of all is a member's, and it is at or past the start
-  // or no leaf from the start on holds that weight: then it is the answer, found by a descent and a range
-  // minimum without branches on the tree's values. Otherwise (weights tied, a non-member holding the least,
-  // or a NaN weight anywhere) searches from the start find the first member leaf holding the least; only
-  // when no member holds it does a branch and bound find the members' least.
+  // Usually the leftmost leaf holding the least weight of all, found by a descent without branches on the
+  // tree's values, is a member's. Then it is the answer if it is at or past the start; if it is before, the
+  // answer is the first member leaf holding that weight from the start on (one search), or else it. When a
+  // non-member holds the least (or a leaf a NaN weight), searches from the start and, if none from there,
+  // from 0 find the first member leaf holding the least; only when no member holds it does a branch and
+  // bound find the members' least.
   const InstanceId start = history.round_robin_start();
   if (const double least = tree_[1]; nan_weights_ == 0 && least < kInfinity) {
     const InstanceId leftmost = leftmost_holding(least);
-    if (member(leftmost) && (leftmost >= start || !(least_from(start) <= least)))
-      return Best{leftmost, lowest};
+    if (member(leftmost)) {
+      if (leftmost >= start) return Best{leftmost, lowest};
+      const auto from_start = first_with(start, least, member);
+      return Best{from_start ? *from_start : leftmost, lowest};
+    }
   }
   // The first member leaf holding `least` from the round robin's start, cyclically.
   auto cyclic_first = [&](double least) {
